@@ -1,0 +1,430 @@
+// args.c — the flag table, the command-line parser and config validation.
+//
+// Every flag is described once in FLAGS below (name, type, where it lives in Config,
+// which commands accept it, help text). Parsing, --help, docs/flags.md and the
+// "moetron" section of checkpoint config.json all iterate over this table.
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "core/config.h"
+
+#define ALL (CMD_TRAIN | CMD_GENERATE | CMD_FORWARD)
+#define TR CMD_TRAIN
+#define F(name, type, field, cmds, arch, help) \
+    {name, type, offsetof(Config, field), sizeof(((Config *)0)->field), cmds, arch, help}
+
+static const FlagSpec FLAGS[] = {
+    // model shape
+    F("num-layers", FLAG_INT, num_layers, TR, 1, "transformer blocks"),
+    F("hidden-size", FLAG_INT, hidden_size, TR, 1, "model width H"),
+    F("ffn-hidden-size", FLAG_INT, ffn_hidden_size, TR, 1, "dense SwiGLU width (0 = 4*H)"),
+    F("num-attention-heads", FLAG_INT, num_attention_heads, TR, 1, "query heads"),
+    F("group-query-attention", FLAG_BOOL, group_query_attention, TR, 1, "use --num-query-groups key/value heads"),
+    F("num-query-groups", FLAG_INT, num_query_groups, TR, 1, "key/value heads with --group-query-attention"),
+    F("kv-channels", FLAG_INT, kv_channels, TR, 1, "head dimension (0 = H / heads)"),
+    F("seq-length", FLAG_INT, seq_length, TR, 0, "tokens per training sequence"),
+    F("max-position-embeddings", FLAG_INT, max_position_embeddings, TR, 1, "longest position the model supports (0 = --seq-length)"),
+    F("vocab-size", FLAG_INT, vocab_size, TR, 1, "tokenizer vocabulary (byte-level: 257 = 256 bytes + end-of-document)"),
+    F("make-vocab-size-divisible-by", FLAG_INT, make_vocab_size_divisible_by, TR, 1, "pad the vocabulary to a multiple of this"),
+    F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
+    F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
+    F("qk-layernorm", FLAG_BOOL, qk_layernorm, TR, 1, "per-head RMSNorm on queries and keys (Qwen3-MoE family)"),
+    F("untie-embeddings-and-output-weights", FLAG_BOOL, untie_embeddings_and_output_weights, TR, 1, "separate LM head instead of the embedding matrix"),
+    F("init-method-std", FLAG_DOUBLE, init_method_std, TR, 0, "std of the normal weight init; output projections get std/sqrt(2*layers)"),
+    F("swiglu", FLAG_BOOL, swiglu, TR, 0, "accepted for Megatron scripts; SwiGLU is always used"),
+    F("disable-bias-linear", FLAG_BOOL, disable_bias_linear, TR, 0, "accepted for Megatron scripts; linear layers never have biases"),
+    F("normalization", FLAG_STRING, normalization, TR, 0, "RMSNorm (the only normalisation)"),
+    F("position-embedding-type", FLAG_STRING, position_embedding_type, TR, 0, "rope (the only position embedding)"),
+    // mixture of experts
+    F("num-experts", FLAG_INT, num_experts, TR, 1, "routed experts per MoE layer (0 = dense model)"),
+    F("moe-ffn-hidden-size", FLAG_INT, moe_ffn_hidden_size, TR, 1, "expert SwiGLU width (0 = --ffn-hidden-size)"),
+    F("moe-router-topk", FLAG_INT, moe_router_topk, TR, 1, "experts per token"),
+    F("moe-layer-freq", FLAG_STRING, moe_layer_freq, TR, 1, "N: every N-th layer is MoE (from layer 0); or a list like [0,1,1,1]"),
+    F("moe-router-pre-softmax", FLAG_BOOL, moe_router_pre_softmax, TR, 1, "softmax over all experts before top-k (default: top-k of logits, then softmax over the k)"),
+    F("moe-aux-loss-coeff", FLAG_DOUBLE, moe_aux_loss_coeff, TR, 0, "switch load-balancing loss coefficient"),
+    // training
+    F("micro-batch-size", FLAG_INT, micro_batch_size, TR, 0, "sequences per forward/backward"),
+    F("global-batch-size", FLAG_INT, global_batch_size, TR, 0, "sequences per optimizer step (gradient accumulation)"),
+    F("train-iters", FLAG_INT, train_iters, TR, 0, "optimizer steps"),
+    F("exit-interval", FLAG_INT, exit_interval, TR, 0, "save and exit after a step that is a multiple of this (0 = never)"),
+    F("lr", FLAG_DOUBLE, lr, TR, 0, "peak learning rate"),
+    F("min-lr", FLAG_DOUBLE, min_lr, TR, 0, "learning rate at the end of decay"),
+    F("lr-warmup-iters", FLAG_INT, lr_warmup_iters, TR, 0, "linear warmup steps from 0"),
+    F("lr-decay-style", FLAG_STRING, lr_decay_style, TR, 0, "constant | linear | cosine | WSD"),
+    F("lr-decay-iters", FLAG_INT, lr_decay_iters, TR, 0, "steps over which lr decays (0 = --train-iters)"),
+    F("lr-wsd-decay-iters", FLAG_INT, lr_wsd_decay_iters, TR, 0, "WSD: length of the final decay phase"),
+    F("lr-wsd-decay-style", FLAG_STRING, lr_wsd_decay_style, TR, 0, "WSD decay shape: linear | cosine | exponential | minus_sqrt"),
+    F("weight-decay", FLAG_DOUBLE, weight_decay, TR, 0, "decoupled weight decay (matrices only)"),
+    F("adam-beta1", FLAG_DOUBLE, adam_beta1, TR, 0, "Adam beta1"),
+    F("adam-beta2", FLAG_DOUBLE, adam_beta2, TR, 0, "Adam beta2"),
+    F("adam-eps", FLAG_DOUBLE, adam_eps, TR, 0, "Adam epsilon"),
+    F("clip-grad", FLAG_DOUBLE, clip_grad, TR, 0, "clip the global gradient L2 norm to this (0 = off)"),
+    F("seed", FLAG_INT, seed, TR | CMD_GENERATE, 0, "random seed (init, data order, sampling)"),
+    F("eval-interval", FLAG_INT, eval_interval, TR, 0, "held-out loss every N steps (0 = never)"),
+    F("eval-iters", FLAG_INT, eval_iters, TR, 0, "micro-batches per held-out evaluation"),
+    // data
+    F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
+    F("data-path", FLAG_STRING, data_path, TR, 0, "a UTF-8 text file, tokenized as bytes"),
+    F("split", FLAG_STRING, split, TR, 0, "train,valid,test proportions of the samples"),
+    F("eod-mask-loss", FLAG_BOOL, eod_mask_loss, TR, 0, "no loss on end-of-document targets"),
+    F("mock-data-tokens", FLAG_INT64, mock_data_tokens, TR, 0, "size of the built-in corpus in tokens"),
+    // checkpoints and logging
+    F("save", FLAG_STRING, save, TR, 0, "checkpoint directory to write"),
+    F("save-interval", FLAG_INT, save_interval, TR, 0, "save every N steps (0 = only at the end)"),
+    F("load", FLAG_STRING, load, ALL, 0, "checkpoint directory to resume from / to use"),
+    F("log-interval", FLAG_INT, log_interval, TR, 0, "print a line every N steps"),
+    F("log-jsonl", FLAG_STRING, log_jsonl, TR, 0, "append one JSON object per logged step to this file"),
+    F("peak-tflops", FLAG_DOUBLE, peak_tflops, TR, 0, "device peak for MFU (0 = measure this machine's GEMM ceiling)"),
+    // generate
+    F("prompt", FLAG_STRING, prompt, CMD_GENERATE, 0, "text to continue"),
+    F("max-new-tokens", FLAG_INT, max_new_tokens, CMD_GENERATE, 0, "tokens to generate"),
+    F("temperature", FLAG_DOUBLE, temperature, CMD_GENERATE, 0, "sampling temperature (0 = greedy)"),
+    F("top-k", FLAG_INT, top_k, CMD_GENERATE, 0, "sample among the k most likely tokens (0 = all)"),
+    // forward
+    F("input", FLAG_STRING, input, CMD_FORWARD, 0, "safetensors with input_ids (I32 [B,T]) and optional labels"),
+    F("dump", FLAG_STRING, dump, CMD_FORWARD, 0, "safetensors file to write logits, loss and routing to"),
+    F("grads", FLAG_BOOL, grads, CMD_FORWARD, 0, "also dump every parameter gradient as grad.<name>"),
+};
+#define FLAG_COUNT ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
+_Static_assert(sizeof(FLAGS) / sizeof(FLAGS[0]) <= sizeof(((Config *)0)->flag_given),
+               "Config.flag_given too small for the flag table");
+
+int config_flag_count(void) { return FLAG_COUNT; }
+const FlagSpec *config_flag(int i) { return &FLAGS[i]; }
+
+void config_defaults(Config *c) {
+    memset(c, 0, sizeof(*c));
+    // The default model: a small MoE that trains in minutes on a laptop CPU.
+    c->num_layers = 4;
+    c->hidden_size = 128;
+    c->num_attention_heads = 4;
+    c->num_query_groups = 1;
+    c->seq_length = 256;
+    c->vocab_size = 257;
+    c->make_vocab_size_divisible_by = 128;
+    c->norm_epsilon = 1e-5;
+    c->rotary_base = 10000;
+    c->init_method_std = 0.02;
+    strcpy(c->normalization, "RMSNorm");
+    strcpy(c->position_embedding_type, "rope");
+    c->num_experts = 8;
+    c->moe_ffn_hidden_size = 256;
+    c->moe_router_topk = 2;
+    strcpy(c->moe_layer_freq, "1");
+    c->moe_aux_loss_coeff = 0.01;
+    // Optimizer and schedule: Megatron-LM's defaults, except where it has none (lr).
+    c->micro_batch_size = 4;
+    c->global_batch_size = 8;
+    c->train_iters = 300;
+    c->lr = 3e-3;
+    c->min_lr = 3e-4;
+    c->lr_warmup_iters = 20;
+    strcpy(c->lr_decay_style, "cosine");
+    strcpy(c->lr_wsd_decay_style, "exponential");
+    c->weight_decay = 0.01;
+    c->adam_beta1 = 0.9;
+    c->adam_beta2 = 0.999;
+    c->adam_eps = 1e-8;
+    c->clip_grad = 1.0;
+    c->seed = 1234;
+    c->eval_interval = 100;
+    c->eval_iters = 8;
+    strcpy(c->split, "969,30,1");
+    c->mock_data_tokens = 1 << 22;
+    c->log_interval = 1;
+    c->max_new_tokens = 100;
+    c->temperature = 1.0;
+}
+
+// ---- parsing ------------------------------------------------------------------------
+
+static const FlagSpec *find_flag(const char *name, int *index) {
+    for (int i = 0; i < FLAG_COUNT; i++)
+        if (strcmp(FLAGS[i].name, name) == 0) {
+            *index = i;
+            return &FLAGS[i];
+        }
+    return NULL;
+}
+
+static long long parse_integer(const char *flag, const char *text) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end) mt_die("--%s expects an integer, got '%s'", flag, text);
+    return v;
+}
+
+static double parse_double(const char *flag, const char *text) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !isfinite(v))
+        mt_die("--%s expects a number, got '%s'", flag, text);
+    return v;
+}
+
+// Store a textual value into the field a flag describes.
+void config_set_flag(Config *c, const FlagSpec *f, const char *value) {
+    char *field = (char *)c + f->offset;
+    switch (f->type) {
+    case FLAG_INT: {
+        long long v = parse_integer(f->name, value);
+        if (v < -2147483647LL || v > 2147483647LL) mt_die("--%s %s is out of range", f->name, value);
+        *(int *)field = (int)v;
+        break;
+    }
+    case FLAG_INT64: *(int64_t *)field = parse_integer(f->name, value); break;
+    case FLAG_DOUBLE: *(double *)field = parse_double(f->name, value); break;
+    case FLAG_BOOL:
+        if (!strcmp(value, "1") || !strcmp(value, "true")) *(int *)field = 1;
+        else if (!strcmp(value, "0") || !strcmp(value, "false")) *(int *)field = 0;
+        else mt_die("--%s is a switch: give it without a value", f->name);
+        break;
+    case FLAG_STRING:
+        if (strlen(value) >= f->size)
+            mt_die("--%s value is too long (at most %zu characters)", f->name, f->size - 1);
+        strcpy(field, value);
+        break;
+    }
+}
+
+static const char *command_name(Command cmd) {
+    return cmd == CMD_TRAIN ? "train" : cmd == CMD_GENERATE ? "generate" : "forward";
+}
+
+void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0)
+            mt_die("unexpected argument '%s'; flags start with -- (see moetron %s --help)", arg,
+                   command_name(cmd));
+        char name[128];
+        const char *eq = strchr(arg + 2, '=');
+        size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+        if (len >= sizeof(name)) mt_die("unknown flag '%s' (see moetron %s --help)", arg, command_name(cmd));
+        memcpy(name, arg + 2, len);
+        name[len] = 0;
+        for (char *p = name; *p; p++)
+            if (*p == '_') *p = '-';  // --num_layers works like --num-layers
+        int index;
+        const FlagSpec *f = find_flag(name, &index);
+        if (!f) mt_die("unknown flag '--%s' (see moetron %s --help)", name, command_name(cmd));
+        if (!(f->commands & cmd))
+            mt_die("--%s does not apply to 'moetron %s'%s", name, command_name(cmd),
+                   f->architecture ? " (the model shape comes from the checkpoint)" : "");
+        const char *value;
+        if (eq) value = eq + 1;
+        else if (f->type == FLAG_BOOL) value = "1";
+        else if (i + 1 < argc) value = argv[++i];
+        else mt_die("--%s needs a value", name);
+        config_set_flag(c, f, value);
+        c->flag_given[index] = 1;
+    }
+}
+
+int config_flag_given(const Config *c, const char *name) {
+    int index;
+    return find_flag(name, &index) && c->flag_given[index];
+}
+
+// ---- validation -----------------------------------------------------------------------
+
+static void require_positive(const char *flag, long long value) {
+    if (value <= 0) mt_die("--%s must be positive, got %lld", flag, value);
+}
+
+static void parse_moe_layer_freq(Config *c) {
+    const char *s = c->moe_layer_freq;
+    if (c->num_experts == 0) {
+        for (int l = 0; l < c->num_layers; l++) c->moe_layer[l] = 0;
+        return;
+    }
+    if (s[0] != '[') {
+        long long every = parse_integer("moe-layer-freq", s);
+        require_positive("moe-layer-freq", every);
+        for (int l = 0; l < c->num_layers; l++) c->moe_layer[l] = (l % every == 0);
+        return;
+    }
+    int count = 0;
+    const char *p = s + 1;
+    for (;;) {
+        while (isspace((unsigned char)*p)) p++;
+        if (*p == ']' && count == 0) break;
+        if (*p != '0' && *p != '1')
+            mt_die("--moe-layer-freq %s: list entries must be 0 or 1, e.g. [0,1,1,1]", s);
+        if (count >= c->num_layers)
+            mt_die("--moe-layer-freq %s has more entries than --num-layers %d", s, c->num_layers);
+        c->moe_layer[count++] = *p++ - '0';
+        while (isspace((unsigned char)*p)) p++;
+        if (*p == ',') { p++; continue; }
+        if (*p == ']') break;
+        mt_die("--moe-layer-freq %s: expected ',' or ']' in the list", s);
+    }
+    if (p[1] != 0) mt_die("--moe-layer-freq %s: unexpected text after ']'", s);
+    if (count != c->num_layers)
+        mt_die("--moe-layer-freq %s has %d entries but --num-layers is %d", s, count, c->num_layers);
+}
+
+static void parse_split(Config *c) {
+    double parts[3] = {0, 0, 0}, total = 0;
+    int n = 0;
+    const char *p = c->split;
+    while (*p) {
+        if (n == 3) mt_die("--split '%s' has more than 3 parts (train,valid,test)", c->split);
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p || v < 0 || !isfinite(v)) mt_die("--split '%s': expected numbers like 969,30,1", c->split);
+        parts[n++] = v;
+        total += v;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',' || *p == '/') p++;
+        else if (*p) mt_die("--split '%s': expected numbers separated by commas", c->split);
+    }
+    if (total <= 0) mt_die("--split '%s' must have a positive sum", c->split);
+    for (int i = 0; i < 3; i++) c->split_fraction[i] = parts[i] / total;
+}
+
+static void parse_schedule_styles(Config *c) {
+    static const char *styles[] = {"constant", "linear", "cosine", "WSD"};
+    static const char *wsd_styles[] = {"linear", "cosine", "exponential", "minus_sqrt"};
+    int found = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(c->lr_decay_style, styles[i])) found = i;
+    if (found < 0) mt_die("--lr-decay-style %s: use constant, linear, cosine or WSD", c->lr_decay_style);
+    c->decay_style = (LrDecayStyle)found;
+    found = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(c->lr_wsd_decay_style, wsd_styles[i])) found = i;
+    if (found < 0)
+        mt_die("--lr-wsd-decay-style %s: use linear, cosine, exponential or minus_sqrt", c->lr_wsd_decay_style);
+    c->wsd_style = (WsdDecayStyle)found;
+}
+
+static void validate_shape(Config *c) {
+    require_positive("num-layers", c->num_layers);
+    if (c->num_layers > MT_MAX_LAYERS) mt_die("--num-layers %d exceeds the supported %d", c->num_layers, MT_MAX_LAYERS);
+    require_positive("hidden-size", c->hidden_size);
+    require_positive("num-attention-heads", c->num_attention_heads);
+    require_positive("seq-length", c->seq_length);
+    require_positive("vocab-size", c->vocab_size);
+    require_positive("make-vocab-size-divisible-by", c->make_vocab_size_divisible_by);
+    if (c->kv_channels == 0 && c->hidden_size % c->num_attention_heads)
+        mt_die("--num-attention-heads %d does not divide --hidden-size %d; change one, or set --kv-channels",
+               c->num_attention_heads, c->hidden_size);
+    c->head_dim = c->kv_channels ? c->kv_channels : c->hidden_size / c->num_attention_heads;
+    if (c->head_dim <= 0 || c->head_dim % 2)
+        mt_die("head dimension %d must be even for rotary embeddings (set --kv-channels)", c->head_dim);
+    c->kv_heads = c->group_query_attention ? c->num_query_groups : c->num_attention_heads;
+    if (c->group_query_attention) require_positive("num-query-groups", c->num_query_groups);
+    if (c->num_attention_heads % c->kv_heads)
+        mt_die("--num-query-groups %d does not divide --num-attention-heads %d", c->kv_heads,
+               c->num_attention_heads);
+    if (!c->ffn_hidden_size) c->ffn_hidden_size = 4 * c->hidden_size;
+    require_positive("ffn-hidden-size", c->ffn_hidden_size);
+    int m = c->make_vocab_size_divisible_by;
+    c->padded_vocab_size = (c->vocab_size + m - 1) / m * m;
+    c->max_positions = c->max_position_embeddings ? c->max_position_embeddings : c->seq_length;
+    if (c->seq_length > c->max_positions)
+        mt_die("--seq-length %d exceeds --max-position-embeddings %d", c->seq_length, c->max_positions);
+    if (c->norm_epsilon <= 0) mt_die("--norm-epsilon must be positive");
+    if (c->rotary_base <= 1) mt_die("--rotary-base must be greater than 1");
+    if (strcmp(c->normalization, "RMSNorm"))
+        mt_die("--normalization %s is not supported; moetron uses RMSNorm", c->normalization);
+    if (strcmp(c->position_embedding_type, "rope"))
+        mt_die("--position-embedding-type %s is not supported; moetron uses rope", c->position_embedding_type);
+}
+
+static void validate_moe(Config *c) {
+    if (c->num_experts < 0) mt_die("--num-experts must be >= 0");
+    if (c->num_experts > 0) {
+        require_positive("moe-router-topk", c->moe_router_topk);
+        if (c->moe_router_topk > c->num_experts)
+            mt_die("--moe-router-topk %d exceeds --num-experts %d", c->moe_router_topk, c->num_experts);
+        c->moe_ffn = c->moe_ffn_hidden_size ? c->moe_ffn_hidden_size : c->ffn_hidden_size;
+        require_positive("moe-ffn-hidden-size", c->moe_ffn);
+    }
+    if (c->moe_aux_loss_coeff < 0) mt_die("--moe-aux-loss-coeff must be >= 0");
+    parse_moe_layer_freq(c);
+}
+
+static void validate_training(Config *c) {
+    require_positive("micro-batch-size", c->micro_batch_size);
+    require_positive("global-batch-size", c->global_batch_size);
+    if (c->global_batch_size % c->micro_batch_size)
+        mt_die("--global-batch-size %d is not a multiple of --micro-batch-size %d", c->global_batch_size,
+               c->micro_batch_size);
+    c->num_micro_batches = c->global_batch_size / c->micro_batch_size;
+    if (c->train_iters < 0) mt_die("--train-iters must be >= 0");
+    if (c->lr < 0 || c->min_lr < 0) mt_die("--lr and --min-lr must be >= 0");
+    if (c->min_lr > c->lr) mt_die("--min-lr %g is larger than --lr %g", c->min_lr, c->lr);
+    if (c->lr_warmup_iters < 0) mt_die("--lr-warmup-iters must be >= 0");
+    if (!c->lr_decay_iters) c->lr_decay_iters = c->train_iters;
+    if (c->lr_warmup_iters > c->lr_decay_iters && c->lr_decay_iters > 0)
+        mt_die("--lr-warmup-iters %d is longer than --lr-decay-iters %d", c->lr_warmup_iters, c->lr_decay_iters);
+    if (c->adam_beta1 < 0 || c->adam_beta1 >= 1 || c->adam_beta2 < 0 || c->adam_beta2 >= 1)
+        mt_die("--adam-beta1 and --adam-beta2 must be in [0, 1)");
+    if (c->adam_eps <= 0) mt_die("--adam-eps must be positive");
+    if (c->clip_grad < 0 || c->weight_decay < 0) mt_die("--clip-grad and --weight-decay must be >= 0");
+    if (c->eval_interval < 0 || c->eval_iters < 0 || c->save_interval < 0 || c->exit_interval < 0)
+        mt_die("--eval-interval, --eval-iters, --save-interval and --exit-interval must be >= 0");
+    require_positive("log-interval", c->log_interval);
+    if (c->mock_data_tokens < 1024) mt_die("--mock-data-tokens must be at least 1024");
+    if (c->mock_data && c->data_path[0]) mt_die("--mock-data and --data-path exclude each other; pick one");
+    if (c->peak_tflops < 0) mt_die("--peak-tflops must be >= 0");
+    parse_schedule_styles(c);
+    parse_split(c);
+}
+
+void config_validate(Config *c) {
+    validate_shape(c);
+    validate_moe(c);
+    validate_training(c);
+    if (c->max_new_tokens < 0) mt_die("--max-new-tokens must be >= 0");
+    if (c->temperature < 0) mt_die("--temperature must be >= 0");
+    if (c->top_k < 0) mt_die("--top-k must be >= 0");
+}
+
+// ---- help -----------------------------------------------------------------------------
+
+static void format_default(const Config *d, const FlagSpec *f, char *out, size_t cap) {
+    const char *field = (const char *)d + f->offset;
+    switch (f->type) {
+    case FLAG_INT: snprintf(out, cap, "%d", *(const int *)field); break;
+    case FLAG_INT64: snprintf(out, cap, "%lld", (long long)*(const int64_t *)field); break;
+    case FLAG_DOUBLE: snprintf(out, cap, "%g", *(const double *)field); break;
+    case FLAG_BOOL: snprintf(out, cap, "%s", *(const int *)field ? "on" : "off"); break;
+    case FLAG_STRING: snprintf(out, cap, "%s", *field ? field : "(none)"); break;
+    }
+}
+
+void config_print_help(Command cmd, int markdown) {
+    Config defaults;
+    config_defaults(&defaults);
+    char def[256];
+    if (markdown) {
+        printf("| flag | commands | default | meaning |\n|---|---|---|---|\n");
+        for (int i = 0; i < FLAG_COUNT; i++) {
+            const FlagSpec *f = &FLAGS[i];
+            format_default(&defaults, f, def, sizeof(def));
+            printf("| `--%s` | %s%s%s | %s | %s |\n", f->name, f->commands & CMD_TRAIN ? "train " : "",
+                   f->commands & CMD_GENERATE ? "generate " : "", f->commands & CMD_FORWARD ? "forward" : "",
+                   def, f->help);
+        }
+        return;
+    }
+    printf("usage: moetron %s [flags]\n\n", command_name(cmd));
+    for (int i = 0; i < FLAG_COUNT; i++) {
+        const FlagSpec *f = &FLAGS[i];
+        if (!(f->commands & cmd)) continue;
+        format_default(&defaults, f, def, sizeof(def));
+        printf("  --%-36s %s [%s]\n", f->name, f->help, def);
+    }
+}

@@ -1,0 +1,35 @@
+// common.h — the few things every file needs: the compute type, checks that exit
+// with one clear line, and allocation that never returns NULL.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+// The compute type of parameters, activations and gradients. The normal build is
+// float; the gradient-check build compiles the same model code with double so that
+// finite differences are accurate to ~1e-8 and tolerances can be tight.
+#ifdef MT_DOUBLE
+typedef double real;
+#else
+typedef float real;
+#endif
+
+// Print "moetron: error: <message>" and exit(1). Every user-facing error goes here:
+// one line that names the file or flag and says how to fix it.
+void mt_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+// Internal invariant: a bug in moetron, not in the user's input.
+#define MT_ASSERT(cond)                                                                \
+    do {                                                                               \
+        if (!(cond)) mt_die("internal error at %s:%d: %s (please report)", __FILE__,   \
+                            __LINE__, #cond);                                          \
+    } while (0)
+
+void *mt_malloc(size_t bytes);  // dies with a clear message on failure
+void *mt_calloc(size_t count, size_t size);
+void *mt_realloc(void *ptr, size_t bytes);
+char *mt_strdup(const char *s);
+
+#define MT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MT_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -1,0 +1,114 @@
+// config.h — every setting of a run, named after its Megatron-LM flag
+// (--num-layers -> num_layers). Filled by args.c from defaults, a checkpoint and the
+// command line, then validated in one place (config_validate) before any work starts.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define MT_MAX_LAYERS 256
+#define MT_PATH_MAX 1024
+
+typedef enum { LR_CONSTANT, LR_LINEAR, LR_COSINE, LR_WSD } LrDecayStyle;
+typedef enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT } WsdDecayStyle;
+
+typedef struct {
+    // ---- model shape ----
+    int num_layers;
+    int hidden_size;
+    int ffn_hidden_size;          // dense SwiGLU width
+    int num_attention_heads;
+    int group_query_attention;    // bool
+    int num_query_groups;         // kv heads when group_query_attention
+    int kv_channels;              // head dim; 0 = hidden_size / num_attention_heads
+    int seq_length;
+    int max_position_embeddings;  // 0 = seq_length
+    int vocab_size;               // tokenizer vocabulary (before padding)
+    int make_vocab_size_divisible_by;
+    double norm_epsilon;
+    double rotary_base;
+    int qk_layernorm;
+    int untie_embeddings_and_output_weights;
+    double init_method_std;
+    // Megatron compatibility: accepted so Megatron scripts run; only these values exist.
+    int swiglu, disable_bias_linear;
+    char normalization[32];            // RMSNorm
+    char position_embedding_type[32];  // rope
+    // ---- mixture of experts ----
+    int num_experts;              // 0 = dense model
+    int moe_ffn_hidden_size;      // 0 = ffn_hidden_size
+    int moe_router_topk;
+    char moe_layer_freq[1024];    // "1", "2" or a list "[0,1,1,1]"
+    int moe_router_pre_softmax;
+    double moe_aux_loss_coeff;
+    // ---- training ----
+    int micro_batch_size;
+    int global_batch_size;
+    int train_iters;
+    int exit_interval;            // stop (after saving) at multiples of this step
+    double lr, min_lr;
+    int lr_warmup_iters;
+    char lr_decay_style[32];
+    int lr_decay_iters;           // 0 = train_iters
+    int lr_wsd_decay_iters;
+    char lr_wsd_decay_style[32];
+    double weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
+    int seed;
+    int eval_interval, eval_iters;
+    // ---- data ----
+    int mock_data;
+    char data_path[MT_PATH_MAX];
+    char split[64];
+    int eod_mask_loss;
+    int64_t mock_data_tokens;
+    // ---- checkpoints and logging ----
+    char save[MT_PATH_MAX];
+    int save_interval;
+    char load[MT_PATH_MAX];
+    int log_interval;
+    char log_jsonl[MT_PATH_MAX];
+    double peak_tflops;           // 0 = measure this machine's GEMM ceiling at start-up
+    // ---- generate ----
+    char prompt[4096];
+    int max_new_tokens;
+    double temperature;
+    int top_k;
+    // ---- forward ----
+    char input[MT_PATH_MAX];
+    char dump[MT_PATH_MAX];
+    int grads;
+
+    // ---- derived by config_validate (not flags) ----
+    int head_dim, kv_heads, padded_vocab_size, moe_ffn, max_positions;
+    int num_micro_batches;
+    int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
+    LrDecayStyle decay_style;
+    WsdDecayStyle wsd_style;
+    double split_fraction[3];      // train, valid, test
+    unsigned char flag_given[128]; // per flag index: set on the command line
+} Config;
+
+typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4 } Command;
+
+void config_defaults(Config *c);
+// Parse argv (after the command word) into c; unknown flags and bad values are fatal.
+void config_parse_args(Config *c, Command cmd, int argc, char **argv);
+// Whether --name was given on the command line (after config_parse_args).
+int config_flag_given(const Config *c, const char *name);
+// Check consistency and fill the derived fields; fatal with one clear line.
+void config_validate(Config *c);
+// Print the flag reference for a command (--help) or as markdown (docs/flags.md).
+void config_print_help(Command cmd, int markdown);
+
+// Iterate over the flags that describe the model and training (stored in checkpoints).
+typedef enum { FLAG_INT, FLAG_INT64, FLAG_DOUBLE, FLAG_BOOL, FLAG_STRING } FlagType;
+typedef struct {
+    const char *name;   // without the leading "--"
+    FlagType type;
+    size_t offset;      // into Config
+    size_t size;        // for strings: buffer size
+    unsigned commands;  // Command mask where the flag is accepted
+    int architecture;   // 1 when the flag shapes the model (must match a checkpoint)
+    const char *help;
+} FlagSpec;
+int config_flag_count(void);
+const FlagSpec *config_flag(int i);

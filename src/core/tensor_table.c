@@ -1,0 +1,52 @@
+#include "core/tensor_table.h"
+
+#include <string.h>
+
+void tt_init(TensorTable *tt) { memset(tt, 0, sizeof(*tt)); }
+
+TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shape,
+                unsigned flags, InitKind init, double init_std, int layer, int expert) {
+    MT_ASSERT(ndim >= 1 && ndim <= MT_MAX_DIMS && strlen(name) < MT_NAME_MAX);
+    MT_ASSERT(tt->params == NULL);  // all tensors are described before allocation
+    if (tt->count == tt->capacity) {
+        tt->capacity = tt->capacity ? 2 * tt->capacity : 64;
+        tt->descs = mt_realloc(tt->descs, tt->capacity * sizeof(TensorDesc));
+    }
+    TensorDesc *d = &tt->descs[tt->count];
+    memset(d, 0, sizeof(*d));
+    strcpy(d->name, name);
+    d->ndim = ndim;
+    d->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        d->shape[i] = shape[i];
+        d->numel *= (size_t)shape[i];
+    }
+    d->shard_group = SHARD_NONE;
+    d->shard_axis = -1;
+    d->offset = tt->total;
+    d->flags = flags;
+    d->layer = layer;
+    d->expert = expert;
+    d->init = init;
+    d->init_std = init_std;
+    tt->total += d->numel;
+    return tt->count++;
+}
+
+void tt_allocate(TensorTable *tt) {
+    tt->params = mt_calloc(tt->total, sizeof(real));
+    tt->grads = mt_calloc(tt->total, sizeof(real));
+}
+
+void tt_free(TensorTable *tt) {
+    free(tt->descs);
+    free(tt->params);
+    free(tt->grads);
+    memset(tt, 0, sizeof(*tt));
+}
+
+TensorId tt_find(const TensorTable *tt, const char *name) {
+    for (int i = 0; i < tt->count; i++)
+        if (!strcmp(tt->descs[i].name, name)) return i;
+    return -1;
+}

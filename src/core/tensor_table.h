@@ -1,0 +1,65 @@
+// tensor_table.h — every parameter described once, living in flat buffers.
+//
+// A TensorDesc names a parameter (its Hugging Face name), gives its global shape, how it
+// is sharded across a parallel group (none yet: replicated), where it sits in the flat
+// buffers and how it is treated (weight decay, expert, router, init). Parameters,
+// gradients and optimizer moments are each ONE flat buffer with the same offsets, so
+// zeroing, gradient reduction, clipping, the optimizer and checkpoints are loops over
+// descriptors. Model code holds a TensorId (an index) per tensor, never raw offsets.
+#pragma once
+#include "core/common.h"
+
+#define MT_MAX_DIMS 4
+#define MT_NAME_MAX 128
+
+typedef int TensorId;
+
+typedef enum {
+    TENSOR_DECAY = 1 << 0,   // receives weight decay (matrices; not norms)
+    TENSOR_EXPERT = 1 << 1,  // belongs to one routed expert (reduced over the expert-DP group)
+    TENSOR_ROUTER = 1 << 2,  // router weight
+    TENSOR_NORM = 1 << 3,    // RMSNorm weight
+} TensorFlags;
+
+typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } InitKind;
+
+// Which parallel group a parameter is split across (the axis is shard_axis).
+typedef enum { SHARD_NONE, SHARD_TP, SHARD_ETP, SHARD_EP } ShardGroup;
+
+typedef struct {
+    char name[MT_NAME_MAX];
+    int ndim;
+    int64_t shape[MT_MAX_DIMS];  // global shape
+    ShardGroup shard_group;
+    int shard_axis;              // -1 when replicated
+    size_t offset;               // into the flat buffers (local elements)
+    size_t numel;                // local elements
+    unsigned flags;
+    int layer;                   // -1 for embedding / final norm / head
+    int expert;                  // -1 unless TENSOR_EXPERT
+    InitKind init;
+    double init_std;
+} TensorDesc;
+
+typedef struct {
+    TensorDesc *descs;
+    int count, capacity;
+    size_t total;      // elements in each flat buffer
+    real *params;      // (total)
+    real *grads;       // (total)
+} TensorTable;
+
+void tt_init(TensorTable *tt);
+// Describe a tensor; returns its id. Buffers are allocated later by tt_allocate.
+TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shape,
+                unsigned flags, InitKind init, double init_std, int layer, int expert);
+void tt_allocate(TensorTable *tt);  // params and grads, zeroed
+void tt_free(TensorTable *tt);
+TensorId tt_find(const TensorTable *tt, const char *name);  // -1 when absent
+
+static inline real *tt_param(const TensorTable *tt, TensorId id) {
+    return tt->params + tt->descs[id].offset;
+}
+static inline real *tt_grad(const TensorTable *tt, TensorId id) {
+    return tt->grads + tt->descs[id].offset;
+}

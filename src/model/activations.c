@@ -1,0 +1,103 @@
+// activations.c — allocation of the saved activations and backward scratch of one
+// micro-batch shape (B, T).
+#include <string.h>
+
+#include "model/model.h"
+
+static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Config *c, int N) {
+    int E = c->num_experts, k = c->moe_router_topk, H = c->hidden_size, I = c->moe_ffn;
+    size_t rows = (size_t)N * k;
+    ma->logits = arena_reals(ar, (size_t)N * E);
+    ma->route.scores = arena_reals(ar, (size_t)N * E);
+    ma->route.topk_idx = arena_ints(ar, rows);
+    ma->route.topk_probs = arena_reals(ar, rows);
+    ma->route.tokens_per_expert = arena_ints(ar, E);
+    ma->plan = (DispatchPlan){.N = N, .k = k, .E = E, .tokens_per_expert = ma->route.tokens_per_expert,
+                              .expert_offsets = arena_ints(ar, E + 1), .row_of_choice = arena_ints(ar, rows),
+                              .token_of_row = arena_ints(ar, rows)};
+    ma->rows_in = arena_reals(ar, rows * H);
+    ma->row_probs = arena_reals(ar, rows);
+    ma->experts.gate = arena_reals(ar, rows * I);
+    ma->experts.up = arena_reals(ar, rows * I);
+    ma->experts.act = arena_reals(ar, rows * I);
+    ma->rows_out = arena_reals(ar, rows * H);
+}
+
+static void alloc_layer_acts(LayerActs *la, Arena *ar, const Model *m, int l, int B, int T) {
+    const Config *c = &m->cfg;
+    int N = B * T, H = c->hidden_size;
+    size_t q_width = (size_t)c->num_attention_heads * c->head_dim, kv_width = (size_t)c->kv_heads * c->head_dim;
+    la->x_in = arena_reals(ar, (size_t)N * H);
+    la->ln1 = arena_reals(ar, (size_t)N * H);
+    la->ln1_rstd = arena_reals(ar, N);
+    la->q = arena_reals(ar, N * q_width);
+    la->k = arena_reals(ar, N * kv_width);
+    la->v = arena_reals(ar, N * kv_width);
+    la->q_raw = c->qk_layernorm ? arena_reals(ar, N * q_width) : la->q;
+    la->k_raw = c->qk_layernorm ? arena_reals(ar, N * kv_width) : la->k;
+    la->q_rstd = arena_reals(ar, (size_t)N * c->num_attention_heads);
+    la->k_rstd = arena_reals(ar, (size_t)N * c->kv_heads);
+    la->att = arena_reals(ar, N * q_width);
+    la->lse = arena_reals(ar, (size_t)N * c->num_attention_heads);
+    la->x_mid = arena_reals(ar, (size_t)N * H);
+    la->ln2 = arena_reals(ar, (size_t)N * H);
+    la->ln2_rstd = arena_reals(ar, N);
+    la->ffn_out = arena_reals(ar, (size_t)N * H);
+    if (m->layers[l].is_moe) {
+        alloc_moe_acts(&la->moe, ar, c, N);
+    } else {
+        size_t F = c->ffn_hidden_size;
+        la->mlp = (ExpertActs){arena_reals(ar, N * F), arena_reals(ar, N * F), arena_reals(ar, N * F)};
+    }
+}
+
+static void alloc_backward_scratch(ModelActs *a, const Config *c) {
+    Arena *ar = &a->arena;
+    int N = a->N, H = c->hidden_size;
+    size_t q_width = (size_t)c->num_attention_heads * c->head_dim, kv_width = (size_t)c->kv_heads * c->head_dim;
+    // FFN scratch serves both dense layers (N rows of F) and MoE layers (N·k rows of I)
+    size_t moe_rows = c->num_experts ? (size_t)N * c->moe_router_topk : 0;
+    size_t ffn_scratch = MT_MAX((size_t)N * c->ffn_hidden_size, moe_rows * c->moe_ffn);
+    a->d_token_loss = arena_reals(ar, N);
+    a->d_resid = arena_reals(ar, (size_t)N * H);
+    a->d_norm = arena_reals(ar, (size_t)N * H);
+    a->d_att = arena_reals(ar, N * q_width);
+    a->d_q = arena_reals(ar, N * q_width);
+    a->d_k = arena_reals(ar, N * kv_width);
+    a->d_v = arena_reals(ar, N * kv_width);
+    a->d_q_raw = arena_reals(ar, N * q_width);
+    a->d_k_raw = arena_reals(ar, N * kv_width);
+    a->d_logits = arena_reals(ar, (size_t)N * c->padded_vocab_size);
+    a->d_gate = arena_reals(ar, ffn_scratch);
+    a->d_up = arena_reals(ar, ffn_scratch);
+    a->d_act = arena_reals(ar, ffn_scratch);
+    if (moe_rows) {
+        a->d_rows_in = arena_reals(ar, moe_rows * H);
+        a->d_rows_out = arena_reals(ar, moe_rows * H);
+        a->d_row_probs = arena_reals(ar, moe_rows);
+        a->d_choice_probs = arena_reals(ar, moe_rows);
+        a->d_router_logits = arena_reals(ar, (size_t)N * c->num_experts);
+    }
+}
+
+void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
+    const Config *c = &m->cfg;
+    memset(a, 0, sizeof(*a));
+    arena_init(&a->arena);
+    a->B = B;
+    a->T = T;
+    a->N = B * T;
+    a->capacity_tokens = a->N;
+    a->layers = arena_alloc(&a->arena, c->num_layers * sizeof(LayerActs));
+    for (int l = 0; l < c->num_layers; l++) alloc_layer_acts(&a->layers[l], &a->arena, m, l, B, T);
+    int N = a->N, H = c->hidden_size;
+    a->x_final = arena_reals(&a->arena, (size_t)N * H);
+    a->lnf = arena_reals(&a->arena, (size_t)N * H);
+    a->lnf_rstd = arena_reals(&a->arena, N);
+    a->logits = arena_reals(&a->arena, (size_t)N * c->padded_vocab_size);
+    a->token_loss = arena_reals(&a->arena, N);
+    a->loss_weight = arena_reals(&a->arena, N);
+    alloc_backward_scratch(a, c);
+}
+
+void acts_free(ModelActs *a) { arena_free(&a->arena); }

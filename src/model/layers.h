@@ -1,0 +1,21 @@
+// layers.h — the pieces of a decoder block, each a forward/backward pair over one
+// micro-batch. Backward functions read the gradient of their output from a->d_resid
+// (the residual stream) and add the gradient of their input back into it.
+#pragma once
+#include "model/model.h"
+
+// x_in -> x_mid = x_in + o_proj(attention(rope(qknorm(q,k)), v)),  q,k,v from RMSNorm(x_in)
+void attention_block_forward(const Model *m, int layer, LayerActs *la, int B, int T,
+                             KvCache *kv, int pos0);
+void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
+
+// ln2 (N,H) -> ffn_out (N,H): dense SwiGLU
+void mlp_forward(const Model *m, int layer, LayerActs *la, int N);
+// d(ffn_out) (N,H) -> d_norm (N,H) overwritten
+void mlp_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out);
+
+// ln2 (N,H) -> ffn_out (N,H): router, dispatch, experts, combine
+void moe_forward(const Model *m, int layer, LayerActs *la, int N);
+// d(ffn_out) -> d_norm overwritten; aux_grad_scale = coeff × loss scale (0 = no aux gradient)
+void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out,
+                  double aux_grad_scale);

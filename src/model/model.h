@@ -1,0 +1,113 @@
+// model.h — the decoder-only MoE transformer: parameters, activations, forward, backward.
+//
+//   tokens → embedding → [ block × L ] → final RMSNorm → LM head → cross-entropy
+//   block:  x ← x + attention(RMSNorm(x));  x ← x + ffn(RMSNorm(x))
+//           ffn = dense SwiGLU, or MoE (router → dispatch → SwiGLU experts → combine)
+//
+// A forward over one micro-batch saves what backward needs in a ModelActs; backward
+// accumulates parameter gradients into the tensor table. Tokens are flattened b·T + t.
+#pragma once
+#include "core/arena.h"
+#include "core/config.h"
+#include "core/tensor_table.h"
+#include "hf/hf_family.h"
+#include "moe/dispatcher.h"
+#include "moe/experts.h"
+#include "moe/router.h"
+
+typedef struct {
+    TensorId input_norm, q_proj, k_proj, v_proj, o_proj;
+    TensorId q_norm, k_norm;           // -1 without --qk-layernorm
+    TensorId post_attn_norm;
+    int is_moe;
+    TensorId mlp_gate, mlp_up, mlp_down;  // dense layers
+    TensorId router;                      // MoE layers
+    TensorId *expert_gate, *expert_up, *expert_down;  // (num_experts) each
+} LayerParams;
+
+typedef struct {
+    Config cfg;
+    HfFamily family;
+    TensorTable tt;
+    TensorId embed, final_norm, lm_head;  // lm_head == embed when tied
+    LayerParams *layers;                  // (num_layers)
+    real *rope_cos_sin;                   // (max_positions, head_dim/2, 2)
+} Model;
+
+// ---- one micro-batch ------------------------------------------------------------------
+typedef struct {
+    int B, T;
+    const int32_t *tokens;   // (B·T)
+    const int32_t *targets;  // (B·T) next-token labels; NULL in generation
+    const real *loss_mask;   // (B·T) 1 = counts toward the loss; NULL = all count
+} Batch;
+
+typedef struct {
+    real *logits;       // (N,E) x·W_routerᵀ
+    RouterOutput route;
+    DispatchPlan plan;
+    real *rows_in;      // (N·k,H) permuted inputs
+    real *row_probs;    // (N·k)
+    ExpertActs experts; // (N·k,I) each
+    real *rows_out;     // (N·k,H)
+} MoeActs;
+
+typedef struct {
+    real *x_in;                   // (N,H) block input (the residual stream)
+    real *ln1, *ln1_rstd;         // (N,H), (N)
+    real *q, *k, *v;              // (N,heads·d), (N,kv_heads·d), (N,kv_heads·d): as attention sees them
+    real *q_raw, *k_raw;          // projections before QK-norm (aliases of q/k without it)
+    real *q_rstd, *k_rstd;        // (N·heads), (N·kv_heads)
+    real *att, *lse;              // (N,heads·d), (B,heads,T)
+    real *x_mid;                  // (N,H) after the attention residual
+    real *ln2, *ln2_rstd;         // (N,H), (N)
+    ExpertActs mlp;               // dense layers: (N,F) each
+    MoeActs moe;                  // MoE layers
+    real *ffn_out;                // (N,H)
+} LayerActs;
+
+// Per-layer key/value cache for generation (batch 1).
+typedef struct {
+    real *k, *v;   // (capacity, kv_heads·d)
+    int capacity;
+} KvCache;
+
+typedef struct {
+    int B, T, N;            // shape of the last forward
+    int capacity_tokens;    // B·T the buffers were allocated for
+    Arena arena;
+    LayerActs *layers;
+    real *x_final;          // (N,H) output of the last block
+    real *lnf, *lnf_rstd;   // (N,H), (N)
+    real *logits;           // (N,V)
+    real *token_loss;       // (N)
+    real *loss_weight;      // (N) d(loss)/d(token_loss) of this micro-batch
+    // backward scratch, shared by all layers
+    real *d_token_loss;     // (N)
+    real *d_resid, *d_norm, *d_att, *d_q, *d_k, *d_v, *d_q_raw, *d_k_raw, *d_logits;
+    real *d_rows_in, *d_rows_out, *d_row_probs, *d_choice_probs, *d_router_logits;
+    real *d_gate, *d_up, *d_act;
+    // results of the last forward
+    double lm_loss;         // mean masked cross-entropy
+    double aux_loss;        // mean over MoE layers of L_aux / coeff
+    double aux_objective;   // Σ over MoE layers of coeff · L_aux/coeff (what is optimised)
+} ModelActs;
+
+// Describe every tensor (HF names of the chosen family) and allocate the table.
+void model_build(Model *m, const Config *cfg);
+// Megatron-Core init: normal(0, std) matrices, std/sqrt(2L) for output projections, ones for norms.
+void model_init_weights(Model *m, uint64_t seed);
+void model_free(Model *m);
+
+void acts_alloc(ModelActs *a, const Model *m, int B, int T);
+void acts_free(ModelActs *a);
+
+// Forward one micro-batch. With batch->targets: returns the lm loss and sets a->lm_loss,
+// a->aux_loss. kv (per layer, or NULL) switches to cached generation: the B·T tokens sit
+// at positions pos0.. and attend to the cache.
+double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0);
+// Backward of the last forward; loss_scale multiplies the whole objective (1/micro-batches).
+void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scale);
+
+// Model FLOPs of one training step per token (forward + backward), see docs/metrics.md.
+double model_train_flops_per_token(const Config *cfg);

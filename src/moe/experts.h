@@ -1,0 +1,34 @@
+// experts.h — SwiGLU experts over expert-major rows (a grouped GEMM per projection).
+//
+// Expert e owns rows offsets[e] .. offsets[e+1] of the permuted input and computes
+//   gate = x·W_gateᵀ, up = x·W_upᵀ        (rows, I)
+//   act  = silu(gate) · up · p             p = routing prob of the row (1 for dense)
+//   out  = act·W_downᵀ                     (rows, H)
+// The prob multiplies after the activation and before the down projection, as in
+// Megatron-Core. A dense SwiGLU MLP is this with one group and no probs.
+#pragma once
+#include "core/common.h"
+
+typedef struct {
+    real **gate, **up, **down;  // per group: (I,H), (I,H), (H,I)
+} ExpertWeights;
+
+typedef struct {
+    int groups, H, I;
+    const int32_t *offsets;  // (groups+1) row ranges
+} ExpertShape;
+
+typedef struct {
+    real *gate, *up, *act;   // (rows, I) saved for backward
+} ExpertActs;
+
+// rows_in (rows,H), row_scale (rows) or NULL -> rows_out (rows,H); fills acts
+void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
+                     const real *row_scale, const ExpertWeights *w, const ExpertShape *s);
+
+// drows_out (rows,H) -> drows_in (rows,H) overwritten, drow_scale (rows) overwritten when
+// non-NULL; weight gradients accumulate into dw. scratch: three (rows, I) buffers.
+void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,
+                      const real *drows_out, const ExpertActs *acts, const real *rows_in,
+                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s,
+                      real *scratch_dgate, real *scratch_dup, real *scratch_dact);

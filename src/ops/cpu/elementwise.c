@@ -1,0 +1,249 @@
+// elementwise.c — vector helpers, embedding, RMSNorm, RoPE, SwiGLU, softmax,
+// cross-entropy and AdamW for the cpu backend. Each loop is parallel over rows or
+// elements only; every sum runs in a fixed order, so results do not depend on the
+// number of threads.
+#include <math.h>
+#include <string.h>
+
+#include "ops/ops.h"
+
+#define PARALLEL_ROWS _Pragma("omp parallel for schedule(static) if (N > 16)")
+
+void vec_copy(real *dst, const real *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
+void vec_zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+
+void vec_add(real *y, const real *x, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void vec_scale(real *x, real s, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+double vec_sum_squares(const real *x, size_t n) {
+    // Fixed-size chunks summed in order: the same answer for any thread count.
+    enum { CHUNK = 4096 };
+    size_t chunks = (n + CHUNK - 1) / CHUNK;
+    double *partial = mt_calloc(chunks ? chunks : 1, sizeof(double));
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t end = MT_MIN(n, (c + 1) * CHUNK);
+        double s = 0;
+        for (size_t i = c * CHUNK; i < end; i++) s += (double)x[i] * x[i];
+        partial[c] = s;
+    }
+    double total = 0;
+    for (size_t c = 0; c < chunks; c++) total += partial[c];
+    free(partial);
+    return total;
+}
+
+// ---- embedding -----------------------------------------------------------------------
+
+void embedding_forward(real *out, const int32_t *tokens, const real *table, int N, int C) {
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, table + (size_t)tokens[n] * C, C * sizeof(real));
+}
+
+void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C) {
+    // Parallel over channels, tokens in order: deterministic without atomics.
+#pragma omp parallel for schedule(static) if (C >= 64)
+    for (int c = 0; c < C; c++)
+        for (int n = 0; n < N; n++) dtable[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------
+
+void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps) {
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) {
+        const real *xr = x + (size_t)n * C;
+        real *yr = y + (size_t)n * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+        real r = (real)(1.0 / sqrt(ss / C + eps));
+        rstd[n] = r;
+        for (int c = 0; c < C; c++) yr[c] = xr[c] * r * w[c];
+    }
+}
+
+// y = x·r·w with r = (mean(x²)+eps)^(-1/2):
+//   dw_c += Σ_n dy·x·r ;  dx = r·(dy⊙w) − x · r³/C · Σ_c (dy⊙w)·x
+void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
+                      const real *rstd, int N, int C) {
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) {
+        const real *xr = x + (size_t)n * C, *dyr = dy + (size_t)n * C;
+        real *dxr = dx + (size_t)n * C;
+        double r = rstd[n], dot = 0;
+        for (int c = 0; c < C; c++) dot += (double)dyr[c] * w[c] * xr[c];
+        double k = dot * r * r * r / C;
+        for (int c = 0; c < C; c++) dxr[c] += (real)(r * dyr[c] * w[c] - k * xr[c]);
+    }
+#pragma omp parallel for schedule(static) if (C >= 64)
+    for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int n = 0; n < N; n++) s += (double)dy[(size_t)n * C + c] * x[(size_t)n * C + c] * rstd[n];
+        dw[c] += (real)s;
+    }
+}
+
+// ---- RoPE ------------------------------------------------------------------------------
+
+void rope_table(real *cos_sin, int max_pos, int head_dim, double base) {
+    int half = head_dim / 2;
+    for (int p = 0; p < max_pos; p++)
+        for (int i = 0; i < half; i++) {
+            // inverse frequency rounded to float first, as the reference implementations do
+            float inv_freq = (float)(1.0 / pow(base, (double)(2 * i) / head_dim));
+            float angle = (float)p * inv_freq;
+            cos_sin[((size_t)p * half + i) * 2 + 0] = (real)cosf(angle);
+            cos_sin[((size_t)p * half + i) * 2 + 1] = (real)sinf(angle);
+        }
+}
+
+// direction +1 rotates by +angle (forward), −1 by −angle (the transpose, for backward)
+static void rope_rotate(real *x, const real *cos_sin, int N, int T, int pos0, int heads,
+                        int head_dim, int direction) {
+    int half = head_dim / 2;
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) {
+        const real *cs = cos_sin + (size_t)(pos0 + n % T) * half * 2;
+        for (int h = 0; h < heads; h++) {
+            real *v = x + ((size_t)n * heads + h) * head_dim;
+            for (int i = 0; i < half; i++) {
+                real c = cs[2 * i], s = direction * cs[2 * i + 1];
+                real a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, int heads, int head_dim) {
+    rope_rotate(x, cos_sin, N, T, pos0, heads, head_dim, +1);
+}
+
+void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, int heads,
+                   int head_dim) {
+    rope_rotate(dx, cos_sin, N, T, pos0, heads, head_dim, -1);
+}
+
+// ---- SwiGLU ------------------------------------------------------------------------------
+
+static inline real sigmoid(real x) { return (real)(1.0 / (1.0 + exp(-(double)x))); }
+
+void swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
+                    int I) {
+    int N = M;
+    PARALLEL_ROWS
+    for (int m = 0; m < M; m++) {
+        real scale = row_scale ? row_scale[m] : 1;
+        const real *g = gate + (size_t)m * I, *u = up + (size_t)m * I;
+        real *a = act + (size_t)m * I;
+        for (int i = 0; i < I; i++) a[i] = g[i] * sigmoid(g[i]) * u[i] * scale;
+    }
+}
+
+// act = silu(g)·u·s with silu'(g) = σ(g)(1 + g(1 − σ(g))):
+//   dg = dact·u·s·silu'(g);  du = dact·silu(g)·s;  ds = Σ_i dact·silu(g)·u
+void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
+                     const real *gate, const real *up, const real *row_scale, int M, int I) {
+    int N = M;
+    PARALLEL_ROWS
+    for (int m = 0; m < M; m++) {
+        real scale = row_scale ? row_scale[m] : 1;
+        const real *g = gate + (size_t)m * I, *u = up + (size_t)m * I, *da = dact + (size_t)m * I;
+        real *dg = dgate + (size_t)m * I, *du = dup + (size_t)m * I;
+        double dscale = 0;
+        for (int i = 0; i < I; i++) {
+            real sg = sigmoid(g[i]), silu = g[i] * sg;
+            dg[i] = da[i] * u[i] * scale * sg * (1 + g[i] * (1 - sg));
+            du[i] = da[i] * silu * scale;
+            dscale += (double)da[i] * silu * u[i];
+        }
+        if (drow_scale) drow_scale[m] = (real)dscale;
+    }
+}
+
+// ---- softmax -------------------------------------------------------------------------------
+
+void softmax_forward(real *y, const real *x, int N, int C) {
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) {
+        const real *xr = x + (size_t)n * C;
+        real *yr = y + (size_t)n * C;
+        real mx = xr[0];
+        for (int c = 1; c < C; c++) mx = xr[c] > mx ? xr[c] : mx;
+        double sum = 0;
+        for (int c = 0; c < C; c++) sum += exp((double)xr[c] - mx);
+        for (int c = 0; c < C; c++) yr[c] = (real)(exp((double)xr[c] - mx) / sum);
+    }
+}
+
+void softmax_backward(real *dx, const real *y, const real *dy, int N, int C) {
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) {
+        const real *yr = y + (size_t)n * C, *dyr = dy + (size_t)n * C;
+        double dot = 0;
+        for (int c = 0; c < C; c++) dot += (double)yr[c] * dyr[c];
+        for (int c = 0; c < C; c++) dx[(size_t)n * C + c] += (real)(yr[c] * (dyr[c] - dot));
+    }
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------
+
+static double row_logsumexp(const real *x, int C) {
+    real mx = x[0];
+    for (int c = 1; c < C; c++) mx = x[c] > mx ? x[c] : mx;
+    double sum = 0;
+    for (int c = 0; c < C; c++) sum += exp((double)x[c] - mx);
+    return mx + log(sum);
+}
+
+void cross_entropy_forward(real *losses, const real *logits, const int32_t *targets, int N,
+                           int V) {
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) {
+        const real *row = logits + (size_t)n * V;
+        losses[n] = (real)(row_logsumexp(row, V) - row[targets[n]]);
+    }
+}
+
+void cross_entropy_backward(real *dlogits, const real *logits, const int32_t *targets,
+                            const real *weight, int N, int V) {
+    PARALLEL_ROWS
+    for (int n = 0; n < N; n++) {
+        const real *row = logits + (size_t)n * V;
+        real *drow = dlogits + (size_t)n * V;
+        real w = weight[n];
+        if (w == 0) {
+            memset(drow, 0, V * sizeof(real));
+            continue;
+        }
+        double lse = row_logsumexp(row, V);
+        for (int v = 0; v < V; v++) drow[v] = (real)(exp((double)row[v] - lse) * w);
+        drow[targets[n]] -= w;
+    }
+}
+
+// ---- AdamW -----------------------------------------------------------------------------------
+
+void adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,
+                  const AdamWStep *h) {
+    double bias1 = 1.0 - pow(h->beta1, (double)h->step);
+    double bias2 = 1.0 - pow(h->beta2, (double)h->step);
+    double decay_factor = decay ? 1.0 - h->lr * h->weight_decay : 1.0;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        double mi = h->beta1 * m[i] + (1.0 - h->beta1) * g[i];
+        double vi = h->beta2 * v[i] + (1.0 - h->beta2) * (double)g[i] * g[i];
+        m[i] = (real)mi;
+        v[i] = (real)vi;
+        double update = (mi / bias1) / (sqrt(vi / bias2) + h->eps);
+        p[i] = (real)(p[i] * decay_factor - h->lr * update);
+    }
+}

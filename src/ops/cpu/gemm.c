@@ -1,0 +1,408 @@
+// gemm.c — row-major GEMM for moetron: OpenBLAS when linked, and a portable blocked
+// GEMM in plain C that is always compiled.
+//
+// Portable algorithm (the classic Goto/BLIS structure):
+//   for jc over N in NC-wide blocks:
+//     for pc over K in KC-deep blocks:             pack op(B)[pc:+KC, jc:+NC] into NR-wide panels
+//       for ic over M in MC-tall blocks:           pack op(A)[ic:+MC, pc:+KC] into MR-tall panels
+//         for each NR panel, for each MR panel:    MR x NR register tile, summed over KC
+// Packing turns all four transpose combinations (and any leading dimension) into the
+// same contiguous layout, and zero-pads edge panels so the micro-kernel is always a
+// full MR x NR tile; only the write-back looks at the true edge.
+//
+// Threads: C is cut into a grid of gm x gn rectangles whose edges fall on MR / NR
+// panel boundaries; each thread computes one rectangle on its own, with private
+// packing buffers and no barriers. K is never split: each element of C is summed
+// by one thread, over K blocks in order and within a block in order, so the
+// result does not depend on the number of threads.
+#include "ops/gemm.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef MT_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+// ---------------------------------------------------------------------------
+// Blocking parameters. A vector is 32 bytes (one AVX register): 8 floats or
+// 4 doubles. The micro-tile is MR rows x NR = 2 vectors: 6x16 for float, 6x8
+// for double, i.e. 12 accumulator registers + 2 for B + 1 broadcast of A.
+// KC * NR fits the B micro-panel in L1 (16 KiB), MC * KC the A block in L2
+// (144 KiB), KC * NC the B block in a thread's share of L3 (512 KiB). Tuned on a
+// 2-core Zen 3; the result does not depend on MC or NC, only on KC.
+// ---------------------------------------------------------------------------
+#define VEC_BYTES 32
+#define VL ((int)(VEC_BYTES / sizeof(real)))
+#define MR 6
+#define NR (2 * VL)
+#define KC 256
+#define MC (MR * (96 / (int)sizeof(real)))  // 144 rows float, 72 rows double
+#define NC (2048 / (int)sizeof(real))       // 512 columns float, 256 double
+#define PAR_MIN_WORK (64.0 * 64.0 * 64.0)  // M*N*K at or below this runs on one thread
+
+#if defined(__GNUC__)
+#define MT_GEMM_VECTOR_EXT 1
+typedef real vreal __attribute__((vector_size(VEC_BYTES)));
+#else
+#define MT_GEMM_VECTOR_EXT 0
+#endif
+
+// The micro-kernel is the only place where a fused multiply-add is wanted; GCC in
+// ISO C mode does not contract a*b+c by itself, so ask for it here alone.
+#if defined(__GNUC__) && !defined(__clang__)
+#define KERNEL_ATTR __attribute__((optimize("fp-contract=fast"), noinline))
+#else
+#define KERNEL_ATTR
+#endif
+
+// One GEMM problem, with op(A) and op(B) described by element strides:
+// op(A)[i,k] = A[i*a_rs + k*a_ks], op(B)[k,j] = B[k*b_ks + j*b_cs].
+typedef struct {
+    int M, N, K;
+    real alpha, beta;
+    const real *A;
+    size_t a_rs, a_ks;
+    const real *B;
+    size_t b_ks, b_cs;
+    real *C;
+    size_t ldc;
+} GemmProblem;
+
+// ---------------------------------------------------------------------------
+// Backend choice: the one piece of global state, set once (or by
+// mt_gemm_force_portable). Racing first calls compute the same value.
+// ---------------------------------------------------------------------------
+enum { BACKEND_UNSET = 0, BACKEND_BLAS = 1, BACKEND_PORTABLE = 2 };
+static int g_backend = BACKEND_UNSET;
+
+#if defined(__GNUC__)
+#define BACKEND_LOAD() __atomic_load_n(&g_backend, __ATOMIC_ACQUIRE)
+#define BACKEND_STORE(v) __atomic_store_n(&g_backend, (v), __ATOMIC_RELEASE)
+#else
+#define BACKEND_LOAD() (g_backend)
+#define BACKEND_STORE(v) (g_backend = (v))
+#endif
+
+// The backend when nothing is forced: OpenBLAS if linked and not overridden by
+// MOETRON_GEMM=portable.
+static int backend_default(void) {
+#ifdef MT_HAVE_CBLAS
+    const char *env = getenv("MOETRON_GEMM");
+    if (env && strcmp(env, "portable") == 0) return BACKEND_PORTABLE;
+    return BACKEND_BLAS;
+#else
+    return BACKEND_PORTABLE;
+#endif
+}
+
+static int backend_get(void) {
+    int b = BACKEND_LOAD();
+    if (b == BACKEND_UNSET) {
+        b = backend_default();
+        BACKEND_STORE(b);
+    }
+    return b;
+}
+
+const char *mt_gemm_backend(void) {
+    return backend_get() == BACKEND_BLAS ? "openblas" : "portable";
+}
+
+void mt_gemm_force_portable(int on) {
+    BACKEND_STORE(on ? BACKEND_PORTABLE : backend_default());
+}
+
+// ---------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// C[M,N] = beta * C, with beta == 0 writing exact zeros (NaN in C is dropped).
+static void scale_c(int M, int N, real beta, real *C, size_t ldc) {
+    for (int i = 0; i < M; i++) {
+        real *c = C + (size_t)i * ldc;
+        if (beta == 0) memset(c, 0, (size_t)N * sizeof(real));
+        else if (beta != 1)
+            for (int j = 0; j < N; j++) c[j] *= beta;
+    }
+}
+
+// A buffer of `count` reals aligned to 64 bytes; *raw receives what to free().
+static real *alloc_aligned(size_t count, void **raw) {
+    *raw = mt_malloc(count * sizeof(real) + 64);
+    uintptr_t p = ((uintptr_t)*raw + 63) & ~(uintptr_t)63;
+    return (real *)p;
+}
+
+// ---------------------------------------------------------------------------
+// Packing. A panel of width W (MR for A, NR for B) and depth kc is stored
+// k-major: dst[k*W + i] = src[i*s_w + k*s_k] for i < w, and 0 for w <= i < W.
+// ---------------------------------------------------------------------------
+
+// dst[kc, W] <- src panel of w <= W valid lanes (strides s_w across, s_k along K).
+static inline void pack_panel(real *restrict dst, const real *restrict src, int w, int W, int kc,
+                              size_t s_w, size_t s_k) {
+    if (w == W && s_w == 1) {  // lanes contiguous: straight row copies
+        for (int k = 0; k < kc; k++) memcpy(dst + (size_t)k * W, src + k * s_k, W * sizeof(real));
+        return;
+    }
+    if (w == W) {  // lanes strided (usually s_k == 1): gather one k at a time
+        for (int k = 0; k < kc; k++)
+            for (int i = 0; i < W; i++) dst[(size_t)k * W + i] = src[i * s_w + k * s_k];
+        return;
+    }
+    for (int k = 0; k < kc; k++) {  // edge panel: gather the valid lanes, zero the rest
+        for (int i = 0; i < w; i++) dst[(size_t)k * W + i] = src[i * s_w + k * s_k];
+        for (int i = w; i < W; i++) dst[(size_t)k * W + i] = 0;
+    }
+}
+
+// Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc]
+static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, real *Ap) {
+    const real *base = p->A + (size_t)ic * p->a_rs + (size_t)pc * p->a_ks;
+    for (int ir = 0; ir < mc; ir += MR) {
+        pack_panel(Ap + (size_t)ir * kc, base + (size_t)ir * p->a_rs, MT_MIN(MR, mc - ir), MR, kc,
+                   p->a_rs, p->a_ks);
+    }
+}
+
+// Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc]
+static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, real *Bp) {
+    const real *base = p->B + (size_t)pc * p->b_ks + (size_t)jc * p->b_cs;
+    for (int jr = 0; jr < nc; jr += NR) {
+        pack_panel(Bp + (size_t)jr * kc, base + (size_t)jr * p->b_cs, MT_MIN(NR, nc - jr), NR, kc,
+                   p->b_cs, p->b_ks);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Micro-kernel: acc[MR][NR] = sum_k a[k][0:MR] (outer) b[k][0:NR], k = 0..kc-1 in
+// order. a is a packed A panel [kc][MR], b a packed B panel [kc][NR] (64-byte
+// aligned), acc 32-byte aligned.
+// ---------------------------------------------------------------------------
+#if MT_GEMM_VECTOR_EXT
+KERNEL_ATTR static void micro_kernel(int kc, const real *restrict a, const real *restrict b,
+                                     real *restrict acc) {
+    vreal c[MR][2];
+    for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = (vreal){0};
+#pragma GCC unroll 2
+    for (int k = 0; k < kc; k++) {
+        const vreal b0 = *(const vreal *)b;
+        const vreal b1 = *(const vreal *)(b + VL);
+        for (int i = 0; i < MR; i++) {
+            const vreal ai = a[i] - (vreal){0};  // broadcast (x - 0 == x exactly)
+            c[i][0] += ai * b0;
+            c[i][1] += ai * b1;
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < MR; i++) {
+        *(vreal *)(acc + i * NR) = c[i][0];
+        *(vreal *)(acc + i * NR + VL) = c[i][1];
+    }
+}
+#else
+KERNEL_ATTR static void micro_kernel(int kc, const real *restrict a, const real *restrict b,
+                                     real *restrict acc) {
+    real c[MR][NR] = {{0}};
+    for (int k = 0; k < kc; k++) {
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) c[i][j] += a[i] * b[j];
+        a += MR;
+        b += NR;
+    }
+    memcpy(acc, c, sizeof c);
+}
+#endif
+
+// C[mr, nr] (mr <= MR, nr <= NR) = alpha * acc[0:mr, 0:nr] + beta * C; beta == 0
+// overwrites. Full tiles take the fixed-size loop, which vectorises.
+static void tile_store(real *C, size_t ldc, const real *acc, int mr, int nr, real alpha,
+                       real beta) {
+    if (mr == MR && nr == NR) {
+        for (int i = 0; i < MR; i++) {
+            real *c = C + i * ldc;
+            const real *t = acc + i * NR;
+            if (beta == 0)
+                for (int j = 0; j < NR; j++) c[j] = alpha * t[j];
+            else
+                for (int j = 0; j < NR; j++) c[j] = alpha * t[j] + beta * c[j];
+        }
+        return;
+    }
+    for (int i = 0; i < mr; i++) {
+        real *c = C + i * ldc;
+        const real *t = acc + i * NR;
+        if (beta == 0)
+            for (int j = 0; j < nr; j++) c[j] = alpha * t[j];
+        else
+            for (int j = 0; j < nr; j++) c[j] = alpha * t[j] + beta * c[j];
+    }
+}
+
+// C[mc, nc] = alpha * Ap · Bp + beta * C for one packed A block [mc, kc] and B
+// block [kc, nc]. beta is the caller's beta for the first K block, 1 afterwards
+// (C * 1 is exact, so later blocks simply accumulate).
+static void macro_kernel(int mc, int nc, int kc, const real *Ap, const real *Bp, real *C,
+                         size_t ldc, real alpha, real beta) {
+    _Alignas(64) real acc[MR * NR];
+    for (int jr = 0; jr < nc; jr += NR) {
+        const real *b = Bp + (size_t)jr * kc;
+        int nr = MT_MIN(NR, nc - jr);
+        for (int ir = 0; ir < mc; ir += MR) {
+            micro_kernel(kc, Ap + (size_t)ir * kc, b, acc);
+            tile_store(C + ir * ldc + jr, ldc, acc, MT_MIN(MR, mc - ir), nr, alpha, beta);
+        }
+    }
+}
+
+// The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only.
+static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
+    int mb = MT_MIN(MC, m1 - m0), nb = MT_MIN(NC, n1 - n0), kb = MT_MIN(KC, p->K);
+    void *a_raw, *b_raw;
+    real *Ap = alloc_aligned((size_t)ceil_div(mb, MR) * MR * kb, &a_raw);
+    real *Bp = alloc_aligned((size_t)ceil_div(nb, NR) * NR * kb, &b_raw);
+    for (int jc = n0; jc < n1; jc += NC) {
+        int nc = MT_MIN(NC, n1 - jc);
+        for (int pc = 0; pc < p->K; pc += KC) {
+            int kc = MT_MIN(KC, p->K - pc);
+            real beta = pc == 0 ? p->beta : (real)1;
+            pack_b(p, pc, kc, jc, nc, Bp);
+            for (int ic = m0; ic < m1; ic += MC) {
+                int mc = MT_MIN(MC, m1 - ic);
+                pack_a(p, ic, mc, pc, kc, Ap);
+                macro_kernel(mc, nc, kc, Ap, Bp, p->C + (size_t)ic * p->ldc + jc, p->ldc,
+                             p->alpha, beta);
+            }
+        }
+    }
+    free(a_raw);
+    free(b_raw);
+}
+
+// ---------------------------------------------------------------------------
+// Threading: split C into gm x gn rectangles of whole MR x NR panels.
+// ---------------------------------------------------------------------------
+#ifdef _OPENMP
+
+// Pick a grid gm x gn (gm * gn <= nth, gm <= mp, gn <= np) for mp row panels and
+// np column panels: fewest tiles on the busiest thread, then least packing.
+static void choose_grid(int mp, int np, int nth, int *gm, int *gn) {
+    double best = -1;
+    *gm = *gn = 1;
+    for (int used = nth; used >= 1; used--) {
+        for (int a = 1; a <= used; a++) {
+            if (used % a || a > mp || used / a > np) continue;
+            int b = used / a;
+            double tiles = (double)ceil_div(mp, a) * ceil_div(np, b);
+            double packing = (double)ceil_div(mp, a) * MR + (double)ceil_div(np, b) * NR;
+            double cost = tiles * (MR * NR / 16.0) + packing;  // ~cycles per k step
+            if (best < 0 || cost < best) {
+                best = cost;
+                *gm = a;
+                *gn = b;
+            }
+        }
+    }
+}
+
+// Thread t of a gm x gn grid computes rows [m0,m1) and columns [n0,n1) of p.
+static void gemm_grid_part(const GemmProblem *p, int gm, int gn, int t) {
+    int mp = ceil_div(p->M, MR), np = ceil_div(p->N, NR);
+    int ti = t / gn, tj = t % gn;
+    int m0 = (int)((long long)mp * ti / gm) * MR;
+    int m1 = MT_MIN(p->M, (int)((long long)mp * (ti + 1) / gm) * MR);
+    int n0 = (int)((long long)np * tj / gn) * NR;
+    int n1 = MT_MIN(p->N, (int)((long long)np * (tj + 1) / gn) * NR);
+    if (m0 < m1 && n0 < n1) gemm_rect(p, m0, m1, n0, n1);
+}
+#endif
+
+// The whole problem (K > 0, alpha != 0), threaded when it is large enough.
+static void gemm_portable(const GemmProblem *p) {
+    double work = (double)p->M * p->N * p->K;
+#ifdef _OPENMP
+    if (work > PAR_MIN_WORK && omp_get_max_threads() > 1) {
+#pragma omp parallel
+        {
+            int gm, gn, nth = omp_get_num_threads(), t = omp_get_thread_num();
+            choose_grid(ceil_div(p->M, MR), ceil_div(p->N, NR), nth, &gm, &gn);
+            if (t < gm * gn) gemm_grid_part(p, gm, gn, t);
+        }
+        return;
+    }
+#endif
+    (void)work;
+    gemm_rect(p, 0, p->M, 0, p->N);
+}
+
+#ifdef MT_HAVE_CBLAS
+// The same problem through CBLAS (K > 0, alpha != 0, leading dims already checked).
+static void gemm_blas(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A,
+                      int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+    enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+#ifdef MT_DOUBLE
+    cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// Public API
+// ---------------------------------------------------------------------------
+
+void mt_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
+             const real *B, int ldb, real beta, real *C, int ldc) {
+    MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    MT_ASSERT(ldc >= N);
+    if (K == 0 || alpha == 0) {
+        scale_c(M, N, beta, C, (size_t)ldc);
+        return;
+    }
+    MT_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
+#ifdef MT_HAVE_CBLAS
+    if (backend_get() == BACKEND_BLAS) {
+        gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#endif
+    GemmProblem p = {
+        .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
+        .A = A, .a_rs = trans_a ? 1 : (size_t)lda, .a_ks = trans_a ? (size_t)lda : 1,
+        .B = B, .b_ks = trans_b ? 1 : (size_t)ldb, .b_cs = trans_b ? (size_t)ldb : 1,
+        .C = C, .ldc = (size_t)ldc,
+    };
+    gemm_portable(&p);
+}
+
+void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K,
+                     real alpha, const real *A, const size_t *a_offsets, int lda,
+                     const real *const *B_ptrs, int ldb, real beta, real *C,
+                     const size_t *c_offsets, int ldc) {
+    for (int g = 0; g < groups; g++) {
+        if (rows[g] == 0) continue;
+        mt_gemm(trans_a, trans_b, rows[g], N, K, alpha, A + a_offsets[g], lda, B_ptrs[g], ldb,
+                beta, C + c_offsets[g], ldc);
+    }
+}
+
+void mt_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha,
+                           const real *dY, const size_t *dy_offsets, const real *X,
+                           const size_t *x_offsets, real *const *W_ptrs) {
+    for (int g = 0; g < groups; g++) {
+        if (rows[g] == 0) continue;
+        // W_g[out, in] += alpha * (dY_g[rows, out])^T · X_g[rows, in]
+        mt_gemm(1, 0, out, in, rows[g], alpha, dY + dy_offsets[g], out, X + x_offsets[g], in,
+                (real)1, W_ptrs[g], in);
+    }
+}

@@ -1,0 +1,52 @@
+// gemm.h — dense matrix multiply for moetron: one BLAS-style GEMM and two grouped
+// variants for Mixture-of-Experts layers (one weight matrix per expert).
+//
+// All matrices are row-major. Results are deterministic: every element of C is
+// summed over K by a single thread in a fixed order, so the portable backend gives
+// bitwise-identical results for any OpenMP thread count. The OpenBLAS backend is
+// deterministic only for a fixed OpenBLAS thread count.
+//
+// Backend: OpenBLAS (cblas_sgemm / cblas_dgemm) when built with MT_HAVE_CBLAS,
+// unless the environment variable MOETRON_GEMM=portable is set (read once, on the
+// first call) or mt_gemm_force_portable(1) was called; the portable blocked GEMM
+// otherwise.
+#pragma once
+#include "core/common.h"
+
+// C[M,N] = alpha * op(A)[M,K] · op(B)[K,N] + beta * C
+//   op(A) = A   when !trans_a: A is [M,K], lda >= K
+//   op(A) = A^T when  trans_a: A is [K,M], lda >= M
+//   op(B) = B   when !trans_b: B is [K,N], ldb >= N
+//   op(B) = B^T when  trans_b: B is [N,K], ldb >= K
+//   C is [M,N], ldc >= N.
+// beta == 0 overwrites C (NaN/Inf already in C do not propagate). When K == 0 or
+// alpha == 0, A and B are not read and C = beta * C. M == 0 or N == 0: no-op.
+void mt_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
+             const real *B, int ldb, real beta, real *C, int ldc);
+
+// The backend the next mt_gemm call will use: "openblas" or "portable".
+const char *mt_gemm_backend(void);
+
+// on != 0: use the portable backend from now on, even when OpenBLAS is linked.
+// on == 0: go back to the default choice (OpenBLAS if linked and MOETRON_GEMM is
+// not "portable"). Call it before spawning threads that use mt_gemm; it is meant
+// for tests and benchmarks.
+void mt_gemm_force_portable(int on);
+
+// Grouped GEMM, one group per expert. For g in [0, groups) with rows[g] > 0:
+//   C_g[rows[g], N] = alpha * op(A_g) · op(B_g) + beta * C_g
+// where A_g = A + a_offsets[g], B_g = B_ptrs[g] (the expert's own [K,N] or, with
+// trans_b, [N,K] weight), C_g = C + c_offsets[g]; lda/ldb/ldc as in mt_gemm with
+// M = rows[g]. Groups with rows[g] == 0 are skipped (their C_g is not touched).
+void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K,
+                     real alpha, const real *A, const size_t *a_offsets, int lda,
+                     const real *const *B_ptrs, int ldb, real beta, real *C,
+                     const size_t *c_offsets, int ldc);
+
+// Grouped weight gradient. For g in [0, groups) with rows[g] > 0:
+//   W_g[out, in] += alpha * dY_g^T[out, rows[g]] · X_g[rows[g], in]
+// where dY_g = dY + dy_offsets[g] is [rows[g], out] (ld = out), X_g = X + x_offsets[g]
+// is [rows[g], in] (ld = in) and W_g = W_ptrs[g] is [out, in] (ld = in).
+void mt_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha,
+                           const real *dY, const size_t *dy_offsets, const real *X,
+                           const size_t *x_offsets, real *const *W_ptrs);

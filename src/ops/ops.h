@@ -1,0 +1,98 @@
+// ops.h — the backend-neutral operations the model is written in.
+//
+// Model code never loops over tensor memory itself: it calls these. The cpu backend
+// (src/ops/cpu/) implements them with OpenMP; a GPU backend implements the same
+// signatures over device pointers. Conventions:
+//   * row-major; N = number of tokens in the micro-batch (flattened b*T + t);
+//   * *_backward functions ACCUMULATE (+=) into parameter gradients and, unless noted,
+//     into input gradients, so that residual branches add up without extra copies;
+//   * every reduction has a fixed order: results do not depend on the thread count.
+#pragma once
+#include "core/common.h"
+#include "ops/gemm.h"
+
+// ---- linear layers (no bias): y = x·Wᵀ, W stored [out, in] like Hugging Face -------
+// x (N,in), W (out,in) -> y (N,out)
+void linear_forward(real *y, const real *x, const real *W, int N, int in, int out);
+// dy (N,out): dx (N,in) += dy·W (skipped when dx NULL); dW (out,in) += dyᵀ·x
+void linear_backward(real *dx, real *dW, const real *dy, const real *x, const real *W, int N,
+                     int in, int out);
+
+// ---- elementwise ---------------------------------------------------------------------
+void vec_copy(real *dst, const real *src, size_t n);
+void vec_zero(real *x, size_t n);
+void vec_add(real *y, const real *x, size_t n);            // y += x
+void vec_scale(real *x, real s, size_t n);                 // x *= s
+double vec_sum_squares(const real *x, size_t n);           // fixed-order double sum
+
+// ---- embedding ------------------------------------------------------------------------
+// tokens (N), table (V,C) -> out (N,C)
+void embedding_forward(real *out, const int32_t *tokens, const real *table, int N, int C);
+// dtable (V,C) += scatter of dout (N,C) by token, tokens summed in order
+void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C);
+
+// ---- RMSNorm: y = x · rsqrt(mean(x²) + eps) · w  (statistics in double) ---------------
+// x (N,C), w (C) -> y (N,C), rstd (N)
+void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps);
+// dx (N,C) += ..., dw (C) += ... ; rows summed in order for dw
+void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
+                      const real *rstd, int N, int C);
+
+// ---- rotary position embedding, Hugging Face rotate-half layout ----------------------
+// Rotates pairs (i, i + d/2) of every head by angle pos·base^(−2i/d).
+// cos_sin (max_pos, d/2, 2) precomputed by rope_table.
+void rope_table(real *cos_sin, int max_pos, int head_dim, double base);
+// x (N, heads, d) in place; token n of batch row b = n / T has position pos0 + n % T.
+void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, int heads, int head_dim);
+// the inverse rotation applied to the gradient, in place
+void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, int heads,
+                   int head_dim);
+
+// ---- causal attention, flash style (online softmax; only lse kept for backward) ------
+// Query token t of batch b sits at position q_pos0 + t and sees keys 0 .. q_pos0 + t.
+typedef struct {
+    int B, Tq, Tk;       // batch, query tokens per row, key tokens per row (visible window)
+    int q_pos0;          // position of the first query token (Tk − Tq in training: 0)
+    int heads, kv_heads; // GQA: query head h uses kv head h / (heads / kv_heads)
+    int head_dim;
+    int kv_row_stride;   // rows between batch rows in k/v (Tk in training, cache capacity)
+    real scale;          // usually 1/sqrt(head_dim)
+} AttentionShape;
+// q (B·Tq, heads, d), k/v (B·kv_row_stride, kv_heads, d) -> out (B·Tq, heads, d),
+// lse (B, heads, Tq) = logsumexp of the scaled scores of each query
+void attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
+                       const AttentionShape *s);
+// dq, dk, dv accumulate (+=); deterministic: each kv head's gradients are owned by one thread
+void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
+                        const real *lse, const real *q, const real *k, const real *v,
+                        const AttentionShape *s);
+
+// ---- SwiGLU with an optional per-row scale (the MoE routing prob) --------------------
+// gate, up (M,I), row_scale (M) or NULL -> act (M,I) = silu(gate) · up · row_scale
+void swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
+                    int I);
+// dact (M,I) -> dgate, dup (M,I) overwritten; drow_scale (M) overwritten when non-NULL
+void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
+                     const real *gate, const real *up, const real *row_scale, int M, int I);
+
+// ---- softmax over the last axis: x (N,C) -> y (N,C) -----------------------------------
+void softmax_forward(real *y, const real *x, int N, int C);
+// y (N,C) the softmax output, dy (N,C) -> dx (N,C) += y ⊙ (dy − Σ y·dy)
+void softmax_backward(real *dx, const real *y, const real *dy, int N, int C);
+
+// ---- cross-entropy ----------------------------------------------------------------------
+// logits (N,V), targets (N) -> losses (N) = logsumexp(logits) − logits[target]
+void cross_entropy_forward(real *losses, const real *logits, const int32_t *targets, int N,
+                           int V);
+// dlogits (N,V) = (softmax(logits) − onehot(target)) · weight[n]   (overwritten)
+void cross_entropy_backward(real *dlogits, const real *logits, const int32_t *targets,
+                            const real *weight, int N, int V);
+
+// ---- AdamW (decoupled weight decay), one contiguous range --------------------------------
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    long step;  // 1-based, for bias correction
+} AdamWStep;
+// p, m, v updated in place from g; weight decay applied only when decay != 0
+void adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,
+                  const AdamWStep *h);

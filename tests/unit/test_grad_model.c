@@ -1,0 +1,166 @@
+// test_grad_model.c — finite-difference gradient checks of the whole model, every
+// parameter tensor, in double precision (the library is compiled with real = double).
+// Objective = lm_loss + Σ_layers coeff·aux, exactly what training minimises.
+#include <string.h>
+
+#include "core/config.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "testlib.h"
+
+typedef struct {
+    const char *moe_layer_freq;
+    int qk_layernorm, untie, pre_softmax, topk, experts, group_query, masked;
+    double aux_coeff;
+} Variant;
+
+static void tiny_config(Config *c, const Variant *v) {
+    config_defaults(c);
+    c->num_layers = 2;
+    c->hidden_size = 8;
+    c->num_attention_heads = 2;
+    c->group_query_attention = v->group_query;
+    c->num_query_groups = 1;
+    c->kv_channels = 4;
+    c->ffn_hidden_size = 10;
+    c->seq_length = 5;
+    c->vocab_size = 11;
+    c->make_vocab_size_divisible_by = 4;
+    c->qk_layernorm = v->qk_layernorm;
+    c->untie_embeddings_and_output_weights = v->untie;
+    c->num_experts = v->experts;
+    c->moe_ffn_hidden_size = 6;
+    c->moe_router_topk = v->topk;
+    strcpy(c->moe_layer_freq, v->moe_layer_freq);
+    c->moe_router_pre_softmax = v->pre_softmax;
+    c->moe_aux_loss_coeff = v->aux_coeff;
+    config_validate(c);
+}
+
+static double objective(Model *m, ModelActs *a, const Batch *b) {
+    model_forward(m, a, b, NULL, 0);
+    return a->lm_loss + a->aux_objective;
+}
+
+// Routing decisions of every MoE layer, to detect a perturbation that flips a top-k.
+static void routing_snapshot(const Model *m, const ModelActs *a, int32_t *out) {
+    size_t at = 0;
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        if (m->layers[l].is_moe) {
+            size_t n = (size_t)a->N * m->cfg.moe_router_topk;
+            memcpy(out + at, a->layers[l].moe.route.topk_idx, n * sizeof(int32_t));
+            at += n;
+        }
+}
+
+static void check_variant(const Variant *v) {
+    Config c;
+    tiny_config(&c, v);
+    Model m;
+    model_build(&m, &c);
+    // Random weights, norms included, with a larger scale than training init so every
+    // path carries signal.
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (size_t i = 0; i < m.tt.total; i++) m.tt.params[i] = 0.5 * rng_normal(&rng);
+    for (int t = 0; t < m.tt.count; t++)
+        if (m.tt.descs[t].flags & TENSOR_NORM) {
+            real *p = tt_param(&m.tt, t);
+            for (size_t i = 0; i < m.tt.descs[t].numel; i++) p[i] = 1 + 0.3 * rng_normal(&rng);
+        }
+    int B = 2, T = c.seq_length, N = B * T;
+    int32_t tokens[10], targets[10];
+    real mask[10];
+    for (int n = 0; n < N; n++) {
+        tokens[n] = rng_below(&rng, c.vocab_size);
+        targets[n] = rng_below(&rng, c.vocab_size);
+        mask[n] = v->masked ? (n % 3 != 1) : 1;
+    }
+    Batch batch = {B, T, tokens, targets, mask};
+    ModelActs a;
+    acts_alloc(&a, &m, B, T);
+    objective(&m, &a, &batch);
+    memset(m.tt.grads, 0, m.tt.total * sizeof(real));
+    model_backward(&m, &a, &batch, 1.0);
+
+    int32_t routing0[4096], routing1[4096];
+    routing_snapshot(&m, &a, routing0);
+    size_t routing_len = 0;
+    for (int l = 0; l < c.num_layers; l++) routing_len += m.layers[l].is_moe ? (size_t)N * c.moe_router_topk : 0;
+    const double eps = 1e-6;
+    int checked = 0, skipped = 0, worst_tensor = -1, tensor_failures = 0;
+    double worst = 0;
+    for (int t = 0; t < m.tt.count; t++) {
+        const TensorDesc *d = &m.tt.descs[t];
+        real *p = tt_param(&m.tt, t), *g = tt_grad(&m.tt, t);
+        for (size_t i = 0; i < d->numel; i++) {
+            real saved = p[i];
+            p[i] = saved + eps;
+            double up = objective(&m, &a, &batch);
+            routing_snapshot(&m, &a, routing1);
+            int flipped = memcmp(routing0, routing1, routing_len * sizeof(int32_t)) != 0;
+            p[i] = saved - eps;
+            double down = objective(&m, &a, &batch);
+            routing_snapshot(&m, &a, routing1);
+            flipped |= memcmp(routing0, routing1, routing_len * sizeof(int32_t)) != 0;
+            p[i] = saved;
+            if (flipped) {
+                skipped++;
+                continue;
+            }
+            double numeric = (up - down) / (2 * eps), analytic = g[i];
+            // FD round-off is ~1e-16·|loss|/eps ≈ 1e-10 absolute: allow 1e-8 plus 1e-5 relative
+            double err = fabs(numeric - analytic) / (1e-3 + fabs(numeric) + fabs(analytic));
+            int bad = fabs(numeric - analytic) > 1e-8 + 1e-5 * (fabs(numeric) + fabs(analytic));
+            if (err > worst) {
+                worst = err;
+                worst_tensor = t;
+            }
+            if (bad && tensor_failures++ == 0)
+                CHECK(0, "%s[%zu]: analytic %.10g numeric %.10g", d->name, i, analytic, numeric);
+            checked++;
+        }
+        tensor_failures = 0;
+    }
+    CHECK(skipped * 50 <= checked, "too many routing flips: %d skipped of %d", skipped, checked);
+    CHECK(checked > 0, "nothing checked");
+    if (worst_tensor >= 0 && worst > 1e-7)
+        printf("     worst relative error %.2e in %s (%d checked, %d skipped)\n", worst,
+               m.tt.descs[worst_tensor].name, checked, skipped);
+    acts_free(&a);
+    model_free(&m);
+}
+
+static void test_grad_qwen3_mixed_dense_moe(void) {
+    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1};
+    check_variant(&v);
+}
+
+static void test_grad_qwen3_pre_softmax_tied_top1(void) {
+    Variant v = {"1", 1, 0, 1, 1, 3, 0, 0, 0.05};
+    check_variant(&v);
+}
+
+static void test_grad_mixtral_untied_no_aux(void) {
+    Variant v = {"1", 0, 1, 0, 2, 4, 1, 0, 0.0};
+    check_variant(&v);
+}
+
+static void test_grad_mixtral_top3_of_5_masked(void) {
+    Variant v = {"1", 0, 0, 0, 3, 5, 0, 1, 0.3};
+    check_variant(&v);
+}
+
+static void test_grad_dense_qwen3(void) {
+    Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0};
+    check_variant(&v);
+}
+
+int main(void) {
+    RUN(test_grad_qwen3_mixed_dense_moe);
+    RUN(test_grad_qwen3_pre_softmax_tied_top1);
+    RUN(test_grad_mixtral_untied_no_aux);
+    RUN(test_grad_mixtral_top3_of_5_masked);
+    RUN(test_grad_dense_qwen3);
+    TESTS_DONE();
+}
