@@ -110,5 +110,7 @@ typedef struct {
     int architecture;   // 1 when the flag shapes the model (must match a checkpoint)
     const char *help;
 } FlagSpec;
+// Set a flag from its textual value (the same checks as on the command line).
+void config_set_flag(Config *c, const FlagSpec *f, const char *value);
 int config_flag_count(void);
 const FlagSpec *config_flag(int i);

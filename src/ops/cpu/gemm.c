@@ -10,11 +10,12 @@
 // same contiguous layout, and zero-pads edge panels so the micro-kernel is always a
 // full MR x NR tile; only the write-back looks at the true edge.
 //
-// Threads: C is cut into a grid of gm x gn rectangles whose edges fall on MR / NR
-// panel boundaries; each thread computes one rectangle on its own, with private
-// packing buffers and no barriers. K is never split: each element of C is summed
-// by one thread, over K blocks in order and within a block in order, so the
-// result does not depend on the number of threads.
+// Threads: C is cut into a grid of gm x gn rectangles (one per thread) whose edges
+// fall on MR / NR panel boundaries; each rectangle is computed by one thread on its
+// own, with private packing buffers and no barriers. K is never split: each element
+// of C is summed by one thread, over K blocks in order and within a block in order,
+// with the same kernel wherever its tile lies, so the result does not depend on the
+// number of threads (only on KC, a compile-time constant).
 #include "ops/gemm.h"
 
 #include <stdint.h>
@@ -312,7 +313,7 @@ static void choose_grid(int mp, int np, int nth, int *gm, int *gn) {
     }
 }
 
-// Thread t of a gm x gn grid computes rows [m0,m1) and columns [n0,n1) of p.
+// Cell t (row-major) of a gm x gn grid over C: its rows [m0,m1) and columns [n0,n1).
 static void gemm_grid_part(const GemmProblem *p, int gm, int gn, int t) {
     int mp = ceil_div(p->M, MR), np = ceil_div(p->N, NR);
     int ti = t / gn, tj = t % gn;
@@ -331,9 +332,12 @@ static void gemm_portable(const GemmProblem *p) {
     if (work > PAR_MIN_WORK && omp_get_max_threads() > 1) {
 #pragma omp parallel
         {
-            int gm, gn, nth = omp_get_num_threads(), t = omp_get_thread_num();
-            choose_grid(ceil_div(p->M, MR), ceil_div(p->N, NR), nth, &gm, &gn);
-            if (t < gm * gn) gemm_grid_part(p, gm, gn, t);
+            // One cell per thread; handed out dynamically so that a thread the OS
+            // has not scheduled yet does not hold its cell hostage.
+            int gm, gn;
+            choose_grid(ceil_div(p->M, MR), ceil_div(p->N, NR), omp_get_num_threads(), &gm, &gn);
+#pragma omp for schedule(dynamic, 1)
+            for (int cell = 0; cell < gm * gn; cell++) gemm_grid_part(p, gm, gn, cell);
         }
         return;
     }

@@ -1,0 +1,130 @@
+// forward.c — `moetron forward`: run one batch through a checkpoint and dump logits,
+// loss, routing (and with --grads every parameter gradient) to safetensors, so that
+// any other implementation can be checked against moetron. See docs/forward-dump.md.
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd/commands.h"
+#include "cmd/load_model.h"
+#include "core/safetensors.h"
+#include "ops/ops.h"
+
+typedef struct {
+    int B, T;
+    int32_t *tokens, *targets;  // (B·T)
+    real *loss_mask;            // (B·T)
+} ForwardInput;
+
+// Read an integer tensor [B,T] (I32 or I64) as int32.
+static int32_t *read_token_tensor(const StFile *f, const StTensor *t, const char *path, const char *name, int *B,
+                                  int *T) {
+    if (t->ndim != 2 || t->shape[0] <= 0 || t->shape[1] <= 0)
+        mt_die("%s: %s must have shape [B,T] with B, T > 0", path, name);
+    if (t->dtype != ST_I32 && t->dtype != ST_I64) mt_die("%s: %s must be I32 or I64, not %s", path, name, st_dtype_name(t->dtype));
+    *B = (int)t->shape[0];
+    *T = (int)t->shape[1];
+    size_t n = (size_t)*B * *T;
+    int32_t *out = mt_malloc(n * sizeof(int32_t));
+    const void *data = st_data(f, t);
+    for (size_t i = 0; i < n; i++) {
+        int64_t v;
+        if (t->dtype == ST_I32) {
+            int32_t x;
+            memcpy(&x, (const char *)data + 4 * i, 4);
+            v = x;
+        } else {
+            memcpy(&v, (const char *)data + 8 * i, 8);
+        }
+        if (v < -2147483647LL || v > 2147483647LL) mt_die("%s: %s value %lld out of range", path, name, (long long)v);
+        out[i] = (int32_t)v;
+    }
+    return out;
+}
+
+static void read_forward_input(ForwardInput *in, const char *path, const Config *c) {
+    StFile f;
+    char err[512];
+    if (st_open(&f, path, err, sizeof(err))) mt_die("--input %s: %s", path, err);
+    const StTensor *ids = st_find(&f, "input_ids");
+    if (!ids) mt_die("--input %s has no input_ids tensor (I32 [B,T])", path);
+    in->tokens = read_token_tensor(&f, ids, path, "input_ids", &in->B, &in->T);
+    size_t n = (size_t)in->B * in->T;
+    if (in->T > c->max_positions) mt_die("--input %s: T = %d exceeds the model's %d positions", path, in->T, c->max_positions);
+    for (size_t i = 0; i < n; i++)
+        if (in->tokens[i] < 0 || in->tokens[i] >= c->padded_vocab_size)
+            mt_die("--input %s: input_ids holds %d, outside the vocabulary [0, %d)", path, in->tokens[i], c->padded_vocab_size);
+    const StTensor *labels = st_find(&f, "labels");
+    in->loss_mask = mt_malloc(n * sizeof(real));
+    if (labels) {
+        int B, T;
+        in->targets = read_token_tensor(&f, labels, path, "labels", &B, &T);
+        if (B != in->B || T != in->T) mt_die("--input %s: labels must have the shape of input_ids", path);
+    } else {  // next-token labels from the inputs; the last position has none
+        in->targets = mt_malloc(n * sizeof(int32_t));
+        for (size_t i = 0; i < n; i++) in->targets[i] = (i + 1) % in->T ? in->tokens[i + 1] : -100;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (in->targets[i] >= c->padded_vocab_size)
+            mt_die("--input %s: labels holds %d, outside the vocabulary", path, in->targets[i]);
+        in->loss_mask[i] = in->targets[i] >= 0;  // negative label: no loss here (HF uses -100)
+        if (in->targets[i] < 0) in->targets[i] = 0;
+    }
+    st_close(&f);
+}
+
+static void add_moe_layer_outputs(StWriter *w, const Model *m, const ModelActs *a, int l) {
+    const MoeActs *ma = &a->layers[l].moe;
+    const Config *c = &m->cfg;
+    char name[MT_NAME_MAX];
+    int64_t rows_e[2] = {a->N, c->num_experts}, rows_k[2] = {a->N, c->moe_router_topk}, experts[1] = {c->num_experts};
+    snprintf(name, sizeof(name), "layers.%d.router_logits", l);
+    stw_add_real(w, name, 2, rows_e, ma->logits);
+    snprintf(name, sizeof(name), "layers.%d.router_topk_idx", l);
+    stw_add(w, name, ST_I32, 2, rows_k, ma->route.topk_idx);
+    snprintf(name, sizeof(name), "layers.%d.router_probs", l);
+    stw_add_real(w, name, 2, rows_k, ma->route.topk_probs);
+    snprintf(name, sizeof(name), "layers.%d.tokens_per_expert", l);
+    stw_add(w, name, ST_I32, 1, experts, ma->route.tokens_per_expert);
+    real aux = (real)ma->route.aux_loss;
+    snprintf(name, sizeof(name), "layers.%d.aux_loss", l);
+    stw_add_real(w, name, 0, NULL, &aux);  // copied on add
+}
+
+int forward_main(Config *c) {
+    if (!c->input[0] || !c->dump[0]) mt_die("moetron forward needs --input IN.safetensors and --dump OUT.safetensors");
+    Model m;
+    load_model_for_inference(&m, c);
+    ForwardInput in;
+    read_forward_input(&in, c->input, c);
+    ModelActs a;
+    acts_alloc(&a, &m, in.B, in.T);
+    Batch batch = {in.B, in.T, in.tokens, in.targets, in.loss_mask};
+    model_forward(&m, &a, &batch, NULL, 0);
+    StWriter w;
+    stw_init(&w);
+    int64_t logits_shape[3] = {in.B, in.T, c->padded_vocab_size};
+    stw_add_real(&w, "logits", 3, logits_shape, a.logits);
+    real loss = (real)a.lm_loss;
+    stw_add_real(&w, "loss", 0, NULL, &loss);
+    for (int l = 0; l < c->num_layers; l++)
+        if (m.layers[l].is_moe) add_moe_layer_outputs(&w, &m, &a, l);
+    if (c->grads) {  // gradient of lm_loss + Σ coeff·aux, the training objective
+        vec_zero(m.tt.grads, m.tt.total);
+        model_backward(&m, &a, &batch, 1.0);
+        char name[MT_NAME_MAX + 8];
+        for (int i = 0; i < m.tt.count; i++) {
+            const TensorDesc *d = &m.tt.descs[i];
+            snprintf(name, sizeof(name), "grad.%s", d->name);
+            stw_add_real(&w, name, d->ndim, d->shape, tt_grad(&m.tt, i));
+        }
+    }
+    char err[512];
+    if (stw_finish(&w, c->dump, err, sizeof(err))) mt_die("--dump %s: %s", c->dump, err);
+    printf("wrote %s (B=%d, T=%d, loss %.6f)\n", c->dump, in.B, in.T, a.lm_loss);
+    acts_free(&a);
+    free(in.tokens);
+    free(in.targets);
+    free(in.loss_mask);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,63 @@
+// main.c — `moetron <command> [flags]`: dispatch only.
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd/commands.h"
+#include "core/common.h"
+#include "core/config.h"
+#include "ops/gemm.h"
+#include "train/trainer.h"
+
+#define MOETRON_VERSION "0.1.0"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "moetron %s — Mixture-of-Experts language-model training in C\n\n"
+            "usage: moetron <command> [flags]      (moetron <command> --help for its flags)\n\n"
+            "commands:\n"
+            "  train      train a model (default: the built-in MoE model on built-in data)\n"
+            "  generate   continue a prompt with a trained checkpoint (--load DIR --prompt TEXT)\n"
+            "  forward    dump logits, loss, routing and gradients of one batch (--load --input --dump)\n"
+            "  flags      print the flag reference as markdown (docs/flags.md)\n",
+            MOETRON_VERSION);
+}
+
+static int has_help_flag(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("moetron %s (gemm: %s)\n", MOETRON_VERSION, mt_gemm_backend());
+        return 0;
+    }
+    if (!strcmp(argv[1], "flags")) {
+        config_print_help(CMD_TRAIN, 1);
+        return 0;
+    }
+    Command cmd;
+    if (!strcmp(argv[1], "train")) cmd = CMD_TRAIN;
+    else if (!strcmp(argv[1], "generate")) cmd = CMD_GENERATE;
+    else if (!strcmp(argv[1], "forward")) cmd = CMD_FORWARD;
+    else {
+        usage(stderr);
+        mt_die("unknown command '%s'; use train, generate or forward", argv[1]);
+    }
+    if (has_help_flag(argc - 2, argv + 2)) {
+        config_print_help(cmd, 0);
+        return 0;
+    }
+    Config c;
+    config_defaults(&c);
+    config_parse_args(&c, cmd, argc - 2, argv + 2);
+    config_validate(&c);
+    if (cmd == CMD_TRAIN) return train_main(&c);
+    if (cmd == CMD_GENERATE) return generate_main(&c);
+    return forward_main(&c);
+}

@@ -1,0 +1,12 @@
+// lr_schedule.h — Megatron-LM's learning-rate schedule (OptimizerParamScheduler).
+//   warmup:  lr = lr_max · s / warmup            for s <= warmup
+//   decay:   r = (s − warmup) / (decay − warmup); lr = min + coeff(r) · (max − min)
+//            constant: 1, linear: 1 − r, cosine: (1 + cos πr)/2,
+//            WSD: 1 until the last --lr-wsd-decay-iters steps, then the WSD shape
+//   after --lr-decay-iters: min_lr
+// s counts optimizer steps already taken: step 1 uses s = 0, as in Megatron-LM (so the
+// first step of a warmup runs at lr 0).
+#pragma once
+#include "core/config.h"
+
+double lr_at(const Config *c, long steps_taken);

@@ -1,0 +1,107 @@
+#include "train/metrics.h"
+
+#include <math.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "core/common.h"
+#include "core/json.h"
+#include "core/timer.h"
+#include "ops/gemm.h"
+
+void metrics_open(Metrics *mt, const Config *c) {
+    memset(mt, 0, sizeof(*mt));
+    mt->train_iters = c->train_iters;
+    if (c->log_jsonl[0]) {
+        mt->jsonl = fopen(c->log_jsonl, "a");
+        if (!mt->jsonl) mt_die("--log-jsonl %s: cannot open for appending", c->log_jsonl);
+    }
+}
+
+static void format_duration(char *out, size_t cap, double seconds) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(out, cap, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else if (s >= 60) snprintf(out, cap, "%ldm%02lds", s / 60, s % 60);
+    else snprintf(out, cap, "%lds", s);
+}
+
+static void write_jsonl(FILE *f, JsonWriter *w) {
+    fprintf(f, "%s\n", jw_text(w));
+    fflush(f);
+    jw_free(w);
+}
+
+void metrics_log_step(Metrics *mt, const StepRecord *r) {
+    char eta[32];
+    format_duration(eta, sizeof(eta), r->eta_s);
+    printf("step %5ld/%d | loss %.4f | lm %.4f | aux %.4f | grad %.3f | lr %.3e | %7.0f tok/s | "
+           "%.3f TFLOP/s | imbalance %.2f | ETA %s\n",
+           r->step, mt->train_iters, r->loss, r->lm_loss, r->aux_loss, r->grad_norm, r->lr, r->tokens_per_s,
+           r->tflops, r->load_imbalance, eta);
+    fflush(stdout);
+    if (!mt->jsonl) return;
+    JsonWriter w;
+    jw_init_compact(&w);
+    jw_begin_object(&w);
+    jw_kv_int(&w, "step", r->step);
+    jw_kv_double(&w, "loss", r->loss);
+    jw_kv_double(&w, "lm_loss", r->lm_loss);
+    jw_kv_double(&w, "aux_loss", r->aux_loss);
+    jw_kv_double(&w, "z_loss", r->z_loss);
+    jw_kv_double(&w, "grad_norm", r->grad_norm);
+    jw_kv_double(&w, "lr", r->lr);
+    jw_kv_double(&w, "tokens_per_s", r->tokens_per_s);
+    jw_kv_double(&w, "tflops", r->tflops);
+    jw_kv_double(&w, "mfu", r->mfu);
+    jw_kv_double(&w, "load_imbalance", r->load_imbalance);
+    jw_kv_double(&w, "dropped_frac", r->dropped_frac);
+    jw_kv_double(&w, "mem_peak_mb", r->mem_peak_mb);
+    jw_kv_double(&w, "elapsed_s", r->elapsed_s);
+    jw_end_object(&w);
+    write_jsonl(mt->jsonl, &w);
+}
+
+void metrics_log_eval(Metrics *mt, long step, double loss) {
+    printf("eval at step %ld | held-out loss %.4f | perplexity %.3f\n", step, loss, exp(loss));
+    fflush(stdout);
+    if (!mt->jsonl) return;
+    JsonWriter w;
+    jw_init_compact(&w);
+    jw_begin_object(&w);
+    jw_kv_int(&w, "step", step);
+    jw_kv_double(&w, "eval_loss", loss);
+    jw_kv_double(&w, "eval_ppl", exp(loss));
+    jw_end_object(&w);
+    write_jsonl(mt->jsonl, &w);
+}
+
+void metrics_close(Metrics *mt) {
+    if (mt->jsonl) fclose(mt->jsonl);
+    mt->jsonl = NULL;
+}
+
+double peak_memory_mb(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+double measure_gemm_ceiling_flops(void) {
+    enum { SIZE = 512, REPEATS = 4 };
+    real *a = mt_calloc((size_t)SIZE * SIZE, sizeof(real));
+    real *b = mt_calloc((size_t)SIZE * SIZE, sizeof(real));
+    real *c = mt_calloc((size_t)SIZE * SIZE, sizeof(real));
+    for (size_t i = 0; i < (size_t)SIZE * SIZE; i++) a[i] = b[i] = (real)((i % 7) * 0.1);
+    mt_gemm(0, 0, SIZE, SIZE, SIZE, 1, a, SIZE, b, SIZE, 0, c, SIZE);  // warm up
+    double best = INFINITY;
+    for (int r = 0; r < REPEATS; r++) {
+        double t0 = now_seconds();
+        mt_gemm(0, 0, SIZE, SIZE, SIZE, 1, a, SIZE, b, SIZE, 0, c, SIZE);
+        double t = now_seconds() - t0;
+        if (t < best) best = t;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return 2.0 * SIZE * SIZE * SIZE / best;
+}

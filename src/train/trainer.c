@@ -1,0 +1,194 @@
+// trainer.c — the training loop: micro-batches with gradient accumulation, gradient
+// reduction over the data-parallel group, clipping, AdamW, the LR schedule, held-out
+// evaluation, metrics and checkpoints.
+#include "train/trainer.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "data/dataset.h"
+#include "hf/hf_config.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "parallel/comm.h"
+#include "train/checkpoint.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+
+typedef struct {
+    Config *cfg;
+    Model model;
+    Optimizer opt;
+    TrainerState state;
+    Dataset data;
+    ModelActs acts;
+    int32_t *tokens, *targets;  // (micro_batch_size · seq_length)
+    real *loss_mask;
+    Comm dp;
+    Metrics metrics;
+    double peak_flops, flops_per_token;
+} Trainer;
+
+typedef struct {
+    double lm_loss, aux_loss, aux_objective, load_imbalance;
+} StepLosses;
+
+// Mean over MoE layers of max/mean tokens per expert in the last forward.
+static double load_imbalance(const Model *m, const ModelActs *a) {
+    double total = 0;
+    int layers = 0;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (!m->layers[l].is_moe) continue;
+        const int32_t *counts = a->layers[l].moe.route.tokens_per_expert;
+        double max = 0, sum = 0;
+        for (int e = 0; e < m->cfg.num_experts; e++) {
+            sum += counts[e];
+            max = counts[e] > max ? counts[e] : max;
+        }
+        total += sum > 0 ? max / (sum / m->cfg.num_experts) : 1;
+        layers++;
+    }
+    return layers ? total / layers : 0;
+}
+
+static StepLosses train_step_micro_batches(Trainer *t) {
+    const Config *c = t->cfg;
+    StepLosses s = {0};
+    int M = c->num_micro_batches, B = c->micro_batch_size, L = c->seq_length;
+    vec_zero(t->model.tt.grads, t->model.tt.total);
+    for (int mb = 0; mb < M; mb++) {
+        dataset_batch(&t->data, SPLIT_TRAIN, t->state.consumed_train_samples + (int64_t)mb * B, B, t->tokens,
+                      t->targets, t->loss_mask);
+        Batch batch = {B, L, t->tokens, t->targets, t->loss_mask};
+        model_forward(&t->model, &t->acts, &batch, NULL, 0);
+        model_backward(&t->model, &t->acts, &batch, 1.0 / M);
+        s.lm_loss += t->acts.lm_loss / M;
+        s.aux_loss += t->acts.aux_loss / M;
+        s.aux_objective += t->acts.aux_objective / M;
+        s.load_imbalance += load_imbalance(&t->model, &t->acts) / M;
+    }
+    t->state.consumed_train_samples += c->global_batch_size;
+    comm_allreduce_sum(&t->dp, t->model.tt.grads, t->model.tt.total);
+    return s;
+}
+
+static double evaluate(Trainer *t) {
+    const Config *c = t->cfg;
+    int B = c->micro_batch_size, L = c->seq_length;
+    double total = 0;
+    for (int i = 0; i < c->eval_iters; i++) {
+        dataset_batch(&t->data, SPLIT_VALID, (int64_t)i * B, B, t->tokens, t->targets, t->loss_mask);
+        Batch batch = {B, L, t->tokens, t->targets, t->loss_mask};
+        total += model_forward(&t->model, &t->acts, &batch, NULL, 0);
+    }
+    return total / c->eval_iters;
+}
+
+static void trainer_setup(Trainer *t, Config *c) {
+    memset(t, 0, sizeof(*t));
+    t->cfg = c;
+    char resolved[MT_PATH_MAX + 32];
+    if (c->load[0]) {
+        checkpoint_resolve(resolved, c->load);
+        config_from_checkpoint(c, resolved);
+    }
+    model_build(&t->model, c);
+    optimizer_init(&t->opt, &t->model.tt);
+    if (c->load[0]) {
+        checkpoint_load(resolved, &t->model, &t->opt, &t->state);
+        printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);
+    } else {
+        model_init_weights(&t->model, (uint64_t)c->seed);
+    }
+    dataset_open(&t->data, c);
+    acts_alloc(&t->acts, &t->model, c->micro_batch_size, c->seq_length);
+    size_t n = (size_t)c->micro_batch_size * c->seq_length;
+    t->tokens = mt_malloc(n * sizeof(int32_t));
+    t->targets = mt_malloc(n * sizeof(int32_t));
+    t->loss_mask = mt_malloc(n * sizeof(real));
+    t->dp = comm_self("dp");
+    metrics_open(&t->metrics, c);
+    t->flops_per_token = model_train_flops_per_token(c);
+    t->peak_flops = c->peak_tflops > 0 ? c->peak_tflops * 1e12 : measure_gemm_ceiling_flops();
+}
+
+static void trainer_free(Trainer *t) {
+    metrics_close(&t->metrics);
+    free(t->tokens);
+    free(t->targets);
+    free(t->loss_mask);
+    acts_free(&t->acts);
+    dataset_free(&t->data);
+    optimizer_free(&t->opt);
+    model_free(&t->model);
+}
+
+static void print_banner(const Trainer *t) {
+    const Config *c = t->cfg;
+    size_t active = 0;
+    for (int i = 0; i < t->model.tt.count; i++) {
+        const TensorDesc *d = &t->model.tt.descs[i];
+        active += d->flags & TENSOR_EXPERT ? d->numel * c->moe_router_topk / c->num_experts : d->numel;
+    }
+    printf("moetron train: %s family, %d layers, hidden %d, %d experts top-%d, %.2fM parameters (%.2fM active), "
+           "%s\n",
+           hf_model_type(t->model.family), c->num_layers, c->hidden_size, c->num_experts, c->moe_router_topk,
+           t->model.tt.total / 1e6, active / 1e6, t->data.source);
+    printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s\n",
+           c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
+           c->train_iters, t->peak_flops / 1e12);
+    fflush(stdout);
+}
+
+static void save_checkpoint(Trainer *t) {
+    checkpoint_save(t->cfg->save, &t->model, &t->opt, &t->state);
+    printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
+    fflush(stdout);
+}
+
+int train_main(Config *c) {
+    Trainer t;
+    trainer_setup(&t, c);
+    print_banner(&t);
+    double start = now_seconds(), tokens_per_step = (double)c->global_batch_size * c->seq_length;
+    long first_step = t.state.iteration + 1;
+    long last_saved = c->load[0] ? t.state.iteration : -1;
+    for (long step = first_step; step <= c->train_iters; step++) {
+        double t0 = now_seconds();
+        StepLosses s = train_step_micro_batches(&t);
+        double grad_norm = grad_global_norm(&t.model.tt);
+        double loss = s.lm_loss + s.aux_objective;
+        if (!isfinite(loss) || !isfinite(grad_norm))
+            mt_die("step %ld: loss %g, gradient norm %g are not finite; lower --lr or raise --lr-warmup-iters "
+                   "(the last checkpoint is intact)", step, loss, grad_norm);
+        double lr = lr_at(c, step - 1);
+        optimizer_step(&t.opt, &t.model.tt, c, lr, grad_norm);
+        t.state.iteration = step;
+        double now = now_seconds(), step_time = now - t0, elapsed = now - start;
+        if (step % c->log_interval == 0 || step == c->train_iters) {
+            double flops = tokens_per_step * t.flops_per_token / step_time;
+            StepRecord r = {.step = step, .loss = loss, .lm_loss = s.lm_loss, .aux_loss = s.aux_loss,
+                            .grad_norm = grad_norm, .lr = lr, .tokens_per_s = tokens_per_step / step_time,
+                            .tflops = flops / 1e12, .mfu = flops / t.peak_flops, .load_imbalance = s.load_imbalance,
+                            .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed,
+                            .eta_s = elapsed / (step - first_step + 1) * (c->train_iters - step)};
+            metrics_log_step(&t.metrics, &r);
+        }
+        if (c->eval_interval > 0 && c->eval_iters > 0 && (step % c->eval_interval == 0 || step == c->train_iters))
+            metrics_log_eval(&t.metrics, step, evaluate(&t));
+        int exiting = c->exit_interval > 0 && step % c->exit_interval == 0 && step < c->train_iters;
+        if (c->save[0] && ((c->save_interval > 0 && step % c->save_interval == 0) || exiting)) {
+            save_checkpoint(&t);
+            last_saved = step;
+        }
+        if (exiting) {
+            printf("exiting at step %ld (--exit-interval %d)\n", step, c->exit_interval);
+            break;
+        }
+    }
+    if (c->save[0] && last_saved != t.state.iteration) save_checkpoint(&t);
+    trainer_free(&t);
+    return 0;
+}

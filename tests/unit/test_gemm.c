@@ -1,0 +1,376 @@
+// test_gemm.c — mt_gemm and the grouped variants against a naive double-precision
+// reference: every transpose combination, odd and block-crossing sizes, alpha/beta,
+// padded leading dimensions, beta == 0 over NaN, zero sizes, bitwise determinism
+// across OpenMP thread counts, and OpenBLAS vs portable when both are built in.
+#include <math.h>
+#include <string.h>
+
+#include "ops/gemm.h"
+#include "testlib.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifdef MT_DOUBLE
+#define RTOL 1e-12
+#else
+#define RTOL 1e-5
+#endif
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+// Deterministic uniform values in [-1, 1) from a caller-owned LCG state.
+static double lcg_uniform(unsigned long long *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(*s >> 11) * (1.0 / 4503599627370496.0) - 1.0;
+}
+
+// x[n] <- uniform [-1, 1)
+static void fill_random(real *x, size_t n, unsigned long long seed) {
+    unsigned long long s = seed * 2654435761ULL + 1;
+    for (size_t i = 0; i < n; i++) x[i] = (real)lcg_uniform(&s);
+}
+
+// x[n] <- v
+static void fill_value(real *x, size_t n, real v) {
+    for (size_t i = 0; i < n; i++) x[i] = v;
+}
+
+// op(A)[i,k] for A stored [M,K] (lda) or, with trans, [K,M] (lda).
+static double op_at(const real *A, int lda, int trans, int i, int k) {
+    return trans ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+}
+
+// ref[M,N] = alpha * op(A) op(B) + beta * C0 in double, and scale[M,N] = the same
+// sum over absolute values (the error bound's magnitude). C0 is [M,N] with ldc.
+static void ref_gemm(int ta, int tb, int M, int N, int K, double alpha, const real *A, int lda,
+                     const real *B, int ldb, double beta, const real *C0, int ldc, double *ref,
+                     double *scale) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                double p = op_at(A, lda, ta, i, k) * op_at(B, ldb, !tb, j, k);
+                s += p;
+                a += fabs(p);
+            }
+            double c0 = beta == 0 ? 0 : beta * C0[(size_t)i * ldc + j];
+            ref[(size_t)i * N + j] = alpha * s + c0;
+            scale[(size_t)i * N + j] = fabs(alpha) * a + fabs(c0);
+        }
+}
+
+// Number of elements of C[M,N] (ldc) outside RTOL of ref; reports the first one.
+static int count_bad(const real *C, int ldc, const double *ref, const double *scale, int M, int N,
+                     const char *what) {
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double got = C[(size_t)i * ldc + j], want = ref[(size_t)i * N + j];
+            double tol = RTOL * scale[(size_t)i * N + j] + 1e-30;
+            if (!(fabs(got - want) <= tol)) {
+                if (!bad) CHECK(0, "%s: C[%d,%d] = %.9g, expected %.9g", what, i, j, got, want);
+                bad++;
+            }
+        }
+    return bad;
+}
+
+// Run one mt_gemm with the given shape / transposes / padding and compare it to the
+// reference; C starts random (or NaN when c_nan). Padding of C must stay untouched.
+static int check_case(int ta, int tb, int M, int N, int K, real alpha, real beta, int pad,
+                      int c_nan, unsigned long long seed) {
+    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    size_t a_n = (size_t)(ta ? K : M) * lda, b_n = (size_t)(tb ? N : K) * ldb,
+           c_n = (size_t)M * ldc;
+    real *A = mt_malloc((a_n + 1) * sizeof(real)), *B = mt_malloc((b_n + 1) * sizeof(real));
+    real *C = mt_malloc((c_n + 1) * sizeof(real)), *C0 = mt_malloc((c_n + 1) * sizeof(real));
+    double *ref = mt_malloc(((size_t)M * N + 1) * sizeof(double));
+    double *scale = mt_malloc(((size_t)M * N + 1) * sizeof(double));
+    fill_random(A, a_n, seed);
+    fill_random(B, b_n, seed + 1);
+    if (c_nan) fill_value(C, c_n, (real)NAN);
+    else fill_random(C, c_n, seed + 2);
+    memcpy(C0, C, c_n * sizeof(real));
+    ref_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ldc, ref, scale);
+    mt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    char what[160];
+    snprintf(what, sizeof what, "%s ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g pad=%d",
+             mt_gemm_backend(), ta, tb, M, N, K, (double)alpha, (double)beta, pad);
+    int bad = count_bad(C, ldc, ref, scale, M, N, what);
+    for (int i = 0; i < M && pad; i++)
+        for (int j = N; j < ldc; j++)
+            if (memcmp(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], sizeof(real))) {
+                if (!bad) CHECK(0, "%s: padding C[%d,%d] was written", what, i, j);
+                bad++;
+            }
+    free(A), free(B), free(C), free(C0), free(ref), free(scale);
+    return bad;
+}
+
+// How many backends this build can exercise: 2 with OpenBLAS (default, then
+// portable), 1 without. select_backend(b) switches to backend b.
+static int backend_count(void) {
+    mt_gemm_force_portable(0);
+    return strcmp(mt_gemm_backend(), "openblas") == 0 ? 2 : 1;
+}
+static void select_backend(int b) { mt_gemm_force_portable(b == 1); }
+
+// ---------------------------------------------------------------------------
+// Cases
+// ---------------------------------------------------------------------------
+
+// Every size 1..67 (cubes and mixed shapes), all four transpose combinations.
+static void test_odd_sizes_all_transposes(void) {
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        int bad = 0;
+        for (int s = 1; s <= 67 && !bad; s++)
+            for (int t = 0; t < 4 && !bad; t++) {
+                bad += check_case(t >> 1, t & 1, s, s, s, 1, 0, 0, 0, 100 + s);
+                bad += check_case(t >> 1, t & 1, s, s % 23 + 1, (s * 7) % 67 + 1, 1, 0, 0, 0, s);
+                bad += check_case(t >> 1, t & 1, (s * 13) % 67 + 1, s, s % 5 + 1, 1, 0, 0, 0, s);
+            }
+    }
+    mt_gemm_force_portable(0);
+}
+
+// Shapes that cross the KC, MC and NC block edges and the thread grid.
+static void test_large_shapes(void) {
+    static const int shapes[][3] = {{130, 257, 129}, {300, 40, 600}, {7, 1100, 300},
+                                    {1000, 17, 513}, {145, 513, 257}, {66, 70, 1030}};
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int t = 0; t < 4; t++)
+                check_case(t >> 1, t & 1, shapes[s][0], shapes[s][1], shapes[s][2], (real)0.75,
+                           (real)0.5, 3, 0, 7 * s + t);
+    }
+    mt_gemm_force_portable(0);
+}
+
+// alpha / beta combinations, including negative and fractional values.
+static void test_alpha_beta(void) {
+    static const real alphas[] = {1, -1, (real)0.5, (real)2.5};
+    static const real betas[] = {0, 1, -1, (real)0.25, (real)-1.5};
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        for (int ai = 0; ai < 4; ai++)
+            for (int bi = 0; bi < 5; bi++)
+                for (int t = 0; t < 4; t++) {
+                    check_case(t >> 1, t & 1, 13, 29, 41, alphas[ai], betas[bi], 0, 0, ai * 5 + bi);
+                    check_case(t >> 1, t & 1, 70, 90, 300, alphas[ai], betas[bi], 0, 0, ai + bi);
+                }
+    }
+    mt_gemm_force_portable(0);
+}
+
+// Leading dimensions larger than the widths; padding of C must be left alone.
+static void test_leading_dims(void) {
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        for (int t = 0; t < 4; t++) {
+            check_case(t >> 1, t & 1, 9, 21, 17, 1, 0, 5, 0, 1 + t);
+            check_case(t >> 1, t & 1, 33, 47, 65, (real)1.5, (real)-0.5, 11, 0, 2 + t);
+            check_case(t >> 1, t & 1, 100, 200, 300, 1, 1, 1, 0, 3 + t);
+        }
+    }
+    mt_gemm_force_portable(0);
+}
+
+// beta == 0 overwrites C even when it holds NaN, on both backends and edge tiles.
+static void test_beta_zero_overwrites_nan(void) {
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        for (int t = 0; t < 4; t++) {
+            check_case(t >> 1, t & 1, 7, 19, 5, 1, 0, 2, 1, 10 + t);
+            check_case(t >> 1, t & 1, 150, 70, 260, -2, 0, 0, 1, 20 + t);
+        }
+    }
+    mt_gemm_force_portable(0);
+}
+
+// M or N == 0: nothing is touched; K == 0 or alpha == 0: C = beta * C, A/B unread.
+static void test_zero_sizes(void) {
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        real C[12], A[12], B[12];
+        fill_value(C, 12, 3);
+        mt_gemm(0, 0, 0, 4, 3, 1, NULL, 3, NULL, 4, 0, C, 4);
+        mt_gemm(1, 1, 3, 0, 3, 1, NULL, 3, NULL, 3, 0, C, 4);
+        CHECK(C[0] == 3 && C[11] == 3, "M or N == 0 changed C");
+        mt_gemm(0, 0, 3, 4, 0, 1, NULL, 1, NULL, 4, 2, C, 4);
+        CHECK(C[0] == 6 && C[11] == 6, "K == 0, beta == 2: got %g", (double)C[0]);
+        fill_value(C, 12, (real)NAN);
+        mt_gemm(1, 0, 3, 4, 0, 1, NULL, 3, NULL, 4, 0, C, 4);
+        CHECK(C[0] == 0 && C[11] == 0, "K == 0, beta == 0 over NaN: got %g", (double)C[0]);
+        fill_value(A, 12, (real)NAN);
+        fill_value(B, 12, 1);
+        fill_value(C, 12, 1);
+        mt_gemm(0, 0, 3, 4, 3, 0, A, 3, B, 4, (real)0.5, C, 4);
+        CHECK(C[0] == (real)0.5 && C[11] == (real)0.5, "alpha == 0 read A: got %g", (double)C[0]);
+        check_case(0, 0, 1, 1, 1, 1, 0, 0, 0, 5);
+        check_case(1, 1, 1, 1, 1, 1, 1, 0, 0, 6);
+    }
+    mt_gemm_force_portable(0);
+}
+
+// The portable path gives bitwise-identical C for 1, 2, 3 and 4 OpenMP threads.
+static void test_deterministic_across_threads(void) {
+#ifdef _OPENMP
+    static const int shapes[][3] = {{200, 300, 517}, {4096, 128, 300}, {37, 1000, 700},
+                                    {512, 512, 512}, {65, 67, 1000}};
+    int saved = omp_get_max_threads();
+    mt_gemm_force_portable(1);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++) {
+            int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            real *A = mt_malloc((size_t)M * K * sizeof(real));
+            real *B = mt_malloc((size_t)K * N * sizeof(real));
+            real *C1 = mt_malloc((size_t)M * N * sizeof(real));
+            real *Cn = mt_malloc((size_t)M * N * sizeof(real));
+            fill_random(A, (size_t)M * K, 50 + s);
+            fill_random(B, (size_t)K * N, 60 + s);
+            fill_random(C1, (size_t)M * N, 70 + s);
+            memcpy(Cn, C1, (size_t)M * N * sizeof(real));
+            int lda = (t >> 1) ? M : K, ldb = (t & 1) ? K : N;
+            omp_set_num_threads(1);
+            mt_gemm(t >> 1, t & 1, M, N, K, (real)0.5, A, lda, B, ldb, (real)0.25, C1, N);
+            for (int nth = 2; nth <= 4; nth++) {
+                real *Ct = mt_malloc((size_t)M * N * sizeof(real));
+                memcpy(Ct, Cn, (size_t)M * N * sizeof(real));
+                omp_set_num_threads(nth);
+                mt_gemm(t >> 1, t & 1, M, N, K, (real)0.5, A, lda, B, ldb, (real)0.25, Ct, N);
+                CHECK(memcmp(C1, Ct, (size_t)M * N * sizeof(real)) == 0,
+                      "%dx%dx%d ta=%d tb=%d: %d threads differ from 1 thread", M, N, K, t >> 1,
+                      t & 1, nth);
+                free(Ct);
+            }
+            free(A), free(B), free(C1), free(Cn);
+        }
+    omp_set_num_threads(saved);
+    mt_gemm_force_portable(0);
+#endif
+}
+
+// OpenBLAS (when built in) and the portable path agree to within RTOL * scale.
+static void test_backends_agree(void) {
+    if (backend_count() < 2) return;
+    const int M = 123, N = 301, K = 777;
+    real *A = mt_malloc((size_t)M * K * sizeof(real));
+    real *B = mt_malloc((size_t)K * N * sizeof(real));
+    real *C1 = mt_malloc((size_t)M * N * sizeof(real));
+    real *C2 = mt_malloc((size_t)M * N * sizeof(real));
+    fill_random(A, (size_t)M * K, 1);
+    fill_random(B, (size_t)K * N, 2);
+    mt_gemm_force_portable(0);
+    mt_gemm(0, 1, M, N, K, 1, A, K, B, K, 0, C1, N);
+    mt_gemm_force_portable(1);
+    mt_gemm(0, 1, M, N, K, 1, A, K, B, K, 0, C2, N);
+    mt_gemm_force_portable(0);
+    int bad = 0;
+    for (size_t i = 0; i < (size_t)M * N; i++)
+        if (!(fabs((double)C1[i] - C2[i]) <= RTOL * K)) bad++;
+    CHECK(bad == 0, "openblas and portable differ in %d elements", bad);
+    free(A), free(B), free(C1), free(C2);
+}
+
+// mt_gemm_grouped: per-expert weights, row offsets into A and C, an empty group;
+// rows of C between groups stay untouched.
+static void test_grouped(void) {
+    enum { G = 5, N = 37, K = 70 };
+    const int rows[G] = {5, 0, 17, 1, 40};
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        for (int tb = 0; tb < 2; tb++) {
+            size_t a_off[G], c_off[G], a_total = 0, c_total = 0;
+            for (int g = 0; g < G; g++) {  // A packed tightly; C with a 2-row gap per group
+                a_off[g] = a_total * K;
+                c_off[g] = (c_total + 2) * N;
+                a_total += rows[g];
+                c_total += rows[g] + 2;
+            }
+            real *A = mt_malloc(a_total * K * sizeof(real));
+            real *C = mt_malloc(c_total * N * sizeof(real));
+            real *C0 = mt_malloc(c_total * N * sizeof(real)), *W[G];
+            fill_random(A, a_total * K, 9);
+            fill_random(C, c_total * N, 10);
+            memcpy(C0, C, c_total * N * sizeof(real));
+            for (int g = 0; g < G; g++) {
+                W[g] = mt_malloc((size_t)K * N * sizeof(real));
+                fill_random(W[g], (size_t)K * N, 20 + g);
+            }
+            int ldb = tb ? K : N;
+            mt_gemm_grouped(0, tb, G, rows, N, K, (real)1.5, A, a_off, K, (const real *const *)W,
+                            ldb, (real)0.5, C, c_off, N);
+            double *ref = mt_malloc((size_t)40 * N * sizeof(double));
+            double *scale = mt_malloc((size_t)40 * N * sizeof(double));
+            for (int g = 0; g < G; g++) {
+                ref_gemm(0, tb, rows[g], N, K, 1.5, A + a_off[g], K, W[g], ldb, 0.5, C0 + c_off[g],
+                         N, ref, scale);
+                count_bad(C + c_off[g], N, ref, scale, rows[g], N, "grouped");
+                size_t gap = c_off[g] - 2 * N;
+                CHECK(memcmp(C + gap, C0 + gap, 2 * N * sizeof(real)) == 0,
+                      "grouped wrote rows outside group %d", g);
+            }
+            for (int g = 0; g < G; g++) free(W[g]);
+            free(A), free(C), free(C0), free(ref), free(scale);
+        }
+    }
+    mt_gemm_force_portable(0);
+}
+
+// mt_gemm_grouped_wgrad: W_g[out, in] += alpha * dY_g^T X_g per group.
+static void test_grouped_wgrad(void) {
+    enum { G = 4, OUT = 24, IN = 53 };
+    const int rows[G] = {3, 0, 300, 31};
+    for (int b = 0; b < backend_count(); b++) {
+        select_backend(b);
+        size_t dy_off[G], x_off[G], total = 0;
+        for (int g = 0; g < G; g++) {
+            dy_off[g] = total * OUT;
+            x_off[g] = total * IN;
+            total += rows[g];
+        }
+        real *dY = mt_malloc(total * OUT * sizeof(real)), *X = mt_malloc(total * IN * sizeof(real));
+        real *W[G], *W0[G];
+        fill_random(dY, total * OUT, 31);
+        fill_random(X, total * IN, 32);
+        for (int g = 0; g < G; g++) {
+            W[g] = mt_malloc(OUT * IN * sizeof(real));
+            W0[g] = mt_malloc(OUT * IN * sizeof(real));
+            fill_random(W[g], OUT * IN, 40 + g);
+            memcpy(W0[g], W[g], OUT * IN * sizeof(real));
+        }
+        mt_gemm_grouped_wgrad(G, rows, OUT, IN, (real)-0.5, dY, dy_off, X, x_off, W);
+        double ref[OUT * IN], scale[OUT * IN];
+        for (int g = 0; g < G; g++) {
+            ref_gemm(1, 0, OUT, IN, rows[g], -0.5, dY + dy_off[g], OUT, X + x_off[g], IN, 1, W0[g],
+                     IN, ref, scale);
+            count_bad(W[g], IN, ref, scale, OUT, IN, "grouped_wgrad");
+            if (rows[g] == 0)
+                CHECK(memcmp(W[g], W0[g], OUT * IN * sizeof(real)) == 0, "empty group changed W");
+            free(W[g]), free(W0[g]);
+        }
+        free(dY), free(X);
+    }
+    mt_gemm_force_portable(0);
+}
+
+int main(void) {
+    printf("gemm backend: %s\n", mt_gemm_backend());
+    RUN(test_odd_sizes_all_transposes);
+    RUN(test_large_shapes);
+    RUN(test_alpha_beta);
+    RUN(test_leading_dims);
+    RUN(test_beta_zero_overwrites_nan);
+    RUN(test_zero_sizes);
+    RUN(test_deterministic_across_threads);
+    RUN(test_backends_agree);
+    RUN(test_grouped);
+    RUN(test_grouped_wgrad);
+    TESTS_DONE();
+}
