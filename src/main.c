@@ -46,7 +46,6 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "generate")) cmd = CMD_GENERATE;
     else if (!strcmp(argv[1], "forward")) cmd = CMD_FORWARD;
     else {
-        usage(stderr);
         mt_die("unknown command '%s'; use train, generate or forward", argv[1]);
     }
     if (has_help_flag(argc - 2, argv + 2)) {

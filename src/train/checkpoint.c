@@ -27,7 +27,7 @@ static void make_dirs(const char *dir) {
 static void remove_tree(const char *dir) {
     // Only ever called on a checkpoint directory moetron wrote: a flat set of files.
     static const char *files[] = {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"};
-    char path[CKPT_PATH_MAX + 32];
+    char path[CKPT_PATH_MAX + 96];
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
         unlink(path);
@@ -190,7 +190,6 @@ static void load_model_tensors(const char *dir, Model *m) {
     open_safetensors(&f, path);
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
-        if (i == m->lm_head && m->lm_head == m->embed) continue;
         read_tensor(&f, path, d->name, d, tt_param(&m->tt, i));
     }
     reject_unexpected_tensors(&f, path, m, "");

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# test_cli.sh — end-to-end tests of the moetron command line: bad input is rejected with
+# one clear line, runs are bit-identical, resume is bit-identical, checkpoints have the
+# documented layout, generate and --data-path work, docs/flags.md is current.
+set -u
+M=${MOETRON:?set MOETRON to the moetron binary}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+FAST=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2
+      --global-batch-size 4 --num-experts 4 --moe-ffn-hidden-size 64 --eval-interval 0 --lr-warmup-iters 2
+      --mock-data-tokens 65536 --log-interval 1)
+
+ok() { echo "ok $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+# expect_error NAME PATTERN -- command...: non-zero exit, exactly one stderr line
+# "moetron: error: ..." matching PATTERN, nothing half-written to stdout.
+expect_error() {
+    local name=$1 pattern=$2
+    shift 3
+    "$@" >"$work/out" 2>"$work/err"
+    local rc=$? lines
+    lines=$(wc -l <"$work/err")
+    if [ $rc -eq 0 ]; then fail "$name" "exit status 0"; return; fi
+    if [ "$lines" -ne 1 ]; then fail "$name" "expected one stderr line, got $lines: $(head -c 300 "$work/err")"; return; fi
+    if ! grep -q "^moetron: error: .*$pattern" "$work/err"; then fail "$name" "message '$(cat "$work/err")' lacks '$pattern'"; return; fi
+    ok "$name"
+}
+
+# losses of a JSONL log, one line per step (timings left out)
+losses() { grep '"loss"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]*),"lm_loss":([^,]*),"aux_loss":([^,]*),"z_loss":[^,]*,"grad_norm":([^,]*),.*/\1 \2 \3 \4 \5/'; }
+
+test_bad_flags() {
+    expect_error unknown_flag "unknown flag '--num-layer'" -- "$M" train --num-layer 2
+    expect_error unknown_command "unknown command 'trian'" -- "$M" trian
+    expect_error heads_not_dividing_hidden "does not divide --hidden-size" -- "$M" train --num-attention-heads 5
+    expect_error topk_above_experts "exceeds --num-experts" -- "$M" train --num-experts 2 --moe-router-topk 3
+    expect_error batch_not_multiple "not a multiple of --micro-batch-size" -- "$M" train --global-batch-size 6 --micro-batch-size 4
+    expect_error bad_integer "expects an integer" -- "$M" train --num-layers two
+    expect_error missing_value "needs a value" -- "$M" train --num-layers
+    expect_error query_groups "does not divide --num-attention-heads" -- "$M" train --group-query-attention --num-query-groups 3
+    expect_error moe_layer_freq_length "has 3 entries but --num-layers is 4" -- "$M" train --moe-layer-freq "[0,1,1]"
+    expect_error mixtral_cannot_express_dense "Mixtral cannot express" -- "$M" train --moe-layer-freq "[0,1,1,1]"
+    expect_error lr_style "lr-decay-style" -- "$M" train --lr-decay-style exponential
+    expect_error flag_for_other_command "does not apply to 'moetron generate'" -- "$M" generate --num-layers 3
+    expect_error missing_data_path "cannot open" -- "$M" train --data-path "$work/no-such-file.txt"
+    : >"$work/empty.txt"
+    expect_error empty_data_path "is empty" -- "$M" train --data-path "$work/empty.txt"
+    expect_error missing_checkpoint "no latest_checkpointed_iteration.txt and no config.json" -- "$M" generate --load "$work/nothing" --prompt hi
+}
+
+train_small() {  # out_dir, extra flags...
+    local dir=$1
+    shift
+    "$M" train "${FAST[@]}" --log-jsonl "$dir.jsonl" "$@" >"$dir.log" 2>&1
+}
+
+test_determinism() {
+    train_small "$work/run_a" --train-iters 6 || { fail determinism "run a failed: $(tail -1 "$work/run_a.log")"; return; }
+    train_small "$work/run_b" --train-iters 6 || { fail determinism "run b failed"; return; }
+    train_small "$work/run_c" --train-iters 6 --seed 99 || { fail determinism "run c failed"; return; }
+    if [ "$(losses "$work/run_a.jsonl" | wc -l)" -ne 6 ]; then fail determinism "expected 6 logged steps"; return; fi
+    if ! diff <(losses "$work/run_a.jsonl") <(losses "$work/run_b.jsonl") >/dev/null; then
+        fail determinism "two runs with the same seed differ"; return
+    fi
+    if diff <(losses "$work/run_a.jsonl") <(losses "$work/run_c.jsonl") >/dev/null; then
+        fail determinism "a different --seed gave identical losses"; return
+    fi
+    ok determinism_bit_identical_reruns
+}
+
+test_resume_bit_identical() {
+    train_small "$work/straight" --train-iters 20 || { fail resume "straight run failed"; return; }
+    train_small "$work/part1" --train-iters 20 --save "$work/ckpt" --exit-interval 10 ||
+        { fail resume "first half failed: $(tail -1 "$work/part1.log")"; return; }
+    if [ "$(cat "$work/ckpt/latest_checkpointed_iteration.txt")" != "10" ]; then fail resume "latest iteration is not 10"; return; fi
+    # the resumed run takes every setting from the checkpoint
+    "$M" train --load "$work/ckpt" --log-jsonl "$work/part2.jsonl" >"$work/part2.log" 2>&1 ||
+        { fail resume "resume failed: $(tail -1 "$work/part2.log")"; return; }
+    if ! diff <(losses "$work/straight.jsonl") <(cat <(losses "$work/part1.jsonl") <(losses "$work/part2.jsonl")) >"$work/resume.diff"; then
+        fail resume "20 straight steps differ from 10 + resume 10: $(head -4 "$work/resume.diff" | tr '\n' ' ')"; return
+    fi
+    ok resume_bit_identical
+}
+
+test_checkpoint_layout() {
+    train_small "$work/layout" --train-iters 3 --save "$work/layout_ckpt" --save-interval 2 || { fail checkpoint_layout "train failed"; return; }
+    local d="$work/layout_ckpt"
+    for f in iter_0000002/config.json iter_0000002/model.safetensors iter_0000003/optimizer.safetensors \
+             iter_0000003/trainer_state.json latest_checkpointed_iteration.txt; do
+        [ -f "$d/$f" ] || { fail checkpoint_layout "missing $f"; return; }
+    done
+    [ "$(cat "$d/latest_checkpointed_iteration.txt")" = "3" ] || { fail checkpoint_layout "latest is not 3"; return; }
+    if ls "$d" | grep -q tmp; then fail checkpoint_layout "temporary files left: $(ls "$d")"; return; fi
+    grep -q '"model_type": "mixtral"' "$d/iter_0000003/config.json" || { fail checkpoint_layout "config.json lacks model_type"; return; }
+    ok checkpoint_layout
+}
+
+test_bad_checkpoints() {
+    train_small "$work/bad" --train-iters 1 --save "$work/bad_ckpt" || { fail bad_checkpoints "train failed"; return; }
+    local it="$work/bad_ckpt/iter_0000001"
+    cp -r "$work/bad_ckpt" "$work/trunc"
+    truncate -s -100 "$work/trunc/iter_0000001/model.safetensors"
+    expect_error truncated_checkpoint "model.safetensors: .*truncated" -- "$M" generate --load "$work/trunc" --prompt hi
+    cp -r "$work/bad_ckpt" "$work/noopt"
+    rm "$work/noopt/iter_0000001/optimizer.safetensors"
+    expect_error checkpoint_missing_optimizer "optimizer.safetensors is missing" -- "$M" train --load "$work/noopt" --train-iters 2
+    cp -r "$work/bad_ckpt" "$work/badjson"
+    echo '{"model_type": ' >"$work/badjson/iter_0000001/config.json"
+    expect_error corrupted_config "config.json: " -- "$M" generate --load "$work/badjson" --prompt hi
+    cp -r "$work/bad_ckpt" "$work/badlatest"
+    echo 'seven' >"$work/badlatest/latest_checkpointed_iteration.txt"
+    expect_error corrupted_latest "damaged" -- "$M" generate --load "$work/badlatest" --prompt hi
+    expect_error resume_changed_shape "differs from the checkpoint" -- "$M" train --load "$work/bad_ckpt" --hidden-size 32
+    cp -r "$work/bad_ckpt" "$work/flipped"
+    # corrupt the header length field: 8 + N no longer fits the file
+    printf '\xff\xff\xff\x7f' | dd of="$work/flipped/iter_0000001/model.safetensors" bs=1 seek=0 conv=notrunc 2>/dev/null
+    expect_error corrupted_safetensors_header "model.safetensors: " -- "$M" generate --load "$work/flipped" --prompt hi
+}
+
+test_generate() {
+    train_small "$work/gen" --train-iters 2 --save "$work/gen_ckpt" || { fail generate "train failed"; return; }
+    local a b
+    a=$("$M" generate --load "$work/gen_ckpt" --prompt "12+7=" --max-new-tokens 20 --seed 5 2>&1) || { fail generate "$a"; return; }
+    b=$("$M" generate --load "$work/gen_ckpt" --prompt "12+7=" --max-new-tokens 20 --seed 5 2>&1)
+    case "$a" in "12+7="*) ;; *) fail generate "output does not start with the prompt: $a"; return ;; esac
+    [ "$a" = "$b" ] || { fail generate "same seed, different samples"; return; }
+    ok generate_deterministic
+}
+
+test_data_path() {
+    python3 -c 'print("the quick brown fox jumps over the lazy dog. " * 400)' >"$work/text.txt" 2>/dev/null ||
+        for i in $(seq 400); do printf 'the quick brown fox jumps over the lazy dog. '; done >"$work/text.txt"
+    train_small "$work/text" --train-iters 4 --data-path "$work/text.txt" --split 90,10,0 --eval-interval 4 --eval-iters 1 ||
+        { fail data_path "$(tail -1 "$work/text.log")"; return; }
+    grep -q 'held-out loss' "$work/text.log" || { fail data_path "no eval line"; return; }
+    ok data_path_text_file
+}
+
+test_loss_falls() {
+    train_small "$work/learn" --train-iters 60 --lr 3e-3 --lr-decay-style cosine --min-lr 3e-4 || { fail loss_falls "train failed"; return; }
+    local first last
+    first=$(losses "$work/learn.jsonl" | head -1 | cut -d' ' -f3)
+    last=$(losses "$work/learn.jsonl" | tail -5 | awk '{s+=$3} END {print s/NR}')
+    if awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < f - 2.0)}'; then ok loss_falls; else fail loss_falls "lm loss $first -> $last"; fi
+}
+
+test_flags_doc_current() {
+    if diff <("$M" flags) <(sed -n '/^| flag |/,/^$/p' "$root/docs/flags.md" | sed '/^$/d') >"$work/flags.diff"; then
+        ok flags_doc_current
+    else
+        fail flags_doc_current "docs/flags.md differs from 'moetron flags' (regenerate it): $(head -3 "$work/flags.diff" | tr '\n' ' ')"
+    fi
+}
+
+test_bad_flags
+test_determinism
+test_resume_bit_identical
+test_checkpoint_layout
+test_bad_checkpoints
+test_generate
+test_data_path
+test_loss_falls
+test_flags_doc_current
