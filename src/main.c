@@ -55,7 +55,8 @@ int main(int argc, char **argv) {
     Config c;
     config_defaults(&c);
     config_parse_args(&c, cmd, argc - 2, argv + 2);
-    config_validate(&c);
+    // With --load the checkpoint fills in the flags not given; validation follows that.
+    if (!c.load[0]) config_validate(&c);
     if (cmd == CMD_TRAIN) return train_main(&c);
     if (cmd == CMD_GENERATE) return generate_main(&c);
     return forward_main(&c);

@@ -7,9 +7,10 @@
 set -u
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
+case "$build" in /*) bin=$build ;; *) bin=$root/$build ;; esac
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-export MOETRON="$root/$build/moetron"
+export MOETRON="$bin/moetron"
 
 run_program() {  # name, command...
     local name=$1
@@ -27,7 +28,7 @@ run_program() {  # name, command...
     echo "   ($name: $((SECONDS - start))s)"
 }
 
-for program in "$root/$build"/tests/test_*; do
+for program in "$bin"/tests/test_*; do
     [ -x "$program" ] || continue
     run_program "$(basename "$program")" "$program"
 done

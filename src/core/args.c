@@ -87,7 +87,7 @@ static const FlagSpec FLAGS[] = {
     F("temperature", FLAG_DOUBLE, temperature, CMD_GENERATE, 0, "sampling temperature (0 = greedy)"),
     F("top-k", FLAG_INT, top_k, CMD_GENERATE, 0, "sample among the k most likely tokens (0 = all)"),
     // forward
-    F("input", FLAG_STRING, input, CMD_FORWARD, 0, "safetensors with input_ids (I32 [B,T]) and optional labels"),
+    F("input", FLAG_STRING, input, CMD_FORWARD, 0, "safetensors with input_ids (I32 or I64 [B,T]) and optional labels"),
     F("dump", FLAG_STRING, dump, CMD_FORWARD, 0, "safetensors file to write logits, loss and routing to"),
     F("grads", FLAG_BOOL, grads, CMD_FORWARD, 0, "also dump every parameter gradient as grad.<name>"),
 };
@@ -366,9 +366,10 @@ static void validate_training(Config *c) {
     if (c->lr < 0 || c->min_lr < 0) mt_die("--lr and --min-lr must be >= 0");
     if (c->min_lr > c->lr) mt_die("--min-lr %g is larger than --lr %g", c->min_lr, c->lr);
     if (c->lr_warmup_iters < 0) mt_die("--lr-warmup-iters must be >= 0");
-    if (!c->lr_decay_iters) c->lr_decay_iters = c->train_iters;
-    if (c->lr_warmup_iters > c->lr_decay_iters && c->lr_decay_iters > 0)
-        mt_die("--lr-warmup-iters %d is longer than --lr-decay-iters %d", c->lr_warmup_iters, c->lr_decay_iters);
+    c->decay_iters = c->lr_decay_iters ? c->lr_decay_iters : c->train_iters;
+    if (c->lr_warmup_iters > c->decay_iters && c->decay_iters > 0)
+        mt_die("--lr-warmup-iters %d is longer than the %d decay steps (--lr-decay-iters, default --train-iters)",
+               c->lr_warmup_iters, c->decay_iters);
     if (c->adam_beta1 < 0 || c->adam_beta1 >= 1 || c->adam_beta2 < 0 || c->adam_beta2 >= 1)
         mt_die("--adam-beta1 and --adam-beta2 must be in [0, 1)");
     if (c->adam_eps <= 0) mt_die("--adam-eps must be positive");

@@ -80,6 +80,7 @@ typedef struct {
     // ---- derived by config_validate (not flags) ----
     int head_dim, kv_heads, padded_vocab_size, moe_ffn, max_positions;
     int num_micro_batches;
+    int decay_iters;               // --lr-decay-iters, or --train-iters when 0
     int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
     LrDecayStyle decay_style;
     WsdDecayStyle wsd_style;

@@ -150,6 +150,9 @@ static void restore_hf_shape(Config *c, const JsonValue *root, const char *path)
         mt_die("%s: model_type %s is not supported; moetron reads qwen3_moe and mixtral", path,
                type ? type : "(missing)");
     int qwen = !strcmp(type, "qwen3_moe");
+    for (int i = 0; i < config_flag_count(); i++)
+        if (config_flag(i)->architecture && c->flag_given[i])
+            mt_die("--%s: the model shape comes from %s; drop the flag", config_flag(i)->name, path);
     c->num_layers = hf_int(root, "num_hidden_layers", path, 1);
     c->hidden_size = hf_int(root, "hidden_size", path, 1);
     c->num_attention_heads = hf_int(root, "num_attention_heads", path, 1);
@@ -164,9 +167,12 @@ static void restore_hf_shape(Config *c, const JsonValue *root, const char *path)
     c->max_position_embeddings = max_pos > 0 ? max_pos : 0;
     if (c->seq_length > c->max_position_embeddings && c->max_position_embeddings > 0)
         c->seq_length = c->max_position_embeddings;
-    c->norm_epsilon = hf_double(root, "rms_norm_eps", 1e-6);
+    // defaults for absent keys are those of the transformers config classes
+    c->norm_epsilon = hf_double(root, "rms_norm_eps", qwen ? 1e-6 : 1e-5);
     const JsonValue *rope = json_get(root, "rope_parameters");
-    c->rotary_base = hf_double(rope ? rope : root, "rope_theta", hf_double(root, "rope_theta", 10000));
+    double default_theta = qwen ? 10000 : 1e6;
+    c->rotary_base = hf_double(rope ? rope : root, "rope_theta", hf_double(root, "rope_theta", default_theta));
+    c->moe_aux_loss_coeff = hf_double(root, "router_aux_loss_coef", 0.001);
     int tied = 0;
     json_get_bool(root, "tie_word_embeddings", &tied);
     c->untie_embeddings_and_output_weights = !tied;
@@ -175,7 +181,7 @@ static void restore_hf_shape(Config *c, const JsonValue *root, const char *path)
     c->num_experts = hf_int(root, qwen ? "num_experts" : "num_local_experts", path, 1);
     c->moe_ffn_hidden_size = hf_int(root, qwen ? "moe_intermediate_size" : "intermediate_size", path, 1);
     c->ffn_hidden_size = qwen ? hf_int(root, "intermediate_size", path, 1) : c->moe_ffn_hidden_size;
-    int norm_topk = 1;
+    int norm_topk = !qwen;  // Mixtral always renormalises; Qwen3-MoE's default is false
     if (qwen) json_get_bool(root, "norm_topk_prob", &norm_topk);
     c->moe_router_pre_softmax = !norm_topk;
     if (qwen) {  // layer l is MoE unless listed in mlp_only_layers or off the sparse step

@@ -1,4 +1,5 @@
-// experts.h — SwiGLU experts over expert-major rows (a grouped GEMM per projection).
+// experts.h — SwiGLU experts over expert-major rows: per projection, one GEMM per
+// expert over that expert's contiguous rows (a grouped GEMM).
 //
 // Expert e owns rows offsets[e] .. offsets[e+1] of the permuted input and computes
 //   gate = x·W_gateᵀ, up = x·W_upᵀ        (rows, I)

@@ -1,8 +1,9 @@
 // ops.h — the backend-neutral operations the model is written in.
 //
-// Model code never loops over tensor memory itself: it calls these. The cpu backend
-// (src/ops/cpu/) implements them with OpenMP; a GPU backend implements the same
-// signatures over device pointers. Conventions:
+// The dense math of the model goes through these; the cpu backend (src/ops/cpu/)
+// implements them with OpenMP, a GPU backend implements the same signatures over device
+// pointers. (The MoE router's top-k and the dispatcher's permutation are plain C in
+// src/moe/ today; a GPU backend moves them behind this interface too.) Conventions:
 //   * row-major; N = number of tokens in the micro-batch (flattened b*T + t);
 //   * *_backward functions ACCUMULATE (+=) into parameter gradients and, unless noted,
 //     into input gradients, so that residual branches add up without extra copies;
@@ -48,7 +49,7 @@ void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, int head
 void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, int heads,
                    int head_dim);
 
-// ---- causal attention, flash style (online softmax; only lse kept for backward) ------
+// ---- causal attention, flash style: no (T×T) matrix is kept, only each row's lse -----
 // Query token t of batch b sits at position q_pos0 + t and sees keys 0 .. q_pos0 + t.
 typedef struct {
     int B, Tq, Tk;       // batch, query tokens per row, key tokens per row (visible window)

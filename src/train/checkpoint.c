@@ -1,6 +1,8 @@
 #include "train/checkpoint.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -55,7 +57,7 @@ static void write_model_file(const char *path, const Model *m) {
 static void write_optimizer_file(const char *path, const Model *m, const Optimizer *opt) {
     StWriter w;
     stw_init(&w);
-    char name[MT_NAME_MAX + 16], step[32];
+    char name[MT_NAME_MAX + 16];
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         snprintf(name, sizeof(name), "exp_avg.%s", d->name);
@@ -63,8 +65,6 @@ static void write_optimizer_file(const char *path, const Model *m, const Optimiz
         snprintf(name, sizeof(name), "exp_avg_sq.%s", d->name);
         stw_add_real(&w, name, d->ndim, d->shape, opt->exp_avg_sq + d->offset);
     }
-    snprintf(step, sizeof(step), "%ld", opt->step);
-    stw_meta(&w, "optimizer_step", step);
     char err[512];
     if (stw_finish(&w, path, err, sizeof(err))) mt_die("writing %s: %s", path, err);
 }
@@ -103,11 +103,16 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
         snprintf(path, sizeof(path), "%s/trainer_state.json", tmp_dir);
         write_trainer_state(path, st, opt);
     }
-    // Replace an existing directory of the same iteration only once the new one is complete.
-    snprintf(old_dir, sizeof(old_dir), "%s.old.%d", final_dir, (int)getpid());
-    int had_old = rename(final_dir, old_dir) == 0;
-    if (rename(tmp_dir, final_dir)) mt_die("--save %s: cannot rename %s: %s", dir, tmp_dir, strerror(errno));
-    if (had_old) remove_tree(old_dir);
+    // A directory of the same iteration is replaced only by the complete new one: swapped
+    // atomically where the filesystem can, else moved aside just before the rename.
+    if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
+        remove_tree(tmp_dir);  // now holds the previous directory
+    } else {
+        snprintf(old_dir, sizeof(old_dir), "%s.old.%d", final_dir, (int)getpid());
+        int had_old = rename(final_dir, old_dir) == 0;
+        if (rename(tmp_dir, final_dir)) mt_die("--save %s: cannot rename %s: %s", dir, tmp_dir, strerror(errno));
+        if (had_old) remove_tree(old_dir);
+    }
     fsync_dir_of(final_dir);
 
     char latest[32], err[512];
@@ -170,14 +175,17 @@ static void read_tensor(const StFile *f, const char *path, const char *name, con
     if (st_read_real(f, t, out)) mt_die("%s: tensor %s has dtype %s; expected a floating-point dtype", path, name, st_dtype_name(t->dtype));
 }
 
-static void reject_unexpected_tensors(const StFile *f, const char *path, const Model *m, const char *prefix) {
-    char name[MT_NAME_MAX + 16];
+// Every tensor of the file must be one of the model's, named with one of the prefixes.
+static void reject_unexpected_tensors(const StFile *f, const char *path, const Model *m, const char *const *prefixes,
+                                      int n_prefixes) {
     for (int i = 0; i < f->n_tensors; i++) {
         const char *tn = f->tensors[i].name;
-        size_t plen = strlen(prefix);
-        if (strncmp(tn, prefix, plen) == 0) tn += plen;
-        snprintf(name, sizeof(name), "%s", tn);
-        if (tt_find(&m->tt, name) < 0)
+        int known = 0;
+        for (int p = 0; p < n_prefixes && !known; p++) {
+            size_t plen = strlen(prefixes[p]);
+            known = strncmp(tn, prefixes[p], plen) == 0 && tt_find(&m->tt, tn + plen) >= 0;
+        }
+        if (!known)
             mt_die("%s: unexpected tensor %s; the checkpoint does not match its config.json", path, f->tensors[i].name);
     }
 }
@@ -192,7 +200,8 @@ static void load_model_tensors(const char *dir, Model *m) {
         const TensorDesc *d = &m->tt.descs[i];
         read_tensor(&f, path, d->name, d, tt_param(&m->tt, i));
     }
-    reject_unexpected_tensors(&f, path, m, "");
+    static const char *const no_prefix[] = {""};
+    reject_unexpected_tensors(&f, path, m, no_prefix, 1);
     st_close(&f);
 }
 
@@ -208,6 +217,8 @@ static void load_optimizer(const char *dir, const Model *m, Optimizer *opt) {
         snprintf(name, sizeof(name), "exp_avg_sq.%s", d->name);
         read_tensor(&f, path, name, d, opt->exp_avg_sq + d->offset);
     }
+    static const char *const moment_prefixes[] = {"exp_avg.", "exp_avg_sq."};
+    reject_unexpected_tensors(&f, path, m, moment_prefixes, 2);
     st_close(&f);
 }
 

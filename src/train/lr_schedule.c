@@ -3,7 +3,7 @@
 #include <math.h>
 
 static double wsd_coefficient(const Config *c, long s) {
-    long anneal_start = c->lr_decay_iters - c->lr_wsd_decay_iters;
+    long anneal_start = c->decay_iters - c->lr_wsd_decay_iters;
     if (s <= anneal_start || c->lr_wsd_decay_iters <= 0) return 1.0;
     double r = (double)(s - anneal_start) / c->lr_wsd_decay_iters;
     switch (c->wsd_style) {
@@ -16,7 +16,7 @@ static double wsd_coefficient(const Config *c, long s) {
 }
 
 double lr_at(const Config *c, long s) {
-    long warmup = c->lr_warmup_iters, decay = c->lr_decay_iters;
+    long warmup = c->lr_warmup_iters, decay = c->decay_iters;
     if (warmup > 0 && s <= warmup) return c->lr * (double)s / warmup;
     if (c->decay_style == LR_CONSTANT) return c->lr;
     if (s > decay) return c->min_lr;

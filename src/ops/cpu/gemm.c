@@ -55,10 +55,13 @@ typedef real vreal __attribute__((vector_size(VEC_BYTES)));
 
 // The micro-kernel is the only place where a fused multiply-add is wanted; GCC in
 // ISO C mode does not contract a*b+c by itself, so ask for it here alone.
+// The write-back, in turn, never fuses, whatever -ffp-contract the build uses.
 #if defined(__GNUC__) && !defined(__clang__)
 #define KERNEL_ATTR __attribute__((optimize("fp-contract=fast"), noinline))
+#define STORE_ATTR __attribute__((optimize("fp-contract=off")))
 #else
 #define KERNEL_ATTR
+#define STORE_ATTR
 #endif
 
 // One GEMM problem, with op(A) and op(B) described by element strides:
@@ -141,44 +144,64 @@ static real *alloc_aligned(size_t count, void **raw) {
 }
 
 // ---------------------------------------------------------------------------
-// Packing. A panel of width W (MR for A, NR for B) and depth kc is stored
-// k-major: dst[k*W + i] = src[i*s_w + k*s_k] for i < w, and 0 for w <= i < W.
+// Packing. A block of width w (rows of op(A) or columns of op(B)) and depth kc
+// is cut into panels of W lanes (MR for A, NR for B); panel q holds lanes
+// [q*W, q*W + W) stored k-major: dst[q*W*kc + k*W + i] = lane q*W + i at depth k.
+// Lanes past w are zero. The source element (lane j, depth k) is src[j*s_w + k*s_k].
 // ---------------------------------------------------------------------------
 
-// dst[kc, W] <- src panel of w <= W valid lanes (strides s_w across, s_k along K).
-static inline void pack_panel(real *restrict dst, const real *restrict src, int w, int W, int kc,
-                              size_t s_w, size_t s_k) {
-    if (w == W && s_w == 1) {  // lanes contiguous: straight row copies
-        for (int k = 0; k < kc; k++) memcpy(dst + (size_t)k * W, src + k * s_k, W * sizeof(real));
-        return;
+// Lanes contiguous in memory (s_w == 1): walk the source one k-row at a time, so
+// reads stream through memory even when rows are far apart (large lda / ldb).
+static void pack_rows(real *restrict dst, const real *restrict src, int w, int W, int kc,
+                      size_t s_k) {
+    for (int k = 0; k < kc; k++) {
+        const real *row = src + k * s_k;
+        real *d = dst + (size_t)k * W;
+        int j = 0;
+        for (; j + W <= w; j += W) memcpy(d + (size_t)j * kc, row + j, W * sizeof(real));
+        if (j < w) {
+            memcpy(d + (size_t)j * kc, row + j, (w - j) * sizeof(real));
+            memset(d + (size_t)j * kc + (w - j), 0, (W - (w - j)) * sizeof(real));
+        }
     }
-    if (w == W) {  // lanes strided (usually s_k == 1): gather one k at a time
+}
+
+// One panel of wq <= W lanes, each lane strided by s_w (usually s_k == 1: every
+// lane is a contiguous run along k): gather one k at a time.
+static void pack_gather_panel(real *restrict dst, const real *restrict src, int wq, int W, int kc,
+                              size_t s_w, size_t s_k) {
+    if (wq == W) {
         for (int k = 0; k < kc; k++)
             for (int i = 0; i < W; i++) dst[(size_t)k * W + i] = src[i * s_w + k * s_k];
         return;
     }
-    for (int k = 0; k < kc; k++) {  // edge panel: gather the valid lanes, zero the rest
-        for (int i = 0; i < w; i++) dst[(size_t)k * W + i] = src[i * s_w + k * s_k];
-        for (int i = w; i < W; i++) dst[(size_t)k * W + i] = 0;
+    for (int k = 0; k < kc; k++) {
+        for (int i = 0; i < wq; i++) dst[(size_t)k * W + i] = src[i * s_w + k * s_k];
+        for (int i = wq; i < W; i++) dst[(size_t)k * W + i] = 0;
     }
+}
+
+// dst[ceil(w/W) panels][kc][W] <- the w x kc block at src (strides s_w, s_k).
+static inline void pack_block(real *restrict dst, const real *restrict src, int w, int W, int kc,
+                              size_t s_w, size_t s_k) {
+    if (s_w == 1) {
+        pack_rows(dst, src, w, W, kc, s_k);
+        return;
+    }
+    for (int j = 0; j < w; j += W)
+        pack_gather_panel(dst + (size_t)j * kc, src + j * s_w, MT_MIN(W, w - j), W, kc, s_w, s_k);
 }
 
 // Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc]
 static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, real *Ap) {
     const real *base = p->A + (size_t)ic * p->a_rs + (size_t)pc * p->a_ks;
-    for (int ir = 0; ir < mc; ir += MR) {
-        pack_panel(Ap + (size_t)ir * kc, base + (size_t)ir * p->a_rs, MT_MIN(MR, mc - ir), MR, kc,
-                   p->a_rs, p->a_ks);
-    }
+    pack_block(Ap, base, mc, MR, kc, p->a_rs, p->a_ks);
 }
 
 // Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc]
 static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, real *Bp) {
     const real *base = p->B + (size_t)pc * p->b_ks + (size_t)jc * p->b_cs;
-    for (int jr = 0; jr < nc; jr += NR) {
-        pack_panel(Bp + (size_t)jr * kc, base + (size_t)jr * p->b_cs, MT_MIN(NR, nc - jr), NR, kc,
-                   p->b_cs, p->b_ks);
-    }
+    pack_block(Bp, base, nc, NR, kc, p->b_cs, p->b_ks);
 }
 
 // ---------------------------------------------------------------------------
@@ -223,20 +246,10 @@ KERNEL_ATTR static void micro_kernel(int kc, const real *restrict a, const real 
 #endif
 
 // C[mr, nr] (mr <= MR, nr <= NR) = alpha * acc[0:mr, 0:nr] + beta * C; beta == 0
-// overwrites. Full tiles take the fixed-size loop, which vectorises.
-static void tile_store(real *C, size_t ldc, const real *acc, int mr, int nr, real alpha,
-                       real beta) {
-    if (mr == MR && nr == NR) {
-        for (int i = 0; i < MR; i++) {
-            real *c = C + i * ldc;
-            const real *t = acc + i * NR;
-            if (beta == 0)
-                for (int j = 0; j < NR; j++) c[j] = alpha * t[j];
-            else
-                for (int j = 0; j < NR; j++) c[j] = alpha * t[j] + beta * c[j];
-        }
-        return;
-    }
+// overwrites. acc is [MR][NR]. Every element gets the same two roundings
+// (alpha*acc, beta*c, then the sum; no fused multiply-add) on every path.
+STORE_ATTR static void tile_store_any(real *restrict C, size_t ldc, const real *restrict acc,
+                                      int mr, int nr, real alpha, real beta) {
     for (int i = 0; i < mr; i++) {
         real *c = C + i * ldc;
         const real *t = acc + i * NR;
@@ -246,6 +259,34 @@ static void tile_store(real *C, size_t ldc, const real *acc, int mr, int nr, rea
             for (int j = 0; j < nr; j++) c[j] = alpha * t[j] + beta * c[j];
     }
 }
+
+#if MT_GEMM_VECTOR_EXT
+// A vector that may sit at any real-aligned address (rows of C).
+typedef real vreal_u __attribute__((vector_size(VEC_BYTES), aligned(sizeof(real))));
+
+// Full MR x NR tile of tile_store_any, two vectors per row.
+STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real *restrict acc,
+                                       real alpha, real beta) {
+    for (int i = 0; i < MR; i++) {
+        vreal_u *c = (vreal_u *)(C + i * ldc);
+        const vreal *t = (const vreal *)(acc + i * NR);
+        if (beta == 0) {
+            c[0] = alpha * t[0];
+            c[1] = alpha * t[1];
+        } else {
+            c[0] = alpha * t[0] + beta * c[0];
+            c[1] = alpha * t[1] + beta * c[1];
+        }
+    }
+}
+#define PREFETCH_W(addr) __builtin_prefetch((addr), 1, 3)
+#else
+STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real *restrict acc,
+                                       real alpha, real beta) {
+    tile_store_any(C, ldc, acc, MR, NR, alpha, beta);
+}
+#define PREFETCH_W(addr) ((void)0)
+#endif
 
 // C[mc, nc] = alpha * Ap · Bp + beta * C for one packed A block [mc, kc] and B
 // block [kc, nc]. beta is the caller's beta for the first K block, 1 afterwards
@@ -257,8 +298,15 @@ static void macro_kernel(int mc, int nc, int kc, const real *Ap, const real *Bp,
         const real *b = Bp + (size_t)jr * kc;
         int nr = MT_MIN(NR, nc - jr);
         for (int ir = 0; ir < mc; ir += MR) {
+            real *c = C + ir * ldc + jr;
+            int mr = MT_MIN(MR, mc - ir);
+            for (int i = 0; i < mr; i++) {  // fetch the C tile while the kernel runs
+                PREFETCH_W(c + i * ldc);
+                PREFETCH_W(c + i * ldc + nr - 1);
+            }
             micro_kernel(kc, Ap + (size_t)ir * kc, b, acc);
-            tile_store(C + ir * ldc + jr, ldc, acc, MT_MIN(MR, mc - ir), nr, alpha, beta);
+            if (mr == MR && nr == NR) tile_store_full(c, ldc, acc, alpha, beta);
+            else tile_store_any(c, ldc, acc, mr, nr, alpha, beta);
         }
     }
 }
