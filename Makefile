@@ -2,6 +2,7 @@
 #   make            build build/moetron
 #   make run        train the default MoE model on the built-in data
 #   make test       the whole test suite (ends with "N passed, M failed")
+#   make bench      GEMM and training throughput on this machine
 # Switches: NO_OPENMP=1, USE_OPENBLAS=1 (OpenBLAS for GEMM), DEBUG=1, SANITIZE=1 (ASan+UBSan).
 
 CC      ?= cc
@@ -48,7 +49,7 @@ DBL_OBJ   := $(LIB_SRC:%.c=$(BUILD)/dbl/%.o)
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all run test unit clean
+.PHONY: all run test unit bench clean
 all: $(BUILD)/moetron
 
 $(BUILD)/moetron: $(BUILD)/obj/src/main.o $(LIB_OBJ)
@@ -77,11 +78,22 @@ $(FLOAT_BIN): $(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJ)
 unit: $(UNIT_BIN)
 
 run: $(BUILD)/moetron
+	rm -rf $(BUILD)/run_ckpt $(BUILD)/run_metrics.jsonl
 	./$(BUILD)/moetron train --save $(BUILD)/run_ckpt --log-jsonl $(BUILD)/run_metrics.jsonl
-	./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "12+7=" --max-new-tokens 120 --temperature 0.7 --top-k 20
+	@echo "--- samples from the trained model ---"
+	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "the small cat" --max-new-tokens 150 --temperature 0.6 --top-k 20
+	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "12+7=" --max-new-tokens 60 --temperature 0.6 --top-k 20
 
 test: $(BUILD)/moetron $(UNIT_BIN)
 	@bash tests/run.sh $(BUILD)
+
+# Throughput measurements (bench/RESULTS.md records their output).
+$(BUILD)/bench_gemm: bench/bench_gemm.c $(LIB_OBJ)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
+bench: $(BUILD)/moetron $(BUILD)/bench_gemm
+	./$(BUILD)/bench_gemm
+	bash bench/train_throughput.sh ./$(BUILD)/moetron
 
 clean:
 	rm -rf $(BUILD)

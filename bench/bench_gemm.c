@@ -1,10 +1,10 @@
 // bench_gemm.c — GFLOP/s of mt_gemm, portable backend and (when linked) OpenBLAS,
-// on the shapes moetron cares about. Standalone program, not part of `make`:
+// on the shapes moetron cares about. Built by `make bench` (or by hand:
 //
 //   gcc -std=c11 -D_GNU_SOURCE -O3 -march=native -fopenmp -Isrc -DMT_HAVE_CBLAS
 //       bench/bench_gemm.c src/ops/cpu/gemm.c src/core/common.c -o build/bench_gemm
 //       -lopenblas -lm
-// (one line; drop -DMT_HAVE_CBLAS and -lopenblas to measure the portable path alone)
+// one line; drop -DMT_HAVE_CBLAS and -lopenblas to measure the portable path alone)
 //
 // Usage: build/bench_gemm [M N K [ta tb]]   (no arguments: the standard table)
 #include <stdio.h>

@@ -121,7 +121,7 @@ void config_defaults(Config *c) {
     // Optimizer and schedule: Megatron-LM's defaults, except where it has none (lr).
     c->micro_batch_size = 4;
     c->global_batch_size = 8;
-    c->train_iters = 300;
+    c->train_iters = 500;
     c->lr = 3e-3;
     c->min_lr = 3e-4;
     c->lr_warmup_iters = 20;

@@ -11,8 +11,10 @@
 // finite differences are accurate to ~1e-8 and tolerances can be tight.
 #ifdef MT_DOUBLE
 typedef double real;
+#define real_exp exp
 #else
 typedef float real;
+#define real_exp expf
 #endif
 
 // Print "moetron: error: <message>" and exit(1). Every user-facing error goes here:

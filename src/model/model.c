@@ -66,6 +66,25 @@ static void build_layer(Builder *b, LayerParams *lp) {
         lp->expert_down[e] = add_layer_tensor(b, PART_EXPERT_DOWN, e, H, I, expert_flags, INIT_NORMAL, out_std);
 }
 
+// Point a layer's per-group FFN weight arrays at the parameters (or gradients).
+static ExpertWeights bind_ffn(const TensorTable *tt, const LayerParams *lp, int groups, int grads) {
+    real *(*pick)(const TensorTable *, TensorId) = grads ? tt_grad : tt_param;
+    ExpertWeights w = {mt_malloc(groups * sizeof(real *)), mt_malloc(groups * sizeof(real *)),
+                       mt_malloc(groups * sizeof(real *))};
+    for (int g = 0; g < groups; g++) {
+        w.gate[g] = pick(tt, lp->is_moe ? lp->expert_gate[g] : lp->mlp_gate);
+        w.up[g] = pick(tt, lp->is_moe ? lp->expert_up[g] : lp->mlp_up);
+        w.down[g] = pick(tt, lp->is_moe ? lp->expert_down[g] : lp->mlp_down);
+    }
+    return w;
+}
+
+static void free_ffn(ExpertWeights *w) {
+    free(w->gate);
+    free(w->up);
+    free(w->down);
+}
+
 void model_build(Model *m, const Config *cfg) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
@@ -84,6 +103,12 @@ void model_build(Model *m, const Config *cfg) {
                               c->init_method_std, -1, -1)
                      : m->embed;
     tt_allocate(&m->tt);
+    for (int l = 0; l < c->num_layers; l++) {
+        LayerParams *lp = &m->layers[l];
+        int groups = lp->is_moe ? c->num_experts : 1;
+        lp->ffn_params = bind_ffn(&m->tt, lp, groups, 0);
+        lp->ffn_grads = bind_ffn(&m->tt, lp, groups, 1);
+    }
     m->rope_cos_sin = mt_malloc((size_t)c->max_positions * c->head_dim * sizeof(real));
     rope_table(m->rope_cos_sin, c->max_positions, c->head_dim, c->rotary_base);
 }
@@ -104,6 +129,8 @@ void model_free(Model *m) {
         free(m->layers[l].expert_gate);
         free(m->layers[l].expert_up);
         free(m->layers[l].expert_down);
+        free_ffn(&m->layers[l].ffn_params);
+        free_ffn(&m->layers[l].ffn_grads);
     }
     free(m->layers);
     free(m->rope_cos_sin);

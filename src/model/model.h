@@ -23,6 +23,9 @@ typedef struct {
     TensorId mlp_gate, mlp_up, mlp_down;  // dense layers
     TensorId router;                      // MoE layers
     TensorId *expert_gate, *expert_up, *expert_down;  // (num_experts) each
+    // The FFN's SwiGLU weights as per-group pointers (1 group for a dense layer, one per
+    // expert for MoE), into the parameters and into the gradients; set by model_build.
+    ExpertWeights ffn_params, ffn_grads;
 } LayerParams;
 
 typedef struct {

@@ -7,25 +7,6 @@ static RouterShape router_shape(const Config *c, int N) {
                          .pre_softmax = c->moe_router_pre_softmax};
 }
 
-// Per-expert weight (or gradient) pointers of one layer; free with free_expert_weights.
-static ExpertWeights expert_weights(const TensorTable *tt, const LayerParams *lp, int E, int use_grads) {
-    real *(*pick)(const TensorTable *, TensorId) = use_grads ? tt_grad : tt_param;
-    ExpertWeights w = {mt_malloc(E * sizeof(real *)), mt_malloc(E * sizeof(real *)),
-                       mt_malloc(E * sizeof(real *))};
-    for (int e = 0; e < E; e++) {
-        w.gate[e] = pick(tt, lp->expert_gate[e]);
-        w.up[e] = pick(tt, lp->expert_up[e]);
-        w.down[e] = pick(tt, lp->expert_down[e]);
-    }
-    return w;
-}
-
-static void free_expert_weights(ExpertWeights *w) {
-    free(w->gate);
-    free(w->up);
-    free(w->down);
-}
-
 static ExpertShape expert_shape(const Config *c, const MoeActs *ma) {
     return (ExpertShape){.groups = c->num_experts, .H = c->hidden_size, .I = c->moe_ffn,
                          .offsets = ma->plan.expert_offsets};
@@ -42,10 +23,8 @@ void moe_forward(const Model *m, int layer, LayerActs *la, int N) {
     router_forward(&ma->route, ma->logits, &rs);
     dispatch_plan(&ma->plan, ma->route.topk_idx);
     dispatch_forward(ma->rows_in, ma->row_probs, la->ln2, ma->route.topk_probs, &ma->plan, H);
-    ExpertWeights w = expert_weights(&m->tt, lp, E, 0);
     ExpertShape es = expert_shape(c, ma);
-    experts_forward(ma->rows_out, &ma->experts, ma->rows_in, ma->row_probs, &w, &es);
-    free_expert_weights(&w);
+    experts_forward(ma->rows_out, &ma->experts, ma->rows_in, ma->row_probs, &lp->ffn_params, &es);
     combine_forward(la->ffn_out, ma->rows_out, &ma->plan, H, 0);
 }
 
@@ -57,12 +36,9 @@ void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
     int N = a->N, H = c->hidden_size, E = c->num_experts;
     // combine backward = dispatch of the output gradient (probs are inside the experts)
     dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    ExpertWeights w = expert_weights(&m->tt, lp, E, 0), dw = expert_weights(&m->tt, lp, E, 1);
     ExpertShape es = expert_shape(c, ma);
-    experts_backward(a->d_rows_in, a->d_row_probs, &dw, a->d_rows_out, &ma->experts, ma->rows_in,
-                     ma->row_probs, &w, &es, a->d_gate, a->d_up, a->d_act);
-    free_expert_weights(&w);
-    free_expert_weights(&dw);
+    experts_backward(a->d_rows_in, a->d_row_probs, &lp->ffn_grads, a->d_rows_out, &ma->experts, ma->rows_in,
+                     ma->row_probs, &lp->ffn_params, &es, a->d_gate, a->d_up, a->d_act);
     // dispatch backward = combine of the input-row gradients
     combine_forward(a->d_norm, a->d_rows_in, &ma->plan, H, 0);
     // router: probs → logits → (ln2, W_router)

@@ -87,7 +87,7 @@ double peak_memory_mb(void) {
 }
 
 double measure_gemm_ceiling_flops(void) {
-    enum { SIZE = 512, REPEATS = 4 };
+    enum { SIZE = 512, REPEATS = 12 };
     real *a = mt_calloc((size_t)SIZE * SIZE, sizeof(real));
     real *b = mt_calloc((size_t)SIZE * SIZE, sizeof(real));
     real *c = mt_calloc((size_t)SIZE * SIZE, sizeof(real));

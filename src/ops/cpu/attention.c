@@ -1,105 +1,113 @@
 // attention.c — causal grouped-query attention, flash style, for the cpu backend.
 //
-// Forward keeps no (T×T) matrix: each query row computes its scores against the keys
-// it may see into a row-sized scratch, takes the softmax, and stores only the row's
-// logsumexp. Backward recomputes the probabilities from (q, k, lse):
-//   p_j = exp(s_j − lse),  s_j = scale·q·k_j,  D = dout·out,  dp_j = dout·v_j,
-//   ds_j = p_j (dp_j − D),  dq += scale Σ_j ds_j k_j,  dk_j += scale ds_j q,  dv_j += p_j dout.
-// Work is split over (batch row, kv head): the thread that owns a kv head owns its dk/dv
-// and the dq of the query heads that read it, so no two threads write the same memory
-// and every sum runs in a fixed order.
+// No (T×T) matrix is kept: queries are processed in tiles of QUERY_TILE rows against
+// the keys they may see, with the scores of one tile in a per-thread scratch; forward
+// stores only each row's logsumexp. Backward recomputes the probabilities from
+// (q, k, lse). For one tile (rows t, visible keys j):
+//   S = scale·Q Kᵀ,  P = exp(S − lse) (0 where j > position of t),  O = P V
+//   D_t = dO_t·O_t,  dP = dO Vᵀ,  dS = P ⊙ (dP − D) · scale
+//   dQ += dS K,  dK += dSᵀ Q,  dV += Pᵀ dO
+// The products are GEMMs on strided views (heads are interleaved in each token row).
+// Backward work is split over (batch row, kv head): the thread that owns a kv head owns
+// its dK/dV and the dQ of the query heads that read it, so no two threads write the same
+// memory and every sum runs in a fixed order whatever the thread count.
 #include <math.h>
 #include <string.h>
 
 #include "ops/ops.h"
 
-#ifdef MT_DOUBLE
-#define real_exp exp
-#else
-#define real_exp expf
-#endif
+enum { QUERY_TILE = 64 };
 
-static inline real dot(const real *a, const real *b, int n) {
-    real s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+// Strided views of one (batch row, head): row t of Q is q + q_offset + t·q_stride.
+typedef struct {
+    size_t q_offset, kv_offset;  // first element of this head's row 0 in q/out and k/v
+    int q_stride, kv_stride;     // elements between consecutive token rows
+} HeadView;
+
+static HeadView head_view(const AttentionShape *s, int b, int h) {
+    int kvh = h / (s->heads / s->kv_heads);
+    HeadView v = {.q_offset = ((size_t)b * s->Tq * s->heads + h) * s->head_dim,
+                  .kv_offset = ((size_t)b * s->kv_row_stride * s->kv_heads + kvh) * s->head_dim,
+                  .q_stride = s->heads * s->head_dim,
+                  .kv_stride = s->kv_heads * s->head_dim};
+    return v;
 }
 
-static inline void axpy(real *restrict y, real a, const real *restrict x, int n) {
-#pragma omp simd
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
+// scores (rows, keys) = scale · Q[t0 : t0+rows] · K[0 : keys]ᵀ
+static void tile_scores(real *scores, const real *q, const real *k, const AttentionShape *s, const HeadView *v,
+                        int t0, int rows, int keys) {
+    mt_gemm(0, 1, rows, keys, s->head_dim, s->scale, q + v->q_offset + (size_t)t0 * v->q_stride, v->q_stride,
+            k + v->kv_offset, v->kv_stride, 0, scores, keys);
 }
 
-static inline size_t q_index(const AttentionShape *s, int b, int t, int h) {
-    return (((size_t)b * s->Tq + t) * s->heads + h) * s->head_dim;
-}
-
-static inline size_t kv_index(const AttentionShape *s, int b, int j, int kvh) {
-    return (((size_t)b * s->kv_row_stride + j) * s->kv_heads + kvh) * s->head_dim;
-}
-
-// scores[j] = scale · q·k_j for the keys 0..last of kv head kvh; returns the maximum.
-static real row_scores(real *scores, const real *q_row, const real *k, const AttentionShape *s, int b, int kvh,
-                       int last) {
-    real max = -INFINITY;
-    for (int j = 0; j <= last; j++) {
-        scores[j] = s->scale * dot(q_row, k + kv_index(s, b, j, kvh), s->head_dim);
-        max = scores[j] > max ? scores[j] : max;
+static void attend_head(real *out, real *lse_row, real *scores, const real *q, const real *k, const real *v_,
+                        const AttentionShape *s, int b, int h) {
+    HeadView v = head_view(s, b, h);
+    for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
+        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = s->q_pos0 + t0 + rows;
+        tile_scores(scores, q, k, s, &v, t0, rows, keys);
+        for (int r = 0; r < rows; r++) {  // softmax over the visible keys of row r
+            real *row = scores + (size_t)r * keys;
+            int visible = s->q_pos0 + t0 + r + 1;
+            real max = -INFINITY, sum = 0;
+            for (int j = 0; j < visible; j++) max = row[j] > max ? row[j] : max;
+            for (int j = 0; j < visible; j++) sum += (row[j] = real_exp(row[j] - max));
+            real inv = 1 / sum;
+            for (int j = 0; j < visible; j++) row[j] *= inv;
+            for (int j = visible; j < keys; j++) row[j] = 0;
+            lse_row[t0 + r] = max + (real)log((double)sum);
+        }
+        // O[t0 : t0+rows] = P · V[0 : keys]
+        mt_gemm(0, 0, rows, s->head_dim, keys, 1, scores, keys, v_ + v.kv_offset, v.kv_stride, 0,
+                out + v.q_offset + (size_t)t0 * v.q_stride, v.q_stride);
     }
-    return max;
-}
-
-// One query row: out_row = Σ_j softmax(s)_j v_j; returns the row's logsumexp.
-static real attend_row(real *out_row, real *scores, const real *q_row, const real *k, const real *v,
-                       const AttentionShape *s, int b, int kvh, int last) {
-    int d = s->head_dim;
-    real max = row_scores(scores, q_row, k, s, b, kvh, last);
-    real sum = 0;
-    for (int j = 0; j <= last; j++) {
-        scores[j] = real_exp(scores[j] - max);
-        sum += scores[j];
-    }
-    memset(out_row, 0, d * sizeof(real));
-    real inv = 1 / sum;
-    for (int j = 0; j <= last; j++) axpy(out_row, scores[j] * inv, v + kv_index(s, b, j, kvh), d);
-    return max + (real)log((double)sum);
 }
 
 void attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                        const AttentionShape *s) {
-    int group = s->heads / s->kv_heads;
+    int tile_keys = s->q_pos0 + MT_MIN(QUERY_TILE, s->Tq) + s->Tq;  // bound on keys of any tile
 #pragma omp parallel
     {
-        real *scores = mt_malloc((size_t)s->Tk * sizeof(real));
+        real *scores = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < s->B; b++)
             for (int h = 0; h < s->heads; h++)
-                for (int t = 0; t < s->Tq; t++) {
-                    size_t qi = q_index(s, b, t, h);
-                    lse[((size_t)b * s->heads + h) * s->Tq + t] =
-                        attend_row(out + qi, scores, q + qi, k, v, s, b, h / group, s->q_pos0 + t);
-                }
+                attend_head(out, lse + ((size_t)b * s->heads + h) * s->Tq, scores, q, k, v, s, b, h);
         free(scores);
     }
 }
 
-// Gradients of one query row (b, t, h) against its visible keys.
-static void attention_row_backward(real *dq, real *dk, real *dv, real *probs, const real *dout, const real *out,
-                                   const real *lse, const real *q, const real *k, const real *v,
-                                   const AttentionShape *s, int b, int t, int h, int kvh) {
-    int d = s->head_dim, last = s->q_pos0 + t;
-    size_t qi = q_index(s, b, t, h);
-    real row_lse = lse[((size_t)b * s->heads + h) * s->Tq + t];
-    real D = dot(dout + qi, out + qi, d);
-    row_scores(probs, q + qi, k, s, b, kvh, last);
-    for (int j = 0; j <= last; j++) probs[j] = real_exp(probs[j] - row_lse);
-    for (int j = 0; j <= last; j++) {
-        size_t ki = kv_index(s, b, j, kvh);
-        real ds = probs[j] * (dot(dout + qi, v + ki, d) - D) * s->scale;
-        axpy(dq + qi, ds, k + ki, d);
-        axpy(dk + ki, ds, q + qi, d);
-        axpy(dv + ki, probs[j], dout + qi, d);
+// Backward of one query head of one batch row; dk/dv are the head's kv-head gradients.
+static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, real *dprobs, const real *dout,
+                                    const real *out, const real *lse_row, const real *q, const real *k,
+                                    const real *v_, const AttentionShape *s, int b, int h) {
+    HeadView v = head_view(s, b, h);
+    int d = s->head_dim;
+    for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
+        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = s->q_pos0 + t0 + rows;
+        const real *q_tile = q + v.q_offset + (size_t)t0 * v.q_stride;
+        const real *dout_tile = dout + v.q_offset + (size_t)t0 * v.q_stride;
+        tile_scores(probs, q, k, s, &v, t0, rows, keys);
+        // dP = dO · Vᵀ
+        mt_gemm(0, 1, rows, keys, d, 1, dout_tile, v.q_stride, v_ + v.kv_offset, v.kv_stride, 0, dprobs, keys);
+        for (int r = 0; r < rows; r++) {
+            real *p = probs + (size_t)r * keys, *dp = dprobs + (size_t)r * keys;
+            const real *o_row = out + v.q_offset + (size_t)(t0 + r) * v.q_stride;
+            const real *do_row = dout_tile + (size_t)r * v.q_stride;
+            real D = 0;
+            for (int i = 0; i < d; i++) D += do_row[i] * o_row[i];
+            int visible = s->q_pos0 + t0 + r + 1;
+            for (int j = 0; j < visible; j++) {
+                p[j] = real_exp(p[j] - lse_row[t0 + r]);
+                dp[j] = p[j] * (dp[j] - D) * s->scale;  // now dS
+            }
+            for (int j = visible; j < keys; j++) p[j] = dp[j] = 0;
+        }
+        // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
+        mt_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + v.kv_offset, v.kv_stride, 1,
+                dq + v.q_offset + (size_t)t0 * v.q_stride, v.q_stride);
+        mt_gemm(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, v.q_stride, 1, dk + v.kv_offset, v.kv_stride);
+        mt_gemm(1, 0, keys, d, rows, 1, probs, keys, dout_tile, v.q_stride, 1, dv + v.kv_offset, v.kv_stride);
     }
 }
 
@@ -107,15 +115,18 @@ void attention_backward(real *dq, real *dk, real *dv, const real *dout, const re
                         const real *lse, const real *q, const real *k, const real *v,
                         const AttentionShape *s) {
     int group = s->heads / s->kv_heads;
+    int tile_keys = s->q_pos0 + MT_MIN(QUERY_TILE, s->Tq) + s->Tq;
 #pragma omp parallel
     {
-        real *probs = mt_malloc((size_t)s->Tk * sizeof(real));
+        real *probs = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));
+        real *dprobs = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < s->B; b++)
             for (int kvh = 0; kvh < s->kv_heads; kvh++)
                 for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                    for (int t = 0; t < s->Tq; t++)
-                        attention_row_backward(dq, dk, dv, probs, dout, out, lse, q, k, v, s, b, t, h, kvh);
+                    attention_head_backward(dq, dk, dv, probs, dprobs, dout, out,
+                                            lse + ((size_t)b * s->heads + h) * s->Tq, q, k, v, s, b, h);
         free(probs);
+        free(dprobs);
     }
 }

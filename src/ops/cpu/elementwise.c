@@ -134,7 +134,7 @@ void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, int he
 
 // ---- SwiGLU ------------------------------------------------------------------------------
 
-static inline real sigmoid(real x) { return (real)(1.0 / (1.0 + exp(-(double)x))); }
+static inline real sigmoid(real x) { return 1 / (1 + real_exp(-x)); }
 
 void swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
                     int I) {
