@@ -85,9 +85,18 @@ static void add_moe_layer_outputs(StWriter *w, const Model *m, const ModelActs *
     stw_add_real(w, name, 2, rows_k, ma->route.topk_probs);
     snprintf(name, sizeof(name), "layers.%d.tokens_per_expert", l);
     stw_add(w, name, ST_I32, 1, experts, ma->route.tokens_per_expert);
-    real aux = (real)ma->route.aux_loss;
-    snprintf(name, sizeof(name), "layers.%d.aux_loss", l);
-    stw_add_real(w, name, 0, NULL, &aux);  // copied on add
+    for (int t = 0; t < BALANCE_TYPES; t++) {  // L / coeff of every balance loss, whether enabled or not
+        real value = (real)ma->route.balance_loss[t];
+        snprintf(name, sizeof(name), "layers.%d.%s", l, BALANCE_TYPE_NAMES[t]);
+        stw_add_real(w, name, 0, NULL, &value);  // copied on add
+    }
+    real z = (real)ma->route.z_loss;
+    snprintf(name, sizeof(name), "layers.%d.z_loss", l);
+    stw_add_real(w, name, 0, NULL, &z);
+    if (m->layers[l].expert_bias >= 0) {
+        snprintf(name, sizeof(name), "layers.%d.expert_bias", l);
+        stw_add_real(w, name, 1, experts, tt_param(&m->tt, m->layers[l].expert_bias));
+    }
 }
 
 int forward_main(Config *c) {
@@ -98,7 +107,7 @@ int forward_main(Config *c) {
     read_forward_input(&in, c->input, c);
     ModelActs a;
     acts_alloc(&a, &m, in.B, in.T);
-    Batch batch = {in.B, in.T, in.tokens, in.targets, in.loss_mask};
+    Batch batch = {.B = in.B, .T = in.T, .tokens = in.tokens, .targets = in.targets, .loss_mask = in.loss_mask};
     model_forward(&m, &a, &batch, NULL, 0);
     StWriter w;
     stw_init(&w);

@@ -78,7 +78,7 @@ int generate_main(Config *c) {
     acts_alloc(&step, &m, 1, 1);
     Rng rng;
     rng_seed_stream(&rng, (uint64_t)c->seed, 0x6E4E);
-    Batch batch = {1, prompt_len, tokens, NULL, NULL};
+    Batch batch = {.B = 1, .T = prompt_len, .tokens = tokens};
     model_forward(&m, &prefill, &batch, kv, 0);
     const real *last_logits = prefill.logits + (size_t)(prompt_len - 1) * c->padded_vocab_size;
     int vocab = MT_MIN(c->vocab_size, c->padded_vocab_size);
@@ -90,7 +90,7 @@ int generate_main(Config *c) {
         if (next < 256) fputc(next, stdout);
         fflush(stdout);
         tokens[n] = next;
-        Batch one = {1, 1, tokens + n, NULL, NULL};
+        Batch one = {.B = 1, .T = 1, .tokens = tokens + n};
         model_forward(&m, &step, &one, kv, n);
         n++;
         last_logits = step.logits;

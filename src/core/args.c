@@ -47,7 +47,24 @@ static const FlagSpec FLAGS[] = {
     F("moe-router-topk", FLAG_INT, moe_router_topk, TR, 1, "experts per token"),
     F("moe-layer-freq", FLAG_STRING, moe_layer_freq, TR, 1, "N: every N-th layer is MoE (from layer 0); or a list like [0,1,1,1]"),
     F("moe-router-pre-softmax", FLAG_BOOL, moe_router_pre_softmax, TR, 1, "softmax over all experts before top-k (default: top-k of logits, then softmax over the k)"),
-    F("moe-aux-loss-coeff", FLAG_DOUBLE, moe_aux_loss_coeff, TR, 0, "switch load-balancing loss coefficient"),
+    F("moe-router-score-function", FLAG_STRING, moe_router_score_function, TR, 1, "softmax, sigmoid, sqrtsoftplus"),
+    F("moe-router-topk-scaling-factor", FLAG_DOUBLE, moe_router_topk_scaling_factor, TR, 1, "multiply the routing probs by this (0 = off)"),
+    F("moe-router-num-groups", FLAG_INT, moe_router_num_groups, TR, 1, "group-limited routing: expert groups (0 = off)"),
+    F("moe-router-group-topk", FLAG_INT, moe_router_group_topk, TR, 1, "group-limited routing: groups a token may use"),
+    F("moe-router-enable-expert-bias", FLAG_BOOL, moe_router_enable_expert_bias, TR, 1, "aux-loss-free balancing: a per-expert bias that steers selection (sigmoid/sqrtsoftplus)"),
+    F("moe-router-bias-update-rate", FLAG_DOUBLE, moe_router_bias_update_rate, TR, 0, "expert-bias step per global batch"),
+    F("moe-router-load-balancing-type", FLAG_LIST, moe_router_load_balancing_type, TR, 0, "aux_loss, seq_aux_loss, global_aux_loss, none, or several"),
+    F("moe-aux-loss-coeff", FLAG_LIST, moe_aux_loss_coeff, TR, 0, "coefficient of each load-balancing loss"),
+    F("moe-z-loss-coeff", FLAG_DOUBLE, moe_z_loss_coeff, TR, 0, "router z-loss coefficient (0 = off)"),
+    F("moe-input-jitter-eps", FLAG_DOUBLE, moe_input_jitter_eps, TR, 0, "multiply the router input by U(1-eps, 1+eps) in training (0 = off)"),
+    F("moe-router-dtype", FLAG_STRING, moe_router_dtype, TR, 0, "fp32, fp64: precision of the router logits"),
+    F("moe-expert-capacity-factor", FLAG_DOUBLE, moe_expert_capacity_factor, TR, 1, "capacity per expert = ceil(k*N/E * factor) (0 = dropless)"),
+    F("moe-token-drop-policy", FLAG_STRING, moe_token_drop_policy, TR, 1, "probs, position: which tokens an over-full expert keeps"),
+    F("moe-pad-expert-input-to-capacity", FLAG_BOOL, moe_pad_expert_input_to_capacity, TR, 1, "give every expert exactly its capacity of rows"),
+    F("moe-shared-expert-intermediate-size", FLAG_INT, moe_shared_expert_intermediate_size, TR, 1, "width of a shared expert every token uses (0 = none)"),
+    F("moe-shared-expert-gate", FLAG_BOOL, moe_shared_expert_gate, TR, 1, "scale the shared expert by sigmoid(x*w_gate)"),
+    F("moe-router-force-load-balancing", FLAG_BOOL, moe_router_force_load_balancing, TR, 0, "benchmarking: route on random normal logits"),
+    F("moe-per-layer-logging", FLAG_BOOL, moe_per_layer_logging, TR, 0, "per-MoE-layer metrics in --log-jsonl"),
     // training
     F("micro-batch-size", FLAG_INT, micro_batch_size, TR, 0, "sequences per forward/backward"),
     F("global-batch-size", FLAG_INT, global_batch_size, TR, 0, "sequences per optimizer step (gradient accumulation)"),
@@ -56,10 +73,10 @@ static const FlagSpec FLAGS[] = {
     F("lr", FLAG_DOUBLE, lr, TR, 0, "peak learning rate"),
     F("min-lr", FLAG_DOUBLE, min_lr, TR, 0, "learning rate at the end of decay"),
     F("lr-warmup-iters", FLAG_INT, lr_warmup_iters, TR, 0, "linear warmup steps from 0"),
-    F("lr-decay-style", FLAG_STRING, lr_decay_style, TR, 0, "constant | linear | cosine | WSD"),
+    F("lr-decay-style", FLAG_STRING, lr_decay_style, TR, 0, "constant, linear, cosine, WSD"),
     F("lr-decay-iters", FLAG_INT, lr_decay_iters, TR, 0, "steps over which lr decays (0 = --train-iters)"),
     F("lr-wsd-decay-iters", FLAG_INT, lr_wsd_decay_iters, TR, 0, "WSD: length of the final decay phase"),
-    F("lr-wsd-decay-style", FLAG_STRING, lr_wsd_decay_style, TR, 0, "WSD decay shape: linear | cosine | exponential | minus_sqrt"),
+    F("lr-wsd-decay-style", FLAG_STRING, lr_wsd_decay_style, TR, 0, "WSD decay shape: linear, cosine, exponential, minus_sqrt"),
     F("weight-decay", FLAG_DOUBLE, weight_decay, TR, 0, "decoupled weight decay (matrices only)"),
     F("adam-beta1", FLAG_DOUBLE, adam_beta1, TR, 0, "Adam beta1"),
     F("adam-beta2", FLAG_DOUBLE, adam_beta2, TR, 0, "Adam beta2"),
@@ -117,7 +134,12 @@ void config_defaults(Config *c) {
     c->moe_ffn_hidden_size = 256;
     c->moe_router_topk = 2;
     strcpy(c->moe_layer_freq, "1");
-    c->moe_aux_loss_coeff = 0.01;
+    strcpy(c->moe_router_score_function, "softmax");
+    c->moe_router_bias_update_rate = 1e-3;
+    strcpy(c->moe_router_load_balancing_type, "aux_loss");
+    strcpy(c->moe_aux_loss_coeff, "0.01");
+    strcpy(c->moe_router_dtype, "fp32");
+    strcpy(c->moe_token_drop_policy, "probs");
     // Optimizer and schedule: Megatron-LM's defaults, except where it has none (lr).
     c->micro_batch_size = 4;
     c->global_batch_size = 8;
@@ -188,11 +210,25 @@ void config_set_flag(Config *c, const FlagSpec *f, const char *value) {
         else mt_die("--%s is a switch: give it without a value", f->name);
         break;
     case FLAG_STRING:
+    case FLAG_LIST:
         if (strlen(value) >= f->size)
             mt_die("--%s value is too long (at most %zu characters)", f->name, f->size - 1);
         strcpy(field, value);
         break;
     }
+}
+
+// The values after a list flag up to the next flag, joined with commas.
+static const char *join_list_values(char *out, size_t cap, const char *flag, int argc, char **argv, int *i) {
+    size_t at = 0;
+    out[0] = 0;
+    while (*i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0) {
+        const char *v = argv[++*i];
+        if (at + strlen(v) + 2 > cap) mt_die("--%s: too many values", flag);
+        at += snprintf(out + at, cap - at, "%s%s", at ? "," : "", v);
+    }
+    if (at == 0) mt_die("--%s needs a value", flag);
+    return out;
 }
 
 static const char *command_name(Command cmd) {
@@ -220,8 +256,10 @@ void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
             mt_die("--%s does not apply to 'moetron %s'%s", name, command_name(cmd),
                    f->architecture ? " (the model shape comes from the checkpoint)" : "");
         const char *value;
+        char list[1024];
         if (eq) value = eq + 1;
         else if (f->type == FLAG_BOOL) value = "1";
+        else if (f->type == FLAG_LIST && i + 1 < argc) value = join_list_values(list, sizeof(list), name, argc, argv, &i);
         else if (i + 1 < argc) value = argv[++i];
         else mt_die("--%s needs a value", name);
         config_set_flag(c, f, value);
@@ -342,6 +380,86 @@ static void validate_shape(Config *c) {
         mt_die("--position-embedding-type %s is not supported; moetron uses rope", c->position_embedding_type);
 }
 
+// Index of value in names, or -1.
+static int lookup(const char *value, const char *const *names, int count) {
+    for (int i = 0; i < count; i++)
+        if (!strcmp(value, names[i])) return i;
+    return -1;
+}
+
+// --moe-router-load-balancing-type and --moe-aux-loss-coeff: lists of equal length.
+static void parse_balance_losses(Config *c) {
+    static const char *const types[] = {"aux_loss", "seq_aux_loss", "global_aux_loss", "none"};
+    char type_list[128], coeff_list[128];
+    snprintf(type_list, sizeof(type_list), "%s", c->moe_router_load_balancing_type);
+    snprintf(coeff_list, sizeof(coeff_list), "%s", c->moe_aux_loss_coeff);
+    char *type_save, *coeff_save;
+    char *type = strtok_r(type_list, ",", &type_save), *coeff = strtok_r(coeff_list, ",", &coeff_save);
+    int n_types = 0;
+    for (int t = 0; t < 3; t++) c->balance_coeff[t] = 0;
+    for (; type; type = strtok_r(NULL, ",", &type_save), coeff = coeff ? strtok_r(NULL, ",", &coeff_save) : NULL) {
+        int kind = lookup(type, types, 4);
+        if (kind < 0)
+            mt_die("--moe-router-load-balancing-type %s: use aux_loss, seq_aux_loss, global_aux_loss or none", type);
+        n_types++;
+        if (!coeff)
+            mt_die("--moe-aux-loss-coeff %s has fewer values than --moe-router-load-balancing-type %s; give one "
+                   "coefficient per type", c->moe_aux_loss_coeff, c->moe_router_load_balancing_type);
+        double value = parse_double("moe-aux-loss-coeff", coeff);
+        if (value < 0) mt_die("--moe-aux-loss-coeff must be >= 0");
+        if (kind < 3) c->balance_coeff[kind] = value;
+    }
+    if (coeff && n_types > 0)
+        mt_die("--moe-aux-loss-coeff %s has more values than --moe-router-load-balancing-type %s", c->moe_aux_loss_coeff,
+               c->moe_router_load_balancing_type);
+}
+
+static void validate_router(Config *c) {
+    static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus"};
+    static const char *const policies[] = {"probs", "position"};
+    static const char *const dtypes[] = {"fp32", "fp64"};
+    c->score_function = lookup(c->moe_router_score_function, scores, 3);
+    if (c->score_function < 0)
+        mt_die("--moe-router-score-function %s: use softmax, sigmoid or sqrtsoftplus", c->moe_router_score_function);
+    c->drop_policy = lookup(c->moe_token_drop_policy, policies, 2);
+    if (c->drop_policy < 0) mt_die("--moe-token-drop-policy %s: use probs or position", c->moe_token_drop_policy);
+    int dtype = lookup(c->moe_router_dtype, dtypes, 2);
+    if (dtype < 0) mt_die("--moe-router-dtype %s: use fp32 or fp64", c->moe_router_dtype);
+    c->router_fp64 = dtype == 1;
+    parse_balance_losses(c);
+    if (c->num_experts == 0) return;
+    int softmax = c->score_function == 0;
+    if (c->moe_router_pre_softmax && !softmax)
+        mt_die("--moe-router-pre-softmax applies only to --moe-router-score-function softmax");
+    if (softmax && c->moe_router_topk == 1 && !c->moe_router_pre_softmax)
+        mt_die("--moe-router-topk 1 with softmax needs --moe-router-pre-softmax (the softmax of one logit is "
+               "always 1 and the router would never learn)");
+    if (c->moe_router_enable_expert_bias && softmax)
+        mt_die("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
+    if (c->moe_router_topk_scaling_factor < 0) mt_die("--moe-router-topk-scaling-factor must be >= 0");
+    if (c->moe_router_bias_update_rate < 0) mt_die("--moe-router-bias-update-rate must be >= 0");
+    if (c->moe_z_loss_coeff < 0) mt_die("--moe-z-loss-coeff must be >= 0");
+    if (c->moe_input_jitter_eps < 0 || c->moe_input_jitter_eps >= 1) mt_die("--moe-input-jitter-eps must be in [0, 1)");
+    if (c->moe_shared_expert_intermediate_size < 0) mt_die("--moe-shared-expert-intermediate-size must be >= 0");
+    if (c->moe_shared_expert_gate && !c->moe_shared_expert_intermediate_size)
+        mt_die("--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+    if (c->moe_expert_capacity_factor < 0) c->moe_expert_capacity_factor = 0;  // Megatron: negative = dropless
+    if (c->moe_pad_expert_input_to_capacity && c->moe_expert_capacity_factor == 0)
+        mt_die("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+    int G = c->moe_router_num_groups, g = c->moe_router_group_topk;
+    if (G || g) {
+        if (G <= 0 || g <= 0) mt_die("--moe-router-num-groups and --moe-router-group-topk go together, both positive");
+        if (c->num_experts % G)
+            mt_die("--moe-router-num-groups %d does not divide --num-experts %d", G, c->num_experts);
+        if (g > G) mt_die("--moe-router-group-topk %d exceeds --moe-router-num-groups %d", g, G);
+        if (c->moe_router_topk % g)
+            mt_die("--moe-router-group-topk %d does not divide --moe-router-topk %d", g, c->moe_router_topk);
+        if (c->moe_router_topk / g > c->num_experts / G)
+            mt_die("--moe-router-topk %d needs %d experts per chosen group, but a group has %d", c->moe_router_topk,
+                   c->moe_router_topk / g, c->num_experts / G);
+    }
+}
+
 static void validate_moe(Config *c) {
     if (c->num_experts < 0) mt_die("--num-experts must be >= 0");
     if (c->num_experts > 0) {
@@ -351,8 +469,8 @@ static void validate_moe(Config *c) {
         c->moe_ffn = c->moe_ffn_hidden_size ? c->moe_ffn_hidden_size : c->ffn_hidden_size;
         require_positive("moe-ffn-hidden-size", c->moe_ffn);
     }
-    if (c->moe_aux_loss_coeff < 0) mt_die("--moe-aux-loss-coeff must be >= 0");
     parse_moe_layer_freq(c);
+    validate_router(c);
 }
 
 static void validate_training(Config *c) {
@@ -402,7 +520,8 @@ static void format_default(const Config *d, const FlagSpec *f, char *out, size_t
     case FLAG_INT64: snprintf(out, cap, "%lld", (long long)*(const int64_t *)field); break;
     case FLAG_DOUBLE: snprintf(out, cap, "%g", *(const double *)field); break;
     case FLAG_BOOL: snprintf(out, cap, "%s", *(const int *)field ? "on" : "off"); break;
-    case FLAG_STRING: snprintf(out, cap, "%s", *field ? field : "(none)"); break;
+    case FLAG_STRING:
+    case FLAG_LIST: snprintf(out, cap, "%s", *field ? field : "(none)"); break;
     }
 }
 

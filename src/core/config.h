@@ -39,7 +39,23 @@ typedef struct {
     int moe_router_topk;
     char moe_layer_freq[1024];    // "1", "2" or a list "[0,1,1,1]"
     int moe_router_pre_softmax;
-    double moe_aux_loss_coeff;
+    char moe_router_score_function[32];       // softmax | sigmoid | sqrtsoftplus
+    double moe_router_topk_scaling_factor;    // 0 = none
+    int moe_router_num_groups, moe_router_group_topk;
+    int moe_router_enable_expert_bias;
+    double moe_router_bias_update_rate;
+    char moe_router_load_balancing_type[128]; // list: aux_loss seq_aux_loss global_aux_loss | none
+    char moe_aux_loss_coeff[128];             // list, one per load-balancing type
+    double moe_z_loss_coeff;
+    double moe_input_jitter_eps;
+    char moe_router_dtype[16];                // fp32 | fp64
+    double moe_expert_capacity_factor;        // 0 = dropless
+    char moe_token_drop_policy[16];           // probs | position
+    int moe_pad_expert_input_to_capacity;
+    int moe_shared_expert_intermediate_size;  // 0 = no shared expert
+    int moe_shared_expert_gate;
+    int moe_router_force_load_balancing;
+    int moe_per_layer_logging;
     // ---- training ----
     int micro_batch_size;
     int global_batch_size;
@@ -81,6 +97,10 @@ typedef struct {
     int head_dim, kv_heads, padded_vocab_size, moe_ffn, max_positions;
     int num_micro_batches;
     int decay_iters;               // --lr-decay-iters, or --train-iters when 0
+    double balance_coeff[3];       // per BalanceType (moe/router.h); 0 = off
+    int score_function;            // ScoreFunction
+    int drop_policy;               // DropPolicy
+    int router_fp64;
     int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
     LrDecayStyle decay_style;
     WsdDecayStyle wsd_style;
@@ -101,7 +121,8 @@ void config_validate(Config *c);
 void config_print_help(Command cmd, int markdown);
 
 // Iterate over the flags that describe the model and training (stored in checkpoints).
-typedef enum { FLAG_INT, FLAG_INT64, FLAG_DOUBLE, FLAG_BOOL, FLAG_STRING } FlagType;
+// FLAG_LIST: one or more values ("--flag a b" or "--flag a,b"), stored comma-separated.
+typedef enum { FLAG_INT, FLAG_INT64, FLAG_DOUBLE, FLAG_BOOL, FLAG_STRING, FLAG_LIST } FlagType;
 typedef struct {
     const char *name;   // without the leading "--"
     FlagType type;

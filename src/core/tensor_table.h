@@ -19,6 +19,7 @@ typedef enum {
     TENSOR_EXPERT = 1 << 1,  // belongs to one routed expert (reduced over the expert-DP group)
     TENSOR_ROUTER = 1 << 2,  // router weight
     TENSOR_NORM = 1 << 3,    // RMSNorm weight
+    TENSOR_NOT_TRAINED = 1 << 4,  // state kept with the weights but never stepped by the optimizer
 } TensorFlags;
 
 typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } InitKind;

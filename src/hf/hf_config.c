@@ -21,7 +21,8 @@ static void write_flag_value(JsonWriter *w, const Config *c, const FlagSpec *f) 
     case FLAG_INT64: jw_int(w, *(const int64_t *)field); break;
     case FLAG_DOUBLE: jw_double(w, *(const double *)field); break;
     case FLAG_BOOL: jw_bool(w, *(const int *)field); break;
-    case FLAG_STRING: jw_string(w, field); break;
+    case FLAG_STRING:
+    case FLAG_LIST: jw_string(w, field); break;
     }
 }
 
@@ -72,7 +73,7 @@ void hf_config_write(JsonWriter *w, const Config *c, HfFamily family) {
     jw_kv_string(w, "torch_dtype", "float32");
     jw_kv_bool(w, "use_cache", 1);
     jw_kv_bool(w, "output_router_logits", 0);
-    jw_kv_double(w, "router_aux_loss_coef", c->moe_aux_loss_coeff);
+    jw_kv_double(w, "router_aux_loss_coef", c->balance_coeff[0]);
     jw_kv_int(w, "num_experts_per_tok", c->moe_router_topk);
     if (family == HF_MIXTRAL) {
         jw_kv_int(w, "num_local_experts", c->num_experts);
@@ -172,7 +173,7 @@ static void restore_hf_shape(Config *c, const JsonValue *root, const char *path)
     const JsonValue *rope = json_get(root, "rope_parameters");
     double default_theta = qwen ? 10000 : 1e6;
     c->rotary_base = hf_double(rope ? rope : root, "rope_theta", hf_double(root, "rope_theta", default_theta));
-    c->moe_aux_loss_coeff = hf_double(root, "router_aux_loss_coef", 0.001);
+    snprintf(c->moe_aux_loss_coeff, sizeof(c->moe_aux_loss_coeff), "%.17g", hf_double(root, "router_aux_loss_coef", 0.001));
     int tied = 0;
     json_get_bool(root, "tie_word_embeddings", &tied);
     c->untie_embeddings_and_output_weights = !tied;

@@ -5,13 +5,17 @@
 //   qwen3_moe : QK-norm per head; any mix of dense and MoE layers; softmax router with
 //               norm_topk_prob true (top-k then softmax) or false (pre-softmax).
 //   mixtral   : no QK-norm; every layer MoE; top-k then softmax (renormalised).
+//   moetron   : anything else (sigmoid scores, expert bias, groups, capacity, shared
+//               experts, ...): moetron's own model_type, read by moetron only, with the
+//               Qwen3-MoE tensor names plus DeepSeek-style names for the extra tensors.
 #pragma once
 #include "core/config.h"
 
-typedef enum { HF_MIXTRAL, HF_QWEN3_MOE } HfFamily;
+typedef enum { HF_MIXTRAL, HF_QWEN3_MOE, HF_MOETRON } HfFamily;
 
-// The family that expresses c exactly; dies naming the conflicting flags if none does.
-HfFamily hf_family_choose(const Config *c);
+// The Hugging Face family that expresses c exactly, or HF_MOETRON with the reason none
+// does written to why (256 bytes).
+HfFamily hf_family_choose(const Config *c, char *why);
 const char *hf_model_type(HfFamily family);      // "mixtral" / "qwen3_moe"
 const char *hf_architecture(HfFamily family);    // "MixtralForCausalLM" / ...
 
@@ -22,6 +26,9 @@ typedef enum {
     PART_MLP_GATE, PART_MLP_UP, PART_MLP_DOWN,          // dense SwiGLU
     PART_ROUTER,
     PART_EXPERT_GATE, PART_EXPERT_UP, PART_EXPERT_DOWN, // routed expert `expert`
+    PART_EXPERT_BIAS,                                   // router expert bias
+    PART_SHARED_GATE, PART_SHARED_UP, PART_SHARED_DOWN, // shared expert
+    PART_SHARED_EXPERT_GATE,                            // its sigmoid gate [1,H]
 } LayerPart;
 
 // Writes e.g. "model.layers.3.mlp.experts.5.gate_proj.weight" into out (MT_NAME_MAX).

@@ -4,17 +4,35 @@
 
 #include "model/model.h"
 
-static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Config *c, int N) {
-    int E = c->num_experts, k = c->moe_router_topk, H = c->hidden_size, I = c->moe_ffn;
-    size_t rows = (size_t)N * k;
+// Rows the experts can receive: N·k, or E·capacity when padding to capacity.
+static size_t moe_rows(const Config *c, int N) {
+    return dispatch_max_rows(N, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor,
+                             c->moe_pad_expert_input_to_capacity);
+}
+
+static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Config *c, int B, int T) {
+    int N = B * T, E = c->num_experts, k = c->moe_router_topk, H = c->hidden_size, I = c->moe_ffn;
+    size_t choices = (size_t)N * k, rows = moe_rows(c, N), Is = c->moe_shared_expert_intermediate_size;
+    ma->router_input = arena_reals(ar, (size_t)N * H);
+    ma->jitter = c->moe_input_jitter_eps > 0 ? arena_reals(ar, (size_t)N * H) : NULL;
     ma->logits = arena_reals(ar, (size_t)N * E);
     ma->route.scores = arena_reals(ar, (size_t)N * E);
-    ma->route.topk_idx = arena_ints(ar, rows);
-    ma->route.topk_probs = arena_reals(ar, rows);
+    ma->route.aux_scores = arena_reals(ar, (size_t)N * E);
+    ma->route.topk_idx = arena_ints(ar, choices);
+    ma->route.topk_probs = arena_reals(ar, choices);
+    ma->route.kept = arena_ints(ar, choices);
     ma->route.tokens_per_expert = arena_ints(ar, E);
-    ma->plan = (DispatchPlan){.N = N, .k = k, .E = E, .tokens_per_expert = ma->route.tokens_per_expert,
-                              .expert_offsets = arena_ints(ar, E + 1), .row_of_choice = arena_ints(ar, rows),
+    ma->route.aux_counts = arena_ints(ar, E);
+    ma->route.seq_counts = arena_ints(ar, (size_t)B * E);
+    ma->route.global_counts = arena_alloc(ar, E * sizeof(double));
+    ma->plan = (DispatchPlan){.N = N, .k = k, .E = E, .rows_per_expert = arena_ints(ar, E),
+                              .expert_offsets = arena_ints(ar, E + 1), .row_of_choice = arena_ints(ar, choices),
                               .token_of_row = arena_ints(ar, rows)};
+    if (Is) {
+        ma->shared = (ExpertActs){arena_reals(ar, N * Is), arena_reals(ar, N * Is), arena_reals(ar, N * Is)};
+        ma->shared_gate = arena_reals(ar, N);
+        ma->shared_out = arena_reals(ar, (size_t)N * H);
+    }
     ma->rows_in = arena_reals(ar, rows * H);
     ma->row_probs = arena_reals(ar, rows);
     ma->experts.gate = arena_reals(ar, rows * I);
@@ -44,7 +62,7 @@ static void alloc_layer_acts(LayerActs *la, Arena *ar, const Model *m, int l, in
     la->ln2_rstd = arena_reals(ar, N);
     la->ffn_out = arena_reals(ar, (size_t)N * H);
     if (m->layers[l].is_moe) {
-        alloc_moe_acts(&la->moe, ar, c, N);
+        alloc_moe_acts(&la->moe, ar, c, B, T);
     } else {
         size_t F = c->ffn_hidden_size;
         la->mlp = (ExpertActs){arena_reals(ar, N * F), arena_reals(ar, N * F), arena_reals(ar, N * F)};
@@ -55,9 +73,10 @@ static void alloc_backward_scratch(ModelActs *a, const Config *c) {
     Arena *ar = &a->arena;
     int N = a->N, H = c->hidden_size;
     size_t q_width = (size_t)c->num_attention_heads * c->head_dim, kv_width = (size_t)c->kv_heads * c->head_dim;
-    // FFN scratch serves both dense layers (N rows of F) and MoE layers (N·k rows of I)
-    size_t moe_rows = c->num_experts ? (size_t)N * c->moe_router_topk : 0;
-    size_t ffn_scratch = MT_MAX((size_t)N * c->ffn_hidden_size, moe_rows * c->moe_ffn);
+    // FFN scratch serves dense layers (N rows of F), experts (rows of I), shared experts (N rows of Is)
+    size_t rows = c->num_experts ? moe_rows(c, N) : 0;
+    size_t ffn_scratch = MT_MAX((size_t)N * c->ffn_hidden_size, rows * c->moe_ffn);
+    ffn_scratch = MT_MAX(ffn_scratch, (size_t)N * c->moe_shared_expert_intermediate_size);
     a->d_token_loss = arena_reals(ar, N);
     a->d_resid = arena_reals(ar, (size_t)N * H);
     a->d_norm = arena_reals(ar, (size_t)N * H);
@@ -71,12 +90,15 @@ static void alloc_backward_scratch(ModelActs *a, const Config *c) {
     a->d_gate = arena_reals(ar, ffn_scratch);
     a->d_up = arena_reals(ar, ffn_scratch);
     a->d_act = arena_reals(ar, ffn_scratch);
-    if (moe_rows) {
-        a->d_rows_in = arena_reals(ar, moe_rows * H);
-        a->d_rows_out = arena_reals(ar, moe_rows * H);
-        a->d_row_probs = arena_reals(ar, moe_rows);
-        a->d_choice_probs = arena_reals(ar, moe_rows);
+    if (rows) {
+        a->d_rows_in = arena_reals(ar, rows * H);
+        a->d_rows_out = arena_reals(ar, rows * H);
+        a->d_row_probs = arena_reals(ar, rows);
+        a->d_choice_probs = arena_reals(ar, (size_t)N * c->moe_router_topk);
         a->d_router_logits = arena_reals(ar, (size_t)N * c->num_experts);
+        a->d_router_input = arena_reals(ar, (size_t)N * H);
+        a->d_shared_in = arena_reals(ar, (size_t)N * H);
+        a->d_shared_gate = arena_reals(ar, N);
     }
 }
 

@@ -14,8 +14,7 @@ void mlp_forward(const Model *m, int layer, LayerActs *la, int N);
 // d(ffn_out) (N,H) -> d_norm (N,H) overwritten
 void mlp_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out);
 
-// ln2 (N,H) -> ffn_out (N,H): router, dispatch, experts, combine
-void moe_forward(const Model *m, int layer, LayerActs *la, int N);
-// d(ffn_out) -> d_norm overwritten; aux_grad_scale = coeff × loss scale (0 = no aux gradient)
-void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out,
-                  double aux_grad_scale);
+// ln2 (N,H) -> ffn_out (N,H): router, dispatch, experts, combine, shared expert
+void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch);
+// d(ffn_out) -> d_norm overwritten; router losses enter scaled by loss_scale
+void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale);

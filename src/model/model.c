@@ -29,6 +29,19 @@ static TensorId add_norm(Builder *b, LayerPart part, int64_t width) {
     return add_layer_tensor(b, part, -1, width, 0, TENSOR_NORM, INIT_ONES, 0);
 }
 
+static void build_shared_expert(Builder *b, LayerParams *lp) {
+    const Config *c = &b->m->cfg;
+    int64_t H = c->hidden_size, Is = c->moe_shared_expert_intermediate_size;
+    double std = c->init_method_std, out_std = std / sqrt(2.0 * c->num_layers);
+    lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
+    if (!Is) return;
+    lp->shared_gate = add_layer_tensor(b, PART_SHARED_GATE, -1, Is, H, TENSOR_DECAY, INIT_NORMAL, std);
+    lp->shared_up = add_layer_tensor(b, PART_SHARED_UP, -1, Is, H, TENSOR_DECAY, INIT_NORMAL, std);
+    lp->shared_down = add_layer_tensor(b, PART_SHARED_DOWN, -1, H, Is, TENSOR_DECAY, INIT_NORMAL, out_std);
+    if (c->moe_shared_expert_gate)
+        lp->shared_expert_gate = add_layer_tensor(b, PART_SHARED_EXPERT_GATE, -1, 1, H, TENSOR_DECAY, INIT_NORMAL, std);
+}
+
 static void build_layer(Builder *b, LayerParams *lp) {
     const Config *c = &b->m->cfg;
     int64_t H = c->hidden_size, d = c->head_dim;
@@ -43,6 +56,7 @@ static void build_layer(Builder *b, LayerParams *lp) {
     lp->k_norm = c->qk_layernorm ? add_norm(b, PART_K_NORM, d) : -1;
     lp->post_attn_norm = add_norm(b, PART_POST_ATTN_NORM, H);
     lp->is_moe = c->moe_layer[b->layer];
+    lp->expert_bias = lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
     if (!lp->is_moe) {
         int64_t F = c->ffn_hidden_size;
         lp->mlp_gate = add_layer_tensor(b, PART_MLP_GATE, -1, F, H, TENSOR_DECAY, INIT_NORMAL, std);
@@ -53,6 +67,10 @@ static void build_layer(Builder *b, LayerParams *lp) {
     int E = c->num_experts;
     int64_t I = c->moe_ffn;
     lp->router = add_layer_tensor(b, PART_ROUTER, -1, E, H, TENSOR_DECAY | TENSOR_ROUTER, INIT_NORMAL, std);
+    lp->expert_bias = c->moe_router_enable_expert_bias
+                          ? add_layer_tensor(b, PART_EXPERT_BIAS, -1, E, 0, TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0)
+                          : -1;
+    build_shared_expert(b, lp);
     lp->expert_gate = mt_malloc(E * sizeof(TensorId));
     lp->expert_up = mt_malloc(E * sizeof(TensorId));
     lp->expert_down = mt_malloc(E * sizeof(TensorId));
@@ -66,17 +84,40 @@ static void build_layer(Builder *b, LayerParams *lp) {
         lp->expert_down[e] = add_layer_tensor(b, PART_EXPERT_DOWN, e, H, I, expert_flags, INIT_NORMAL, out_std);
 }
 
-// Point a layer's per-group FFN weight arrays at the parameters (or gradients).
-static ExpertWeights bind_ffn(const TensorTable *tt, const LayerParams *lp, int groups, int grads) {
+// Per-group weight pointer arrays over tensors gate[g], up[g], down[g], into the
+// parameters (or the gradients).
+static ExpertWeights bind_groups(const TensorTable *tt, const TensorId *gate, const TensorId *up,
+                                 const TensorId *down, int groups, int grads) {
     real *(*pick)(const TensorTable *, TensorId) = grads ? tt_grad : tt_param;
     ExpertWeights w = {mt_malloc(groups * sizeof(real *)), mt_malloc(groups * sizeof(real *)),
                        mt_malloc(groups * sizeof(real *))};
     for (int g = 0; g < groups; g++) {
-        w.gate[g] = pick(tt, lp->is_moe ? lp->expert_gate[g] : lp->mlp_gate);
-        w.up[g] = pick(tt, lp->is_moe ? lp->expert_up[g] : lp->mlp_up);
-        w.down[g] = pick(tt, lp->is_moe ? lp->expert_down[g] : lp->mlp_down);
+        w.gate[g] = pick(tt, gate[g]);
+        w.up[g] = pick(tt, up[g]);
+        w.down[g] = pick(tt, down[g]);
     }
     return w;
+}
+
+static void bind_layer_weights(const TensorTable *tt, LayerParams *lp, int E) {
+    for (int grads = 0; grads < 2; grads++) {
+        ExpertWeights *ffn = grads ? &lp->ffn_grads : &lp->ffn_params;
+        *ffn = lp->is_moe ? bind_groups(tt, lp->expert_gate, lp->expert_up, lp->expert_down, E, grads)
+                          : bind_groups(tt, &lp->mlp_gate, &lp->mlp_up, &lp->mlp_down, 1, grads);
+        if (lp->shared_gate >= 0)
+            *(grads ? &lp->shared_grads : &lp->shared_params) =
+                bind_groups(tt, &lp->shared_gate, &lp->shared_up, &lp->shared_down, 1, grads);
+    }
+}
+
+RouterConfig model_router_config(const Config *c) {
+    RouterConfig rc = {.E = c->num_experts, .k = c->moe_router_topk, .score = (ScoreFunction)c->score_function,
+                       .pre_softmax = c->moe_router_pre_softmax, .topk_scaling = c->moe_router_topk_scaling_factor,
+                       .num_groups = c->moe_router_num_groups, .group_topk = c->moe_router_group_topk,
+                       .capacity_factor = c->moe_expert_capacity_factor, .drop_policy = (DropPolicy)c->drop_policy,
+                       .pad_to_capacity = c->moe_pad_expert_input_to_capacity, .z_loss_coeff = c->moe_z_loss_coeff};
+    for (int t = 0; t < BALANCE_TYPES; t++) rc.balance_coeff[t] = c->balance_coeff[t];
+    return rc;
 }
 
 static void free_ffn(ExpertWeights *w) {
@@ -88,7 +129,9 @@ static void free_ffn(ExpertWeights *w) {
 void model_build(Model *m, const Config *cfg) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
-    m->family = hf_family_choose(cfg);
+    m->family = hf_family_choose(cfg, m->family_note);
+    if (m->family != HF_MOETRON) m->family_note[0] = 0;
+    m->router = model_router_config(cfg);
     tt_init(&m->tt);
     const Config *c = &m->cfg;
     int64_t embed_shape[2] = {c->padded_vocab_size, c->hidden_size};
@@ -103,11 +146,12 @@ void model_build(Model *m, const Config *cfg) {
                               c->init_method_std, -1, -1)
                      : m->embed;
     tt_allocate(&m->tt);
+    m->router_state = mt_calloc(c->num_layers, sizeof(RouterState));
     for (int l = 0; l < c->num_layers; l++) {
-        LayerParams *lp = &m->layers[l];
-        int groups = lp->is_moe ? c->num_experts : 1;
-        lp->ffn_params = bind_ffn(&m->tt, lp, groups, 0);
-        lp->ffn_grads = bind_ffn(&m->tt, lp, groups, 1);
+        bind_layer_weights(&m->tt, &m->layers[l], c->num_experts);
+        if (!m->layers[l].is_moe) continue;
+        m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
+        m->router_state[l].bias_counts = mt_calloc(c->num_experts, sizeof(double));
     }
     m->rope_cos_sin = mt_malloc((size_t)c->max_positions * c->head_dim * sizeof(real));
     rope_table(m->rope_cos_sin, c->max_positions, c->head_dim, c->rotary_base);
@@ -131,8 +175,13 @@ void model_free(Model *m) {
         free(m->layers[l].expert_down);
         free_ffn(&m->layers[l].ffn_params);
         free_ffn(&m->layers[l].ffn_grads);
+        free_ffn(&m->layers[l].shared_params);
+        free_ffn(&m->layers[l].shared_grads);
+        free(m->router_state[l].global_counts_sum);
+        free(m->router_state[l].bias_counts);
     }
     free(m->layers);
+    free(m->router_state);
     free(m->rope_cos_sin);
     tt_free(&m->tt);
 }
@@ -147,8 +196,10 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
     a->T = T;
     a->N = N;
     embedding_forward(a->layers[0].x_in, batch->tokens, tt_param(&m->tt, m->embed), N, H);
-    a->aux_loss = a->aux_objective = 0;
+    memset(a->balance_loss, 0, sizeof(a->balance_loss));
+    a->z_loss = a->aux_objective = 0;
     int moe_layers = 0;
+    long choices = 0, dropped = 0;
     for (int l = 0; l < c->num_layers; l++) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
@@ -156,9 +207,13 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
         rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N, H,
                         (real)c->norm_epsilon);
         if (lp->is_moe) {
-            moe_forward(m, l, la, N);
-            a->aux_loss += la->moe.route.aux_loss;
-            a->aux_objective += c->moe_aux_loss_coeff * la->moe.route.aux_loss;
+            moe_forward(m, l, la, batch);
+            const RouterOutput *r = &la->moe.route;
+            for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] += r->balance_loss[t];
+            a->z_loss += r->z_loss;
+            a->aux_objective += router_objective(r, &m->router);
+            choices += (long)N * c->moe_router_topk;
+            dropped += r->dropped;
             moe_layers++;
         } else {
             mlp_forward(m, l, la, N);
@@ -167,7 +222,11 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
         vec_copy(x_out, la->x_mid, (size_t)N * H);
         vec_add(x_out, la->ffn_out, (size_t)N * H);
     }
-    if (moe_layers) a->aux_loss /= moe_layers;
+    if (moe_layers) {
+        for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] /= moe_layers;
+        a->z_loss /= moe_layers;
+    }
+    a->dropped_frac = choices ? (double)dropped / choices : 0;
     lm_head_forward(m, a, batch);
     return a->lm_loss;
 }
@@ -180,13 +239,28 @@ void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scal
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
         // x_out = x_mid + ffn(RMSNorm(x_mid)): d_resid carries d(x_out) and becomes d(x_mid)
-        if (lp->is_moe) moe_backward(m, l, la, a, a->d_resid, c->moe_aux_loss_coeff * loss_scale);
+        if (lp->is_moe) moe_backward(m, l, la, a, a->d_resid, loss_scale);
         else mlp_backward(m, l, la, a, a->d_resid);
         rmsnorm_backward(a->d_resid, tt_grad(&m->tt, lp->post_attn_norm), a->d_norm, la->x_mid,
                          tt_param(&m->tt, lp->post_attn_norm), la->ln2_rstd, N, H);
         attention_block_backward(m, l, la, a);  // d(x_mid) -> d(x_in)
     }
     embedding_backward(tt_grad(&m->tt, m->embed), a->d_resid, batch->tokens, N, H);
+}
+
+void model_end_global_batch(Model *m) {
+    const Config *c = &m->cfg;
+    for (int l = 0; l < c->num_layers; l++) {
+        const LayerParams *lp = &m->layers[l];
+        RouterState *rs = &m->router_state[l];
+        if (!lp->is_moe) continue;
+        if (lp->expert_bias >= 0)
+            expert_bias_update(tt_param(&m->tt, lp->expert_bias), rs->bias_counts, c->num_experts,
+                               c->moe_router_bias_update_rate);
+        memset(rs->bias_counts, 0, c->num_experts * sizeof(double));
+        memset(rs->global_counts_sum, 0, c->num_experts * sizeof(double));
+        rs->global_micro_batches = 0;
+    }
 }
 
 // ---- FLOPs -----------------------------------------------------------------------------------
@@ -199,7 +273,8 @@ double model_train_flops_per_token(const Config *c) {
     for (int l = 0; l < c->num_layers; l++) {
         per_token_macs += attn_proj + attn_scores;
         if (c->moe_layer[l])
-            per_token_macs += H * c->num_experts + (double)c->moe_router_topk * 3 * H * c->moe_ffn;
+            per_token_macs += H * c->num_experts + (double)c->moe_router_topk * 3 * H * c->moe_ffn +
+                              3 * H * c->moe_shared_expert_intermediate_size;
         else
             per_token_macs += 3 * H * c->ffn_hidden_size;
     }

@@ -22,15 +22,29 @@ typedef struct {
     int is_moe;
     TensorId mlp_gate, mlp_up, mlp_down;  // dense layers
     TensorId router;                      // MoE layers
+    TensorId expert_bias;                 // (E) with --moe-router-enable-expert-bias, else -1
     TensorId *expert_gate, *expert_up, *expert_down;  // (num_experts) each
+    TensorId shared_gate, shared_up, shared_down;     // shared expert, or -1
+    TensorId shared_expert_gate;                      // [1,H] with --moe-shared-expert-gate, or -1
+    ExpertWeights shared_params, shared_grads;        // the shared expert as one group
     // The FFN's SwiGLU weights as per-group pointers (1 group for a dense layer, one per
     // expert for MoE), into the parameters and into the gradients; set by model_build.
     ExpertWeights ffn_params, ffn_grads;
 } LayerParams;
 
+// Router bookkeeping that spans the micro-batches of one global batch (training only).
+typedef struct {
+    double *global_counts_sum;  // (E) global_aux_loss: top-k counts summed over micro-batches
+    int global_micro_batches;
+    double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
+} RouterState;
+
 typedef struct {
     Config cfg;
     HfFamily family;
+    char family_note[256];                // why the family is HF_MOETRON, else ""
+    RouterConfig router;                  // the router settings of every MoE layer
+    RouterState *router_state;            // (num_layers), mutable during training forwards
     TensorTable tt;
     TensorId embed, final_norm, lm_head;  // lm_head == embed when tied
     LayerParams *layers;                  // (num_layers)
@@ -43,16 +57,25 @@ typedef struct {
     const int32_t *tokens;   // (B·T)
     const int32_t *targets;  // (B·T) next-token labels; NULL in generation
     const real *loss_mask;   // (B·T) 1 = counts toward the loss; NULL = all count
+    int training;            // router input jitter, global-aux and expert-bias bookkeeping
+    uint64_t noise_seed;     // seeds jitter / forced-balance noise of this micro-batch
 } Batch;
 
 typedef struct {
-    real *logits;       // (N,E) x·W_routerᵀ
+    real *router_input; // (N,H) ln2, times the jitter noise when jitter is on
+    real *jitter;       // (N,H) the noise factors (valid when jitter_used)
+    int jitter_used;
+    real *logits;       // (N,E) router_input·W_routerᵀ (random normal with forced balancing)
+    RouterCall call;
     RouterOutput route;
     DispatchPlan plan;
-    real *rows_in;      // (N·k,H) permuted inputs
-    real *row_probs;    // (N·k)
-    ExpertActs experts; // (N·k,I) each
-    real *rows_out;     // (N·k,H)
+    real *rows_in;      // (rows,H) permuted inputs
+    real *row_probs;    // (rows)
+    ExpertActs experts; // (rows,I) each
+    real *rows_out;     // (rows,H)
+    ExpertActs shared;  // (N,Is) each, shared expert
+    real *shared_gate;  // (N) sigmoid(ln2·w_gate)
+    real *shared_out;   // (N,H)
 } MoeActs;
 
 typedef struct {
@@ -88,13 +111,20 @@ typedef struct {
     // backward scratch, shared by all layers
     real *d_token_loss;     // (N)
     real *d_resid, *d_norm, *d_att, *d_q, *d_k, *d_v, *d_q_raw, *d_k_raw, *d_logits;
-    real *d_rows_in, *d_rows_out, *d_row_probs, *d_choice_probs, *d_router_logits;
+    real *d_rows_in, *d_rows_out, *d_row_probs, *d_choice_probs, *d_router_logits, *d_router_input;
+    real *d_shared_in;      // (N,H) shared expert input gradient
+    real *d_shared_gate;    // (N)
     real *d_gate, *d_up, *d_act;
     // results of the last forward
     double lm_loss;         // mean masked cross-entropy
-    double aux_loss;        // mean over MoE layers of L_aux / coeff
-    double aux_objective;   // Σ over MoE layers of coeff · L_aux/coeff (what is optimised)
+    double balance_loss[3]; // per BalanceType: mean over MoE layers of L / coeff
+    double z_loss;          // mean over MoE layers of L_z / coeff
+    double dropped_frac;    // dropped choices / all choices, over MoE layers
+    double aux_objective;   // Σ over MoE layers of the router losses with coefficients
 } ModelActs;
+
+// The router settings a validated Config describes.
+RouterConfig model_router_config(const Config *c);
 
 // Describe every tensor (HF names of the chosen family) and allocate the table.
 void model_build(Model *m, const Config *cfg);
@@ -111,6 +141,10 @@ void acts_free(ModelActs *a);
 double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0);
 // Backward of the last forward; loss_scale multiplies the whole objective (1/micro-batches).
 void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scale);
+
+// Start a new global batch: apply the expert-bias update from the counts of the one
+// that ended (when enabled) and clear the router bookkeeping.
+void model_end_global_batch(Model *m);
 
 // Model FLOPs of one training step per token (forward + backward), see docs/metrics.md.
 double model_train_flops_per_token(const Config *cfg);

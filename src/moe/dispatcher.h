@@ -1,28 +1,33 @@
 // dispatcher.h — moving tokens to their experts and back (single rank: permute only).
 //
-// Permute: the (token, choice) pairs are stably sorted by expert, so each expert's rows
-// are contiguous and in token order inside the expert ("expert-major"). Combine is the
-// exact reverse: token n's output is the sum of its k rows, added in choice order, which
-// makes the result independent of threading. The backward of dispatch is a combine and
-// the backward of combine is a dispatch. An expert-parallel dispatcher adds the
-// exchange of counts and rows between these two steps.
+// Permute: the kept (token, choice) pairs are stably sorted by expert, so each expert's
+// rows are contiguous and in token order inside the expert ("expert-major"). Dropped
+// choices (capacity) get no row. With padding to capacity every expert gets exactly
+// `capacity` rows; the rows past its tokens are zero with prob 0 and contribute nothing.
+// Combine is the exact reverse: token n's output is the sum of its rows, added in choice
+// order, which makes the result independent of threading. The backward of dispatch is a
+// combine and the backward of combine is a dispatch. An expert-parallel dispatcher adds
+// the exchange of counts and rows between these two steps.
 #pragma once
 #include "core/common.h"
 
 typedef struct {
     int N, k, E;
-    int32_t *tokens_per_expert;  // (E)
-    int32_t *expert_offsets;     // (E+1) first row of each expert; [E] = N·k
-    int32_t *row_of_choice;      // (N·k) row that holds token n's j-th choice
-    int32_t *token_of_row;       // (N·k) inverse: the token a row came from
+    int32_t *rows_per_expert;    // (E) rows of each expert's segment (padding included)
+    int32_t *expert_offsets;     // (E+1) first row of each expert; [E] = total rows
+    int32_t *row_of_choice;      // (N·k) row that holds token n's j-th choice; -1 when dropped
+    int32_t *token_of_row;       // (rows) the token a row came from; -1 for padding
 } DispatchPlan;
 
-// topk_idx (N,k) -> plan (buffers preallocated by the caller)
-void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx);
-// x (N,H) -> rows (N·k,H);  per-choice values (N,k) -> per-row values (N·k) when non-NULL
+// Largest number of rows a plan can have: N·k, or E·capacity when padding.
+size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity);
+
+// topk_idx (N,k), kept (N,k) or NULL (all kept), capacity > 0 to pad every expert to it
+void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity);
+// x (N,H) -> rows (rows,H);  per-choice values (N,k) -> per-row values (rows) when non-NULL
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,
                       const DispatchPlan *plan, int H);
-// rows (N·k,H) -> out (N,H): out[n] = Σ_j rows[row_of_choice[n,j]]; accumulate: += instead of =
+// rows (rows,H) -> out (N,H): out[n] = Σ_j rows[row_of_choice[n,j]]; accumulate: += instead of =
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate);
-// per-row values (N·k) -> per-choice values (N,k)
+// per-row values (rows) -> per-choice values (N,k); 0 for dropped choices
 void gather_choice_values(real *choice_values, const real *row_values, const DispatchPlan *plan);

@@ -3,80 +3,317 @@
 #include <math.h>
 #include <string.h>
 
-#include "ops/ops.h"
+const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
 
-// Indices of the k largest values of row (E), descending, lowest index first on ties.
-static void topk_row(int32_t *idx, const real *row, int E, int k) {
+#define NORMALIZE_EPS 1e-20  // Megatron's epsilon in the sigmoid normalisations
+
+// ---- score functions ---------------------------------------------------------------------
+
+// torch.nn.functional.softplus with beta 1, threshold 20
+static double softplus(double x) { return x > 20 ? x : log1p(exp(x)); }
+static double sigmoid(double x) { return 1 / (1 + exp(-x)); }
+
+static double score_of(ScoreFunction f, double logit) {
+    if (f == SCORE_SIGMOID) return sigmoid(logit);
+    return sqrt(softplus(logit));  // SCORE_SQRTSOFTPLUS (softmax rows are handled whole)
+}
+
+// d score / d logit for the elementwise score functions, given the score s
+static double score_slope(ScoreFunction f, double logit, double s) {
+    if (f == SCORE_SIGMOID) return s * (1 - s);
+    double dsoftplus = logit > 20 ? 1 : sigmoid(logit);
+    return s > 0 ? dsoftplus / (2 * s) : 0;
+}
+
+// row (E) of scores in double: softmax over the row, or the elementwise function
+static void score_row(double *s, const real *logits, int E, ScoreFunction f) {
+    if (f != SCORE_SOFTMAX) {
+        for (int e = 0; e < E; e++) s[e] = score_of(f, logits[e]);
+        return;
+    }
+    double max = logits[0], sum = 0;
+    for (int e = 1; e < E; e++) max = logits[e] > max ? logits[e] : max;
+    for (int e = 0; e < E; e++) sum += (s[e] = exp((double)logits[e] - max));
+    for (int e = 0; e < E; e++) s[e] /= sum;
+}
+
+// ŝ: softmax as is; sigmoid / sqrtsoftplus normalised over the experts
+static void aux_score_row(double *aux, const double *s, int E, ScoreFunction f) {
+    double norm = 1;
+    if (f != SCORE_SOFTMAX) {
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += s[e];
+        norm = sum + NORMALIZE_EPS;
+    }
+    for (int e = 0; e < E; e++) aux[e] = s[e] / norm;
+}
+
+// ---- selection ----------------------------------------------------------------------------
+
+// The k largest of values (E) among allowed ones, descending, lowest index on ties.
+static void topk_allowed(int32_t *idx, const double *values, const unsigned char *allowed, int E, int k) {
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int e = 0; e < E; e++) {
+            if (allowed && !allowed[e]) continue;
             int taken = 0;
-            for (int i = 0; i < j; i++) taken |= idx[i] == e;
-            if (!taken && (best < 0 || row[e] > row[best])) best = e;
+            for (int i = 0; i < j && !taken; i++) taken = idx[i] == e;
+            if (!taken && (best < 0 || values[e] > values[best])) best = e;
         }
         idx[j] = best;
     }
 }
 
-// Softmax over the k selected logits of one token.
-static void softmax_selected(real *probs, const real *logits_row, const int32_t *idx, int k) {
-    real mx = logits_row[idx[0]];  // idx is sorted descending
-    double sum = 0;
-    for (int j = 0; j < k; j++) sum += exp((double)logits_row[idx[j]] - mx);
-    for (int j = 0; j < k; j++) probs[j] = (real)(exp((double)logits_row[idx[j]] - mx) / sum);
+// Allow only the experts of the group_topk best groups (group score: sum of its top
+// k/group_topk values).
+static void group_limit(unsigned char *allowed, const double *values, const RouterConfig *rc) {
+    int E = rc->E, G = rc->num_groups, size = E / G, per_group = rc->k / rc->group_topk;
+    double group_score[G];
+    int32_t top[per_group > 0 ? per_group : 1], best_groups[rc->group_topk];
+    for (int g = 0; g < G; g++) {
+        topk_allowed(top, values + g * size, NULL, size, per_group);
+        group_score[g] = 0;
+        for (int i = 0; i < per_group; i++) group_score[g] += values[g * size + top[i]];
+    }
+    topk_allowed(best_groups, group_score, NULL, G, rc->group_topk);
+    memset(allowed, 0, E);
+    for (int i = 0; i < rc->group_topk; i++) memset(allowed + best_groups[i] * size, 1, size);
 }
 
-void router_forward(RouterOutput *out, const real *logits, const RouterShape *s) {
-    int N = s->N, E = s->E, k = s->k;
-    softmax_forward(out->scores, logits, N, E);
-#pragma omp parallel for schedule(static) if (N > 64)
-    for (int n = 0; n < N; n++) {
-        int32_t *idx = out->topk_idx + (size_t)n * k;
-        real *probs = out->topk_probs + (size_t)n * k;
-        const real *scores = out->scores + (size_t)n * E;
-        // softmax is monotonic: the top-k of the logits and of the scores are the same set
-        topk_row(idx, logits + (size_t)n * E, E, k);
-        if (s->pre_softmax)
-            for (int j = 0; j < k; j++) probs[j] = scores[idx[j]];
-        else
-            softmax_selected(probs, logits + (size_t)n * E, idx, k);
+// Choose the experts of one token and their probs (before capacity).
+static void route_token(int32_t *idx, real *probs, const real *logits, const double *s, const real *bias,
+                        const RouterConfig *rc) {
+    int E = rc->E, k = rc->k;
+    double select[E];  // the values top-k runs on
+    for (int e = 0; e < E; e++) {
+        if (rc->score == SCORE_SOFTMAX) select[e] = rc->pre_softmax ? s[e] : logits[e];
+        else select[e] = s[e] + (bias ? bias[e] : 0);
     }
-    memset(out->tokens_per_expert, 0, E * sizeof(int32_t));
-    for (size_t i = 0; i < (size_t)N * k; i++) out->tokens_per_expert[out->topk_idx[i]]++;
-    // aux = E/(k N²) Σ_e c_e Σ_x ŝ[x,e]
-    double aux = 0;
+    unsigned char allowed[E];
+    if (rc->num_groups > 0) group_limit(allowed, select, rc);
+    topk_allowed(idx, select, rc->num_groups > 0 ? allowed : NULL, E, k);
+    double p[k], scale = rc->topk_scaling > 0 ? rc->topk_scaling : 1;
+    if (rc->score == SCORE_SOFTMAX && !rc->pre_softmax) {  // softmax over the selected logits
+        double max = logits[idx[0]], sum = 0;
+        for (int j = 1; j < k; j++) max = logits[idx[j]] > max ? logits[idx[j]] : max;
+        for (int j = 0; j < k; j++) sum += (p[j] = exp((double)logits[idx[j]] - max));
+        for (int j = 0; j < k; j++) p[j] /= sum;
+    } else {
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += (p[j] = s[idx[j]]);
+        if (rc->score != SCORE_SOFTMAX && k > 1)
+            for (int j = 0; j < k; j++) p[j] /= sum + NORMALIZE_EPS;
+    }
+    for (int j = 0; j < k; j++) probs[j] = (real)(p[j] * scale);
+}
+
+// ---- capacity -------------------------------------------------------------------------------
+
+typedef struct {
+    int choice;  // n·k + j
+    real prob;
+} Candidate;
+
+static int by_prob_then_token(const void *a, const void *b) {
+    const Candidate *x = a, *y = b;
+    if (x->prob != y->prob) return x->prob > y->prob ? -1 : 1;
+    return x->choice < y->choice ? -1 : x->choice > y->choice;
+}
+
+// Keep at most `capacity` choices per expert; the rest get kept = 0 and prob 0.
+static void apply_capacity(RouterOutput *out, const RouterConfig *rc, int N, int capacity) {
+    int E = rc->E, k = rc->k;
+    Candidate *cand = mt_malloc((size_t)N * k * sizeof(Candidate));
+    for (int e = 0; e < E; e++) {
+        int count = 0;
+        for (int i = 0; i < N * k; i++)  // in token order
+            if (out->topk_idx[i] == e) cand[count++] = (Candidate){i, out->topk_probs[i]};
+        if (count <= capacity) continue;
+        if (rc->drop_policy == DROP_PROBS) qsort(cand, count, sizeof(Candidate), by_prob_then_token);
+        for (int c = capacity; c < count; c++) {
+            out->kept[cand[c].choice] = 0;
+            out->topk_probs[cand[c].choice] = 0;
+            out->dropped++;
+        }
+    }
+    free(cand);
+}
+
+// ---- forward --------------------------------------------------------------------------------
+
+static void count_balance_statistics(RouterOutput *out, const real *logits, const RouterConfig *rc,
+                                     const RouterCall *call) {
+    int N = call->N, E = rc->E, k = rc->k, S = call->seq_length, sequences = N / S;
+    memset(out->aux_counts, 0, E * sizeof(int32_t));
+    memset(out->seq_counts, 0, (size_t)sequences * E * sizeof(int32_t));
+    int32_t idx[k];
+    double s[E], aux[E];
+    for (int n = 0; n < N; n++) {  // top-k of ŝ (in double, as the losses use it)
+        score_row(s, logits + (size_t)n * E, E, rc->score);
+        aux_score_row(aux, s, E, rc->score);
+        topk_allowed(idx, aux, NULL, E, k);
+        for (int j = 0; j < k; j++) {
+            out->aux_counts[idx[j]]++;
+            out->seq_counts[(n / S) * E + idx[j]]++;
+        }
+    }
+    for (int e = 0; e < E; e++) {  // running mean over the micro-batches so far, this one included
+        double before = call->global_counts_before ? call->global_counts_before[e] : 0;
+        out->global_counts[e] = (before + out->aux_counts[e]) / (call->global_batches_before + 1);
+    }
+}
+
+static void balance_loss_values(RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
+    int N = call->N, E = rc->E, k = rc->k, S = call->seq_length, sequences = N / S;
+    double aux = 0, global = 0, seq = 0;
     for (int e = 0; e < E; e++) {
         double column = 0;
-        for (int n = 0; n < N; n++) column += out->scores[(size_t)n * E + e];
-        aux += column * out->tokens_per_expert[e];
+        for (int b = 0; b < sequences; b++) {
+            double seq_column = 0;
+            for (int t = 0; t < S; t++) seq_column += out->aux_scores[((size_t)b * S + t) * E + e];
+            seq += seq_column * out->seq_counts[b * E + e];
+            column += seq_column;
+        }
+        aux += column * out->aux_counts[e];
+        global += column * out->global_counts[e];
     }
-    out->aux_loss = aux * E / ((double)k * N * N);
+    out->balance_loss[BALANCE_AUX] = aux * E / ((double)k * N * N);
+    out->balance_loss[BALANCE_GLOBAL_AUX] = global * E / ((double)k * N * N);
+    out->balance_loss[BALANCE_SEQ_AUX] = seq * E / ((double)k * S * S) / sequences;
 }
 
-void router_backward(real *dlogits, const real *dprobs, const RouterOutput *out,
-                     const RouterShape *s, double aux_grad_scale) {
-    int N = s->N, E = s->E, k = s->k;
-    // dL_aux/dŝ[x,e] = aux_grad_scale · E/(k N²) · c_e, the same for every token
-    double aux_factor = aux_grad_scale * E / ((double)k * N * N);
+void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
+    int N = call->N, E = rc->E, k = rc->k;
+    MT_ASSERT(N % call->seq_length == 0);
+    double z = 0;
+#pragma omp parallel for schedule(static) reduction(+ : z) if (N > 64)
+    for (int n = 0; n < N; n++) {
+        const real *l = logits + (size_t)n * E;
+        double s[E], aux[E], max = l[0], sum = 0;
+        for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
+        for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
+        double lse = max + log(sum);
+        z += lse * lse;
+        score_row(s, l, E, rc->score);
+        aux_score_row(aux, s, E, rc->score);
+        for (int e = 0; e < E; e++) {
+            out->scores[(size_t)n * E + e] = (real)s[e];
+            out->aux_scores[(size_t)n * E + e] = (real)aux[e];
+        }
+        route_token(out->topk_idx + (size_t)n * k, out->topk_probs + (size_t)n * k, l, s, call->expert_bias, rc);
+    }
+    out->z_loss = z / N;
+    for (int i = 0; i < N * k; i++) out->kept[i] = 1;
+    out->dropped = 0;
+    out->capacity = 0;
+    if (rc->capacity_factor > 0) {
+        int capacity = (int)ceil((double)N * k / E * rc->capacity_factor);
+        if (capacity > N) capacity = N;
+        apply_capacity(out, rc, N, capacity);
+        if (rc->pad_to_capacity) out->capacity = capacity;
+    }
+    memset(out->tokens_per_expert, 0, E * sizeof(int32_t));
+    for (int i = 0; i < N * k; i++)
+        if (out->kept[i]) out->tokens_per_expert[out->topk_idx[i]]++;
+    count_balance_statistics(out, logits, rc, call);
+    balance_loss_values(out, rc, call);
+}
+
+double router_objective(const RouterOutput *out, const RouterConfig *rc) {
+    double total = rc->z_loss_coeff * out->z_loss;
+    for (int t = 0; t < BALANCE_TYPES; t++) total += rc->balance_coeff[t] * out->balance_loss[t];
+    return total;
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+// d(probs)/d(selected scores or logits): accumulate into dsel (E) for the selected experts.
+static void probs_backward(double *dsel, const real *dp_row, const int32_t *kept, const int32_t *idx,
+                           const real *l, const double *s, const RouterConfig *rc) {
+    int k = rc->k;
+    double scale = rc->topk_scaling > 0 ? rc->topk_scaling : 1, dp[k];
+    for (int j = 0; j < k; j++) dp[j] = kept[j] ? scale * dp_row[j] : 0;  // dropped probs are 0
+    if (rc->score == SCORE_SOFTMAX && !rc->pre_softmax) {  // q = softmax of the selected logits
+        double q[k], max = l[idx[0]], sum = 0, dot = 0;
+        for (int j = 1; j < k; j++) max = l[idx[j]] > max ? l[idx[j]] : max;
+        for (int j = 0; j < k; j++) sum += (q[j] = exp((double)l[idx[j]] - max));
+        for (int j = 0; j < k; j++) dot += (q[j] /= sum) * dp[j];
+        for (int j = 0; j < k; j++) dsel[idx[j]] += q[j] * (dp[j] - dot);  // into the logits directly
+        return;
+    }
+    if (rc->score != SCORE_SOFTMAX && k > 1) {  // p_j = u_j / (U + eps)
+        double U = 0, dot = 0;
+        for (int j = 0; j < k; j++) U += s[idx[j]];
+        double norm = U + NORMALIZE_EPS;
+        for (int j = 0; j < k; j++) dot += dp[j] * s[idx[j]];
+        for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j] / norm - dot / (norm * norm);
+        return;
+    }
+    for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j];
+}
+
+// Gradient of the enabled balance losses with respect to ŝ of token n (already × loss scale).
+static void balance_grad_row(double *g, const RouterOutput *out, const RouterConfig *rc, const RouterCall *call,
+                             int n, double loss_scale) {
+    int N = call->N, E = rc->E, k = rc->k, S = call->seq_length, sequences = N / S, b = n / S;
+    double aux = loss_scale * rc->balance_coeff[BALANCE_AUX] * E / ((double)k * N * N);
+    double global = loss_scale * rc->balance_coeff[BALANCE_GLOBAL_AUX] * E / ((double)k * N * N);
+    double seq = loss_scale * rc->balance_coeff[BALANCE_SEQ_AUX] * E / ((double)k * S * S) / sequences;
+    for (int e = 0; e < E; e++)
+        g[e] = aux * out->aux_counts[e] + global * out->global_counts[e] + seq * out->seq_counts[b * E + e];
+}
+
+void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
+                     const RouterConfig *rc, const RouterCall *call, double loss_scale) {
+    int N = call->N, E = rc->E, k = rc->k;
+    double z_factor = loss_scale * rc->z_loss_coeff * 2.0 / N;
 #pragma omp parallel for schedule(static) if (N > 64)
     for (int n = 0; n < N; n++) {
+        const real *l = logits + (size_t)n * E;
         const int32_t *idx = out->topk_idx + (size_t)n * k;
-        const real *probs = out->topk_probs + (size_t)n * k, *dp = dprobs + (size_t)n * k;
-        const real *scores = out->scores + (size_t)n * E;
-        real *dl = dlogits + (size_t)n * E;
-        // gradient with respect to the full softmax scores ŝ (pre-softmax probs + aux)
-        double dscores[E];
-        for (int e = 0; e < E; e++) dscores[e] = aux_factor * out->tokens_per_expert[e];
-        if (s->pre_softmax)
-            for (int j = 0; j < k; j++) dscores[idx[j]] += dp[j];
-        double dot = 0;
-        for (int e = 0; e < E; e++) dot += scores[e] * dscores[e];
-        for (int e = 0; e < E; e++) dl[e] = (real)(scores[e] * (dscores[e] - dot));
-        if (!s->pre_softmax) {
-            // p = softmax over the selected logits: dl[I_j] += p_j (dp_j − Σ p·dp)
-            double pdot = 0;
-            for (int j = 0; j < k; j++) pdot += (double)probs[j] * dp[j];
-            for (int j = 0; j < k; j++) dl[idx[j]] += (real)(probs[j] * (dp[j] - pdot));
+        double s[E], dl[E], ds[E], g[E];
+        score_row(s, l, E, rc->score);
+        for (int e = 0; e < E; e++) dl[e] = ds[e] = 0;
+        // probs: softmax-post lands on the logits, the others on the scores
+        int post = rc->score == SCORE_SOFTMAX && !rc->pre_softmax;
+        probs_backward(post ? dl : ds, dprobs + (size_t)n * k, out->kept + (size_t)n * k, idx, l, s, rc);
+        // balance losses: gradient on ŝ, then onto the scores
+        balance_grad_row(g, out, rc, call, n, loss_scale);
+        if (rc->score == SCORE_SOFTMAX) {
+            for (int e = 0; e < E; e++) ds[e] += g[e];  // ŝ = s
+        } else {                                        // ŝ = s / (Σ s + eps)
+            double sum = 0, dot = 0;
+            for (int e = 0; e < E; e++) sum += s[e];
+            double norm = sum + NORMALIZE_EPS;
+            for (int e = 0; e < E; e++) dot += g[e] * s[e];
+            for (int e = 0; e < E; e++) ds[e] += g[e] / norm - dot / (norm * norm);
         }
+        // scores onto the logits
+        if (rc->score == SCORE_SOFTMAX) {
+            double dot = 0;
+            for (int e = 0; e < E; e++) dot += s[e] * ds[e];
+            for (int e = 0; e < E; e++) dl[e] += s[e] * (ds[e] - dot);
+        } else {
+            for (int e = 0; e < E; e++) dl[e] += ds[e] * score_slope(rc->score, l[e], s[e]);
+        }
+        // z-loss: d/dl (lse²) = 2·lse·softmax(l)
+        if (z_factor != 0) {
+            double max = l[0], sum = 0;
+            for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
+            for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
+            double lse = max + log(sum);
+            for (int e = 0; e < E; e++) dl[e] += z_factor * lse * exp((double)l[e] - lse);
+        }
+        for (int e = 0; e < E; e++) dlogits[(size_t)n * E + e] = (real)dl[e];
+    }
+}
+
+void expert_bias_update(real *bias, const double *counts, int E, double rate) {
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += counts[e];
+    mean /= E;
+    for (int e = 0; e < E; e++) {
+        double offset = mean - counts[e];
+        bias[e] += (real)(rate * ((offset > 0) - (offset < 0)));
     }
 }

@@ -1,32 +1,83 @@
-// router.h — top-k softmax routing and the switch load-balancing loss.
+// router.h — Megatron-Core's top-k router: score functions, group-limited selection,
+// expert bias, capacity dropping, load-balancing losses and z-loss (docs/moe.md).
 //
-// Given router logits l (N,E) = x·Wrᵀ:
-//   default (Megatron's):        (v, I) = topk_k(l);  p = softmax(v) over the k selected
-//   --moe-router-pre-softmax:    s = softmax(l);      (p, I) = topk_k(s)   (not renormalised)
-// Ties are broken by the lowest expert index. The k choices of a token are kept in
-// descending order of probability.
-// Switch aux loss (Megatron-Core's switch_load_balancing_loss_func), always on the full
-// softmax ŝ = softmax(l) and the token counts c_e of the routing:
-//   L = coeff · E / (k·N²) · Σ_e (Σ_x ŝ[x,e]) · c_e
+// For router logits l (N,E) = x·Wrᵀ of one micro-batch, in order:
+//   z-loss        L_z = coeff · mean_x logsumexp(l_x)²
+//   scores        softmax (over all E) | sigmoid σ(l) | sqrtsoftplus sqrt(softplus(l))
+//   selection     softmax-post: top-k of l; softmax-pre: top-k of softmax(l);
+//                 sigmoid/sqrtsoftplus: top-k of s (+ expert bias: selection only)
+//                 optionally limited to the best group_topk of num_groups expert groups
+//                 (group score: sum of its top k/group_topk selection scores)
+//   probs         softmax-post: softmax over the k selected logits; pre: s[I];
+//                 sigmoid/sqrtsoftplus: s[I], divided by (Σ s[I] + 1e-20) when k > 1;
+//                 then × topk scaling factor
+//   capacity      C = ceil(k·N/E · factor); per expert keep the C choices with the largest
+//                 prob ("probs") or the earliest tokens ("position"); dropped choices get
+//                 prob 0 and no row
+//   balance       on aux scores ŝ (softmax(l), or s / (Σ_E s + 1e-20)) and counts c of the
+//                 top-k of ŝ, independent of bias, groups and capacity:
+//                 aux_loss: coeff·E/(k·N²)·Σ_e c_e Σ_x ŝ[x,e]
+//                 seq_aux_loss: the same per sequence (N = its length), averaged over sequences
+//                 global_aux_loss: c = running mean of the counts over the micro-batches of
+//                 the global batch so far
+// Ties are broken by the lowest expert index (and the earliest token for capacity).
+// All router arithmetic after the logits is in double.
 #pragma once
 #include "core/common.h"
 
-typedef struct {
-    int N, E, k;
-    int pre_softmax;
-} RouterShape;
+typedef enum { SCORE_SOFTMAX, SCORE_SIGMOID, SCORE_SQRTSOFTPLUS } ScoreFunction;
+typedef enum { BALANCE_AUX, BALANCE_SEQ_AUX, BALANCE_GLOBAL_AUX, BALANCE_TYPES } BalanceType;
+typedef enum { DROP_PROBS, DROP_POSITION } DropPolicy;
+
+extern const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES];  // "aux_loss", "seq_aux_loss", ...
 
 typedef struct {
-    real *scores;              // (N,E) softmax over all experts
-    int32_t *topk_idx;         // (N,k)
-    real *topk_probs;          // (N,k)
-    int32_t *tokens_per_expert;  // (E)
-    double aux_loss;           // L / coeff (the value Megatron logs as load_balancing_loss)
+    int E, k;
+    ScoreFunction score;
+    int pre_softmax;
+    double topk_scaling;                 // 0 = none
+    int num_groups, group_topk;          // 0 = no group limit
+    double capacity_factor;              // 0 = dropless
+    DropPolicy drop_policy;
+    int pad_to_capacity;
+    double balance_coeff[BALANCE_TYPES]; // 0 = that loss is off
+    double z_loss_coeff;
+} RouterConfig;
+
+// Per-call inputs besides the logits.
+typedef struct {
+    int N;                       // tokens of this micro-batch
+    int seq_length;              // tokens per sequence (N is a multiple), for seq_aux_loss
+    const real *expert_bias;     // (E) or NULL
+    // global_aux_loss: counts summed over the earlier micro-batches of this global batch,
+    // and how many there were (NULL / 0: this micro-batch alone)
+    const double *global_counts_before;
+    int global_batches_before;
+} RouterCall;
+
+typedef struct {
+    real *scores;                // (N,E) activation scores: softmax / sigmoid / sqrtsoftplus
+    real *aux_scores;            // (N,E) ŝ for the balance losses
+    int32_t *topk_idx;           // (N,k) chosen experts, in selection order
+    real *topk_probs;            // (N,k) probs after scaling and dropping (0 = dropped)
+    int32_t *kept;               // (N,k) 1 = the choice survived the capacity limit
+    int32_t *tokens_per_expert;  // (E) kept choices per expert
+    int32_t *aux_counts;         // (E) top-k counts of ŝ over the micro-batch
+    int32_t *seq_counts;         // (sequences, E) the same per sequence
+    double *global_counts;       // (E) the counts global_aux_loss used
+    int capacity;                // rows per expert when padded; 0 when dropless
+    int dropped;                 // dropped choices
+    double balance_loss[BALANCE_TYPES];  // L / coeff of each type (computed for all types)
+    double z_loss;               // mean_x logsumexp(l_x)²  (L_z / coeff)
 } RouterOutput;
 
-// logits (N,E) -> out (all fields)
-void router_forward(RouterOutput *out, const real *logits, const RouterShape *s);
-// dprobs (N,k) -> dlogits (N,E) overwritten; adds the aux-loss gradient scaled by
-// aux_grad_scale (= coeff × the loss scale of this micro-batch; 0 disables it)
-void router_backward(real *dlogits, const real *dprobs, const RouterOutput *out,
-                     const RouterShape *s, double aux_grad_scale);
+// logits (N,E) -> out
+void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call);
+// dprobs (N,k) (gradient of the probs in out) -> dlogits (N,E) overwritten, plus the
+// gradients of every enabled balance loss and the z-loss, each scaled by loss_scale.
+void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
+                     const RouterConfig *rc, const RouterCall *call, double loss_scale);
+// Σ over enabled balance losses and z-loss of coeff · value: what training minimises.
+double router_objective(const RouterOutput *out, const RouterConfig *rc);
+// Megatron's expert-bias rule: bias += rate · sign(mean(counts) − counts).
+void expert_bias_update(real *bias, const double *counts, int E, double rate);

@@ -31,13 +31,45 @@ static void write_jsonl(FILE *f, JsonWriter *w) {
     jw_free(w);
 }
 
+static const char *const BALANCE_KEYS[3] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
+
+// Console fields of the enabled router losses: "aux 1.0012 | seq_aux 1.03 | z 2.3".
+static void print_router_losses(const StepRecord *r) {
+    static const char *const short_names[3] = {"aux", "seq_aux", "global_aux"};
+    int any = 0;
+    for (int t = 0; t < 3; t++)
+        if (r->balance_coeff[t] > 0) {
+            printf(" | %s %.4f", short_names[t], r->router.balance[t]);
+            any = 1;
+        }
+    if (!any) printf(" | aux %.4f", r->router.balance[0]);
+    if (r->router.z_loss > 0) printf(" | z %.3f", r->router.z_loss);
+}
+
+static void write_layer_stats(JsonWriter *w, const StepRecord *r, const RouterStats *s) {
+    char key[96];
+    snprintf(key, sizeof(key), "moe/layer_%d/load_imbalance", s->layer);
+    jw_kv_double(w, key, s->load_imbalance);
+    snprintf(key, sizeof(key), "moe/layer_%d/dropped_frac", s->layer);
+    jw_kv_double(w, key, s->dropped_frac);
+    for (int t = 0; t < 3; t++)
+        if (r->balance_coeff[t] > 0) {
+            snprintf(key, sizeof(key), "moe/layer_%d/%s", s->layer, BALANCE_KEYS[t]);
+            jw_kv_double(w, key, s->balance[t]);
+        }
+    snprintf(key, sizeof(key), "moe/layer_%d/z_loss", s->layer);
+    jw_kv_double(w, key, s->z_loss);
+}
+
 void metrics_log_step(Metrics *mt, const StepRecord *r) {
     char eta[32];
     format_duration(eta, sizeof(eta), r->eta_s);
-    printf("step %5ld/%d | loss %.4f | lm %.4f | aux %.4f | grad %.3f | lr %.3e | %7.0f tok/s | "
-           "%.3f TFLOP/s | imbalance %.2f | ETA %s\n",
-           r->step, mt->train_iters, r->loss, r->lm_loss, r->aux_loss, r->grad_norm, r->lr, r->tokens_per_s,
-           r->tflops, r->load_imbalance, eta);
+    printf("step %5ld/%d | loss %.4f | lm %.4f", r->step, mt->train_iters, r->loss, r->lm_loss);
+    print_router_losses(r);
+    printf(" | grad %.3f | lr %.3e | %7.0f tok/s | %.3f TFLOP/s | imbalance %.2f", r->grad_norm, r->lr,
+           r->tokens_per_s, r->tflops, r->router.load_imbalance);
+    if (r->router.dropped_frac > 0) printf(" | dropped %.3f", r->router.dropped_frac);
+    printf(" | ETA %s\n", eta);
     fflush(stdout);
     if (!mt->jsonl) return;
     JsonWriter w;
@@ -46,17 +78,20 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_int(&w, "step", r->step);
     jw_kv_double(&w, "loss", r->loss);
     jw_kv_double(&w, "lm_loss", r->lm_loss);
-    jw_kv_double(&w, "aux_loss", r->aux_loss);
-    jw_kv_double(&w, "z_loss", r->z_loss);
+    jw_kv_double(&w, "aux_loss", r->router.balance[0]);
+    jw_kv_double(&w, "z_loss", r->router.z_loss);
     jw_kv_double(&w, "grad_norm", r->grad_norm);
     jw_kv_double(&w, "lr", r->lr);
     jw_kv_double(&w, "tokens_per_s", r->tokens_per_s);
     jw_kv_double(&w, "tflops", r->tflops);
     jw_kv_double(&w, "mfu", r->mfu);
-    jw_kv_double(&w, "load_imbalance", r->load_imbalance);
-    jw_kv_double(&w, "dropped_frac", r->dropped_frac);
+    jw_kv_double(&w, "load_imbalance", r->router.load_imbalance);
+    jw_kv_double(&w, "dropped_frac", r->router.dropped_frac);
     jw_kv_double(&w, "mem_peak_mb", r->mem_peak_mb);
     jw_kv_double(&w, "elapsed_s", r->elapsed_s);
+    for (int t = 1; t < 3; t++)
+        if (r->balance_coeff[t] > 0) jw_kv_double(&w, BALANCE_KEYS[t], r->router.balance[t]);
+    for (int l = 0; l < r->n_layers; l++) write_layer_stats(&w, r, &r->layers[l]);
     jw_end_object(&w);
     write_jsonl(mt->jsonl, &w);
 }

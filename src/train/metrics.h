@@ -5,10 +5,23 @@
 
 #include "core/config.h"
 
+// Router statistics of one MoE layer (or of all of them), averaged over micro-batches.
+typedef struct {
+    int layer;
+    double load_imbalance;  // max / mean kept tokens per expert
+    double dropped_frac;    // dropped choices / all choices
+    double balance[3];      // L / coeff per load-balancing type (aux, seq_aux, global_aux)
+    double z_loss;          // L_z / coeff
+} RouterStats;
+
 typedef struct {
     long step;
-    double loss, lm_loss, aux_loss, z_loss, grad_norm, lr;
-    double tokens_per_s, tflops, mfu, load_imbalance, dropped_frac, mem_peak_mb, elapsed_s, eta_s;
+    double loss, lm_loss, grad_norm, lr;
+    RouterStats router;            // over all MoE layers
+    const double *balance_coeff;   // (3) which load-balancing losses are on (> 0)
+    const RouterStats *layers;     // per MoE layer, or NULL (--moe-per-layer-logging)
+    int n_layers;
+    double tokens_per_s, tflops, mfu, mem_peak_mb, elapsed_s, eta_s;
 } StepRecord;
 
 typedef struct {

@@ -29,6 +29,7 @@ void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, d
                    .weight_decay = c->weight_decay, .step = o->step};
     for (int i = 0; i < tt->count; i++) {
         const TensorDesc *d = &tt->descs[i];
+        if (d->flags & TENSOR_NOT_TRAINED) continue;  // e.g. the router expert bias
         adamw_update(tt->params + d->offset, tt->grads + d->offset, o->exp_avg + d->offset,
                      o->exp_avg_sq + d->offset, d->numel, (d->flags & TENSOR_DECAY) != 0, &h);
     }

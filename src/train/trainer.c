@@ -29,45 +29,67 @@ typedef struct {
     Comm dp;
     Metrics metrics;
     double peak_flops, flops_per_token;
+    RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
 } Trainer;
 
 typedef struct {
-    double lm_loss, aux_loss, aux_objective, load_imbalance;
+    double lm_loss, aux_objective;
+    RouterStats router;   // over MoE layers
+    RouterStats *layers;  // (MoE layers) per layer
 } StepLosses;
 
-// Mean over MoE layers of max/mean tokens per expert in the last forward.
-static double load_imbalance(const Model *m, const ModelActs *a) {
-    double total = 0;
-    int layers = 0;
-    for (int l = 0; l < m->cfg.num_layers; l++) {
-        if (!m->layers[l].is_moe) continue;
-        const int32_t *counts = a->layers[l].moe.route.tokens_per_expert;
-        double max = 0, sum = 0;
-        for (int e = 0; e < m->cfg.num_experts; e++) {
-            sum += counts[e];
-            max = counts[e] > max ? counts[e] : max;
-        }
-        total += sum > 0 ? max / (sum / m->cfg.num_experts) : 1;
-        layers++;
+// max / mean kept tokens per expert
+static double imbalance_of(const int32_t *counts, int E) {
+    double max = 0, sum = 0;
+    for (int e = 0; e < E; e++) {
+        sum += counts[e];
+        max = counts[e] > max ? counts[e] : max;
     }
-    return layers ? total / layers : 0;
+    return sum > 0 ? max / (sum / E) : 1;
+}
+
+// Add this micro-batch's router statistics, weighted by w, per MoE layer and overall.
+static void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, double w) {
+    const Config *c = &m->cfg;
+    int i = 0, moe_layers = 0;
+    for (int l = 0; l < c->num_layers; l++) moe_layers += m->layers[l].is_moe;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (!m->layers[l].is_moe) continue;
+        const RouterOutput *r = &a->layers[l].moe.route;
+        RouterStats *ls = &s->layers[i++];
+        ls->layer = l;
+        ls->load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts);
+        ls->dropped_frac += w * r->dropped / ((double)a->N * c->moe_router_topk);
+        for (int t = 0; t < BALANCE_TYPES; t++) ls->balance[t] += w * r->balance_loss[t];
+        ls->z_loss += w * r->z_loss;
+        s->router.load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts) / moe_layers;
+    }
+    for (int t = 0; t < BALANCE_TYPES; t++) s->router.balance[t] += w * a->balance_loss[t];
+    s->router.z_loss += w * a->z_loss;
+    s->router.dropped_frac += w * a->dropped_frac;
+}
+
+// Seeds the router noise of one micro-batch from the run seed and its sample position.
+static uint64_t noise_seed(const Config *c, int64_t first_sample) {
+    return (uint64_t)c->seed * 0x9E3779B97F4A7C15ULL ^ (uint64_t)first_sample * 0xBF58476D1CE4E5B9ULL;
 }
 
 static StepLosses train_step_micro_batches(Trainer *t) {
     const Config *c = t->cfg;
-    StepLosses s = {0};
+    StepLosses s = {.layers = t->layer_stats};
     int M = c->num_micro_batches, B = c->micro_batch_size, L = c->seq_length;
+    memset(t->layer_stats, 0, c->num_layers * sizeof(RouterStats));
     vec_zero(t->model.tt.grads, t->model.tt.total);
     for (int mb = 0; mb < M; mb++) {
-        dataset_batch(&t->data, SPLIT_TRAIN, t->state.consumed_train_samples + (int64_t)mb * B, B, t->tokens,
-                      t->targets, t->loss_mask);
-        Batch batch = {B, L, t->tokens, t->targets, t->loss_mask};
+        int64_t first = t->state.consumed_train_samples + (int64_t)mb * B;
+        dataset_batch(&t->data, SPLIT_TRAIN, first, B, t->tokens, t->targets, t->loss_mask);
+        Batch batch = {.B = B, .T = L, .tokens = t->tokens, .targets = t->targets, .loss_mask = t->loss_mask,
+                       .training = 1, .noise_seed = noise_seed(c, first)};
         model_forward(&t->model, &t->acts, &batch, NULL, 0);
         model_backward(&t->model, &t->acts, &batch, 1.0 / M);
         s.lm_loss += t->acts.lm_loss / M;
-        s.aux_loss += t->acts.aux_loss / M;
         s.aux_objective += t->acts.aux_objective / M;
-        s.load_imbalance += load_imbalance(&t->model, &t->acts) / M;
+        accumulate_router_stats(&s, &t->model, &t->acts, 1.0 / M);
     }
     t->state.consumed_train_samples += c->global_batch_size;
     comm_allreduce_sum(&t->dp, t->model.tt.grads, t->model.tt.total);
@@ -80,7 +102,7 @@ static double evaluate(Trainer *t) {
     double total = 0;
     for (int i = 0; i < c->eval_iters; i++) {
         dataset_batch(&t->data, SPLIT_VALID, (int64_t)i * B, B, t->tokens, t->targets, t->loss_mask);
-        Batch batch = {B, L, t->tokens, t->targets, t->loss_mask};
+        Batch batch = {.B = B, .T = L, .tokens = t->tokens, .targets = t->targets, .loss_mask = t->loss_mask};
         total += model_forward(&t->model, &t->acts, &batch, NULL, 0);
     }
     return total / c->eval_iters;
@@ -109,6 +131,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     t->targets = mt_malloc(n * sizeof(int32_t));
     t->loss_mask = mt_malloc(n * sizeof(real));
     t->dp = comm_self("dp");
+    t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
     metrics_open(&t->metrics, c);
     t->flops_per_token = model_train_flops_per_token(c);
     t->peak_flops = c->peak_tflops > 0 ? c->peak_tflops * 1e12 : measure_gemm_ceiling_flops();
@@ -116,6 +139,7 @@ static void trainer_setup(Trainer *t, Config *c) {
 
 static void trainer_free(Trainer *t) {
     metrics_close(&t->metrics);
+    free(t->layer_stats);
     free(t->tokens);
     free(t->targets);
     free(t->loss_mask);
@@ -139,6 +163,9 @@ static void print_banner(const Trainer *t) {
     printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s\n",
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
            c->train_iters, t->peak_flops / 1e12);
+    if (t->model.family_note[0])
+        printf("note: checkpoints use moetron's own model_type (transformers cannot load them): %s\n",
+               t->model.family_note);
     fflush(stdout);
 }
 
@@ -165,13 +192,18 @@ int train_main(Config *c) {
                    "(the last checkpoint is intact)", step, loss, grad_norm);
         double lr = lr_at(c, step - 1);
         optimizer_step(&t.opt, &t.model.tt, c, lr, grad_norm);
+        model_end_global_batch(&t.model);  // expert-bias update from this batch's token counts
         t.state.iteration = step;
         double now = now_seconds(), step_time = now - t0, elapsed = now - start;
         if (step % c->log_interval == 0 || step == c->train_iters) {
             double flops = tokens_per_step * t.flops_per_token / step_time;
-            StepRecord r = {.step = step, .loss = loss, .lm_loss = s.lm_loss, .aux_loss = s.aux_loss,
+            int moe_layers = 0;
+            for (int l = 0; l < c->num_layers; l++) moe_layers += t.model.layers[l].is_moe;
+            StepRecord r = {.step = step, .loss = loss, .lm_loss = s.lm_loss, .router = s.router,
+                            .balance_coeff = c->balance_coeff, .layers = c->moe_per_layer_logging ? s.layers : NULL,
+                            .n_layers = c->moe_per_layer_logging ? moe_layers : 0,
                             .grad_norm = grad_norm, .lr = lr, .tokens_per_s = tokens_per_step / step_time,
-                            .tflops = flops / 1e12, .mfu = flops / t.peak_flops, .load_imbalance = s.load_imbalance,
+                            .tflops = flops / 1e12, .mfu = flops / t.peak_flops,
                             .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed,
                             .eta_s = elapsed / (step - first_step + 1) * (c->train_iters - step)};
             metrics_log_step(&t.metrics, &r);

@@ -41,7 +41,14 @@ test_bad_flags() {
     expect_error missing_value "needs a value" -- "$M" train --num-layers
     expect_error query_groups "does not divide --num-attention-heads" -- "$M" train --group-query-attention --num-query-groups 3
     expect_error moe_layer_freq_length "has 3 entries but --num-layers is 4" -- "$M" train --moe-layer-freq "[0,1,1]"
-    expect_error mixtral_cannot_express_dense "Mixtral cannot express" -- "$M" train --moe-layer-freq "[0,1,1,1]"
+    expect_error bias_needs_sigmoid "needs --moe-router-score-function sigmoid" -- "$M" train --moe-router-enable-expert-bias
+    expect_error groups_divide_experts "does not divide --num-experts" -- "$M" train --moe-router-num-groups 3 --moe-router-group-topk 1
+    expect_error group_topk_divides_topk "does not divide --moe-router-topk" -- "$M" train --moe-router-num-groups 4 --moe-router-group-topk 3 --moe-router-topk 2
+    expect_error coeff_list_shorter "fewer values than --moe-router-load-balancing-type" -- "$M" train --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.01
+    expect_error balance_type_unknown "use aux_loss, seq_aux_loss, global_aux_loss or none" -- "$M" train --moe-router-load-balancing-type sinkhorn
+    expect_error top1_softmax_needs_pre "needs --moe-router-pre-softmax" -- "$M" train --moe-router-topk 1
+    expect_error pad_needs_capacity "needs --moe-expert-capacity-factor" -- "$M" train --moe-pad-expert-input-to-capacity
+    expect_error score_function_unknown "use softmax, sigmoid or sqrtsoftplus" -- "$M" train --moe-router-score-function relu
     expect_error lr_style "lr-decay-style" -- "$M" train --lr-decay-style exponential
     expect_error flag_for_other_command "does not apply to 'moetron generate'" -- "$M" generate --num-layers 3
     expect_error missing_data_path "cannot open" -- "$M" train --data-path "$work/no-such-file.txt"
@@ -54,6 +61,38 @@ train_small() {  # out_dir, extra flags...
     local dir=$1
     shift
     "$M" train "${FAST[@]}" --log-jsonl "$dir.jsonl" "$@" >"$dir.log" 2>&1
+}
+
+test_family_note() {
+    # a configuration no Hugging Face family expresses trains, with a note at start-up
+    train_small "$work/note" --train-iters 1 --lr-warmup-iters 0 --moe-layer-freq "[0,1]" ||
+        { fail family_note "train failed: $(tail -1 "$work/note.log")"; return; }
+    if grep -q "^note: checkpoints use moetron's own model_type.*Mixtral cannot express" "$work/note.log"; then
+        ok family_note_for_inexpressible_config
+    else
+        fail family_note "no start-up note: $(head -3 "$work/note.log" | tr '\n' ' ')"
+    fi
+}
+
+test_router_modes_resume() {
+    # every router feature at once: resume must stay bit-identical (expert bias in the
+    # checkpoint, jitter seeded by sample position, global aux reset per step)
+    local R=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
+             --moe-router-load-balancing-type seq_aux_loss global_aux_loss --moe-aux-loss-coeff 0.01 0.02
+             --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01 --moe-expert-capacity-factor 1.25
+             --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-router-topk-scaling-factor 2
+             --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-per-layer-logging)
+    train_small "$work/rm_straight" --train-iters 8 "${R[@]}" || { fail router_modes "straight: $(tail -1 "$work/rm_straight.log")"; return; }
+    train_small "$work/rm_part1" --train-iters 8 --save "$work/rm_ckpt" --exit-interval 4 "${R[@]}" || { fail router_modes "part 1"; return; }
+    "$M" train --load "$work/rm_ckpt" --log-jsonl "$work/rm_part2.jsonl" >"$work/rm_part2.log" 2>&1 || { fail router_modes "resume: $(tail -1 "$work/rm_part2.log")"; return; }
+    if ! diff <(losses "$work/rm_straight.jsonl") <(cat <(losses "$work/rm_part1.jsonl") <(losses "$work/rm_part2.jsonl")) >/dev/null; then
+        fail router_modes "resume with every router feature is not bit-identical"; return
+    fi
+    for key in seq_aux_loss global_aux_loss '"moe/layer_0/load_imbalance"' '"moe/layer_1/dropped_frac"'; do
+        grep -q "$key" "$work/rm_straight.jsonl" || { fail router_modes "JSONL lacks $key"; return; }
+    done
+    if ! grep -q '"dropped_frac":0\.[0-9]*[1-9]' "$work/rm_straight.jsonl"; then fail router_modes "no token was dropped"; return; fi
+    ok router_modes_resume_bit_identical
 }
 
 test_determinism() {
@@ -155,6 +194,8 @@ test_flags_doc_current() {
 }
 
 test_bad_flags
+test_family_note
+test_router_modes_resume
 test_determinism
 test_resume_bit_identical
 test_checkpoint_layout

@@ -33,7 +33,7 @@ static void tiny_config(Config *c, const Variant *v) {
     c->moe_router_topk = v->topk;
     strcpy(c->moe_layer_freq, v->moe_layer_freq);
     c->moe_router_pre_softmax = v->pre_softmax;
-    c->moe_aux_loss_coeff = v->aux_coeff;
+    snprintf(c->moe_aux_loss_coeff, sizeof(c->moe_aux_loss_coeff), "%g", v->aux_coeff);
     config_validate(c);
 }
 
@@ -76,7 +76,7 @@ static void check_variant(const Variant *v) {
         targets[n] = rng_below(&rng, c.vocab_size);
         mask[n] = v->masked ? (n % 3 != 1) : 1;
     }
-    Batch batch = {B, T, tokens, targets, mask};
+    Batch batch = {.B = B, .T = T, .tokens = tokens, .targets = targets, .loss_mask = mask};
     ModelActs a;
     acts_alloc(&a, &m, B, T);
     objective(&m, &a, &batch);

@@ -14,6 +14,7 @@
 
 static void small_config(Config *c, int experts, int topk, const char *freq, int qk) {
     config_defaults(c);
+    c->moe_router_pre_softmax = topk == 1;
     c->num_layers = 2;
     c->hidden_size = 8;
     c->num_attention_heads = 2;
@@ -26,7 +27,7 @@ static void small_config(Config *c, int experts, int topk, const char *freq, int
     c->moe_ffn_hidden_size = 6;
     c->moe_router_topk = topk;
     strcpy(c->moe_layer_freq, freq);
-    c->moe_aux_loss_coeff = 0.1;
+    strcpy(c->moe_aux_loss_coeff, "0.1");
     config_validate(c);
 }
 
@@ -40,7 +41,7 @@ static void fill_random(Model *m, uint64_t seed) {
 
 static void test_one_expert_top1_equals_dense_mlp(void) {
     Config cm, cd;
-    small_config(&cm, 1, 1, "1", 1);
+    small_config(&cm, 1, 1, "1", 1);  // top-1 softmax needs pre-softmax (as in Megatron)
     small_config(&cd, 0, 1, "1", 1);  // dense Qwen3 layers of the same width
     Model moe, dense;
     model_build(&moe, &cm);
@@ -64,7 +65,7 @@ static void test_one_expert_top1_equals_dense_mlp(void) {
         memcpy(tt_param(&dense.tt, i), tt_param(&moe.tt, src), dense.tt.descs[i].numel * sizeof(real));
     }
     int32_t tokens[8] = {1, 5, 7, 2, 12, 0, 3, 3}, targets[8] = {5, 7, 2, 12, 0, 3, 3, 9};
-    Batch batch = {2, 4, tokens, targets, NULL};
+    Batch batch = {.B = 2, .T = 4, .tokens = tokens, .targets = targets};
     ModelActs am, ad;
     acts_alloc(&am, &moe, 2, 4);
     acts_alloc(&ad, &dense, 2, 4);
@@ -134,11 +135,12 @@ static void fixture_free(MoeFixture *f) {
 
 static double moe_objective(MoeFixture *f) {
     LayerActs *la = &f->a.layers[0];
-    moe_forward(&f->m, 0, la, f->N);
+    Batch batch = {.B = 2, .T = f->N / 2};
+    moe_forward(&f->m, 0, la, &batch);
     int H = f->m.cfg.hidden_size;
     double s = 0;
     for (int i = 0; i < f->N * H; i++) s += la->ffn_out[i] * f->R[i];
-    return s + f->m.cfg.moe_aux_loss_coeff * la->moe.route.aux_loss;
+    return s + router_objective(&la->moe.route, &f->m.router);
 }
 
 // Σ_j p_j · down(silu(gate x) · up x) for token n, straight from the weights.
@@ -177,7 +179,7 @@ static void check_layer_against_reference_and_fd(MoeFixture *f, int dead_expert)
     }
     // backward: d(ffn_out) = R, input gradient into d_norm
     vec_zero(f->m.tt.grads, f->m.tt.total);
-    moe_backward(&f->m, 0, la, &f->a, f->R, c->moe_aux_loss_coeff);
+    moe_backward(&f->m, 0, la, &f->a, f->R, 1.0);
     real *dx = mt_malloc((size_t)f->N * H * sizeof(real));
     memcpy(dx, f->a.d_norm, (size_t)f->N * H * sizeof(real));
     if (dead_expert >= 0) {

@@ -4,15 +4,14 @@
 // so that dout = R. Central differences with eps = 1e-6 are accurate to ~1e-9 here, so
 // an element passes when |analytic − numeric| <= 1e-8 + 1e-6·(|analytic| + |numeric|).
 // The same file checks the forward passes that have a simple direct formula (attention
-// against a naive full softmax matrix, the router's top-k and aux loss, the dispatch
-// plan, AdamW, vec_sum_squares).
+// against a naive full softmax matrix, the dispatch plan with dropping and padding, AdamW,
+// vec_sum_squares). The router has its own file, test_grad_router.c.
 #include <math.h>
 #include <string.h>
 
 #include "core/rng.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
-#include "moe/router.h"
 #include "ops/ops.h"
 #include "testlib.h"
 
@@ -48,32 +47,17 @@ static real *alloc_diff(const real *after, const real *before, size_t n) {
 }
 
 typedef double (*Objective)(void *ctx);
-// Optional: nonzero when the last objective evaluation took a different discrete path
-// (a router top-k flip); such elements are skipped and counted.
-typedef int (*Changed)(void *ctx);
-
-typedef struct {
-    int checked, skipped;
-} FdStats;
 
 // Central differences of f with respect to every element of p, compared with analytic.
-static void fd_check_ex(const char *what, real *p, size_t n, const real *analytic, Objective f,
-                        void *ctx, Changed changed, FdStats *stats) {
+static void fd_check(const char *what, real *p, size_t n, const real *analytic, Objective f, void *ctx) {
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
         real saved = p[i];
         p[i] = saved + FD_EPS;
         double up = f(ctx);
-        int flipped = changed ? changed(ctx) : 0;
         p[i] = saved - FD_EPS;
         double down = f(ctx);
-        flipped |= changed ? changed(ctx) : 0;
         p[i] = saved;
-        if (flipped) {
-            if (stats) stats->skipped++;
-            continue;
-        }
-        if (stats) stats->checked++;
         double numeric = (up - down) / (2 * FD_EPS), a = analytic[i];
         double err = fabs(a - numeric), tol = FD_ATOL + FD_RTOL * (fabs(a) + fabs(numeric));
         if (!(err <= tol)) {
@@ -82,11 +66,6 @@ static void fd_check_ex(const char *what, real *p, size_t n, const real *analyti
         }
     }
     if (bad > 3) CHECK(0, "%s: %d of %zu elements wrong", what, bad, n);
-}
-
-static void fd_check(const char *what, real *p, size_t n, const real *analytic, Objective f,
-                     void *ctx) {
-    fd_check_ex(what, p, n, analytic, f, ctx, NULL, NULL);
 }
 
 // ---- linear --------------------------------------------------------------------------------
@@ -501,152 +480,6 @@ static void test_cross_entropy(void) {
     free(dl), free(c.losses), free(c.logits);
 }
 
-// ---- router --------------------------------------------------------------------------------------------
-
-typedef struct {
-    RouterShape s;
-    RouterOutput out;
-    real *logits, *R;
-    double aux_scale;
-    int32_t *idx0;  // the routing of the unperturbed logits
-} RouterCtx;
-
-static void router_alloc(RouterOutput *o, int N, int E, int k) {
-    o->scores = mt_malloc((size_t)N * E * sizeof(real));
-    o->topk_idx = mt_malloc((size_t)N * k * sizeof(int32_t));
-    o->topk_probs = mt_malloc((size_t)N * k * sizeof(real));
-    o->tokens_per_expert = mt_malloc(E * sizeof(int32_t));
-}
-
-static void router_free(RouterOutput *o) {
-    free(o->scores), free(o->topk_idx), free(o->topk_probs), free(o->tokens_per_expert);
-}
-
-static double router_obj(void *p) {
-    RouterCtx *c = p;
-    router_forward(&c->out, c->logits, &c->s);
-    return dot_real(c->out.topk_probs, c->R, (size_t)c->s.N * c->s.k) + c->aux_scale * c->out.aux_loss;
-}
-
-static int router_changed(void *p) {
-    RouterCtx *c = p;
-    return memcmp(c->out.topk_idx, c->idx0, (size_t)c->s.N * c->s.k * sizeof(int32_t)) != 0;
-}
-
-// Reference top-k: indices sorted by (logit descending, index ascending), first k.
-static void ref_topk(int32_t *idx, const real *row, int E, int k) {
-    int order[64];
-    for (int e = 0; e < E; e++) order[e] = e;
-    for (int a = 1; a < E; a++)  // insertion sort, stable on equal logits
-        for (int b = a; b > 0 && row[order[b]] > row[order[b - 1]]; b--) {
-            int t = order[b];
-            order[b] = order[b - 1], order[b - 1] = t;
-        }
-    for (int j = 0; j < k; j++) idx[j] = order[j];
-}
-
-// Every forward output of the router against direct formulas.
-static void check_router_forward(const real *logits, int N, int E, int k, int pre, const char *what) {
-    RouterShape s = {N, E, k, pre};
-    RouterOutput o;
-    router_alloc(&o, N, E, k);
-    router_forward(&o, logits, &s);
-    double *soft = mt_malloc((size_t)N * E * sizeof(double));
-    int32_t counts[64] = {0}, idx[64];
-    for (int n = 0; n < N; n++) {
-        const real *l = logits + (size_t)n * E;
-        double sum = 0;
-        for (int e = 0; e < E; e++) sum += exp(l[e]);
-        for (int e = 0; e < E; e++) {
-            soft[n * E + e] = exp(l[e]) / sum;
-            CHECK_CLOSE(o.scores[n * E + e], soft[n * E + e], 1e-16, 1e-13, "router scores");
-        }
-        ref_topk(idx, l, E, k);
-        double sel = 0;
-        for (int j = 0; j < k; j++) sel += exp(l[idx[j]]);
-        for (int j = 0; j < k; j++) {
-            counts[idx[j]]++;
-            CHECK(o.topk_idx[n * k + j] == idx[j], "%s: token %d choice %d: expert %d, expected %d", what,
-                  n, j, o.topk_idx[n * k + j], idx[j]);
-            double p = pre ? soft[n * E + idx[j]] : exp(l[idx[j]]) / sel;
-            CHECK_CLOSE(o.topk_probs[n * k + j], p, 1e-16, 1e-13, what);
-            if (j > 0)
-                CHECK(o.topk_probs[n * k + j] <= o.topk_probs[n * k + j - 1], "%s: probs not descending", what);
-        }
-    }
-    double aux = 0;
-    for (int e = 0; e < E; e++) {
-        CHECK(o.tokens_per_expert[e] == counts[e], "%s: tokens_per_expert[%d] = %d, expected %d", what, e,
-              o.tokens_per_expert[e], counts[e]);
-        double col = 0;
-        for (int n = 0; n < N; n++) col += soft[n * E + e];
-        aux += counts[e] * col;
-    }
-    aux *= (double)E / ((double)k * N * N);
-    CHECK_CLOSE(o.aux_loss, aux, 1e-16, 1e-13, "router aux_loss");
-    free(soft);
-    router_free(&o);
-}
-
-static void test_router_forward(void) {
-    Rng rng;
-    rng_seed(&rng, 61);
-    enum { N = 8, E = 5 };
-    real *logits = alloc_normal(&rng, N * E, 1.5);
-    // exact ties in the first rows: the lowest index wins
-    static const real ties[3][E] = {{1, 3, 3, 0, 3}, {2, 2, 2, 2, 2}, {0, -1, 5, 5, -1}};
-    memcpy(logits, ties, sizeof ties);
-    char what[64];
-    for (int pre = 0; pre <= 1; pre++)
-        for (int k = 1; k <= 3; k++) {
-            snprintf(what, sizeof what, "router forward %s k=%d", pre ? "pre-softmax" : "post-softmax", k);
-            check_router_forward(logits, N, E, k, pre, what);
-        }
-    // the tie rows spelled out (independent of ref_topk)
-    static const int32_t want[3][3] = {{1, 2, 4}, {0, 1, 2}, {2, 3, 0}};
-    RouterShape s = {N, E, 3, 0};
-    RouterOutput o;
-    router_alloc(&o, N, E, 3);
-    router_forward(&o, logits, &s);
-    for (int n = 0; n < 3; n++)
-        for (int j = 0; j < 3; j++)
-            CHECK(o.topk_idx[n * 3 + j] == want[n][j], "tie row %d choice %d: expert %d, expected %d", n,
-                  j, o.topk_idx[n * 3 + j], want[n][j]);
-    CHECK_CLOSE(o.topk_probs[1 * 3 + 0], 1.0 / 3, 0, 1e-15, "all-equal row prob");
-    router_free(&o);
-    free(logits);
-}
-
-static void check_router_grad(int pre, double aux_scale) {
-    Rng rng;
-    rng_seed(&rng, 70 + pre * 2 + (aux_scale != 0));
-    int N = 6, E = 5;
-    FdStats st = {0, 0};
-    for (int k = 1; k <= 3; k++) {
-        RouterCtx c = {{N, E, k, pre}, {0}, alloc_normal(&rng, (size_t)N * E, 1.5),
-                       alloc_normal(&rng, (size_t)N * k, 1), aux_scale, mt_malloc((size_t)N * k * sizeof(int32_t))};
-        router_alloc(&c.out, N, E, k);
-        char what[64];
-        snprintf(what, sizeof what, "router %s k=%d", pre ? "pre-softmax" : "post-softmax", k);
-        check_router_forward(c.logits, N, E, k, pre, what);
-        router_obj(&c);
-        memcpy(c.idx0, c.out.topk_idx, (size_t)N * k * sizeof(int32_t));
-        real *dl = alloc_normal(&rng, (size_t)N * E, 9);  // overwritten
-        router_backward(dl, c.R, &c.out, &c.s, aux_scale);
-        snprintf(what, sizeof what, "router %s k=%d aux=%g dlogits", pre ? "pre" : "post", k, aux_scale);
-        fd_check_ex(what, c.logits, (size_t)N * E, dl, router_obj, &c, router_changed, &st);
-        free(dl), free(c.logits), free(c.R), free(c.idx0);
-        router_free(&c.out);
-    }
-    if (st.skipped) printf("     (%d checked, %d skipped for top-k flips)\n", st.checked, st.skipped);
-    CHECK(st.skipped * 20 <= st.checked, "too many top-k flips: %d skipped of %d", st.skipped, st.checked);
-}
-
-static void test_router_post_softmax_no_aux(void) { check_router_grad(0, 0); }
-static void test_router_post_softmax_aux(void) { check_router_grad(0, 0.7); }
-static void test_router_pre_softmax_no_aux(void) { check_router_grad(1, 0); }
-static void test_router_pre_softmax_aux(void) { check_router_grad(1, 0.7); }
-
 // ---- experts ---------------------------------------------------------------------------------------------
 
 enum { XG = 3, XH = 4, XI = 5 };
@@ -740,79 +573,174 @@ static void test_experts_no_scale(void) { check_experts(0); }
 
 // ---- dispatcher ----------------------------------------------------------------------------------------------
 
+enum { DN = 7, DK = 2, DE = 5, DH = 3, DNK = DN * DK, DMAXROWS = 64 };
+
+// Every output of the plan, dispatch, gather and combine against direct formulas, for one
+// routing: topk (DN,DK), kept (NULL = all kept) and capacity (0 = no padding).
+static void check_dispatch(const char *what, const int32_t *topk, const int32_t *kept, int capacity, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
+    for (int r = 0; r < DMAXROWS; r++) token_of_row[r] = -7;  // sentinel: untouched
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    dispatch_plan(&plan, topk, kept, capacity);
+    // expected: kept choices per expert, rows per expert, offsets
+    int kept_count[DE] = {0}, want_offsets[DE + 1] = {0};
+    for (int i = 0; i < DNK; i++)
+        if (!kept || kept[i]) kept_count[topk[i]]++;
+    for (int e = 0; e < DE; e++) {
+        int want_rows = capacity > 0 ? capacity : kept_count[e];
+        want_offsets[e + 1] = want_offsets[e] + want_rows;
+        CHECK(rpe[e] == want_rows, "%s: rows_per_expert[%d] = %d, expected %d", what, e, rpe[e], want_rows);
+    }
+    for (int e = 0; e <= DE; e++)
+        CHECK(offsets[e] == want_offsets[e], "%s: expert_offsets[%d] = %d, expected %d", what, e, offsets[e],
+              want_offsets[e]);
+    int total = want_offsets[DE];
+    CHECK(total <= DMAXROWS, "%s: %d rows", what, total);
+    if (capacity > 0) CHECK(total == DE * capacity, "%s: padded plan has %d rows, expected %d", what, total, DE * capacity);
+    // row of a kept choice: its expert's first row + the kept choices of that expert before it
+    // (token order); dropped choices have row -1
+    int padding[DMAXROWS] = {0};
+    for (int e = 0; e < DE; e++)
+        for (int r = want_offsets[e] + kept_count[e]; r < want_offsets[e + 1]; r++) padding[r] = 1;
+    for (int i = 0; i < DNK; i++) {
+        if (kept && !kept[i]) {
+            CHECK(row_of_choice[i] == -1, "%s: dropped choice %d has row %d", what, i, row_of_choice[i]);
+            continue;
+        }
+        int before = 0;
+        for (int i2 = 0; i2 < i; i2++) before += topk[i2] == topk[i] && (!kept || kept[i2]);
+        int want = want_offsets[topk[i]] + before;
+        CHECK(row_of_choice[i] == want, "%s: row_of_choice[%d] = %d, expected %d", what, i, row_of_choice[i], want);
+        if (want >= 0 && want < DMAXROWS)
+            CHECK(token_of_row[want] == i / DK, "%s: token_of_row[%d] = %d, expected %d", what, want,
+                  token_of_row[want], i / DK);
+    }
+    for (int r = 0; r < total; r++)
+        if (padding[r]) CHECK(token_of_row[r] == -1, "%s: padding row %d has token %d", what, r, token_of_row[r]);
+    // dispatch into buffers full of garbage: kept rows copy x and their choice's value, padding
+    // rows are zero with value 0
+    real *x = alloc_normal(&rng, DN * DH, 1), *rows = alloc_normal(&rng, DMAXROWS * DH, 9);
+    real *cv = alloc_normal(&rng, DNK, 1), *rv = alloc_normal(&rng, DMAXROWS, 9), *cv2 = alloc_normal(&rng, DNK, 9);
+    dispatch_forward(rows, rv, x, cv, &plan, DH);
+    for (int i = 0; i < DNK; i++) {
+        int r = row_of_choice[i];
+        if (r < 0 || r >= total) continue;
+        for (int h = 0; h < DH; h++)
+            CHECK(rows[r * DH + h] == x[(i / DK) * DH + h], "%s: dispatch row of choice %d", what, i);
+        CHECK(rv[r] == cv[i], "%s: dispatch row value of choice %d", what, i);
+    }
+    for (int r = 0; r < total; r++)
+        if (padding[r]) {
+            for (int h = 0; h < DH; h++) CHECK(rows[r * DH + h] == 0, "%s: padding row %d not zero", what, r);
+            CHECK(rv[r] == 0, "%s: padding row %d value %g", what, r, (double)rv[r]);
+        }
+    // gather inverts the values; 0 for dropped choices
+    gather_choice_values(cv2, rv, &plan);
+    for (int i = 0; i < DNK; i++) {
+        real want = kept && !kept[i] ? 0 : cv[i];
+        CHECK(cv2[i] == want, "%s: gather_choice_values[%d] = %g, expected %g", what, i, (double)cv2[i], (double)want);
+    }
+    // combine: out[n] = Σ_j over kept choices of rows[row_of_choice[n,j]], in choice order
+    // (bitwise), overwriting; padding rows hold garbage and must not contribute
+    real *y = alloc_normal(&rng, DMAXROWS * DH, 1), *out = alloc_normal(&rng, DN * DH, 9);
+    combine_forward(out, y, &plan, DH, 0);
+    for (int n = 0; n < DN; n++)
+        for (int h = 0; h < DH; h++) {
+            real s = 0;
+            for (int j = 0; j < DK; j++)
+                if (!kept || kept[n * DK + j]) s += y[row_of_choice[n * DK + j] * DH + h];
+            CHECK(out[n * DH + h] == s, "%s: combine_forward[%d,%d] = %.17g, expected %.17g", what, n, h,
+                  (double)out[n * DH + h], (double)s);
+        }
+    // combine is the adjoint of dispatch over the non-padding rows: <combine(y), z> == <y, dispatch(z)>
+    // with y's padding rows zeroed (dispatch zeroes them on its side)
+    for (int r = 0; r < total; r++)
+        if (padding[r])
+            for (int h = 0; h < DH; h++) y[r * DH + h] = 0;
+    combine_forward(out, y, &plan, DH, 0);
+    real *z = alloc_normal(&rng, DN * DH, 1), *dz = alloc_normal(&rng, DMAXROWS * DH, 9);
+    dispatch_forward(dz, NULL, z, NULL, &plan, DH);
+    double lhs = dot_real(out, z, DN * DH), rhs = dot_real(y, dz, (size_t)total * DH);
+    CHECK_CLOSE(lhs, rhs, 1e-14, 1e-13, "<combine(y), z> vs <y, dispatch(z)>");
+    // accumulate = 1 adds to what is there
+    real *acc = alloc_normal(&rng, DN * DH, 1), *acc0 = alloc_copy(acc, DN * DH);
+    combine_forward(acc, y, &plan, DH, 1);
+    for (int n = 0; n < DN; n++)
+        for (int h = 0; h < DH; h++) {
+            real s = acc0[n * DH + h];
+            for (int j = 0; j < DK; j++)
+                if (!kept || kept[n * DK + j]) s += y[row_of_choice[n * DK + j] * DH + h];
+            CHECK(acc[n * DH + h] == s, "%s: combine_forward accumulate [%d,%d] = %.17g, expected %.17g", what, n,
+                  h, (double)acc[n * DH + h], (double)s);
+        }
+    free(x), free(rows), free(cv), free(rv), free(cv2), free(y), free(out), free(z), free(dz), free(acc), free(acc0);
+}
+
+// A fixed routing: expert counts 4, 4, 3, 0, 3.
+static const int32_t DISPATCH_TOPK[DNK] = {0, 1, 1, 2, 0, 4, 2, 0, 4, 1, 0, 2, 1, 4};
+// Drops: token 4 loses both choices, tokens 1 and 2 one each; kept per expert 3, 3, 2, 0, 2.
+static const int32_t DISPATCH_KEPT[DNK] = {1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1};
+
 static void test_dispatch_combine(void) {
     Rng rng;
     rng_seed(&rng, 91);
-    enum { N = 7, K = 2, E = 5, H = 3, NK = N * K };
-    int32_t topk[NK];
-    for (int n = 0; n < N; n++) {  // two distinct experts per token, never expert 3
+    int32_t topk[DNK];
+    for (int n = 0; n < DN; n++) {  // two distinct experts per token, never expert 3
         static const int32_t pool[4] = {0, 1, 2, 4};
         int a = rng_below(&rng, 4), b = (a + 1 + rng_below(&rng, 3)) % 4;
-        topk[n * K] = pool[a], topk[n * K + 1] = pool[b];
+        topk[n * DK] = pool[a], topk[n * DK + 1] = pool[b];
     }
-    int32_t tpe[E], offsets[E + 1], row_of_choice[NK], token_of_row[NK];
-    DispatchPlan plan = {N, K, E, tpe, offsets, row_of_choice, token_of_row};
-    dispatch_plan(&plan, topk);
-    int counts[E] = {0};
-    for (int i = 0; i < NK; i++) counts[topk[i]]++;
-    CHECK(offsets[0] == 0 && offsets[E] == NK, "expert_offsets ends %d %d", offsets[0], offsets[E]);
-    for (int e = 0; e < E; e++) {
-        CHECK(tpe[e] == counts[e], "tokens_per_expert[%d] = %d, expected %d", e, tpe[e], counts[e]);
-        CHECK(offsets[e + 1] - offsets[e] == counts[e], "expert_offsets[%d..%d]", e, e + 1);
-    }
-    // row_of_choice is a permutation; token_of_row is its inverse (up to the choice index)
-    int seen[NK] = {0}, choice_of_row[NK];
-    for (int i = 0; i < NK; i++) {
-        int r = row_of_choice[i];
-        CHECK(r >= 0 && r < NK && !seen[r], "row_of_choice[%d] = %d not a permutation", i, r);
-        if (r < 0 || r >= NK) continue;
-        seen[r] = 1, choice_of_row[r] = i;
-        CHECK(token_of_row[r] == i / K, "token_of_row[row_of_choice[%d]] = %d, expected %d", i, token_of_row[r], i / K);
-    }
-    // stable: each expert's rows hold its choices in (token, choice) order
-    for (int e = 0; e < E; e++)
-        for (int r = offsets[e]; r < offsets[e + 1]; r++) {
-            CHECK(topk[choice_of_row[r]] == e, "row %d of expert %d holds a choice of expert %d", r, e, topk[choice_of_row[r]]);
-            if (r > offsets[e])
-                CHECK(choice_of_row[r] > choice_of_row[r - 1] && token_of_row[r] >= token_of_row[r - 1],
-                      "expert %d rows not in token order at row %d", e, r);
-        }
-    // dispatch copies rows and per-choice values exactly; gather inverts the values
-    real *x = alloc_normal(&rng, N * H, 1), *rows = alloc_normal(&rng, NK * H, 9);
-    real *cv = alloc_normal(&rng, NK, 1), *rv = alloc_normal(&rng, NK, 9), *cv2 = alloc_normal(&rng, NK, 9);
-    dispatch_forward(rows, rv, x, cv, &plan, H);
-    for (int i = 0; i < NK; i++) {
-        for (int h = 0; h < H; h++)
-            CHECK(rows[row_of_choice[i] * H + h] == x[(i / K) * H + h], "dispatch row of choice %d", i);
-        CHECK(rv[row_of_choice[i]] == cv[i], "dispatch row value of choice %d", i);
-    }
-    gather_choice_values(cv2, rv, &plan);
-    for (int i = 0; i < NK; i++) CHECK(cv2[i] == cv[i], "gather_choice_values[%d]", i);
-    // combine: out[n] = Σ_j rows[row_of_choice[n,j]], added in choice order (bitwise), overwriting
-    real *y = alloc_normal(&rng, NK * H, 1), *out = alloc_normal(&rng, N * H, 9);
-    combine_forward(out, y, &plan, H, 0);
-    for (int n = 0; n < N; n++)
-        for (int h = 0; h < H; h++) {
-            real s = 0;
-            for (int j = 0; j < K; j++) s += y[row_of_choice[n * K + j] * H + h];
-            CHECK(out[n * H + h] == s, "combine_forward[%d,%d] = %.17g, expected %.17g", n, h, (double)out[n * H + h], (double)s);
-        }
-    // combine is the adjoint of dispatch: <combine(y), z> == <y, dispatch(z)>
-    real *z = alloc_normal(&rng, N * H, 1), *dz = mt_malloc(NK * H * sizeof(real));
-    dispatch_forward(dz, NULL, z, NULL, &plan, H);
-    double lhs = dot_real(out, z, N * H), rhs = dot_real(y, dz, NK * H);
-    CHECK_CLOSE(lhs, rhs, 1e-14, 1e-13, "<combine(y), z> vs <y, dispatch(z)>");
-    // accumulate = 1 adds to what is there
-    real *acc = alloc_normal(&rng, N * H, 1), *acc0 = alloc_copy(acc, N * H);
-    combine_forward(acc, y, &plan, H, 1);
-    for (int n = 0; n < N; n++)
-        for (int h = 0; h < H; h++) {
-            real s = acc0[n * H + h];
-            for (int j = 0; j < K; j++) s += y[row_of_choice[n * K + j] * H + h];
-            CHECK(acc[n * H + h] == s, "combine_forward accumulate [%d,%d] = %.17g, expected %.17g", n, h,
-                  (double)acc[n * H + h], (double)s);
-        }
-    free(x), free(rows), free(cv), free(rv), free(cv2), free(y), free(out), free(z), free(dz), free(acc), free(acc0);
+    check_dispatch("dropless random", topk, NULL, 0, 92);
+    check_dispatch("dropless fixed", DISPATCH_TOPK, NULL, 0, 93);
+    // an all-ones kept array is the same as NULL
+    static const int32_t all[DNK] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    check_dispatch("dropless kept=1", DISPATCH_TOPK, all, 0, 94);
+}
+
+static void test_dispatch_dropped(void) {
+    check_dispatch("dropped", DISPATCH_TOPK, DISPATCH_KEPT, 0, 95);
+    // token 4 lost both choices: combine gives it zero, and accumulate leaves it as it was
+    int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 0);
+    CHECK(offsets[DE] == 10, "dropped plan has %d rows, expected 10", offsets[DE]);
+    real rows[DMAXROWS * DH], out[DN * DH];
+    for (int i = 0; i < DMAXROWS * DH; i++) rows[i] = 1 + i;
+    for (int i = 0; i < DN * DH; i++) out[i] = -5;
+    combine_forward(out, rows, &plan, DH, 1);
+    for (int h = 0; h < DH; h++) CHECK(out[4 * DH + h] == -5, "fully dropped token 4 changed by accumulate");
+    combine_forward(out, rows, &plan, DH, 0);
+    for (int h = 0; h < DH; h++) CHECK(out[4 * DH + h] == 0, "fully dropped token 4 not zero");
+}
+
+static void test_dispatch_padded(void) {
+    check_dispatch("padded, dropped, capacity 3", DISPATCH_TOPK, DISPATCH_KEPT, 3, 96);
+    check_dispatch("padded, dropless, capacity 5", DISPATCH_TOPK, NULL, 5, 97);
+    // the padded layout spelled out: expert e owns rows 3e..3e+2; expert 3 is all padding
+    int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 3);
+    static const int32_t want_tokens[15] = {0, 3, 5, 0, 1, 6, 3, 5, -1, -1, -1, -1, 2, 6, -1};
+    static const int32_t want_rows[DNK] = {0, 3, 4, -1, -1, 12, 6, 1, -1, -1, 2, 7, 5, 13};
+    for (int r = 0; r < 15; r++)
+        CHECK(token_of_row[r] == want_tokens[r], "padded token_of_row[%d] = %d, expected %d", r, token_of_row[r],
+              want_tokens[r]);
+    for (int i = 0; i < DNK; i++)
+        CHECK(row_of_choice[i] == want_rows[i], "padded row_of_choice[%d] = %d, expected %d", i, row_of_choice[i],
+              want_rows[i]);
+}
+
+static void test_dispatch_max_rows(void) {
+    // N·k dropless or unpadded; E·C padded, C = ceil(k·N/E·factor) capped at N
+    CHECK(dispatch_max_rows(7, 2, 5, 0, 0) == 14, "dropless");
+    CHECK(dispatch_max_rows(7, 2, 5, 0, 1) == 14, "padding without a capacity factor");
+    CHECK(dispatch_max_rows(7, 2, 5, 1.0, 0) == 14, "capacity without padding");
+    CHECK(dispatch_max_rows(7, 2, 5, 1.0, 1) == 15, "padded C=3: %zu", dispatch_max_rows(7, 2, 5, 1.0, 1));
+    CHECK(dispatch_max_rows(7, 2, 5, 0.5, 1) == 14, "padded C=2 (10 rows < N·k): %zu", dispatch_max_rows(7, 2, 5, 0.5, 1));
+    CHECK(dispatch_max_rows(7, 2, 5, 4.0, 1) == 35, "padded C capped at N=7: %zu", dispatch_max_rows(7, 2, 5, 4.0, 1));
+    CHECK(dispatch_max_rows(6, 1, 4, 1.5, 1) == 12, "padded C=ceil(2.25)=3: %zu", dispatch_max_rows(6, 1, 4, 1.5, 1));
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------------------------
@@ -876,14 +804,12 @@ int main(void) {
     RUN(test_swiglu_row_scale);
     RUN(test_softmax);
     RUN(test_cross_entropy);
-    RUN(test_router_forward);
-    RUN(test_router_post_softmax_no_aux);
-    RUN(test_router_post_softmax_aux);
-    RUN(test_router_pre_softmax_no_aux);
-    RUN(test_router_pre_softmax_aux);
     RUN(test_experts_row_scale);
     RUN(test_experts_no_scale);
     RUN(test_dispatch_combine);
+    RUN(test_dispatch_dropped);
+    RUN(test_dispatch_padded);
+    RUN(test_dispatch_max_rows);
     RUN(test_adamw_decay);
     RUN(test_adamw_no_decay);
     RUN(test_vec_sum_squares);

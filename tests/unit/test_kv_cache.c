@@ -31,7 +31,7 @@ static void check_cache_matches_full_forward(int qk_layernorm, int group_query) 
 
     ModelActs full;
     acts_alloc(&full, &m, 1, T);
-    Batch whole = {1, T, tokens, NULL, NULL};
+    Batch whole = {.B = 1, .T = T, .tokens = tokens};
     model_forward(&m, &full, &whole, NULL, 0);
 
     KvCache kv[2];
@@ -44,13 +44,13 @@ static void check_cache_matches_full_forward(int qk_layernorm, int group_query) 
     ModelActs prefill, step;
     acts_alloc(&prefill, &m, 1, PREFILL);
     acts_alloc(&step, &m, 1, 1);
-    Batch first = {1, PREFILL, tokens, NULL, NULL};
+    Batch first = {.B = 1, .T = PREFILL, .tokens = tokens};
     model_forward(&m, &prefill, &first, kv, 0);
     double worst = 0;
     for (int t = 0; t < PREFILL; t++)
         for (int v = 0; v < V; v++) worst = fmax(worst, fabs(prefill.logits[t * V + v] - full.logits[t * V + v]));
     for (int t = PREFILL; t < T; t++) {
-        Batch one = {1, 1, tokens + t, NULL, NULL};
+        Batch one = {.B = 1, .T = 1, .tokens = tokens + t};
         model_forward(&m, &step, &one, kv, t);
         for (int v = 0; v < V; v++) worst = fmax(worst, fabs(step.logits[v] - full.logits[t * V + v]));
     }
