@@ -12,6 +12,8 @@ typedef struct {
     const char *moe_layer_freq;
     int qk_layernorm, untie, pre_softmax, topk, experts, group_query, masked;
     double aux_coeff;
+    void (*router_features)(Config *c);  // extra router settings, or NULL
+    int training;                        // forward in training mode (input jitter)
 } Variant;
 
 static void tiny_config(Config *c, const Variant *v) {
@@ -34,10 +36,12 @@ static void tiny_config(Config *c, const Variant *v) {
     strcpy(c->moe_layer_freq, v->moe_layer_freq);
     c->moe_router_pre_softmax = v->pre_softmax;
     snprintf(c->moe_aux_loss_coeff, sizeof(c->moe_aux_loss_coeff), "%g", v->aux_coeff);
+    if (v->router_features) v->router_features(c);
     config_validate(c);
 }
 
 static double objective(Model *m, ModelActs *a, const Batch *b) {
+    model_end_global_batch(m);  // each evaluation starts a fresh global batch (global aux counts)
     model_forward(m, a, b, NULL, 0);
     return a->lm_loss + a->aux_objective;
 }
@@ -76,7 +80,8 @@ static void check_variant(const Variant *v) {
         targets[n] = rng_below(&rng, c.vocab_size);
         mask[n] = v->masked ? (n % 3 != 1) : 1;
     }
-    Batch batch = {.B = B, .T = T, .tokens = tokens, .targets = targets, .loss_mask = mask};
+    Batch batch = {.B = B, .T = T, .tokens = tokens, .targets = targets, .loss_mask = mask,
+                   .training = v->training, .noise_seed = 99};
     ModelActs a;
     acts_alloc(&a, &m, B, T);
     objective(&m, &a, &batch);
@@ -132,27 +137,66 @@ static void check_variant(const Variant *v) {
 }
 
 static void test_grad_qwen3_mixed_dense_moe(void) {
-    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1};
+    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1, NULL, 0};
     check_variant(&v);
 }
 
 static void test_grad_qwen3_pre_softmax_tied_top1(void) {
-    Variant v = {"1", 1, 0, 1, 1, 3, 0, 0, 0.05};
+    Variant v = {"1", 1, 0, 1, 1, 3, 0, 0, 0.05, NULL, 0};
     check_variant(&v);
 }
 
 static void test_grad_mixtral_untied_no_aux(void) {
-    Variant v = {"1", 0, 1, 0, 2, 4, 1, 0, 0.0};
+    Variant v = {"1", 0, 1, 0, 2, 4, 1, 0, 0.0, NULL, 0};
     check_variant(&v);
 }
 
 static void test_grad_mixtral_top3_of_5_masked(void) {
-    Variant v = {"1", 0, 0, 0, 3, 5, 0, 1, 0.3};
+    Variant v = {"1", 0, 0, 0, 3, 5, 0, 1, 0.3, NULL, 0};
+    check_variant(&v);
+}
+
+// Every router feature that changes the function: sigmoid scores with expert bias and
+// groups, scaling, capacity dropping, shared expert with gate, all balance losses, z-loss,
+// fp64 router logits.
+static void all_router_features(Config *c) {
+    strcpy(c->moe_router_score_function, "sigmoid");
+    c->moe_router_enable_expert_bias = 1;
+    c->moe_router_num_groups = 2;
+    c->moe_router_group_topk = 1;
+    c->moe_router_topk_scaling_factor = 1.7;
+    c->moe_expert_capacity_factor = 1.0;
+    c->moe_shared_expert_intermediate_size = 5;
+    c->moe_shared_expert_gate = 1;
+    strcpy(c->moe_router_load_balancing_type, "aux_loss,seq_aux_loss,global_aux_loss");
+    strcpy(c->moe_aux_loss_coeff, "0.1,0.2,0.3");
+    c->moe_z_loss_coeff = 0.05;
+    strcpy(c->moe_router_dtype, "fp64");
+}
+
+// sqrtsoftplus scores, padding to capacity with the position policy, and input jitter
+// in training mode.
+static void jitter_padding_features(Config *c) {
+    strcpy(c->moe_router_score_function, "sqrtsoftplus");
+    c->moe_expert_capacity_factor = 0.75;
+    strcpy(c->moe_token_drop_policy, "position");
+    c->moe_pad_expert_input_to_capacity = 1;
+    c->moe_input_jitter_eps = 0.1;
+    c->moe_shared_expert_intermediate_size = 3;
+}
+
+static void test_grad_router_features(void) {
+    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.0, all_router_features, 0};
+    check_variant(&v);
+}
+
+static void test_grad_jitter_padding_training(void) {
+    Variant v = {"1", 1, 0, 0, 2, 4, 0, 0, 0.1, jitter_padding_features, 1};
     check_variant(&v);
 }
 
 static void test_grad_dense_qwen3(void) {
-    Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0};
+    Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0, NULL, 0};
     check_variant(&v);
 }
 
@@ -162,5 +206,7 @@ int main(void) {
     RUN(test_grad_mixtral_untied_no_aux);
     RUN(test_grad_mixtral_top3_of_5_masked);
     RUN(test_grad_dense_qwen3);
+    RUN(test_grad_router_features);
+    RUN(test_grad_jitter_padding_training);
     TESTS_DONE();
 }

@@ -98,10 +98,12 @@ typedef struct {
 
 // Column 0 of every token is +3; a router row with w[0] = bias pushes an expert's logit
 // by 3·bias for every token: -5 kills expert `dead`, +5 makes expert `hot` win always.
-static void fixture(MoeFixture *f, int experts, int topk, int dead, int hot) {
+static void fixture_with(MoeFixture *f, int experts, int topk, int dead, int hot, double capacity, int pad) {
     Config c;
     small_config(&c, experts, topk, "1", 1);
     c.num_layers = 1;
+    c.moe_expert_capacity_factor = capacity;
+    c.moe_pad_expert_input_to_capacity = pad;
     config_validate(&c);
     model_build(&f->m, &c);
     fill_random(&f->m, 11);
@@ -126,6 +128,12 @@ static void fixture(MoeFixture *f, int experts, int topk, int dead, int hot) {
         for (int h = 1; h < H; h++) wr[e * H + h] *= 0.3;
     }
 }
+
+static void fixture(MoeFixture *f, int experts, int topk, int dead, int hot) {
+    fixture_with(f, experts, topk, dead, hot, 0, 0);
+}
+
+static void fixture_capacity(MoeFixture *f, double factor, int pad) { fixture_with(f, 4, 2, -1, 1, factor, pad); }
 
 static void fixture_free(MoeFixture *f) {
     free(f->R);
@@ -234,9 +242,32 @@ static void test_all_tokens_to_one_expert(void) {
     fixture_free(&f);
 }
 
+// A capacity no expert reaches drops nothing: the same outputs and gradients as dropless
+// (bit for bit), and with padding the padded rows change nothing either.
+static void test_capacity_above_load_equals_dropless(void) {
+    MoeFixture dropless, roomy, padded;
+    fixture_capacity(&dropless, 0, 0);
+    fixture_capacity(&roomy, 4.0, 0);   // C = ceil(k·N/E · 4) ≥ N: every load fits
+    fixture_capacity(&padded, 4.0, 1);
+    double a = moe_objective(&dropless), b = moe_objective(&roomy), p = moe_objective(&padded);
+    int hot = dropless.a.layers[0].moe.route.tokens_per_expert[1];
+    CHECK(hot == dropless.N, "expert 1 should carry every token, got %d", hot);  // the largest load is N
+    CHECK(a == b, "objective %.17g vs %.17g", a, b);
+    CHECK_CLOSE(p, a, 1e-12, 1e-12, "padded objective");
+    CHECK(roomy.a.layers[0].moe.route.dropped == 0 && padded.a.layers[0].moe.route.dropped == 0, "tokens dropped");
+    CHECK(padded.a.layers[0].moe.plan.expert_offsets[4] == 4 * padded.a.layers[0].moe.route.capacity,
+          "padding should give every expert its capacity of rows");
+    size_t n = (size_t)dropless.N * dropless.m.cfg.hidden_size;
+    CHECK(memcmp(dropless.a.layers[0].ffn_out, roomy.a.layers[0].ffn_out, n * sizeof(real)) == 0, "outputs differ");
+    fixture_free(&dropless);
+    fixture_free(&roomy);
+    fixture_free(&padded);
+}
+
 int main(void) {
     RUN(test_one_expert_top1_equals_dense_mlp);
     RUN(test_expert_without_tokens);
     RUN(test_all_tokens_to_one_expert);
+    RUN(test_capacity_above_load_equals_dropless);
     TESTS_DONE();
 }
