@@ -77,6 +77,11 @@ $(FLOAT_BIN): $(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJ)
 
 unit: $(UNIT_BIN)
 
+# Runs moetron's router on given logits for tests/conformance/megatron_router.py.
+$(BUILD)/router_probe: tests/conformance/router_probe.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
 run: $(BUILD)/moetron
 	rm -rf $(BUILD)/run_ckpt $(BUILD)/run_metrics.jsonl
 	./$(BUILD)/moetron train --save $(BUILD)/run_ckpt --log-jsonl $(BUILD)/run_metrics.jsonl
@@ -84,7 +89,7 @@ run: $(BUILD)/moetron
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "the small cat" --max-new-tokens 150 --temperature 0.6 --top-k 20
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "12+7=" --max-new-tokens 60 --temperature 0.6 --top-k 20
 
-test: $(BUILD)/moetron $(UNIT_BIN)
+test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe
 	@bash tests/run.sh $(BUILD)
 
 # Throughput measurements (bench/RESULTS.md records their output).

@@ -2,8 +2,8 @@
 # tests/run.sh BUILD_DIR — the whole suite: unit programs, command-line tests and the
 # Hugging Face conformance test. Every case prints "ok <name>" or "FAIL <name>..."; this
 # script counts them and ends with "N passed, M failed" (exit 1 on any failure).
-# The conformance test needs python3 with torch + transformers; without them it is
-# skipped locally, and counted as a failure under CI=true.
+# The conformance tests need python3 with torch + transformers (+ megatron-core for the
+# router test); without them they are skipped locally, and count as failures under CI=true.
 set -u
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,6 +44,16 @@ elif [ "${CI:-}" = "true" ]; then
 else
     echo "skip hf_conformance: python3 with torch, transformers and safetensors not installed"
     skipped=1
+fi
+
+# Megatron-Core's own router functions on the same logits (tests/conformance/router_probe.c).
+if python3 -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("torch", "safetensors", "megatron")))' 2>/dev/null; then
+    run_program megatron_router python3 "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
+elif [ "${CI:-}" = "true" ]; then
+    echo "FAIL megatron_router: python3 with torch, safetensors and megatron-core is required under CI" | tee -a "$log"
+else
+    echo "skip megatron_router: megatron-core not installed (pip install megatron-core)"
+    skipped=$((skipped + 1))
 fi
 
 passed=$(grep -c '^ok ' "$log")
