@@ -46,8 +46,15 @@ static void print_router_losses(const StepRecord *r) {
     if (r->router.z_loss > 0) printf(" | z %.3f", r->router.z_loss);
 }
 
-static void write_layer_stats(JsonWriter *w, const StepRecord *r, const RouterStats *s) {
+static void write_layer_stats(JsonWriter *w, const StepRecord *r, const RouterStats *s, const int64_t *counts) {
     char key[96];
+    snprintf(key, sizeof(key), "moe/layer_%d/tokens_per_expert", s->layer);
+    jw_key(w, key);
+    jw_begin_array(w);
+    for (int e = 0; e < r->num_experts; e++) jw_int(w, counts[e]);
+    jw_end_array(w);
+    snprintf(key, sizeof(key), "moe/layer_%d/dropped_tokens", s->layer);
+    jw_kv_int(w, key, s->dropped_tokens);
     snprintf(key, sizeof(key), "moe/layer_%d/load_imbalance", s->layer);
     jw_kv_double(w, key, s->load_imbalance);
     snprintf(key, sizeof(key), "moe/layer_%d/dropped_frac", s->layer);
@@ -91,7 +98,8 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_double(&w, "elapsed_s", r->elapsed_s);
     for (int t = 1; t < 3; t++)
         if (r->balance_coeff[t] > 0) jw_kv_double(&w, BALANCE_KEYS[t], r->router.balance[t]);
-    for (int l = 0; l < r->n_layers; l++) write_layer_stats(&w, r, &r->layers[l]);
+    for (int l = 0; l < r->n_layers; l++)
+        write_layer_stats(&w, r, &r->layers[l], r->tokens_per_expert + (size_t)l * r->num_experts);
     jw_end_object(&w);
     write_jsonl(mt->jsonl, &w);
 }

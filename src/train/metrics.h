@@ -10,6 +10,7 @@ typedef struct {
     int layer;
     double load_imbalance;  // max / mean kept tokens per expert
     double dropped_frac;    // dropped choices / all choices
+    long dropped_tokens;    // dropped choices, summed over micro-batches
     double balance[3];      // L / coeff per load-balancing type (aux, seq_aux, global_aux)
     double z_loss;          // L_z / coeff
 } RouterStats;
@@ -20,7 +21,8 @@ typedef struct {
     RouterStats router;            // over all MoE layers
     const double *balance_coeff;   // (3) which load-balancing losses are on (> 0)
     const RouterStats *layers;     // per MoE layer, or NULL (--moe-per-layer-logging)
-    int n_layers;
+    const int64_t *tokens_per_expert;  // (n_layers, num_experts) kept tokens summed over micro-batches
+    int n_layers, num_experts;
     double tokens_per_s, tflops, mfu, mem_peak_mb, elapsed_s, eta_s;
 } StepRecord;
 

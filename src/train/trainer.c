@@ -30,12 +30,14 @@ typedef struct {
     Metrics metrics;
     double peak_flops, flops_per_token;
     RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
+    int64_t *layer_counts;      // (num_layers, num_experts) kept tokens per expert this step
 } Trainer;
 
 typedef struct {
     double lm_loss, aux_objective;
     RouterStats router;   // over MoE layers
     RouterStats *layers;  // (MoE layers) per layer
+    int64_t *counts;      // (MoE layers, E) kept tokens per expert
 } StepLosses;
 
 // max / mean kept tokens per expert
@@ -56,8 +58,11 @@ static void accumulate_router_stats(StepLosses *s, const Model *m, const ModelAc
     for (int l = 0; l < c->num_layers; l++) {
         if (!m->layers[l].is_moe) continue;
         const RouterOutput *r = &a->layers[l].moe.route;
+        int64_t *counts = s->counts + (size_t)i * c->num_experts;
         RouterStats *ls = &s->layers[i++];
         ls->layer = l;
+        ls->dropped_tokens += r->dropped;
+        for (int e = 0; e < c->num_experts; e++) counts[e] += r->tokens_per_expert[e];
         ls->load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts);
         ls->dropped_frac += w * r->dropped / ((double)a->N * c->moe_router_topk);
         for (int t = 0; t < BALANCE_TYPES; t++) ls->balance[t] += w * r->balance_loss[t];
@@ -76,9 +81,10 @@ static uint64_t noise_seed(const Config *c, int64_t first_sample) {
 
 static StepLosses train_step_micro_batches(Trainer *t) {
     const Config *c = t->cfg;
-    StepLosses s = {.layers = t->layer_stats};
+    StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts};
     int M = c->num_micro_batches, B = c->micro_batch_size, L = c->seq_length;
     memset(t->layer_stats, 0, c->num_layers * sizeof(RouterStats));
+    memset(t->layer_counts, 0, (size_t)c->num_layers * MT_MAX(c->num_experts, 1) * sizeof(int64_t));
     vec_zero(t->model.tt.grads, t->model.tt.total);
     for (int mb = 0; mb < M; mb++) {
         int64_t first = t->state.consumed_train_samples + (int64_t)mb * B;
@@ -132,6 +138,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     t->loss_mask = mt_malloc(n * sizeof(real));
     t->dp = comm_self("dp");
     t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
+    t->layer_counts = mt_calloc((size_t)c->num_layers * MT_MAX(c->num_experts, 1), sizeof(int64_t));
     metrics_open(&t->metrics, c);
     t->flops_per_token = model_train_flops_per_token(c);
     t->peak_flops = c->peak_tflops > 0 ? c->peak_tflops * 1e12 : measure_gemm_ceiling_flops();
@@ -140,6 +147,7 @@ static void trainer_setup(Trainer *t, Config *c) {
 static void trainer_free(Trainer *t) {
     metrics_close(&t->metrics);
     free(t->layer_stats);
+    free(t->layer_counts);
     free(t->tokens);
     free(t->targets);
     free(t->loss_mask);
@@ -202,6 +210,7 @@ int train_main(Config *c) {
             StepRecord r = {.step = step, .loss = loss, .lm_loss = s.lm_loss, .router = s.router,
                             .balance_coeff = c->balance_coeff, .layers = c->moe_per_layer_logging ? s.layers : NULL,
                             .n_layers = c->moe_per_layer_logging ? moe_layers : 0,
+                            .tokens_per_expert = s.counts, .num_experts = c->num_experts,
                             .grad_norm = grad_norm, .lr = lr, .tokens_per_s = tokens_per_step / step_time,
                             .tflops = flops / 1e12, .mfu = flops / t.peak_flops,
                             .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed,

@@ -88,7 +88,8 @@ test_router_modes_resume() {
     if ! diff <(losses "$work/rm_straight.jsonl") <(cat <(losses "$work/rm_part1.jsonl") <(losses "$work/rm_part2.jsonl")) >/dev/null; then
         fail router_modes "resume with every router feature is not bit-identical"; return
     fi
-    for key in seq_aux_loss global_aux_loss '"moe/layer_0/load_imbalance"' '"moe/layer_1/dropped_frac"'; do
+    for key in seq_aux_loss global_aux_loss '"moe/layer_0/load_imbalance"' '"moe/layer_1/dropped_frac"' \
+               '"moe/layer_1/tokens_per_expert":\[' '"moe/layer_0/dropped_tokens"'; do
         grep -q "$key" "$work/rm_straight.jsonl" || { fail router_modes "JSONL lacks $key"; return; }
     done
     if ! grep -q '"dropped_frac":0\.[0-9]*[1-9]' "$work/rm_straight.jsonl"; then fail router_modes "no token was dropped"; return; fi
