@@ -36,25 +36,26 @@ for script in "$root"/tests/cli/test_*.sh; do
     run_program "$(basename "$script")" bash "$script"
 done
 
+# run_python NAME "PYTHON MODULES" SCRIPT ARGS...: a conformance script that needs these
+# python modules; skipped locally without them, a failure under CI=true.
 skipped=0
-if python3 -c 'import torch, transformers, safetensors' 2>/dev/null; then
-    run_program hf_conformance python3 "$root/tests/conformance/hf_conformance.py" "$MOETRON"
-elif [ "${CI:-}" = "true" ]; then
-    echo "FAIL hf_conformance: python3 with torch, transformers and safetensors is required under CI" | tee -a "$log"
-else
-    echo "skip hf_conformance: python3 with torch, transformers and safetensors not installed"
-    skipped=1
-fi
+run_python() {
+    local name=$1 modules=$2
+    shift 2
+    if python3 -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in sys.argv[1:]))' \
+        $modules 2>/dev/null; then
+        run_program "$name" python3 "$@"
+    elif [ "${CI:-}" = "true" ]; then
+        echo "FAIL $name: python3 with $modules is required under CI" | tee -a "$log"
+    else
+        echo "skip $name: python3 with $modules not installed (pip install torch transformers safetensors megatron-core)"
+        skipped=$((skipped + 1))
+    fi
+}
 
-# Megatron-Core's own router functions on the same logits (tests/conformance/router_probe.c).
-if python3 -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("torch", "safetensors", "megatron")))' 2>/dev/null; then
-    run_program megatron_router python3 "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
-elif [ "${CI:-}" = "true" ]; then
-    echo "FAIL megatron_router: python3 with torch, safetensors and megatron-core is required under CI" | tee -a "$log"
-else
-    echo "skip megatron_router: megatron-core not installed (pip install megatron-core)"
-    skipped=$((skipped + 1))
-fi
+run_python hf_conformance "torch transformers safetensors" "$root/tests/conformance/hf_conformance.py" "$MOETRON"
+# Megatron-Core's own router functions on the same logits as build/router_probe.
+run_python megatron_router "torch safetensors megatron" "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
 
 passed=$(grep -c '^ok ' "$log")
 failed=$(grep -c '^FAIL ' "$log")
