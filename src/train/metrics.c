@@ -43,7 +43,7 @@ static void print_router_losses(const StepRecord *r) {
             any = 1;
         }
     if (!any) printf(" | aux %.4f", r->router.balance[0]);
-    if (r->router.z_loss > 0) printf(" | z %.3f", r->router.z_loss);
+    if (r->z_loss_coeff > 0) printf(" | z %.3f", r->router.z_loss);
 }
 
 static void write_layer_stats(JsonWriter *w, const StepRecord *r, const RouterStats *s, const int64_t *counts) {

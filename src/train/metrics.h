@@ -20,6 +20,7 @@ typedef struct {
     double loss, lm_loss, grad_norm, lr;
     RouterStats router;            // over all MoE layers
     const double *balance_coeff;   // (3) which load-balancing losses are on (> 0)
+    double z_loss_coeff;           // the console shows z only when the z-loss is on
     const RouterStats *layers;     // per MoE layer, or NULL (--moe-per-layer-logging)
     const int64_t *tokens_per_expert;  // (n_layers, num_experts) kept tokens summed over micro-batches
     int n_layers, num_experts;

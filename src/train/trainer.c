@@ -208,7 +208,7 @@ int train_main(Config *c) {
             int moe_layers = 0;
             for (int l = 0; l < c->num_layers; l++) moe_layers += t.model.layers[l].is_moe;
             StepRecord r = {.step = step, .loss = loss, .lm_loss = s.lm_loss, .router = s.router,
-                            .balance_coeff = c->balance_coeff, .layers = c->moe_per_layer_logging ? s.layers : NULL,
+                            .balance_coeff = c->balance_coeff, .z_loss_coeff = c->moe_z_loss_coeff, .layers = c->moe_per_layer_logging ? s.layers : NULL,
                             .n_layers = c->moe_per_layer_logging ? moe_layers : 0,
                             .tokens_per_expert = s.counts, .num_experts = c->num_experts,
                             .grad_norm = grad_norm, .lr = lr, .tokens_per_s = tokens_per_step / step_time,
