@@ -179,7 +179,11 @@ static void restore_hf_shape(Config *c, const JsonValue *root, const char *path)
     c->untie_embeddings_and_output_weights = !tied;
     c->qk_layernorm = qwen;
     c->moe_router_topk = hf_int(root, "num_experts_per_tok", path, 1);
-    c->num_experts = hf_int(root, qwen ? "num_experts" : "num_local_experts", path, 1);
+    // Qwen3-MoE's config class maps num_experts to num_local_experts, and transformers
+    // writes the latter: accept either name for both families.
+    int experts = hf_int(root, qwen ? "num_experts" : "num_local_experts", path, 0);
+    c->num_experts = experts >= 0 ? experts : hf_int(root, qwen ? "num_local_experts" : "num_experts", path, 0);
+    if (c->num_experts < 0) mt_die("%s: missing or non-integer \"num_experts\" / \"num_local_experts\"", path);
     c->moe_ffn_hidden_size = hf_int(root, qwen ? "moe_intermediate_size" : "intermediate_size", path, 1);
     c->ffn_hidden_size = qwen ? hf_int(root, "intermediate_size", path, 1) : c->moe_ffn_hidden_size;
     int norm_topk = !qwen;  // Mixtral always renormalises; Qwen3-MoE's default is false

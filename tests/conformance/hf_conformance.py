@@ -8,6 +8,10 @@ For each case: train a tiny model with moetron for a few steps, save it, run
 transformers (float32, CPU) and compare logits, loss, per-layer routing and
 (in the grads case) every parameter gradient.
 
+The `import_*` cases go the other way: build a tiny random model in transformers from a
+MixtralConfig / Qwen3MoeConfig, `save_pretrained` it, run `moetron forward --load` on that
+plain Hugging Face directory and compare logits, loss, routing and every gradient.
+
 Prints one line per case, `ok <case>` or `FAIL <case>: <why>`, and exits
 non-zero when any case fails. Needs python3 with torch, transformers (v5),
 safetensors and numpy. Set HF_CONFORMANCE_KEEP=1 to keep the temp dirs,
@@ -58,6 +62,30 @@ CASES = [
     ("g_mixtral_tied_grads", ["--kv-channels", "32", "--moe-aux-loss-coeff", "0"], "mixtral",
      {"tie_word_embeddings": True, "head_dim": 32}, True),
 ]
+
+# transformers -> moetron: name -> (config class, config kwargs, aux-coefficient check).
+# router_aux_loss_coef 0 so that moetron's --grads gradient is the pure LM-loss gradient; the
+# aux-check case then reruns with a non-zero coefficient to check that moetron reads it.
+IMPORT_BASE = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=128,
+                   router_aux_loss_coef=0.0)
+IMPORT_CASES = [
+    ("import_mixtral_untied", "MixtralConfig",
+     dict(IMPORT_BASE, head_dim=16, intermediate_size=48, num_local_experts=4, rope_theta=1e6,
+          rms_norm_eps=1e-5, tie_word_embeddings=False), True),
+    ("import_qwen3_tied_dense0_hd24", "Qwen3MoeConfig",
+     dict(IMPORT_BASE, head_dim=24, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+          norm_topk_prob=True, mlp_only_layers=[0], rope_theta=1e6, rms_norm_eps=1e-6,
+          tie_word_embeddings=True), False),
+    ("import_qwen3_nonorm_top3of6", "Qwen3MoeConfig",
+     dict(IMPORT_BASE, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=6,
+          num_experts_per_tok=3, norm_topk_prob=False, mlp_only_layers=[], rope_theta=1e6,
+          rms_norm_eps=1e-6, tie_word_embeddings=False), False),
+]
+IMPORT_BATCH, IMPORT_SEQ = 2, 20
+IMPORT_INIT_STD = 0.1      # larger than initializer_range so that routing is far from uniform
+IMPORT_AUX_COEF = 0.05     # for the aux-coefficient check
+IMPORT_GRAD_RTOL = 1e-4    # relative L2 error per gradient tensor
 
 LOGIT_TOL = 1e-4
 LOSS_TOL = 1e-5
@@ -350,13 +378,229 @@ def run_case(moetron, name, flags, model_type, expect, grads, workdir):
     return f"logits diff {d:.1e}, loss diff {abs(mt_loss - hf_loss):.1e}{note}"
 
 
+def import_init(model, seed):
+    """Matrices ~ N(0, IMPORT_INIT_STD²), norm weights 1 + 0.1·N(0,1); tied tensors once."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():  # deduplicated: a tied lm_head is the embedding
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            p.copy_(1.0 + 0.1 * noise if p.dim() == 1 else IMPORT_INIT_STD * noise)
+
+
+def fuse_note(name, keys, shapes):
+    """transformers wrote fused 3-D expert tensors: name them and say the case converts them."""
+    fused = [f"{k} {list(shapes[k])}" for k in keys if re.search(r"\.experts\.(gate_up_proj|down_proj)$", k)]
+    print(f"note {name}: save_pretrained wrote fused expert tensors, which moetron does not read: "
+          + ", ".join(fused[:4]) + (f" (+{len(fused) - 4} more)" if len(fused) > 4 else "")
+          + "; converted to per-expert names for the rest of the case")
+    sys.stdout.flush()
+
+
+def split_fused(tensors, mixtral):
+    """Per-expert tensors from transformers v5's fused layout (gate rows first in gate_up_proj)."""
+    out = {}
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for k, v in tensors.items():
+        m = re.match(r"^(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)$", k)
+        if not m:
+            out[k.replace(".mlp.gate.", ".block_sparse_moe.gate.") if mixtral else k] = v
+            continue
+        base = m.group(1) + (".block_sparse_moe.experts." if mixtral else ".mlp.experts.")
+        for e in range(v.shape[0]):
+            if m.group(2) == "down_proj":
+                out[f"{base}{e}.{names[2]}.weight"] = np.ascontiguousarray(v[e])
+            else:
+                inter = v.shape[1] // 2
+                out[f"{base}{e}.{names[0]}.weight"] = np.ascontiguousarray(v[e, :inter])
+                out[f"{base}{e}.{names[1]}.weight"] = np.ascontiguousarray(v[e, inter:])
+    return out
+
+
+def hf_aux_objective(router_logits, dump, moe_layers):
+    """Σ_l A_l as moetron defines it (docs/moe.md), from HF router logits, moetron's counts constant."""
+    import torch
+    total = 0.0
+    for layer, lg in zip(moe_layers, router_logits):
+        n, e = lg.shape
+        k = dump[f"layers.{layer}.router_topk_idx"].shape[1]
+        counts = torch.from_numpy(dump[f"layers.{layer}.tokens_per_expert"].astype(np.float64))
+        total = total + e / (k * n * n) * (torch.softmax(lg.double(), -1).sum(0) * counts).sum()
+    return total
+
+
+def compare_grads_l2(dump, ckpt_names, grads, inter, what=""):
+    dumped = {k[len("grad."):] for k in dump if k.startswith("grad.")}
+    missing = sorted(set(ckpt_names) - dumped)
+    extra = sorted(dumped - set(ckpt_names))
+    check(not missing, f"{what}dump lacks gradients for {len(missing)} tensors, e.g. {missing[:3]}")
+    check(not extra, f"{what}dump has gradients for tensors not in model.safetensors: {extra[:3]}")
+    worst = (0.0, None)
+    for name in sorted(ckpt_names):
+        g_mt = to_f64(dump["grad." + name])
+        g_hf = to_f64(hf_view(grads, name, inter).numpy())
+        check(g_mt.shape == g_hf.shape, f"{what}grad.{name}: shape {list(g_mt.shape)} vs HF {list(g_hf.shape)}")
+        err = float(np.linalg.norm(g_mt - g_hf))
+        ref = float(np.linalg.norm(g_hf))
+        check(err <= IMPORT_GRAD_RTOL * ref + GRAD_ATOL,
+              f"{what}grad.{name} relative L2 error {err / (ref + 1e-30):.3e} (|HF| {ref:.3e}, "
+              f"|moetron| {np.linalg.norm(g_mt):.3e}, tol {IMPORT_GRAD_RTOL})")
+        rel = err / (ref + 1e-30)
+        if rel > worst[0]:
+            worst = (rel, name)
+    return worst
+
+
+def run_import_case(moetron, name, cfg_cls, cfg_kwargs, aux_check, workdir):
+    import torch
+    import transformers
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = getattr(transformers, cfg_cls)(**cfg_kwargs)
+    kwargs = {}
+    if os.environ.get("HF_CONFORMANCE_EAGER"):
+        kwargs = {"attn_implementation": "eager", "experts_implementation": "eager"}
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **kwargs)
+    seed = sum(map(ord, name))
+    import_init(model, seed)
+    model.eval()
+    cfg = model.config
+    mixtral = cfg.model_type == "mixtral"
+    n_exp = cfg.num_local_experts if mixtral else cfg.num_experts
+    inter = cfg.intermediate_size if mixtral else cfg.moe_intermediate_size
+    check(cfg.get_text_config().rope_parameters.get("rope_theta") == cfg_kwargs["rope_theta"],
+          f"transformers config rope_theta {cfg.rope_parameters}, expected {cfg_kwargs['rope_theta']}")
+
+    hf_dir = os.path.join(workdir, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    files = sorted(os.listdir(hf_dir))
+    st = [f for f in files if f.endswith(".safetensors")]
+    check(st == ["model.safetensors"] and not any(f.endswith(".index.json") for f in files),
+          f"save_pretrained wrote {files}, expected a single model.safetensors")
+    st_path = os.path.join(hf_dir, "model.safetensors")
+    ckpt = load_file(st_path)
+    if any(re.search(r"\.experts\.(gate_up_proj|down_proj)$", k) for k in ckpt):
+        fuse_note(name, sorted(ckpt), {k: v.shape for k, v in ckpt.items()})
+        ckpt = split_fused(ckpt, mixtral)
+        save_file(ckpt, st_path, metadata={"format": "pt"})
+    for n, t in ckpt.items():
+        check(t.dtype == np.float32, f"{n} is stored as {t.dtype}, expected float32")
+    n_per_expert = sum(1 for k in ckpt if EXPERT_RE.match(k))
+    check(n_per_expert == 3 * n_exp * len(moe_layer_indices(model)),
+          f"model.safetensors has {n_per_expert} per-expert tensors, expected "
+          f"{3 * n_exp * len(moe_layer_indices(model))}")
+    check(("lm_head.weight" in ckpt) == (not cfg.tie_word_embeddings),
+          f"lm_head.weight {'present' if 'lm_head.weight' in ckpt else 'absent'} with "
+          f"tie_word_embeddings={cfg.tie_word_embeddings}")
+    params = dict(model.named_parameters())
+    compare_weights(ckpt, params, inter)
+
+    in_path = os.path.join(workdir, "in.safetensors")
+    out_path = os.path.join(workdir, "out.safetensors")
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, cfg.vocab_size, size=(IMPORT_BATCH, IMPORT_SEQ)).astype(np.int32)
+    labels = np.full_like(ids, -100)
+    labels[:, :-1] = ids[:, 1:]
+    save_file({"input_ids": ids, "labels": labels}, in_path)
+
+    fwd = [moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"]
+    # A plain transformers directory must load as written. If it does not, the case fails with
+    # moetron's message, but a repaired copy of config.json (when the cause is a key transformers
+    # spells differently) still gets the numerical checks, reported in the same line.
+    first_error = None
+    try:
+        run_cmd(fwd, "moetron forward")
+    except CaseFailure as e:
+        first_error = str(e)
+        cfg_path = os.path.join(hf_dir, "config.json")
+        with open(cfg_path) as fh:
+            raw = json.load(fh)
+        if raw.get("model_type") == "qwen3_moe" and "num_experts" not in raw and "num_local_experts" in raw:
+            raw["num_experts"] = raw["num_local_experts"]
+            with open(cfg_path, "w") as fh:
+                json.dump(raw, fh, indent=2)
+            print(f"note {name}: config.json from save_pretrained has num_local_experts={raw['num_experts']} "
+                  "and no num_experts; retrying with num_experts added")
+            sys.stdout.flush()
+            run_cmd(fwd, "moetron forward (config.json with num_experts added)")
+        else:
+            raise
+    dump = load_dump(out_path)
+
+    input_ids = torch.from_numpy(ids.astype(np.int64))
+    out = model(input_ids=input_ids, output_router_logits=True, use_cache=False)
+    logits = out.logits
+
+    # padded vocabulary = HF vocabulary (no extra padding for a plain HF directory)
+    check("logits" in dump, "dump has no logits")
+    mt_logits = dump["logits"]
+    check(mt_logits.shape[-1] == cfg.vocab_size,
+          f"moetron's padded vocabulary is {mt_logits.shape[-1]}, HF vocab_size is {cfg.vocab_size}")
+    check(tuple(mt_logits.shape) == tuple(logits.shape),
+          f"logits shape {list(mt_logits.shape)} vs HF {list(logits.shape)}")
+    d_logits, at = maxdiff_where(mt_logits, logits.detach().numpy())
+    check(d_logits <= LOGIT_TOL, f"logits max abs diff {d_logits:.3e} at {at} (tol {LOGIT_TOL})")
+
+    lab_t = torch.from_numpy(labels.reshape(-1).astype(np.int64))
+    sel_t = lab_t >= 0
+    flat = logits.reshape(-1, logits.shape[-1])
+    lm_loss = torch.nn.functional.cross_entropy(flat[sel_t], lab_t[sel_t])
+    lg = to_f64(flat.detach().numpy())
+    lab = lab_t.numpy()
+    sel = lab >= 0
+    mx = lg.max(-1, keepdims=True)
+    lse = (np.log(np.exp(lg - mx).sum(-1, keepdims=True)) + mx)[:, 0]
+    hf_loss = float(np.mean(lse[sel] - lg[sel, lab[sel]]))
+    mt_loss = scalar(dump["loss"], "loss")
+    d_loss = abs(mt_loss - hf_loss)
+    check(d_loss <= LOSS_TOL, f"loss moetron {mt_loss:.8f} vs HF {hf_loss:.8f} (diff {d_loss:.3e}, tol {LOSS_TOL})")
+
+    n_tok = IMPORT_BATCH * IMPORT_SEQ
+    compare_routing(dump, model, out.router_logits, n_tok)
+    moe_layers = moe_layer_indices(model)
+    d_router = max(maxdiff_where(dump[f"layers.{l}.router_logits"], r.detach().numpy())[0]
+                   for l, r in zip(moe_layers, out.router_logits))
+    spread = [len(np.unique(dump[f"layers.{l}.router_topk_idx"].astype(np.int64), axis=0)) for l in moe_layers]
+
+    model.zero_grad(set_to_none=True)
+    lm_loss.backward(retain_graph=aux_check)
+    hf_grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
+    rel, where = compare_grads_l2(dump, list(ckpt.keys()), hf_grads, inter)
+    detail = (f"vocab {mt_logits.shape[-1]}, logits diff {d_logits:.1e}, loss diff {d_loss:.1e}, "
+              f"router logits diff {d_router:.1e}, distinct top-k sets per MoE layer {spread}, "
+              f"worst grad rel L2 {rel:.1e} in {where}")
+
+    if aux_check:  # the coefficient must come from config.json's router_aux_loss_coef
+        cfg_path = os.path.join(hf_dir, "config.json")
+        with open(cfg_path) as fh:
+            raw = json.load(fh)
+        raw["router_aux_loss_coef"] = IMPORT_AUX_COEF
+        with open(cfg_path, "w") as fh:
+            json.dump(raw, fh, indent=2)
+        out2 = os.path.join(workdir, "out_aux.safetensors")
+        run_cmd(fwd[:-2] + [out2, "--grads"], "moetron forward (router_aux_loss_coef set)")
+        dump2 = load_dump(out2)
+        model.zero_grad(set_to_none=True)
+        (lm_loss + IMPORT_AUX_COEF * hf_aux_objective(out.router_logits, dump2, moe_layers)).backward()
+        hf_grads2 = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
+        rel2, where2 = compare_grads_l2(dump2, list(ckpt.keys()), hf_grads2, inter,
+                                        what=f"with router_aux_loss_coef {IMPORT_AUX_COEF}: ")
+        detail += f"; with aux coef {IMPORT_AUX_COEF}: worst grad rel L2 {rel2:.1e} in {where2}"
+
+    if first_error:
+        raise CaseFailure(f"{first_error} [with num_experts added to config.json the checks pass: {detail}]")
+    return detail
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     moetron = os.path.abspath(sys.argv[1])
     wanted = sys.argv[2:]
-    cases = [c for c in CASES if not wanted or any(c[0].startswith(w) for w in wanted)]
+    all_cases = [(c[0], run_case, c[1:]) for c in CASES] + [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES]
+    cases = [c for c in all_cases if not wanted or any(c[0].startswith(w) for w in wanted)]
     if not cases:
         print(f"no case matches {wanted}", file=sys.stderr)
         return 2
@@ -373,10 +617,10 @@ def main():
         print(f"FAIL setup: {moetron} is not an executable")
         return 1
     failed = 0
-    for name, flags, model_type, expect, grads in cases:
+    for name, runner, case_args in cases:
         workdir = tempfile.mkdtemp(prefix=f"hfconf_{name}_")
         try:
-            detail = run_case(moetron, name, flags, model_type, expect, grads, workdir)
+            detail = runner(moetron, name, *case_args, workdir)
             print(f"ok {name}" + (f"  [{detail}]" if os.environ.get("HF_CONFORMANCE_VERBOSE") else ""))
         except CaseFailure as e:
             failed += 1
