@@ -13,7 +13,7 @@ static size_t moe_rows(const Config *c, int N) {
 static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Config *c, int B, int T) {
     int N = B * T, E = c->num_experts, k = c->moe_router_topk, H = c->hidden_size, I = c->moe_ffn;
     size_t choices = (size_t)N * k, rows = moe_rows(c, N), Is = c->moe_shared_expert_intermediate_size;
-    ma->router_input = arena_reals(ar, (size_t)N * H);
+    ma->jittered_input = c->moe_input_jitter_eps > 0 ? arena_reals(ar, (size_t)N * H) : NULL;
     ma->jitter = c->moe_input_jitter_eps > 0 ? arena_reals(ar, (size_t)N * H) : NULL;
     ma->logits = arena_reals(ar, (size_t)N * E);
     ma->route.scores = arena_reals(ar, (size_t)N * E);

@@ -62,8 +62,9 @@ typedef struct {
 } Batch;
 
 typedef struct {
-    real *router_input; // (N,H) ln2, times the jitter noise when jitter is on
-    real *jitter;       // (N,H) the noise factors (valid when jitter_used)
+    const real *router_input;  // (N,H) ln2 itself, or jittered_input
+    real *jittered_input;      // (N,H) ln2 ⊙ jitter (allocated with --moe-input-jitter-eps)
+    real *jitter;              // (N,H) the noise factors (valid when jitter_used)
     int jitter_used;
     real *logits;       // (N,E) router_input·W_routerᵀ (random normal with forced balancing)
     RouterCall call;

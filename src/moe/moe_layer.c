@@ -26,15 +26,14 @@ static void router_input(const Model *m, int layer, LayerActs *la, const Batch *
     size_t n = (size_t)N * m->cfg.hidden_size;
     double eps = m->cfg.moe_input_jitter_eps;
     ma->jitter_used = batch->training && eps > 0;
-    if (!ma->jitter_used) {
-        vec_copy(ma->router_input, la->ln2, n);
-        return;
-    }
+    ma->router_input = la->ln2;
+    if (!ma->jitter_used) return;
     Rng rng = layer_noise(batch, layer, NOISE_JITTER);
     for (size_t i = 0; i < n; i++) {
         ma->jitter[i] = (real)(1 - eps + 2 * eps * rng_uniform(&rng));
-        ma->router_input[i] = la->ln2[i] * ma->jitter[i];
+        ma->jittered_input[i] = la->ln2[i] * ma->jitter[i];
     }
+    ma->router_input = ma->jittered_input;
 }
 
 // logits (N,E) = router_input · W_routerᵀ in the router dtype
@@ -141,11 +140,15 @@ void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
     // logits pass their gradient straight through to the real ones
     gather_choice_values(a->d_choice_probs, a->d_row_probs, &ma->plan);
     router_backward(a->d_router_logits, a->d_choice_probs, ma->logits, &ma->route, &m->router, &ma->call, loss_scale);
-    vec_zero(a->d_router_input, (size_t)N * H);
-    linear_backward(a->d_router_input, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,
-                    tt_param(&m->tt, lp->router), N, H, E);
-    if (ma->jitter_used)
+    if (!ma->jitter_used) {  // the router read ln2 itself: its input gradient adds straight in
+        linear_backward(a->d_norm, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,
+                        tt_param(&m->tt, lp->router), N, H, E);
+    } else {                 // x̃ = ln2 ⊙ jitter: dx = (dl·W_r) ⊙ jitter
+        vec_zero(a->d_router_input, (size_t)N * H);
+        linear_backward(a->d_router_input, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,
+                        tt_param(&m->tt, lp->router), N, H, E);
         for (size_t i = 0; i < (size_t)N * H; i++) a->d_router_input[i] *= ma->jitter[i];
-    vec_add(a->d_norm, a->d_router_input, (size_t)N * H);
+        vec_add(a->d_norm, a->d_router_input, (size_t)N * H);
+    }
     if (lp->shared_gate >= 0) shared_expert_backward(m, lp, la, a, d_out);
 }
