@@ -11,6 +11,7 @@
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "hf/hf_config.h"
+#include "hf/hf_weights.h"
 
 #define CKPT_PATH_MAX (MT_PATH_MAX + 64)
 
@@ -190,21 +191,6 @@ static void reject_unexpected_tensors(const StFile *f, const char *path, const M
     }
 }
 
-static void load_model_tensors(const char *dir, Model *m) {
-    char path[CKPT_PATH_MAX + 64];
-    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-    if (!file_exists(path)) mt_die("--load: %s is missing; the checkpoint is incomplete", path);
-    StFile f;
-    open_safetensors(&f, path);
-    for (int i = 0; i < m->tt.count; i++) {
-        const TensorDesc *d = &m->tt.descs[i];
-        read_tensor(&f, path, d->name, d, tt_param(&m->tt, i));
-    }
-    static const char *const no_prefix[] = {""};
-    reject_unexpected_tensors(&f, path, m, no_prefix, 1);
-    st_close(&f);
-}
-
 static void load_optimizer(const char *dir, const Model *m, Optimizer *opt) {
     char path[CKPT_PATH_MAX + 64], name[MT_NAME_MAX + 16];
     snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
@@ -238,7 +224,7 @@ static void load_trainer_state(const char *dir, TrainerState *st, Optimizer *opt
 }
 
 void checkpoint_load(const char *dir, Model *m, Optimizer *opt, TrainerState *st) {
-    load_model_tensors(dir, m);
+    hf_weights_load(dir, m);
     if (!opt) return;
     char path[CKPT_PATH_MAX + 64];
     snprintf(path, sizeof(path), "%s/trainer_state.json", dir);

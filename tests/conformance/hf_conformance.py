@@ -10,7 +10,10 @@ transformers (float32, CPU) and compare logits, loss, per-layer routing and
 
 The `import_*` cases go the other way: build a tiny random model in transformers from a
 MixtralConfig / Qwen3MoeConfig, `save_pretrained` it, run `moetron forward --load` on that
-plain Hugging Face directory and compare logits, loss, routing and every gradient.
+plain Hugging Face directory and compare logits, loss, routing and every gradient. The
+`import_qwen3_sharded_fused_bf16` case rewrites such a directory into the Hub layouts (3 shards +
+model.safetensors.index.json, fused 3-D expert tensors, some BF16 tensors) and also checks that an
+index naming a missing shard is rejected with one error line.
 
 Prints one line per case, `ok <case>` or `FAIL <case>: <why>`, and exits
 non-zero when any case fails. Needs python3 with torch, transformers (v5),
@@ -593,6 +596,153 @@ def run_import_case(moetron, name, cfg_cls, cfg_kwargs, aux_check, workdir):
     return detail
 
 
+# Hub layouts: a transformers Qwen3-MoE model rewritten as 3 shards + index.json, with fused
+# 3-D expert tensors per layer and some tensors stored as BF16 (the HF model gets the same
+# bf16-rounded weights, so the usual tolerances hold).
+LAYOUT_CASES = [
+    ("import_qwen3_sharded_fused_bf16",
+     dict(IMPORT_BASE, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+          norm_topk_prob=True, mlp_only_layers=[], rope_theta=1e6, rms_norm_eps=1e-6,
+          tie_word_embeddings=False)),
+]
+LAYOUT_SHARDS = 3
+LAYOUT_BF16_RE = re.compile(r"embed_tokens|layers\.0\.self_attn\.q_proj|layers\.1\.mlp\.experts|lm_head")
+
+
+def fuse_experts(tensors):
+    """transformers v5's fused layout from per-expert Qwen3-MoE tensors: per layer
+    mlp.experts.gate_up_proj [E, 2I, H] (gate rows first) and mlp.experts.down_proj [E, H, I]."""
+    import torch
+    out, parts = {}, {}
+    for k, v in tensors.items():
+        m = EXPERT_RE.match(k)
+        if m:
+            parts.setdefault(int(m.group(1)), {})[(int(m.group(3)), m.group(4))] = v
+        else:
+            out[k] = v
+    for layer, p in parts.items():
+        n_exp = 1 + max(e for e, _ in p)
+        base = f"model.layers.{layer}.mlp.experts."
+        out[base + "gate_up_proj"] = torch.stack(
+            [torch.cat([p[(e, "gate_proj")], p[(e, "up_proj")]], 0) for e in range(n_exp)]).contiguous()
+        out[base + "down_proj"] = torch.stack([p[(e, "down_proj")] for e in range(n_exp)]).contiguous()
+    return out
+
+
+def write_shards(tensors, hf_dir, n_shards):
+    """Round-robin the tensors (sorted by name) over n_shards files plus model.safetensors.index.json."""
+    from safetensors.torch import save_file
+    names = sorted(tensors)
+    shard_of = {n: f"model-{i % n_shards + 1:05d}-of-{n_shards:05d}.safetensors" for i, n in enumerate(names)}
+    for shard in sorted(set(shard_of.values())):
+        save_file({n: tensors[n] for n in names if shard_of[n] == shard}, os.path.join(hf_dir, shard),
+                  metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(os.path.join(hf_dir, "model.safetensors.index.json"), "w") as fh:
+        json.dump({"metadata": {"total_size": total}, "weight_map": shard_of}, fh, indent=2)
+    os.remove(os.path.join(hf_dir, "model.safetensors"))
+    return shard_of
+
+
+def check_broken_index(moetron, hf_dir, workdir, in_path):
+    """A weight_map naming a shard that is not there: non-zero exit, one 'moetron: error:' line."""
+    bad_dir = os.path.join(workdir, "hf_bad_index")
+    shutil.copytree(hf_dir, bad_dir)
+    idx_path = os.path.join(bad_dir, "model.safetensors.index.json")
+    with open(idx_path) as fh:
+        idx = json.load(fh)
+    victim = sorted(idx["weight_map"])[0]
+    idx["weight_map"][victim] = "model-00009-of-00009.safetensors"
+    with open(idx_path, "w") as fh:
+        json.dump(idx, fh)
+    p = subprocess.run([moetron, "forward", "--load", bad_dir, "--input", in_path,
+                        "--dump", os.path.join(workdir, "bad.safetensors")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CMD_TIMEOUT)
+    err = p.stderr.decode(errors="replace").strip().splitlines()
+    check(p.returncode != 0, "moetron forward accepted an index naming a missing shard")
+    check(len(err) == 1 and err[0].startswith("moetron: error:") and "model-00009-of-00009" in err[0],
+          f"broken index: expected one 'moetron: error:' line naming the missing shard, got {err[:3]}")
+
+
+def run_import_layout_case(moetron, name, cfg_kwargs, workdir):
+    import torch
+    import transformers
+    from safetensors.numpy import save_file as save_np
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = transformers.Qwen3MoeConfig(**cfg_kwargs)
+    kwargs = {}
+    if os.environ.get("HF_CONFORMANCE_EAGER"):
+        kwargs = {"attn_implementation": "eager", "experts_implementation": "eager"}
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **kwargs)
+    seed = sum(map(ord, name))
+    import_init(model, seed)
+    with torch.no_grad():  # the tensors stored as BF16 below hold bf16-exact values in the HF model too
+        for n, p in model.named_parameters():
+            if LAYOUT_BF16_RE.search(n):
+                p.copy_(p.bfloat16().float())
+    model.eval()
+    cfg = model.config
+    inter = cfg.moe_intermediate_size
+
+    hf_dir = os.path.join(workdir, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    check(os.path.exists(os.path.join(hf_dir, "model.safetensors")), "save_pretrained wrote no model.safetensors")
+    raw = load_file(os.path.join(hf_dir, "model.safetensors"))
+    if any(re.search(r"\.experts\.(gate_up_proj|down_proj)$", k) for k in raw):  # per-expert names first
+        raw = {k: torch.from_numpy(v) for k, v in split_fused({k: v.numpy() for k, v in raw.items()}, False).items()}
+    per_expert = sorted(raw)
+    check(sum(1 for k in raw if EXPERT_RE.match(k)) == 3 * cfg.num_experts * len(moe_layer_indices(model)),
+          "the per-expert checkpoint does not have 3 tensors per expert and MoE layer")
+    # rewrite: fused experts, some tensors BF16, 3 shards + index
+    fused = fuse_experts(raw)
+    n_bf16 = 0
+    for k in fused:
+        if LAYOUT_BF16_RE.search(k):
+            fused[k] = fused[k].bfloat16()
+            n_bf16 += 1
+    check(n_bf16 >= 4, f"only {n_bf16} tensors were stored as BF16")
+    shard_of = write_shards(fused, hf_dir, LAYOUT_SHARDS)
+    check(len(set(shard_of.values())) == LAYOUT_SHARDS, "the rewrite did not produce 3 shards")
+
+    in_path = os.path.join(workdir, "in.safetensors")
+    out_path = os.path.join(workdir, "out.safetensors")
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, cfg.vocab_size, size=(IMPORT_BATCH, IMPORT_SEQ)).astype(np.int32)
+    labels = np.full_like(ids, -100)
+    labels[:, :-1] = ids[:, 1:]
+    save_np({"input_ids": ids, "labels": labels}, in_path)
+    run_cmd([moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"],
+            "moetron forward (sharded, fused, bf16)")
+    dump = load_dump(out_path)
+
+    out = model(input_ids=torch.from_numpy(ids.astype(np.int64)), output_router_logits=True, use_cache=False)
+    logits = out.logits
+    mt_logits = dump["logits"]
+    check(tuple(mt_logits.shape) == tuple(logits.shape),
+          f"logits shape {list(mt_logits.shape)} vs HF {list(logits.shape)}")
+    d_logits, at = maxdiff_where(mt_logits, logits.detach().numpy())
+    check(d_logits <= LOGIT_TOL, f"logits max abs diff {d_logits:.3e} at {at} (tol {LOGIT_TOL})")
+    lab_t = torch.from_numpy(labels.reshape(-1).astype(np.int64))
+    sel_t = lab_t >= 0
+    lm_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1])[sel_t], lab_t[sel_t])
+    mt_loss = scalar(dump["loss"], "loss")
+    d_loss = abs(mt_loss - float(lm_loss.detach()))
+    check(d_loss <= LOSS_TOL, f"loss moetron {mt_loss:.8f} vs HF {float(lm_loss.detach()):.8f} (diff {d_loss:.3e})")
+    compare_routing(dump, model, out.router_logits, IMPORT_BATCH * IMPORT_SEQ)
+
+    model.zero_grad(set_to_none=True)
+    lm_loss.backward()
+    params = dict(model.named_parameters())
+    hf_grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
+    rel, where = compare_grads_l2(dump, per_expert, hf_grads, inter)
+
+    check_broken_index(moetron, hf_dir, workdir, in_path)
+    return (f"{LAYOUT_SHARDS} shards, {n_bf16} BF16 tensors, logits diff {d_logits:.1e}, loss diff {d_loss:.1e}, "
+            f"worst grad rel L2 {rel:.1e} in {where}; broken index rejected")
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
@@ -600,6 +750,7 @@ def main():
     moetron = os.path.abspath(sys.argv[1])
     wanted = sys.argv[2:]
     all_cases = [(c[0], run_case, c[1:]) for c in CASES] + [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES]
+    all_cases += [(c[0], run_import_layout_case, c[1:]) for c in LAYOUT_CASES]
     cases = [c for c in all_cases if not wanted or any(c[0].startswith(w) for w in wanted)]
     if not cases:
         print(f"no case matches {wanted}", file=sys.stderr)

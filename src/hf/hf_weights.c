@@ -1,0 +1,279 @@
+// hf_weights.c — reading the model's weights from a checkpoint or Hugging Face
+// directory: model.safetensors, or the shards named by model.safetensors.index.json;
+// per-expert or fused 3-D expert tensors; any floating dtype, FP8 with 128×128 block
+// scales. Every tensor the files hold must be used.
+#include "hf/hf_weights.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/json.h"
+#include "core/safetensors.h"
+
+#define WEIGHTS_PATH_MAX (MT_PATH_MAX + 64)
+
+static int file_exists(const char *path) {
+    struct stat s;
+    return stat(path, &s) == 0;
+}
+
+static void open_safetensors(StFile *f, const char *path) {
+    char err[512];
+    if (st_open(f, path, err, sizeof(err))) mt_die("%s: %s", path, err);
+}
+
+// A WeightSource is the set of safetensors files holding the model: model.safetensors alone,
+// or the shards named by model.safetensors.index.json. Tensors are looked up by name (through
+// the index's weight_map when sharded) and marked as used when read; whatever is left unused
+// at the end is an unexpected tensor.
+
+typedef struct {
+    const char *name;   // tensor name (owned by the parsed index)
+    int file;           // index into WeightSource.files
+} MapEntry;
+
+typedef struct {
+    int n_files;
+    StFile *files;
+    char **paths;
+    unsigned char **used;      // [n_files][n_tensors of that file]
+    int n_map;                 // sharded only: weight_map entries sorted by name
+    MapEntry *map;
+    JsonValue *index;          // sharded only: the parsed index (owns the names)
+    char where[WEIGHTS_PATH_MAX + 64];  // the file named in errors: model.safetensors or the index
+} WeightSource;
+
+// Open one more file of the source (st_open validates it; a bad file is fatal).
+static int ws_add_file(WeightSource *ws, const char *path) {
+    ws->files = mt_realloc(ws->files, (size_t)(ws->n_files + 1) * sizeof(*ws->files));
+    ws->paths = mt_realloc(ws->paths, (size_t)(ws->n_files + 1) * sizeof(*ws->paths));
+    ws->used = mt_realloc(ws->used, (size_t)(ws->n_files + 1) * sizeof(*ws->used));
+    StFile *f = &ws->files[ws->n_files];
+    open_safetensors(f, path);
+    ws->paths[ws->n_files] = mt_strdup(path);
+    ws->used[ws->n_files] = mt_calloc((size_t)f->n_tensors + 1, 1);
+    return ws->n_files++;
+}
+
+static int map_entry_cmp(const void *a, const void *b) {
+    return strcmp(((const MapEntry *)a)->name, ((const MapEntry *)b)->name);
+}
+
+// A shard name from the index must be a plain file name next to the index.
+static int shard_name_ok(const char *s) {
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+// The file index of shard `shard`, opening it on first use (each shard is opened once).
+static int ws_shard(WeightSource *ws, const char *dir, const char *shard) {
+    char path[WEIGHTS_PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/%s", dir, shard);
+    for (int i = 0; i < ws->n_files; i++)
+        if (strcmp(ws->paths[i], path) == 0) return i;
+    if (!file_exists(path))
+        mt_die("%s: weight_map names shard %s, which is missing (%s); download every shard the index lists",
+               ws->where, shard, path);
+    return ws_add_file(ws, path);
+}
+
+// Parse model.safetensors.index.json, open its shards and check that every mapped tensor
+// is in its shard.
+static void ws_open_sharded(WeightSource *ws, const char *dir) {
+    char err[512];
+    ws->index = json_parse_file(ws->where, err, sizeof(err));
+    if (!ws->index) mt_die("%s: %s; the index is damaged (re-download it)", ws->where, err);
+    const JsonValue *wm = json_get(ws->index, "weight_map");
+    if (!wm || wm->type != JSON_OBJECT)
+        mt_die("%s: needs a \"weight_map\" object {tensor name: shard file}; the index is damaged", ws->where);
+    ws->n_map = (int)wm->count;
+    ws->map = mt_calloc((size_t)ws->n_map + 1, sizeof(*ws->map));
+    for (int i = 0; i < ws->n_map; i++) {
+        const JsonValue *v = &wm->items[i];
+        if (v->type != JSON_STRING || !shard_name_ok(v->string))
+            mt_die("%s: weight_map entry %s must be the file name of a shard in the same directory",
+                   ws->where, wm->keys[i]);
+        int file = ws_shard(ws, dir, v->string);
+        if (!st_find(&ws->files[file], wm->keys[i]))
+            mt_die("%s: weight_map puts tensor %s in %s, but that shard does not hold it; the index and "
+                   "the shards do not match (re-download them)", ws->where, wm->keys[i], v->string);
+        ws->map[i] = (MapEntry){wm->keys[i], file};
+    }
+    qsort(ws->map, (size_t)ws->n_map, sizeof(*ws->map), map_entry_cmp);
+    for (int i = 1; i < ws->n_map; i++)
+        if (strcmp(ws->map[i - 1].name, ws->map[i].name) == 0)
+            mt_die("%s: weight_map lists tensor %s twice; the index is damaged", ws->where, ws->map[i].name);
+}
+
+// model.safetensors when present, else the shards of model.safetensors.index.json.
+static void ws_open(WeightSource *ws, const char *dir) {
+    memset(ws, 0, sizeof(*ws));
+    snprintf(ws->where, sizeof(ws->where), "%s/model.safetensors", dir);
+    if (file_exists(ws->where)) {
+        ws_add_file(ws, ws->where);
+        return;
+    }
+    snprintf(ws->where, sizeof(ws->where), "%s/model.safetensors.index.json", dir);
+    if (!file_exists(ws->where))
+        mt_die("--load: %s/model.safetensors is missing (and there is no model.safetensors.index.json with "
+               "shards); the checkpoint is incomplete", dir);
+    ws_open_sharded(ws, dir);
+}
+
+static void ws_close(WeightSource *ws) {
+    for (int i = 0; i < ws->n_files; i++) {
+        st_close(&ws->files[i]);
+        free(ws->paths[i]);
+        free(ws->used[i]);
+    }
+    free(ws->files);
+    free(ws->paths);
+    free(ws->used);
+    free(ws->map);
+    json_free(ws->index);
+}
+
+// Look a tensor up (through the weight_map when sharded); NULL when absent. *file is set
+// to the file that holds it.
+static const StTensor *ws_find(const WeightSource *ws, const char *name, int *file) {
+    if (!ws->map) {
+        *file = 0;
+        return st_find(&ws->files[0], name);
+    }
+    MapEntry key = {name, 0};
+    const MapEntry *e = bsearch(&key, ws->map, (size_t)ws->n_map, sizeof(*ws->map), map_entry_cmp);
+    if (!e) return NULL;
+    *file = e->file;
+    return st_find(&ws->files[e->file], name);
+}
+
+static void ws_mark_used(WeightSource *ws, int file, const StTensor *t) {
+    ws->used[file][t - ws->files[file].tensors] = 1;
+}
+
+static void format_shape(char *out, size_t len, int ndim, const int64_t *shape) {
+    out[0] = 0;
+    for (int i = 0; i < ndim; i++)
+        snprintf(out + strlen(out), len - strlen(out), "%s%lld", i ? "," : "", (long long)shape[i]);
+}
+
+static void check_shape(const WeightSource *ws, const char *name, const StTensor *t, int ndim,
+                        const int64_t *shape) {
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (same) return;
+    char want[96], got[96];
+    format_shape(want, sizeof(want), ndim, shape);
+    format_shape(got, sizeof(got), t->ndim, t->shape);
+    mt_die("%s: tensor %s has shape [%s] but the model needs [%s]", ws->where, name, got, want);
+}
+
+static void convert_real(const WeightSource *ws, int file, const char *name, const StTensor *t, real *out) {
+    if (st_read_real(&ws->files[file], t, out))
+        mt_die("%s: tensor %s has dtype %s; expected a floating-point dtype", ws->where, name,
+               st_dtype_name(t->dtype));
+}
+
+// DeepSeek-style FP8: an F8_E4M3 matrix NAME with a companion NAME_scale_inv holding one
+// factor per 128x128 block ([ceil(rows/128), ceil(cols/128)]). Multiplies out in place.
+static void apply_block_scales(WeightSource *ws, const char *name, const StTensor *t, real *out) {
+    enum { BLOCK = 128 };
+    if (t->dtype != ST_F8_E4M3 || t->ndim != 2) return;
+    char sname[MT_NAME_MAX + 16];
+    snprintf(sname, sizeof(sname), "%s_scale_inv", name);
+    int file;
+    const StTensor *s = ws_find(ws, sname, &file);
+    if (!s) return;
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    int64_t want[2] = {(rows + BLOCK - 1) / BLOCK, (cols + BLOCK - 1) / BLOCK};
+    check_shape(ws, sname, s, 2, want);
+    real *scale = mt_malloc((size_t)st_numel(s) * sizeof(real));
+    convert_real(ws, file, sname, s, scale);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) out[r * cols + c] *= scale[(r / BLOCK) * want[1] + c / BLOCK];
+    free(scale);
+    ws_mark_used(ws, file, s);
+}
+
+// Which part of an expert's MLP a per-expert name is: 0 gate, 1 up, 2 down, -1 none.
+static int expert_part(const char *name) {
+    static const char *const suffixes[3][2] = {
+        {".gate_proj.weight", ".w1.weight"}, {".up_proj.weight", ".w3.weight"}, {".down_proj.weight", ".w2.weight"}};
+    size_t len = strlen(name);
+    for (int part = 0; part < 3; part++)
+        for (int k = 0; k < 2; k++) {
+            size_t sl = strlen(suffixes[part][k]);
+            if (len > sl && strcmp(name + len - sl, suffixes[part][k]) == 0) return part;
+        }
+    return -1;
+}
+
+// transformers v5 fuses a layer's experts: mlp.experts.gate_up_proj [E, 2I, H] (gate rows
+// first) and mlp.experts.down_proj [E, H, I]. Reads expert d->expert's slice of the part
+// d names; returns 0 when the fused tensor is absent. fused_name receives the name tried.
+static int read_fused_expert(WeightSource *ws, const Model *m, const TensorDesc *d, real *out, char *fused_name) {
+    int part = expert_part(d->name);
+    if (part < 0 || d->ndim != 2 || d->layer < 0 || d->expert < 0) return 0;
+    const char *which = part == 2 ? "down_proj" : "gate_up_proj";
+    int file = 0;
+    // transformers v5 uses mlp.experts for both families; older conversions of Mixtral may
+    // keep block_sparse_moe. Errors name the transformers v5 spelling.
+    snprintf(fused_name, MT_NAME_MAX + 32, "model.layers.%d.block_sparse_moe.experts.%s", d->layer, which);
+    const StTensor *t = ws_find(ws, fused_name, &file);
+    if (!t) {
+        snprintf(fused_name, MT_NAME_MAX + 32, "model.layers.%d.mlp.experts.%s", d->layer, which);
+        t = ws_find(ws, fused_name, &file);
+    }
+    if (!t) return 0;
+    int64_t rows = d->shape[0], cols = d->shape[1];
+    int64_t want[3] = {m->cfg.num_experts, part == 2 ? rows : 2 * rows, cols};
+    check_shape(ws, fused_name, t, 3, want);
+    // The slice is contiguous: expert e, rows [part*rows, (part+1)*rows) of the middle axis.
+    StTensor slice = *t;
+    int64_t first = (int64_t)d->expert * want[1] * cols + (part == 1 ? rows * cols : 0);
+    slice.ndim = 2;
+    slice.shape[0] = rows;
+    slice.shape[1] = cols;
+    slice.begin = t->begin + (uint64_t)first * st_dtype_size(t->dtype);
+    slice.end = slice.begin + (uint64_t)(rows * cols) * st_dtype_size(t->dtype);
+    convert_real(ws, file, fused_name, &slice, out);
+    ws_mark_used(ws, file, t);
+    return 1;
+}
+
+// Read the model tensor d: under its own name, else as a slice of a fused expert tensor.
+static void ws_read_param(WeightSource *ws, const Model *m, const TensorDesc *d, real *out) {
+    int file;
+    const StTensor *t = ws_find(ws, d->name, &file);
+    if (t) {
+        check_shape(ws, d->name, t, d->ndim, d->shape);
+        convert_real(ws, file, d->name, t, out);
+        ws_mark_used(ws, file, t);
+        apply_block_scales(ws, d->name, t, out);
+        return;
+    }
+    char fused[MT_NAME_MAX + 32] = "";
+    if (read_fused_expert(ws, m, d, out, fused)) return;
+    if (fused[0])
+        mt_die("%s: tensor %s is missing (and so is the fused %s); the checkpoint does not match its "
+               "config.json", ws->where, d->name, fused);
+    mt_die("%s: tensor %s is missing; the checkpoint does not match its config.json", ws->where, d->name);
+}
+
+// Every tensor of every file must have been read (or used as a fused tensor / block scale).
+static void ws_reject_unused(const WeightSource *ws) {
+    for (int i = 0; i < ws->n_files; i++)
+        for (int k = 0; k < ws->files[i].n_tensors; k++)
+            if (!ws->used[i][k])
+                mt_die("%s: unexpected tensor %s; the checkpoint does not match its config.json", ws->paths[i],
+                       ws->files[i].tensors[k].name);
+}
+
+void hf_weights_load(const char *dir, Model *m) {
+    WeightSource ws;
+    ws_open(&ws, dir);
+    for (int i = 0; i < m->tt.count; i++) ws_read_param(&ws, m, &m->tt.descs[i], tt_param(&m->tt, i));
+    ws_reject_unused(&ws);
+    ws_close(&ws);
+}
+
