@@ -268,17 +268,23 @@ def compare_weights(ckpt_tensors, params, inter):
         check(np.array_equal(hw, w), f"{name}: transformers holds different values than the checkpoint")
 
 
-def compare_grads(dump, ckpt_names, grads, inter):
+def paired_grads(dump, ckpt_names, grads, inter, what=""):
+    """Check the dump has exactly the checkpoint's gradients; yield (name, moetron, HF) pairs."""
     dumped = {k[len("grad."):] for k in dump if k.startswith("grad.")}
     missing = sorted(set(ckpt_names) - dumped)
     extra = sorted(dumped - set(ckpt_names))
-    check(not missing, f"dump lacks gradients for {len(missing)} tensors, e.g. {missing[:3]}")
-    check(not extra, f"dump has gradients for tensors not in the checkpoint: {extra[:3]}")
-    worst = (0.0, None)
+    check(not missing, f"{what}dump lacks gradients for {len(missing)} tensors, e.g. {missing[:3]}")
+    check(not extra, f"{what}dump has gradients for tensors not in the checkpoint: {extra[:3]}")
     for name in sorted(ckpt_names):
         g_mt = to_f64(dump["grad." + name])
         g_hf = to_f64(hf_view(grads, name, inter).numpy())
-        check(g_mt.shape == g_hf.shape, f"grad.{name}: shape {list(g_mt.shape)} vs HF {list(g_hf.shape)}")
+        check(g_mt.shape == g_hf.shape, f"{what}grad.{name}: shape {list(g_mt.shape)} vs HF {list(g_hf.shape)}")
+        yield name, g_mt, g_hf
+
+
+def compare_grads(dump, ckpt_names, grads, inter):
+    worst = (0.0, None)
+    for name, g_mt, g_hf in paired_grads(dump, ckpt_names, grads, inter):
         scale = float(np.abs(g_hf).max()) if g_hf.size else 0.0
         d, at = maxdiff_where(g_mt, g_hf)
         tol = GRAD_RTOL * scale + GRAD_ATOL
@@ -433,16 +439,8 @@ def hf_aux_objective(router_logits, dump, moe_layers):
 
 
 def compare_grads_l2(dump, ckpt_names, grads, inter, what=""):
-    dumped = {k[len("grad."):] for k in dump if k.startswith("grad.")}
-    missing = sorted(set(ckpt_names) - dumped)
-    extra = sorted(dumped - set(ckpt_names))
-    check(not missing, f"{what}dump lacks gradients for {len(missing)} tensors, e.g. {missing[:3]}")
-    check(not extra, f"{what}dump has gradients for tensors not in model.safetensors: {extra[:3]}")
     worst = (0.0, None)
-    for name in sorted(ckpt_names):
-        g_mt = to_f64(dump["grad." + name])
-        g_hf = to_f64(hf_view(grads, name, inter).numpy())
-        check(g_mt.shape == g_hf.shape, f"{what}grad.{name}: shape {list(g_mt.shape)} vs HF {list(g_hf.shape)}")
+    for name, g_mt, g_hf in paired_grads(dump, ckpt_names, grads, inter, what):
         err = float(np.linalg.norm(g_mt - g_hf))
         ref = float(np.linalg.norm(g_hf))
         check(err <= IMPORT_GRAD_RTOL * ref + GRAD_ATOL,
