@@ -43,25 +43,6 @@ static int sample_token(const real *logits, int vocab, double temperature, int t
     return best;
 }
 
-static KvCache *kv_caches_new(const Config *c) {
-    KvCache *kv = mt_calloc(c->num_layers, sizeof(KvCache));
-    size_t width = (size_t)c->kv_heads * c->head_dim;
-    for (int l = 0; l < c->num_layers; l++) {
-        kv[l].capacity = c->max_positions;
-        kv[l].k = mt_calloc((size_t)c->max_positions * width, sizeof(real));
-        kv[l].v = mt_calloc((size_t)c->max_positions * width, sizeof(real));
-    }
-    return kv;
-}
-
-static void kv_caches_free(KvCache *kv, int layers) {
-    for (int l = 0; l < layers; l++) {
-        free(kv[l].k);
-        free(kv[l].v);
-    }
-    free(kv);
-}
-
 int generate_main(Config *c) {
     Model m;
     load_model_for_inference(&m, c);
@@ -72,7 +53,7 @@ int generate_main(Config *c) {
                c->max_new_tokens, c->max_positions);
     int32_t *tokens = mt_malloc((size_t)(prompt_len + c->max_new_tokens + 1) * sizeof(int32_t));
     for (int i = 0; i < prompt_len; i++) tokens[i] = (unsigned char)c->prompt[i];
-    KvCache *kv = kv_caches_new(c);
+    KvCache *kv = kv_caches_new(&m);
     ModelActs prefill, step;
     acts_alloc(&prefill, &m, 1, prompt_len);
     acts_alloc(&step, &m, 1, 1);
@@ -98,7 +79,7 @@ int generate_main(Config *c) {
     fputc('\n', stdout);
     acts_free(&prefill);
     acts_free(&step);
-    kv_caches_free(kv, c->num_layers);
+    kv_caches_free(kv, &m);
     free(tokens);
     model_free(&m);
     return 0;

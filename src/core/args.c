@@ -35,6 +35,14 @@ static const FlagSpec FLAGS[] = {
     F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
     F("qk-layernorm", FLAG_BOOL, qk_layernorm, TR, 1, "per-head RMSNorm on queries and keys (Qwen3-MoE family)"),
+    F("qk-layernorm-scope", FLAG_STRING, qk_layernorm_scope, TR, 1, "head: one RMSNorm per head (Qwen3-MoE); projection: over all heads of q and of k (OLMoE)"),
+    F("clip-qkv", FLAG_DOUBLE, clip_qkv, TR, 1, "clamp queries, keys and values to [-x, x] after projection (OLMoE; 0 = off)"),
+    F("multi-latent-attention", FLAG_BOOL, multi_latent_attention, TR, 1, "Multi-Latent Attention (DeepSeek-V3): low-rank keys/values, decoupled RoPE key"),
+    F("q-lora-rank", FLAG_INT, q_lora_rank, TR, 1, "MLA: rank of the query compression (0 = full-rank q projection)"),
+    F("kv-lora-rank", FLAG_INT, kv_lora_rank, TR, 1, "MLA: rank of the key/value compression"),
+    F("qk-head-dim", FLAG_INT, qk_head_dim, TR, 1, "MLA: query/key head width without the rotary part"),
+    F("qk-pos-emb-head-dim", FLAG_INT, qk_pos_emb_head_dim, TR, 1, "MLA: rotary query/key width (the rotary key is shared by all heads)"),
+    F("v-head-dim", FLAG_INT, v_head_dim, TR, 1, "MLA: value head width"),
     F("untie-embeddings-and-output-weights", FLAG_BOOL, untie_embeddings_and_output_weights, TR, 1, "separate LM head instead of the embedding matrix"),
     F("init-method-std", FLAG_DOUBLE, init_method_std, TR, 0, "std of the normal weight init; output projections get std/sqrt(2*layers)"),
     F("swiglu", FLAG_BOOL, swiglu, TR, 0, "accepted for Megatron scripts; SwiGLU is always used"),
@@ -98,6 +106,10 @@ static const FlagSpec FLAGS[] = {
     F("log-interval", FLAG_INT, log_interval, TR, 0, "print a line every N steps"),
     F("log-jsonl", FLAG_STRING, log_jsonl, TR, 0, "append one JSON object per logged step to this file"),
     F("peak-tflops", FLAG_DOUBLE, peak_tflops, TR, 0, "device peak for MFU (0 = measure this machine's GEMM ceiling)"),
+    F("hf-architecture", FLAG_STRING, hf_architecture, TR, 1, "auto, mixtral, qwen3_moe, olmoe, deepseek_v3: the Hugging Face family checkpoints are saved as"),
+    F("ckpt-dtype", FLAG_STRING, ckpt_dtype, TR, 0, "fp32, bf16: dtype of the weights in model safetensors (bf16 keeps fp32 master weights in optimizer.safetensors)"),
+    F("max-shard-size", FLAG_STRING, max_shard_size, TR, 0, "split model safetensors into shards above this size (e.g. 5GB, 500MB, or bytes)"),
+    F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL, 0, "tokenizer.json (byte-level BPE) for generate, copied into checkpoints (default: the one in --load)"),
     // generate
     F("prompt", FLAG_STRING, prompt, CMD_GENERATE, 0, "text to continue"),
     F("max-new-tokens", FLAG_INT, max_new_tokens, CMD_GENERATE, 0, "tokens to generate"),
@@ -128,6 +140,14 @@ void config_defaults(Config *c) {
     c->norm_epsilon = 1e-5;
     c->rotary_base = 10000;
     c->init_method_std = 0.02;
+    strcpy(c->qk_layernorm_scope, "head");
+    c->kv_lora_rank = 32;
+    c->qk_head_dim = 128;
+    c->qk_pos_emb_head_dim = 64;
+    c->v_head_dim = 128;
+    strcpy(c->hf_architecture, "auto");
+    strcpy(c->ckpt_dtype, "fp32");
+    strcpy(c->max_shard_size, "5GB");
     strcpy(c->normalization, "RMSNorm");
     strcpy(c->position_embedding_type, "rope");
     c->num_experts = 8;
@@ -460,6 +480,55 @@ static void validate_router(Config *c) {
     }
 }
 
+// --qk-layernorm-scope, --clip-qkv and Multi-Latent Attention.
+static void validate_attention(Config *c) {
+    static const char *const scopes[] = {"head", "projection"};
+    int scope = lookup(c->qk_layernorm_scope, scopes, 2);
+    if (scope < 0) mt_die("--qk-layernorm-scope %s: use head or projection", c->qk_layernorm_scope);
+    if (scope == 1 && !c->qk_layernorm) mt_die("--qk-layernorm-scope projection needs --qk-layernorm");
+    c->qk_norm_whole = c->qk_layernorm && scope == 1;
+    if (c->clip_qkv < 0) mt_die("--clip-qkv must be >= 0 (0 = off)");
+    c->rope_dim = c->head_dim;
+    if (!c->multi_latent_attention) return;
+    if (c->group_query_attention)
+        mt_die("--multi-latent-attention has one key/value head per query head; drop --group-query-attention");
+    if (c->clip_qkv > 0) mt_die("--clip-qkv applies to standard attention, not --multi-latent-attention");
+    if (c->q_lora_rank < 0) mt_die("--q-lora-rank must be >= 0 (0 = full-rank query projection)");
+    require_positive("kv-lora-rank", c->kv_lora_rank);
+    require_positive("qk-head-dim", c->qk_head_dim);
+    require_positive("qk-pos-emb-head-dim", c->qk_pos_emb_head_dim);
+    require_positive("v-head-dim", c->v_head_dim);
+    if (c->qk_pos_emb_head_dim % 2) mt_die("--qk-pos-emb-head-dim %d must be even for rotary embeddings", c->qk_pos_emb_head_dim);
+    c->head_dim = c->qk_head_dim + c->qk_pos_emb_head_dim;  // query/key width per head
+    c->kv_heads = c->num_attention_heads;
+    c->rope_dim = c->qk_pos_emb_head_dim;
+}
+
+// "5GB", "500MB", "10KB" (powers of 1000, as Hugging Face) or a number of bytes.
+static int64_t parse_size(const char *flag, const char *text) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    static const struct { const char *suffix; double scale; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+    for (size_t i = 0; end != text && errno == 0 && i < sizeof(units) / sizeof(units[0]); i++)
+        if (!strcmp(end, units[i].suffix) && v * units[i].scale >= 1 && v * units[i].scale < 9e18)
+            return (int64_t)(v * units[i].scale);
+    mt_die("--%s %s: expected a size like 5GB, 500MB or a number of bytes", flag, text);
+}
+
+static void validate_checkpoint_format(Config *c) {
+    static const char *const dtypes[] = {"fp32", "bf16"};
+    static const char *const families[] = {"auto", "mixtral", "qwen3_moe", "olmoe", "deepseek_v3"};
+    int dtype = lookup(c->ckpt_dtype, dtypes, 2);
+    if (dtype < 0) mt_die("--ckpt-dtype %s: use fp32 or bf16", c->ckpt_dtype);
+    c->ckpt_bf16 = dtype == 1;
+    c->max_shard_bytes = parse_size("max-shard-size", c->max_shard_size);
+    if (lookup(c->hf_architecture, families, 5) < 0)
+        mt_die("--hf-architecture %s: use auto, mixtral, qwen3_moe, olmoe or deepseek_v3", c->hf_architecture);
+}
+
 static void validate_moe(Config *c) {
     if (c->num_experts < 0) mt_die("--num-experts must be >= 0");
     if (c->num_experts > 0) {
@@ -504,7 +573,9 @@ static void validate_training(Config *c) {
 
 void config_validate(Config *c) {
     validate_shape(c);
+    validate_attention(c);
     validate_moe(c);
+    validate_checkpoint_format(c);
     validate_training(c);
     if (c->max_new_tokens < 0) mt_die("--max-new-tokens must be >= 0");
     if (c->temperature < 0) mt_die("--temperature must be >= 0");

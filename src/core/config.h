@@ -27,6 +27,15 @@ typedef struct {
     double norm_epsilon;
     double rotary_base;
     int qk_layernorm;
+    char qk_layernorm_scope[16];  // head | projection (OLMoE: one norm over all heads)
+    double clip_qkv;              // clamp q, k, v to [-x, x] after projection (0 = off)
+    // Multi-Latent Attention (DeepSeek-V2/V3)
+    int multi_latent_attention;
+    int q_lora_rank;              // 0 = queries projected directly (no low-rank q)
+    int kv_lora_rank;
+    int qk_head_dim;              // per-head query/key width without position embedding
+    int qk_pos_emb_head_dim;      // rotary part, one key shared by all heads
+    int v_head_dim;
     int untie_embeddings_and_output_weights;
     double init_method_std;
     // Megatron compatibility: accepted so Megatron scripts run; only these values exist.
@@ -82,7 +91,11 @@ typedef struct {
     char load[MT_PATH_MAX];
     int log_interval;
     char log_jsonl[MT_PATH_MAX];
-    double peak_tflops;           // 0 = measure this machine's GEMM ceiling at start-up
+    double peak_tflops;
+    char hf_architecture[32];     // auto | mixtral | qwen3_moe | olmoe | deepseek_v3
+    char ckpt_dtype[16];          // fp32 | bf16: weights in model safetensors
+    char max_shard_size[32];      // "5GB", "500MB", bytes: split model safetensors above this
+    char tokenizer_model[MT_PATH_MAX]; // tokenizer.json (Hugging Face byte-level BPE)           // 0 = measure this machine's GEMM ceiling at start-up
     // ---- generate ----
     char prompt[4096];
     int max_new_tokens;
@@ -95,6 +108,10 @@ typedef struct {
 
     // ---- derived by config_validate (not flags) ----
     int head_dim, kv_heads, padded_vocab_size, moe_ffn, max_positions;
+    int rope_dim;                  // rotary width per head: head_dim, or qk_pos_emb_head_dim with MLA
+    int qk_norm_whole;             // --qk-layernorm-scope projection
+    int ckpt_bf16;                 // --ckpt-dtype bf16
+    int64_t max_shard_bytes;       // --max-shard-size in bytes
     int num_micro_batches;
     int decay_iters;               // --lr-decay-iters, or --train-iters when 0
     double balance_coeff[3];       // per BalanceType (moe/router.h); 0 = off

@@ -70,7 +70,8 @@ void hf_config_write(JsonWriter *w, const Config *c, HfFamily family) {
     jw_kv_double(w, "initializer_range", c->init_method_std);
     jw_kv_int(w, "eos_token_id", BYTE_EOD_TOKEN);
     jw_kv_int(w, "bos_token_id", BYTE_EOD_TOKEN);
-    jw_kv_string(w, "torch_dtype", "float32");
+    jw_kv_string(w, "torch_dtype", c->ckpt_bf16 ? "bfloat16" : "float32");
+    jw_kv_string(w, "dtype", c->ckpt_bf16 ? "bfloat16" : "float32");
     jw_kv_bool(w, "use_cache", 1);
     jw_kv_bool(w, "output_router_logits", 0);
     jw_kv_double(w, "router_aux_loss_coef", c->balance_coeff[0]);

@@ -14,12 +14,12 @@ static AttentionShape attention_shape(const Config *c, int B, int T, int Tk, int
 }
 
 // Copy this chunk's keys and values into the cache at positions pos0 .. pos0+T (batch 1).
-static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int pos0, int width) {
+static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int pos0) {
     if (pos0 + T > kv->capacity)
         mt_die("generation needs %d positions but the model supports %d (--max-position-embeddings)",
                pos0 + T, kv->capacity);
-    memcpy(kv->k + (size_t)pos0 * width, k, (size_t)T * width * sizeof(real));
-    memcpy(kv->v + (size_t)pos0 * width, v, (size_t)T * width * sizeof(real));
+    memcpy(kv->k + (size_t)pos0 * kv->k_width, k, (size_t)T * kv->k_width * sizeof(real));
+    memcpy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width * sizeof(real));
 }
 
 void attention_block_forward(const Model *m, int layer, LayerActs *la, int B, int T,
@@ -44,7 +44,7 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, int B, in
     rope_forward(la->k, m->rope_cos_sin, N, T, pos0, c->kv_heads, d);
 
     if (kv) {
-        kv_cache_store(kv, la->k, la->v, T, pos0, kv_width);
+        kv_cache_store(kv, la->k, la->v, T, pos0);
         AttentionShape s = attention_shape(c, 1, T, pos0 + T, pos0, kv->capacity);
         attention_forward(la->att, la->lse, la->q, kv->k, kv->v, &s);
     } else {

@@ -95,9 +95,14 @@ typedef struct {
 
 // Per-layer key/value cache for generation (batch 1).
 typedef struct {
-    real *k, *v;   // (capacity, kv_heads·d)
-    int capacity;
+    real *k, *v;   // (capacity, k_width), (capacity, v_width): keys after RoPE, values
+    int capacity;  // positions (--max-position-embeddings)
+    int k_width, v_width;
 } KvCache;
+
+// One cache per layer, sized for the model's attention; freed with kv_caches_free.
+KvCache *kv_caches_new(const Model *m);
+void kv_caches_free(KvCache *kv, const Model *m);
 
 typedef struct {
     int B, T, N;            // shape of the last forward

@@ -1,0 +1,27 @@
+// kv_cache.c — per-layer key/value caches for generation (batch 1).
+#include "model/model.h"
+
+// Keys are cached as attention sees them (after QK-norm and RoPE); with Multi-Latent
+// Attention, expanded per head: [no-position part, shared rotary part].
+KvCache *kv_caches_new(const Model *m) {
+    const Config *c = &m->cfg;
+    int k_width = c->kv_heads * c->head_dim;
+    int v_width = c->multi_latent_attention ? c->num_attention_heads * c->v_head_dim : k_width;
+    KvCache *kv = mt_calloc(c->num_layers, sizeof(KvCache));
+    for (int l = 0; l < c->num_layers; l++) {
+        kv[l].capacity = c->max_positions;
+        kv[l].k_width = k_width;
+        kv[l].v_width = v_width;
+        kv[l].k = mt_calloc((size_t)c->max_positions * k_width, sizeof(real));
+        kv[l].v = mt_calloc((size_t)c->max_positions * v_width, sizeof(real));
+    }
+    return kv;
+}
+
+void kv_caches_free(KvCache *kv, const Model *m) {
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        free(kv[l].k);
+        free(kv[l].v);
+    }
+    free(kv);
+}
