@@ -34,6 +34,7 @@ static const FlagSpec FLAGS[] = {
     F("make-vocab-size-divisible-by", FLAG_INT, make_vocab_size_divisible_by, TR, 1, "pad the vocabulary to a multiple of this"),
     F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
+    F("rotary-interleaved", FLAG_BOOL, rotary_interleaved, TR, 1, "rotate adjacent pairs (2i, 2i+1) rather than the two halves (DeepSeek-V3's rope_interleave)"),
     F("qk-layernorm", FLAG_BOOL, qk_layernorm, TR, 1, "per-head RMSNorm on queries and keys (Qwen3-MoE family)"),
     F("qk-layernorm-scope", FLAG_STRING, qk_layernorm_scope, TR, 1, "head: one RMSNorm per head (Qwen3-MoE); projection: over all heads of q and of k (OLMoE)"),
     F("clip-qkv", FLAG_DOUBLE, clip_qkv, TR, 1, "clamp queries, keys and values to [-x, x] after projection (OLMoE; 0 = off)"),

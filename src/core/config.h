@@ -26,6 +26,7 @@ typedef struct {
     int make_vocab_size_divisible_by;
     double norm_epsilon;
     double rotary_base;
+    int rotary_interleaved;       // rotate pairs (2i, 2i+1) instead of (i, i + d/2)
     int qk_layernorm;
     char qk_layernorm_scope[16];  // head | projection (OLMoE: one norm over all heads)
     double clip_qkv;              // clamp q, k, v to [-x, x] after projection (0 = off)

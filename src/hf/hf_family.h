@@ -2,27 +2,38 @@
 // and the tensor names of that family. The tensor table is built with these names, so
 // a checkpoint is written and read by name with no other mapping.
 //
-//   qwen3_moe : QK-norm per head; any mix of dense and MoE layers; softmax router with
-//               norm_topk_prob true (top-k then softmax) or false (pre-softmax).
-//   mixtral   : no QK-norm; every layer MoE; top-k then softmax (renormalised).
-//   moetron   : anything else (sigmoid scores, expert bias, groups, capacity, shared
-//               experts, ...): moetron's own model_type, read by moetron only, with the
-//               Qwen3-MoE tensor names plus DeepSeek-style names for the extra tensors.
+//   mixtral     : no QK-norm; every layer MoE; top-k then softmax (renormalised).
+//   qwen3_moe   : QK-norm per head; any mix of dense and MoE layers; softmax router with
+//                 norm_topk_prob true (top-k then softmax) or false (pre-softmax).
+//   olmoe       : QK-norm over the whole q and k projections, optional clip_qkv; every
+//                 layer MoE; softmax router as Qwen3-MoE.
+//   deepseek_v3 : Multi-Latent Attention; sigmoid router with e_score_correction_bias,
+//                 group-limited routing, routed scaling factor; shared experts; the
+//                 first layers dense.
+//   moetron_moe : anything else (capacity, sqrtsoftplus, shared-expert gate, ...):
+//                 moetron's own model_type, read by moetron only, with the Qwen3-MoE
+//                 and DeepSeek-V3 tensor names.
 #pragma once
 #include "core/config.h"
 
-typedef enum { HF_MIXTRAL, HF_QWEN3_MOE, HF_MOETRON } HfFamily;
+typedef enum { HF_MIXTRAL, HF_QWEN3_MOE, HF_OLMOE, HF_DEEPSEEK_V3, HF_MOETRON, HF_FAMILY_COUNT } HfFamily;
 
-// The Hugging Face family that expresses c exactly, or HF_MOETRON with the reason none
-// does written to why (256 bytes).
+// The family of --hf-architecture, or, for "auto", the one that expresses c exactly with
+// HF_MOETRON and the reason none does written to why (256 bytes; "" otherwise). A family
+// named by --hf-architecture that cannot express c is fatal, naming the feature.
 HfFamily hf_family_choose(const Config *c, char *why);
-const char *hf_model_type(HfFamily family);      // "mixtral" / "qwen3_moe"
+// NULL when family expresses c exactly, else what it cannot express.
+const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf, size_t cap);
+const char *hf_model_type(HfFamily family);      // "mixtral" / "qwen3_moe" / ...
 const char *hf_architecture(HfFamily family);    // "MixtralForCausalLM" / ...
+HfFamily hf_family_from_model_type(const char *model_type);  // HF_FAMILY_COUNT if unknown
 
 // Parts of a decoder layer that have a name.
 typedef enum {
     PART_INPUT_NORM, PART_POST_ATTN_NORM,
     PART_Q_PROJ, PART_K_PROJ, PART_V_PROJ, PART_O_PROJ, PART_Q_NORM, PART_K_NORM,
+    // Multi-Latent Attention
+    PART_Q_A_PROJ, PART_Q_A_NORM, PART_Q_B_PROJ, PART_KV_A_PROJ, PART_KV_A_NORM, PART_KV_B_PROJ,
     PART_MLP_GATE, PART_MLP_UP, PART_MLP_DOWN,          // dense SwiGLU
     PART_ROUTER,
     PART_EXPERT_GATE, PART_EXPERT_UP, PART_EXPERT_DOWN, // routed expert `expert`

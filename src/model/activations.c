@@ -2,7 +2,7 @@
 // micro-batch shape (B, T).
 #include <string.h>
 
-#include "model/model.h"
+#include "model/layers.h"
 
 // Rows the experts can receive: N·k, or E·capacity when padding to capacity.
 static size_t moe_rows(const Config *c, int N) {
@@ -41,21 +41,49 @@ static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Config *c, int B, int T
     ma->rows_out = arena_reals(ar, rows * H);
 }
 
+static void alloc_mla_acts(MlaActs *ma, Arena *ar, const Config *c, int N) {
+    int heads = c->num_attention_heads;
+    if (c->q_lora_rank) {
+        ma->q_a = arena_reals(ar, (size_t)N * c->q_lora_rank);
+        ma->q_a_norm = arena_reals(ar, (size_t)N * c->q_lora_rank);
+        ma->q_a_rstd = arena_reals(ar, N);
+    }
+    ma->latent = arena_reals(ar, (size_t)N * c->kv_lora_rank);
+    ma->latent_norm = arena_reals(ar, (size_t)N * c->kv_lora_rank);
+    ma->latent_rstd = arena_reals(ar, N);
+    ma->k_rope = arena_reals(ar, (size_t)N * c->qk_pos_emb_head_dim);
+    ma->kv_b = arena_reals(ar, (size_t)N * heads * (c->qk_head_dim + c->v_head_dim));
+}
+
+// q/k/v and the stages before them: projection -> [QK-norm] -> [clip]; a stage that is off
+// aliases the next one, so the code reads every stage regardless.
+static void alloc_qkv(LayerActs *la, Arena *ar, const Config *c, int N) {
+    AttentionWidths w = attention_widths(c);
+    la->q = arena_reals(ar, (size_t)N * w.q);
+    la->k = arena_reals(ar, (size_t)N * w.k);
+    la->v = arena_reals(ar, (size_t)N * w.v);
+    if (c->multi_latent_attention) {
+        alloc_mla_acts(&la->mla, ar, c, N);
+        return;
+    }
+    int clip = c->clip_qkv > 0;
+    la->q_normed = clip ? arena_reals(ar, (size_t)N * w.q) : la->q;
+    la->k_normed = clip ? arena_reals(ar, (size_t)N * w.k) : la->k;
+    la->v_raw = clip ? arena_reals(ar, (size_t)N * w.v) : la->v;
+    la->q_raw = c->qk_layernorm ? arena_reals(ar, (size_t)N * w.q) : la->q_normed;
+    la->k_raw = c->qk_layernorm ? arena_reals(ar, (size_t)N * w.k) : la->k_normed;
+    la->q_rstd = arena_reals(ar, (size_t)N * c->num_attention_heads);
+    la->k_rstd = arena_reals(ar, (size_t)N * c->kv_heads);
+}
+
 static void alloc_layer_acts(LayerActs *la, Arena *ar, const Model *m, int l, int B, int T) {
     const Config *c = &m->cfg;
     int N = B * T, H = c->hidden_size;
-    size_t q_width = (size_t)c->num_attention_heads * c->head_dim, kv_width = (size_t)c->kv_heads * c->head_dim;
     la->x_in = arena_reals(ar, (size_t)N * H);
     la->ln1 = arena_reals(ar, (size_t)N * H);
     la->ln1_rstd = arena_reals(ar, N);
-    la->q = arena_reals(ar, N * q_width);
-    la->k = arena_reals(ar, N * kv_width);
-    la->v = arena_reals(ar, N * kv_width);
-    la->q_raw = c->qk_layernorm ? arena_reals(ar, N * q_width) : la->q;
-    la->k_raw = c->qk_layernorm ? arena_reals(ar, N * kv_width) : la->k;
-    la->q_rstd = arena_reals(ar, (size_t)N * c->num_attention_heads);
-    la->k_rstd = arena_reals(ar, (size_t)N * c->kv_heads);
-    la->att = arena_reals(ar, N * q_width);
+    alloc_qkv(la, ar, c, N);
+    la->att = arena_reals(ar, (size_t)N * attention_widths(c).out);
     la->lse = arena_reals(ar, (size_t)N * c->num_attention_heads);
     la->x_mid = arena_reals(ar, (size_t)N * H);
     la->ln2 = arena_reals(ar, (size_t)N * H);
@@ -69,10 +97,23 @@ static void alloc_layer_acts(LayerActs *la, Arena *ar, const Model *m, int l, in
     }
 }
 
+static void alloc_mla_scratch(ModelActs *a, const Config *c) {
+    Arena *ar = &a->arena;
+    int N = a->N;
+    a->d_kv_b = arena_reals(ar, (size_t)N * c->num_attention_heads * (c->qk_head_dim + c->v_head_dim));
+    a->d_latent_norm = arena_reals(ar, (size_t)N * c->kv_lora_rank);
+    a->d_latent = arena_reals(ar, (size_t)N * c->kv_lora_rank);
+    a->d_k_rope = arena_reals(ar, (size_t)N * c->qk_pos_emb_head_dim);
+    if (c->q_lora_rank) {
+        a->d_q_a_norm = arena_reals(ar, (size_t)N * c->q_lora_rank);
+        a->d_q_a = arena_reals(ar, (size_t)N * c->q_lora_rank);
+    }
+}
+
 static void alloc_backward_scratch(ModelActs *a, const Config *c) {
     Arena *ar = &a->arena;
     int N = a->N, H = c->hidden_size;
-    size_t q_width = (size_t)c->num_attention_heads * c->head_dim, kv_width = (size_t)c->kv_heads * c->head_dim;
+    AttentionWidths w = attention_widths(c);
     // FFN scratch serves dense layers (N rows of F), experts (rows of I), shared experts (N rows of Is)
     size_t rows = c->num_experts ? moe_rows(c, N) : 0;
     size_t ffn_scratch = MT_MAX((size_t)N * c->ffn_hidden_size, rows * c->moe_ffn);
@@ -80,12 +121,13 @@ static void alloc_backward_scratch(ModelActs *a, const Config *c) {
     a->d_token_loss = arena_reals(ar, N);
     a->d_resid = arena_reals(ar, (size_t)N * H);
     a->d_norm = arena_reals(ar, (size_t)N * H);
-    a->d_att = arena_reals(ar, N * q_width);
-    a->d_q = arena_reals(ar, N * q_width);
-    a->d_k = arena_reals(ar, N * kv_width);
-    a->d_v = arena_reals(ar, N * kv_width);
-    a->d_q_raw = arena_reals(ar, N * q_width);
-    a->d_k_raw = arena_reals(ar, N * kv_width);
+    a->d_att = arena_reals(ar, (size_t)N * w.out);
+    a->d_q = arena_reals(ar, (size_t)N * w.q);
+    a->d_k = arena_reals(ar, (size_t)N * w.k);
+    a->d_v = arena_reals(ar, (size_t)N * w.v);
+    a->d_q_raw = arena_reals(ar, (size_t)N * w.q);
+    a->d_k_raw = arena_reals(ar, (size_t)N * w.k);
+    if (c->multi_latent_attention) alloc_mla_scratch(a, c);
     a->d_logits = arena_reals(ar, (size_t)N * c->padded_vocab_size);
     a->d_gate = arena_reals(ar, ffn_scratch);
     a->d_up = arena_reals(ar, ffn_scratch);

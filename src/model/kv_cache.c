@@ -1,12 +1,12 @@
 // kv_cache.c — per-layer key/value caches for generation (batch 1).
-#include "model/model.h"
+#include "model/layers.h"
 
 // Keys are cached as attention sees them (after QK-norm and RoPE); with Multi-Latent
 // Attention, expanded per head: [no-position part, shared rotary part].
 KvCache *kv_caches_new(const Model *m) {
     const Config *c = &m->cfg;
-    int k_width = c->kv_heads * c->head_dim;
-    int v_width = c->multi_latent_attention ? c->num_attention_heads * c->v_head_dim : k_width;
+    AttentionWidths w = attention_widths(c);
+    int k_width = w.k, v_width = w.v;
     KvCache *kv = mt_calloc(c->num_layers, sizeof(KvCache));
     for (int l = 0; l < c->num_layers; l++) {
         kv[l].capacity = c->max_positions;

@@ -4,6 +4,23 @@
 #pragma once
 #include "model/model.h"
 
+// Per-token widths of attention: queries heads·head_dim, keys and values kv_heads·head_dim,
+// the attention output heads·head_dim; with Multi-Latent Attention values are
+// heads·v_head_dim and so is the output.
+typedef struct {
+    int q, k, v, out;
+} AttentionWidths;
+AttentionWidths attention_widths(const Config *c);
+
+// Multi-Latent Attention on ln1 -> la->att (N, heads·dv); backward from a->d_att to a->d_norm (+=).
+void mla_forward(const Model *m, int layer, LayerActs *la, int B, int T, KvCache *kv, int pos0);
+void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
+
+// Causal attention of the ready q, k, v of la (or against the cache when kv) -> la->att.
+void attention_core_forward(const Model *m, LayerActs *la, int B, int T, KvCache *kv, int pos0);
+// d_att -> d_q, d_k, d_v (overwritten)
+void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a);
+
 // x_in -> x_mid = x_in + o_proj(attention(rope(qknorm(q,k)), v)),  q,k,v from RMSNorm(x_in)
 void attention_block_forward(const Model *m, int layer, LayerActs *la, int B, int T,
                              KvCache *kv, int pos0);

@@ -42,18 +42,54 @@ static void build_shared_expert(Builder *b, LayerParams *lp) {
         lp->shared_expert_gate = add_layer_tensor(b, PART_SHARED_EXPERT_GATE, -1, 1, H, TENSOR_DECAY, INIT_NORMAL, std);
 }
 
-static void build_layer(Builder *b, LayerParams *lp) {
+// Multi-Latent Attention: queries full-rank or through a rank-rq bottleneck; keys and
+// values from one rank-rkv latent plus a rotary key shared by all heads.
+static void build_mla(Builder *b, LayerParams *lp) {
+    const Config *c = &b->m->cfg;
+    int64_t H = c->hidden_size, heads = c->num_attention_heads, rq = c->q_lora_rank, rkv = c->kv_lora_rank;
+    int64_t q_width = heads * c->head_dim, dr = c->qk_pos_emb_head_dim;
+    double std = c->init_method_std;
+    lp->q_proj = lp->q_a_proj = lp->q_a_norm = lp->q_b_proj = -1;
+    if (rq) {
+        lp->q_a_proj = add_layer_tensor(b, PART_Q_A_PROJ, -1, rq, H, TENSOR_DECAY, INIT_NORMAL, std);
+        lp->q_a_norm = add_norm(b, PART_Q_A_NORM, rq);
+        lp->q_b_proj = add_layer_tensor(b, PART_Q_B_PROJ, -1, q_width, rq, TENSOR_DECAY, INIT_NORMAL, std);
+    } else {
+        lp->q_proj = add_layer_tensor(b, PART_Q_PROJ, -1, q_width, H, TENSOR_DECAY, INIT_NORMAL, std);
+    }
+    lp->kv_a_proj = add_layer_tensor(b, PART_KV_A_PROJ, -1, rkv + dr, H, TENSOR_DECAY, INIT_NORMAL, std);
+    lp->kv_a_norm = add_norm(b, PART_KV_A_NORM, rkv);
+    lp->kv_b_proj = add_layer_tensor(b, PART_KV_B_PROJ, -1, heads * (c->qk_head_dim + c->v_head_dim), rkv,
+                                     TENSOR_DECAY, INIT_NORMAL, std);
+    lp->k_proj = lp->v_proj = lp->q_norm = lp->k_norm = -1;
+}
+
+static void build_attention(Builder *b, LayerParams *lp) {
     const Config *c = &b->m->cfg;
     int64_t H = c->hidden_size, d = c->head_dim;
     int64_t q_width = c->num_attention_heads * d, kv_width = c->kv_heads * d;
     double std = c->init_method_std, out_std = std / sqrt(2.0 * c->num_layers);
     lp->input_norm = add_norm(b, PART_INPUT_NORM, H);
-    lp->q_proj = add_layer_tensor(b, PART_Q_PROJ, -1, q_width, H, TENSOR_DECAY, INIT_NORMAL, std);
-    lp->k_proj = add_layer_tensor(b, PART_K_PROJ, -1, kv_width, H, TENSOR_DECAY, INIT_NORMAL, std);
-    lp->v_proj = add_layer_tensor(b, PART_V_PROJ, -1, kv_width, H, TENSOR_DECAY, INIT_NORMAL, std);
-    lp->o_proj = add_layer_tensor(b, PART_O_PROJ, -1, H, q_width, TENSOR_DECAY, INIT_NORMAL, out_std);
-    lp->q_norm = c->qk_layernorm ? add_norm(b, PART_Q_NORM, d) : -1;
-    lp->k_norm = c->qk_layernorm ? add_norm(b, PART_K_NORM, d) : -1;
+    lp->q_a_proj = lp->q_a_norm = lp->q_b_proj = lp->kv_a_proj = lp->kv_a_norm = lp->kv_b_proj = -1;
+    if (c->multi_latent_attention) {
+        build_mla(b, lp);
+    } else {
+        lp->q_proj = add_layer_tensor(b, PART_Q_PROJ, -1, q_width, H, TENSOR_DECAY, INIT_NORMAL, std);
+        lp->k_proj = add_layer_tensor(b, PART_K_PROJ, -1, kv_width, H, TENSOR_DECAY, INIT_NORMAL, std);
+        lp->v_proj = add_layer_tensor(b, PART_V_PROJ, -1, kv_width, H, TENSOR_DECAY, INIT_NORMAL, std);
+        // QK-norm weights: one per head dimension, or one per projection column (OLMoE)
+        lp->q_norm = c->qk_layernorm ? add_norm(b, PART_Q_NORM, c->qk_norm_whole ? q_width : d) : -1;
+        lp->k_norm = c->qk_layernorm ? add_norm(b, PART_K_NORM, c->qk_norm_whole ? kv_width : d) : -1;
+    }
+    int64_t att_width = c->multi_latent_attention ? c->num_attention_heads * c->v_head_dim : q_width;
+    lp->o_proj = add_layer_tensor(b, PART_O_PROJ, -1, H, att_width, TENSOR_DECAY, INIT_NORMAL, out_std);
+}
+
+static void build_layer(Builder *b, LayerParams *lp) {
+    const Config *c = &b->m->cfg;
+    int64_t H = c->hidden_size;
+    double std = c->init_method_std, out_std = std / sqrt(2.0 * c->num_layers);
+    build_attention(b, lp);
     lp->post_attn_norm = add_norm(b, PART_POST_ATTN_NORM, H);
     lp->is_moe = c->moe_layer[b->layer];
     lp->expert_bias = lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
@@ -67,7 +103,9 @@ static void build_layer(Builder *b, LayerParams *lp) {
     int E = c->num_experts;
     int64_t I = c->moe_ffn;
     lp->router = add_layer_tensor(b, PART_ROUTER, -1, E, H, TENSOR_DECAY | TENSOR_ROUTER, INIT_NORMAL, std);
-    lp->expert_bias = c->moe_router_enable_expert_bias
+    // DeepSeek-V3 checkpoints always carry the bias (zeros when it is not enabled)
+    int has_bias = c->moe_router_enable_expert_bias || b->m->family == HF_DEEPSEEK_V3;
+    lp->expert_bias = has_bias
                           ? add_layer_tensor(b, PART_EXPERT_BIAS, -1, E, 0, TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0)
                           : -1;
     build_shared_expert(b, lp);
@@ -153,8 +191,8 @@ void model_build(Model *m, const Config *cfg) {
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
         m->router_state[l].bias_counts = mt_calloc(c->num_experts, sizeof(double));
     }
-    m->rope_cos_sin = mt_malloc((size_t)c->max_positions * c->head_dim * sizeof(real));
-    rope_table(m->rope_cos_sin, c->max_positions, c->head_dim, c->rotary_base);
+    m->rope_cos_sin = mt_malloc((size_t)c->max_positions * c->rope_dim * sizeof(real));
+    rope_table(m->rope_cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
 }
 
 void model_init_weights(Model *m, uint64_t seed) {
@@ -254,7 +292,7 @@ void model_end_global_batch(Model *m) {
         const LayerParams *lp = &m->layers[l];
         RouterState *rs = &m->router_state[l];
         if (!lp->is_moe) continue;
-        if (lp->expert_bias >= 0)
+        if (c->moe_router_enable_expert_bias)
             expert_bias_update(tt_param(&m->tt, lp->expert_bias), rs->bias_counts, c->num_experts,
                                c->moe_router_bias_update_rate);
         memset(rs->bias_counts, 0, c->num_experts * sizeof(double));
@@ -265,13 +303,25 @@ void model_end_global_batch(Model *m) {
 
 // ---- FLOPs -----------------------------------------------------------------------------------
 
+// Multiply-accumulates per token of one attention block (projections and the causal
+// average of the QKᵀ and PV products).
+static double attention_macs_per_token(const Config *c) {
+    double H = c->hidden_size, heads = c->num_attention_heads, causal_keys = (c->seq_length + 1) / 2.0;
+    if (!c->multi_latent_attention) {
+        double d = c->head_dim, kv = c->kv_heads;
+        return H * d * (2 * heads + 2 * kv) + heads * 2 * d * causal_keys;
+    }
+    double dq = c->head_dim, dv = c->v_head_dim, rq = c->q_lora_rank, rkv = c->kv_lora_rank;
+    double queries = rq ? H * rq + rq * heads * dq : H * heads * dq;
+    double keys_values = H * (rkv + c->qk_pos_emb_head_dim) + rkv * heads * (c->qk_head_dim + dv);
+    return queries + keys_values + heads * dv * H + heads * (dq + dv) * causal_keys;
+}
+
 double model_train_flops_per_token(const Config *c) {
-    double H = c->hidden_size, d = c->head_dim, heads = c->num_attention_heads, kv = c->kv_heads;
-    double attn_proj = H * d * (2 * heads + 2 * kv);           // q, o, k, v weights
-    double attn_scores = 2 * heads * d * (c->seq_length + 1) / 2.0;  // QKᵀ and PV, causal average
-    double per_token_macs = c->padded_vocab_size * H;          // LM head
+    double H = c->hidden_size;
+    double per_token_macs = c->padded_vocab_size * H;  // LM head
     for (int l = 0; l < c->num_layers; l++) {
-        per_token_macs += attn_proj + attn_scores;
+        per_token_macs += attention_macs_per_token(c);
         if (c->moe_layer[l])
             per_token_macs += H * c->num_experts + (double)c->moe_router_topk * 3 * H * c->moe_ffn +
                               3 * H * c->moe_shared_expert_intermediate_size;

@@ -16,8 +16,11 @@
 #include "moe/router.h"
 
 typedef struct {
-    TensorId input_norm, q_proj, k_proj, v_proj, o_proj;
-    TensorId q_norm, k_norm;           // -1 without --qk-layernorm
+    TensorId input_norm, q_proj, k_proj, v_proj, o_proj;  // q_proj -1 with MLA and --q-lora-rank; k/v -1 with MLA
+    TensorId q_norm, k_norm;           // -1 without --qk-layernorm (per head, or whole projection)
+    // Multi-Latent Attention (-1 without it): q_a/q_a_norm/q_b with --q-lora-rank, else q_proj
+    TensorId q_a_proj, q_a_norm, q_b_proj;  // [rq,H], [rq], [heads·(dn+dr), rq]
+    TensorId kv_a_proj, kv_a_norm, kv_b_proj;  // [rkv+dr, H], [rkv], [heads·(dn+dv), rkv]
     TensorId post_attn_norm;
     int is_moe;
     TensorId mlp_gate, mlp_up, mlp_down;  // dense layers
@@ -79,13 +82,25 @@ typedef struct {
     real *shared_out;   // (N,H)
 } MoeActs;
 
+// Multi-Latent Attention activations (per layer). rq, rkv: ranks; dn, dr, dv: no-position,
+// rotary and value widths per head; dq = dn + dr.
+typedef struct {
+    real *q_a, *q_a_norm, *q_a_rstd;  // (N,rq), (N,rq), (N) with --q-lora-rank
+    real *latent;                     // (N,rkv) compressed keys/values
+    real *latent_norm, *latent_rstd;  // (N,rkv), (N)
+    real *k_rope;                     // (N,dr) the shared rotary key, after RoPE
+    real *kv_b;                       // (N, heads·(dn+dv)) per head [k no-position part, v]
+} MlaActs;
+
 typedef struct {
     real *x_in;                   // (N,H) block input (the residual stream)
     real *ln1, *ln1_rstd;         // (N,H), (N)
-    real *q, *k, *v;              // (N,heads·d), (N,kv_heads·d), (N,kv_heads·d): as attention sees them
-    real *q_raw, *k_raw;          // projections before QK-norm (aliases of q/k without it)
-    real *q_rstd, *k_rstd;        // (N·heads), (N·kv_heads)
-    real *att, *lse;              // (N,heads·d), (B,heads,T)
+    real *q, *k, *v;              // (N,q_width), (N,k_width), (N,v_width): as attention sees them
+    real *q_raw, *k_raw, *v_raw;  // projections (aliases of the next stage when it is off)
+    real *q_normed, *k_normed;    // after QK-norm, before --clip-qkv (aliases when off)
+    real *q_rstd, *k_rstd;        // (N·heads), (N·kv_heads): per head, or (N) per projection
+    MlaActs mla;                  // with --multi-latent-attention
+    real *att, *lse;              // (N,v_width), (B,heads,T)
     real *x_mid;                  // (N,H) after the attention residual
     real *ln2, *ln2_rstd;         // (N,H), (N)
     ExpertActs mlp;               // dense layers: (N,F) each
@@ -117,6 +132,8 @@ typedef struct {
     // backward scratch, shared by all layers
     real *d_token_loss;     // (N)
     real *d_resid, *d_norm, *d_att, *d_q, *d_k, *d_v, *d_q_raw, *d_k_raw, *d_logits;
+    // Multi-Latent Attention: (N,heads·(dn+dv)), (N,rkv) ×2, (N,dr), (N,rq) ×2
+    real *d_kv_b, *d_latent_norm, *d_latent, *d_k_rope, *d_q_a_norm, *d_q_a;
     real *d_rows_in, *d_rows_out, *d_row_probs, *d_choice_probs, *d_router_logits, *d_router_input;
     real *d_shared_in;      // (N,H) shared expert input gradient
     real *d_shared_gate;    // (N)

@@ -39,15 +39,30 @@ void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, i
 void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
                       const real *rstd, int N, int C);
 
-// ---- rotary position embedding, Hugging Face rotate-half layout ----------------------
-// Rotates pairs (i, i + d/2) of every head by angle pos·base^(−2i/d).
-// cos_sin (max_pos, d/2, 2) precomputed by rope_table.
-void rope_table(real *cos_sin, int max_pos, int head_dim, double base);
-// x (N, heads, d) in place; token n of batch row b = n / T has position pos0 + n % T.
-void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, int heads, int head_dim);
+// ---- rotary position embedding ---------------------------------------------------------
+// Rotates pairs of every head by angle pos·base^(−2i/dim): pairs (i, i + dim/2) in the
+// Hugging Face rotate-half layout, or (2i, 2i + 1) when interleaved (DeepSeek-V3's MLA).
+// cos_sin (max_pos, dim/2, 2) precomputed by rope_table.
+void rope_table(real *cos_sin, int max_pos, int dim, double base);
+typedef struct {
+    int heads;        // rotated vectors per token row
+    int dim;          // rotary width of each (even)
+    int head_stride;  // elements between the heads of one row
+    int row_stride;   // elements between token rows
+    int interleaved;  // pairs (2i, 2i + 1) instead of (i, i + dim/2)
+} RopeLayout;
+// The layout of x (N, heads, d) fully rotated in rotate-half pairs.
+RopeLayout rope_layout_heads(int heads, int head_dim);
+// x: the first rotary element of head 0 of token 0, in place; token n of batch row n / T
+// has position pos0 + n % T.
+void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l);
 // the inverse rotation applied to the gradient, in place
-void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, int heads,
-                   int head_dim);
+void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l);
+
+// ---- clamp to [−limit, limit] ---------------------------------------------------------------
+// y = clamp(x) (y may be x); backward: dx = dy where −limit ≤ x ≤ limit, else 0 (in place on d)
+void clamp_forward(real *y, const real *x, size_t n, real limit);
+void clamp_backward(real *d, const real *x, size_t n, real limit);
 
 // ---- causal attention, flash style: no (T×T) matrix is kept, only each row's lse -----
 // Query token t of batch b sits at position q_pos0 + t and sees keys 0 .. q_pos0 + t.
@@ -55,11 +70,13 @@ typedef struct {
     int B, Tq, Tk;       // batch, query tokens per row, key tokens per row (visible window)
     int q_pos0;          // position of the first query token (Tk − Tq in training: 0)
     int heads, kv_heads; // GQA: query head h uses kv head h / (heads / kv_heads)
-    int head_dim;
+    int head_dim;        // width of q and k per head
+    int v_head_dim;      // width of v and out per head (0 = head_dim)
     int kv_row_stride;   // rows between batch rows in k/v (Tk in training, cache capacity)
     real scale;          // usually 1/sqrt(head_dim)
 } AttentionShape;
-// q (B·Tq, heads, d), k/v (B·kv_row_stride, kv_heads, d) -> out (B·Tq, heads, d),
+// q (B·Tq, heads, d), k (B·kv_row_stride, kv_heads, d), v (B·kv_row_stride, kv_heads, dv)
+// -> out (B·Tq, heads, dv),
 // lse (B, heads, Tq) = logsumexp of the scaled scores of each query
 void attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                        const AttentionShape *s);

@@ -195,6 +195,57 @@ static void test_grad_jitter_padding_training(void) {
     check_variant(&v);
 }
 
+// OLMoE attention: one RMSNorm over each whole q and k projection, then clamping of q, k, v.
+static void olmoe_attention(Config *c) {
+    strcpy(c->qk_layernorm_scope, "projection");
+    c->clip_qkv = 1.2;
+}
+
+static void test_grad_olmoe_clip_qkv(void) {
+    Variant v = {"1", 1, 0, 1, 2, 4, 1, 0, 0.1, olmoe_attention, 0};
+    check_variant(&v);
+}
+
+// DeepSeek-V3: Multi-Latent Attention with low-rank queries and interleaved RoPE, sigmoid
+// router with expert bias, groups (2 of the top experts per group), scaling, shared
+// expert, first layer dense.
+static void deepseek_v3(Config *c) {
+    c->multi_latent_attention = 1;
+    c->group_query_attention = 0;
+    c->q_lora_rank = 5;
+    c->kv_lora_rank = 6;
+    c->qk_head_dim = 3;
+    c->qk_pos_emb_head_dim = 4;
+    c->v_head_dim = 5;
+    c->rotary_interleaved = 1;
+    strcpy(c->moe_router_score_function, "sigmoid");
+    c->moe_router_enable_expert_bias = 1;
+    c->moe_router_num_groups = 2;
+    c->moe_router_group_topk = 1;
+    c->moe_router_topk_scaling_factor = 2.5;
+    c->moe_shared_expert_intermediate_size = 12;
+}
+
+// Multi-Latent Attention with full-rank queries, rotate-half RoPE, under a softmax router.
+static void mla_full_rank_queries(Config *c) {
+    c->multi_latent_attention = 1;
+    c->group_query_attention = 0;
+    c->kv_lora_rank = 7;
+    c->qk_head_dim = 4;
+    c->qk_pos_emb_head_dim = 2;
+    c->v_head_dim = 3;
+}
+
+static void test_grad_deepseek_v3_mla(void) {
+    Variant v = {"[0,1]", 0, 1, 0, 2, 4, 0, 1, 0.0, deepseek_v3, 0};
+    check_variant(&v);
+}
+
+static void test_grad_mla_full_rank_queries(void) {
+    Variant v = {"1", 0, 0, 0, 2, 4, 0, 0, 0.1, mla_full_rank_queries, 0};
+    check_variant(&v);
+}
+
 static void test_grad_dense_qwen3(void) {
     Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0, NULL, 0};
     check_variant(&v);
@@ -208,5 +259,8 @@ int main(void) {
     RUN(test_grad_dense_qwen3);
     RUN(test_grad_router_features);
     RUN(test_grad_jitter_padding_training);
+    RUN(test_grad_olmoe_clip_qkv);
+    RUN(test_grad_deepseek_v3_mla);
+    RUN(test_grad_mla_full_rank_queries);
     TESTS_DONE();
 }

@@ -198,24 +198,31 @@ static void test_rmsnorm(void) {
 
 typedef struct {
     real *tmp, *x, *R, *cs;
-    int N, T, pos0, heads, d;
+    int N, T, pos0;
+    size_t n;             // elements of x: N rows of layout.row_stride
+    int offset;           // first rotary element of each head within the head
+    RopeLayout layout;
 } RopeCtx;
 
 static double rope_obj(void *p) {
     RopeCtx *c = p;
-    size_t n = (size_t)c->N * c->heads * c->d;
-    memcpy(c->tmp, c->x, n * sizeof(real));
-    rope_forward(c->tmp, c->cs, c->N, c->T, c->pos0, c->heads, c->d);
-    return dot_real(c->tmp, c->R, n);
+    memcpy(c->tmp, c->x, c->n * sizeof(real));
+    rope_forward(c->tmp + c->offset, c->cs, c->N, c->T, c->pos0, &c->layout);
+    return dot_real(c->tmp, c->R, c->n);
 }
 
-static void test_rope(void) {
+// Rotate-half over whole heads, and interleaved pairs on the last columns of wider heads
+// (the query layout of Multi-Latent Attention).
+static void test_rope_layout(int interleaved, int offset) {
     Rng rng;
-    rng_seed(&rng, 14);
+    rng_seed(&rng, 14 + interleaved);
     int B = 3, T = 4, N = B * T, pos0 = 5, heads = 3, d = 6, half = d / 2, max_pos = pos0 + T;
-    size_t n = (size_t)N * heads * d;
+    int head_stride = offset + d;
+    RopeLayout layout = {.heads = heads, .dim = d, .head_stride = head_stride, .row_stride = heads * head_stride,
+                         .interleaved = interleaved};
+    size_t n = (size_t)N * layout.row_stride;
     RopeCtx c = {mt_malloc(n * sizeof(real)), alloc_normal(&rng, n, 1), alloc_normal(&rng, n, 1),
-                 mt_malloc((size_t)max_pos * half * 2 * sizeof(real)), N, T, pos0, heads, d};
+                 mt_malloc((size_t)max_pos * half * 2 * sizeof(real)), N, T, pos0, n, offset, layout};
     rope_table(c.cs, max_pos, d, 10000.0);
     // the table holds cos/sin of pos·base^(−2i/d) (angles rounded to float: ~1e-6)
     for (int p = 0; p < max_pos; p++)
@@ -225,36 +232,46 @@ static void test_rope(void) {
             CHECK_CLOSE(c.cs[(p * half + i) * 2 + 1], sin(angle), 2e-6, 0, "rope_table sin");
         }
     // forward: token n of batch row n / T sits at position pos0 + n % T; pairs (i, i + d/2)
+    // or (2i, 2i + 1); the columns before `offset` are untouched
     rope_obj(&c);
     for (int t = 0; t < N; t++) {
         const real *cs = c.cs + (size_t)(pos0 + t % T) * half * 2;
-        for (int h = 0; h < heads; h++)
+        for (int h = 0; h < heads; h++) {
+            size_t at = (size_t)t * layout.row_stride + (size_t)h * head_stride;
+            for (int i = 0; i < offset; i++) CHECK(c.tmp[at + i] == c.x[at + i], "rope leaves other columns");
+            at += offset;
             for (int i = 0; i < half; i++) {
-                size_t at = ((size_t)t * heads + h) * d;
-                double a = c.x[at + i], b = c.x[at + i + half], co = cs[2 * i], si = cs[2 * i + 1];
-                CHECK_CLOSE(c.tmp[at + i], a * co - b * si, 1e-14, 1e-14, "rope_forward first half");
-                CHECK_CLOSE(c.tmp[at + i + half], b * co + a * si, 1e-14, 1e-14,
-                            "rope_forward second half");
+                size_t first = at + (interleaved ? 2 * i : i), second = first + (interleaved ? 1 : half);
+                double a = c.x[first], b = c.x[second], co = cs[2 * i], si = cs[2 * i + 1];
+                CHECK_CLOSE(c.tmp[first], a * co - b * si, 1e-14, 1e-14, "rope_forward first of pair");
+                CHECK_CLOSE(c.tmp[second], b * co + a * si, 1e-14, 1e-14, "rope_forward second of pair");
             }
+        }
     }
     // backward is the exact transpose: d/dx Σ rope(x) ⊙ R = rope_backward(R)
     real *g = alloc_copy(c.R, n);
-    rope_backward(g, c.cs, N, T, pos0, heads, d);
-    fd_check("rope dx", c.x, n, g, rope_obj, &c);
+    rope_backward(g + offset, c.cs, N, T, pos0, &layout);
+    fd_check(interleaved ? "rope interleaved dx" : "rope dx", c.x, n, g, rope_obj, &c);
     free(g), free(c.tmp), free(c.x), free(c.R), free(c.cs);
+}
+
+static void test_rope(void) {
+    test_rope_layout(0, 0);
+    test_rope_layout(1, 4);
 }
 
 // ---- attention ---------------------------------------------------------------------------------
 
+static int v_dim(const AttentionShape *s) { return s->v_head_dim ? s->v_head_dim : s->head_dim; }
 static size_t q_len(const AttentionShape *s) { return (size_t)s->B * s->Tq * s->heads * s->head_dim; }
-static size_t kv_len(const AttentionShape *s) {
-    return (size_t)s->B * s->kv_row_stride * s->kv_heads * s->head_dim;
-}
+static size_t out_len(const AttentionShape *s) { return (size_t)s->B * s->Tq * s->heads * v_dim(s); }
+static size_t k_len(const AttentionShape *s) { return (size_t)s->B * s->kv_row_stride * s->kv_heads * s->head_dim; }
+static size_t v_len(const AttentionShape *s) { return (size_t)s->B * s->kv_row_stride * s->kv_heads * v_dim(s); }
 
 // Naive reference: the full (Tq × Tk) causal softmax matrix of each (batch, head), then P·V.
 static void attention_naive(double *out, double *lse, const real *q, const real *k,
                             const real *v, const AttentionShape *s) {
-    int d = s->head_dim, group = s->heads / s->kv_heads;
+    int d = s->head_dim, dv = v_dim(s), group = s->heads / s->kv_heads;
     double *P = mt_malloc((size_t)s->Tq * s->Tk * sizeof(double));
     for (int b = 0; b < s->B; b++)
         for (int h = 0; h < s->heads; h++) {
@@ -277,14 +294,14 @@ static void attention_naive(double *out, double *lse, const real *q, const real 
                 for (int j = 0; j < s->Tk; j++) row[j] /= sum;
             }
             for (int t = 0; t < s->Tq; t++)
-                for (int i = 0; i < d; i++) {
+                for (int i = 0; i < dv; i++) {
                     double o = 0;
                     for (int j = 0; j < s->Tk; j++) {
                         if (P[(size_t)t * s->Tk + j] == 0) continue;  // masked (skips NaN padding)
                         o += P[(size_t)t * s->Tk + j] *
-                             v[(((size_t)b * s->kv_row_stride + j) * s->kv_heads + kvh) * d + i];
+                             v[(((size_t)b * s->kv_row_stride + j) * s->kv_heads + kvh) * dv + i];
                     }
-                    out[(((size_t)b * s->Tq + t) * s->heads + h) * d + i] = o;
+                    out[(((size_t)b * s->Tq + t) * s->heads + h) * dv + i] = o;
                 }
         }
     free(P);
@@ -292,7 +309,7 @@ static void attention_naive(double *out, double *lse, const real *q, const real 
 
 static void check_attention_forward(const AttentionShape *s, const real *q, const real *k,
                                     const real *v, const char *what) {
-    size_t nq = q_len(s), nl = (size_t)s->B * s->heads * s->Tq;
+    size_t nq = out_len(s), nl = (size_t)s->B * s->heads * s->Tq;
     real *out = mt_malloc(nq * sizeof(real)), *lse = mt_malloc(nl * sizeof(real));
     double *ref = mt_malloc(nq * sizeof(double)), *ref_lse = mt_malloc(nl * sizeof(double));
     attention_forward(out, lse, q, k, v, s);
@@ -316,39 +333,44 @@ typedef struct {
 static double attn_obj(void *p) {
     AttnCtx *c = p;
     attention_forward(c->out, c->lse, c->q, c->k, c->v, c->s);
-    return dot_real(c->out, c->R, q_len(c->s));
+    return dot_real(c->out, c->R, out_len(c->s));
 }
 
-static void check_attention_grad(int kv_heads, uint64_t seed) {
+static void check_attention_grad(int kv_heads, int v_head_dim, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
     AttentionShape s = {.B = 2, .Tq = 5, .Tk = 5, .q_pos0 = 0, .heads = 4, .kv_heads = kv_heads,
-                        .head_dim = 4, .kv_row_stride = 5, .scale = 1 / sqrt(4.0)};
-    size_t nq = q_len(&s), nkv = kv_len(&s), nl = (size_t)s.B * s.heads * s.Tq;
-    AttnCtx c = {&s, mt_malloc(nq * sizeof(real)), mt_malloc(nl * sizeof(real)),
-                 alloc_normal(&rng, nq, 1), alloc_normal(&rng, nkv, 1), alloc_normal(&rng, nkv, 1),
-                 alloc_normal(&rng, nq, 1)};
-    char what[64];
-    snprintf(what, sizeof what, "attention heads=4 kv_heads=%d", kv_heads);
+                        .head_dim = 4, .v_head_dim = v_head_dim, .kv_row_stride = 5, .scale = 1 / sqrt(4.0)};
+    size_t nq = q_len(&s), nk = k_len(&s), nv = v_len(&s), no = out_len(&s), nl = (size_t)s.B * s.heads * s.Tq;
+    AttnCtx c = {&s, mt_malloc(no * sizeof(real)), mt_malloc(nl * sizeof(real)),
+                 alloc_normal(&rng, nq, 1), alloc_normal(&rng, nk, 1), alloc_normal(&rng, nv, 1),
+                 alloc_normal(&rng, no, 1)};
+    char what[80];
+    snprintf(what, sizeof what, "attention heads=4 kv_heads=%d v_head_dim=%d", kv_heads, v_dim(&s));
     check_attention_forward(&s, c.q, c.k, c.v, what);
     attn_obj(&c);
-    real *dq0 = alloc_normal(&rng, nq, 1), *dk0 = alloc_normal(&rng, nkv, 1), *dv0 = alloc_normal(&rng, nkv, 1);
-    real *dq = alloc_copy(dq0, nq), *dk = alloc_copy(dk0, nkv), *dv = alloc_copy(dv0, nkv);
+    real *dq0 = alloc_normal(&rng, nq, 1), *dk0 = alloc_normal(&rng, nk, 1), *dv0 = alloc_normal(&rng, nv, 1);
+    real *dq = alloc_copy(dq0, nq), *dk = alloc_copy(dk0, nk), *dv = alloc_copy(dv0, nv);
     attention_backward(dq, dk, dv, c.R, c.out, c.lse, c.q, c.k, c.v, &s);
-    real *gq = alloc_diff(dq, dq0, nq), *gk = alloc_diff(dk, dk0, nkv), *gv = alloc_diff(dv, dv0, nkv);
-    snprintf(what, sizeof what, "attention dq (kv_heads=%d)", kv_heads);
+    real *gq = alloc_diff(dq, dq0, nq), *gk = alloc_diff(dk, dk0, nk), *gv = alloc_diff(dv, dv0, nv);
+    snprintf(what, sizeof what, "attention dq (kv_heads=%d, dv=%d)", kv_heads, v_dim(&s));
     fd_check(what, c.q, nq, gq, attn_obj, &c);
-    snprintf(what, sizeof what, "attention dk (kv_heads=%d)", kv_heads);
-    fd_check(what, c.k, nkv, gk, attn_obj, &c);
-    snprintf(what, sizeof what, "attention dv (kv_heads=%d)", kv_heads);
-    fd_check(what, c.v, nkv, gv, attn_obj, &c);
+    snprintf(what, sizeof what, "attention dk (kv_heads=%d, dv=%d)", kv_heads, v_dim(&s));
+    fd_check(what, c.k, nk, gk, attn_obj, &c);
+    snprintf(what, sizeof what, "attention dv (kv_heads=%d, dv=%d)", kv_heads, v_dim(&s));
+    fd_check(what, c.v, nv, gv, attn_obj, &c);
     free(dq0), free(dk0), free(dv0), free(dq), free(dk), free(dv), free(gq), free(gk), free(gv);
     free(c.out), free(c.lse), free(c.q), free(c.k), free(c.v), free(c.R);
 }
 
-static void test_attention_mha(void) { check_attention_grad(4, 21); }
-static void test_attention_gqa_kv2(void) { check_attention_grad(2, 22); }
-static void test_attention_mqa_kv1(void) { check_attention_grad(1, 23); }
+static void test_attention_mha(void) { check_attention_grad(4, 0, 21); }
+static void test_attention_gqa_kv2(void) { check_attention_grad(2, 0, 22); }
+static void test_attention_mqa_kv1(void) { check_attention_grad(1, 0, 23); }
+// value heads wider and narrower than query/key heads (Multi-Latent Attention)
+static void test_attention_value_width(void) {
+    check_attention_grad(4, 6, 25);
+    check_attention_grad(2, 3, 26);
+}
 
 // KV-cache shape: Tq queries at the end of a Tk-key window, batch rows kv_row_stride apart.
 // The rows past Tk hold NaN: reading them would poison the output.
@@ -358,7 +380,7 @@ static void test_attention_kv_cache_forward(void) {
     for (int kv_heads = 1; kv_heads <= 4; kv_heads *= 2) {
         AttentionShape s = {.B = 2, .Tq = 3, .Tk = 7, .q_pos0 = 4, .heads = 4, .kv_heads = kv_heads,
                             .head_dim = 4, .kv_row_stride = 9, .scale = 1 / sqrt(4.0)};
-        size_t nkv = kv_len(&s);
+        size_t nkv = k_len(&s);
         real *q = alloc_normal(&rng, q_len(&s), 1), *k = alloc_normal(&rng, nkv, 1),
              *v = alloc_normal(&rng, nkv, 1);
         for (int b = 0; b < s.B; b++)
@@ -790,6 +812,19 @@ static void test_vec_sum_squares(void) {
     }
 }
 
+// ---- clamp ----------------------------------------------------------------------------------------------
+
+static void test_clamp(void) {
+    real x[6] = {-3, -1.5, -0.2, 0.7, 1.5, 2.5}, y[6], d[6] = {1, 2, 3, 4, 5, 6};
+    clamp_forward(y, x, 6, 1.5);
+    static const real want[6] = {-1.5, -1.5, -0.2, 0.7, 1.5, 1.5};
+    for (int i = 0; i < 6; i++) CHECK(y[i] == want[i], "clamp_forward[%d] = %g", i, (double)y[i]);
+    // the gradient passes inside [-limit, limit] (edges included, as torch.clamp) and stops outside
+    clamp_backward(d, x, 6, 1.5);
+    static const real want_d[6] = {0, 2, 3, 4, 5, 0};
+    for (int i = 0; i < 6; i++) CHECK(d[i] == want_d[i], "clamp_backward[%d] = %g", i, (double)d[i]);
+}
+
 int main(void) {
     RUN(test_linear_default_backend);
     RUN(test_linear_portable_backend);
@@ -799,6 +834,8 @@ int main(void) {
     RUN(test_attention_mha);
     RUN(test_attention_gqa_kv2);
     RUN(test_attention_mqa_kv1);
+    RUN(test_attention_value_width);
+    RUN(test_clamp);
     RUN(test_attention_kv_cache_forward);
     RUN(test_swiglu_no_scale);
     RUN(test_swiglu_row_scale);

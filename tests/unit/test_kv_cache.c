@@ -1,13 +1,16 @@
 // test_kv_cache.c — generation with a KV cache computes the same logits as a full
 // forward over the whole sequence: a prefill of the first tokens, then one token at a
-// time against the cache (both families, GQA and QK-norm).
+// time against the cache (every attention variant: GQA, QK-norm per head or per
+// projection, clip_qkv, Multi-Latent Attention with and without the query low rank).
 #include <string.h>
 
 #include "core/config.h"
 #include "model/model.h"
 #include "testlib.h"
 
-static void check_cache_matches_full_forward(int qk_layernorm, int group_query) {
+typedef void (*Variant)(Config *c);
+
+static void check_cache_matches_full_forward(int qk_layernorm, int group_query, Variant variant) {
     Config c;
     config_defaults(&c);
     c.num_layers = 2;
@@ -20,6 +23,7 @@ static void check_cache_matches_full_forward(int qk_layernorm, int group_query) 
     c.moe_ffn_hidden_size = 24;
     c.qk_layernorm = qk_layernorm;
     c.init_method_std = 0.2;
+    if (variant) variant(&c);
     config_validate(&c);
     Model m;
     model_build(&m, &c);
@@ -34,13 +38,7 @@ static void check_cache_matches_full_forward(int qk_layernorm, int group_query) 
     Batch whole = {.B = 1, .T = T, .tokens = tokens};
     model_forward(&m, &full, &whole, NULL, 0);
 
-    KvCache kv[2];
-    size_t width = (size_t)c.kv_heads * c.head_dim;
-    for (int l = 0; l < 2; l++) {
-        kv[l].capacity = c.max_positions;
-        kv[l].k = mt_calloc(c.max_positions * width, sizeof(real));
-        kv[l].v = mt_calloc(c.max_positions * width, sizeof(real));
-    }
+    KvCache *kv = kv_caches_new(&m);
     ModelActs prefill, step;
     acts_alloc(&prefill, &m, 1, PREFILL);
     acts_alloc(&step, &m, 1, 1);
@@ -55,21 +53,45 @@ static void check_cache_matches_full_forward(int qk_layernorm, int group_query) 
         for (int v = 0; v < V; v++) worst = fmax(worst, fabs(step.logits[v] - full.logits[t * V + v]));
     }
     CHECK(worst < 2e-5, "cached logits differ from the full forward by %g", worst);
-    for (int l = 0; l < 2; l++) {
-        free(kv[l].k);
-        free(kv[l].v);
-    }
+    kv_caches_free(kv, &m);
     acts_free(&full);
     acts_free(&prefill);
     acts_free(&step);
     model_free(&m);
 }
 
-static void test_kv_cache_mixtral_mha(void) { check_cache_matches_full_forward(0, 0); }
-static void test_kv_cache_qwen3_gqa(void) { check_cache_matches_full_forward(1, 1); }
+static void olmoe(Config *c) {
+    strcpy(c->qk_layernorm_scope, "projection");
+    c->clip_qkv = 0.5;  // small enough to clamp some values of the 0.2-std weights
+}
+
+static void mla(Config *c) {
+    c->multi_latent_attention = 1;
+    c->group_query_attention = 0;
+    c->kv_lora_rank = 12;
+    c->qk_head_dim = 6;
+    c->qk_pos_emb_head_dim = 4;
+    c->v_head_dim = 10;
+    c->rotary_interleaved = 1;
+}
+
+static void mla_q_lora(Config *c) {
+    mla(c);
+    c->q_lora_rank = 8;
+    c->rotary_interleaved = 0;
+}
+
+static void test_kv_cache_mixtral_mha(void) { check_cache_matches_full_forward(0, 0, NULL); }
+static void test_kv_cache_qwen3_gqa(void) { check_cache_matches_full_forward(1, 1, NULL); }
+static void test_kv_cache_olmoe_clip(void) { check_cache_matches_full_forward(1, 1, olmoe); }
+static void test_kv_cache_mla(void) { check_cache_matches_full_forward(0, 0, mla); }
+static void test_kv_cache_mla_q_lora(void) { check_cache_matches_full_forward(0, 0, mla_q_lora); }
 
 int main(void) {
     RUN(test_kv_cache_mixtral_mha);
     RUN(test_kv_cache_qwen3_gqa);
+    RUN(test_kv_cache_olmoe_clip);
+    RUN(test_kv_cache_mla);
+    RUN(test_kv_cache_mla_q_lora);
     TESTS_DONE();
 }

@@ -18,18 +18,22 @@
 
 enum { QUERY_TILE = 64 };
 
-// Strided views of one (batch row, head): row t of Q is q + q_offset + t·q_stride.
+// Strided views of one (batch row, head): row t of Q is q + q_offset + t·q_stride, and
+// likewise for out (o), K (k) and V (v).
 typedef struct {
-    size_t q_offset, kv_offset;  // first element of this head's row 0 in q/out and k/v
-    int q_stride, kv_stride;     // elements between consecutive token rows
+    size_t q_offset, o_offset, k_offset, v_offset;  // this head's row 0
+    int q_stride, o_stride, k_stride, v_stride;     // elements between consecutive token rows
 } HeadView;
 
+static int value_width(const AttentionShape *s) { return s->v_head_dim ? s->v_head_dim : s->head_dim; }
+
 static HeadView head_view(const AttentionShape *s, int b, int h) {
-    int kvh = h / (s->heads / s->kv_heads);
-    HeadView v = {.q_offset = ((size_t)b * s->Tq * s->heads + h) * s->head_dim,
-                  .kv_offset = ((size_t)b * s->kv_row_stride * s->kv_heads + kvh) * s->head_dim,
-                  .q_stride = s->heads * s->head_dim,
-                  .kv_stride = s->kv_heads * s->head_dim};
+    int kvh = h / (s->heads / s->kv_heads), dv = value_width(s);
+    size_t q_row0 = (size_t)b * s->Tq * s->heads, kv_row0 = (size_t)b * s->kv_row_stride * s->kv_heads;
+    HeadView v = {.q_offset = (q_row0 + h) * s->head_dim, .o_offset = (q_row0 + h) * dv,
+                  .k_offset = (kv_row0 + kvh) * s->head_dim, .v_offset = (kv_row0 + kvh) * dv,
+                  .q_stride = s->heads * s->head_dim, .o_stride = s->heads * dv,
+                  .k_stride = s->kv_heads * s->head_dim, .v_stride = s->kv_heads * dv};
     return v;
 }
 
@@ -37,15 +41,15 @@ static HeadView head_view(const AttentionShape *s, int b, int h) {
 static void tile_scores(real *scores, const real *q, const real *k, const AttentionShape *s, const HeadView *v,
                         int t0, int rows, int keys) {
     mt_gemm(0, 1, rows, keys, s->head_dim, s->scale, q + v->q_offset + (size_t)t0 * v->q_stride, v->q_stride,
-            k + v->kv_offset, v->kv_stride, 0, scores, keys);
+            k + v->k_offset, v->k_stride, 0, scores, keys);
 }
 
-static void attend_head(real *out, real *lse_row, real *scores, const real *q, const real *k, const real *v_,
+static void attend_head(real *out, real *lse_row, real *scores, const real *q, const real *k, const real *v,
                         const AttentionShape *s, int b, int h) {
-    HeadView v = head_view(s, b, h);
+    HeadView view = head_view(s, b, h);
     for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
         int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = s->q_pos0 + t0 + rows;
-        tile_scores(scores, q, k, s, &v, t0, rows, keys);
+        tile_scores(scores, q, k, s, &view, t0, rows, keys);
         for (int r = 0; r < rows; r++) {  // softmax over the visible keys of row r
             real *row = scores + (size_t)r * keys;
             int visible = s->q_pos0 + t0 + r + 1;
@@ -58,8 +62,8 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
             lse_row[t0 + r] = max + (real)log((double)sum);
         }
         // O[t0 : t0+rows] = P · V[0 : keys]
-        mt_gemm(0, 0, rows, s->head_dim, keys, 1, scores, keys, v_ + v.kv_offset, v.kv_stride, 0,
-                out + v.q_offset + (size_t)t0 * v.q_stride, v.q_stride);
+        mt_gemm(0, 0, rows, value_width(s), keys, 1, scores, keys, v + view.v_offset, view.v_stride, 0,
+                out + view.o_offset + (size_t)t0 * view.o_stride, view.o_stride);
     }
 }
 
@@ -80,22 +84,22 @@ void attention_forward(real *out, real *lse, const real *q, const real *k, const
 // Backward of one query head of one batch row; dk/dv are the head's kv-head gradients.
 static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, real *dprobs, const real *dout,
                                     const real *out, const real *lse_row, const real *q, const real *k,
-                                    const real *v_, const AttentionShape *s, int b, int h) {
-    HeadView v = head_view(s, b, h);
-    int d = s->head_dim;
+                                    const real *v, const AttentionShape *s, int b, int h) {
+    HeadView view = head_view(s, b, h);
+    int d = s->head_dim, v_width = value_width(s);
     for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
         int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = s->q_pos0 + t0 + rows;
-        const real *q_tile = q + v.q_offset + (size_t)t0 * v.q_stride;
-        const real *dout_tile = dout + v.q_offset + (size_t)t0 * v.q_stride;
-        tile_scores(probs, q, k, s, &v, t0, rows, keys);
+        const real *q_tile = q + view.q_offset + (size_t)t0 * view.q_stride;
+        const real *dout_tile = dout + view.o_offset + (size_t)t0 * view.o_stride;
+        tile_scores(probs, q, k, s, &view, t0, rows, keys);
         // dP = dO · Vᵀ
-        mt_gemm(0, 1, rows, keys, d, 1, dout_tile, v.q_stride, v_ + v.kv_offset, v.kv_stride, 0, dprobs, keys);
+        mt_gemm(0, 1, rows, keys, v_width, 1, dout_tile, view.o_stride, v + view.v_offset, view.v_stride, 0, dprobs, keys);
         for (int r = 0; r < rows; r++) {
             real *p = probs + (size_t)r * keys, *dp = dprobs + (size_t)r * keys;
-            const real *o_row = out + v.q_offset + (size_t)(t0 + r) * v.q_stride;
-            const real *do_row = dout_tile + (size_t)r * v.q_stride;
+            const real *o_row = out + view.o_offset + (size_t)(t0 + r) * view.o_stride;
+            const real *do_row = dout_tile + (size_t)r * view.o_stride;
             real D = 0;
-            for (int i = 0; i < d; i++) D += do_row[i] * o_row[i];
+            for (int i = 0; i < v_width; i++) D += do_row[i] * o_row[i];
             int visible = s->q_pos0 + t0 + r + 1;
             for (int j = 0; j < visible; j++) {
                 p[j] = real_exp(p[j] - lse_row[t0 + r]);
@@ -104,10 +108,10 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
             for (int j = visible; j < keys; j++) p[j] = dp[j] = 0;
         }
         // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
-        mt_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + v.kv_offset, v.kv_stride, 1,
-                dq + v.q_offset + (size_t)t0 * v.q_stride, v.q_stride);
-        mt_gemm(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, v.q_stride, 1, dk + v.kv_offset, v.kv_stride);
-        mt_gemm(1, 0, keys, d, rows, 1, probs, keys, dout_tile, v.q_stride, 1, dv + v.kv_offset, v.kv_stride);
+        mt_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + view.k_offset, view.k_stride, 1,
+                dq + view.q_offset + (size_t)t0 * view.q_stride, view.q_stride);
+        mt_gemm(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, view.q_stride, 1, dk + view.k_offset, view.k_stride);
+        mt_gemm(1, 0, keys, v_width, rows, 1, probs, keys, dout_tile, view.o_stride, 1, dv + view.v_offset, view.v_stride);
     }
 }
 

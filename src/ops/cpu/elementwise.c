@@ -92,44 +92,61 @@ void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const r
 
 // ---- RoPE ------------------------------------------------------------------------------
 
-void rope_table(real *cos_sin, int max_pos, int head_dim, double base) {
-    int half = head_dim / 2;
+void rope_table(real *cos_sin, int max_pos, int dim, double base) {
+    int half = dim / 2;
     for (int p = 0; p < max_pos; p++)
         for (int i = 0; i < half; i++) {
             // inverse frequency rounded to float first, as the reference implementations do
-            float inv_freq = (float)(1.0 / pow(base, (double)(2 * i) / head_dim));
+            float inv_freq = (float)(1.0 / pow(base, (double)(2 * i) / dim));
             float angle = (float)p * inv_freq;
             cos_sin[((size_t)p * half + i) * 2 + 0] = (real)cosf(angle);
             cos_sin[((size_t)p * half + i) * 2 + 1] = (real)sinf(angle);
         }
 }
 
+RopeLayout rope_layout_heads(int heads, int head_dim) {
+    RopeLayout l = {.heads = heads, .dim = head_dim, .head_stride = head_dim, .row_stride = heads * head_dim};
+    return l;
+}
+
 // direction +1 rotates by +angle (forward), −1 by −angle (the transpose, for backward)
-static void rope_rotate(real *x, const real *cos_sin, int N, int T, int pos0, int heads,
-                        int head_dim, int direction) {
-    int half = head_dim / 2;
+static void rope_rotate(real *x, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l, int direction) {
+    int half = l->dim / 2;
+    int second = l->interleaved ? 1 : half;  // offset of a pair's second element
+    int step = l->interleaved ? 2 : 1;       // offset between consecutive pairs
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *cs = cos_sin + (size_t)(pos0 + n % T) * half * 2;
-        for (int h = 0; h < heads; h++) {
-            real *v = x + ((size_t)n * heads + h) * head_dim;
+        for (int h = 0; h < l->heads; h++) {
+            real *v = x + (size_t)n * l->row_stride + (size_t)h * l->head_stride;
             for (int i = 0; i < half; i++) {
                 real c = cs[2 * i], s = direction * cs[2 * i + 1];
-                real a = v[i], b = v[i + half];
-                v[i] = a * c - b * s;
-                v[i + half] = b * c + a * s;
+                real *first = v + i * step;
+                real a = first[0], b = first[second];
+                first[0] = a * c - b * s;
+                first[second] = b * c + a * s;
             }
         }
     }
 }
 
-void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, int heads, int head_dim) {
-    rope_rotate(x, cos_sin, N, T, pos0, heads, head_dim, +1);
+void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l) {
+    rope_rotate(x, cos_sin, N, T, pos0, l, +1);
 }
 
-void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, int heads,
-                   int head_dim) {
-    rope_rotate(dx, cos_sin, N, T, pos0, heads, head_dim, -1);
+void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l) {
+    rope_rotate(dx, cos_sin, N, T, pos0, l, -1);
+}
+
+// ---- clamp ----------------------------------------------------------------------------------
+
+void clamp_forward(real *y, const real *x, size_t n, real limit) {
+    for (size_t i = 0; i < n; i++) y[i] = x[i] < -limit ? -limit : x[i] > limit ? limit : x[i];
+}
+
+void clamp_backward(real *d, const real *x, size_t n, real limit) {
+    for (size_t i = 0; i < n; i++)
+        if (x[i] < -limit || x[i] > limit) d[i] = 0;
 }
 
 // ---- SwiGLU ------------------------------------------------------------------------------

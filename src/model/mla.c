@@ -1,0 +1,146 @@
+// mla.c — Multi-Latent Attention (DeepSeek-V2/V3), forward and backward.
+//
+// Widths: rq = --q-lora-rank, rkv = --kv-lora-rank, dn = --qk-head-dim (no position),
+// dr = --qk-pos-emb-head-dim (rotary), dv = --v-head-dim, dq = dn + dr.
+//   queries : q = ln1·W_qᵀ, or RMSNorm(ln1·W_q_aᵀ)·W_q_bᵀ        (N, heads, dq)
+//   latent  : [c, k_r] = ln1·W_kv_aᵀ                            (N, rkv), (N, dr)
+//   per head: [k_n, v] = RMSNorm(c)·W_kv_bᵀ                      (N, heads, dn + dv)
+//   keys    : k = [k_n, RoPE(k_r)] — one rotary key shared by every head
+//   queries : the last dr columns of each head rotated by RoPE
+// then causal attention with scale 1/sqrt(dq) over values of width dv.
+// The latent norms use eps 1e-6 whatever --norm-epsilon is, as DeepSeek-V3 does.
+#include <string.h>
+
+#include "model/layers.h"
+#include "ops/ops.h"
+
+#define MLA_LATENT_NORM_EPS 1e-6
+
+typedef struct {
+    int heads, rq, rkv, dn, dr, dv, dq;
+} MlaDims;
+
+static MlaDims mla_dims(const Config *c) {
+    MlaDims d = {.heads = c->num_attention_heads, .rq = c->q_lora_rank, .rkv = c->kv_lora_rank,
+                 .dn = c->qk_head_dim, .dr = c->qk_pos_emb_head_dim, .dv = c->v_head_dim};
+    d.dq = d.dn + d.dr;
+    return d;
+}
+
+// The rotary columns of every query head (starting at column dn of head 0).
+static RopeLayout query_rope(const Config *c, MlaDims d) {
+    RopeLayout l = {.heads = d.heads, .dim = d.dr, .head_stride = d.dq, .row_stride = d.heads * d.dq,
+                    .interleaved = c->rotary_interleaved};
+    return l;
+}
+
+static RopeLayout key_rope(const Config *c, MlaDims d) {
+    RopeLayout l = rope_layout_heads(1, d.dr);
+    l.interleaved = c->rotary_interleaved;
+    return l;
+}
+
+// k (N, heads, dq) = [k_n, k_rope];  v (N, heads, dv)  from kv_b (N, heads, dn + dv)
+static void assemble_keys_values(real *k, real *v, const real *kv_b, const real *k_rope, int N, MlaDims d) {
+    size_t per_head = (size_t)d.dn + d.dv;
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < d.heads; h++) {
+            const real *src = kv_b + ((size_t)n * d.heads + h) * per_head;
+            real *key = k + ((size_t)n * d.heads + h) * d.dq;
+            memcpy(key, src, d.dn * sizeof(real));
+            memcpy(key + d.dn, k_rope + (size_t)n * d.dr, d.dr * sizeof(real));
+            memcpy(v + ((size_t)n * d.heads + h) * d.dv, src + d.dn, d.dv * sizeof(real));
+        }
+}
+
+// The reverse: d_kv_b from d_k's no-position part and d_v; d_k_rope = Σ over heads (in order).
+static void split_key_value_grads(real *d_kv_b, real *d_k_rope, const real *d_k, const real *d_v, int N, MlaDims d) {
+    size_t per_head = (size_t)d.dn + d.dv;
+    for (int n = 0; n < N; n++) {
+        real *dr_row = d_k_rope + (size_t)n * d.dr;
+        memset(dr_row, 0, d.dr * sizeof(real));
+        for (int h = 0; h < d.heads; h++) {
+            real *dst = d_kv_b + ((size_t)n * d.heads + h) * per_head;
+            const real *dkey = d_k + ((size_t)n * d.heads + h) * d.dq;
+            memcpy(dst, dkey, d.dn * sizeof(real));
+            memcpy(dst + d.dn, d_v + ((size_t)n * d.heads + h) * d.dv, d.dv * sizeof(real));
+            for (int i = 0; i < d.dr; i++) dr_row[i] += dkey[d.dn + i];
+        }
+    }
+}
+
+static void queries_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N, MlaDims d) {
+    const TensorTable *tt = &m->tt;
+    int H = m->cfg.hidden_size, q_width = d.heads * d.dq;
+    MlaActs *ma = &la->mla;
+    if (!d.rq) {
+        linear_forward(la->q, la->ln1, tt_param(tt, lp->q_proj), N, H, q_width);
+        return;
+    }
+    linear_forward(ma->q_a, la->ln1, tt_param(tt, lp->q_a_proj), N, H, d.rq);
+    rmsnorm_forward(ma->q_a_norm, ma->q_a_rstd, ma->q_a, tt_param(tt, lp->q_a_norm), N, d.rq, (real)MLA_LATENT_NORM_EPS);
+    linear_forward(la->q, ma->q_a_norm, tt_param(tt, lp->q_b_proj), N, d.rq, q_width);
+}
+
+void mla_forward(const Model *m, int layer, LayerActs *la, int B, int T, KvCache *kv, int pos0) {
+    const Config *c = &m->cfg;
+    const LayerParams *lp = &m->layers[layer];
+    const TensorTable *tt = &m->tt;
+    MlaDims d = mla_dims(c);
+    MlaActs *ma = &la->mla;
+    int N = B * T, H = c->hidden_size;
+    queries_forward(m, lp, la, N, d);
+    RopeLayout qr = query_rope(c, d), kr = key_rope(c, d);
+    rope_forward(la->q + d.dn, m->rope_cos_sin, N, T, pos0, &qr);
+    // W_kv_a's first rkv rows make the latent, the last dr rows the rotary key
+    const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
+    linear_forward(ma->latent, la->ln1, w_kv_a, N, H, d.rkv);
+    linear_forward(ma->k_rope, la->ln1, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
+    rope_forward(ma->k_rope, m->rope_cos_sin, N, T, pos0, &kr);
+    rmsnorm_forward(ma->latent_norm, ma->latent_rstd, ma->latent, tt_param(tt, lp->kv_a_norm), N, d.rkv,
+                    (real)MLA_LATENT_NORM_EPS);
+    linear_forward(ma->kv_b, ma->latent_norm, tt_param(tt, lp->kv_b_proj), N, d.rkv, d.heads * (d.dn + d.dv));
+    assemble_keys_values(la->k, la->v, ma->kv_b, ma->k_rope, N, d);
+}
+
+static void queries_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a, MlaDims d) {
+    TensorTable *tt = &m->tt;
+    int N = a->N, H = m->cfg.hidden_size, q_width = d.heads * d.dq;
+    MlaActs *ma = &la->mla;
+    if (!d.rq) {
+        linear_backward(a->d_norm, tt_grad(tt, lp->q_proj), a->d_q, la->ln1, tt_param(tt, lp->q_proj), N, H, q_width);
+        return;
+    }
+    vec_zero(a->d_q_a_norm, (size_t)N * d.rq);
+    linear_backward(a->d_q_a_norm, tt_grad(tt, lp->q_b_proj), a->d_q, ma->q_a_norm, tt_param(tt, lp->q_b_proj), N,
+                    d.rq, q_width);
+    vec_zero(a->d_q_a, (size_t)N * d.rq);
+    rmsnorm_backward(a->d_q_a, tt_grad(tt, lp->q_a_norm), a->d_q_a_norm, ma->q_a, tt_param(tt, lp->q_a_norm),
+                     ma->q_a_rstd, N, d.rq);
+    linear_backward(a->d_norm, tt_grad(tt, lp->q_a_proj), a->d_q_a, la->ln1, tt_param(tt, lp->q_a_proj), N, H, d.rq);
+}
+
+void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
+    const Config *c = &m->cfg;
+    const LayerParams *lp = &m->layers[layer];
+    TensorTable *tt = &m->tt;
+    MlaDims d = mla_dims(c);
+    MlaActs *ma = &la->mla;
+    int N = a->N, T = a->T, H = c->hidden_size;
+    RopeLayout qr = query_rope(c, d), kr = key_rope(c, d);
+    rope_backward(a->d_q + d.dn, m->rope_cos_sin, N, T, 0, &qr);
+    queries_backward(m, lp, la, a, d);
+    split_key_value_grads(a->d_kv_b, a->d_k_rope, a->d_k, a->d_v, N, d);
+    rope_backward(a->d_k_rope, m->rope_cos_sin, N, T, 0, &kr);
+    vec_zero(a->d_latent_norm, (size_t)N * d.rkv);
+    linear_backward(a->d_latent_norm, tt_grad(tt, lp->kv_b_proj), a->d_kv_b, ma->latent_norm,
+                    tt_param(tt, lp->kv_b_proj), N, d.rkv, d.heads * (d.dn + d.dv));
+    vec_zero(a->d_latent, (size_t)N * d.rkv);
+    rmsnorm_backward(a->d_latent, tt_grad(tt, lp->kv_a_norm), a->d_latent_norm, ma->latent,
+                     tt_param(tt, lp->kv_a_norm), ma->latent_rstd, N, d.rkv);
+    const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
+    real *dw_kv_a = tt_grad(tt, lp->kv_a_proj);
+    size_t rope_rows = (size_t)d.rkv * H;
+    linear_backward(a->d_norm, dw_kv_a, a->d_latent, la->ln1, w_kv_a, N, H, d.rkv);
+    linear_backward(a->d_norm, dw_kv_a + rope_rows, a->d_k_rope, la->ln1, w_kv_a + rope_rows, N, H, d.dr);
+}
