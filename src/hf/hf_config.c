@@ -2,9 +2,11 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "data/dataset.h"
+#include "hf/hf_config_read.h"
 
 static void write_dense_layer_list(JsonWriter *w, const Config *c) {
     jw_key(w, "mlp_only_layers");
@@ -42,8 +44,8 @@ static void write_moetron_section(JsonWriter *w, const Config *c) {
     jw_end_object(w);
 }
 
-void hf_config_write(JsonWriter *w, const Config *c, HfFamily family) {
-    jw_begin_object(w);
+// Keys every family shares.
+static void write_common(JsonWriter *w, const Config *c, HfFamily family) {
     jw_key(w, "architectures");
     jw_begin_array(w);
     jw_string(w, hf_architecture(family));
@@ -54,7 +56,7 @@ void hf_config_write(JsonWriter *w, const Config *c, HfFamily family) {
     jw_kv_int(w, "num_hidden_layers", c->num_layers);
     jw_kv_int(w, "num_attention_heads", c->num_attention_heads);
     jw_kv_int(w, "num_key_value_heads", c->kv_heads);
-    jw_kv_int(w, "head_dim", c->head_dim);
+    if (!c->multi_latent_attention) jw_kv_int(w, "head_dim", c->head_dim);
     jw_kv_string(w, "hidden_act", "silu");
     jw_kv_int(w, "max_position_embeddings", c->max_positions);
     jw_kv_double(w, "rms_norm_eps", c->norm_epsilon);
@@ -76,18 +78,64 @@ void hf_config_write(JsonWriter *w, const Config *c, HfFamily family) {
     jw_kv_bool(w, "output_router_logits", 0);
     jw_kv_double(w, "router_aux_loss_coef", c->balance_coeff[0]);
     jw_kv_int(w, "num_experts_per_tok", c->moe_router_topk);
-    if (family == HF_MIXTRAL) {
+}
+
+static void write_qwen3_keys(JsonWriter *w, const Config *c) {
+    jw_kv_int(w, "num_experts", c->num_experts);
+    jw_kv_int(w, "moe_intermediate_size", c->num_experts ? c->moe_ffn : c->ffn_hidden_size);
+    jw_kv_int(w, "intermediate_size", c->ffn_hidden_size);
+    jw_kv_int(w, "decoder_sparse_step", 1);
+    write_dense_layer_list(w, c);
+    jw_kv_bool(w, "norm_topk_prob", !c->moe_router_pre_softmax);
+    jw_kv_bool(w, "use_sliding_window", 0);
+}
+
+static void write_olmoe_keys(JsonWriter *w, const Config *c) {
+    jw_kv_int(w, "num_experts", c->num_experts);
+    jw_kv_int(w, "intermediate_size", c->moe_ffn);
+    jw_kv_bool(w, "norm_topk_prob", !c->moe_router_pre_softmax);
+    jw_key(w, "clip_qkv");
+    if (c->clip_qkv > 0) jw_double(w, c->clip_qkv);
+    else jw_null(w);
+}
+
+static void write_deepseek_keys(JsonWriter *w, const Config *c) {
+    int first_dense = 0;
+    while (first_dense < c->num_layers && !c->moe_layer[first_dense]) first_dense++;
+    jw_kv_int(w, "n_routed_experts", c->num_experts);
+    jw_kv_int(w, "moe_intermediate_size", c->moe_ffn);
+    jw_kv_int(w, "intermediate_size", c->ffn_hidden_size);
+    jw_kv_int(w, "n_shared_experts", c->moe_shared_expert_intermediate_size / c->moe_ffn);
+    jw_kv_double(w, "routed_scaling_factor", c->moe_router_topk_scaling_factor > 0 ? c->moe_router_topk_scaling_factor : 1);
+    jw_kv_int(w, "n_group", c->moe_router_num_groups ? c->moe_router_num_groups : 1);
+    jw_kv_int(w, "topk_group", c->moe_router_num_groups ? c->moe_router_group_topk : 1);
+    jw_kv_int(w, "first_k_dense_replace", first_dense);
+    jw_kv_bool(w, "norm_topk_prob", c->moe_router_topk > 1);  // sigmoid probs are renormalised for k > 1
+    jw_key(w, "q_lora_rank");
+    if (c->q_lora_rank) jw_int(w, c->q_lora_rank);
+    else jw_null(w);
+    jw_kv_int(w, "kv_lora_rank", c->kv_lora_rank);
+    jw_kv_int(w, "qk_nope_head_dim", c->qk_head_dim);
+    jw_kv_int(w, "qk_rope_head_dim", c->qk_pos_emb_head_dim);
+    jw_kv_int(w, "v_head_dim", c->v_head_dim);
+    jw_kv_bool(w, "rope_interleave", c->rotary_interleaved);
+    jw_kv_int(w, "num_nextn_predict_layers", 0);
+}
+
+void hf_config_write(JsonWriter *w, const Config *c, HfFamily family) {
+    jw_begin_object(w);
+    write_common(w, c, family);
+    switch (family) {
+    case HF_MIXTRAL:
         jw_kv_int(w, "num_local_experts", c->num_experts);
         jw_kv_int(w, "intermediate_size", c->moe_ffn);
         jw_kv_double(w, "router_jitter_noise", 0);
-    } else {
-        jw_kv_int(w, "num_experts", c->num_experts);
-        jw_kv_int(w, "moe_intermediate_size", c->num_experts ? c->moe_ffn : c->ffn_hidden_size);
-        jw_kv_int(w, "intermediate_size", c->ffn_hidden_size);
-        jw_kv_int(w, "decoder_sparse_step", 1);
-        write_dense_layer_list(w, c);
-        jw_kv_bool(w, "norm_topk_prob", !c->moe_router_pre_softmax);
-        jw_kv_bool(w, "use_sliding_window", 0);
+        break;
+    case HF_OLMOE: write_olmoe_keys(w, c); break;
+    case HF_DEEPSEEK_V3: write_deepseek_keys(w, c); break;
+    case HF_QWEN3_MOE:
+    case HF_MOETRON:
+    default: write_qwen3_keys(w, c); break;
     }
     write_moetron_section(w, c);
     jw_end_object(w);
@@ -133,81 +181,15 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
     }
 }
 
-static int hf_int(const JsonValue *root, const char *key, const char *path, int required) {
-    int64_t v;
-    if (json_get_int64(root, key, &v)) return (int)v;
-    if (required) mt_die("%s: missing or non-integer \"%s\"", path, key);
-    return -1;
-}
-
-static double hf_double(const JsonValue *root, const char *key, double fallback) {
-    double v;
-    return json_get_number(root, key, &v) ? v : fallback;
-}
-
-// Model shape from a plain Hugging Face config (no moetron section).
-static void restore_hf_shape(Config *c, const JsonValue *root, const char *path) {
-    const char *type = json_get_string(root, "model_type");
-    if (!type || (strcmp(type, "qwen3_moe") && strcmp(type, "mixtral")))
-        mt_die("%s: model_type %s is not supported; moetron reads qwen3_moe and mixtral", path,
-               type ? type : "(missing)");
-    int qwen = !strcmp(type, "qwen3_moe");
-    for (int i = 0; i < config_flag_count(); i++)
-        if (config_flag(i)->architecture && c->flag_given[i])
-            mt_die("--%s: the model shape comes from %s; drop the flag", config_flag(i)->name, path);
-    c->num_layers = hf_int(root, "num_hidden_layers", path, 1);
-    c->hidden_size = hf_int(root, "hidden_size", path, 1);
-    c->num_attention_heads = hf_int(root, "num_attention_heads", path, 1);
-    int kv = hf_int(root, "num_key_value_heads", path, 0);
-    c->group_query_attention = kv > 0 && kv != c->num_attention_heads;
-    c->num_query_groups = kv > 0 ? kv : c->num_attention_heads;
-    int head_dim = hf_int(root, "head_dim", path, 0);
-    c->kv_channels = head_dim > 0 ? head_dim : 0;
-    c->vocab_size = hf_int(root, "vocab_size", path, 1);
-    c->make_vocab_size_divisible_by = 1;
-    int max_pos = hf_int(root, "max_position_embeddings", path, 0);
-    c->max_position_embeddings = max_pos > 0 ? max_pos : 0;
-    if (c->seq_length > c->max_position_embeddings && c->max_position_embeddings > 0)
-        c->seq_length = c->max_position_embeddings;
-    // defaults for absent keys are those of the transformers config classes
-    c->norm_epsilon = hf_double(root, "rms_norm_eps", qwen ? 1e-6 : 1e-5);
-    const JsonValue *rope = json_get(root, "rope_parameters");
-    double default_theta = qwen ? 10000 : 1e6;
-    c->rotary_base = hf_double(rope ? rope : root, "rope_theta", hf_double(root, "rope_theta", default_theta));
-    snprintf(c->moe_aux_loss_coeff, sizeof(c->moe_aux_loss_coeff), "%.17g", hf_double(root, "router_aux_loss_coef", 0.001));
-    int tied = 0;
-    json_get_bool(root, "tie_word_embeddings", &tied);
-    c->untie_embeddings_and_output_weights = !tied;
-    c->qk_layernorm = qwen;
-    c->moe_router_topk = hf_int(root, "num_experts_per_tok", path, 1);
-    // Qwen3-MoE's config class maps num_experts to num_local_experts, and transformers
-    // writes the latter: accept either name for both families.
-    int experts = hf_int(root, qwen ? "num_experts" : "num_local_experts", path, 0);
-    c->num_experts = experts >= 0 ? experts : hf_int(root, qwen ? "num_local_experts" : "num_experts", path, 0);
-    if (c->num_experts < 0) mt_die("%s: missing or non-integer \"num_experts\" / \"num_local_experts\"", path);
-    c->moe_ffn_hidden_size = hf_int(root, qwen ? "moe_intermediate_size" : "intermediate_size", path, 1);
-    c->ffn_hidden_size = qwen ? hf_int(root, "intermediate_size", path, 1) : c->moe_ffn_hidden_size;
-    int norm_topk = !qwen;  // Mixtral always renormalises; Qwen3-MoE's default is false
-    if (qwen) json_get_bool(root, "norm_topk_prob", &norm_topk);
-    c->moe_router_pre_softmax = !norm_topk;
-    if (qwen) {  // layer l is MoE unless listed in mlp_only_layers or off the sparse step
-        int step = hf_int(root, "decoder_sparse_step", path, 0);
-        if (step <= 0) step = 1;
-        int moe[MT_MAX_LAYERS];
-        for (int l = 0; l < c->num_layers && l < MT_MAX_LAYERS; l++) moe[l] = (l + 1) % step == 0;
-        const JsonValue *dense = json_get(root, "mlp_only_layers");
-        for (size_t i = 0; dense && dense->type == JSON_ARRAY && i < dense->count; i++) {
-            int64_t l;
-            if (json_as_int64(&dense->items[i], &l) && l >= 0 && l < c->num_layers && l < MT_MAX_LAYERS) moe[l] = 0;
-        }
-        size_t at = 0;
-        at += snprintf(c->moe_layer_freq + at, sizeof(c->moe_layer_freq) - at, "[");
-        for (int l = 0; l < c->num_layers && at < sizeof(c->moe_layer_freq) - 4; l++)
-            at += snprintf(c->moe_layer_freq + at, sizeof(c->moe_layer_freq) - at, "%s%d", l ? "," : "", moe[l]);
-        snprintf(c->moe_layer_freq + at, sizeof(c->moe_layer_freq) - at, "]");
-    } else {
-        strcpy(c->moe_layer_freq, "1");
-    }
+// A tokenizer.json beside the weights is the model's tokenizer unless --tokenizer-model
+// names another.
+static void use_directory_tokenizer(Config *c, const char *ckpt_dir) {
+    char path[MT_PATH_MAX + 32];
+    snprintf(path, sizeof(path), "%s/tokenizer.json", ckpt_dir);
+    if (config_flag_given(c, "tokenizer-model") || access(path, R_OK) != 0) return;
+    if (strlen(path) >= sizeof(c->tokenizer_model))
+        mt_die("--load %s: the path of its tokenizer.json is longer than %d bytes", ckpt_dir, MT_PATH_MAX - 1);
+    snprintf(c->tokenizer_model, sizeof(c->tokenizer_model), "%s", path);
 }
 
 void config_from_checkpoint(Config *c, const char *ckpt_dir) {
@@ -221,7 +203,8 @@ void config_from_checkpoint(Config *c, const char *ckpt_dir) {
     if (section && (!flags || flags->type != JSON_OBJECT))
         mt_die("%s: the \"moetron\" section has no \"flags\" object; the checkpoint is damaged", path);
     if (flags) restore_moetron_flags(c, flags, path);
-    else restore_hf_shape(c, root, path);
+    else hf_config_read_plain(c, root, path);
     json_free(root);
+    use_directory_tokenizer(c, ckpt_dir);
     config_validate(c);
 }

@@ -1,0 +1,218 @@
+#include "hf/hf_config_read.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "hf/hf_family.h"
+
+typedef struct {
+    const JsonValue *root;
+    const char *path;
+} HfKeys;
+
+static int key_int(const HfKeys *k, const char *key, int required) {
+    int64_t v;
+    if (json_get_int64(k->root, key, &v)) return (int)v;
+    if (required) mt_die("%s: missing or non-integer \"%s\"", k->path, key);
+    return -1;
+}
+
+static double key_double(const HfKeys *k, const char *key, double fallback) {
+    double v;
+    return json_get_number(k->root, key, &v) ? v : fallback;
+}
+
+static int key_bool(const HfKeys *k, const char *key, int fallback) {
+    int v = fallback;
+    json_get_bool(k->root, key, &v);
+    return v;
+}
+
+static int key_is_null_or_absent(const HfKeys *k, const char *key) {
+    const JsonValue *v = json_get(k->root, key);
+    return !v || v->type == JSON_NULL;
+}
+
+// Keys with values moetron cannot represent.
+static void reject_unsupported(const HfKeys *k, HfFamily family) {
+    const char *act = json_get_string(k->root, "hidden_act");
+    if (act && strcmp(act, "silu"))
+        mt_die("%s: hidden_act \"%s\" is not supported; moetron's experts use SwiGLU (silu)", k->path, act);
+    if (key_bool(k, "attention_bias", 0))
+        mt_die("%s: attention_bias true is not supported; moetron's linear layers have no biases", k->path);
+    if (key_bool(k, "use_sliding_window", 0) || (family == HF_MIXTRAL && !key_is_null_or_absent(k, "sliding_window")))
+        mt_die("%s: sliding-window attention (use_sliding_window / sliding_window) is not supported; "
+               "set it to false / null", k->path);
+    if (!key_is_null_or_absent(k, "rope_scaling"))
+        mt_die("%s: rope_scaling is not supported (only plain RoPE); remove it or set it to null", k->path);
+    const JsonValue *rope = json_get(k->root, "rope_parameters");
+    const char *rope_type = rope ? json_get_string(rope, "rope_type") : NULL;
+    if (rope_type && strcmp(rope_type, "default"))
+        mt_die("%s: rope_parameters.rope_type \"%s\" is not supported (only \"default\")", k->path, rope_type);
+}
+
+// The load-balancing loss for fine-tuning, unless given on the command line: the aux
+// loss with router_aux_loss_coef; for DeepSeek-V3 (no such key in its config class) the
+// sequence-wise aux loss with 1e-4, as DeepSeek-V3 trained (router_aux_loss_coef, when
+// present, sets its coefficient).
+static void read_balancing(Config *c, const HfKeys *k, HfFamily family) {
+    int deepseek = family == HF_DEEPSEEK_V3;
+    if (!config_flag_given(c, "moe-router-load-balancing-type"))
+        strcpy(c->moe_router_load_balancing_type, deepseek ? "seq_aux_loss" : "aux_loss");
+    if (config_flag_given(c, "moe-aux-loss-coeff")) return;
+    double fallback = deepseek ? 1e-4 : family == HF_OLMOE ? 0.01 : 0.001;
+    snprintf(c->moe_aux_loss_coeff, sizeof(c->moe_aux_loss_coeff), "%.17g",
+             key_double(k, "router_aux_loss_coef", fallback));
+}
+
+// Every family: sizes, norms, RoPE, embeddings, router top-k and aux coefficient.
+static void read_common(Config *c, const HfKeys *k, HfFamily family) {
+    c->num_layers = key_int(k, "num_hidden_layers", 1);
+    c->hidden_size = key_int(k, "hidden_size", 1);
+    c->num_attention_heads = key_int(k, "num_attention_heads", 1);
+    int kv = key_int(k, "num_key_value_heads", 0);
+    c->group_query_attention = family != HF_DEEPSEEK_V3 && kv > 0 && kv != c->num_attention_heads;
+    c->num_query_groups = c->group_query_attention ? kv : c->num_attention_heads;
+    int head_dim = family == HF_DEEPSEEK_V3 ? -1 : key_int(k, "head_dim", 0);
+    c->kv_channels = head_dim > 0 ? head_dim : 0;
+    c->vocab_size = key_int(k, "vocab_size", 1);
+    c->make_vocab_size_divisible_by = 1;
+    int max_pos = key_int(k, "max_position_embeddings", 0);
+    c->max_position_embeddings = max_pos > 0 ? max_pos : 0;
+    if (c->seq_length > c->max_position_embeddings && c->max_position_embeddings > 0)
+        c->seq_length = c->max_position_embeddings;
+    // defaults for absent keys are those of the transformers config classes
+    int eps_1e6 = family == HF_QWEN3_MOE || family == HF_DEEPSEEK_V3;
+    c->norm_epsilon = key_double(k, "rms_norm_eps", eps_1e6 ? 1e-6 : 1e-5);
+    const JsonValue *rope = json_get(k->root, "rope_parameters");
+    double default_theta = family == HF_MIXTRAL ? 1e6 : 10000;
+    double theta = key_double(k, "rope_theta", default_theta);
+    if (rope) json_get_number(rope, "rope_theta", &theta);
+    c->rotary_base = theta;
+    read_balancing(c, k, family);
+    c->untie_embeddings_and_output_weights = !key_bool(k, "tie_word_embeddings", 0);
+    c->moe_router_topk = key_int(k, "num_experts_per_tok", 1);
+}
+
+static void set_layer_pattern(Config *c, const int *moe) {
+    size_t at = 0, cap = sizeof(c->moe_layer_freq);
+    at += snprintf(c->moe_layer_freq + at, cap - at, "[");
+    for (int l = 0; l < c->num_layers && at < cap - 4; l++)
+        at += snprintf(c->moe_layer_freq + at, cap - at, "%s%d", l ? "," : "", moe[l]);
+    snprintf(c->moe_layer_freq + at, cap - at, "]");
+}
+
+// Qwen3-MoE's config class maps num_experts to num_local_experts, and transformers writes
+// the latter: accept either name.
+static int read_expert_count(const HfKeys *k, const char *name, const char *alias) {
+    int experts = key_int(k, name, 0);
+    if (experts < 0) experts = key_int(k, alias, 0);
+    if (experts < 0) mt_die("%s: missing or non-integer \"%s\"", k->path, name);
+    return experts;
+}
+
+static void read_mixtral(Config *c, const HfKeys *k) {
+    c->num_experts = read_expert_count(k, "num_local_experts", "num_experts");
+    c->moe_ffn_hidden_size = c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
+    c->moe_router_pre_softmax = 0;  // Mixtral always renormalises the top-k
+    strcpy(c->moe_layer_freq, "1");
+}
+
+static void read_qwen3(Config *c, const HfKeys *k) {
+    c->qk_layernorm = 1;
+    c->num_experts = read_expert_count(k, "num_experts", "num_local_experts");
+    c->moe_ffn_hidden_size = key_int(k, "moe_intermediate_size", 1);
+    c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
+    c->moe_router_pre_softmax = !key_bool(k, "norm_topk_prob", 0);
+    // layer l is MoE unless listed in mlp_only_layers or off the sparse step
+    int step = key_int(k, "decoder_sparse_step", 0);
+    if (step <= 0) step = 1;
+    int moe[MT_MAX_LAYERS];
+    for (int l = 0; l < c->num_layers && l < MT_MAX_LAYERS; l++) moe[l] = (l + 1) % step == 0;
+    const JsonValue *dense = json_get(k->root, "mlp_only_layers");
+    for (size_t i = 0; dense && dense->type == JSON_ARRAY && i < dense->count; i++) {
+        int64_t l;
+        if (json_as_int64(&dense->items[i], &l) && l >= 0 && l < c->num_layers && l < MT_MAX_LAYERS) moe[l] = 0;
+    }
+    set_layer_pattern(c, moe);
+}
+
+static void read_olmoe(Config *c, const HfKeys *k) {
+    c->qk_layernorm = 1;
+    strcpy(c->qk_layernorm_scope, "projection");
+    if (c->kv_channels && c->kv_channels * c->num_attention_heads != c->hidden_size)
+        mt_die("%s: head_dim %d times num_attention_heads %d must equal hidden_size %d for OLMoE's QK-norm",
+               k->path, c->kv_channels, c->num_attention_heads, c->hidden_size);
+    c->num_experts = read_expert_count(k, "num_experts", "num_local_experts");
+    c->moe_ffn_hidden_size = c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
+    c->moe_router_pre_softmax = !key_bool(k, "norm_topk_prob", 0);
+    c->clip_qkv = key_is_null_or_absent(k, "clip_qkv") ? 0 : key_double(k, "clip_qkv", 0);
+    if (!key_is_null_or_absent(k, "clip_qkv") && c->clip_qkv <= 0)
+        mt_die("%s: clip_qkv must be a positive number or null", k->path);
+    strcpy(c->moe_layer_freq, "1");
+}
+
+static void read_deepseek_attention(Config *c, const HfKeys *k) {
+    c->multi_latent_attention = 1;
+    c->q_lora_rank = key_is_null_or_absent(k, "q_lora_rank") ? 0 : key_int(k, "q_lora_rank", 1);
+    c->kv_lora_rank = key_int(k, "kv_lora_rank", 1);
+    c->qk_head_dim = key_int(k, "qk_nope_head_dim", 1);
+    c->qk_pos_emb_head_dim = key_int(k, "qk_rope_head_dim", 1);
+    c->v_head_dim = key_int(k, "v_head_dim", 1);
+    c->rotary_interleaved = key_bool(k, "rope_interleave", 1);
+}
+
+static void read_deepseek(Config *c, const HfKeys *k) {
+    read_deepseek_attention(c, k);
+    c->num_experts = read_expert_count(k, "n_routed_experts", "num_local_experts");
+    c->moe_ffn_hidden_size = key_int(k, "moe_intermediate_size", 1);
+    c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
+    strcpy(c->moe_router_score_function, "sigmoid");
+    c->moe_router_pre_softmax = 0;
+    c->moe_router_enable_expert_bias = 1;  // e_score_correction_bias: updated as Megatron does
+    int shared = key_int(k, "n_shared_experts", 0);
+    c->moe_shared_expert_intermediate_size = shared > 0 ? shared * c->moe_ffn_hidden_size : 0;
+    c->moe_router_topk_scaling_factor = key_double(k, "routed_scaling_factor", 2.5);
+    int groups = key_int(k, "n_group", 0), group_topk = key_int(k, "topk_group", 0);
+    if (groups > 1) {
+        if (group_topk <= 0 || c->moe_router_topk != 2 * group_topk)
+            mt_die("%s: n_group %d with topk_group %d and num_experts_per_tok %d: DeepSeek-V3 ranks groups by their "
+                   "top-2 experts, which moetron represents only when num_experts_per_tok = 2 * topk_group",
+                   k->path, groups, group_topk, c->moe_router_topk);
+        c->moe_router_num_groups = groups;
+        c->moe_router_group_topk = group_topk;
+    }
+    int norm_topk = key_bool(k, "norm_topk_prob", 1);
+    if (!norm_topk && c->moe_router_topk > 1)
+        mt_die("%s: norm_topk_prob false with sigmoid routing is not supported (moetron renormalises the top-k "
+               "sigmoid scores, as Megatron-Core does)", k->path);
+    int first_dense = key_int(k, "first_k_dense_replace", 0);
+    if (first_dense < 0) first_dense = 3;  // the config class default
+    int moe[MT_MAX_LAYERS];
+    for (int l = 0; l < c->num_layers && l < MT_MAX_LAYERS; l++) moe[l] = l >= first_dense;
+    set_layer_pattern(c, moe);
+}
+
+void hf_config_read_plain(Config *c, const JsonValue *root, const char *path) {
+    const char *type = json_get_string(root, "model_type");
+    HfFamily family = hf_family_from_model_type(type);
+    if (family == HF_FAMILY_COUNT || family == HF_MOETRON)
+        mt_die("%s: model_type %s is not supported; moetron reads mixtral, qwen3_moe, olmoe and deepseek_v3", path,
+               type ? type : "(missing)");
+    for (int i = 0; i < config_flag_count(); i++)
+        if (config_flag(i)->architecture && c->flag_given[i] && strcmp(config_flag(i)->name, "hf-architecture"))
+            mt_die("--%s: the model shape comes from %s; drop the flag", config_flag(i)->name, path);
+    HfKeys k = {root, path};
+    reject_unsupported(&k, family);
+    read_common(c, &k, family);
+    switch (family) {
+    case HF_MIXTRAL: read_mixtral(c, &k); break;
+    case HF_QWEN3_MOE: read_qwen3(c, &k); break;
+    case HF_OLMOE: read_olmoe(c, &k); break;
+    case HF_DEEPSEEK_V3: read_deepseek(c, &k); break;
+    default: break;
+    }
+    // saved back as the family it came from, unless --hf-architecture says otherwise
+    if (!config_flag_given(c, "hf-architecture")) snprintf(c->hf_architecture, sizeof(c->hf_architecture), "%s", type);
+}

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""OLMoE and DeepSeek-V3 (Multi-Latent Attention) both ways against transformers.
+
+usage: hf_families.py MOETRON_BINARY [CASE ...]
+
+import_* : a tiny random model made by transformers (OlmoeConfig / DeepseekV3Config,
+           save_pretrained) -> `moetron forward --load HF_DIR --grads`: same logits
+           (max abs diff <= 1e-4), loss, router logits, top-k expert sets and routing
+           weights, and every gradient of torch autograd (relative L2 <= 1e-4).
+export_* : moetron trains a model of the family a few steps and saves it; transformers
+           loads the checkpoint with AutoModelForCausalLM (clean loading info, the
+           expected model_type) and gives the same logits, routing and gradients.
+reject_* : --hf-architecture naming a family that cannot express the model is an error
+           at start-up, one line naming the feature, before anything is written.
+
+Routing on the transformers side is read from the router modules themselves (forward
+hooks on mlp.gate, which return logits, weights and expert indices in both families).
+Prints `ok <case>` or `FAIL <case>: <why>` per case. Needs torch, transformers (v5),
+safetensors, numpy.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_conformance import (BASE_TRAIN, CMD_TIMEOUT, IMPORT_GRAD_RTOL, LOGIT_TOL, LOSS_TOL, PROB_TOL,  # noqa: E402
+                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, import_init,
+                            load_dump, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
+
+BATCH, SEQ = 2, 20
+VOCAB = 300
+
+OLMOE_BASE = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                  max_position_embeddings=128, router_aux_loss_coef=0.0, rope_theta=10000.0,
+                  rms_norm_eps=1e-5, eos_token_id=None, pad_token_id=None)
+DEEPSEEK_BASE = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+                     n_shared_experts=2, routed_scaling_factor=2.5, kv_lora_rank=16, qk_rope_head_dim=8,
+                     v_head_dim=12, qk_nope_head_dim=10, max_position_embeddings=128, rms_norm_eps=1e-6,
+                     rope_theta=10000.0, eos_token_id=None, bos_token_id=None)
+
+# name -> (config class, kwargs, extra config.json keys for moetron only)
+IMPORT_CASES = [
+    # clip_qkv small enough that the unit-RMS normalised q and k are clamped in many places
+    ("import_olmoe_clip_gqa_untied", "OlmoeConfig",
+     dict(OLMOE_BASE, clip_qkv=0.8, norm_topk_prob=False, tie_word_embeddings=False), {}),
+    ("import_olmoe_norm_topk_tied", "OlmoeConfig",
+     dict(OLMOE_BASE, clip_qkv=None, norm_topk_prob=True, num_experts_per_tok=3, tie_word_embeddings=True), {}),
+    ("import_deepseek_v3_qlora_groups", "DeepseekV3Config",
+     dict(DEEPSEEK_BASE, q_lora_rank=24, n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+          rope_interleave=True, norm_topk_prob=True, tie_word_embeddings=False),
+     {"router_aux_loss_coef": 0.0}),
+    ("import_deepseek_v3_full_q_rotate_half", "DeepseekV3Config",
+     dict(DEEPSEEK_BASE, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=3, first_k_dense_replace=0,
+          rope_interleave=False, norm_topk_prob=True, tie_word_embeddings=True, n_shared_experts=1),
+     {"router_aux_loss_coef": 0.0}),
+]
+
+MLA_FLAGS = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8",
+             "--v-head-dim", "12"]
+DEEPSEEK_ROUTER = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                   "--moe-router-bias-update-rate", "0.05", "--moe-router-topk-scaling-factor", "2.5",
+                   "--moe-shared-expert-intermediate-size", "96", "--moe-layer-freq", "[0,1,1]", "--num-layers", "3",
+                   "--ffn-hidden-size", "96"]
+# name -> (train flags, model_type, expected config values)
+EXPORT_CASES = [
+    ("export_olmoe_clip", ["--qk-layernorm", "--qk-layernorm-scope", "projection", "--clip-qkv", "0.9",
+                           "--moe-router-pre-softmax", "--moe-router-load-balancing-type", "none",
+                           "--untie-embeddings-and-output-weights", "--init-method-std", "0.1"],
+     "olmoe", {"clip_qkv": 0.9, "norm_topk_prob": False, "tie_word_embeddings": False}),
+    ("export_deepseek_v3_qlora_groups", MLA_FLAGS + DEEPSEEK_ROUTER +
+     ["--q-lora-rank", "24", "--rotary-interleaved", "--moe-router-num-groups", "2", "--moe-router-group-topk", "1",
+      "--moe-router-load-balancing-type", "none", "--init-method-std", "0.1"],
+     "deepseek_v3", {"q_lora_rank": 24, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+                     "n_shared_experts": 2, "routed_scaling_factor": 2.5, "rope_interleave": True}),
+    ("export_deepseek_v3_full_q", MLA_FLAGS + DEEPSEEK_ROUTER +
+     ["--moe-router-load-balancing-type", "none", "--hf-architecture", "deepseek_v3", "--init-method-std", "0.1"],
+     "deepseek_v3", {"q_lora_rank": None, "n_group": 1, "rope_interleave": False}),
+]
+
+# name -> (train flags, text the single error line must contain)
+REJECT_CASES = [
+    ("reject_olmoe_for_mixtral_model", ["--hf-architecture", "olmoe"], "--hf-architecture olmoe"),
+    ("reject_deepseek_without_mla", ["--hf-architecture", "deepseek_v3", "--qk-layernorm"], "multi-latent-attention"),
+    ("reject_mixtral_with_shared_expert", ["--hf-architecture", "mixtral", "--moe-shared-expert-intermediate-size",
+                                           "32"], "shared experts"),
+]
+
+
+def eager_kwargs():
+    if os.environ.get("HF_CONFORMANCE_EAGER"):
+        return {"attn_implementation": "eager", "experts_implementation": "eager"}
+    return {}
+
+
+def record_routing(model):
+    """Forward hooks on every MoE layer's router: layer -> (logits, weights, indices) of the last call."""
+    seen, handles = {}, []
+    for i, layer in enumerate(model.model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is None or not hasattr(layer.mlp, "experts"):
+            continue
+
+        def hook(_mod, _inp, out, i=i):
+            seen[i] = tuple(t.detach() for t in out[:3])
+        handles.append(gate.register_forward_hook(hook))
+    return seen, handles
+
+
+def compare_routing(dump, seen, n_tokens):
+    """moetron's router logits, top-k sets and routing weights against the router modules'."""
+    dumped = sorted({int(k.split(".")[1]) for k in dump if k.endswith(".router_logits")})
+    check(dumped == sorted(seen), f"moetron dumped routing for layers {dumped}, transformers has MoE layers {sorted(seen)}")
+    worst = 0.0
+    for layer, (logits, weights, idx) in sorted(seen.items()):
+        p = f"layers.{layer}."
+        n_exp = logits.shape[-1]
+        d, at = maxdiff_where(dump[p + "router_logits"], logits.float().numpy())
+        check(d <= ROUTER_TOL, f"{p}router_logits max abs diff {d:.3e} at {at}")
+        mt_idx = dump[p + "router_topk_idx"].astype(np.int64)
+        hf_idx = idx.numpy().astype(np.int64)
+        check(mt_idx.shape == hf_idx.shape == (n_tokens, hf_idx.shape[1]), f"{p}router_topk_idx shape {mt_idx.shape}")
+        for t in range(n_tokens):
+            check(set(mt_idx[t].tolist()) == set(hf_idx[t].tolist()),
+                  f"{p}top-k set differs at token {t}: moetron {sorted(mt_idx[t].tolist())} vs "
+                  f"transformers {sorted(hf_idx[t].tolist())}")
+        dense_mt, dense_hf = np.zeros((n_tokens, n_exp)), np.zeros((n_tokens, n_exp))
+        np.put_along_axis(dense_mt, mt_idx, to_f64(dump[p + "router_probs"]), axis=-1)
+        np.put_along_axis(dense_hf, hf_idx, to_f64(weights.float().numpy()), axis=-1)
+        d, at = maxdiff_where(dense_mt, dense_hf)
+        check(d <= PROB_TOL, f"{p}routing weights max abs diff {d:.3e} at {at}")
+        worst = max(worst, d)
+    return worst
+
+
+def hf_gradients(model):
+    """Parameter gradients by name, with zeros for buffers that are checkpoint tensors (expert bias)."""
+    import torch
+    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    for n, b in model.named_buffers():
+        if n.endswith("e_score_correction_bias"):
+            grads[n] = torch.zeros_like(b)
+    return grads
+
+
+def compare_forward(dump, model, ids, labels, n_tokens):
+    """Logits, loss, routing and every gradient; returns a summary."""
+    import torch
+    seen, handles = record_routing(model)
+    out = model(input_ids=torch.from_numpy(ids.astype(np.int64)), use_cache=False)
+    for h in handles:
+        h.remove()
+    logits = out.logits
+    check(tuple(dump["logits"].shape) == tuple(logits.shape),
+          f"logits shape {list(dump['logits'].shape)} vs transformers {list(logits.shape)}")
+    d_logits, at = maxdiff_where(dump["logits"], logits.detach().numpy())
+    check(d_logits <= LOGIT_TOL, f"logits max abs diff {d_logits:.3e} at {at} (tol {LOGIT_TOL})")
+    lab = torch.from_numpy(labels.reshape(-1).astype(np.int64))
+    sel = lab >= 0
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1])[sel].double(), lab[sel])
+    d_loss = abs(scalar(dump["loss"], "loss") - float(loss.detach()))
+    check(d_loss <= LOSS_TOL, f"loss moetron {scalar(dump['loss'], 'loss'):.8f} vs transformers {float(loss.detach()):.8f}")
+    d_route = compare_routing(dump, seen, n_tokens)
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    names = [k[len("grad."):] for k in dump if k.startswith("grad.")]
+    grads = hf_gradients(model)
+    inter = getattr(model.config, "moe_intermediate_size", None) or model.config.intermediate_size
+    rel, where = compare_grads_l2(dump, names, grads, inter)
+    return (f"logits diff {d_logits:.1e}, loss diff {d_loss:.1e}, routing weights diff {d_route:.1e}, "
+            f"{len(names)} gradients, worst rel L2 {rel:.1e} in {where}")
+
+
+def randomize_expert_bias(model, seed):
+    """Non-zero e_score_correction_bias so that it takes part in expert selection."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=g))
+
+
+def run_import_case(moetron, name, cfg_cls, cfg_kwargs, extra_keys, workdir):
+    import torch
+    import transformers
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = getattr(transformers, cfg_cls)(**cfg_kwargs)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **eager_kwargs())
+    seed = sum(map(ord, name))
+    import_init(model, seed)
+    randomize_expert_bias(model, seed)
+    model.eval()
+    hf_dir = os.path.join(workdir, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    st_path = os.path.join(hf_dir, "model.safetensors")
+    tensors = load_file(st_path)
+    if any(k.endswith((".experts.gate_up_proj", ".experts.down_proj")) for k in tensors):
+        save_file(split_fused(tensors, False), st_path, metadata={"format": "pt"})
+    if extra_keys:
+        cfg_path = os.path.join(hf_dir, "config.json")
+        with open(cfg_path) as fh:
+            raw = json.load(fh)
+        raw.update(extra_keys)
+        with open(cfg_path, "w") as fh:
+            json.dump(raw, fh, indent=2)
+    in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
+    ids, labels = make_inputs(in_path, seed, VOCAB, BATCH, SEQ, extra_ignored=False)
+    run_cmd([moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"],
+            "moetron forward")
+    return compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
+
+
+def check_config(cfg, model_type, expect):
+    check(cfg.model_type == model_type, f"config model_type {cfg.model_type}, expected {model_type}")
+    for key, want in expect.items():
+        got = getattr(cfg, key, None)
+        ok = abs(float(got) - want) <= 1e-9 * abs(want) if isinstance(want, float) and got is not None else got == want
+        check(ok, f"config {key} = {got!r}, expected {want!r}")
+
+
+def run_export_case(moetron, name, flags, model_type, expect, workdir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    save = os.path.join(workdir, "ckpt")
+    run_cmd([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], "moetron train")
+    it_dir = os.path.join(save, f"iter_{TRAIN_ITERS:07d}")
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(it_dir, dtype=torch.float32, output_loading_info=True,
+                                                           **eager_kwargs())
+    except Exception as e:
+        raise CaseFailure(f"transformers could not load the checkpoint: {type(e).__name__}: {str(e)[:300]}")
+    bad = {k: sorted(v) if isinstance(v, (set, list)) else v for k, v in info.items() if v}
+    check(not bad, f"transformers loading info not clean: {bad}")
+    model.eval()
+    check_config(model.config, model_type, expect)
+    if model_type == "deepseek_v3":  # trained expert biases reach transformers
+        biases = [b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+        check(biases and all(float(b.abs().max()) > 0 for b in biases), "expert biases are zero after training")
+    in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
+    seed = sum(map(ord, name))
+    ids, labels = make_inputs(in_path, seed, 257, BATCH, SEQ, extra_ignored=False)
+    run_cmd([moetron, "forward", "--load", save, "--input", in_path, "--dump", out_path, "--grads"], "moetron forward")
+    return compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
+
+
+def run_reject_case(moetron, name, flags, expect, workdir):
+    save = os.path.join(workdir, "ckpt")
+    p = subprocess.run([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=CMD_TIMEOUT)
+    err = p.stderr.decode(errors="replace").strip().splitlines()
+    check(p.returncode != 0, f"moetron train accepted {flags}")
+    check(len(err) == 1 and err[0].startswith("moetron: error:") and expect in err[0],
+          f"expected one 'moetron: error:' line mentioning {expect!r}, got {err[:3]}")
+    check(not os.path.exists(save), "the failed run created its --save directory")
+    check(not p.stdout.strip(), f"the failed run printed training output: {p.stdout[:200]!r}")
+    return err[0]
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    moetron = os.path.abspath(sys.argv[1])
+    wanted = sys.argv[2:]
+    cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
+            [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
+            [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES]
+    cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
+    import torch
+    import transformers
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    failed = 0
+    for name, runner, args in cases:
+        workdir = tempfile.mkdtemp(prefix=f"hffam_{name}_")
+        try:
+            detail = runner(moetron, name, *args, workdir)
+            print(f"ok {name}" + (f"  [{detail}]" if os.environ.get("HF_CONFORMANCE_VERBOSE") else ""))
+        except CaseFailure as e:
+            failed += 1
+            print(f"FAIL {name}: {e}")
+        except Exception as e:
+            failed += 1
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            print(f"FAIL {name}: {type(e).__name__}: {e} (at line {where.lineno})")
+        finally:
+            sys.stdout.flush()
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{len(cases) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
