@@ -44,6 +44,9 @@ static void reject_unsupported(const HfKeys *k, HfFamily family) {
     if (key_bool(k, "use_sliding_window", 0) || (family == HF_MIXTRAL && !key_is_null_or_absent(k, "sliding_window")))
         mt_die("%s: sliding-window attention (use_sliding_window / sliding_window) is not supported; "
                "set it to false / null", k->path);
+    if (key_double(k, "router_jitter_noise", 0) != 0)
+        mt_die("%s: router_jitter_noise %g (noise on the whole MoE input) is not supported; set it to 0 (moetron's "
+               "--moe-input-jitter-eps jitters the router input only)", k->path, key_double(k, "router_jitter_noise", 0));
     if (!key_is_null_or_absent(k, "rope_scaling"))
         mt_die("%s: rope_scaling is not supported (only plain RoPE); remove it or set it to null", k->path);
     const JsonValue *rope = json_get(k->root, "rope_parameters");

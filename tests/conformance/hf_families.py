@@ -11,7 +11,9 @@ export_* : moetron trains a model of the family a few steps and saves it; transf
            loads the checkpoint with AutoModelForCausalLM (clean loading info, the
            expected model_type) and gives the same logits, routing and gradients.
 reject_* : --hf-architecture naming a family that cannot express the model is an error
-           at start-up, one line naming the feature, before anything is written.
+           at start-up, one line naming the feature, before anything is written; a plain
+           config.json with a value moetron cannot represent (rope_scaling, gelu, ...) is
+           an error naming the key.
 
 Routing on the transformers side is read from the router modules themselves (forward
 hooks on mlp.gate, which return logits, weights and expert indices in both families).
@@ -93,6 +95,50 @@ REJECT_CASES = [
     ("reject_mixtral_with_shared_expert", ["--hf-architecture", "mixtral", "--moe-shared-expert-intermediate-size",
                                            "32"], "shared experts"),
 ]
+
+
+# plain HF config.json values moetron cannot represent: name -> (model_type, config changes, key named)
+UNSUPPORTED_CONFIGS = [
+    ("reject_config_rope_scaling", "olmoe", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ("reject_config_rope_type", "qwen3_moe", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type"),
+    ("reject_config_hidden_act", "mixtral", {"hidden_act": "gelu"}, "hidden_act"),
+    ("reject_config_attention_bias", "olmoe", {"attention_bias": True}, "attention_bias"),
+    ("reject_config_jitter", "mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise"),
+    ("reject_config_sliding_window", "qwen3_moe", {"use_sliding_window": True}, "use_sliding_window"),
+    ("reject_config_deepseek_group_top", "deepseek_v3", {"n_group": 2, "topk_group": 1, "num_experts_per_tok": 4},
+     "n_group"),
+    ("reject_config_deepseek_no_norm", "deepseek_v3", {"norm_topk_prob": False}, "norm_topk_prob"),
+    ("reject_config_olmoe_head_dim", "olmoe", {"head_dim": 32}, "head_dim"),
+]
+CONFIG_BASES = {
+    "olmoe": ("OlmoeConfig", OLMOE_BASE),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(OLMOE_BASE, moe_intermediate_size=32)),
+    "mixtral": ("MixtralConfig", dict(OLMOE_BASE, num_local_experts=4)),
+    "deepseek_v3": ("DeepseekV3Config", dict(DEEPSEEK_BASE, q_lora_rank=None, num_experts_per_tok=2, n_group=1,
+                                             topk_group=1)),
+}
+
+
+def run_unsupported_config_case(moetron, name, model_type, changes, key, workdir):
+    """A config.json with one unsupported value: moetron stops with one line naming the key."""
+    import transformers
+    cls, kwargs = CONFIG_BASES[model_type]
+    raw = getattr(transformers, cls)(**kwargs).to_dict()
+    raw.update(changes)
+    hf_dir = os.path.join(workdir, "hf")
+    os.makedirs(hf_dir)
+    with open(os.path.join(hf_dir, "config.json"), "w") as fh:
+        json.dump(raw, fh)
+    in_path = os.path.join(workdir, "in.safetensors")
+    make_inputs(in_path, 1, 16, 1, 4, extra_ignored=False)
+    p = subprocess.run([moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump",
+                        os.path.join(workdir, "out.safetensors")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=CMD_TIMEOUT)
+    err = p.stderr.decode(errors="replace").strip().splitlines()
+    check(p.returncode != 0, f"moetron accepted {changes}")
+    check(len(err) == 1 and err[0].startswith("moetron: error:") and key in err[0] and "config.json" in err[0],
+          f"expected one 'moetron: error:' line naming config.json and {key!r}, got {err[:3]}")
+    return err[0]
 
 
 def eager_kwargs():
@@ -276,7 +322,8 @@ def main():
     wanted = sys.argv[2:]
     cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
             [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
-            [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES]
+            [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
+            [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
     cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
     import torch
     import transformers
