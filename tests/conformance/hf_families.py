@@ -10,6 +10,8 @@ import_* : a tiny random model made by transformers (OlmoeConfig / DeepseekV3Con
 export_* : moetron trains a model of the family a few steps and saves it; transformers
            loads the checkpoint with AutoModelForCausalLM (clean loading info, the
            expected model_type) and gives the same logits, routing and gradients.
+finetune_*: `moetron train --load HF_DIR` on such a transformers-made model saves a
+           checkpoint of the same family that transformers loads and agrees with.
 reject_* : --hf-architecture naming a family that cannot express the model is an error
            at start-up, one line naming the feature, before anything is written; a plain
            config.json with a value moetron cannot represent (rope_scaling, gelu, ...) is
@@ -276,12 +278,17 @@ def check_config(cfg, model_type, expect):
 
 
 def run_export_case(moetron, name, flags, model_type, expect, workdir):
+    save = os.path.join(workdir, "ckpt")
+    run_cmd([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], "moetron train")
+    return check_saved_checkpoint(moetron, name, save, TRAIN_ITERS, model_type, expect, workdir)
+
+
+def check_saved_checkpoint(moetron, name, save, iters, model_type, expect, workdir):
+    """transformers loads moetron's checkpoint cleanly and computes what moetron computes."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    save = os.path.join(workdir, "ckpt")
-    run_cmd([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], "moetron train")
-    it_dir = os.path.join(save, f"iter_{TRAIN_ITERS:07d}")
+    it_dir = os.path.join(save, f"iter_{iters:07d}")
     try:
         model, info = AutoModelForCausalLM.from_pretrained(it_dir, dtype=torch.float32, output_loading_info=True,
                                                            **eager_kwargs())
@@ -299,6 +306,35 @@ def run_export_case(moetron, name, flags, model_type, expect, workdir):
     ids, labels = make_inputs(in_path, seed, 257, BATCH, SEQ, extra_ignored=False)
     run_cmd([moetron, "forward", "--load", save, "--input", in_path, "--dump", out_path, "--grads"], "moetron forward")
     return compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
+
+
+FINETUNE_ITERS = 2
+FINETUNE_CASES = [
+    ("finetune_from_hf_deepseek_v3", "DeepseekV3Config",
+     dict(DEEPSEEK_BASE, q_lora_rank=24, n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+          rope_interleave=True, tie_word_embeddings=False), "deepseek_v3", {"n_group": 2, "q_lora_rank": 24}),
+    ("finetune_from_hf_olmoe", "OlmoeConfig", dict(OLMOE_BASE, clip_qkv=0.8, tie_word_embeddings=False), "olmoe",
+     {"clip_qkv": 0.8}),
+]
+
+
+def run_finetune_case(moetron, name, cfg_cls, cfg_kwargs, model_type, expect, workdir):
+    """`moetron train --load HF_DIR` trains the transformers-made model and saves it as the same family."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(getattr(transformers, cfg_cls)(**cfg_kwargs), dtype=torch.float32)
+    import_init(model, sum(map(ord, name)))
+    randomize_expert_bias(model, 7)
+    hf_dir, save = os.path.join(workdir, "hf"), os.path.join(workdir, "ckpt")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    run_cmd([moetron, "train", "--load", hf_dir, "--train-iters", str(FINETUNE_ITERS), "--micro-batch-size", "2",
+             "--global-batch-size", "2", "--seq-length", "32", "--eval-interval", "0", "--lr", "1e-3",
+             "--lr-warmup-iters", "0", "--save", save,
+             # no load-balancing loss: the checkpoint's --grads are then the LM-loss gradients transformers has
+             "--moe-router-load-balancing-type", "none"], "moetron train --load HF_DIR")
+    return check_saved_checkpoint(moetron, name, save, FINETUNE_ITERS, model_type, expect, workdir)
 
 
 def run_reject_case(moetron, name, flags, expect, workdir):
@@ -322,6 +358,7 @@ def main():
     wanted = sys.argv[2:]
     cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
             [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
+            [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
             [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
             [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
     cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
