@@ -461,13 +461,28 @@ void stw_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64
     t->data = data;
 }
 
+void stw_add_real_view(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape,
+                       const real *data) {
+    if (dtype != ST_F32 && dtype != ST_BF16)
+        mt_die("safetensors writer: tensor \"%s\": real values are written as F32 or BF16 only", name);
+    StWriterTensor *t = push_tensor(w, name, dtype, ndim, shape);
+    t->reals = data;
+}
+
 void stw_add_real(StWriter *w, const char *name, int ndim, const int64_t *shape, const real *data) {
     StWriterTensor *t = push_tensor(w, name, ST_F32, ndim, shape);
     size_t n = (size_t)(t->nbytes / sizeof(float));
-    float *copy = mt_malloc(n * sizeof *copy);
-    for (size_t i = 0; i < n; i++) copy[i] = (float)data[i];
-    t->owned_copy = copy;
-    t->data = copy;
+    t->owned_copy = mt_malloc((n ? n : 1) * sizeof(real));
+    if (n) memcpy(t->owned_copy, data, n * sizeof(real));
+    t->reals = t->owned_copy;
+}
+
+uint16_t st_float_to_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x0040);  // NaN: keep it quiet
+    uint32_t round = 0x7FFFu + ((bits >> 16) & 1);  // ties to even
+    return (uint16_t)((bits + round) >> 16);
 }
 
 void stw_meta(StWriter *w, const char *key, const char *value) {
@@ -537,6 +552,30 @@ static void build_header(const StWriter *w, JsonWriter *jw) {
     jw_end_object(jw);
 }
 
+// Writes a tensor of real values as F32 or BF16, converting a piece at a time (F32 from
+// float memory is written as it is).
+static void write_reals(AtomicFile *af, const StWriterTensor *t, char *err, size_t errlen) {
+    size_t elem = st_dtype_size(t->dtype), n = (size_t)(t->nbytes / elem);
+    if (t->dtype == ST_F32 && sizeof(real) == sizeof(float)) {
+        atomic_write(af, t->reals, n * elem, err, errlen);
+        return;
+    }
+    enum { CHUNK = 4096 };
+    union {
+        float f32[CHUNK];
+        uint16_t bf16[CHUNK];
+    } buf;
+    for (size_t start = 0; start < n; start += CHUNK) {
+        size_t count = MT_MIN((size_t)CHUNK, n - start);
+        for (size_t i = 0; i < count; i++) {
+            float v = (float)t->reals[start + i];
+            if (t->dtype == ST_F32) buf.f32[i] = v;
+            else buf.bf16[i] = st_float_to_bf16(v);
+        }
+        atomic_write(af, &buf, count * elem, err, errlen);
+    }
+}
+
 // Streams [length][header + space padding][tensor bytes...] into an atomic file.
 static int write_file(const StWriter *w, const char *path, char *err, size_t errlen) {
     JsonWriter jw;
@@ -557,8 +596,11 @@ static int write_file(const StWriter *w, const char *path, char *err, size_t err
     atomic_write(&af, jw_text(&jw), jw_len(&jw), err, errlen);
     atomic_write(&af, "        ", padded - jw_len(&jw), err, errlen);
     jw_free(&jw);
-    for (int i = 0; i < w->n_tensors; i++)
-        atomic_write(&af, w->tensors[i].data, (size_t)w->tensors[i].nbytes, err, errlen);
+    for (int i = 0; i < w->n_tensors; i++) {
+        const StWriterTensor *t = &w->tensors[i];
+        if (t->reals) write_reals(&af, t, err, errlen);
+        else atomic_write(&af, t->data, (size_t)t->nbytes, err, errlen);
+    }
     return atomic_commit(&af, err, errlen);
 }
 

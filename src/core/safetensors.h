@@ -79,15 +79,18 @@ const void *st_data(const StFile *f, const StTensor *t);
 //   if (stw_finish(&w, "model.safetensors", err, sizeof err)) mt_die("%s", err);
 // Tensors are written in the order added; "__metadata__" comes first and always
 // holds "format": "pt". The header is padded with spaces to a multiple of 8.
+// stw_add and stw_add_real_view reference the caller's memory (nothing is copied:
+// writing a model costs no second copy of it); stw_add_real copies.
 
 typedef struct {
     char *name;
     StDtype dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    const void *data;   // the caller's bytes (stw_add) or owned_copy
-    void *owned_copy;   // F32 conversion made by stw_add_real
-    uint64_t nbytes;
+    const void *data;   // stw_add: the caller's bytes, written as they are
+    const real *reals;  // stw_add_real(_view): converted to dtype while the file is written
+    real *owned_copy;   // stw_add_real's copy (reals points to it)
+    uint64_t nbytes;    // bytes in the file
 } StWriterTensor;
 
 typedef struct StWriter {
@@ -102,8 +105,12 @@ void stw_init(StWriter *w);
 // Adds a tensor whose bytes stay owned by the caller and must stay valid until
 // stw_finish. Dies on a bad ndim or negative dimension (a bug in the caller).
 void stw_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape, const void *data);
-// Adds a tensor stored as F32, converted from real now (the writer owns the copy).
+// Adds a tensor stored as F32, copied from real now (data may change or go away after).
 void stw_add_real(StWriter *w, const char *name, int ndim, const int64_t *shape, const real *data);
+// Adds a tensor stored as dtype (ST_F32 or ST_BF16), converted from the caller's real
+// values in small pieces while the file is written; data must stay valid until stw_finish.
+void stw_add_real_view(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape,
+                       const real *data);
 // Adds a metadata entry; setting a key again replaces its value.
 void stw_meta(StWriter *w, const char *key, const char *value);
 // Writes the file atomically (temp file + fsync + rename) and frees everything,
@@ -112,3 +119,7 @@ void stw_meta(StWriter *w, const char *key, const char *value);
 int stw_finish(StWriter *w, const char *path, char *err, size_t errlen);
 // Frees everything without writing.
 void stw_discard(StWriter *w);
+
+// float -> bfloat16 bits, rounding to nearest even (as torch does); NaN stays NaN
+// (quiet, sign kept), infinities stay infinite, overflow rounds to infinity.
+uint16_t st_float_to_bf16(float v);

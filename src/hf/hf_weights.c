@@ -1,7 +1,8 @@
 // hf_weights.c — reading the model's weights from a checkpoint or Hugging Face
 // directory: model.safetensors, or the shards named by model.safetensors.index.json;
 // per-expert or fused 3-D expert tensors; any floating dtype, FP8 with 128×128 block
-// scales. Every tensor the files hold must be used.
+// scales. Every tensor the files hold must be used. The same checks serve the tensor groups
+// of optimizer.safetensors (hf_load_tensor_groups).
 #include "hf/hf_weights.h"
 
 #include <stdio.h>
@@ -72,8 +73,8 @@ static int ws_shard(WeightSource *ws, const char *dir, const char *shard) {
     for (int i = 0; i < ws->n_files; i++)
         if (strcmp(ws->paths[i], path) == 0) return i;
     if (!file_exists(path))
-        mt_die("%s: weight_map names shard %s, which is missing (%s); download every shard the index lists",
-               ws->where, shard, path);
+        mt_die("%s: weight_map names shard %s, which is missing (%s); the checkpoint is incomplete (every "
+               "shard the index lists must be there)", ws->where, shard, path);
     return ws_add_file(ws, path);
 }
 
@@ -174,6 +175,18 @@ static void convert_real(const WeightSource *ws, int file, const char *name, con
                st_dtype_name(t->dtype));
 }
 
+// Read tensor `name` into out, checking it against the model tensor d; NULL when the
+// source does not hold it.
+static const StTensor *ws_read_named(WeightSource *ws, const char *name, const TensorDesc *d, real *out) {
+    int file;
+    const StTensor *t = ws_find(ws, name, &file);
+    if (!t) return NULL;
+    check_shape(ws, name, t, d->ndim, d->shape);
+    convert_real(ws, file, name, t, out);
+    ws_mark_used(ws, file, t);
+    return t;
+}
+
 // DeepSeek-style FP8: an F8_E4M3 matrix NAME with a companion NAME_scale_inv holding one
 // factor per 128x128 block ([ceil(rows/128), ceil(cols/128)]). Multiplies out in place.
 static void apply_block_scales(WeightSource *ws, const char *name, const StTensor *t, real *out) {
@@ -243,12 +256,8 @@ static int read_fused_expert(WeightSource *ws, const Model *m, const TensorDesc 
 
 // Read the model tensor d: under its own name, else as a slice of a fused expert tensor.
 static void ws_read_param(WeightSource *ws, const Model *m, const TensorDesc *d, real *out) {
-    int file;
-    const StTensor *t = ws_find(ws, d->name, &file);
+    const StTensor *t = ws_read_named(ws, d->name, d, out);
     if (t) {
-        check_shape(ws, d->name, t, d->ndim, d->shape);
-        convert_real(ws, file, d->name, t, out);
-        ws_mark_used(ws, file, t);
         apply_block_scales(ws, d->name, t, out);
         return;
     }
@@ -267,6 +276,35 @@ static void ws_reject_unused(const WeightSource *ws) {
             if (!ws->used[i][k])
                 mt_die("%s: unexpected tensor %s; the checkpoint does not match its config.json", ws->paths[i],
                        ws->files[i].tensors[k].name);
+}
+
+static void ws_read_group(WeightSource *ws, const Model *m, HfTensorGroup *g) {
+    char name[MT_NAME_MAX + 32];
+    int first_found = -1, first_missing = -1;
+    for (int i = 0; i < m->tt.count; i++) {
+        const TensorDesc *d = &m->tt.descs[i];
+        snprintf(name, sizeof(name), "%s%s", g->prefix, d->name);
+        int found = ws_read_named(ws, name, d, g->dest + d->offset) != NULL;
+        if (!found && !g->optional)
+            mt_die("%s: tensor %s is missing; the checkpoint does not match its config.json", ws->where, name);
+        if (found && first_found < 0) first_found = i;
+        if (!found && first_missing < 0) first_missing = i;
+    }
+    g->present = first_found >= 0;
+    if (g->present && first_missing >= 0)
+        mt_die("%s: holds %s%s but not %s%s; the %s* tensors must be there for every parameter or for none "
+               "(the file is damaged)", ws->where, g->prefix, m->tt.descs[first_found].name, g->prefix,
+               m->tt.descs[first_missing].name, g->prefix);
+}
+
+void hf_load_tensor_groups(const char *path, const Model *m, HfTensorGroup *groups, int n_groups) {
+    WeightSource ws;
+    memset(&ws, 0, sizeof(ws));
+    snprintf(ws.where, sizeof(ws.where), "%s", path);
+    ws_add_file(&ws, path);
+    for (int g = 0; g < n_groups; g++) ws_read_group(&ws, m, &groups[g]);
+    ws_reject_unused(&ws);
+    ws_close(&ws);
 }
 
 void hf_weights_load(const char *dir, Model *m) {

@@ -6,3 +6,18 @@
 // Fill every parameter of m from DIR; fatal with one line naming the file and tensor when
 // one is missing, has the wrong shape or dtype, or when a file holds a tensor m lacks.
 void hf_weights_load(const char *dir, Model *m);
+
+// One group of tensors in a single safetensors file keyed by the model's tensor names
+// (optimizer.safetensors): tensor "<prefix><name>" for every tensor of m's table, read into
+// dest + that tensor's offset in the flat buffers.
+typedef struct {
+    const char *prefix;   // e.g. "exp_avg."
+    real *dest;           // a flat buffer laid out like m's parameters
+    int optional;         // the group may be absent as a whole, never in part
+    int present;          // out: the group was there (always 1 for a required group)
+} HfTensorGroup;
+
+// Read every group from the file at path with the same checks as hf_weights_load: fatal
+// with one line when a tensor is missing, has the wrong shape or dtype, when an optional
+// group is there only in part, or when the file holds any tensor no group names.
+void hf_load_tensor_groups(const char *path, const Model *m, HfTensorGroup *groups, int n_groups);

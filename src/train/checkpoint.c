@@ -1,5 +1,6 @@
 #include "train/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -27,47 +28,215 @@ static void make_dirs(const char *dir) {
     if (mkdir(path, 0755) && errno != EEXIST) mt_die("--save %s: cannot create it: %s", dir, strerror(errno));
 }
 
+static int file_exists(const char *path) {
+    struct stat s;
+    return stat(path, &s) == 0;
+}
+
+// The files of a checkpoint directory besides the model shards; the Hugging Face files
+// copied from beside --tokenizer-model when they are there.
+static const char *const fixed_files[] = {"config.json", "model.safetensors", "model.safetensors.index.json",
+                                          "optimizer.safetensors", "trainer_state.json", "tokenizer.json"};
+static const char *const tokenizer_companions[] = {"tokenizer_config.json", "special_tokens_map.json",
+                                                    "generation_config.json"};
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static int in_list(const char *name, const char *const *list, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(name, list[i]) == 0) return 1;
+    return 0;
+}
+
+// "model-00001-of-00003.safetensors" (Hugging Face's shard names).
+static int is_shard_name(const char *name) {
+    static const char digits[] = "0123456789";
+    return strlen(name) == 32 && strncmp(name, "model-", 6) == 0 && strspn(name + 6, digits) == 5 &&
+           strncmp(name + 11, "-of-", 4) == 0 && strspn(name + 15, digits) == 5 &&
+           strcmp(name + 20, ".safetensors") == 0;
+}
+
+// A file moetron writes into a checkpoint directory, or the temporary file of one
+// ("<name>.tmp.<pid>", left behind only by a crash).
+static int is_checkpoint_file(const char *name) {
+    char base[64];
+    const char *tmp = strstr(name, ".tmp.");
+    size_t len = tmp ? (size_t)(tmp - name) : strlen(name);
+    if (len >= sizeof(base) || (tmp && (!tmp[5] || strspn(tmp + 5, "0123456789") != strlen(tmp + 5)))) return 0;
+    memcpy(base, name, len);
+    base[len] = 0;
+    return in_list(base, fixed_files, COUNT(fixed_files)) ||
+           in_list(base, tokenizer_companions, COUNT(tokenizer_companions)) || is_shard_name(base);
+}
+
 static void remove_tree(const char *dir) {
-    // Only ever called on a checkpoint directory moetron wrote: a flat set of files.
-    static const char *files[] = {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"};
-    char path[CKPT_PATH_MAX + 96];
-    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
-        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+    // Only ever called on a checkpoint directory moetron wrote: a flat set of files. Anything
+    // else found there is left alone (and then the directory stays too).
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char path[CKPT_PATH_MAX + 320];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!is_checkpoint_file(e->d_name)) continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         unlink(path);
     }
+    closedir(d);
     rmdir(dir);
 }
 
+// The JSON text and a final newline (as Python's json.dump + "\n" in transformers).
 static void write_json_file(const char *path, JsonWriter *w) {
     char err[512];
-    if (write_file_atomic(path, jw_text(w), jw_len(w), err, sizeof(err))) mt_die("writing %s: %s", path, err);
+    AtomicFile af;
+    if (atomic_open(&af, path, err, sizeof(err))) mt_die("writing %s: %s", path, err);
+    atomic_write(&af, jw_text(w), jw_len(w), err, sizeof(err));
+    atomic_write(&af, "\n", 1, err, sizeof(err));
+    if (atomic_commit(&af, err, sizeof(err))) mt_die("writing %s: %s", path, err);
     jw_free(w);
 }
 
-static void write_model_file(const char *path, const Model *m) {
-    StWriter w;
-    stw_init(&w);
-    for (int i = 0; i < m->tt.count; i++) {
-        const TensorDesc *d = &m->tt.descs[i];
-        stw_add_real(&w, d->name, d->ndim, d->shape, tt_param(&m->tt, i));
-    }
+static void finish_safetensors(StWriter *w, const char *path) {
     char err[512];
-    if (stw_finish(&w, path, err, sizeof(err))) mt_die("writing %s: %s", path, err);
+    if (stw_finish(w, path, err, sizeof(err))) mt_die("writing %s: %s", path, err);
+}
+
+// ---- model weights: model.safetensors or Hugging Face shards ---------------------------
+
+// BF16 with --ckpt-dtype bf16, except state the optimizer never steps (the expert bias stays
+// F32, as Hugging Face DeepSeek-V3 keeps e_score_correction_bias).
+static StDtype stored_dtype(const Model *m, const TensorDesc *d) {
+    return m->cfg.ckpt_bf16 && !(d->flags & TENSOR_NOT_TRAINED) ? ST_BF16 : ST_F32;
+}
+
+static uint64_t tensor_numel(const TensorDesc *d) {
+    uint64_t n = 1;
+    for (int i = 0; i < d->ndim; i++) n *= (uint64_t)d->shape[i];
+    return n;
+}
+
+static uint64_t stored_bytes(const Model *m, const TensorDesc *d) {
+    return tensor_numel(d) * st_dtype_size(stored_dtype(m, d));
+}
+
+// Assigns every tensor to a shard as huggingface_hub's split_torch_state_dict_into_shards
+// (used by transformers' save_pretrained) does: in tensor order, a tensor joins the shard
+// being filled unless that would take it past max_bytes, which closes the shard first; a
+// tensor larger than max_bytes alone becomes a shard of its own at once. Shards are numbered
+// in the order they are closed. Returns the number of shards.
+static int plan_shards(const Model *m, int64_t max_bytes, int *shard_of) {
+    uint64_t max = max_bytes > 0 ? (uint64_t)max_bytes : UINT64_MAX, filled = 0;
+    int n_shards = 0, open_from = 0;  // the shard being filled holds the unassigned tensors from open_from on
+    for (int i = 0; i < m->tt.count; i++) {
+        uint64_t bytes = stored_bytes(m, &m->tt.descs[i]);
+        shard_of[i] = -1;
+        if (bytes > max) {
+            shard_of[i] = n_shards++;
+            continue;
+        }
+        if (filled + bytes > max) {
+            for (int k = open_from; k < i; k++)
+                if (shard_of[k] < 0) shard_of[k] = n_shards;
+            n_shards++;
+            open_from = i;
+            filled = 0;
+        }
+        filled += bytes;
+    }
+    int open = 0;
+    for (int k = open_from; k < m->tt.count; k++)
+        if (shard_of[k] < 0) shard_of[k] = n_shards, open = 1;
+    return n_shards + open;
+}
+
+static void shard_file_name(char *out, size_t len, int shard, int n_shards) {
+    if (n_shards == 1) snprintf(out, len, "model.safetensors");
+    else snprintf(out, len, "model-%05d-of-%05d.safetensors", shard + 1, n_shards);
+}
+
+static int compare_names(const void *a, const void *b) {
+    return strcmp((*(const TensorDesc *const *)a)->name, (*(const TensorDesc *const *)b)->name);
+}
+
+// model.safetensors.index.json as transformers writes it: sorted keys, total_size the bytes of
+// tensor data in all shards.
+static void write_shard_index(const char *dir, const Model *m, const int *shard_of, int n_shards) {
+    const TensorDesc **sorted = mt_malloc((size_t)m->tt.count * sizeof(*sorted));
+    uint64_t total_size = 0, total_parameters = 0;
+    for (int i = 0; i < m->tt.count; i++) {
+        sorted[i] = &m->tt.descs[i];
+        total_size += stored_bytes(m, sorted[i]);
+        total_parameters += tensor_numel(sorted[i]);
+    }
+    qsort(sorted, (size_t)m->tt.count, sizeof(*sorted), compare_names);
+    JsonWriter w;
+    jw_init(&w);
+    jw_begin_object(&w);
+    jw_key(&w, "metadata");
+    jw_begin_object(&w);
+    jw_kv_int(&w, "total_parameters", (int64_t)total_parameters);
+    jw_kv_int(&w, "total_size", (int64_t)total_size);
+    jw_end_object(&w);
+    jw_key(&w, "weight_map");
+    jw_begin_object(&w);
+    char file[64];
+    for (int i = 0; i < m->tt.count; i++) {
+        shard_file_name(file, sizeof(file), shard_of[sorted[i] - m->tt.descs], n_shards);
+        jw_kv_string(&w, sorted[i]->name, file);
+    }
+    jw_end_object(&w);
+    jw_end_object(&w);
+    free(sorted);
+    char path[CKPT_PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+    write_json_file(path, &w);
+}
+
+// One shard at a time; the writer reads the parameters in place (no copy of the model).
+static void write_model_files(const char *dir, const Model *m) {
+    int *shard_of = mt_malloc((size_t)m->tt.count * sizeof(*shard_of));
+    int n_shards = plan_shards(m, m->cfg.max_shard_bytes, shard_of);
+    char file[64], path[CKPT_PATH_MAX + 128];
+    for (int s = 0; s < n_shards; s++) {
+        StWriter w;
+        stw_init(&w);
+        for (int i = 0; i < m->tt.count; i++) {
+            const TensorDesc *d = &m->tt.descs[i];
+            if (shard_of[i] == s)
+                stw_add_real_view(&w, d->name, stored_dtype(m, d), d->ndim, d->shape, tt_param(&m->tt, i));
+        }
+        shard_file_name(file, sizeof(file), s, n_shards);
+        snprintf(path, sizeof(path), "%s/%s", dir, file);
+        finish_safetensors(&w, path);
+    }
+    if (n_shards > 1) write_shard_index(dir, m, shard_of, n_shards);
+    free(shard_of);
+}
+
+// ---- optimizer state, trainer state, tokenizer ------------------------------------------
+
+// The tensor groups of optimizer.safetensors: the AdamW moments, and with BF16 model weights
+// the F32 master weights (what training resumes from).
+enum { OPT_GROUPS = 3 };
+static int optimizer_groups(const Model *m, const Optimizer *opt, HfTensorGroup *g) {
+    g[0] = (HfTensorGroup){.prefix = "exp_avg.", .dest = opt->exp_avg};
+    g[1] = (HfTensorGroup){.prefix = "exp_avg_sq.", .dest = opt->exp_avg_sq};
+    g[2] = (HfTensorGroup){.prefix = "master.", .dest = m->tt.params, .optional = 1};
+    return m->cfg.ckpt_bf16 ? 3 : 2;
 }
 
 static void write_optimizer_file(const char *path, const Model *m, const Optimizer *opt) {
+    HfTensorGroup groups[OPT_GROUPS];
+    int n_groups = optimizer_groups(m, opt, groups);
     StWriter w;
     stw_init(&w);
     char name[MT_NAME_MAX + 16];
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
-        snprintf(name, sizeof(name), "exp_avg.%s", d->name);
-        stw_add_real(&w, name, d->ndim, d->shape, opt->exp_avg + d->offset);
-        snprintf(name, sizeof(name), "exp_avg_sq.%s", d->name);
-        stw_add_real(&w, name, d->ndim, d->shape, opt->exp_avg_sq + d->offset);
+        for (int g = 0; g < n_groups; g++) {
+            snprintf(name, sizeof(name), "%s%s", groups[g].prefix, d->name);
+            stw_add_real_view(&w, name, ST_F32, d->ndim, d->shape, groups[g].dest + d->offset);
+        }
     }
-    char err[512];
-    if (stw_finish(&w, path, err, sizeof(err))) mt_die("writing %s: %s", path, err);
+    finish_safetensors(&w, path);
 }
 
 static void write_trainer_state(const char *path, const TrainerState *st, const Optimizer *opt) {
@@ -82,9 +251,47 @@ static void write_trainer_state(const char *path, const TrainerState *st, const 
     write_json_file(path, &w);
 }
 
+static void copy_file(const char *from, const char *to) {
+    char err[512];
+    size_t len;
+    uint8_t *bytes = read_file_all(from, &len, err, sizeof(err));
+    if (!bytes) mt_die("--tokenizer-model: %s: %s", from, err);
+    if (write_file_atomic(to, bytes, len, err, sizeof(err))) mt_die("writing %s: %s", to, err);
+    free(bytes);
+}
+
+// --tokenizer-model FILE becomes tokenizer.json; the Hugging Face files that go with it are
+// copied when they are in FILE's directory.
+static void copy_tokenizer_files(const char *tokenizer_model, const char *dir) {
+    char from[CKPT_PATH_MAX + 64], to[CKPT_PATH_MAX + 64];
+    snprintf(to, sizeof(to), "%s/tokenizer.json", dir);
+    copy_file(tokenizer_model, to);
+    const char *slash = strrchr(tokenizer_model, '/');
+    int dir_len = slash ? (int)(slash - tokenizer_model) : 1;
+    const char *src_dir = slash ? tokenizer_model : ".";
+    for (size_t i = 0; i < COUNT(tokenizer_companions); i++) {
+        snprintf(from, sizeof(from), "%.*s/%s", dir_len, src_dir, tokenizer_companions[i]);
+        if (!file_exists(from)) continue;
+        snprintf(to, sizeof(to), "%s/%s", dir, tokenizer_companions[i]);
+        copy_file(from, to);
+    }
+}
+
+void checkpoint_check_save_inputs(const Config *c) {
+    if (!c->tokenizer_model[0]) return;
+    struct stat s;
+    if (stat(c->tokenizer_model, &s))
+        mt_die("--tokenizer-model %s: cannot open it: %s", c->tokenizer_model, strerror(errno));
+    if (S_ISDIR(s.st_mode))
+        mt_die("--tokenizer-model %s is a directory; give its tokenizer.json file", c->tokenizer_model);
+    if (access(c->tokenizer_model, R_OK))
+        mt_die("--tokenizer-model %s: cannot read it: %s", c->tokenizer_model, strerror(errno));
+}
+
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
     char final_dir[CKPT_PATH_MAX], tmp_dir[CKPT_PATH_MAX + 32], old_dir[CKPT_PATH_MAX + 32];
     char path[CKPT_PATH_MAX + 64];
+    checkpoint_check_save_inputs(&m->cfg);
     make_dirs(dir);
     snprintf(final_dir, sizeof(final_dir), "%s/iter_%07ld", dir, st->iteration);
     snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)getpid());
@@ -96,14 +303,14 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
     hf_config_write(&w, &m->cfg, m->family);
     snprintf(path, sizeof(path), "%s/config.json", tmp_dir);
     write_json_file(path, &w);
-    snprintf(path, sizeof(path), "%s/model.safetensors", tmp_dir);
-    write_model_file(path, m);
+    write_model_files(tmp_dir, m);
     if (opt) {
         snprintf(path, sizeof(path), "%s/optimizer.safetensors", tmp_dir);
         write_optimizer_file(path, m, opt);
         snprintf(path, sizeof(path), "%s/trainer_state.json", tmp_dir);
         write_trainer_state(path, st, opt);
     }
+    if (m->cfg.tokenizer_model[0]) copy_tokenizer_files(m->cfg.tokenizer_model, tmp_dir);
     // A directory of the same iteration is replaced only by the complete new one: swapped
     // atomically where the filesystem can, else moved aside just before the rename.
     if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
@@ -123,11 +330,6 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
 }
 
 // ---- loading ------------------------------------------------------------------------------
-
-static int file_exists(const char *path) {
-    struct stat s;
-    return stat(path, &s) == 0;
-}
 
 void checkpoint_resolve(char *out, const char *dir) {
     char path[CKPT_PATH_MAX + 64], err[512];
@@ -156,56 +358,14 @@ void checkpoint_resolve(char *out, const char *dir) {
     snprintf(out, MT_PATH_MAX + 32, "%s", dir);
 }
 
-static void open_safetensors(StFile *f, const char *path) {
-    char err[512];
-    if (st_open(f, path, err, sizeof(err))) mt_die("%s: %s", path, err);
-}
-
-// Read tensor `name` of the given global shape into out.
-static void read_tensor(const StFile *f, const char *path, const char *name, const TensorDesc *d, real *out) {
-    const StTensor *t = st_find(f, name);
-    if (!t) mt_die("%s: tensor %s is missing; the checkpoint does not match its config.json", path, name);
-    int same = t->ndim == d->ndim;
-    for (int i = 0; same && i < d->ndim; i++) same = t->shape[i] == d->shape[i];
-    if (!same) {
-        char want[64] = "", got[64] = "";
-        for (int i = 0; i < d->ndim; i++) snprintf(want + strlen(want), sizeof(want) - strlen(want), "%s%lld", i ? "," : "", (long long)d->shape[i]);
-        for (int i = 0; i < t->ndim; i++) snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%lld", i ? "," : "", (long long)t->shape[i]);
-        mt_die("%s: tensor %s has shape [%s] but the model needs [%s]", path, name, got, want);
-    }
-    if (st_read_real(f, t, out)) mt_die("%s: tensor %s has dtype %s; expected a floating-point dtype", path, name, st_dtype_name(t->dtype));
-}
-
-// Every tensor of the file must be one of the model's, named with one of the prefixes.
-static void reject_unexpected_tensors(const StFile *f, const char *path, const Model *m, const char *const *prefixes,
-                                      int n_prefixes) {
-    for (int i = 0; i < f->n_tensors; i++) {
-        const char *tn = f->tensors[i].name;
-        int known = 0;
-        for (int p = 0; p < n_prefixes && !known; p++) {
-            size_t plen = strlen(prefixes[p]);
-            known = strncmp(tn, prefixes[p], plen) == 0 && tt_find(&m->tt, tn + plen) >= 0;
-        }
-        if (!known)
-            mt_die("%s: unexpected tensor %s; the checkpoint does not match its config.json", path, f->tensors[i].name);
-    }
-}
-
-static void load_optimizer(const char *dir, const Model *m, Optimizer *opt) {
-    char path[CKPT_PATH_MAX + 64], name[MT_NAME_MAX + 16];
+// The moments, and the F32 master weights when the checkpoint has them: training resumes
+// from those, not from the (possibly BF16) model file.
+static void load_optimizer(const char *dir, Model *m, Optimizer *opt) {
+    char path[CKPT_PATH_MAX + 64];
     snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
-    StFile f;
-    open_safetensors(&f, path);
-    for (int i = 0; i < m->tt.count; i++) {
-        const TensorDesc *d = &m->tt.descs[i];
-        snprintf(name, sizeof(name), "exp_avg.%s", d->name);
-        read_tensor(&f, path, name, d, opt->exp_avg + d->offset);
-        snprintf(name, sizeof(name), "exp_avg_sq.%s", d->name);
-        read_tensor(&f, path, name, d, opt->exp_avg_sq + d->offset);
-    }
-    static const char *const moment_prefixes[] = {"exp_avg.", "exp_avg_sq."};
-    reject_unexpected_tensors(&f, path, m, moment_prefixes, 2);
-    st_close(&f);
+    HfTensorGroup groups[OPT_GROUPS];
+    optimizer_groups(m, opt, groups);
+    hf_load_tensor_groups(path, m, groups, OPT_GROUPS);
 }
 
 static void load_trainer_state(const char *dir, TrainerState *st, Optimizer *opt) {

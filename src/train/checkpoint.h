@@ -1,9 +1,14 @@
 // checkpoint.h — save and load training checkpoints (see docs/checkpoints.md).
 //
 //   DIR/iter_0000010/config.json           HF config + "moetron" section (every flag)
-//   DIR/iter_0000010/model.safetensors     global fp32 tensors under their HF names
-//   DIR/iter_0000010/optimizer.safetensors exp_avg.<name>, exp_avg_sq.<name>
+//   DIR/iter_0000010/model.safetensors     global tensors under their HF names (F32, or BF16
+//                                          with --ckpt-dtype bf16); above --max-shard-size
+//                                          model-00001-of-0000N.safetensors ... instead, plus
+//                                          model.safetensors.index.json
+//   DIR/iter_0000010/optimizer.safetensors exp_avg.<name>, exp_avg_sq.<name> (+ master.<name>,
+//                                          the F32 weights, with --ckpt-dtype bf16)
 //   DIR/iter_0000010/trainer_state.json    iteration, consumed samples, optimizer step
+//   DIR/iter_0000010/tokenizer.json ...    with --tokenizer-model (and its companion files)
 //   DIR/latest_checkpointed_iteration.txt  "10"
 // The iteration directory is written under a temporary name and renamed into place,
 // then latest_checkpointed_iteration.txt is replaced atomically: a crash at any point
@@ -17,6 +22,12 @@ typedef struct {
     int64_t consumed_train_samples;
 } TrainerState;
 
+// Fatal with one line when a file a checkpoint will copy (--tokenizer-model) is missing or
+// unreadable: call it at start-up so that the error comes before training, not at the
+// first save. checkpoint_save checks again.
+void checkpoint_check_save_inputs(const Config *c);
+
+// Write DIR/iter_N (N = st->iteration) as above; opt NULL writes the model and config only.
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st);
 
 // The directory holding config.json for --load DIR: DIR/iter_N from
@@ -25,6 +36,7 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
 void checkpoint_resolve(char *out, const char *dir);
 
 // Load weights (and, when opt/st are non-NULL and the checkpoint has them, optimizer
-// moments and trainer state) into an already built model. Every tensor is checked for
+// moments, trainer state and the F32 master weights, which then replace the model file's
+// possibly BF16 weights) into an already built model. Every tensor is checked for
 // presence, shape and dtype; unexpected tensors are an error.
 void checkpoint_load(const char *resolved_dir, Model *m, Optimizer *opt, TrainerState *st);
