@@ -139,7 +139,7 @@ HfFamily hf_family_choose(const Config *c, char *why) {
             return preference[i];
         }
     hf_family_cannot_express(natural, c, gap, sizeof(gap));
-    snprintf(why, 256, "%.150s has no equivalent in %s or the other Hugging Face families", gap, hf_model_type(natural));
+    snprintf(why, 256, "%s cannot express %.160s, nor can another Hugging Face family", hf_model_type(natural), gap);
     return HF_MOETRON;
 }
 

@@ -101,10 +101,10 @@ static void finish_safetensors(StWriter *w, const char *path) {
 
 // ---- model weights: model.safetensors or Hugging Face shards ---------------------------
 
-// BF16 with --ckpt-dtype bf16, except state the optimizer never steps (the expert bias stays
-// F32, as Hugging Face DeepSeek-V3 keeps e_score_correction_bias).
+// BF16 with --ckpt-dtype bf16, except the routers and the expert biases: they stay F32, as
+// Megatron-Core computes routing and transformers keeps mlp.gate.* (DeepSeek-V3).
 static StDtype stored_dtype(const Model *m, const TensorDesc *d) {
-    return m->cfg.ckpt_bf16 && !(d->flags & TENSOR_NOT_TRAINED) ? ST_BF16 : ST_F32;
+    return m->cfg.ckpt_bf16 && !(d->flags & (TENSOR_NOT_TRAINED | TENSOR_ROUTER)) ? ST_BF16 : ST_F32;
 }
 
 static uint64_t tensor_numel(const TensorDesc *d) {

@@ -122,6 +122,7 @@ static void trainer_setup(Trainer *t, Config *c) {
         checkpoint_resolve(resolved, c->load);
         config_from_checkpoint(c, resolved);
     }
+    checkpoint_check_save_inputs(c);  // before any work: a --tokenizer-model that cannot be read
     model_build(&t->model, c);
     optimizer_init(&t->opt, &t->model.tt);
     if (c->load[0]) {

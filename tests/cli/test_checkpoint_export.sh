@@ -149,7 +149,8 @@ test_bf16_resume() {
 }
 
 test_bf16_dtypes() {
-    # every model tensor BF16 (round to nearest even of its F32 master), the expert bias F32
+    # every model tensor BF16 (round to nearest even of its F32 master); the routers and the
+    # expert biases F32 (their masters bit for bit)
     local it="$work/bf_a/iter_0000010" why
     [ -d "$it" ] || { fail bf16_dtypes "no bf16 checkpoint"; return; }
     why=$(pyst '
@@ -169,15 +170,15 @@ for f in sorted(os.listdir(d)):
         b, e = m["data_offsets"]
         words = struct.unpack("<%dI" % ((e - b) // 4), mdata[b:e])
         b, e = v["data_offsets"]
-        if k.endswith("e_score_correction_bias"):
+        if k.endswith(("e_score_correction_bias", ".mlp.gate.weight")):
             n_f32 += 1
-            if v["dtype"] != "F32" or struct.unpack("<%dI" % len(words), data[b:e]) != words: print(k, "is not the F32 bias"); sys.exit()
+            if v["dtype"] != "F32" or struct.unpack("<%dI" % len(words), data[b:e]) != words: print(k, "is not its F32 master"); sys.exit()
             continue
         n_bf16 += 1
         if v["dtype"] != "BF16": print(k, "has dtype", v["dtype"]); sys.exit()
         if struct.unpack("<%dH" % len(words), data[b:e]) != tuple(bf16_rne(w) for w in words):
             print(k, "is not its master weight rounded to nearest even"); sys.exit()
-if n_f32 != 2 or n_bf16 < 10: print("found %d BF16 and %d F32 tensors" % (n_bf16, n_f32)); sys.exit()
+if n_f32 != 4 or n_bf16 < 10: print("found %d BF16 and %d F32 tensors" % (n_bf16, n_f32)); sys.exit()
 cfg = json.load(open(os.path.join(d, "config.json")))
 if cfg.get("torch_dtype") != "bfloat16": print("config.json torch_dtype", cfg.get("torch_dtype"))
 ' "$it") || why="python3 failed"

@@ -105,10 +105,11 @@ def model_headers(it_dir):
 
 
 def check_dtypes(headers, bf16):
-    """F32, or with bf16 BF16 except the expert bias (F32, as DeepSeek-V3 keeps it)."""
+    """F32, or with bf16 BF16 except the routers and expert biases (F32, as transformers keeps them)."""
     for h in headers.values():
         for k, v in h.items():
-            want = "BF16" if bf16 and not k.endswith("e_score_correction_bias") else "F32"
+            router = k.endswith(("e_score_correction_bias", "mlp.gate.weight", "block_sparse_moe.gate.weight"))
+            want = "BF16" if bf16 and not router else "F32"
             check(v["dtype"] == want, f"{k} has dtype {v['dtype']}, expected {want}")
 
 
