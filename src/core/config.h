@@ -113,6 +113,8 @@ typedef struct {
     int qk_norm_whole;             // --qk-layernorm-scope projection
     int ckpt_bf16;                 // --ckpt-dtype bf16
     int64_t max_shard_bytes;       // --max-shard-size in bytes
+    // ---- from a plain Hugging Face config.json (not flags) ----
+    int hf_mtp_layers;             // DeepSeek-V3 num_nextn_predict_layers: layers after the last whose tensors are skipped
     int num_micro_batches;
     int decay_iters;               // --lr-decay-iters, or --train-iters when 0
     double balance_coeff[3];       // per BalanceType (moe/router.h); 0 = off

@@ -190,6 +190,10 @@ static void read_deepseek(Config *c, const HfKeys *k) {
     if (!norm_topk && c->moe_router_topk > 1)
         mt_die("%s: norm_topk_prob false with sigmoid routing is not supported (moetron renormalises the top-k "
                "sigmoid scores, as Megatron-Core does)", k->path);
+    // multi-token-prediction layers (model.layers.L.*, L >= num_hidden_layers) are not part of
+    // the causal LM: transformers skips their tensors, and so does moetron
+    int mtp = key_int(k, "num_nextn_predict_layers", 0);
+    c->hf_mtp_layers = mtp > 0 ? mtp : 0;
     int first_dense = key_int(k, "first_k_dense_replace", 0);
     if (first_dense < 0) first_dense = 3;  // the config class default
     int moe[MT_MAX_LAYERS];

@@ -278,6 +278,23 @@ static void ws_reject_unused(const WeightSource *ws) {
                        ws->files[i].tensors[k].name);
 }
 
+// DeepSeek-V3's multi-token-prediction layers (model.layers.L.* for L in [layers,
+// layers + mtp)) are not part of the causal LM: their tensors are skipped, with a note.
+static void ws_skip_mtp_layers(WeightSource *ws, const Config *c) {
+    long skipped = 0;
+    for (int i = 0; i < ws->n_files; i++)
+        for (int k = 0; k < ws->files[i].n_tensors; k++) {
+            int layer, end = 0;
+            if (sscanf(ws->files[i].tensors[k].name, "model.layers.%d.%n", &layer, &end) != 1 || end == 0) continue;
+            if (layer < c->num_layers || layer >= c->num_layers + c->hf_mtp_layers || ws->used[i][k]) continue;
+            ws->used[i][k] = 1;
+            skipped++;
+        }
+    if (skipped)
+        fprintf(stderr, "note: skipped %ld tensors of %d multi-token-prediction layer(s) (num_nextn_predict_layers); moetron "
+               "trains the causal LM only\n", skipped, c->hf_mtp_layers);
+}
+
 static void ws_read_group(WeightSource *ws, const Model *m, HfTensorGroup *g) {
     char name[MT_NAME_MAX + 32];
     int first_found = -1, first_missing = -1;
@@ -311,6 +328,7 @@ void hf_weights_load(const char *dir, Model *m) {
     WeightSource ws;
     ws_open(&ws, dir);
     for (int i = 0; i < m->tt.count; i++) ws_read_param(&ws, m, &m->tt.descs[i], tt_param(&m->tt, i));
+    ws_skip_mtp_layers(&ws, &m->cfg);
     ws_reject_unused(&ws);
     ws_close(&ws);
 }

@@ -337,6 +337,51 @@ def run_finetune_case(moetron, name, cfg_cls, cfg_kwargs, model_type, expect, wo
     return check_saved_checkpoint(moetron, name, save, FINETUNE_ITERS, model_type, expect, workdir)
 
 
+def run_mtp_case(moetron, name, workdir):
+    """DeepSeek-V3 files carry multi-token-prediction layers after the last one: moetron skips
+    them with a note (as transformers does) and computes the same; without
+    num_nextn_predict_layers they are unexpected tensors."""
+    import torch
+    import transformers
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(DEEPSEEK_BASE, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=2,
+                  first_k_dense_replace=1, num_nextn_predict_layers=1)
+    model = AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**kwargs), dtype=torch.float32)
+    import_init(model, 11)
+    model.eval()
+    hf_dir = os.path.join(workdir, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    st_path = os.path.join(hf_dir, "model.safetensors")
+    tensors = split_fused(load_file(st_path), False)
+    mtp = f"model.layers.{kwargs['num_hidden_layers']}."
+    tensors[mtp + "eh_proj.weight"] = np.zeros((64, 128), np.float32)
+    tensors[mtp + "self_attn.kv_b_proj.weight"] = np.zeros((4 * 22, 16), np.float32)
+    save_file(tensors, st_path, metadata={"format": "pt"})
+    cfg_path = os.path.join(hf_dir, "config.json")
+    with open(cfg_path) as fh:
+        raw = json.load(fh)
+    raw["router_aux_loss_coef"] = 0.0  # --grads then holds the LM-loss gradients transformers computes
+    with open(cfg_path, "w") as fh:
+        json.dump(raw, fh)
+    in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
+    ids, labels = make_inputs(in_path, 11, VOCAB, BATCH, SEQ, extra_ignored=False)
+    cmd = [moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CMD_TIMEOUT)
+    check(p.returncode == 0, f"moetron forward failed: {p.stderr.decode()[-300:]}")
+    check(b"skipped 2 tensors of 1 multi-token-prediction layer" in p.stderr, f"no note: {p.stderr[-300:]!r}")
+    detail = compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
+    raw["num_nextn_predict_layers"] = 0
+    with open(cfg_path, "w") as fh:
+        json.dump(raw, fh)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CMD_TIMEOUT)
+    err = p.stderr.decode().strip().splitlines()
+    check(p.returncode != 0 and len(err) == 1 and "unexpected tensor " + mtp in err[0],
+          f"without num_nextn_predict_layers: expected one 'unexpected tensor' line, got {err[:3]}")
+    return detail
+
+
 def run_reject_case(moetron, name, flags, expect, workdir):
     save = os.path.join(workdir, "ckpt")
     p = subprocess.run([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], stdout=subprocess.PIPE,
@@ -359,6 +404,7 @@ def main():
     cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
             [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
             [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
+            [("import_deepseek_v3_mtp_layer_skipped", run_mtp_case, ())] + \
             [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
             [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
     cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
