@@ -12,7 +12,10 @@ static void load_text_file(Dataset *ds, const char *path) {
     size_t len;
     uint8_t *bytes = read_file_all(path, &len, err, sizeof(err));
     if (!bytes) mt_die("--data-path %s: %s", path, err);
-    if (len == 0) mt_die("--data-path %s is empty; give a text file with some content", path);
+    if (len == 0) {
+        free(bytes);
+        mt_die("--data-path %s is empty; give a text file with some content", path);
+    }
     ds->n_tokens = (int64_t)len + 1;
     ds->tokens = mt_malloc(ds->n_tokens * sizeof(int32_t));
     for (size_t i = 0; i < len; i++) ds->tokens[i] = bytes[i];

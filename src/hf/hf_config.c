@@ -189,7 +189,7 @@ static void use_directory_tokenizer(Config *c, const char *ckpt_dir) {
     if (config_flag_given(c, "tokenizer-model") || access(path, R_OK) != 0) return;
     if (strlen(path) >= sizeof(c->tokenizer_model))
         mt_die("--load %s: the path of its tokenizer.json is longer than %d bytes", ckpt_dir, MT_PATH_MAX - 1);
-    snprintf(c->tokenizer_model, sizeof(c->tokenizer_model), "%s", path);
+    memcpy(c->tokenizer_model, path, strlen(path) + 1);
 }
 
 void config_from_checkpoint(Config *c, const char *ckpt_dir) {
