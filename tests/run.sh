@@ -57,6 +57,8 @@ run_python hf_conformance "torch transformers safetensors" "$root/tests/conforma
 run_python hf_export "torch transformers safetensors" "$root/tests/conformance/hf_export.py" "$MOETRON"
 # Megatron-Core's own router functions on the same logits as build/router_probe.
 run_python megatron_router "torch safetensors megatron" "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
+# The byte-level BPE tokenizer (build/tokenize_probe, moetron generate) against Hugging Face tokenizers.
+run_python tokenizer_conformance "tokenizers" "$root/tests/conformance/tokenizer_conformance.py" "$bin/tokenize_probe"
 
 passed=$(grep -c '^ok ' "$log")
 failed=$(grep -c '^FAIL ' "$log")

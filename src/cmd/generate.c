@@ -1,15 +1,20 @@
 // generate.c — `moetron generate`: continue a prompt with a KV cache.
-// The prompt is encoded as bytes and run through the model once (prefill); each new
-// token is then a single-position forward against the cached keys and values.
-// Sampling: temperature (0 = greedy), optional top-k, over the real vocabulary only
-// (never the padding rows); stops at end-of-document.
+// The prompt is encoded with the tokenizer (--tokenizer-model, else the tokenizer.json of
+// the --load directory) or, without one, as bytes, and run through the model once
+// (prefill); each new token is then a single-position forward against the cached keys and
+// values. Sampling: temperature (0 = greedy), optional top-k, over the real vocabulary only
+// (never the padding rows); stops at end-of-document (the byte model's BYTE_EOD_TOKEN, or
+// the tokenizer's end-of-text tokens).
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd/commands.h"
 #include "cmd/load_model.h"
 #include "core/rng.h"
 #include "data/dataset.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
 
 static int sample_token(const real *logits, int vocab, double temperature, int top_k, Rng *rng) {
     int best = 0;
@@ -43,16 +48,89 @@ static int sample_token(const real *logits, int vocab, double temperature, int t
     return best;
 }
 
+// The tokenizer: --tokenizer-model when given on the command line, else the tokenizer.json
+// of the checkpoint directory, else the --tokenizer-model the checkpoint was trained with;
+// NULL (bytes) when there is none. path receives the file used.
+static Tokenizer *open_tokenizer(const Config *c, char path[MT_PATH_MAX + 64]) {
+    char dir[MT_PATH_MAX + 32];
+    checkpoint_resolve(dir, c->load);
+    snprintf(path, MT_PATH_MAX + 64, "%s/tokenizer.json", dir);
+    if (config_flag_given(c, "tokenizer-model") || access(path, F_OK) != 0)
+        snprintf(path, MT_PATH_MAX + 64, "%s", c->tokenizer_model);
+    return path[0] ? tokenizer_load(path) : NULL;
+}
+
+// End-of-text tokens of common tokenizers (GPT-2/Qwen, Llama-2/Mistral, ChatML, Llama-3).
+static const char *const STOP_TOKENS[] = {"<|endoftext|>", "</s>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>"};
+#define MAX_STOP_IDS (sizeof(STOP_TOKENS) / sizeof(STOP_TOKENS[0]))
+
+// The ids that end generation; returns their count.
+static int stop_ids(const Tokenizer *tok, int32_t *ids) {
+    if (!tok) {
+        ids[0] = BYTE_EOD_TOKEN;
+        return 1;
+    }
+    int n = 0;
+    for (size_t i = 0; i < MAX_STOP_IDS; i++) {
+        int id = tokenizer_token_id(tok, STOP_TOKENS[i]);
+        if (id >= 0) ids[n++] = id;
+    }
+    return n;
+}
+
+static int is_stop(int token, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == token) return 1;
+    return 0;
+}
+
+// Writes a generated token: its bytes (a character split across tokens comes out whole
+// once its last byte is written), or the byte itself for the byte model.
+static void print_token(const Tokenizer *tok, int token) {
+    if (!tok) {
+        if (token < 256) fputc(token, stdout);
+        return;
+    }
+    size_t len;
+    const char *bytes = tokenizer_token_bytes(tok, token, &len);
+    fwrite(bytes, 1, len, stdout);
+}
+
+// The prompt's token ids (malloc'ed, room for max_new more); sets *len.
+static int32_t *encode_prompt(const Config *c, const Tokenizer *tok, int *len) {
+    size_t bytes = strlen(c->prompt);
+    if (bytes == 0) mt_die("--prompt is empty; give some text to continue");
+    int32_t *ids = NULL;
+    int n = (int)bytes;
+    if (tok) {
+        n = tokenizer_encode(tok, c->prompt, bytes, &ids);
+        if (n == 0) mt_die("--prompt encodes to no tokens with this tokenizer");
+    } else {
+        ids = mt_malloc(bytes * sizeof(int32_t));
+        for (int i = 0; i < n; i++) ids[i] = (unsigned char)c->prompt[i];
+    }
+    if (n + c->max_new_tokens > c->max_positions) {
+        free(ids);
+        mt_die("--prompt (%d %s) plus --max-new-tokens %d exceed the model's %d positions", n, tok ? "tokens" : "bytes",
+               c->max_new_tokens, c->max_positions);
+    }
+    ids = mt_realloc(ids, (size_t)(n + c->max_new_tokens + 1) * sizeof(int32_t));
+    *len = n;
+    return ids;
+}
+
 int generate_main(Config *c) {
     Model m;
     load_model_for_inference(&m, c);
-    int prompt_len = (int)strlen(c->prompt);
-    if (prompt_len == 0) mt_die("--prompt is empty; give some text to continue");
-    if (prompt_len + c->max_new_tokens > c->max_positions)
-        mt_die("--prompt (%d bytes) plus --max-new-tokens %d exceed the model's %d positions", prompt_len,
-               c->max_new_tokens, c->max_positions);
-    int32_t *tokens = mt_malloc((size_t)(prompt_len + c->max_new_tokens + 1) * sizeof(int32_t));
-    for (int i = 0; i < prompt_len; i++) tokens[i] = (unsigned char)c->prompt[i];
+    char tokenizer_path[MT_PATH_MAX + 64];
+    Tokenizer *tok = open_tokenizer(c, tokenizer_path);
+    if (tok && tokenizer_vocab_size(tok) > c->vocab_size)
+        mt_die("tokenizer %s has %d tokens but the model's vocabulary (--vocab-size) is %d; use the tokenizer the "
+               "model was trained with", tokenizer_path, tokenizer_vocab_size(tok), c->vocab_size);
+    int32_t stop[MAX_STOP_IDS];
+    int n_stop = stop_ids(tok, stop);
+    int prompt_len;
+    int32_t *tokens = encode_prompt(c, tok, &prompt_len);
     KvCache *kv = kv_caches_new(&m);
     ModelActs prefill, step;
     acts_alloc(&prefill, &m, 1, prompt_len);
@@ -63,12 +141,12 @@ int generate_main(Config *c) {
     model_forward(&m, &prefill, &batch, kv, 0);
     const real *last_logits = prefill.logits + (size_t)(prompt_len - 1) * c->padded_vocab_size;
     int vocab = MT_MIN(c->vocab_size, c->padded_vocab_size);
-    fwrite(c->prompt, 1, prompt_len, stdout);
+    fwrite(c->prompt, 1, strlen(c->prompt), stdout);
     int n = prompt_len;
     for (int i = 0; i < c->max_new_tokens; i++) {
         int next = sample_token(last_logits, vocab, c->temperature, c->top_k, &rng);
-        if (next == BYTE_EOD_TOKEN) break;
-        if (next < 256) fputc(next, stdout);
+        if (is_stop(next, stop, n_stop)) break;
+        print_token(tok, next);
         fflush(stdout);
         tokens[n] = next;
         Batch one = {.B = 1, .T = 1, .tokens = tokens + n};
@@ -81,6 +159,7 @@ int generate_main(Config *c) {
     acts_free(&step);
     kv_caches_free(kv, &m);
     free(tokens);
+    tokenizer_free(tok);
     model_free(&m);
     return 0;
 }

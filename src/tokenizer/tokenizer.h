@@ -1,0 +1,50 @@
+// tokenizer.h — Hugging Face byte-level BPE tokenizers (tokenizer.json), encode and decode
+// with the same ids as the `tokenizers` library.
+//
+// What a tokenizer.json may hold (anything else is rejected with one line naming the file):
+//   model          {"type": "BPE", "vocab": {token: id}, "merges": ["a b", ...] or [["a", "b"], ...],
+//                   "ignore_merges", "unk_token", "fuse_unk"; no dropout, no byte_fallback,
+//                   no continuing_subword_prefix / end_of_word_suffix}
+//   normalizer     null or NFC (also a Sequence of NFC)
+//   pre_tokenizer  ByteLevel{add_prefix_space, use_regex}, or
+//                  Sequence[Split{Regex: a supported pattern, Isolated}, ByteLevel{...}]
+//                  (supported patterns: GPT-2, Llama-3, Qwen2; see pretokenize.h)
+//   added_tokens   [{id, content, special, normalized, lstrip, rstrip, single_word=false}]
+//   post_processor null, ByteLevel, TemplateProcessing (its "single" template), or a Sequence
+//   decoder        ByteLevel
+//
+// Encoding follows the library: added tokens are found first (leftmost, longest; those with
+// normalized=false in the raw text, the others in the normalized text), the text between
+// them is normalized, pre-tokenised and BPE-merged piece by piece, then the post-processor's
+// tokens (e.g. a BOS) are added.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Tokenizer Tokenizer;
+
+// Loads path; any problem (unreadable, malformed, unsupported) is fatal via mt_die with
+// one line naming the file and what is wrong.
+Tokenizer *tokenizer_load(const char *path);
+void tokenizer_free(Tokenizer *t);  // NULL is fine
+
+// Encodes text[0..len) (UTF-8; invalid bytes are kept as bytes) with the post-processor's
+// special tokens, as `tokenizers`' encode(text).ids. Returns the count and sets *ids to a
+// malloc'ed array (free it; non-NULL even for 0 ids).
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids);
+
+// The bytes id decodes to (ByteLevel decoder: each character of the token through the byte
+// alphabet, or the token's own UTF-8 when it has characters outside it). *len = 0 and ""
+// for an id that is not in the vocabulary. Decoding a sequence is the concatenation.
+const char *tokenizer_token_bytes(const Tokenizer *t, int32_t id, size_t *len);
+// Decodes ids into out (at most cap bytes, NUL-terminated when cap > 0); returns the full
+// decoded length, as snprintf does.
+size_t tokenizer_decode(const Tokenizer *t, const int32_t *ids, int n, char *out, size_t cap);
+
+// Largest id + 1, over the model vocabulary and the added tokens.
+int tokenizer_vocab_size(const Tokenizer *t);
+// The id of a token given by its string (an added token's content or a vocabulary entry
+// in the byte-level alphabet), or -1.
+int tokenizer_token_id(const Tokenizer *t, const char *token);
+// 1 when id is an added token marked special.
+int tokenizer_is_special(const Tokenizer *t, int32_t id);
