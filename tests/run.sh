@@ -54,6 +54,7 @@ run_python() {
 }
 
 run_python hf_conformance "torch transformers safetensors" "$root/tests/conformance/hf_conformance.py" "$MOETRON"
+run_python hf_families "torch transformers safetensors" "$root/tests/conformance/hf_families.py" "$MOETRON"
 run_python hf_export "torch transformers safetensors" "$root/tests/conformance/hf_export.py" "$MOETRON"
 # Megatron-Core's own router functions on the same logits as build/router_probe.
 run_python megatron_router "torch safetensors megatron" "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
