@@ -1,20 +1,18 @@
 // generate.c — `moetron generate`: continue a prompt with a KV cache.
-// The prompt is encoded with the tokenizer (--tokenizer-model, else the tokenizer.json of
-// the --load directory) or, without one, as bytes, and run through the model once
+// The prompt is encoded with the tokenizer (--tokenizer-model, by default the tokenizer.json
+// of the --load directory) or, without one, as bytes, and run through the model once
 // (prefill); each new token is then a single-position forward against the cached keys and
 // values. Sampling: temperature (0 = greedy), optional top-k, over the real vocabulary only
 // (never the padding rows); stops at end-of-document (the byte model's BYTE_EOD_TOKEN, or
 // the tokenizer's end-of-text tokens).
 #include <math.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cmd/commands.h"
 #include "cmd/load_model.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "tokenizer/tokenizer.h"
-#include "train/checkpoint.h"
 
 static int sample_token(const real *logits, int vocab, double temperature, int top_k, Rng *rng) {
     int best = 0;
@@ -46,18 +44,6 @@ static int sample_token(const real *logits, int vocab, double temperature, int t
         if (r <= 0) return v;
     }
     return best;
-}
-
-// The tokenizer: --tokenizer-model when given on the command line, else the tokenizer.json
-// of the checkpoint directory, else the --tokenizer-model the checkpoint was trained with;
-// NULL (bytes) when there is none. path receives the file used.
-static Tokenizer *open_tokenizer(const Config *c, char path[MT_PATH_MAX + 64]) {
-    char dir[MT_PATH_MAX + 32];
-    checkpoint_resolve(dir, c->load);
-    snprintf(path, MT_PATH_MAX + 64, "%s/tokenizer.json", dir);
-    if (config_flag_given(c, "tokenizer-model") || access(path, F_OK) != 0)
-        snprintf(path, MT_PATH_MAX + 64, "%s", c->tokenizer_model);
-    return path[0] ? tokenizer_load(path) : NULL;
 }
 
 // End-of-text tokens of common tokenizers (GPT-2/Qwen, Llama-2/Mistral, ChatML, Llama-3).
@@ -122,11 +108,11 @@ static int32_t *encode_prompt(const Config *c, const Tokenizer *tok, int *len) {
 int generate_main(Config *c) {
     Model m;
     load_model_for_inference(&m, c);
-    char tokenizer_path[MT_PATH_MAX + 64];
-    Tokenizer *tok = open_tokenizer(c, tokenizer_path);
+    // --tokenizer-model, which --load sets to the checkpoint's tokenizer.json unless given
+    Tokenizer *tok = c->tokenizer_model[0] ? tokenizer_load(c->tokenizer_model) : NULL;
     if (tok && tokenizer_vocab_size(tok) > c->vocab_size)
         mt_die("tokenizer %s has %d tokens but the model's vocabulary (--vocab-size) is %d; use the tokenizer the "
-               "model was trained with", tokenizer_path, tokenizer_vocab_size(tok), c->vocab_size);
+               "model was trained with", c->tokenizer_model, tokenizer_vocab_size(tok), c->vocab_size);
     int32_t stop[MAX_STOP_IDS];
     int n_stop = stop_ids(tok, stop);
     int prompt_len;
