@@ -5,34 +5,12 @@
 # --tokenizer-model, and one clear error line for a damaged sharded checkpoint.
 # Headers are read with python3's standard library only (json + struct).
 set -u
-M=${MOETRON:?set MOETRON to the moetron binary}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib.sh"
 TINY=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --num-experts 4 --moe-ffn-hidden-size 32
       --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --eval-interval 0 --log-interval 1
       --lr-warmup-iters 1 --mock-data-tokens 65536)
 # sigmoid routing with an expert bias: the bias is state the optimizer never steps (kept F32)
 BIAS=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01)
-
-ok() { echo "ok $1"; }
-fail() { echo "FAIL $1: $2"; }
-
-# expect_error NAME PATTERN -- command...: non-zero exit, exactly one stderr line
-# "moetron: error: ..." matching PATTERN.
-expect_error() {
-    local name=$1 pattern=$2
-    shift 3
-    "$@" >"$work/out" 2>"$work/err"
-    local rc=$? lines
-    lines=$(wc -l <"$work/err")
-    if [ $rc -eq 0 ]; then fail "$name" "exit status 0"; return 1; fi
-    if [ "$lines" -ne 1 ]; then fail "$name" "expected one stderr line, got $lines: $(head -c 300 "$work/err")"; return 1; fi
-    if ! grep -q "^moetron: error: .*$pattern" "$work/err"; then fail "$name" "message '$(cat "$work/err")' lacks '$pattern'"; return 1; fi
-    ok "$name"
-}
-
-# losses of a JSONL log, one line per step (timings left out)
-losses() { grep '"loss"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]*),"lm_loss":([^,]*),"aux_loss":([^,]*),"z_loss":[^,]*,"grad_norm":([^,]*),.*/\1 \2 \3 \4 \5/'; }
 
 train_tiny() {  # out_name, extra flags...: logs to $work/NAME.log and $work/NAME.jsonl
     local name=$1

@@ -3,33 +3,11 @@
 # one clear line, runs are bit-identical, resume is bit-identical, checkpoints have the
 # documented layout, generate and --data-path work, docs/flags.md is current.
 set -u
-M=${MOETRON:?set MOETRON to the moetron binary}
+source "$(dirname "$0")/lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 FAST=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2
       --global-batch-size 4 --num-experts 4 --moe-ffn-hidden-size 64 --eval-interval 0 --lr-warmup-iters 2
       --mock-data-tokens 65536 --log-interval 1)
-
-ok() { echo "ok $1"; }
-fail() { echo "FAIL $1: $2"; }
-
-# expect_error NAME PATTERN -- command...: non-zero exit, exactly one stderr line
-# "moetron: error: ..." matching PATTERN, nothing half-written to stdout.
-expect_error() {
-    local name=$1 pattern=$2
-    shift 3
-    "$@" >"$work/out" 2>"$work/err"
-    local rc=$? lines
-    lines=$(wc -l <"$work/err")
-    if [ $rc -eq 0 ]; then fail "$name" "exit status 0"; return; fi
-    if [ "$lines" -ne 1 ]; then fail "$name" "expected one stderr line, got $lines: $(head -c 300 "$work/err")"; return; fi
-    if ! grep -q "^moetron: error: .*$pattern" "$work/err"; then fail "$name" "message '$(cat "$work/err")' lacks '$pattern'"; return; fi
-    ok "$name"
-}
-
-# losses of a JSONL log, one line per step (timings left out)
-losses() { grep '"loss"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]*),"lm_loss":([^,]*),"aux_loss":([^,]*),"z_loss":[^,]*,"grad_norm":([^,]*),.*/\1 \2 \3 \4 \5/'; }
 
 test_bad_flags() {
     expect_error unknown_flag "unknown flag '--num-layer'" -- "$M" train --num-layer 2

@@ -712,6 +712,32 @@ def run_import_layout_case(moetron, name, cfg_kwargs, workdir):
             f"worst grad rel L2 {rel:.1e} in {where}; broken index rejected")
 
 
+def run_cases(moetron, cases, prefix):
+    """Run (name, runner, args) cases, each in its own temp dir: one ok/FAIL line per case, then
+    the summary; returns the exit status."""
+    failed = 0
+    for name, runner, case_args in cases:
+        workdir = tempfile.mkdtemp(prefix=f"{prefix}_{name}_")
+        try:
+            detail = runner(moetron, name, *case_args, workdir)
+            print(f"ok {name}" + (f"  [{detail}]" if os.environ.get("HF_CONFORMANCE_VERBOSE") else ""))
+        except CaseFailure as e:
+            failed += 1
+            print(f"FAIL {name}: {e}")
+        except Exception as e:  # a bug here or an unreadable dump: still one line per case
+            failed += 1
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            print(f"FAIL {name}: {type(e).__name__}: {e} (at line {where.lineno})")
+        finally:
+            sys.stdout.flush()
+            if os.environ.get("HF_CONFORMANCE_KEEP"):
+                print(f"  kept {workdir}", file=sys.stderr)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{len(cases) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
@@ -736,27 +762,7 @@ def main():
     if not os.access(moetron, os.X_OK):
         print(f"FAIL setup: {moetron} is not an executable")
         return 1
-    failed = 0
-    for name, runner, case_args in cases:
-        workdir = tempfile.mkdtemp(prefix=f"hfconf_{name}_")
-        try:
-            detail = runner(moetron, name, *case_args, workdir)
-            print(f"ok {name}" + (f"  [{detail}]" if os.environ.get("HF_CONFORMANCE_VERBOSE") else ""))
-        except CaseFailure as e:
-            failed += 1
-            print(f"FAIL {name}: {e}")
-        except Exception as e:  # a bug here or an unreadable dump: still one line per case
-            failed += 1
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            print(f"FAIL {name}: {type(e).__name__}: {e} (at line {where.lineno})")
-        finally:
-            sys.stdout.flush()
-            if os.environ.get("HF_CONFORMANCE_KEEP"):
-                print(f"  kept {workdir}", file=sys.stderr)
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{len(cases) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_cases(moetron, cases, "hfconf")
 
 
 if __name__ == "__main__":

@@ -23,20 +23,17 @@ match `moetron forward` on the same checkpoint within 1e-4.
 
 Prints `ok <case>  [details]` or `FAIL <case>: <why>` per case and exits non-zero when any
 case fails. Needs python3 with torch, transformers (v5), safetensors and numpy; shares its
-helpers with hf_conformance.py. HF_EXPORT_KEEP=1 keeps the temporary directories.
+helpers with hf_conformance.py. HF_CONFORMANCE_KEEP=1 keeps the temporary directories.
 """
 
 import json
 import os
-import shutil
 import sys
-import tempfile
-import traceback
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_conformance import CaseFailure, check, load_dump, make_inputs, maxdiff_where, run_cmd  # noqa: E402
+from hf_conformance import check, load_dump, make_inputs, maxdiff_where, run_cases, run_cmd  # noqa: E402
 
 TRAIN_ITERS = 3
 BATCH, SEQ = 2, 24
@@ -228,21 +225,7 @@ def main():
     import transformers
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    failed = 0
-    for name, *case_args in cases:
-        workdir = tempfile.mkdtemp(prefix=f"hfexport_{name}_")
-        try:
-            print(f"ok {name}  [{run_case(moetron, name, *case_args, workdir)}]")
-        except Exception as e:  # one line per case, also for a bug here or an unreadable file
-            failed += 1
-            where = traceback.extract_tb(e.__traceback__)[-1].lineno
-            print(f"FAIL {name}: " + (str(e) if isinstance(e, CaseFailure) else f"{type(e).__name__}: {e} (line {where})"))
-        finally:
-            sys.stdout.flush()
-            if not os.environ.get("HF_EXPORT_KEEP"):
-                shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{len(cases) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_cases(moetron, [(c[0], run_case, c[1:]) for c in cases], "hfexport")
 
 
 if __name__ == "__main__":

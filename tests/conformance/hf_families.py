@@ -25,17 +25,14 @@ safetensors, numpy.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import traceback
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_conformance import (BASE_TRAIN, CMD_TIMEOUT, IMPORT_GRAD_RTOL, LOGIT_TOL, LOSS_TOL, PROB_TOL,  # noqa: E402
-                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, import_init,
+from hf_conformance import (BASE_TRAIN, CMD_TIMEOUT, LOGIT_TOL, LOSS_TOL, PROB_TOL,  # noqa: E402
+                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, import_init, run_cases,
                             load_dump, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
 
 BATCH, SEQ = 2, 20
@@ -413,24 +410,7 @@ def main():
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(min(8, os.cpu_count() or 1))
-    failed = 0
-    for name, runner, args in cases:
-        workdir = tempfile.mkdtemp(prefix=f"hffam_{name}_")
-        try:
-            detail = runner(moetron, name, *args, workdir)
-            print(f"ok {name}" + (f"  [{detail}]" if os.environ.get("HF_CONFORMANCE_VERBOSE") else ""))
-        except CaseFailure as e:
-            failed += 1
-            print(f"FAIL {name}: {e}")
-        except Exception as e:
-            failed += 1
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            print(f"FAIL {name}: {type(e).__name__}: {e} (at line {where.lineno})")
-        finally:
-            sys.stdout.flush()
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{len(cases) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_cases(moetron, cases, "hffam")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,25 @@
+# lib.sh — helpers shared by the command-line tests (sourced, not run): the binary $M, a
+# scratch directory $work removed on exit, ok/fail lines, expect_error, losses.
+M=${MOETRON:?set MOETRON to the moetron binary}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+ok() { echo "ok $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+# expect_error NAME PATTERN -- command...: non-zero exit, exactly one stderr line
+# "moetron: error: ..." matching PATTERN, nothing half-written to stdout. Returns 1 on failure.
+expect_error() {
+    local name=$1 pattern=$2
+    shift 3
+    "$@" >"$work/out" 2>"$work/err"
+    local rc=$? lines
+    lines=$(wc -l <"$work/err")
+    if [ $rc -eq 0 ]; then fail "$name" "exit status 0"; return 1; fi
+    if [ "$lines" -ne 1 ]; then fail "$name" "expected one stderr line, got $lines: $(head -c 300 "$work/err")"; return 1; fi
+    if ! grep -q "^moetron: error: .*$pattern" "$work/err"; then fail "$name" "message '$(cat "$work/err")' lacks '$pattern'"; return 1; fi
+    ok "$name"
+}
+
+# losses of a JSONL log, one line per step (timings left out)
+losses() { grep '"loss"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]*),"lm_loss":([^,]*),"aux_loss":([^,]*),"z_loss":[^,]*,"grad_norm":([^,]*),.*/\1 \2 \3 \4 \5/'; }
