@@ -10,6 +10,9 @@ import_* : a tiny random model made by transformers (OlmoeConfig / DeepseekV3Con
 export_* : moetron trains a model of the family a few steps and saves it; transformers
            loads the checkpoint with AutoModelForCausalLM (clean loading info, the
            expected model_type) and gives the same logits, routing and gradients.
+           import_deepseek_v3_fp8_block_scales stores the weights as F8_E4M3 with 128x128
+           weight_scale_inv blocks (DeepSeek-V3's published format); _mtp_layer_skipped adds
+           multi-token-prediction tensors after the last layer.
 finetune_*: `moetron train --load HF_DIR` on such a transformers-made model saves a
            checkpoint of the same family that transformers loads and agrees with.
 reject_* : --hf-architecture naming a family that cannot express the model is an error
@@ -32,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_conformance import (BASE_TRAIN, CMD_TIMEOUT, LOGIT_TOL, LOSS_TOL, PROB_TOL,  # noqa: E402
-                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, import_init, run_cases,
+                            ROUTER_TOL, TRAIN_ITERS, EXPERT_RE, CaseFailure, check, compare_grads_l2, import_init, run_cases,
                             load_dump, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
 
 BATCH, SEQ = 2, 20
@@ -379,6 +382,81 @@ def run_mtp_case(moetron, name, workdir):
     return detail
 
 
+FP8_BLOCK = 128
+
+
+def fp8_block_quantize(w):
+    """DeepSeek-V3's published layout: F8_E4M3 weights and a float32 weight_scale_inv per
+    128x128 block ([ceil(r/128), ceil(c/128)]); returns (fp8 weight, scales, dequantized)."""
+    import torch
+    r, c = w.shape
+    br, bc = -(-r // FP8_BLOCK), -(-c // FP8_BLOCK)
+    scale = torch.empty(br, bc, dtype=torch.float32)
+    q = torch.empty(r, c, dtype=torch.float8_e4m3fn)
+    for i in range(br):
+        for j in range(bc):
+            block = w[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK]
+            scale[i, j] = block.abs().max().clamp(min=1e-12) / 448.0
+            q[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK] = (block / scale[i, j]).to(
+                torch.float8_e4m3fn)
+    full = scale.repeat_interleave(FP8_BLOCK, 0)[:r].repeat_interleave(FP8_BLOCK, 1)[:, :c]
+    return q, scale, q.float() * full
+
+
+def run_fp8_case(moetron, name, workdir):
+    """FP8 weights with block scales load dequantized: the transformers model holding the
+    dequantized weights computes what moetron computes. The embedding (300 rows) spans three
+    row blocks; the routers and norms stay float32, as in DeepSeek-V3's files."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(DEEPSEEK_BASE, q_lora_rank=24, n_group=2, topk_group=1, num_experts_per_tok=2,
+                  first_k_dense_replace=1, hidden_size=160)
+    model = AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**kwargs), dtype=torch.float32)
+    import_init(model, 5)
+    model.eval()
+    hf_dir = os.path.join(workdir, "hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    st_path = os.path.join(hf_dir, "model.safetensors")
+    tensors = {k: torch.from_numpy(v) for k, v in
+               split_fused({k: v.numpy() for k, v in load_file(st_path).items()}, False).items()}
+    params = dict(model.named_parameters())
+    n_fp8 = 0
+    for k in sorted(tensors):
+        w = tensors[k]
+        if w.dim() != 2 or k.endswith("mlp.gate.weight"):
+            continue
+        q, scale, deq = fp8_block_quantize(w)
+        tensors[k], tensors[k + "_scale_inv"] = q, scale
+        n_fp8 += 1
+        with torch.no_grad():  # the transformers model holds the dequantized weights
+            m = EXPERT_RE.match(k)
+            if m:
+                inter = model.config.moe_intermediate_size
+                e, part = int(m.group(3)), m.group(4)
+                fused = params[f"model.layers.{m.group(1)}.mlp.experts." + ("down_proj" if part == "down_proj"
+                                                                             else "gate_up_proj")]
+                dst = fused[e] if part == "down_proj" else fused[e, :inter] if part == "gate_proj" else fused[e, inter:]
+                dst.copy_(deq)
+            else:
+                params[k].copy_(deq)
+    check(n_fp8 > 20, f"only {n_fp8} FP8 tensors")
+    save_file(tensors, st_path, metadata={"format": "pt"})
+    cfg_path = os.path.join(hf_dir, "config.json")
+    with open(cfg_path) as fh:
+        raw = json.load(fh)
+    raw["router_aux_loss_coef"] = 0.0
+    with open(cfg_path, "w") as fh:
+        json.dump(raw, fh)
+    in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
+    ids, labels = make_inputs(in_path, 5, VOCAB, BATCH, SEQ, extra_ignored=False)
+    run_cmd([moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"],
+            "moetron forward (FP8)")
+    return f"{n_fp8} FP8 tensors; " + compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
+
+
 def run_reject_case(moetron, name, flags, expect, workdir):
     save = os.path.join(workdir, "ckpt")
     p = subprocess.run([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], stdout=subprocess.PIPE,
@@ -401,7 +479,8 @@ def main():
     cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
             [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
             [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
-            [("import_deepseek_v3_mtp_layer_skipped", run_mtp_case, ())] + \
+            [("import_deepseek_v3_mtp_layer_skipped", run_mtp_case, ()),
+             ("import_deepseek_v3_fp8_block_scales", run_fp8_case, ())] + \
             [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
             [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
     cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
