@@ -18,6 +18,8 @@ static void usage(FILE *out) {
             "  train      train a model (default: the built-in MoE model on built-in data)\n"
             "  generate   continue a prompt with a trained checkpoint (--load DIR --prompt TEXT)\n"
             "  forward    dump logits, loss, routing and gradients of one batch (--load --input --dump)\n"
+            "  data       dump the first training samples in Megatron-Core's order (--data-path --num-samples --dump)\n"
+            "  prepare    tokenize .txt/.jsonl into Megatron .bin/.idx (--input --output-prefix --tokenizer-model)\n"
             "  flags      print the flag reference as markdown (docs/flags.md)\n",
             MOETRON_VERSION);
 }
@@ -45,8 +47,10 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "train")) cmd = CMD_TRAIN;
     else if (!strcmp(argv[1], "generate")) cmd = CMD_GENERATE;
     else if (!strcmp(argv[1], "forward")) cmd = CMD_FORWARD;
+    else if (!strcmp(argv[1], "data")) cmd = CMD_DATA;
+    else if (!strcmp(argv[1], "prepare")) cmd = CMD_PREPARE;
     else {
-        mt_die("unknown command '%s'; use train, generate or forward", argv[1]);
+        mt_die("unknown command '%s'; use train, generate, forward, data or prepare", argv[1]);
     }
     if (has_help_flag(argc - 2, argv + 2)) {
         config_print_help(cmd, 0);
@@ -59,5 +63,7 @@ int main(int argc, char **argv) {
     if (!c.load[0]) config_validate(&c);
     if (cmd == CMD_TRAIN) return train_main(&c);
     if (cmd == CMD_GENERATE) return generate_main(&c);
+    if (cmd == CMD_DATA) return data_main(&c);
+    if (cmd == CMD_PREPARE) return prepare_main(&c);
     return forward_main(&c);
 }

@@ -4,3 +4,7 @@
 
 int generate_main(Config *c);
 int forward_main(Config *c);
+// `moetron data`: build the Megatron sample order and dump the first --num-samples samples.
+int data_main(Config *c);
+// `moetron prepare`: tokenize text / jsonl into Megatron .bin/.idx (training a BPE if asked).
+int prepare_main(Config *c);

@@ -15,6 +15,7 @@
 #include "core/config.h"
 
 #define ALL (CMD_TRAIN | CMD_GENERATE | CMD_FORWARD)
+#define DT (CMD_TRAIN | CMD_DATA)  // training data: train and `moetron data`
 #define TR CMD_TRAIN
 #define F(name, type, field, cmds, arch, help) \
     {name, type, offsetof(Config, field), sizeof(((Config *)0)->field), cmds, arch, help}
@@ -28,9 +29,9 @@ static const FlagSpec FLAGS[] = {
     F("group-query-attention", FLAG_BOOL, group_query_attention, TR, 1, "use --num-query-groups key/value heads"),
     F("num-query-groups", FLAG_INT, num_query_groups, TR, 1, "key/value heads with --group-query-attention"),
     F("kv-channels", FLAG_INT, kv_channels, TR, 1, "head dimension (0 = H / heads)"),
-    F("seq-length", FLAG_INT, seq_length, TR, 0, "tokens per training sequence"),
+    F("seq-length", FLAG_INT, seq_length, DT, 0, "tokens per training sequence"),
     F("max-position-embeddings", FLAG_INT, max_position_embeddings, TR, 1, "longest position the model supports (0 = --seq-length)"),
-    F("vocab-size", FLAG_INT, vocab_size, TR, 1, "tokenizer vocabulary (byte-level: 257 = 256 bytes + end-of-document)"),
+    F("vocab-size", FLAG_INT, vocab_size, TR | CMD_PREPARE, 1, "tokenizer vocabulary (byte-level: 257 = 256 bytes + end-of-document); prepare: the size of the BPE vocabulary to train"),
     F("make-vocab-size-divisible-by", FLAG_INT, make_vocab_size_divisible_by, TR, 1, "pad the vocabulary to a multiple of this"),
     F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
@@ -91,14 +92,20 @@ static const FlagSpec FLAGS[] = {
     F("adam-beta2", FLAG_DOUBLE, adam_beta2, TR, 0, "Adam beta2"),
     F("adam-eps", FLAG_DOUBLE, adam_eps, TR, 0, "Adam epsilon"),
     F("clip-grad", FLAG_DOUBLE, clip_grad, TR, 0, "clip the global gradient L2 norm to this (0 = off)"),
-    F("seed", FLAG_INT, seed, TR | CMD_GENERATE, 0, "random seed (init, data order, sampling)"),
+    F("seed", FLAG_INT, seed, DT | CMD_GENERATE, 0, "random seed (init, data order, sampling)"),
     F("eval-interval", FLAG_INT, eval_interval, TR, 0, "held-out loss every N steps (0 = never)"),
     F("eval-iters", FLAG_INT, eval_iters, TR, 0, "micro-batches per held-out evaluation"),
     // data
     F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
-    F("data-path", FLAG_STRING, data_path, TR, 0, "a UTF-8 text file, tokenized as bytes"),
-    F("split", FLAG_STRING, split, TR, 0, "train,valid,test proportions of the samples"),
-    F("eod-mask-loss", FLAG_BOOL, eod_mask_loss, TR, 0, "no loss on end-of-document targets"),
+    F("data-path", FLAG_LIST, data_path, DT, 0, "a byte-level text file, or Megatron .bin/.idx prefixes with optional weights: P, or 0.3 P1 0.7 P2"),
+    F("train-data-path", FLAG_LIST, train_data_path, DT, 0, "Megatron prefixes (optionally weighted) for training only; with --valid/--test-data-path instead of --data-path + --split"),
+    F("valid-data-path", FLAG_LIST, valid_data_path, DT, 0, "Megatron prefixes (optionally weighted) for validation"),
+    F("test-data-path", FLAG_LIST, test_data_path, DT, 0, "Megatron prefixes (optionally weighted) for test"),
+    F("data-cache-path", FLAG_STRING, data_cache_path, DT, 0, "directory for the sample-index caches (default: beside the data)"),
+    F("split", FLAG_STRING, split, DT, 0, "train,valid,test proportions (of the documents for Megatron data, of the samples for text)"),
+    F("eod-mask-loss", FLAG_BOOL, eod_mask_loss, DT, 0, "no loss where the input token is end-of-document (as Megatron-Core)"),
+    F("reset-position-ids", FLAG_BOOL, reset_position_ids, DT, 0, "positions restart at 0 after each end-of-document"),
+    F("reset-attention-mask", FLAG_BOOL, reset_attention_mask, DT, 0, "tokens attend only to earlier tokens of their own document"),
     F("mock-data-tokens", FLAG_INT64, mock_data_tokens, TR, 0, "size of the built-in corpus in tokens"),
     // checkpoints and logging
     F("save", FLAG_STRING, save, TR, 0, "checkpoint directory to write"),
@@ -110,16 +117,23 @@ static const FlagSpec FLAGS[] = {
     F("hf-architecture", FLAG_STRING, hf_architecture, TR, 1, "auto, mixtral, qwen3_moe, olmoe, deepseek_v3: the Hugging Face family checkpoints are saved as"),
     F("ckpt-dtype", FLAG_STRING, ckpt_dtype, TR, 0, "fp32, bf16: dtype of the weights in model safetensors (bf16 keeps fp32 master weights in optimizer.safetensors)"),
     F("max-shard-size", FLAG_STRING, max_shard_size, TR, 0, "split model safetensors into shards above this size (e.g. 5GB, 500MB, or bytes)"),
-    F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL, 0, "tokenizer.json (byte-level BPE) for generate, copied into checkpoints (default: the one in --load)"),
+    F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL | CMD_DATA | CMD_PREPARE, 0, "tokenizer.json (byte-level BPE) for generate, copied into checkpoints (default: the one in --load)"),
     // generate
     F("prompt", FLAG_STRING, prompt, CMD_GENERATE, 0, "text to continue"),
     F("max-new-tokens", FLAG_INT, max_new_tokens, CMD_GENERATE, 0, "tokens to generate"),
     F("temperature", FLAG_DOUBLE, temperature, CMD_GENERATE, 0, "sampling temperature (0 = greedy)"),
     F("top-k", FLAG_INT, top_k, CMD_GENERATE, 0, "sample among the k most likely tokens (0 = all)"),
     // forward
-    F("input", FLAG_STRING, input, CMD_FORWARD, 0, "safetensors with input_ids (I32 or I64 [B,T]) and optional labels"),
-    F("dump", FLAG_STRING, dump, CMD_FORWARD, 0, "safetensors file to write logits, loss and routing to"),
+    F("input", FLAG_STRING, input, CMD_FORWARD | CMD_PREPARE, 0, "forward: safetensors with input_ids (I32 or I64 [B,T]) and optional labels; prepare: a .txt or .jsonl file"),
+    F("dump", FLAG_STRING, dump, CMD_FORWARD | CMD_DATA, 0, "forward: safetensors to write logits, loss and routing to; data: safetensors to write the samples to"),
     F("grads", FLAG_BOOL, grads, CMD_FORWARD, 0, "also dump every parameter gradient as grad.<name>"),
+    // data
+    F("num-samples", FLAG_INT64, num_samples, CMD_DATA, 0, "training samples to build and dump"),
+    // prepare
+    F("json-keys", FLAG_LIST, json_keys, CMD_PREPARE, 0, "keys of a .jsonl input to tokenize, each into its own dataset"),
+    F("output-prefix", FLAG_STRING, output_prefix, CMD_PREPARE, 0, "writes PREFIX_<key>_document.bin/.idx (and PREFIX_tokenizer.json when training one)"),
+    F("append-eod", FLAG_BOOL, append_eod, CMD_PREPARE, 0, "end every document with the end-of-document token"),
+    F("workers", FLAG_INT, workers, CMD_PREPARE, 0, "tokenizer threads"),
 };
 #define FLAG_COUNT ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 _Static_assert(sizeof(FLAGS) / sizeof(FLAGS[0]) <= sizeof(((Config *)0)->flag_given),
@@ -182,6 +196,8 @@ void config_defaults(Config *c) {
     c->mock_data_tokens = 1 << 22;
     c->log_interval = 1;
     c->max_new_tokens = 100;
+    strcpy(c->json_keys, "text");
+    c->workers = 1;
     c->temperature = 1.0;
 }
 
@@ -253,7 +269,11 @@ static const char *join_list_values(char *out, size_t cap, const char *flag, int
 }
 
 static const char *command_name(Command cmd) {
-    return cmd == CMD_TRAIN ? "train" : cmd == CMD_GENERATE ? "generate" : "forward";
+    return cmd == CMD_TRAIN      ? "train"
+           : cmd == CMD_GENERATE ? "generate"
+           : cmd == CMD_FORWARD  ? "forward"
+           : cmd == CMD_DATA     ? "data"
+                                 : "prepare";
 }
 
 void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
@@ -606,9 +626,12 @@ void config_print_help(Command cmd, int markdown) {
         for (int i = 0; i < FLAG_COUNT; i++) {
             const FlagSpec *f = &FLAGS[i];
             format_default(&defaults, f, def, sizeof(def));
-            printf("| `--%s` | %s%s%s | %s | %s |\n", f->name, f->commands & CMD_TRAIN ? "train " : "",
-                   f->commands & CMD_GENERATE ? "generate " : "", f->commands & CMD_FORWARD ? "forward" : "",
-                   def, f->help);
+            char cmds[64] = "";
+            for (unsigned bit = CMD_TRAIN; bit <= CMD_PREPARE; bit <<= 1)
+                if (f->commands & bit)
+                    snprintf(cmds + strlen(cmds), sizeof(cmds) - strlen(cmds), "%s%s", cmds[0] ? " " : "",
+                             command_name((Command)bit));
+            printf("| `--%s` | %s | %s | %s |\n", f->name, cmds, def, f->help);
         }
         return;
     }

@@ -82,9 +82,13 @@ typedef struct {
     int eval_interval, eval_iters;
     // ---- data ----
     int mock_data;
-    char data_path[MT_PATH_MAX];
+    char data_path[8192];         // list: a byte text file, or Megatron prefixes with optional weights "0.3 A 0.7 B"
+    char train_data_path[8192], valid_data_path[8192], test_data_path[8192];  // lists, as --data-path
+    char data_cache_path[MT_PATH_MAX];  // where sample-index caches go ("" = beside the data)
     char split[64];
-    int eod_mask_loss;
+    int eod_mask_loss;            // no loss where the input token is end-of-document (as Megatron-Core)
+    int reset_position_ids;       // positions restart after each end-of-document
+    int reset_attention_mask;     // tokens attend only within their document
     int64_t mock_data_tokens;
     // ---- checkpoints and logging ----
     char save[MT_PATH_MAX];
@@ -106,6 +110,13 @@ typedef struct {
     char input[MT_PATH_MAX];
     char dump[MT_PATH_MAX];
     int grads;
+    // ---- data (moetron data) ----
+    int64_t num_samples;
+    // ---- prepare ----
+    char json_keys[256];          // list of keys of a .jsonl input
+    char output_prefix[MT_PATH_MAX];
+    int append_eod;
+    int workers;
 
     // ---- derived by config_validate (not flags) ----
     int head_dim, kv_heads, padded_vocab_size, moe_ffn, max_positions;
@@ -125,10 +136,10 @@ typedef struct {
     LrDecayStyle decay_style;
     WsdDecayStyle wsd_style;
     double split_fraction[3];      // train, valid, test
-    unsigned char flag_given[128]; // per flag index: set on the command line
+    unsigned char flag_given[192]; // per flag index: set on the command line
 } Config;
 
-typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4 } Command;
+typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16 } Command;
 
 void config_defaults(Config *c);
 // Parse argv (after the command word) into c; unknown flags and bad values are fatal.

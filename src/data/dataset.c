@@ -54,7 +54,7 @@ void dataset_open(Dataset *ds, const Config *c) {
     if (c->vocab_size < BYTE_VOCAB_SIZE)
         mt_die("--vocab-size %d is too small for byte-level tokens; use at least %d", c->vocab_size, BYTE_VOCAB_SIZE);
     if (c->data_path[0]) {
-        snprintf(ds->source, sizeof(ds->source), "--data-path %s", c->data_path);
+        snprintf(ds->source, sizeof(ds->source), "--data-path %.1000s", c->data_path);
         load_text_file(ds, c->data_path);
     } else {
         snprintf(ds->source, sizeof(ds->source), "the built-in corpus");
