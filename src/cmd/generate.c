@@ -46,22 +46,11 @@ static int sample_token(const real *logits, int vocab, double temperature, int t
     return best;
 }
 
-// End-of-text tokens of common tokenizers (GPT-2/Qwen, Llama-2/Mistral, ChatML, Llama-3).
-static const char *const STOP_TOKENS[] = {"<|endoftext|>", "</s>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>"};
-#define MAX_STOP_IDS (sizeof(STOP_TOKENS) / sizeof(STOP_TOKENS[0]))
-
-// The ids that end generation; returns their count.
+// The ids that end generation (the tokenizer's end-of-text tokens); returns their count.
 static int stop_ids(const Tokenizer *tok, int32_t *ids) {
-    if (!tok) {
-        ids[0] = BYTE_EOD_TOKEN;
-        return 1;
-    }
-    int n = 0;
-    for (size_t i = 0; i < MAX_STOP_IDS; i++) {
-        int id = tokenizer_token_id(tok, STOP_TOKENS[i]);
-        if (id >= 0) ids[n++] = id;
-    }
-    return n;
+    if (tok) return tokenizer_end_of_text_ids(tok, ids);
+    ids[0] = BYTE_EOD_TOKEN;
+    return 1;
 }
 
 static int is_stop(int token, const int32_t *ids, int n) {
@@ -113,7 +102,7 @@ int generate_main(Config *c) {
     if (tok && tokenizer_vocab_size(tok) > c->vocab_size)
         mt_die("tokenizer %s has %d tokens but the model's vocabulary (--vocab-size) is %d; use the tokenizer the "
                "model was trained with", c->tokenizer_model, tokenizer_vocab_size(tok), c->vocab_size);
-    int32_t stop[MAX_STOP_IDS];
+    int32_t stop[TOKENIZER_MAX_END_IDS];
     int n_stop = stop_ids(tok, stop);
     int prompt_len;
     int32_t *tokens = encode_prompt(c, tok, &prompt_len);

@@ -6,6 +6,9 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "data/mock.h"
+#include "tokenizer/tokenizer.h"
+
+// ---- token-stream sources: the built-in corpus and byte-level text files -------------------
 
 static void load_text_file(Dataset *ds, const char *path) {
     char err[512];
@@ -16,7 +19,7 @@ static void load_text_file(Dataset *ds, const char *path) {
         free(bytes);
         mt_die("--data-path %s is empty; give a text file with some content", path);
     }
-    ds->n_tokens = (int64_t)len + 1;
+    ds->n_tokens = (int64_t)len + 1;  // the file is one document: end it
     ds->tokens = mt_malloc(ds->n_tokens * sizeof(int32_t));
     for (size_t i = 0; i < len; i++) ds->tokens[i] = bytes[i];
     ds->tokens[len] = BYTE_EOD_TOKEN;
@@ -37,20 +40,12 @@ static void split_samples(Dataset *ds, const Config *c) {
         ds->split_count[s] = end - begin;
         begin = end;
     }
-    if (ds->split_count[SPLIT_TRAIN] < 1)
+    if (ds->split_count[DATA_TRAIN] < 1)
         mt_die("%s: --split %s leaves no training samples (%lld samples of %d tokens in all)", ds->source,
                c->split, (long long)total, ds->seq_length);
-    if (c->eval_interval > 0 && c->eval_iters > 0 && ds->split_count[SPLIT_VALID] < 1)
-        mt_die("%s: --split %s leaves no validation samples; give the valid part a share, use more data, "
-               "or set --eval-interval 0", ds->source, c->split);
 }
 
-void dataset_open(Dataset *ds, const Config *c) {
-    memset(ds, 0, sizeof(*ds));
-    ds->seq_length = c->seq_length;
-    ds->seed = (uint64_t)c->seed;
-    ds->eod_mask_loss = c->eod_mask_loss;
-    ds->cached_epoch = -1;
+static void open_token_stream(Dataset *ds, const Config *c) {
     if (c->vocab_size < BYTE_VOCAB_SIZE)
         mt_die("--vocab-size %d is too small for byte-level tokens; use at least %d", c->vocab_size, BYTE_VOCAB_SIZE);
     if (c->data_path[0]) {
@@ -62,18 +57,13 @@ void dataset_open(Dataset *ds, const Config *c) {
         ds->tokens = mt_malloc(ds->n_tokens * sizeof(int32_t));
         mock_corpus((uint64_t)c->seed, ds->n_tokens, BYTE_EOD_TOKEN, ds->tokens);
     }
+    ds->eod = BYTE_EOD_TOKEN;
     split_samples(ds, c);
-}
-
-void dataset_free(Dataset *ds) {
-    free(ds->tokens);
-    free(ds->epoch_order);
-    memset(ds, 0, sizeof(*ds));
 }
 
 // Fisher–Yates permutation of the train range for one epoch.
 static void build_epoch_order(Dataset *ds, int64_t epoch) {
-    int64_t n = ds->split_count[SPLIT_TRAIN];
+    int64_t n = ds->split_count[DATA_TRAIN];
     if (!ds->epoch_order) ds->epoch_order = mt_malloc(n * sizeof(int64_t));
     for (int64_t i = 0; i < n; i++) ds->epoch_order[i] = i;
     Rng rng;
@@ -87,24 +77,146 @@ static void build_epoch_order(Dataset *ds, int64_t epoch) {
     ds->cached_epoch = epoch;
 }
 
-static int64_t sample_id(Dataset *ds, SplitKind split, int64_t position) {
-    int64_t count = ds->split_count[split];
-    if (split != SPLIT_TRAIN) return ds->split_first[split] + position % count;
-    int64_t epoch = position / count;
-    if (epoch != ds->cached_epoch) build_epoch_order(ds, epoch);
-    return ds->split_first[split] + ds->epoch_order[position % count];
+// The L + 1 tokens of the sample at `position` of the split's reading order.
+static const int32_t *stream_sample(Dataset *ds, SplitKind split, int64_t position) {
+    int64_t count = ds->split_count[split], id;
+    if (split != DATA_TRAIN) {
+        id = position % count;
+    } else {
+        int64_t epoch = position / count;
+        if (epoch != ds->cached_epoch) build_epoch_order(ds, epoch);
+        id = ds->epoch_order[position % count];
+    }
+    return ds->tokens + (ds->split_first[split] + id) * ds->seq_length;
 }
 
-void dataset_batch(Dataset *ds, SplitKind split, int64_t first, int B, int32_t *tokens,
-                   int32_t *targets, real *loss_mask) {
-    int L = ds->seq_length;
-    MT_ASSERT(ds->split_count[split] > 0);
-    for (int b = 0; b < B; b++) {
-        const int32_t *text = ds->tokens + sample_id(ds, split, first + b) * L;
-        for (int t = 0; t < L; t++) {
-            tokens[b * L + t] = text[t];
-            targets[b * L + t] = text[t + 1];
-            loss_mask[b * L + t] = ds->eod_mask_loss && text[t + 1] == BYTE_EOD_TOKEN ? 0 : 1;
-        }
+// ---- Megatron sources ---------------------------------------------------------------------------
+
+// Sample counts Megatron-Core's training loop builds each split for.
+static void megatron_sample_counts(const Config *c, int64_t counts[3]) {
+    int64_t gbs = c->global_batch_size;
+    counts[DATA_TRAIN] = (int64_t)c->train_iters * gbs;
+    int evals = c->eval_interval > 0 ? c->train_iters / c->eval_interval + 1 : 0;
+    counts[DATA_VALID] = (int64_t)evals * c->eval_iters * gbs;
+    counts[DATA_TEST] = (int64_t)c->eval_iters * gbs;
+}
+
+// The end-of-document id of tokenized data: the tokenizer's; needed only by the flags that use it.
+static int32_t tokenizer_eod(const Config *c) {
+    int needed = c->eod_mask_loss || c->reset_position_ids || c->reset_attention_mask;
+    if (!c->tokenizer_model[0]) {
+        if (needed)
+            mt_die("--eod-mask-loss / --reset-position-ids / --reset-attention-mask need the end-of-document id of "
+                   "the data: give --tokenizer-model (the tokenizer.json the data was prepared with)");
+        return -1;
     }
+    Tokenizer *tok = tokenizer_load(c->tokenizer_model);
+    int32_t eod = tokenizer_end_of_text_id(tok);
+    tokenizer_free(tok);
+    if (eod < 0 && needed)
+        mt_die("--tokenizer-model %s has no end-of-text token (<|endoftext|>, </s>, ...), which --eod-mask-loss and "
+               "--reset-* use", c->tokenizer_model);
+    return eod;
+}
+
+static void open_megatron(Dataset *ds, const Config *c) {
+    int64_t counts[3];
+    megatron_sample_counts(c, counts);
+    snprintf(ds->source, sizeof(ds->source), "the Megatron datasets");
+    ds->eod = tokenizer_eod(c);
+    ds->megatron = megatron_data_open(c, counts);
+    if (megatron_data_size(ds->megatron, DATA_TRAIN) < 1)
+        mt_die("the training split of the Megatron datasets is empty; check --split or --train-data-path");
+}
+
+// ---- batches ------------------------------------------------------------------------------------
+
+void document_layout(const int32_t *row, int L, int32_t eod, int32_t *key_start, int32_t *positions) {
+    int start = 0;
+    for (int t = 0; t < L; t++) {
+        if (key_start) key_start[t] = start;
+        if (positions) positions[t] = t - start;
+        if (row[t] == eod) start = t + 1;  // the end-of-document token closes its document
+    }
+}
+
+// Row b of out from one sample of L + 1 tokens.
+static void fill_row(const Dataset *ds, const int32_t *sample, DataBatch *out, int b) {
+    int L = ds->seq_length;
+    size_t at = (size_t)b * L;
+    for (int t = 0; t <= L; t++)
+        if (sample[t] < 0 || sample[t] >= ds->vocab_limit)
+            mt_die("%s: token id %d is outside the model's vocabulary of %d; use the --vocab-size of the tokenizer "
+                   "the data was prepared with", ds->source, sample[t], ds->vocab_limit);
+    for (int t = 0; t < L; t++) {
+        out->tokens[at + t] = sample[t];
+        out->targets[at + t] = sample[t + 1];
+        out->loss_mask[at + t] = ds->eod_mask_loss && sample[t] == ds->eod ? 0 : 1;
+    }
+    document_layout(sample, L, ds->eod, out->key_start ? out->key_start + at : NULL,
+                    out->positions ? out->positions + at : NULL);
+}
+
+void dataset_batch(Dataset *ds, SplitKind split, int64_t first, DataBatch *out) {
+    MT_ASSERT(dataset_split_size(ds, split) > 0 && out->L == ds->seq_length);
+    for (int b = 0; b < out->B; b++) {
+        const int32_t *sample;
+        if (ds->megatron) {  // into the batch's own scratch: batches may be filled by two threads
+            megatron_data_sample(ds->megatron, split, first + b, out->sample);
+            sample = out->sample;
+        } else {
+            sample = stream_sample(ds, split, first + b);
+        }
+        fill_row(ds, sample, out, b);
+    }
+}
+
+int64_t dataset_split_size(const Dataset *ds, SplitKind split) {
+    return ds->megatron ? megatron_data_size(ds->megatron, split) : ds->split_count[split];
+}
+
+void dataset_open(Dataset *ds, const Config *c) {
+    memset(ds, 0, sizeof(*ds));
+    ds->seq_length = c->seq_length;
+    ds->seed = (uint64_t)c->seed;
+    ds->eod_mask_loss = c->eod_mask_loss;
+    ds->reset_position_ids = c->reset_position_ids;
+    ds->reset_attention_mask = c->reset_attention_mask;
+    ds->vocab_limit = c->padded_vocab_size;
+    ds->cached_epoch = -1;
+    if (megatron_data_requested(c)) open_megatron(ds, c);
+    else open_token_stream(ds, c);
+    if (c->eval_interval > 0 && c->eval_iters > 0 && dataset_split_size(ds, DATA_VALID) < 1)
+        mt_die("%s: --split %s leaves no validation samples; give the valid part a share, use more data, "
+               "or set --eval-interval 0", ds->source, c->split);
+}
+
+void dataset_free(Dataset *ds) {
+    free(ds->tokens);
+    free(ds->epoch_order);
+    if (ds->megatron) megatron_data_free(ds->megatron);
+    memset(ds, 0, sizeof(*ds));
+}
+
+void data_batch_alloc(DataBatch *b, const Config *c, int B) {
+    size_t n = (size_t)B * c->seq_length;
+    memset(b, 0, sizeof(*b));
+    b->B = B;
+    b->L = c->seq_length;
+    b->tokens = mt_malloc(n * sizeof(int32_t));
+    b->targets = mt_malloc(n * sizeof(int32_t));
+    b->loss_mask = mt_malloc(n * sizeof(real));
+    b->sample = mt_malloc((size_t)(b->L + 1) * sizeof(int32_t));
+    if (c->reset_position_ids) b->positions = mt_malloc(n * sizeof(int32_t));
+    if (c->reset_attention_mask) b->key_start = mt_malloc(n * sizeof(int32_t));
+}
+
+void data_batch_free(DataBatch *b) {
+    free(b->tokens);
+    free(b->targets);
+    free(b->loss_mask);
+    free(b->sample);
+    free(b->positions);
+    free(b->key_start);
+    memset(b, 0, sizeof(*b));
 }

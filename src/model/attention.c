@@ -14,8 +14,9 @@ AttentionWidths attention_widths(const Config *c) {
     return w;
 }
 
-static AttentionShape attention_shape(const Config *c, int B, int T, int Tk, int pos0, int kv_row_stride) {
-    AttentionShape s = {.B = B, .Tq = T, .Tk = Tk, .q_pos0 = pos0, .heads = c->num_attention_heads,
+static AttentionShape attention_shape(const Config *c, int B, int T, int Tk, int pos0, int kv_row_stride,
+                                      const int32_t *key_start) {
+    AttentionShape s = {.B = B, .Tq = T, .Tk = Tk, .q_pos0 = pos0, .heads = c->num_attention_heads, .key_start = key_start,
                         .kv_heads = c->kv_heads, .head_dim = c->head_dim,
                         .v_head_dim = c->multi_latent_attention ? c->v_head_dim : c->head_dim,
                         .kv_row_stride = kv_row_stride, .scale = (real)(1.0 / sqrt((double)c->head_dim))};
@@ -31,14 +32,15 @@ static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int
     memcpy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width * sizeof(real));
 }
 
-void attention_core_forward(const Model *m, LayerActs *la, int B, int T, KvCache *kv, int pos0) {
+void attention_core_forward(const Model *m, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
     const Config *c = &m->cfg;
+    int B = tokens->B, T = tokens->T, pos0 = tokens->pos0;
     if (kv) {
         kv_cache_store(kv, la->k, la->v, T, pos0);
-        AttentionShape s = attention_shape(c, 1, T, pos0 + T, pos0, kv->capacity);
+        AttentionShape s = attention_shape(c, 1, T, pos0 + T, pos0, kv->capacity, tokens->key_start);
         attention_forward(la->att, la->lse, la->q, kv->k, kv->v, &s);
     } else {
-        AttentionShape s = attention_shape(c, B, T, T, pos0, T);
+        AttentionShape s = attention_shape(c, B, T, T, pos0, T, tokens->key_start);
         attention_forward(la->att, la->lse, la->q, la->k, la->v, &s);
     }
 }
@@ -49,7 +51,7 @@ void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a) {
     vec_zero(a->d_q, (size_t)a->N * w.q);
     vec_zero(a->d_k, (size_t)a->N * w.k);
     vec_zero(a->d_v, (size_t)a->N * w.v);
-    AttentionShape s = attention_shape(c, a->B, a->T, a->T, 0, a->T);
+    AttentionShape s = attention_shape(c, a->B, a->T, a->T, 0, a->T, a->tokens.key_start);
     attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
 }
 
@@ -71,10 +73,10 @@ static void qk_norm_backward(const Config *c, real *dx, real *dw, const real *dy
 }
 
 // q, k, v from ln1: projection -> [QK-norm] -> [clip] -> RoPE (q, k).
-static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N, int T, int pos0) {
+static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerActs *la, const TokenLayout *tokens) {
     const Config *c = &m->cfg;
     const TensorTable *tt = &m->tt;
-    int H = c->hidden_size, heads = c->num_attention_heads;
+    int N = tokens->B * tokens->T, H = c->hidden_size, heads = c->num_attention_heads;
     AttentionWidths w = attention_widths(c);
     linear_forward(la->q_raw, la->ln1, tt_param(tt, lp->q_proj), N, H, w.q);
     linear_forward(la->k_raw, la->ln1, tt_param(tt, lp->k_proj), N, H, w.k);
@@ -91,20 +93,20 @@ static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerAct
     }
     RopeLayout q_rope = rope_layout_heads(heads, c->head_dim), k_rope = rope_layout_heads(c->kv_heads, c->head_dim);
     q_rope.interleaved = k_rope.interleaved = c->rotary_interleaved;
-    rope_forward(la->q, m->rope_cos_sin, N, T, pos0, &q_rope);
-    rope_forward(la->k, m->rope_cos_sin, N, T, pos0, &k_rope);
+    rope_forward(la->q, m->rope_cos_sin, tokens, &q_rope);
+    rope_forward(la->k, m->rope_cos_sin, tokens, &k_rope);
 }
 
 // d_q, d_k, d_v (gradients of the final q, k, v) -> d_norm (+=) and the weight gradients.
 static void standard_qkv_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a) {
     const Config *c = &m->cfg;
     TensorTable *tt = &m->tt;
-    int N = a->N, T = a->T, H = c->hidden_size, heads = c->num_attention_heads;
+    int N = a->N, H = c->hidden_size, heads = c->num_attention_heads;
     AttentionWidths w = attention_widths(c);
     RopeLayout q_rope = rope_layout_heads(heads, c->head_dim), k_rope = rope_layout_heads(c->kv_heads, c->head_dim);
     q_rope.interleaved = k_rope.interleaved = c->rotary_interleaved;
-    rope_backward(a->d_q, m->rope_cos_sin, N, T, 0, &q_rope);
-    rope_backward(a->d_k, m->rope_cos_sin, N, T, 0, &k_rope);
+    rope_backward(a->d_q, m->rope_cos_sin, &a->tokens, &q_rope);
+    rope_backward(a->d_k, m->rope_cos_sin, &a->tokens, &k_rope);
     if (c->clip_qkv > 0) {  // in place: the gradient stops where the value was clamped
         real limit = (real)c->clip_qkv;
         clamp_backward(a->d_q, la->q_normed, (size_t)N * w.q, limit);
@@ -129,15 +131,15 @@ static void standard_qkv_backward(Model *m, const LayerParams *lp, LayerActs *la
 
 // ---- the block ---------------------------------------------------------------------------------
 
-void attention_block_forward(const Model *m, int layer, LayerActs *la, int B, int T, KvCache *kv, int pos0) {
+void attention_block_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     const TensorTable *tt = &m->tt;
-    int N = B * T, H = c->hidden_size;
+    int N = tokens->B * tokens->T, H = c->hidden_size;
     rmsnorm_forward(la->ln1, la->ln1_rstd, la->x_in, tt_param(tt, lp->input_norm), N, H, (real)c->norm_epsilon);
-    if (c->multi_latent_attention) mla_forward(m, layer, la, B, T, kv, pos0);
-    else standard_qkv_forward(m, lp, la, N, T, pos0);
-    attention_core_forward(m, la, B, T, kv, pos0);
+    if (c->multi_latent_attention) mla_forward(m, layer, la, tokens);
+    else standard_qkv_forward(m, lp, la, tokens);
+    attention_core_forward(m, la, tokens, kv);
     // x_mid = x_in + att·W_oᵀ
     linear_forward(la->x_mid, la->att, tt_param(tt, lp->o_proj), N, attention_widths(c).out, H);
     vec_add(la->x_mid, la->x_in, (size_t)N * H);

@@ -12,18 +12,17 @@ typedef struct {
 } AttentionWidths;
 AttentionWidths attention_widths(const Config *c);
 
-// Multi-Latent Attention on ln1 -> la->att (N, heads·dv); backward from a->d_att to a->d_norm (+=).
-void mla_forward(const Model *m, int layer, LayerActs *la, int B, int T, KvCache *kv, int pos0);
+// Multi-Latent Attention: q, k, v from ln1; backward from d_q, d_k, d_v to a->d_norm (+=).
+void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens);
 void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
 
 // Causal attention of the ready q, k, v of la (or against the cache when kv) -> la->att.
-void attention_core_forward(const Model *m, LayerActs *la, int B, int T, KvCache *kv, int pos0);
+void attention_core_forward(const Model *m, LayerActs *la, const TokenLayout *tokens, KvCache *kv);
 // d_att -> d_q, d_k, d_v (overwritten)
 void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a);
 
 // x_in -> x_mid = x_in + o_proj(attention(rope(qknorm(q,k)), v)),  q,k,v from RMSNorm(x_in)
-void attention_block_forward(const Model *m, int layer, LayerActs *la, int B, int T,
-                             KvCache *kv, int pos0);
+void attention_block_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv);
 void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
 
 // ln2 (N,H) -> ffn_out (N,H): dense SwiGLU

@@ -82,21 +82,21 @@ static void queries_forward(const Model *m, const LayerParams *lp, LayerActs *la
     linear_forward(la->q, ma->q_a_norm, tt_param(tt, lp->q_b_proj), N, d.rq, q_width);
 }
 
-void mla_forward(const Model *m, int layer, LayerActs *la, int B, int T, KvCache *kv, int pos0) {
+void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     const TensorTable *tt = &m->tt;
     MlaDims d = mla_dims(c);
     MlaActs *ma = &la->mla;
-    int N = B * T, H = c->hidden_size;
+    int N = tokens->B * tokens->T, H = c->hidden_size;
     queries_forward(m, lp, la, N, d);
     RopeLayout qr = query_rope(c, d), kr = key_rope(c, d);
-    rope_forward(la->q + d.dn, m->rope_cos_sin, N, T, pos0, &qr);
+    rope_forward(la->q + d.dn, m->rope_cos_sin, tokens, &qr);
     // W_kv_a's first rkv rows make the latent, the last dr rows the rotary key
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
     linear_forward(ma->latent, la->ln1, w_kv_a, N, H, d.rkv);
     linear_forward(ma->k_rope, la->ln1, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
-    rope_forward(ma->k_rope, m->rope_cos_sin, N, T, pos0, &kr);
+    rope_forward(ma->k_rope, m->rope_cos_sin, tokens, &kr);
     rmsnorm_forward(ma->latent_norm, ma->latent_rstd, ma->latent, tt_param(tt, lp->kv_a_norm), N, d.rkv,
                     (real)MLA_LATENT_NORM_EPS);
     linear_forward(ma->kv_b, ma->latent_norm, tt_param(tt, lp->kv_b_proj), N, d.rkv, d.heads * (d.dn + d.dv));
@@ -126,12 +126,12 @@ void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
     TensorTable *tt = &m->tt;
     MlaDims d = mla_dims(c);
     MlaActs *ma = &la->mla;
-    int N = a->N, T = a->T, H = c->hidden_size;
+    int N = a->N, H = c->hidden_size;
     RopeLayout qr = query_rope(c, d), kr = key_rope(c, d);
-    rope_backward(a->d_q + d.dn, m->rope_cos_sin, N, T, 0, &qr);
+    rope_backward(a->d_q + d.dn, m->rope_cos_sin, &a->tokens, &qr);
     queries_backward(m, lp, la, a, d);
     split_key_value_grads(a->d_kv_b, a->d_k_rope, a->d_k, a->d_v, N, d);
-    rope_backward(a->d_k_rope, m->rope_cos_sin, N, T, 0, &kr);
+    rope_backward(a->d_k_rope, m->rope_cos_sin, &a->tokens, &kr);
     vec_zero(a->d_latent_norm, (size_t)N * d.rkv);
     linear_backward(a->d_latent_norm, tt_grad(tt, lp->kv_b_proj), a->d_kv_b, ma->latent_norm,
                     tt_param(tt, lp->kv_b_proj), N, d.rkv, d.heads * (d.dn + d.dv));

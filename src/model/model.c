@@ -233,6 +233,8 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
     a->B = B;
     a->T = T;
     a->N = N;
+    a->tokens = (TokenLayout){.B = B, .T = T, .pos0 = pos0, .positions = batch->positions,
+                              .key_start = batch->key_start};
     embedding_forward(a->layers[0].x_in, batch->tokens, tt_param(&m->tt, m->embed), N, H);
     memset(a->balance_loss, 0, sizeof(a->balance_loss));
     a->z_loss = a->aux_objective = 0;
@@ -241,7 +243,7 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
     for (int l = 0; l < c->num_layers; l++) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
-        attention_block_forward(m, l, la, B, T, kv ? &kv[l] : NULL, pos0);
+        attention_block_forward(m, l, la, &a->tokens, kv ? &kv[l] : NULL);
         rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N, H,
                         (real)c->norm_epsilon);
         if (lp->is_moe) {

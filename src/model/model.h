@@ -14,6 +14,7 @@
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
 #include "moe/router.h"
+#include "ops/ops.h"
 
 typedef struct {
     TensorId input_norm, q_proj, k_proj, v_proj, o_proj;  // q_proj -1 with MLA and --q-lora-rank; k/v -1 with MLA
@@ -60,6 +61,8 @@ typedef struct {
     const int32_t *tokens;   // (B·T)
     const int32_t *targets;  // (B·T) next-token labels; NULL in generation
     const real *loss_mask;   // (B·T) 1 = counts toward the loss; NULL = all count
+    const int32_t *positions;  // (B·T) RoPE positions (--reset-position-ids); NULL = t
+    const int32_t *key_start;  // (B·T) first key of the row each token sees (--reset-attention-mask); NULL = 0
     int training;            // router input jitter, global-aux and expert-bias bookkeeping
     uint64_t noise_seed;     // seeds jitter / forced-balance noise of this micro-batch
 } Batch;
@@ -121,6 +124,7 @@ void kv_caches_free(KvCache *kv, const Model *m);
 
 typedef struct {
     int B, T, N;            // shape of the last forward
+    TokenLayout tokens;     // positions and visible keys of the last forward's tokens
     int capacity_tokens;    // B·T the buffers were allocated for
     Arena arena;
     LayerActs *layers;

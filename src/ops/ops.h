@@ -53,11 +53,18 @@ typedef struct {
 } RopeLayout;
 // The layout of x (N, heads, d) fully rotated in rotate-half pairs.
 RopeLayout rope_layout_heads(int heads, int head_dim);
-// x: the first rotary element of head 0 of token 0, in place; token n of batch row n / T
-// has position pos0 + n % T.
-void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l);
+// The tokens of a micro-batch: N = B·T, token n in batch row n / T. Its position is
+// positions[n] (NULL: pos0 + n % T); it sees the keys of its row from key_start[n] on
+// (NULL: 0) — both restart at document boundaries with --reset-position-ids /
+// --reset-attention-mask.
+typedef struct {
+    int B, T, pos0;
+    const int32_t *positions, *key_start;
+} TokenLayout;
+// x: the first rotary element of head 0 of token 0, in place.
+void rope_forward(real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l);
 // the inverse rotation applied to the gradient, in place
-void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l);
+void rope_backward(real *dx, const real *cos_sin, const TokenLayout *t, const RopeLayout *l);
 
 // ---- clamp to [−limit, limit] ---------------------------------------------------------------
 // y = clamp(x) (y may be x); backward: dx = dy where −limit ≤ x ≤ limit, else 0 (in place on d)
@@ -74,6 +81,7 @@ typedef struct {
     int v_head_dim;      // width of v and out per head (0 = head_dim)
     int kv_row_stride;   // rows between batch rows in k/v (Tk in training, cache capacity)
     real scale;          // usually 1/sqrt(head_dim)
+    const int32_t *key_start;  // (B·Tq) first key each query may see (NULL: 0); keys before it are masked
 } AttentionShape;
 // q (B·Tq, heads, d), k (B·kv_row_stride, kv_heads, d), v (B·kv_row_stride, kv_heads, dv)
 // -> out (B·Tq, heads, dv),

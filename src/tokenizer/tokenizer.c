@@ -186,3 +186,19 @@ int tokenizer_is_special(const Tokenizer *t, int32_t id) {
         if (t->added[i].id == id) return t->added[i].special;
     return 0;
 }
+
+int tokenizer_end_of_text_ids(const Tokenizer *t, int32_t *ids) {
+    static const char *const names[TOKENIZER_MAX_END_IDS] = {"<|endoftext|>", "</s>", "<|im_end|>", "<|end_of_text|>",
+                                                             "<|eot_id|>"};
+    int n = 0;
+    for (int i = 0; i < TOKENIZER_MAX_END_IDS; i++) {
+        int id = tokenizer_token_id(t, names[i]);
+        if (id >= 0) ids[n++] = id;
+    }
+    return n;
+}
+
+int tokenizer_end_of_text_id(const Tokenizer *t) {
+    int32_t ids[TOKENIZER_MAX_END_IDS];
+    return tokenizer_end_of_text_ids(t, ids) ? ids[0] : -1;
+}

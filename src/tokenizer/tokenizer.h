@@ -46,5 +46,11 @@ int tokenizer_vocab_size(const Tokenizer *t);
 // The id of a token given by its string (an added token's content or a vocabulary entry
 // in the byte-level alphabet), or -1.
 int tokenizer_token_id(const Tokenizer *t, const char *token);
+// End-of-text tokens: those of <|endoftext|>, </s>, <|im_end|>, <|end_of_text|>, <|eot_id|>
+// the tokenizer has, in that order (at most TOKENIZER_MAX_END_IDS); returns their count.
+#define TOKENIZER_MAX_END_IDS 5
+int tokenizer_end_of_text_ids(const Tokenizer *t, int32_t *ids);
+// The end-of-document id: the first of those, or -1.
+int tokenizer_end_of_text_id(const Tokenizer *t);
 // 1 when id is an added token marked special.
 int tokenizer_is_special(const Tokenizer *t, int32_t id);

@@ -76,6 +76,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     printf(" | grad %.3f | lr %.3e | %7.0f tok/s | %.3f TFLOP/s | imbalance %.2f", r->grad_norm, r->lr,
            r->tokens_per_s, r->tflops, r->router.load_imbalance);
     if (r->router.dropped_frac > 0) printf(" | dropped %.3f", r->router.dropped_frac);
+    if (r->data_wait_s > 0.01 * r->step_s) printf(" | waited %.0f ms for data", 1e3 * r->data_wait_s);
     printf(" | ETA %s\n", eta);
     fflush(stdout);
     if (!mt->jsonl) return;
@@ -96,6 +97,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_double(&w, "dropped_frac", r->router.dropped_frac);
     jw_kv_double(&w, "mem_peak_mb", r->mem_peak_mb);
     jw_kv_double(&w, "elapsed_s", r->elapsed_s);
+    jw_kv_double(&w, "data_wait_s", r->data_wait_s);
     for (int t = 1; t < 3; t++)
         if (r->balance_coeff[t] > 0) jw_kv_double(&w, BALANCE_KEYS[t], r->router.balance[t]);
     for (int l = 0; l < r->n_layers; l++)

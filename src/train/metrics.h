@@ -25,6 +25,7 @@ typedef struct {
     const int64_t *tokens_per_expert;  // (n_layers, num_experts) kept tokens summed over micro-batches
     int n_layers, num_experts;
     double tokens_per_s, tflops, mfu, mem_peak_mb, elapsed_s, eta_s;
+    double step_s, data_wait_s;    // this step's time, and the part spent waiting for data
 } StepRecord;
 
 typedef struct {

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "data/prefetch.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -24,8 +25,8 @@ typedef struct {
     TrainerState state;
     Dataset data;
     ModelActs acts;
-    int32_t *tokens, *targets;  // (micro_batch_size · seq_length)
-    real *loss_mask;
+    Prefetcher prefetch;        // training micro-batches, read ahead on a thread
+    DataBatch eval_batch;       // validation micro-batches
     Comm dp;
     Metrics metrics;
     double peak_flops, flops_per_token;
@@ -74,6 +75,13 @@ static void accumulate_router_stats(StepLosses *s, const Model *m, const ModelAc
     s->router.dropped_frac += w * a->dropped_frac;
 }
 
+// The model's view of a micro-batch of data.
+static Batch batch_of(const DataBatch *db, int L) {
+    Batch b = {.B = db->B, .T = L, .tokens = db->tokens, .targets = db->targets, .loss_mask = db->loss_mask,
+               .positions = db->positions, .key_start = db->key_start};
+    return b;
+}
+
 // Seeds the router noise of one micro-batch from the run seed and its sample position.
 static uint64_t noise_seed(const Config *c, int64_t first_sample) {
     return (uint64_t)c->seed * 0x9E3779B97F4A7C15ULL ^ (uint64_t)first_sample * 0xBF58476D1CE4E5B9ULL;
@@ -88,9 +96,11 @@ static StepLosses train_step_micro_batches(Trainer *t) {
     vec_zero(t->model.tt.grads, t->model.tt.total);
     for (int mb = 0; mb < M; mb++) {
         int64_t first = t->state.consumed_train_samples + (int64_t)mb * B;
-        dataset_batch(&t->data, SPLIT_TRAIN, first, B, t->tokens, t->targets, t->loss_mask);
-        Batch batch = {.B = B, .T = L, .tokens = t->tokens, .targets = t->targets, .loss_mask = t->loss_mask,
-                       .training = 1, .noise_seed = noise_seed(c, first)};
+        int last = mb + 1 == M && t->state.iteration + 1 >= c->train_iters;
+        const DataBatch *db = prefetch_get(&t->prefetch, first, last ? -1 : first + B);
+        Batch batch = batch_of(db, L);
+        batch.training = 1;
+        batch.noise_seed = noise_seed(c, first);
         model_forward(&t->model, &t->acts, &batch, NULL, 0);
         model_backward(&t->model, &t->acts, &batch, 1.0 / M);
         s.lm_loss += t->acts.lm_loss / M;
@@ -107,8 +117,8 @@ static double evaluate(Trainer *t) {
     int B = c->micro_batch_size, L = c->seq_length;
     double total = 0;
     for (int i = 0; i < c->eval_iters; i++) {
-        dataset_batch(&t->data, SPLIT_VALID, (int64_t)i * B, B, t->tokens, t->targets, t->loss_mask);
-        Batch batch = {.B = B, .T = L, .tokens = t->tokens, .targets = t->targets, .loss_mask = t->loss_mask};
+        dataset_batch(&t->data, DATA_VALID, (int64_t)i * B, &t->eval_batch);
+        Batch batch = batch_of(&t->eval_batch, L);
         total += model_forward(&t->model, &t->acts, &batch, NULL, 0);
     }
     return total / c->eval_iters;
@@ -133,10 +143,8 @@ static void trainer_setup(Trainer *t, Config *c) {
     }
     dataset_open(&t->data, c);
     acts_alloc(&t->acts, &t->model, c->micro_batch_size, c->seq_length);
-    size_t n = (size_t)c->micro_batch_size * c->seq_length;
-    t->tokens = mt_malloc(n * sizeof(int32_t));
-    t->targets = mt_malloc(n * sizeof(int32_t));
-    t->loss_mask = mt_malloc(n * sizeof(real));
+    prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);
+    data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
     t->dp = comm_self("dp");
     t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
     t->layer_counts = mt_calloc((size_t)c->num_layers * MT_MAX(c->num_experts, 1), sizeof(int64_t));
@@ -149,9 +157,8 @@ static void trainer_free(Trainer *t) {
     metrics_close(&t->metrics);
     free(t->layer_stats);
     free(t->layer_counts);
-    free(t->tokens);
-    free(t->targets);
-    free(t->loss_mask);
+    prefetch_stop(&t->prefetch);
+    data_batch_free(&t->eval_batch);
     acts_free(&t->acts);
     dataset_free(&t->data);
     optimizer_free(&t->opt);
@@ -192,7 +199,7 @@ int train_main(Config *c) {
     long first_step = t.state.iteration + 1;
     long last_saved = c->load[0] ? t.state.iteration : -1;
     for (long step = first_step; step <= c->train_iters; step++) {
-        double t0 = now_seconds();
+        double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         StepLosses s = train_step_micro_batches(&t);
         double grad_norm = grad_global_norm(&t.model.tt);
         double loss = s.lm_loss + s.aux_objective;
@@ -214,7 +221,8 @@ int train_main(Config *c) {
                             .tokens_per_expert = s.counts, .num_experts = c->num_experts,
                             .grad_norm = grad_norm, .lr = lr, .tokens_per_s = tokens_per_step / step_time,
                             .tflops = flops / 1e12, .mfu = flops / t.peak_flops,
-                            .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed,
+                            .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed, .step_s = step_time,
+                            .data_wait_s = t.prefetch.waited_s - waited0,
                             .eta_s = elapsed / (step - first_step + 1) * (c->train_iters - step)};
             metrics_log_step(&t.metrics, &r);
         }
@@ -231,6 +239,9 @@ int train_main(Config *c) {
         }
     }
     if (c->save[0] && last_saved != t.state.iteration) save_checkpoint(&t);
+    double total = now_seconds() - start;
+    printf("data: training waited %.2f s for data in all (%.1f%% of %.1f s)\n", t.prefetch.waited_s,
+           total > 0 ? 100 * t.prefetch.waited_s / total : 0, total);
     trainer_free(&t);
     return 0;
 }

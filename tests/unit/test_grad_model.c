@@ -5,6 +5,7 @@
 
 #include "core/config.h"
 #include "core/rng.h"
+#include "data/dataset.h"
 #include "model/model.h"
 #include "testlib.h"
 
@@ -14,6 +15,7 @@ typedef struct {
     double aux_coeff;
     void (*router_features)(Config *c);  // extra router settings, or NULL
     int training;                        // forward in training mode (input jitter)
+    int documents;                       // packed documents: --reset-position-ids and --reset-attention-mask
 } Variant;
 
 static void tiny_config(Config *c, const Variant *v) {
@@ -80,8 +82,15 @@ static void check_variant(const Variant *v) {
         targets[n] = rng_below(&rng, c.vocab_size);
         mask[n] = v->masked ? (n % 3 != 1) : 1;
     }
+    int32_t positions[10], key_start[10];
+    if (v->documents) {  // end-of-document tokens inside both rows: three documents per row at most
+        const int32_t eod = c.vocab_size - 1;
+        tokens[1] = tokens[T + 2] = tokens[T + 3] = eod;
+        for (int b = 0; b < B; b++) document_layout(tokens + b * T, T, eod, key_start + b * T, positions + b * T);
+    }
     Batch batch = {.B = B, .T = T, .tokens = tokens, .targets = targets, .loss_mask = mask,
-                   .training = v->training, .noise_seed = 99};
+                   .training = v->training, .noise_seed = 99, .positions = v->documents ? positions : NULL,
+                   .key_start = v->documents ? key_start : NULL};
     ModelActs a;
     acts_alloc(&a, &m, B, T);
     objective(&m, &a, &batch);
@@ -137,22 +146,22 @@ static void check_variant(const Variant *v) {
 }
 
 static void test_grad_qwen3_mixed_dense_moe(void) {
-    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1, NULL, 0};
+    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1, NULL, 0, 0};
     check_variant(&v);
 }
 
 static void test_grad_qwen3_pre_softmax_tied_top1(void) {
-    Variant v = {"1", 1, 0, 1, 1, 3, 0, 0, 0.05, NULL, 0};
+    Variant v = {"1", 1, 0, 1, 1, 3, 0, 0, 0.05, NULL, 0, 0};
     check_variant(&v);
 }
 
 static void test_grad_mixtral_untied_no_aux(void) {
-    Variant v = {"1", 0, 1, 0, 2, 4, 1, 0, 0.0, NULL, 0};
+    Variant v = {"1", 0, 1, 0, 2, 4, 1, 0, 0.0, NULL, 0, 0};
     check_variant(&v);
 }
 
 static void test_grad_mixtral_top3_of_5_masked(void) {
-    Variant v = {"1", 0, 0, 0, 3, 5, 0, 1, 0.3, NULL, 0};
+    Variant v = {"1", 0, 0, 0, 3, 5, 0, 1, 0.3, NULL, 0, 0};
     check_variant(&v);
 }
 
@@ -186,12 +195,12 @@ static void jitter_padding_features(Config *c) {
 }
 
 static void test_grad_router_features(void) {
-    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.0, all_router_features, 0};
+    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.0, all_router_features, 0, 0};
     check_variant(&v);
 }
 
 static void test_grad_jitter_padding_training(void) {
-    Variant v = {"1", 1, 0, 0, 2, 4, 0, 0, 0.1, jitter_padding_features, 1};
+    Variant v = {"1", 1, 0, 0, 2, 4, 0, 0, 0.1, jitter_padding_features, 1, 0};
     check_variant(&v);
 }
 
@@ -202,7 +211,7 @@ static void olmoe_attention(Config *c) {
 }
 
 static void test_grad_olmoe_clip_qkv(void) {
-    Variant v = {"1", 1, 0, 1, 2, 4, 1, 0, 0.1, olmoe_attention, 0};
+    Variant v = {"1", 1, 0, 1, 2, 4, 1, 0, 0.1, olmoe_attention, 0, 0};
     check_variant(&v);
 }
 
@@ -237,17 +246,27 @@ static void mla_full_rank_queries(Config *c) {
 }
 
 static void test_grad_deepseek_v3_mla(void) {
-    Variant v = {"[0,1]", 0, 1, 0, 2, 4, 0, 1, 0.0, deepseek_v3, 0};
+    Variant v = {"[0,1]", 0, 1, 0, 2, 4, 0, 1, 0.0, deepseek_v3, 0, 0};
     check_variant(&v);
 }
 
 static void test_grad_mla_full_rank_queries(void) {
-    Variant v = {"1", 0, 0, 0, 2, 4, 0, 0, 0.1, mla_full_rank_queries, 0};
+    Variant v = {"1", 0, 0, 0, 2, 4, 0, 0, 0.1, mla_full_rank_queries, 0, 0};
+    check_variant(&v);
+}
+
+static void test_grad_packed_documents(void) {
+    Variant v = {"1", 1, 0, 0, 2, 4, 1, 0, 0.1, NULL, 0, 1};
+    check_variant(&v);
+}
+
+static void test_grad_packed_documents_mla(void) {
+    Variant v = {"[0,1]", 0, 1, 0, 2, 4, 0, 1, 0.0, deepseek_v3, 0, 1};
     check_variant(&v);
 }
 
 static void test_grad_dense_qwen3(void) {
-    Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0, NULL, 0};
+    Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0, NULL, 0, 0};
     check_variant(&v);
 }
 
@@ -262,5 +281,7 @@ int main(void) {
     RUN(test_grad_olmoe_clip_qkv);
     RUN(test_grad_deepseek_v3_mla);
     RUN(test_grad_mla_full_rank_queries);
+    RUN(test_grad_packed_documents);
+    RUN(test_grad_packed_documents_mla);
     TESTS_DONE();
 }

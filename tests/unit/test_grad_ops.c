@@ -202,18 +202,20 @@ typedef struct {
     size_t n;             // elements of x: N rows of layout.row_stride
     int offset;           // first rotary element of each head within the head
     RopeLayout layout;
+    const int32_t *positions;  // per token, or NULL (pos0 + n % T)
 } RopeCtx;
 
 static double rope_obj(void *p) {
     RopeCtx *c = p;
     memcpy(c->tmp, c->x, c->n * sizeof(real));
-    rope_forward(c->tmp + c->offset, c->cs, c->N, c->T, c->pos0, &c->layout);
+    TokenLayout tokens = {.B = c->N / c->T, .T = c->T, .pos0 = c->pos0, .positions = c->positions};
+    rope_forward(c->tmp + c->offset, c->cs, &tokens, &c->layout);
     return dot_real(c->tmp, c->R, c->n);
 }
 
 // Rotate-half over whole heads, and interleaved pairs on the last columns of wider heads
 // (the query layout of Multi-Latent Attention).
-static void test_rope_layout(int interleaved, int offset) {
+static void test_rope_layout(int interleaved, int offset, int explicit_positions) {
     Rng rng;
     rng_seed(&rng, 14 + interleaved);
     int B = 3, T = 4, N = B * T, pos0 = 5, heads = 3, d = 6, half = d / 2, max_pos = pos0 + T;
@@ -221,8 +223,11 @@ static void test_rope_layout(int interleaved, int offset) {
     RopeLayout layout = {.heads = heads, .dim = d, .head_stride = head_stride, .row_stride = heads * head_stride,
                          .interleaved = interleaved};
     size_t n = (size_t)N * layout.row_stride;
+    int32_t positions[12];  // documents restarting inside rows: --reset-position-ids
+    for (int t = 0; t < N; t++) positions[t] = (t % T) % 3 + (t % 2);
     RopeCtx c = {mt_malloc(n * sizeof(real)), alloc_normal(&rng, n, 1), alloc_normal(&rng, n, 1),
-                 mt_malloc((size_t)max_pos * half * 2 * sizeof(real)), N, T, pos0, n, offset, layout};
+                 mt_malloc((size_t)max_pos * half * 2 * sizeof(real)), N, T, pos0, n, offset, layout,
+                 explicit_positions ? positions : NULL};
     rope_table(c.cs, max_pos, d, 10000.0);
     // the table holds cos/sin of pos·base^(−2i/d) (angles rounded to float: ~1e-6)
     for (int p = 0; p < max_pos; p++)
@@ -235,7 +240,7 @@ static void test_rope_layout(int interleaved, int offset) {
     // or (2i, 2i + 1); the columns before `offset` are untouched
     rope_obj(&c);
     for (int t = 0; t < N; t++) {
-        const real *cs = c.cs + (size_t)(pos0 + t % T) * half * 2;
+        const real *cs = c.cs + (size_t)(c.positions ? c.positions[t] : pos0 + t % T) * half * 2;
         for (int h = 0; h < heads; h++) {
             size_t at = (size_t)t * layout.row_stride + (size_t)h * head_stride;
             for (int i = 0; i < offset; i++) CHECK(c.tmp[at + i] == c.x[at + i], "rope leaves other columns");
@@ -250,14 +255,16 @@ static void test_rope_layout(int interleaved, int offset) {
     }
     // backward is the exact transpose: d/dx Σ rope(x) ⊙ R = rope_backward(R)
     real *g = alloc_copy(c.R, n);
-    rope_backward(g + offset, c.cs, N, T, pos0, &layout);
+    TokenLayout tokens = {.B = B, .T = T, .pos0 = pos0, .positions = c.positions};
+    rope_backward(g + offset, c.cs, &tokens, &layout);
     fd_check(interleaved ? "rope interleaved dx" : "rope dx", c.x, n, g, rope_obj, &c);
     free(g), free(c.tmp), free(c.x), free(c.R), free(c.cs);
 }
 
 static void test_rope(void) {
-    test_rope_layout(0, 0);
-    test_rope_layout(1, 4);
+    test_rope_layout(0, 0, 0);
+    test_rope_layout(1, 4, 0);
+    test_rope_layout(0, 2, 1);
 }
 
 // ---- attention ---------------------------------------------------------------------------------
@@ -279,8 +286,9 @@ static void attention_naive(double *out, double *lse, const real *q, const real 
             for (int t = 0; t < s->Tq; t++) {
                 double *row = P + (size_t)t * s->Tk, sum = 0;
                 const real *qr = q + (((size_t)b * s->Tq + t) * s->heads + h) * d;
+                int start = s->key_start ? s->key_start[(size_t)b * s->Tq + t] : 0;
                 for (int j = 0; j < s->Tk; j++) {
-                    if (j > s->q_pos0 + t) {  // causal mask
+                    if (j > s->q_pos0 + t || j < start) {  // causal and document masks
                         row[j] = 0;
                         continue;
                     }
@@ -336,11 +344,12 @@ static double attn_obj(void *p) {
     return dot_real(c->out, c->R, out_len(c->s));
 }
 
-static void check_attention_grad(int kv_heads, int v_head_dim, uint64_t seed) {
+static void check_attention_grad(int kv_heads, int v_head_dim, const int32_t *key_start, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
     AttentionShape s = {.B = 2, .Tq = 5, .Tk = 5, .q_pos0 = 0, .heads = 4, .kv_heads = kv_heads,
-                        .head_dim = 4, .v_head_dim = v_head_dim, .kv_row_stride = 5, .scale = 1 / sqrt(4.0)};
+                        .head_dim = 4, .v_head_dim = v_head_dim, .kv_row_stride = 5, .scale = 1 / sqrt(4.0),
+                        .key_start = key_start};
     size_t nq = q_len(&s), nk = k_len(&s), nv = v_len(&s), no = out_len(&s), nl = (size_t)s.B * s.heads * s.Tq;
     AttnCtx c = {&s, mt_malloc(no * sizeof(real)), mt_malloc(nl * sizeof(real)),
                  alloc_normal(&rng, nq, 1), alloc_normal(&rng, nk, 1), alloc_normal(&rng, nv, 1),
@@ -363,13 +372,19 @@ static void check_attention_grad(int kv_heads, int v_head_dim, uint64_t seed) {
     free(c.out), free(c.lse), free(c.q), free(c.k), free(c.v), free(c.R);
 }
 
-static void test_attention_mha(void) { check_attention_grad(4, 0, 21); }
-static void test_attention_gqa_kv2(void) { check_attention_grad(2, 0, 22); }
-static void test_attention_mqa_kv1(void) { check_attention_grad(1, 0, 23); }
+static void test_attention_mha(void) { check_attention_grad(4, 0, NULL, 21); }
+static void test_attention_gqa_kv2(void) { check_attention_grad(2, 0, NULL, 22); }
+static void test_attention_mqa_kv1(void) { check_attention_grad(1, 0, NULL, 23); }
 // value heads wider and narrower than query/key heads (Multi-Latent Attention)
 static void test_attention_value_width(void) {
-    check_attention_grad(4, 6, 25);
-    check_attention_grad(2, 3, 26);
+    check_attention_grad(4, 6, NULL, 25);
+    check_attention_grad(2, 3, NULL, 26);
+}
+// --reset-attention-mask: row 0 holds documents [0,2) [2,5), row 1 [0,1) [1,4) [4,5)
+static void test_attention_document_mask(void) {
+    static const int32_t key_start[10] = {0, 0, 2, 2, 2, 0, 1, 1, 1, 4};
+    check_attention_grad(4, 0, key_start, 27);
+    check_attention_grad(2, 3, key_start, 28);
 }
 
 // KV-cache shape: Tq queries at the end of a Tk-key window, batch rows kv_row_stride apart.
@@ -835,6 +850,7 @@ int main(void) {
     RUN(test_attention_gqa_kv2);
     RUN(test_attention_mqa_kv1);
     RUN(test_attention_value_width);
+    RUN(test_attention_document_mask);
     RUN(test_clamp);
     RUN(test_attention_kv_cache_forward);
     RUN(test_swiglu_no_scale);

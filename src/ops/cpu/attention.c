@@ -4,7 +4,7 @@
 // the keys they may see, with the scores of one tile in a per-thread scratch; forward
 // stores only each row's logsumexp. Backward recomputes the probabilities from
 // (q, k, lse). For one tile (rows t, visible keys j):
-//   S = scale·Q Kᵀ,  P = exp(S − lse) (0 where j > position of t),  O = P V
+//   S = scale·Q Kᵀ,  P = exp(S − lse) (0 where j > position of t or j < key_start of t),  O = P V
 //   D_t = dO_t·O_t,  dP = dO Vᵀ,  dS = P ⊙ (dP − D) · scale
 //   dQ += dS K,  dK += dSᵀ Q,  dV += Pᵀ dO
 // The products are GEMMs on strided views (heads are interleaved in each token row).
@@ -37,6 +37,11 @@ static HeadView head_view(const AttentionShape *s, int b, int h) {
     return v;
 }
 
+// The first key query t of batch row b may see (document start with --reset-attention-mask).
+static int first_key(const AttentionShape *s, int b, int t) {
+    return s->key_start ? s->key_start[(size_t)b * s->Tq + t] : 0;
+}
+
 // scores (rows, keys) = scale · Q[t0 : t0+rows] · K[0 : keys]ᵀ
 static void tile_scores(real *scores, const real *q, const real *k, const AttentionShape *s, const HeadView *v,
                         int t0, int rows, int keys) {
@@ -50,14 +55,15 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
     for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
         int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = s->q_pos0 + t0 + rows;
         tile_scores(scores, q, k, s, &view, t0, rows, keys);
-        for (int r = 0; r < rows; r++) {  // softmax over the visible keys of row r
+        for (int r = 0; r < rows; r++) {  // softmax over the visible keys [first, visible) of row r
             real *row = scores + (size_t)r * keys;
-            int visible = s->q_pos0 + t0 + r + 1;
+            int first = first_key(s, b, t0 + r), visible = s->q_pos0 + t0 + r + 1;
             real max = -INFINITY, sum = 0;
-            for (int j = 0; j < visible; j++) max = row[j] > max ? row[j] : max;
-            for (int j = 0; j < visible; j++) sum += (row[j] = real_exp(row[j] - max));
+            for (int j = first; j < visible; j++) max = row[j] > max ? row[j] : max;
+            for (int j = first; j < visible; j++) sum += (row[j] = real_exp(row[j] - max));
             real inv = 1 / sum;
-            for (int j = 0; j < visible; j++) row[j] *= inv;
+            for (int j = 0; j < first; j++) row[j] = 0;
+            for (int j = first; j < visible; j++) row[j] *= inv;
             for (int j = visible; j < keys; j++) row[j] = 0;
             lse_row[t0 + r] = max + (real)log((double)sum);
         }
@@ -100,8 +106,9 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
             const real *do_row = dout_tile + (size_t)r * view.o_stride;
             real D = 0;
             for (int i = 0; i < v_width; i++) D += do_row[i] * o_row[i];
-            int visible = s->q_pos0 + t0 + r + 1;
-            for (int j = 0; j < visible; j++) {
+            int first = first_key(s, b, t0 + r), visible = s->q_pos0 + t0 + r + 1;
+            for (int j = 0; j < first; j++) p[j] = dp[j] = 0;
+            for (int j = first; j < visible; j++) {
                 p[j] = real_exp(p[j] - lse_row[t0 + r]);
                 dp[j] = p[j] * (dp[j] - D) * s->scale;  // now dS
             }

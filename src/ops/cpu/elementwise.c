@@ -110,13 +110,14 @@ RopeLayout rope_layout_heads(int heads, int head_dim) {
 }
 
 // direction +1 rotates by +angle (forward), −1 by −angle (the transpose, for backward)
-static void rope_rotate(real *x, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l, int direction) {
-    int half = l->dim / 2;
+static void rope_rotate(real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l, int direction) {
+    int half = l->dim / 2, N = t->B * t->T;
     int second = l->interleaved ? 1 : half;  // offset of a pair's second element
     int step = l->interleaved ? 2 : 1;       // offset between consecutive pairs
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
-        const real *cs = cos_sin + (size_t)(pos0 + n % T) * half * 2;
+        int position = t->positions ? t->positions[n] : t->pos0 + n % t->T;
+        const real *cs = cos_sin + (size_t)position * half * 2;
         for (int h = 0; h < l->heads; h++) {
             real *v = x + (size_t)n * l->row_stride + (size_t)h * l->head_stride;
             for (int i = 0; i < half; i++) {
@@ -130,12 +131,12 @@ static void rope_rotate(real *x, const real *cos_sin, int N, int T, int pos0, co
     }
 }
 
-void rope_forward(real *x, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l) {
-    rope_rotate(x, cos_sin, N, T, pos0, l, +1);
+void rope_forward(real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
+    rope_rotate(x, cos_sin, t, l, +1);
 }
 
-void rope_backward(real *dx, const real *cos_sin, int N, int T, int pos0, const RopeLayout *l) {
-    rope_rotate(dx, cos_sin, N, T, pos0, l, -1);
+void rope_backward(real *dx, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
+    rope_rotate(dx, cos_sin, t, l, -1);
 }
 
 // ---- clamp ----------------------------------------------------------------------------------
