@@ -87,6 +87,11 @@ $(BUILD)/tokenize_probe: tools/tokenize_probe.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
+# moetron's Megatron .bin/.idx reader and writer, for tests/conformance/megatron_indexed.py.
+$(BUILD)/indexed_probe: tools/indexed_probe.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
 run: $(BUILD)/moetron
 	rm -rf $(BUILD)/run_ckpt $(BUILD)/run_metrics.jsonl
 	./$(BUILD)/moetron train --save $(BUILD)/run_ckpt --log-jsonl $(BUILD)/run_metrics.jsonl
@@ -94,7 +99,7 @@ run: $(BUILD)/moetron
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "the small cat" --max-new-tokens 150 --temperature 0.6 --top-k 20
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "12+7=" --max-new-tokens 60 --temperature 0.6 --top-k 20
 
-test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe
+test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe
 	@bash tests/run.sh $(BUILD)
 
 # Throughput measurements (bench/RESULTS.md records their output).
