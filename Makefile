@@ -14,7 +14,8 @@ OPT     := -O3 -march=native
 ifdef DEBUG
 OPT     := -O0 -g
 endif
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -Isrc
+CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(OPT) $(WARN) -MMD -MP -Isrc
+LDFLAGS += -pthread
 LDLIBS  += -lm
 
 ifdef SANITIZE
