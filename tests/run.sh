@@ -61,6 +61,7 @@ run_python megatron_router "torch safetensors megatron" "$root/tests/conformance
 run_python megatron_indexed "numpy torch megatron" "$root/tests/conformance/megatron_indexed.py" "$bin/indexed_probe"
 # The byte-level BPE tokenizer (build/tokenize_probe, moetron generate) against Hugging Face tokenizers.
 run_python tokenizer_conformance "tokenizers" "$root/tests/conformance/tokenizer_conformance.py" "$bin/tokenize_probe"
+run_python prepare_conformance "tokenizers megatron numpy" "$root/tests/conformance/prepare_conformance.py" "$MOETRON"
 
 passed=$(grep -c '^ok ' "$log")
 failed=$(grep -c '^FAIL ' "$log")
