@@ -58,6 +58,7 @@ run_python hf_families "torch transformers safetensors" "$root/tests/conformance
 run_python hf_export "torch transformers safetensors" "$root/tests/conformance/hf_export.py" "$MOETRON"
 # Megatron-Core's own router functions on the same logits as build/router_probe.
 run_python megatron_router "torch safetensors megatron" "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
+run_python megatron_gpt_dataset "numpy torch megatron" "$root/tests/conformance/megatron_gpt_dataset.py" "$MOETRON"
 run_python megatron_indexed "numpy torch megatron" "$root/tests/conformance/megatron_indexed.py" "$bin/indexed_probe"
 # The byte-level BPE tokenizer (build/tokenize_probe, moetron generate) against Hugging Face tokenizers.
 run_python tokenizer_conformance "tokenizers" "$root/tests/conformance/tokenizer_conformance.py" "$bin/tokenize_probe"

@@ -92,13 +92,16 @@ static const int32_t *stream_sample(Dataset *ds, SplitKind split, int64_t positi
 
 // ---- Megatron sources ---------------------------------------------------------------------------
 
-// Sample counts Megatron-Core's training loop builds each split for.
+// Sample counts of each split, as Megatron-Core's training loop asks for them: train_iters
+// global batches; validation (train_iters / eval_interval + 1) · eval_iters batches. The
+// test split is not read by moetron train, so it is not built (the train order depends only
+// on the train count).
 static void megatron_sample_counts(const Config *c, int64_t counts[3]) {
     int64_t gbs = c->global_batch_size;
     counts[DATA_TRAIN] = (int64_t)c->train_iters * gbs;
-    int evals = c->eval_interval > 0 ? c->train_iters / c->eval_interval + 1 : 0;
+    int evals = c->eval_interval > 0 && c->eval_iters > 0 ? c->train_iters / c->eval_interval + 1 : 0;
     counts[DATA_VALID] = (int64_t)evals * c->eval_iters * gbs;
-    counts[DATA_TEST] = (int64_t)c->eval_iters * gbs;
+    counts[DATA_TEST] = 0;
 }
 
 // The end-of-document id of tokenized data: the tokenizer's; needed only by the flags that use it.
