@@ -2,29 +2,14 @@
 // forward over the whole sequence: a prefill of the first tokens, then one token at a
 // time against the cache (every attention variant: GQA, QK-norm per head or per
 // projection, clip_qkv, Multi-Latent Attention with and without the query low rank).
-#include <string.h>
-
 #include "core/config.h"
 #include "model/model.h"
 #include "testlib.h"
+#include "tiny_models.h"
 
-typedef void (*Variant)(Config *c);
-
-static void check_cache_matches_full_forward(int qk_layernorm, int group_query, Variant variant) {
+static void check_cache_matches_full_forward(int qk_layernorm, int group_query, ConfigVariant variant) {
     Config c;
-    config_defaults(&c);
-    c.num_layers = 2;
-    c.hidden_size = 32;
-    c.num_attention_heads = 4;
-    c.group_query_attention = group_query;
-    c.num_query_groups = 2;
-    c.seq_length = 12;
-    c.num_experts = 4;
-    c.moe_ffn_hidden_size = 24;
-    c.qk_layernorm = qk_layernorm;
-    c.init_method_std = 0.2;
-    if (variant) variant(&c);
-    config_validate(&c);
+    tiny_moe_config(&c, 12, qk_layernorm, group_query, variant);
     Model m;
     model_build(&m, &c);
     model_init_weights(&m, 42);
@@ -60,32 +45,11 @@ static void check_cache_matches_full_forward(int qk_layernorm, int group_query, 
     model_free(&m);
 }
 
-static void olmoe(Config *c) {
-    strcpy(c->qk_layernorm_scope, "projection");
-    c->clip_qkv = 0.5;  // small enough to clamp some values of the 0.2-std weights
-}
-
-static void mla(Config *c) {
-    c->multi_latent_attention = 1;
-    c->group_query_attention = 0;
-    c->kv_lora_rank = 12;
-    c->qk_head_dim = 6;
-    c->qk_pos_emb_head_dim = 4;
-    c->v_head_dim = 10;
-    c->rotary_interleaved = 1;
-}
-
-static void mla_q_lora(Config *c) {
-    mla(c);
-    c->q_lora_rank = 8;
-    c->rotary_interleaved = 0;
-}
-
 static void test_kv_cache_mixtral_mha(void) { check_cache_matches_full_forward(0, 0, NULL); }
 static void test_kv_cache_qwen3_gqa(void) { check_cache_matches_full_forward(1, 1, NULL); }
-static void test_kv_cache_olmoe_clip(void) { check_cache_matches_full_forward(1, 1, olmoe); }
-static void test_kv_cache_mla(void) { check_cache_matches_full_forward(0, 0, mla); }
-static void test_kv_cache_mla_q_lora(void) { check_cache_matches_full_forward(0, 0, mla_q_lora); }
+static void test_kv_cache_olmoe_clip(void) { check_cache_matches_full_forward(1, 1, variant_olmoe); }
+static void test_kv_cache_mla(void) { check_cache_matches_full_forward(0, 0, variant_mla); }
+static void test_kv_cache_mla_q_lora(void) { check_cache_matches_full_forward(0, 0, variant_mla_q_lora); }
 
 int main(void) {
     RUN(test_kv_cache_mixtral_mha);

@@ -2,31 +2,17 @@
 // document packed after others in a row is computed exactly as if it stood alone at the
 // start of a row: same logits (every attention kind), as Megatron-Core's document masks
 // intend. Without them the packed document sees its predecessors and differs.
-#include <string.h>
-
 #include "core/config.h"
 #include "data/dataset.h"
 #include "model/model.h"
 #include "testlib.h"
+#include "tiny_models.h"
 
 enum { FIRST = 6, SECOND = 9, T = FIRST + SECOND };
 
-typedef void (*Variant)(Config *c);
-
-static double max_logit_diff(Variant variant, int reset) {
+static double max_logit_diff(ConfigVariant variant, int reset) {
     Config c;
-    config_defaults(&c);
-    c.num_layers = 2;
-    c.hidden_size = 32;
-    c.num_attention_heads = 4;
-    c.group_query_attention = 1;
-    c.num_query_groups = 2;
-    c.seq_length = T;
-    c.num_experts = 4;
-    c.moe_ffn_hidden_size = 24;
-    c.init_method_std = 0.2;
-    if (variant) variant(&c);
-    config_validate(&c);
+    tiny_moe_config(&c, T, 0, 1, variant);
     Model m;
     model_build(&m, &c);
     model_init_weights(&m, 3);
@@ -53,24 +39,7 @@ static double max_logit_diff(Variant variant, int reset) {
     return worst;
 }
 
-static void olmoe(Config *c) {
-    c->qk_layernorm = 1;
-    strcpy(c->qk_layernorm_scope, "projection");
-    c->clip_qkv = 0.5;
-}
-
-static void mla(Config *c) {
-    c->multi_latent_attention = 1;
-    c->group_query_attention = 0;
-    c->q_lora_rank = 8;
-    c->kv_lora_rank = 12;
-    c->qk_head_dim = 6;
-    c->qk_pos_emb_head_dim = 4;
-    c->v_head_dim = 10;
-    c->rotary_interleaved = 1;
-}
-
-static void check(const char *what, Variant variant) {
+static void check(const char *what, ConfigVariant variant) {
     double with = max_logit_diff(variant, 1), without = max_logit_diff(variant, 0);
     CHECK(with < 2e-5, "%s: the packed document's logits differ from the document alone by %g", what, with);
     CHECK(without > 1e-3, "%s: without the resets the packed document should see its predecessor (diff %g)", what,
@@ -78,8 +47,8 @@ static void check(const char *what, Variant variant) {
 }
 
 static void test_packed_gqa(void) { check("GQA", NULL); }
-static void test_packed_olmoe(void) { check("OLMoE attention", olmoe); }
-static void test_packed_mla(void) { check("Multi-Latent Attention", mla); }
+static void test_packed_olmoe(void) { check("OLMoE attention", variant_olmoe); }
+static void test_packed_mla(void) { check("Multi-Latent Attention", variant_mla_q_lora); }
 
 int main(void) {
     RUN(test_packed_gqa);
