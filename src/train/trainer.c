@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "train/step_stats.h"
 #include "data/prefetch.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
@@ -34,47 +35,6 @@ typedef struct {
     int64_t *layer_counts;      // (num_layers, num_experts) kept tokens per expert this step
 } Trainer;
 
-typedef struct {
-    double lm_loss, aux_objective;
-    RouterStats router;   // over MoE layers
-    RouterStats *layers;  // (MoE layers) per layer
-    int64_t *counts;      // (MoE layers, E) kept tokens per expert
-} StepLosses;
-
-// max / mean kept tokens per expert
-static double imbalance_of(const int32_t *counts, int E) {
-    double max = 0, sum = 0;
-    for (int e = 0; e < E; e++) {
-        sum += counts[e];
-        max = counts[e] > max ? counts[e] : max;
-    }
-    return sum > 0 ? max / (sum / E) : 1;
-}
-
-// Add this micro-batch's router statistics, weighted by w, per MoE layer and overall.
-static void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, double w) {
-    const Config *c = &m->cfg;
-    int i = 0, moe_layers = 0;
-    for (int l = 0; l < c->num_layers; l++) moe_layers += m->layers[l].is_moe;
-    for (int l = 0; l < c->num_layers; l++) {
-        if (!m->layers[l].is_moe) continue;
-        const RouterOutput *r = &a->layers[l].moe.route;
-        int64_t *counts = s->counts + (size_t)i * c->num_experts;
-        RouterStats *ls = &s->layers[i++];
-        ls->layer = l;
-        ls->dropped_tokens += r->dropped;
-        for (int e = 0; e < c->num_experts; e++) counts[e] += r->tokens_per_expert[e];
-        ls->load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts);
-        ls->dropped_frac += w * r->dropped / ((double)a->N * c->moe_router_topk);
-        for (int t = 0; t < BALANCE_TYPES; t++) ls->balance[t] += w * r->balance_loss[t];
-        ls->z_loss += w * r->z_loss;
-        s->router.load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts) / moe_layers;
-    }
-    for (int t = 0; t < BALANCE_TYPES; t++) s->router.balance[t] += w * a->balance_loss[t];
-    s->router.z_loss += w * a->z_loss;
-    s->router.dropped_frac += w * a->dropped_frac;
-}
-
 // The model's view of a micro-batch of data.
 static Batch batch_of(const DataBatch *db, int L) {
     Batch b = {.B = db->B, .T = L, .tokens = db->tokens, .targets = db->targets, .loss_mask = db->loss_mask,
@@ -87,28 +47,43 @@ static uint64_t noise_seed(const Config *c, int64_t first_sample) {
     return (uint64_t)c->seed * 0x9E3779B97F4A7C15ULL ^ (uint64_t)first_sample * 0xBF58476D1CE4E5B9ULL;
 }
 
+// Sample position of micro-batch mb of this data-parallel rank in the step that starts at
+// `consumed`: as Megatron's sampler splits a global batch, micro-batch mb of rank r holds
+// samples [consumed + (mb·dp + r)·B, + B). Every layout thus runs the same micro-batches.
+static int64_t micro_batch_first(int64_t consumed, int mb, int B, const Comm *dp) {
+    return consumed + ((int64_t)mb * dp->size + dp->rank) * B;
+}
+
 static StepLosses train_step_micro_batches(Trainer *t) {
     const Config *c = t->cfg;
-    StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts};
-    int M = c->num_micro_batches, B = c->micro_batch_size, L = c->seq_length;
+    StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts, .num_experts = c->num_experts};
+    for (int l = 0; l < c->num_layers; l++) s.moe_layers += t->model.layers[l].is_moe;
+    int M = c->num_micro_batches / t->dp.size, B = c->micro_batch_size, L = c->seq_length;
+    double weight = 1.0 / c->num_micro_batches;  // every micro-batch of every rank counts alike
     memset(t->layer_stats, 0, c->num_layers * sizeof(RouterStats));
     memset(t->layer_counts, 0, (size_t)c->num_layers * MT_MAX(c->num_experts, 1) * sizeof(int64_t));
     vec_zero(t->model.tt.grads, t->model.tt.total);
+    int64_t consumed = t->state.consumed_train_samples;
     for (int mb = 0; mb < M; mb++) {
-        int64_t first = t->state.consumed_train_samples + (int64_t)mb * B;
-        int last = mb + 1 == M && t->state.iteration + 1 >= c->train_iters;
-        const DataBatch *db = prefetch_get(&t->prefetch, first, last ? -1 : first + B);
+        int64_t first = micro_batch_first(consumed, mb, B, &t->dp);
+        int last_step = t->state.iteration + 1 >= c->train_iters;
+        int64_t next = mb + 1 < M ? micro_batch_first(consumed, mb + 1, B, &t->dp)
+                       : last_step ? -1
+                                   : micro_batch_first(consumed + c->global_batch_size, 0, B, &t->dp);
+        const DataBatch *db = prefetch_get(&t->prefetch, first, next);
         Batch batch = batch_of(db, L);
         batch.training = 1;
         batch.noise_seed = noise_seed(c, first);
         model_forward(&t->model, &t->acts, &batch, NULL, 0);
-        model_backward(&t->model, &t->acts, &batch, 1.0 / M);
-        s.lm_loss += t->acts.lm_loss / M;
-        s.aux_objective += t->acts.aux_objective / M;
-        accumulate_router_stats(&s, &t->model, &t->acts, 1.0 / M);
+        model_backward(&t->model, &t->acts, &batch, weight);
+        s.lm_loss += t->acts.lm_loss * weight;
+        s.aux_objective += t->acts.aux_objective * weight;
+        accumulate_router_stats(&s, &t->model, &t->acts, weight);
     }
     t->state.consumed_train_samples += c->global_batch_size;
     comm_allreduce_sum(&t->dp, t->model.tt.grads, t->model.tt.total);
+    step_losses_allreduce(&s, &t->dp);
+    router_state_allreduce(&t->model, &t->dp);
     return s;
 }
 
