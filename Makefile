@@ -3,7 +3,8 @@
 #   make run        train the default MoE model on the built-in data
 #   make test       the whole test suite (ends with "N passed, M failed")
 #   make bench      GEMM and training throughput on this machine
-# Switches: NO_OPENMP=1, USE_OPENBLAS=1 (OpenBLAS for GEMM), DEBUG=1, SANITIZE=1 (ASan+UBSan).
+# Switches: NO_OPENMP=1, USE_OPENBLAS=1 (OpenBLAS for GEMM), DEBUG=1, SANITIZE=1 (ASan+UBSan),
+#           NO_MPI=1 (the one-process build even where mpicc is found).
 
 CC      ?= cc
 PYTHON  ?= python3
@@ -21,6 +22,20 @@ LDLIBS  += -lm
 ifdef SANITIZE
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -g
 LDFLAGS += -fsanitize=address,undefined
+endif
+
+# MPI (docs/parallelism.md): built with mpicc when it is found, unless NO_MPI=1 or CC is
+# set by hand. src/parallel/comm_mpi.c is then compiled, comm_local.c otherwise.
+MPICC   ?= mpicc
+ifndef NO_MPI
+ifneq ($(filter default file,$(origin CC)),)
+HAVE_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
+endif
+endif
+ifeq ($(HAVE_MPI),1)
+CC      := $(MPICC)
+CFLAGS  += -DMT_HAVE_MPI
+MPI_TEST := $(BUILD)/test_comm_mpi
 endif
 
 # OpenMP: used when the compiler has it.
@@ -100,7 +115,12 @@ run: $(BUILD)/moetron
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "the small cat" --max-new-tokens 150 --temperature 0.6 --top-k 20
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "12+7=" --max-new-tokens 60 --temperature 0.6 --top-k 20
 
-test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe
+# MPI collectives against serial references, run under mpirun by tests/cli/test_mpi_comm.sh.
+$(BUILD)/test_comm_mpi: tests/mpi/test_comm_mpi.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
+test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST)
 	@bash tests/run.sh $(BUILD)
 
 # Throughput measurements (bench/RESULTS.md records their output).

@@ -6,6 +6,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "ops/gemm.h"
+#include "parallel/comm.h"
 #include "train/trainer.h"
 
 #define MOETRON_VERSION "0.1.0"
@@ -30,13 +31,13 @@ static int has_help_flag(int argc, char **argv) {
     return 0;
 }
 
-int main(int argc, char **argv) {
+static int run_command(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 1 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("moetron %s (gemm: %s)\n", MOETRON_VERSION, mt_gemm_backend());
+        printf("moetron %s (gemm: %s, mpi: %s)\n", MOETRON_VERSION, mt_gemm_backend(), comm_backend_name());
         return 0;
     }
     if (!strcmp(argv[1], "flags")) {
@@ -66,4 +67,11 @@ int main(int argc, char **argv) {
     if (cmd == CMD_DATA) return data_main(&c);
     if (cmd == CMD_PREPARE) return prepare_main(&c);
     return forward_main(&c);
+}
+
+int main(int argc, char **argv) {
+    comm_world_init(&argc, &argv);
+    int status = run_command(argc, argv);
+    comm_world_finalize();
+    return status;
 }

@@ -95,6 +95,12 @@ static const FlagSpec FLAGS[] = {
     F("seed", FLAG_INT, seed, DT | CMD_GENERATE, 0, "random seed (init, data order, sampling)"),
     F("eval-interval", FLAG_INT, eval_interval, TR, 0, "held-out loss every N steps (0 = never)"),
     F("eval-iters", FLAG_INT, eval_iters, TR, 0, "micro-batches per held-out evaluation"),
+    // parallelism
+    F("tensor-model-parallel-size", FLAG_INT, tensor_model_parallel_size, TR, 0, "processes a dense layer's tensors are split over (TP)"),
+    F("context-parallel-size", FLAG_INT, context_parallel_size, TR, 0, "processes a sequence is split over (CP)"),
+    F("pipeline-model-parallel-size", FLAG_INT, pipeline_model_parallel_size, TR, 0, "pipeline stages the layers are split over (PP)"),
+    F("expert-model-parallel-size", FLAG_INT, expert_model_parallel_size, TR, 0, "processes the experts of a layer are distributed over (EP)"),
+    F("expert-tensor-parallel-size", FLAG_INT, expert_tensor_parallel_size, TR, 0, "processes each expert's tensors are split over (ETP)"),
     // data
     F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
     F("data-path", FLAG_LIST, data_path, DT, 0, "a byte-level text file, or Megatron .bin/.idx prefixes with optional weights: P, or 0.3 P1 0.7 P2"),
@@ -192,6 +198,8 @@ void config_defaults(Config *c) {
     c->seed = 1234;
     c->eval_interval = 100;
     c->eval_iters = 8;
+    c->tensor_model_parallel_size = c->context_parallel_size = c->pipeline_model_parallel_size = 1;
+    c->expert_model_parallel_size = c->expert_tensor_parallel_size = 1;
     strcpy(c->split, "969,30,1");
     c->mock_data_tokens = 1 << 22;
     c->log_interval = 1;
@@ -585,6 +593,12 @@ static void validate_training(Config *c) {
     if (c->eval_interval < 0 || c->eval_iters < 0 || c->save_interval < 0 || c->exit_interval < 0)
         mt_die("--eval-interval, --eval-iters, --save-interval and --exit-interval must be >= 0");
     require_positive("log-interval", c->log_interval);
+    // Products with the world size are checked by parallel_sizes_init (parallel/groups.c).
+    require_positive("tensor-model-parallel-size", c->tensor_model_parallel_size);
+    require_positive("context-parallel-size", c->context_parallel_size);
+    require_positive("pipeline-model-parallel-size", c->pipeline_model_parallel_size);
+    require_positive("expert-model-parallel-size", c->expert_model_parallel_size);
+    require_positive("expert-tensor-parallel-size", c->expert_tensor_parallel_size);
     if (c->mock_data_tokens < 1024) mt_die("--mock-data-tokens must be at least 1024");
     if (c->mock_data && c->data_path[0]) mt_die("--mock-data and --data-path exclude each other; pick one");
     if (c->peak_tflops < 0) mt_die("--peak-tflops must be >= 0");

@@ -3,14 +3,32 @@
 #include <stdarg.h>
 #include <string.h>
 
+static char die_prefix[64];
+static void (*die_end_all)(void);
+
+void mt_set_die_handler(const char *prefix, void (*end_all)(void)) {
+    snprintf(die_prefix, sizeof(die_prefix), "%s", prefix ? prefix : "");
+    die_end_all = end_all;
+}
+
 void mt_die(const char *fmt, ...) {
-    va_list ap;
+    // The whole line in one write, so the lines of several processes do not interleave.
+    va_list ap, again;
     va_start(ap, fmt);
-    fflush(stdout);
-    fputs("moetron: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    va_copy(again, ap);
+    int len = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    size_t head = strlen("moetron: error: ") + strlen(die_prefix), cap = head + (len > 0 ? len : 0) + 2;
+    char fallback[1024], *line = malloc(cap);
+    if (!line) line = fallback, cap = sizeof(fallback);
+    snprintf(line, cap, "moetron: error: %s", die_prefix);
+    vsnprintf(line + head, cap - head - 1, fmt, again);
+    va_end(again);
+    strcat(line, "\n");
+    fflush(stdout);
+    fputs(line, stderr);
+    if (line != fallback) free(line);
+    if (die_end_all) die_end_all();
     exit(1);
 }
 

@@ -20,6 +20,10 @@ typedef float real;
 // Print "moetron: error: <message>" and exit(1). Every user-facing error goes here:
 // one line that names the file or flag and says how to fix it.
 void mt_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// How mt_die ends a run of several processes (set by comm_world_init under MPI): the
+// message gets `prefix` ("[rank 3] ") and end_all() stops every process instead of
+// exit(1). NULL, NULL restores the single-process behaviour.
+void mt_set_die_handler(const char *prefix, void (*end_all)(void));
 
 // Internal invariant: a bug in moetron, not in the user's input.
 #define MT_ASSERT(cond)                                                                \

@@ -80,6 +80,9 @@ typedef struct {
     double weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
     int seed;
     int eval_interval, eval_iters;
+    // ---- parallelism (docs/parallelism.md): group sizes; dp and edp follow from the world size ----
+    int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
+    int expert_model_parallel_size, expert_tensor_parallel_size;
     // ---- data ----
     int mock_data;
     char data_path[8192];         // list: a byte text file, or Megatron prefixes with optional weights "0.3 A 0.7 B"

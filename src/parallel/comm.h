@@ -1,16 +1,105 @@
-// comm.h — collectives over a named process group. The single-process build uses
-// groups of size 1 through these same calls, so the one-process path is the parallel
-// path with trivial groups (an MPI implementation plugs in behind this header).
+// comm.h — the processes of a run and collectives over named process groups.
+//
+// Two builds implement this header (docs/parallelism.md): comm_mpi.c (MPI, -DMT_HAVE_MPI)
+// and comm_local.c (one process: the world and every group have size 1, every
+// collective is a copy or the identity). The single-process path is the parallel path
+// with trivial groups: the trainer makes the same calls in both builds.
+//
+// Conventions of every collective:
+//   - counts and displacements are in elements; buffers of different ranks may differ;
+//   - every member of the group calls it, in the same order as the other members;
+//   - sums are deterministic: element i of a sum over a group of P members is
+//     ((x_0 + x_1) + x_2) + ... + x_{P-1} computed in the element type, x_q the
+//     contribution of the group's rank q. The result is the same on every member, on
+//     every run, for any buffer length or chunking, and equals a serial loop over the
+//     ranks. (MPI_Allreduce's order is unspecified, so moetron sums itself.)
+//   - a group of one process never calls MPI: its collectives are copies.
 #pragma once
 #include "core/common.h"
 
+typedef struct CommImpl CommImpl;  // the backend's communicator (NULL for one process)
+
 typedef struct {
-    const char *name;  // "dp", "ep", "tp", ... for messages
-    int rank, size;
+    const char *name;  // "dp", "ep", ... for messages; the string must outlive the Comm
+    int rank, size;    // this process's rank in the group and the group's size; a
+                       // process outside the group (see comm_group) has rank -1, size 0
+    CommImpl *impl;
 } Comm;
+
+// ---- the world ------------------------------------------------------------------------
+
+// Start the processes' communication (first thing in main). The MPI build initialises
+// MPI when the process was started by an MPI launcher (mpirun/mpiexec, srun: the
+// variables OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK or SLURM_NTASKS are set) or when
+// MOETRON_MPI=1; MOETRON_MPI=0 forces one process. With more than one process, mt_die
+// prefixes "[rank N] " and aborts every process.
+void comm_world_init(int *argc, char ***argv);
+void comm_world_finalize(void);
+int comm_world_rank(void);
+int comm_world_size(void);
+// All processes, in world-rank order.
+Comm comm_world(void);
+// The MPI library when MPI is compiled in ("Open MPI v4.1.4"), "none" otherwise.
+const char *comm_backend_name(void);
+
+// ---- groups -----------------------------------------------------------------------------
 
 // The trivial group of this process alone.
 Comm comm_self(const char *name);
-// Sum x (n) over the group in rank order (deterministic); result on every rank.
+// A group of the world ranks ranks[0..n-1] (distinct); group rank i is ranks[i]. Collective
+// over the world: every process calls it at the same point, each passing the list of the
+// group it belongs to (members of one group pass the same list), or any list without
+// itself to stay out (it gets size 0). Dies with one line when members disagree.
+Comm comm_group(const char *name, const int *ranks, int n);
+// Release a group made by comm_group or comm_world (comm_self needs nothing).
+void comm_free(Comm *g);
+
+// ---- collectives (blocking) ---------------------------------------------------------------
+
+// In place: x (n) becomes the sum over the group, on every member.
 void comm_allreduce_sum(const Comm *g, real *x, size_t n);
 void comm_allreduce_sum_double(const Comm *g, double *x, size_t n);
+void comm_allreduce_sum_int64(const Comm *g, int64_t *x, size_t n);
+// send holds size blocks of `block` elements; rank r receives in recv the sum of block r.
+void comm_reduce_scatter(const Comm *g, const real *send, real *recv, size_t block);
+// As comm_reduce_scatter with block q of counts[q] elements (blocks back to back in send).
+void comm_reduce_scatter_v(const Comm *g, const real *send, real *recv, const size_t *counts);
+// recv holds size blocks of `block` elements; block q is rank q's send.
+void comm_allgather(const Comm *g, const real *send, real *recv, size_t block);
+// As comm_allgather with rank q sending counts[q] elements (blocks back to back in recv).
+void comm_allgather_v(const Comm *g, const real *send, real *recv, const size_t *counts);
+// Block q of send (`block` elements) goes to rank q; block q of recv comes from rank q.
+void comm_alltoall(const Comm *g, const real *send, real *recv, size_t block);
+void comm_alltoall_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block);
+// send_counts[q] elements from send + send_displs[q] go to rank q; recv_counts[q]
+// elements from rank q land at recv + recv_displs[q] (recv_counts[q] must equal rank q's
+// send_counts[rank]).
+void comm_alltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
+                     real *recv, const size_t *recv_counts, const size_t *recv_displs);
+void comm_alltoall_v_int32(const Comm *g, const int32_t *send, const size_t *send_counts,
+                           const size_t *send_displs, int32_t *recv, const size_t *recv_counts,
+                           const size_t *recv_displs);
+// Copy `bytes` bytes of root's buf to every member's buf.
+void comm_bcast(const Comm *g, void *buf, size_t bytes, int root);
+void comm_barrier(const Comm *g);
+
+// ---- collectives (non-blocking) ---------------------------------------------------------
+
+// A collective in flight. Until comm_wait returns, its buffers belong to it (neither read
+// nor written by the caller), and the group runs other collectives normally (blocking or
+// not). comm_test moves it on: call it between pieces of compute for the transfers to
+// overlap with that compute (MPI progresses mostly inside MPI calls).
+typedef struct CommPending CommPending;
+typedef struct {
+    CommPending *pending;  // NULL once complete
+} CommRequest;
+
+void comm_iallreduce_sum(const Comm *g, real *x, size_t n, CommRequest *req);
+void comm_ireduce_scatter(const Comm *g, const real *send, real *recv, size_t block, CommRequest *req);
+void comm_ireduce_scatter_v(const Comm *g, const real *send, real *recv, const size_t *counts,
+                            CommRequest *req);
+void comm_iallgather(const Comm *g, const real *send, real *recv, size_t block, CommRequest *req);
+void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t *counts, CommRequest *req);
+// 1 when the collective has completed (its results are in place), 0 while in flight.
+int comm_test(CommRequest *req);
+void comm_wait(CommRequest *req);

@@ -1,8 +1,40 @@
-// comm_local.c — collectives of a one-process group: every reduction is the identity.
-#include "parallel/comm.h"
+// comm_local.c — the backend of the build without MPI: one process. The world and every
+// group have size 1, so comm.c answers every collective itself (a copy or the identity)
+// and the collectives below are never reached.
+#ifndef MT_HAVE_MPI
+#include "parallel/comm_impl.h"
 
-Comm comm_self(const char *name) { return (Comm){.name = name, .rank = 0, .size = 1}; }
+int backend_world_init(int *argc, char ***argv, int *rank, CommImpl **world) {
+    *rank = 0;
+    *world = NULL;
+    return 1;
+}
 
-void comm_allreduce_sum(const Comm *g, real *x, size_t n) { MT_ASSERT(g->size == 1); }
+void backend_world_finalize(void) {}
+const char *backend_name(void) { return "none"; }
+CommImpl *backend_group(const char *name, const int *ranks, int n, int member) { return NULL; }
+void backend_free(CommImpl *impl) {}
 
-void comm_allreduce_sum_double(const Comm *g, double *x, size_t n) { MT_ASSERT(g->size == 1); }
+static void no_groups_of_two(void) {
+    mt_die("internal error: a collective of several processes in a build without MPI (please report)");
+}
+
+void backend_alltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                       const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs) {
+    no_groups_of_two();
+}
+void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
+                        const size_t *displs) {
+    no_groups_of_two();
+}
+void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) { no_groups_of_two(); }
+void backend_bcast(const Comm *g, void *buf, size_t bytes, int root) { no_groups_of_two(); }
+void backend_barrier(const Comm *g) { no_groups_of_two(); }
+CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
+                            const size_t *counts) {
+    no_groups_of_two();
+    return NULL;
+}
+int backend_test(CommPending *p) { return 1; }
+void backend_wait(CommPending *p) {}
+#endif

@@ -1,0 +1,331 @@
+// comm.c — the front end of the collectives, the same in every build: the world, group
+// validation, argument checks, groups of one process (copies, never a backend call) and
+// the deterministic sums. The backend (comm_mpi.c or comm_local.c) moves the data.
+//
+// Sums. A sum over a group is a reduce-scatter followed, for an all-reduce, by an
+// all-gather: the buffer is cut into `size` blocks, an all-to-all sends block q of every
+// rank to rank q, rank q adds the `size` copies of its block in rank order
+// (comm_sum_in_order), and an all-gather returns the sums to every rank. Each rank sends
+// and receives (P-1)/P of the buffer in each of the two exchanges, 2(P-1)/P in all: the
+// volume of a ring all-reduce, in O(P) messages per exchange instead of O(log P) rounds
+// of a tree, plus (P-1)/P of the buffer in additions on each rank. All-reduces run in
+// chunks of ALLREDUCE_CHUNK elements so the receive scratch stays bounded.
+#include <limits.h>
+#include <string.h>
+
+#include "parallel/comm_impl.h"
+
+#define ALLREDUCE_CHUNK ((size_t)1 << 22)
+
+static struct {
+    int ready, rank, size;
+    CommImpl *impl;
+} world = {0, 0, 1, NULL};
+
+static void *scratch;  // receive buffer of the blocking reduce-scatter, grown on demand
+static size_t scratch_bytes;
+
+size_t comm_type_size(CommType t) { return t == CT_FLOAT || t == CT_INT32 ? 4 : 8; }
+
+// Tiles of the output are summed in a local buffer, so out may alias any part.
+#define SUM_IN_ORDER(type)                                                                     \
+    do {                                                                                       \
+        type tile[1024];                                                                       \
+        for (size_t at = 0; at < count; at += 1024) {                                          \
+            size_t m = MT_MIN((size_t)1024, count - at);                                       \
+            memcpy(tile, (const type *)parts[0] + at, m * sizeof(type));                       \
+            for (int q = 1; q < nparts; q++) {                                                 \
+                const type *p = (const type *)parts[q] + at;                                   \
+                for (size_t i = 0; i < m; i++) tile[i] += p[i];                                \
+            }                                                                                  \
+            memcpy((type *)out + at, tile, m * sizeof(type));                                  \
+        }                                                                                      \
+    } while (0)
+
+void comm_sum_in_order(CommType t, void *out, const void *const *parts, int nparts, size_t count) {
+    if (t == CT_FLOAT) SUM_IN_ORDER(float);
+    else if (t == CT_DOUBLE) SUM_IN_ORDER(double);
+    else MT_ASSERT(!"ordered sums are of float or double");
+}
+
+// ---- the world ---------------------------------------------------------------------------
+
+// How many processes a launcher started, from its environment: 0 when none did.
+static int launcher_size(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return getenv("PMIX_RANK") ? 1 : 0;
+}
+
+int comm_launched(void) {
+    const char *force = getenv("MOETRON_MPI");
+    if (force && *force) return strcmp(force, "0") != 0;
+    return launcher_size() > 0;
+}
+
+void comm_world_init(int *argc, char ***argv) {
+    if (world.ready) return;
+    world.size = backend_world_init(argc, argv, &world.rank, &world.impl);
+    world.ready = 1;
+    const char *force = getenv("MOETRON_MPI");
+    int expected = launcher_size();
+    if (world.size > 1 || expected <= 1 || (force && !strcmp(force, "0"))) return;
+    if (!strcmp(backend_name(), "none"))
+        mt_die("the launcher started %d processes, but this moetron was built without MPI; rebuild it where "
+               "mpicc is found (docs/parallelism.md)", expected);
+    mt_die("the launcher started %d processes, but MPI sees only this one; build moetron with the launcher's MPI "
+           "(its mpicc), and with srun pass --mpi=pmix or --mpi=pmi2", expected);
+}
+
+void comm_world_finalize(void) {
+    if (!world.ready) return;
+    free(scratch);
+    scratch = NULL;
+    scratch_bytes = 0;
+    backend_free(world.impl);
+    world.impl = NULL;
+    backend_world_finalize();
+    world.ready = world.rank = 0;
+    world.size = 1;
+}
+
+int comm_world_rank(void) { return world.rank; }
+int comm_world_size(void) { return world.size; }
+Comm comm_world(void) { return (Comm){.name = "world", .rank = world.rank, .size = world.size, .impl = world.impl}; }
+const char *comm_backend_name(void) { return backend_name(); }
+
+// ---- groups --------------------------------------------------------------------------------
+
+Comm comm_self(const char *name) { return (Comm){.name = name, .rank = 0, .size = 1}; }
+
+Comm comm_group(const char *name, const int *ranks, int n) {
+    if (n < 1) mt_die("process group %s: no ranks given", name);
+    unsigned char *seen = mt_calloc((size_t)world.size, 1);
+    int member = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= world.size)
+            mt_die("process group %s: rank %d is outside the world of %d processes", name, ranks[i], world.size);
+        if (seen[ranks[i]]++) mt_die("process group %s: rank %d is listed twice", name, ranks[i]);
+        if (ranks[i] == world.rank) member = i;
+    }
+    free(seen);
+    Comm g = {.name = name, .rank = member, .size = member >= 0 ? n : 0};
+    if (world.size > 1) g.impl = backend_group(name, ranks, n, member);
+    return g;
+}
+
+void comm_free(Comm *g) {
+    if (g->impl && g->impl != world.impl) backend_free(g->impl);
+    g->impl = NULL;
+}
+
+// ---- argument helpers ------------------------------------------------------------------------
+
+static void require_member(const Comm *g, const char *op) {
+    if (g->size < 1 || g->rank < 0 || g->rank >= g->size)
+        mt_die("internal error: %s on process group %s, which this process is not in (please report)", op,
+               g->name);
+}
+
+static size_t *equal_counts(const Comm *g, size_t block) {
+    size_t *counts = mt_malloc((size_t)g->size * sizeof(size_t));
+    for (int q = 0; q < g->size; q++) counts[q] = block;
+    return counts;
+}
+
+// Blocks back to back: displs[q] = counts[0] + ... + counts[q-1].
+static size_t *prefix_displs(const Comm *g, const size_t *counts) {
+    size_t *displs = mt_malloc((size_t)g->size * sizeof(size_t)), at = 0;
+    for (int q = 0; q < g->size; q++) displs[q] = at, at += counts[q];
+    return displs;
+}
+
+static void *grow_scratch(size_t bytes) {
+    if (bytes > scratch_bytes) {
+        free(scratch);
+        scratch = mt_malloc(bytes);
+        scratch_bytes = bytes;
+    }
+    return scratch;
+}
+
+// ---- sums ------------------------------------------------------------------------------------
+
+// Rank g->rank receives in recv the ordered sum of block g->rank (counts[q] elements at
+// send + displs[q]); recv may be that block of send.
+static void reduce_scatter_blocks(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
+                                  const size_t *displs) {
+    int P = g->size;
+    size_t es = comm_type_size(t), mine = counts[g->rank];
+    char *in = grow_scratch((size_t)P * mine * es);
+    size_t *recv_counts = equal_counts(g, mine), *recv_displs = prefix_displs(g, recv_counts);
+    backend_alltoallv(g, t, send, counts, displs, in, recv_counts, recv_displs);
+    const void **parts = mt_malloc((size_t)P * sizeof(void *));
+    for (int q = 0; q < P; q++) parts[q] = in + (size_t)q * mine * es;
+    comm_sum_in_order(t, recv, parts, P, mine);
+    free(parts);
+    free(recv_counts);
+    free(recv_displs);
+}
+
+// The blocks of an even split of n elements into P: the first n % P have one more.
+static void split_even(size_t n, int P, size_t *counts, size_t *displs) {
+    size_t at = 0;
+    for (int q = 0; q < P; q++) {
+        counts[q] = n / P + ((size_t)q < n % P);
+        displs[q] = at;
+        at += counts[q];
+    }
+}
+
+static void allreduce_in_order(const Comm *g, CommType t, void *x, size_t n) {
+    require_member(g, "all-reduce");
+    if (g->size == 1) return;
+    size_t es = comm_type_size(t), *counts = equal_counts(g, 0), *displs = equal_counts(g, 0);
+    for (size_t start = 0; start < n; start += ALLREDUCE_CHUNK) {
+        char *chunk = (char *)x + start * es;
+        split_even(MT_MIN(ALLREDUCE_CHUNK, n - start), g->size, counts, displs);
+        char *mine = chunk + displs[g->rank] * es;
+        reduce_scatter_blocks(g, t, chunk, mine, counts, displs);
+        backend_allgatherv(g, t, mine, chunk, counts, displs);
+    }
+    free(counts);
+    free(displs);
+}
+
+void comm_allreduce_sum(const Comm *g, real *x, size_t n) { allreduce_in_order(g, CT_REAL, x, n); }
+void comm_allreduce_sum_double(const Comm *g, double *x, size_t n) { allreduce_in_order(g, CT_DOUBLE, x, n); }
+
+void comm_allreduce_sum_int64(const Comm *g, int64_t *x, size_t n) {
+    require_member(g, "all-reduce");
+    if (g->size > 1) backend_allreduce_int64(g, x, n);
+}
+
+// ---- data movement --------------------------------------------------------------------------
+
+static void alltoallv_typed(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                            const size_t *send_displs, void *recv, const size_t *recv_counts,
+                            const size_t *recv_displs) {
+    require_member(g, "all-to-all");
+    if (g->size > 1) {
+        backend_alltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        return;
+    }
+    if (send_counts[0] != recv_counts[0])
+        mt_die("internal error: all-to-all on process group %s sends %zu elements to itself but receives %zu "
+               "(please report)", g->name, send_counts[0], recv_counts[0]);
+    size_t es = comm_type_size(t);
+    memmove((char *)recv + recv_displs[0] * es, (const char *)send + send_displs[0] * es, send_counts[0] * es);
+}
+
+void comm_alltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
+                     real *recv, const size_t *recv_counts, const size_t *recv_displs) {
+    alltoallv_typed(g, CT_REAL, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+}
+
+void comm_alltoall_v_int32(const Comm *g, const int32_t *send, const size_t *send_counts,
+                           const size_t *send_displs, int32_t *recv, const size_t *recv_counts,
+                           const size_t *recv_displs) {
+    alltoallv_typed(g, CT_INT32, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+}
+
+static void alltoall_equal(const Comm *g, CommType t, const void *send, void *recv, size_t block) {
+    require_member(g, "all-to-all");
+    size_t *counts = equal_counts(g, block), *displs = prefix_displs(g, counts);
+    alltoallv_typed(g, t, send, counts, displs, recv, counts, displs);
+    free(counts);
+    free(displs);
+}
+
+void comm_alltoall(const Comm *g, const real *send, real *recv, size_t block) {
+    alltoall_equal(g, CT_REAL, send, recv, block);
+}
+
+void comm_alltoall_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block) {
+    alltoall_equal(g, CT_INT32, send, recv, block);
+}
+
+void comm_bcast(const Comm *g, void *buf, size_t bytes, int root) {
+    require_member(g, "broadcast");
+    if (root < 0 || root >= g->size)
+        mt_die("internal error: broadcast from rank %d on process group %s of %d (please report)", root, g->name,
+               g->size);
+    if (g->size > 1) backend_bcast(g, buf, bytes, root);
+}
+
+void comm_barrier(const Comm *g) {
+    require_member(g, "barrier");
+    if (g->size > 1) backend_barrier(g);
+}
+
+// ---- reduce-scatter and all-gather, blocking and not -----------------------------------------
+
+// Blocks of counts[q] elements back to back (equal blocks of `block` when counts is NULL);
+// blocking when req is NULL.
+static void block_collective(const Comm *g, CommOp op, const real *send, real *recv, const size_t *counts,
+                             size_t block, CommRequest *req) {
+    require_member(g, op == OP_ALLGATHER ? "all-gather" : "reduce-scatter");
+    size_t *equal = counts ? NULL : equal_counts(g, block);
+    if (equal) counts = equal;
+    if (req) req->pending = NULL;
+    if (g->size == 1) {
+        memmove(recv, send, counts[0] * sizeof(real));
+    } else if (req) {
+        req->pending = backend_istart(g, op, CT_REAL, send, recv, counts);
+    } else {
+        size_t *displs = prefix_displs(g, counts);
+        if (op == OP_ALLGATHER) backend_allgatherv(g, CT_REAL, send, recv, counts, displs);
+        else reduce_scatter_blocks(g, CT_REAL, send, recv, counts, displs);
+        free(displs);
+    }
+    free(equal);
+}
+
+void comm_reduce_scatter(const Comm *g, const real *send, real *recv, size_t block) {
+    block_collective(g, OP_REDUCE_SCATTER, send, recv, NULL, block, NULL);
+}
+void comm_reduce_scatter_v(const Comm *g, const real *send, real *recv, const size_t *counts) {
+    block_collective(g, OP_REDUCE_SCATTER, send, recv, counts, 0, NULL);
+}
+void comm_allgather(const Comm *g, const real *send, real *recv, size_t block) {
+    block_collective(g, OP_ALLGATHER, send, recv, NULL, block, NULL);
+}
+void comm_allgather_v(const Comm *g, const real *send, real *recv, const size_t *counts) {
+    block_collective(g, OP_ALLGATHER, send, recv, counts, 0, NULL);
+}
+void comm_ireduce_scatter(const Comm *g, const real *send, real *recv, size_t block, CommRequest *req) {
+    block_collective(g, OP_REDUCE_SCATTER, send, recv, NULL, block, req);
+}
+void comm_ireduce_scatter_v(const Comm *g, const real *send, real *recv, const size_t *counts, CommRequest *req) {
+    block_collective(g, OP_REDUCE_SCATTER, send, recv, counts, 0, req);
+}
+void comm_iallgather(const Comm *g, const real *send, real *recv, size_t block, CommRequest *req) {
+    block_collective(g, OP_ALLGATHER, send, recv, NULL, block, req);
+}
+void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t *counts, CommRequest *req) {
+    block_collective(g, OP_ALLGATHER, send, recv, counts, 0, req);
+}
+
+void comm_iallreduce_sum(const Comm *g, real *x, size_t n, CommRequest *req) {
+    require_member(g, "all-reduce");
+    req->pending = NULL;
+    if (g->size == 1) return;
+    size_t *counts = equal_counts(g, 0), *displs = equal_counts(g, 0);
+    split_even(n, g->size, counts, displs);
+    req->pending = backend_istart(g, OP_ALLREDUCE, CT_REAL, NULL, x, counts);
+    free(counts);
+    free(displs);
+}
+
+int comm_test(CommRequest *req) {
+    if (req->pending && backend_test(req->pending)) req->pending = NULL;
+    return req->pending == NULL;
+}
+
+void comm_wait(CommRequest *req) {
+    if (req->pending) backend_wait(req->pending);
+    req->pending = NULL;
+}

@@ -1,0 +1,56 @@
+// comm_impl.h — between comm.c (the front end every build shares: argument checks,
+// groups of one process, the ordered sums) and a backend (comm_mpi.c or comm_local.c).
+// comm.c calls the collectives below only for groups of two or more members.
+#pragma once
+#include "parallel/comm.h"
+
+typedef enum { CT_FLOAT, CT_DOUBLE, CT_INT32, CT_INT64 } CommType;
+#ifdef MT_DOUBLE
+#define CT_REAL CT_DOUBLE
+#else
+#define CT_REAL CT_FLOAT
+#endif
+
+size_t comm_type_size(CommType t);
+// out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... in the element type (t is
+// CT_FLOAT or CT_DOUBLE); out may be one of the parts.
+void comm_sum_in_order(CommType t, void *out, const void *const *parts, int nparts, size_t count);
+
+// ---- backend: world and groups ----------------------------------------------------------
+
+// Whether to start MPI: MOETRON_MPI=1 / 0 decide; otherwise whether a launcher (mpirun,
+// mpiexec, srun) started this process.
+int comm_launched(void);
+
+// Returns the world size and sets *rank; *world is the communicator of all processes
+// (NULL for one process).
+int backend_world_init(int *argc, char ***argv, int *rank, CommImpl **world);
+void backend_world_finalize(void);
+const char *backend_name(void);
+// Collective over the world; member is this process's index in ranks, or -1.
+CommImpl *backend_group(const char *name, const int *ranks, int n, int member);
+void backend_free(CommImpl *impl);
+
+// ---- backend: collectives of groups of two or more --------------------------------------
+
+// Counts and displacements per group rank, in elements of t. Send and receive blocks may
+// share memory only where noted.
+void backend_alltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                       const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs);
+// send may be recv + displs[g->rank] (in place).
+void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
+                        const size_t *displs);
+void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n);  // integer sums are exact in any order
+void backend_bcast(const Comm *g, void *buf, size_t bytes, int root);
+void backend_barrier(const Comm *g);
+
+typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE } CommOp;
+// Start a non-blocking collective over blocks of counts[q] elements (back to back):
+//   OP_REDUCE_SCATTER  send: every block, recv: the sum of block g->rank
+//   OP_ALLGATHER       send: this rank's block, recv: every block (send may be its place)
+//   OP_ALLREDUCE       recv: every block, summed in place (send unused)
+// counts is copied. backend_test returns 1 when done and then has freed the state.
+CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
+                            const size_t *counts);
+int backend_test(CommPending *p);
+void backend_wait(CommPending *p);  // until done; frees the state

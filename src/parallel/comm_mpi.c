@@ -1,0 +1,281 @@
+// comm_mpi.c — the MPI backend (built with mpicc and -DMT_HAVE_MPI). comm.c calls the
+// collectives here only for groups of two or more processes, and does the ordered sums.
+//
+// A group holds two communicators: `comm` for the blocking collectives (MPI_Alltoallv,
+// MPI_Allgatherv, MPI_Bcast, ...), and `p2p`, a duplicate on which the non-blocking
+// collectives run as point-to-point messages tagged by their sequence number. Tags keep
+// several requests in flight apart whatever order their phases advance in on each rank
+// (an all-reduce starts its second exchange only after its first has arrived, which
+// differs between ranks), so comm_test may be called at any time.
+#ifdef MT_HAVE_MPI
+#include <limits.h>
+#include <mpi.h>
+#include <string.h>
+
+#include "parallel/comm_impl.h"
+
+struct CommImpl {
+    MPI_Comm comm, p2p;
+    unsigned sequence;  // non-blocking collectives started on this group
+};
+
+static int mpi_started;
+static int tag_limit = 32767;  // MPI_TAG_UB, at least 32767 by the standard
+static char die_prefix[32];
+
+static void abort_all(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
+
+static MPI_Datatype mpi_type(CommType t) {
+    switch (t) {
+    case CT_FLOAT: return MPI_FLOAT;
+    case CT_DOUBLE: return MPI_DOUBLE;
+    case CT_INT32: return MPI_INT32_T;
+    default: return MPI_INT64_T;
+    }
+}
+
+static int mpi_count(const Comm *g, size_t count) {
+    if (count > INT_MAX)
+        mt_die("process group %s: a transfer of %zu elements exceeds MPI's limit of %d", g->name, count, INT_MAX);
+    return (int)count;
+}
+
+static CommImpl *wrap(MPI_Comm comm) {
+    CommImpl *impl = mt_calloc(1, sizeof(*impl));
+    impl->comm = comm;
+    MPI_Comm_dup(comm, &impl->p2p);
+    return impl;
+}
+
+int backend_world_init(int *argc, char ***argv, int *rank, CommImpl **world) {
+    *rank = 0;
+    *world = NULL;
+    if (!comm_launched()) return 1;
+    int provided, size, flag, *tag_ub;
+    // MPI is called from the main thread only (MPI_Abort from mt_die aside).
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    mpi_started = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
+    if (flag && *tag_ub > tag_limit) tag_limit = *tag_ub;
+    if (size > 1) {
+        snprintf(die_prefix, sizeof(die_prefix), "[rank %d] ", *rank);
+        mt_set_die_handler(die_prefix, abort_all);
+        MPI_Comm comm;
+        MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+        *world = wrap(comm);
+    }
+    return size;
+}
+
+void backend_world_finalize(void) {
+    if (!mpi_started) return;
+    mt_set_die_handler(NULL, NULL);
+    MPI_Finalize();
+    mpi_started = 0;
+}
+
+const char *backend_name(void) {
+    static char name[96];
+    if (!name[0]) {
+        char version[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len;
+        MPI_Get_library_version(version, &len);  // callable before MPI_Init
+        version[MT_MIN(strcspn(version, ",\n"), sizeof(name) - 1)] = 0;
+        memcpy(name, version, strlen(version) + 1);
+    }
+    return name;
+}
+
+// "0 2 4 6" (the first 16 ranks, then "...").
+static void format_ranks(char *out, size_t cap, const int *ranks, int n) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && at + 16 < cap; i++) {
+        if (i == 16) {
+            snprintf(out + at, cap - at, " ...");
+            break;
+        }
+        at += snprintf(out + at, cap - at, "%s%d", i ? " " : "", ranks[i]);
+    }
+}
+
+CommImpl *backend_group(const char *name, const int *ranks, int n, int member) {
+    int lowest = ranks[0], size, me;
+    for (int i = 1; i < n; i++) lowest = MT_MIN(lowest, ranks[i]);
+    MPI_Comm comm;
+    // Members of one group share its lowest rank as colour and order by their index.
+    MPI_Comm_split(MPI_COMM_WORLD, member >= 0 ? lowest : MPI_UNDEFINED, member, &comm);
+    if (member < 0) return NULL;
+    MPI_Comm_size(comm, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    int *formed = mt_malloc((size_t)size * sizeof(int));
+    MPI_Allgather(&me, 1, MPI_INT, formed, 1, MPI_INT, comm);
+    if (size != n || memcmp(formed, ranks, (size_t)n * sizeof(int))) {
+        char given[160], got[160];
+        format_ranks(given, sizeof(given), ranks, n);
+        format_ranks(got, sizeof(got), formed, size);
+        mt_die("process group %s: the members disagree on its ranks (this process passed %s; the processes "
+               "that named rank %d first formed %s)", name, given, lowest, got);
+    }
+    free(formed);
+    return wrap(comm);
+}
+
+void backend_free(CommImpl *impl) {
+    if (!impl) return;
+    MPI_Comm_free(&impl->comm);
+    MPI_Comm_free(&impl->p2p);
+    free(impl);
+}
+
+// ---- blocking -----------------------------------------------------------------------------
+
+// counts (and displacements) as MPI's ints, in one array of 2 * size.
+static int *mpi_counts(const Comm *g, const size_t *counts, const size_t *displs) {
+    int *out = mt_malloc(2 * (size_t)g->size * sizeof(int));
+    for (int q = 0; q < g->size; q++) {
+        out[q] = mpi_count(g, counts[q]);
+        out[g->size + q] = mpi_count(g, displs[q]);
+    }
+    return out;
+}
+
+void backend_alltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                       const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs) {
+    int *s = mpi_counts(g, send_counts, send_displs), *r = mpi_counts(g, recv_counts, recv_displs);
+    MPI_Alltoallv(send, s, s + g->size, mpi_type(t), recv, r, r + g->size, mpi_type(t), g->impl->comm);
+    free(s);
+    free(r);
+}
+
+void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
+                        const size_t *displs) {
+    int *c = mpi_counts(g, counts, displs);
+    const void *from = send == (char *)recv + displs[g->rank] * comm_type_size(t) ? MPI_IN_PLACE : send;
+    MPI_Allgatherv(from, c[g->rank], mpi_type(t), recv, c, c + g->size, mpi_type(t), g->impl->comm);
+    free(c);
+}
+
+void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) {
+    for (size_t at = 0; at < n; at += INT_MAX)
+        MPI_Allreduce(MPI_IN_PLACE, x + at, (int)MT_MIN((size_t)INT_MAX, n - at), MPI_INT64_T, MPI_SUM,
+                      g->impl->comm);
+}
+
+void backend_bcast(const Comm *g, void *buf, size_t bytes, int root) {
+    for (size_t at = 0; at < bytes; at += INT_MAX)
+        MPI_Bcast((char *)buf + at, (int)MT_MIN((size_t)INT_MAX, bytes - at), MPI_BYTE, root, g->impl->comm);
+}
+
+void backend_barrier(const Comm *g) { MPI_Barrier(g->impl->comm); }
+
+// ---- non-blocking --------------------------------------------------------------------------
+
+struct CommPending {
+    CommOp op;
+    CommType type;
+    MPI_Comm comm;
+    int size, rank, tag, phase;
+    const char *send;
+    char *recv;
+    size_t *counts, *displs;  // per rank, in elements
+    char *in;                 // reduce-scatter: the blocks of this rank from every other rank
+    MPI_Request *requests;
+    int nrequests;
+};
+
+static void post(CommPending *p, int recv_from_all, int tag) {
+    size_t es = comm_type_size(p->type), mine = p->counts[p->rank];
+    MPI_Datatype dt = mpi_type(p->type);
+    p->nrequests = 0;
+    for (int q = 0; q < p->size; q++) {
+        if (q == p->rank) continue;
+        MPI_Request *r = p->requests + p->nrequests;
+        if (recv_from_all) {  // gather: my block out to everyone, everyone's block in
+            MPI_Irecv(p->recv + p->displs[q] * es, (int)p->counts[q], dt, q, tag, p->comm, r);
+            MPI_Isend(p->recv + p->displs[p->rank] * es, (int)mine, dt, q, tag, p->comm, r + 1);
+        } else {  // scatter: block q of send to rank q, my block from everyone
+            MPI_Irecv(p->in + (size_t)q * mine * es, (int)mine, dt, q, tag, p->comm, r);
+            MPI_Isend(p->send + p->displs[q] * es, (int)p->counts[q], dt, q, tag, p->comm, r + 1);
+        }
+        p->nrequests += 2;
+    }
+}
+
+static void sum_my_block(CommPending *p) {
+    size_t es = comm_type_size(p->type), mine = p->counts[p->rank];
+    const void **parts = mt_malloc((size_t)p->size * sizeof(void *));
+    for (int q = 0; q < p->size; q++)
+        parts[q] = q == p->rank ? p->send + p->displs[q] * es : p->in + (size_t)q * mine * es;
+    char *out = p->op == OP_ALLREDUCE ? p->recv + p->displs[p->rank] * es : p->recv;
+    comm_sum_in_order(p->type, out, parts, p->size, mine);
+    free(parts);
+}
+
+CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
+                            const size_t *counts) {
+    CommPending *p = mt_calloc(1, sizeof(*p));
+    size_t es = comm_type_size(t);
+    p->op = op;
+    p->type = t;
+    p->comm = g->impl->p2p;
+    p->size = g->size;
+    p->rank = g->rank;
+    // Two tags per request (an all-reduce's two exchanges), the same on every member.
+    p->tag = (int)(2 * (g->impl->sequence++ % (unsigned)(tag_limit / 2)));
+    p->send = op == OP_ALLREDUCE ? recv : send;
+    p->recv = recv;
+    p->counts = mt_malloc(2 * (size_t)g->size * sizeof(size_t));
+    p->displs = p->counts + g->size;
+    size_t at = 0;
+    for (int q = 0; q < g->size; q++) {
+        p->counts[q] = counts[q];
+        p->displs[q] = at;
+        at += (size_t)mpi_count(g, counts[q]);
+    }
+    p->requests = mt_malloc(2 * (size_t)g->size * sizeof(MPI_Request));
+    if (op == OP_ALLGATHER) {
+        char *own = p->recv + p->displs[p->rank] * es;
+        if (own != p->send) memmove(own, p->send, p->counts[p->rank] * es);
+        post(p, 1, p->tag);
+    } else {
+        p->in = mt_malloc((size_t)g->size * p->counts[g->rank] * es + 1);
+        post(p, 0, p->tag);
+    }
+    return p;
+}
+
+// The current exchange has completed: sum, start the all-reduce's second exchange, or
+// finish. Returns 1 when the collective is done (and frees it).
+static int advance(CommPending *p) {
+    if (p->op != OP_ALLGATHER && p->phase == 0) {
+        sum_my_block(p);
+        if (p->op == OP_ALLREDUCE) {
+            p->phase = 1;
+            post(p, 1, p->tag + 1);
+            return 0;
+        }
+    }
+    free(p->in);
+    free(p->counts);
+    free(p->requests);
+    free(p);
+    return 1;
+}
+
+int backend_test(CommPending *p) {
+    for (;;) {
+        int done;
+        MPI_Testall(p->nrequests, p->requests, &done, MPI_STATUSES_IGNORE);
+        if (!done) return 0;
+        if (advance(p)) return 1;
+    }
+}
+
+void backend_wait(CommPending *p) {
+    do MPI_Waitall(p->nrequests, p->requests, MPI_STATUSES_IGNORE);
+    while (!advance(p));
+}
+#endif
