@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "parallel/groups.h"
 #include "train/step_stats.h"
 #include "data/prefetch.h"
 #include "train/checkpoint.h"
@@ -28,7 +29,8 @@ typedef struct {
     ModelActs acts;
     Prefetcher prefetch;        // training micro-batches, read ahead on a thread
     DataBatch eval_batch;       // validation micro-batches
-    Comm dp;
+    ParallelGroups groups;      // every process group of the layout
+    Comm dp;                    // data parallel: the ranks that split each global batch
     Metrics metrics;
     double peak_flops, flops_per_token;
     RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
@@ -99,6 +101,24 @@ static double evaluate(Trainer *t) {
     return total / c->eval_iters;
 }
 
+// The process groups. Data parallelism is implemented; the other sizes are accepted by
+// the group code but not yet by the trainer.
+static void setup_parallel(Trainer *t) {
+    const Config *c = t->cfg;
+    parallel_groups_init(&t->groups, c);
+    const ParallelSizes *ps = &t->groups.sizes;
+    if (ps->tp > 1 || ps->cp > 1 || ps->pp > 1 || ps->ep > 1 || ps->etp > 1)
+        mt_die("--tensor-/--context-/--pipeline-/--expert-model-parallel-size and --expert-tensor-parallel-size "
+               "above 1 are not implemented yet; run data parallel only (those sizes 1)");
+    t->dp = t->groups.comm[PG_DP];
+    if (c->num_micro_batches % t->dp.size)
+        mt_die("--global-batch-size %d must be a multiple of --micro-batch-size %d times the %d data-parallel "
+               "ranks", c->global_batch_size, c->micro_batch_size, t->dp.size);
+    if (t->dp.size > 1 && c->balance_coeff[BALANCE_GLOBAL_AUX] > 0)
+        mt_die("--moe-router-load-balancing-type global_aux_loss with data parallelism is not implemented yet "
+               "(its token counts need an all-reduce inside the forward); use aux_loss or seq_aux_loss");
+}
+
 static void trainer_setup(Trainer *t, Config *c) {
     memset(t, 0, sizeof(*t));
     t->cfg = c;
@@ -108,6 +128,11 @@ static void trainer_setup(Trainer *t, Config *c) {
         config_from_checkpoint(c, resolved);
     }
     checkpoint_check_save_inputs(c);  // before any work: a --tokenizer-model that cannot be read
+    setup_parallel(t);
+    if (comm_world_rank() != 0) {  // one process reports and saves; every rank computes the same
+        c->log_jsonl[0] = 0;
+        if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
+    }
     model_build(&t->model, c);
     optimizer_init(&t->opt, &t->model.tt);
     if (c->load[0]) {
@@ -120,7 +145,6 @@ static void trainer_setup(Trainer *t, Config *c) {
     acts_alloc(&t->acts, &t->model, c->micro_batch_size, c->seq_length);
     prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
-    t->dp = comm_self("dp");
     t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
     t->layer_counts = mt_calloc((size_t)c->num_layers * MT_MAX(c->num_experts, 1), sizeof(int64_t));
     metrics_open(&t->metrics, c);
@@ -136,6 +160,7 @@ static void trainer_free(Trainer *t) {
     data_batch_free(&t->eval_batch);
     acts_free(&t->acts);
     dataset_free(&t->data);
+    parallel_groups_free(&t->groups);
     optimizer_free(&t->opt);
     model_free(&t->model);
 }
@@ -161,6 +186,7 @@ static void print_banner(const Trainer *t) {
 }
 
 static void save_checkpoint(Trainer *t) {
+    if (comm_world_rank() != 0) return;  // the model is the same on every rank
     checkpoint_save(t->cfg->save, &t->model, &t->opt, &t->state);
     printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
     fflush(stdout);

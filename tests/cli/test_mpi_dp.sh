@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# test_mpi_dp.sh — data parallelism under mpirun gives the single-process run: 10 steps
+# of DP=2 (and DP=2 with gradient accumulation, and with expert bias) reproduce the losses
+# and gradient norms of one process within 1e-5 relative; a missing data file on one
+# rank ends every rank with the message. Skipped without an MPI build (a failure under CI).
+set -u
+source "$(dirname "$0")/lib.sh"
+if ! "$M" --version | grep -q "mpi"; then
+    if [ "${CI:-}" = "true" ]; then fail mpi_dp "moetron was built without MPI under CI"; else echo "skip mpi_dp: no MPI build"; fi
+    exit 0
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
+       --num-experts 4 --moe-ffn-hidden-size 64 --eval-interval 0 --lr-warmup-iters 2 --log-interval 1
+       --mock-data-tokens 65536 --train-iters 10)
+
+# step loss grad_norm of a JSONL log
+curve() { python3 -c 'import json,sys; [print(r["step"], repr(r["loss"]), repr(r["grad_norm"])) for r in map(json.loads, open(sys.argv[1])) if "loss" in r]' "$1"; }
+
+# compare NAME A B: same steps, relative difference <= 1e-5
+compare() {
+    local why
+    why=$(python3 - "$2" "$3" <<'PY'
+import sys
+a = [l.split() for l in open(sys.argv[1])]
+b = [l.split() for l in open(sys.argv[2])]
+if len(a) != len(b) or not a: print(f"{len(a)} vs {len(b)} steps"); sys.exit()
+for x, y in zip(a, b):
+    for u, v in zip(x[1:], y[1:]):
+        u, v = float(u), float(v)
+        if abs(u - v) > 1e-5 * max(abs(u), abs(v), 1e-12): print(f"step {x[0]}: {u} vs {v}"); sys.exit()
+PY
+)
+    [ -z "$why" ] && ok "$1" || fail "$1" "$why"
+}
+
+run_case() {  # name, ranks, extra flags...
+    local name=$1 np=$2
+    shift 2
+    "$M" train "${SMALL[@]}" "$@" --log-jsonl "$work/$name.single.jsonl" >"$work/$name.single.log" 2>&1 ||
+        { fail "$name" "single process: $(tail -1 "$work/$name.single.log")"; return; }
+    timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" "$@" --log-jsonl "$work/$name.mpi.jsonl" \
+        >"$work/$name.mpi.log" 2>&1 || { fail "$name" "mpirun: $(tail -2 "$work/$name.mpi.log" | tr '\n' ' ')"; return; }
+    curve "$work/$name.single.jsonl" >"$work/$name.a"
+    curve "$work/$name.mpi.jsonl" >"$work/$name.b"
+    compare "$name" "$work/$name.a" "$work/$name.b"
+}
+
+run_case dp2_equals_single 2 --global-batch-size 4
+run_case dp2_accumulation_equals_single 2 --global-batch-size 8
+run_case dp2_expert_bias_equals_single 2 --global-batch-size 4 --moe-router-score-function sigmoid \
+    --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 --moe-router-load-balancing-type seq_aux_loss
+
+# an error on one rank (its own missing file) ends every rank, with the message
+printf 'some text for rank zero\n' >"$work/r0.txt"
+timeout 120 "${MPIRUN[@]}" -np 2 bash -c '
+    if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then f="$1/r0.txt"; else f="$1/missing.txt"; fi
+    exec "$2" train --data-path "$f" --train-iters 3 --lr-warmup-iters 1 --eval-interval 0 --seq-length 8' _ "$work" "$M" >"$work/err.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "moetron: error: .*missing.txt" "$work/err.log"; then
+    ok mpi_error_on_one_rank_ends_all
+else
+    fail mpi_error_on_one_rank_ends_all "exit $rc (124 = hang): $(tail -3 "$work/err.log" | tr '\n' ' ')"
+fi
