@@ -101,6 +101,7 @@ static const FlagSpec FLAGS[] = {
     F("pipeline-model-parallel-size", FLAG_INT, pipeline_model_parallel_size, TR, 0, "pipeline stages the layers are split over (PP)"),
     F("expert-model-parallel-size", FLAG_INT, expert_model_parallel_size, TR, 0, "processes the experts of a layer are distributed over (EP)"),
     F("expert-tensor-parallel-size", FLAG_INT, expert_tensor_parallel_size, TR, 0, "processes each expert's tensors are split over (ETP)"),
+    F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     // data
     F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
     F("data-path", FLAG_LIST, data_path, DT, 0, "a byte-level text file, or Megatron .bin/.idx prefixes with optional weights: P, or 0.3 P1 0.7 P2"),

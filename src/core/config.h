@@ -83,6 +83,7 @@ typedef struct {
     // ---- parallelism (docs/parallelism.md): group sizes; dp and edp follow from the world size ----
     int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size;
+    int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
     // ---- data ----
     int mock_data;
     char data_path[8192];         // list: a byte text file, or Megatron prefixes with optional weights "0.3 A 0.7 B"

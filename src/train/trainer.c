@@ -13,6 +13,7 @@
 #include "ops/ops.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
+#include "train/grad_sync.h"
 #include "train/step_stats.h"
 #include "data/prefetch.h"
 #include "train/checkpoint.h"
@@ -31,6 +32,7 @@ typedef struct {
     DataBatch eval_batch;       // validation micro-batches
     ParallelGroups groups;      // every process group of the layout
     Comm dp;                    // data parallel: the ranks that split each global batch
+    GradSync sync;              // gradient reduction / distributed optimizer over dp
     Metrics metrics;
     double peak_flops, flops_per_token;
     RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
@@ -83,7 +85,7 @@ static StepLosses train_step_micro_batches(Trainer *t) {
         accumulate_router_stats(&s, &t->model, &t->acts, weight);
     }
     t->state.consumed_train_samples += c->global_batch_size;
-    comm_allreduce_sum(&t->dp, t->model.tt.grads, t->model.tt.total);
+    grad_sync_reduce(&t->sync, &t->model.tt);
     step_losses_allreduce(&s, &t->dp);
     router_state_allreduce(&t->model, &t->dp);
     return s;
@@ -134,9 +136,15 @@ static void trainer_setup(Trainer *t, Config *c) {
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
     model_build(&t->model, c);
-    optimizer_init(&t->opt, &t->model.tt);
+    grad_sync_init(&t->sync, &t->dp, &t->model.tt, c->use_distributed_optimizer);
+    optimizer_init_range(&t->opt, t->sync.begin, t->sync.end);
     if (c->load[0]) {
-        checkpoint_load(resolved, &t->model, &t->opt, &t->state);
+        // checkpoints hold whole moments: load them, then keep this rank's shard
+        Optimizer full;
+        optimizer_init(&full, &t->model.tt);
+        checkpoint_load(resolved, &t->model, &full, &t->state);
+        grad_sync_take_moments(&t->sync, &full, &t->opt);
+        optimizer_free(&full);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);
     } else {
         model_init_weights(&t->model, (uint64_t)c->seed);
@@ -162,6 +170,7 @@ static void trainer_free(Trainer *t) {
     dataset_free(&t->data);
     parallel_groups_free(&t->groups);
     optimizer_free(&t->opt);
+    grad_sync_free(&t->sync);
     model_free(&t->model);
 }
 
@@ -185,11 +194,16 @@ static void print_banner(const Trainer *t) {
     fflush(stdout);
 }
 
+// Every rank takes part (the moment shards are gathered); rank 0 writes.
 static void save_checkpoint(Trainer *t) {
-    if (comm_world_rank() != 0) return;  // the model is the same on every rank
-    checkpoint_save(t->cfg->save, &t->model, &t->opt, &t->state);
-    printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
-    fflush(stdout);
+    Optimizer full;
+    grad_sync_gather_moments(&t->sync, &t->opt, &t->model.tt, &full);
+    if (comm_world_rank() == 0) {  // the model is the same on every rank
+        checkpoint_save(t->cfg->save, &t->model, &full, &t->state);
+        printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
+        fflush(stdout);
+    }
+    optimizer_free(&full);
 }
 
 int train_main(Config *c) {
@@ -202,13 +216,14 @@ int train_main(Config *c) {
     for (long step = first_step; step <= c->train_iters; step++) {
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         StepLosses s = train_step_micro_batches(&t);
-        double grad_norm = grad_global_norm(&t.model.tt);
+        double grad_norm = grad_sync_norm(&t.sync, &t.model.tt);
         double loss = s.lm_loss + s.aux_objective;
         if (!isfinite(loss) || !isfinite(grad_norm))
             mt_die("step %ld: loss %g, gradient norm %g are not finite; lower --lr or raise --lr-warmup-iters "
                    "(the last checkpoint is intact)", step, loss, grad_norm);
         double lr = lr_at(c, step - 1);
         optimizer_step(&t.opt, &t.model.tt, c, lr, grad_norm);
+        grad_sync_gather_params(&t.sync, &t.model.tt);
         model_end_global_batch(&t.model);  // expert-bias update from this batch's token counts
         t.state.iteration = step;
         double now = now_seconds(), step_time = now - t0, elapsed = now - start;

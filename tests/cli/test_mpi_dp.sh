@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_mpi_dp.sh — data parallelism under mpirun gives the single-process run: 10 steps
-# of DP=2 (and DP=2 with gradient accumulation, and with expert bias) reproduce the losses
-# and gradient norms of one process within 1e-5 relative; a missing data file on one
+# of DP=2 (with gradient accumulation, with expert bias, with the distributed optimizer)
+# and DP=3 with the distributed optimizer (uneven shards) reproduce the losses and gradient
+# norms of one process within 1e-5 relative; a distributed-optimizer checkpoint resumes in
+# one process; a missing data file on one
 # rank ends every rank with the message. Skipped without an MPI build (a failure under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -51,6 +53,24 @@ run_case dp2_equals_single 2 --global-batch-size 4
 run_case dp2_accumulation_equals_single 2 --global-batch-size 8
 run_case dp2_expert_bias_equals_single 2 --global-batch-size 4 --moe-router-score-function sigmoid \
     --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 --moe-router-load-balancing-type seq_aux_loss
+
+run_case dp2_distributed_optimizer 2 --global-batch-size 4 --use-distributed-optimizer
+# three ranks: shards of unequal size, parameters not divisible by 3
+run_case dp3_distributed_optimizer_uneven 3 --global-batch-size 6 --use-distributed-optimizer
+
+# checkpoints stay global: 5 steps on DP=2 with the distributed optimizer, resumed in one
+# process for 5 more, give the single-process 10 steps
+layout_change() {
+    local ref="$work/dp2_distributed_optimizer.a"
+    timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${SMALL[@]}" --global-batch-size 4 --use-distributed-optimizer \
+        --exit-interval 5 --save "$work/lc" --log-jsonl "$work/lc.jsonl" >"$work/lc1.log" 2>&1 ||
+        { fail dist_opt_checkpoint_resumes_single "first half: $(tail -2 "$work/lc1.log" | tr '\n' ' ')"; return; }
+    "$M" train --load "$work/lc" --exit-interval 0 >"$work/lc2.log" 2>&1 ||
+        { fail dist_opt_checkpoint_resumes_single "second half: $(tail -1 "$work/lc2.log")"; return; }
+    curve "$work/lc.jsonl" >"$work/lc.b"
+    compare dist_opt_checkpoint_resumes_single "$ref" "$work/lc.b"
+}
+layout_change
 
 # an error on one rank (its own missing file) ends every rank, with the message
 printf 'some text for rank zero\n' >"$work/r0.txt"
