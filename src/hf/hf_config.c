@@ -161,12 +161,22 @@ static int flag_values_equal(const Config *a, const Config *b, const FlagSpec *f
     return f->type == FLAG_STRING ? strcmp(x, y) == 0 : memcmp(x, y, f->size) == 0;
 }
 
+// Flags of the launch rather than of the run: a checkpoint resumes on any process layout.
+static int is_launch_flag(const char *name) {
+    static const char *const launch[] = {"load", "tensor-model-parallel-size", "context-parallel-size",
+                                         "pipeline-model-parallel-size", "expert-model-parallel-size",
+                                         "expert-tensor-parallel-size"};
+    for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
+        if (!strcmp(name, launch[i])) return 1;
+    return 0;
+}
+
 static void restore_moetron_flags(Config *c, const JsonValue *flags, const char *path) {
     for (int i = 0; i < config_flag_count(); i++) {
         const FlagSpec *f = config_flag(i);
         const JsonValue *v = json_get(flags, f->name);
-        if (!v || !strcmp(f->name, "load")) continue;
-        char text[4200];
+        if (!v || is_launch_flag(f->name)) continue;
+        char text[sizeof(c->data_path) + 64];  // the longest flag value
         if (!json_scalar_text(v, text, sizeof(text)))
             mt_die("%s: moetron.flags.%s must be a number, boolean or string", path, f->name);
         if (!c->flag_given[i]) {
