@@ -26,6 +26,7 @@ typedef struct {
     int n_layers, num_experts;
     double tokens_per_s, tflops, mfu, mem_peak_mb, elapsed_s, eta_s;
     double step_s, data_wait_s;    // this step's time, and the part spent waiting for data
+    double grad_comm_s;            // ... and in the data-parallel gradient / parameter collectives
 } StepRecord;
 
 typedef struct {

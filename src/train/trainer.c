@@ -33,6 +33,7 @@ typedef struct {
     ParallelGroups groups;      // every process group of the layout
     Comm dp;                    // data parallel: the ranks that split each global batch
     GradSync sync;              // gradient reduction / distributed optimizer over dp
+    double comm_s;              // time in gradient / parameter collectives, this step
     Metrics metrics;
     double peak_flops, flops_per_token;
     RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
@@ -85,7 +86,9 @@ static StepLosses train_step_micro_batches(Trainer *t) {
         accumulate_router_stats(&s, &t->model, &t->acts, weight);
     }
     t->state.consumed_train_samples += c->global_batch_size;
+    double t0 = now_seconds();
     grad_sync_reduce(&t->sync, &t->model.tt);
+    t->comm_s += now_seconds() - t0;
     step_losses_allreduce(&s, &t->dp);
     router_state_allreduce(&t->model, &t->dp);
     return s;
@@ -215,15 +218,20 @@ int train_main(Config *c) {
     long last_saved = c->load[0] ? t.state.iteration : -1;
     for (long step = first_step; step <= c->train_iters; step++) {
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
+        t.comm_s = 0;
         StepLosses s = train_step_micro_batches(&t);
+        double norm0 = now_seconds();
         double grad_norm = grad_sync_norm(&t.sync, &t.model.tt);
+        t.comm_s += now_seconds() - norm0;
         double loss = s.lm_loss + s.aux_objective;
         if (!isfinite(loss) || !isfinite(grad_norm))
             mt_die("step %ld: loss %g, gradient norm %g are not finite; lower --lr or raise --lr-warmup-iters "
                    "(the last checkpoint is intact)", step, loss, grad_norm);
         double lr = lr_at(c, step - 1);
         optimizer_step(&t.opt, &t.model.tt, c, lr, grad_norm);
+        double gather0 = now_seconds();
         grad_sync_gather_params(&t.sync, &t.model.tt);
+        t.comm_s += now_seconds() - gather0;
         model_end_global_batch(&t.model);  // expert-bias update from this batch's token counts
         t.state.iteration = step;
         double now = now_seconds(), step_time = now - t0, elapsed = now - start;
@@ -238,7 +246,7 @@ int train_main(Config *c) {
                             .grad_norm = grad_norm, .lr = lr, .tokens_per_s = tokens_per_step / step_time,
                             .tflops = flops / 1e12, .mfu = flops / t.peak_flops,
                             .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed, .step_s = step_time,
-                            .data_wait_s = t.prefetch.waited_s - waited0,
+                            .data_wait_s = t.prefetch.waited_s - waited0, .grad_comm_s = t.comm_s,
                             .eta_s = elapsed / (step - first_step + 1) * (c->train_iters - step)};
             metrics_log_step(&t.metrics, &r);
         }
