@@ -272,9 +272,15 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
 }
 
 void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scale) {
+    model_backward_notify(m, a, batch, loss_scale, NULL, NULL);
+}
+
+void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double loss_scale, GradsReadyFn ready,
+                           void *ctx) {
     const Config *c = &m->cfg;
     int N = a->N, H = c->hidden_size;
     lm_head_backward(m, a, batch, loss_scale);  // sets d_resid = d(x_final)
+    if (ready) ready(ctx, GRADS_HEAD);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
@@ -284,8 +290,28 @@ void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scal
         rmsnorm_backward(a->d_resid, tt_grad(&m->tt, lp->post_attn_norm), a->d_norm, la->x_mid,
                          tt_param(&m->tt, lp->post_attn_norm), la->ln2_rstd, N, H);
         attention_block_backward(m, l, la, a);  // d(x_mid) -> d(x_in)
+        if (ready) ready(ctx, l);
     }
     embedding_backward(tt_grad(&m->tt, m->embed), a->d_resid, batch->tokens, N, H);
+    if (ready) ready(ctx, GRADS_EMBEDDING);
+}
+
+// Tensors are laid out embedding, layer 0 .. L-1, final norm, lm_head (model_build), so
+// each part is one contiguous range.
+void model_grads_part_range(const Model *m, int part, int64_t *begin, int64_t *end) {
+    const TensorTable *tt = &m->tt;
+    int L = m->cfg.num_layers;
+    int64_t head = (int64_t)tt->descs[m->final_norm].offset;
+    if (part == GRADS_EMBEDDING) {
+        *begin = 0;
+        *end = (int64_t)tt->descs[m->layers[0].input_norm].offset;
+    } else if (part == GRADS_HEAD) {
+        *begin = head;
+        *end = (int64_t)tt->total;
+    } else {
+        *begin = (int64_t)tt->descs[m->layers[part].input_norm].offset;
+        *end = part + 1 < L ? (int64_t)tt->descs[m->layers[part + 1].input_norm].offset : head;
+    }
 }
 
 void model_end_global_batch(Model *m) {

@@ -169,6 +169,17 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
 // Backward of the last forward; loss_scale multiplies the whole objective (1/micro-batches).
 void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scale);
 
+// Parts of the parameters whose gradients become final, in the order backward finishes
+// them: the head (final norm and, untied, lm_head), each layer from the last, then the
+// embedding (with the tied LM head).
+typedef enum { GRADS_HEAD = -1, GRADS_EMBEDDING = -2 } GradsPart;  // or a layer index
+typedef void (*GradsReadyFn)(void *ctx, int part);
+// model_backward, calling ready(ctx, part) as each part's gradients are complete.
+void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double loss_scale, GradsReadyFn ready,
+                           void *ctx);
+// The element range [*begin, *end) of a part in the flat parameters.
+void model_grads_part_range(const Model *m, int part, int64_t *begin, int64_t *end);
+
 // Start a new global batch: apply the expert-bias update from the counts of the one
 // that ended (when enabled) and clear the router bookkeeping.
 void model_end_global_batch(Model *m);

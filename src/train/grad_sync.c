@@ -3,10 +3,13 @@
 #include <math.h>
 #include <string.h>
 
-void grad_sync_init(GradSync *g, const Comm *dp, const TensorTable *tt, int distributed) {
+void grad_sync_init(GradSync *g, const Comm *dp, const TensorTable *tt, int distributed, int parts) {
     memset(g, 0, sizeof(*g));
     g->dp = dp;
     g->distributed = distributed && dp->size > 1;
+    g->overlap = !g->distributed && dp->size > 1;
+    g->max_pending = parts;
+    g->pending = g->overlap ? mt_calloc((size_t)parts, sizeof(CommRequest)) : NULL;
     int64_t total = (int64_t)tt->total, n = dp->size;
     g->counts = mt_malloc(n * sizeof(size_t));
     for (int64_t r = 0; r < n; r++) g->counts[r] = (size_t)(total * (r + 1) / n - total * r / n);
@@ -16,6 +19,7 @@ void grad_sync_init(GradSync *g, const Comm *dp, const TensorTable *tt, int dist
 }
 
 void grad_sync_free(GradSync *g) {
+    free(g->pending);
     free(g->counts);
     free(g->shard);
     memset(g, 0, sizeof(*g));
@@ -28,6 +32,17 @@ void grad_sync_reduce(GradSync *g, TensorTable *tt) {
     }
     comm_reduce_scatter_v(g->dp, tt->grads, g->shard, g->counts);
     memcpy(tt->grads + g->begin, g->shard, (size_t)(g->end - g->begin) * sizeof(real));
+}
+
+void grad_sync_part_ready(GradSync *g, TensorTable *tt, int64_t begin, int64_t end) {
+    MT_ASSERT(g->overlap && g->n_pending < g->max_pending);
+    if (end > begin) comm_iallreduce_sum(g->dp, tt->grads + begin, (size_t)(end - begin), &g->pending[g->n_pending++]);
+    for (int i = 0; i < g->n_pending; i++) comm_test(&g->pending[i]);  // let the earlier sums progress
+}
+
+void grad_sync_finish(GradSync *g) {
+    for (int i = 0; i < g->n_pending; i++) comm_wait(&g->pending[i]);
+    g->n_pending = 0;
 }
 
 double grad_sync_norm(const GradSync *g, const TensorTable *tt) {

@@ -59,6 +59,14 @@ static int64_t micro_batch_first(int64_t consumed, int mb, int B, const Comm *dp
     return consumed + ((int64_t)mb * dp->size + dp->rank) * B;
 }
 
+// Backward finished the gradients of a part: start summing them over the data-parallel group.
+static void grads_ready(void *ctx, int part) {
+    Trainer *t = ctx;
+    int64_t begin, end;
+    model_grads_part_range(&t->model, part, &begin, &end);
+    grad_sync_part_ready(&t->sync, &t->model.tt, begin, end);
+}
+
 static StepLosses train_step_micro_batches(Trainer *t) {
     const Config *c = t->cfg;
     StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts, .num_experts = c->num_experts};
@@ -80,14 +88,18 @@ static StepLosses train_step_micro_batches(Trainer *t) {
         batch.training = 1;
         batch.noise_seed = noise_seed(c, first);
         model_forward(&t->model, &t->acts, &batch, NULL, 0);
-        model_backward(&t->model, &t->acts, &batch, weight);
+        if (t->sync.overlap && mb + 1 == M)  // the gradients' sums start as backward completes them
+            model_backward_notify(&t->model, &t->acts, &batch, weight, grads_ready, t);
+        else
+            model_backward(&t->model, &t->acts, &batch, weight);
         s.lm_loss += t->acts.lm_loss * weight;
         s.aux_objective += t->acts.aux_objective * weight;
         accumulate_router_stats(&s, &t->model, &t->acts, weight);
     }
     t->state.consumed_train_samples += c->global_batch_size;
     double t0 = now_seconds();
-    grad_sync_reduce(&t->sync, &t->model.tt);
+    if (t->sync.overlap) grad_sync_finish(&t->sync);  // only the part not hidden behind backward
+    else grad_sync_reduce(&t->sync, &t->model.tt);
     t->comm_s += now_seconds() - t0;
     step_losses_allreduce(&s, &t->dp);
     router_state_allreduce(&t->model, &t->dp);
@@ -139,7 +151,7 @@ static void trainer_setup(Trainer *t, Config *c) {
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
     model_build(&t->model, c);
-    grad_sync_init(&t->sync, &t->dp, &t->model.tt, c->use_distributed_optimizer);
+    grad_sync_init(&t->sync, &t->dp, &t->model.tt, c->use_distributed_optimizer, c->num_layers + 2);
     optimizer_init_range(&t->opt, t->sync.begin, t->sync.end);
     if (c->load[0]) {
         // checkpoints hold whole moments: load them, then keep this rank's shard
