@@ -101,6 +101,7 @@ static const FlagSpec FLAGS[] = {
     F("pipeline-model-parallel-size", FLAG_INT, pipeline_model_parallel_size, TR, 0, "pipeline stages the layers are split over (PP)"),
     F("expert-model-parallel-size", FLAG_INT, expert_model_parallel_size, TR, 0, "processes the experts of a layer are distributed over (EP)"),
     F("expert-tensor-parallel-size", FLAG_INT, expert_tensor_parallel_size, TR, 0, "processes each expert's tensors are split over (ETP)"),
+    F("moe-token-dispatcher-type", FLAG_STRING, moe_token_dispatcher_type, TR, 0, "alltoall, allgather: how tokens reach experts on other expert-parallel ranks (one process: the same)"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     // data
     F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
@@ -169,6 +170,7 @@ void config_defaults(Config *c) {
     c->v_head_dim = 128;
     strcpy(c->hf_architecture, "auto");
     strcpy(c->ckpt_dtype, "fp32");
+    strcpy(c->moe_token_dispatcher_type, "alltoall");
     strcpy(c->max_shard_size, "5GB");
     strcpy(c->normalization, "RMSNorm");
     strcpy(c->position_embedding_type, "rope");
@@ -548,6 +550,12 @@ static int64_t parse_size(const char *flag, const char *text) {
     mt_die("--%s %s: expected a size like 5GB, 500MB or a number of bytes", flag, text);
 }
 
+static void validate_parallel(const Config *c) {
+    static const char *const dispatchers[] = {"alltoall", "allgather"};
+    if (lookup(c->moe_token_dispatcher_type, dispatchers, 2) < 0)
+        mt_die("--moe-token-dispatcher-type %s: use alltoall or allgather", c->moe_token_dispatcher_type);
+}
+
 static void validate_checkpoint_format(Config *c) {
     static const char *const dtypes[] = {"fp32", "bf16"};
     static const char *const families[] = {"auto", "mixtral", "qwen3_moe", "olmoe", "deepseek_v3"};
@@ -612,6 +620,7 @@ void config_validate(Config *c) {
     validate_attention(c);
     validate_moe(c);
     validate_checkpoint_format(c);
+    validate_parallel(c);
     validate_training(c);
     if (c->max_new_tokens < 0) mt_die("--max-new-tokens must be >= 0");
     if (c->temperature < 0) mt_die("--temperature must be >= 0");

@@ -84,6 +84,7 @@ typedef struct {
     int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size;
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
+    char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
     // ---- data ----
     int mock_data;
     char data_path[8192];         // list: a byte text file, or Megatron prefixes with optional weights "0.3 A 0.7 B"
