@@ -183,8 +183,6 @@ void dataset_open(Dataset *ds, const Config *c) {
     ds->seq_length = c->seq_length;
     ds->seed = (uint64_t)c->seed;
     ds->eod_mask_loss = c->eod_mask_loss;
-    ds->reset_position_ids = c->reset_position_ids;
-    ds->reset_attention_mask = c->reset_attention_mask;
     ds->vocab_limit = c->padded_vocab_size;
     ds->cached_epoch = -1;
     if (megatron_data_requested(c)) open_megatron(ds, c);

@@ -26,7 +26,7 @@ typedef DataSplit SplitKind;  // DATA_TRAIN, DATA_VALID, DATA_TEST
 typedef struct {
     int seq_length;
     int32_t eod;                // end-of-document id (-1: unknown, no flag needs it)
-    int eod_mask_loss, reset_position_ids, reset_attention_mask;
+    int eod_mask_loss;          // (the resets are in each DataBatch: its positions / key_start)
     int32_t vocab_limit;        // tokens must be below this (the model's padded vocabulary)
     // token-stream sources (mock, text)
     int32_t *tokens;

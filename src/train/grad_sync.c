@@ -58,13 +58,9 @@ void grad_sync_gather_params(GradSync *g, TensorTable *tt) {
 }
 
 void grad_sync_gather_moments(const GradSync *g, const Optimizer *shard, const TensorTable *tt, Optimizer *full) {
+    MT_ASSERT(g->distributed);
     optimizer_init(full, tt);
     full->step = shard->step;
-    if (!g->distributed) {
-        memcpy(full->exp_avg, shard->exp_avg, tt->total * sizeof(real));
-        memcpy(full->exp_avg_sq, shard->exp_avg_sq, tt->total * sizeof(real));
-        return;
-    }
     comm_allgather_v(g->dp, shard->exp_avg, full->exp_avg, g->counts);
     comm_allgather_v(g->dp, shard->exp_avg_sq, full->exp_avg_sq, g->counts);
 }

@@ -38,7 +38,8 @@ double grad_sync_norm(const GradSync *g, const TensorTable *tt);
 // After the optimizer step: every rank holds every updated parameter.
 void grad_sync_gather_params(GradSync *g, TensorTable *tt);
 
-// Checkpoint I/O works on whole moments: gather the shards into full (every rank takes
-// part; full is allocated here, free with optimizer_free), or take this rank's shard of full.
+// With the distributed optimizer checkpoint I/O works on whole moments: gather the shards
+// into full (every rank takes part; full is allocated here, free with optimizer_free), or
+// take this rank's shard of full.
 void grad_sync_gather_moments(const GradSync *g, const Optimizer *shard, const TensorTable *tt, Optimizer *full);
 void grad_sync_take_moments(const GradSync *g, const Optimizer *full, Optimizer *shard);

@@ -136,6 +136,20 @@ static void setup_parallel(Trainer *t) {
                "(its token counts need an all-reduce inside the forward); use aux_loss or seq_aux_loss");
 }
 
+// Checkpoints hold whole moments: with the distributed optimizer, load them all and keep
+// this rank's shard.
+static void load_checkpoint(Trainer *t, const char *resolved) {
+    if (!t->sync.distributed) {
+        checkpoint_load(resolved, &t->model, &t->opt, &t->state);
+        return;
+    }
+    Optimizer whole;
+    optimizer_init(&whole, &t->model.tt);
+    checkpoint_load(resolved, &t->model, &whole, &t->state);
+    grad_sync_take_moments(&t->sync, &whole, &t->opt);
+    optimizer_free(&whole);
+}
+
 static void trainer_setup(Trainer *t, Config *c) {
     memset(t, 0, sizeof(*t));
     t->cfg = c;
@@ -154,12 +168,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     grad_sync_init(&t->sync, &t->dp, &t->model.tt, c->use_distributed_optimizer, c->num_layers + 2);
     optimizer_init_range(&t->opt, t->sync.begin, t->sync.end);
     if (c->load[0]) {
-        // checkpoints hold whole moments: load them, then keep this rank's shard
-        Optimizer full;
-        optimizer_init(&full, &t->model.tt);
-        checkpoint_load(resolved, &t->model, &full, &t->state);
-        grad_sync_take_moments(&t->sync, &full, &t->opt);
-        optimizer_free(&full);
+        load_checkpoint(t, resolved);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);
     } else {
         model_init_weights(&t->model, (uint64_t)c->seed);
@@ -209,16 +218,21 @@ static void print_banner(const Trainer *t) {
     fflush(stdout);
 }
 
-// Every rank takes part (the moment shards are gathered); rank 0 writes.
+// Rank 0 writes; with the distributed optimizer every rank first takes part in gathering
+// the moment shards.
 static void save_checkpoint(Trainer *t) {
-    Optimizer full;
-    grad_sync_gather_moments(&t->sync, &t->opt, &t->model.tt, &full);
+    Optimizer gathered = {0};
+    const Optimizer *whole = &t->opt;
+    if (t->sync.distributed) {
+        grad_sync_gather_moments(&t->sync, &t->opt, &t->model.tt, &gathered);
+        whole = &gathered;
+    }
     if (comm_world_rank() == 0) {  // the model is the same on every rank
-        checkpoint_save(t->cfg->save, &t->model, &full, &t->state);
+        checkpoint_save(t->cfg->save, &t->model, whole, &t->state);
         printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
         fflush(stdout);
     }
-    optimizer_free(&full);
+    optimizer_free(&gathered);
 }
 
 int train_main(Config *c) {

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_conformance import (BASE_TRAIN, CMD_TIMEOUT, LOGIT_TOL, LOSS_TOL, PROB_TOL,  # noqa: E402
-                            ROUTER_TOL, TRAIN_ITERS, EXPERT_RE, CaseFailure, check, compare_grads_l2, import_init, run_cases,
+                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, hf_view, import_init, run_cases,
                             load_dump, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
 
 BATCH, SEQ = 2, 20
@@ -237,7 +237,9 @@ def randomize_expert_bias(model, seed):
                 b.copy_(0.05 * torch.randn(b.shape, generator=g))
 
 
-def run_import_case(moetron, name, cfg_cls, cfg_kwargs, extra_keys, workdir):
+def save_random_model(cfg_cls, cfg_kwargs, seed, workdir, bias_seed=None, per_expert=True):
+    """A transformers model with import_init weights (and a random expert bias when bias_seed
+    is given), saved to workdir/hf, with per-expert tensor names when per_expert."""
     import torch
     import transformers
     from safetensors.numpy import load_file, save_file
@@ -245,23 +247,34 @@ def run_import_case(moetron, name, cfg_cls, cfg_kwargs, extra_keys, workdir):
 
     cfg = getattr(transformers, cfg_cls)(**cfg_kwargs)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **eager_kwargs())
-    seed = sum(map(ord, name))
     import_init(model, seed)
-    randomize_expert_bias(model, seed)
+    if bias_seed is not None:
+        randomize_expert_bias(model, bias_seed)
     model.eval()
     hf_dir = os.path.join(workdir, "hf")
     model.save_pretrained(hf_dir, safe_serialization=True)
     st_path = os.path.join(hf_dir, "model.safetensors")
     tensors = load_file(st_path)
-    if any(k.endswith((".experts.gate_up_proj", ".experts.down_proj")) for k in tensors):
+    if per_expert and any(k.endswith((".experts.gate_up_proj", ".experts.down_proj")) for k in tensors):
         save_file(split_fused(tensors, False), st_path, metadata={"format": "pt"})
+    return model, hf_dir
+
+
+def update_config(hf_dir, changes):
+    """Set keys of hf_dir/config.json."""
+    cfg_path = os.path.join(hf_dir, "config.json")
+    with open(cfg_path) as fh:
+        raw = json.load(fh)
+    raw.update(changes)
+    with open(cfg_path, "w") as fh:
+        json.dump(raw, fh, indent=2)
+
+
+def run_import_case(moetron, name, cfg_cls, cfg_kwargs, extra_keys, workdir):
+    seed = sum(map(ord, name))
+    model, hf_dir = save_random_model(cfg_cls, cfg_kwargs, seed, workdir, bias_seed=seed)
     if extra_keys:
-        cfg_path = os.path.join(hf_dir, "config.json")
-        with open(cfg_path) as fh:
-            raw = json.load(fh)
-        raw.update(extra_keys)
-        with open(cfg_path, "w") as fh:
-            json.dump(raw, fh, indent=2)
+        update_config(hf_dir, extra_keys)
     in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
     ids, labels = make_inputs(in_path, seed, VOCAB, BATCH, SEQ, extra_ignored=False)
     run_cmd([moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"],
@@ -320,15 +333,8 @@ FINETUNE_CASES = [
 
 def run_finetune_case(moetron, name, cfg_cls, cfg_kwargs, model_type, expect, workdir):
     """`moetron train --load HF_DIR` trains the transformers-made model and saves it as the same family."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_config(getattr(transformers, cfg_cls)(**cfg_kwargs), dtype=torch.float32)
-    import_init(model, sum(map(ord, name)))
-    randomize_expert_bias(model, 7)
+    save_random_model(cfg_cls, cfg_kwargs, sum(map(ord, name)), workdir, bias_seed=7, per_expert=False)
     hf_dir, save = os.path.join(workdir, "hf"), os.path.join(workdir, "ckpt")
-    model.save_pretrained(hf_dir, safe_serialization=True)
     run_cmd([moetron, "train", "--load", hf_dir, "--train-iters", str(FINETUNE_ITERS), "--micro-batch-size", "2",
              "--global-batch-size", "2", "--seq-length", "32", "--eval-interval", "0", "--lr", "1e-3",
              "--lr-warmup-iters", "0", "--save", save,
@@ -341,30 +347,18 @@ def run_mtp_case(moetron, name, workdir):
     """DeepSeek-V3 files carry multi-token-prediction layers after the last one: moetron skips
     them with a note (as transformers does) and computes the same; without
     num_nextn_predict_layers they are unexpected tensors."""
-    import torch
-    import transformers
     from safetensors.numpy import load_file, save_file
-    from transformers import AutoModelForCausalLM
 
     kwargs = dict(DEEPSEEK_BASE, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=2,
                   first_k_dense_replace=1, num_nextn_predict_layers=1)
-    model = AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**kwargs), dtype=torch.float32)
-    import_init(model, 11)
-    model.eval()
-    hf_dir = os.path.join(workdir, "hf")
-    model.save_pretrained(hf_dir, safe_serialization=True)
+    model, hf_dir = save_random_model("DeepseekV3Config", kwargs, 11, workdir)
     st_path = os.path.join(hf_dir, "model.safetensors")
-    tensors = split_fused(load_file(st_path), False)
+    tensors = load_file(st_path)
     mtp = f"model.layers.{kwargs['num_hidden_layers']}."
     tensors[mtp + "eh_proj.weight"] = np.zeros((64, 128), np.float32)
     tensors[mtp + "self_attn.kv_b_proj.weight"] = np.zeros((4 * 22, 16), np.float32)
     save_file(tensors, st_path, metadata={"format": "pt"})
-    cfg_path = os.path.join(hf_dir, "config.json")
-    with open(cfg_path) as fh:
-        raw = json.load(fh)
-    raw["router_aux_loss_coef"] = 0.0  # --grads then holds the LM-loss gradients transformers computes
-    with open(cfg_path, "w") as fh:
-        json.dump(raw, fh)
+    update_config(hf_dir, {"router_aux_loss_coef": 0.0})  # --grads: the LM-loss gradients transformers computes
     in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
     ids, labels = make_inputs(in_path, 11, VOCAB, BATCH, SEQ, extra_ignored=False)
     cmd = [moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"]
@@ -372,9 +366,7 @@ def run_mtp_case(moetron, name, workdir):
     check(p.returncode == 0, f"moetron forward failed: {p.stderr.decode()[-300:]}")
     check(b"skipped 2 tensors of 1 multi-token-prediction layer" in p.stderr, f"no note: {p.stderr[-300:]!r}")
     detail = compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
-    raw["num_nextn_predict_layers"] = 0
-    with open(cfg_path, "w") as fh:
-        json.dump(raw, fh)
+    update_config(hf_dir, {"num_nextn_predict_layers": 0})
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CMD_TIMEOUT)
     err = p.stderr.decode().strip().splitlines()
     check(p.returncode != 0 and len(err) == 1 and "unexpected tensor " + mtp in err[0],
@@ -408,20 +400,13 @@ def run_fp8_case(moetron, name, workdir):
     dequantized weights computes what moetron computes. The embedding (300 rows) spans three
     row blocks; the routers and norms stay float32, as in DeepSeek-V3's files."""
     import torch
-    import transformers
     from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
 
     kwargs = dict(DEEPSEEK_BASE, q_lora_rank=24, n_group=2, topk_group=1, num_experts_per_tok=2,
                   first_k_dense_replace=1, hidden_size=160)
-    model = AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**kwargs), dtype=torch.float32)
-    import_init(model, 5)
-    model.eval()
-    hf_dir = os.path.join(workdir, "hf")
-    model.save_pretrained(hf_dir, safe_serialization=True)
+    model, hf_dir = save_random_model("DeepseekV3Config", kwargs, 5, workdir)
     st_path = os.path.join(hf_dir, "model.safetensors")
-    tensors = {k: torch.from_numpy(v) for k, v in
-               split_fused({k: v.numpy() for k, v in load_file(st_path).items()}, False).items()}
+    tensors = load_file(st_path)
     params = dict(model.named_parameters())
     n_fp8 = 0
     for k in sorted(tensors):
@@ -432,24 +417,10 @@ def run_fp8_case(moetron, name, workdir):
         tensors[k], tensors[k + "_scale_inv"] = q, scale
         n_fp8 += 1
         with torch.no_grad():  # the transformers model holds the dequantized weights
-            m = EXPERT_RE.match(k)
-            if m:
-                inter = model.config.moe_intermediate_size
-                e, part = int(m.group(3)), m.group(4)
-                fused = params[f"model.layers.{m.group(1)}.mlp.experts." + ("down_proj" if part == "down_proj"
-                                                                             else "gate_up_proj")]
-                dst = fused[e] if part == "down_proj" else fused[e, :inter] if part == "gate_proj" else fused[e, inter:]
-                dst.copy_(deq)
-            else:
-                params[k].copy_(deq)
+            hf_view(params, k, model.config.moe_intermediate_size).copy_(deq)
     check(n_fp8 > 20, f"only {n_fp8} FP8 tensors")
     save_file(tensors, st_path, metadata={"format": "pt"})
-    cfg_path = os.path.join(hf_dir, "config.json")
-    with open(cfg_path) as fh:
-        raw = json.load(fh)
-    raw["router_aux_loss_coef"] = 0.0
-    with open(cfg_path, "w") as fh:
-        json.dump(raw, fh)
+    update_config(hf_dir, {"router_aux_loss_coef": 0.0})
     in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
     ids, labels = make_inputs(in_path, 5, VOCAB, BATCH, SEQ, extra_ignored=False)
     run_cmd([moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"],
