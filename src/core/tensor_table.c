@@ -23,17 +23,28 @@ TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shap
     }
     d->shard_group = SHARD_NONE;
     d->shard_axis = -1;
-    d->offset = tt->total;
     d->flags = flags;
+    d->global_index = tt->described++;
     d->layer = layer;
     d->expert = expert;
     d->init = init;
     d->init_std = init_std;
-    tt->total += d->numel;
     return tt->count++;
 }
 
+void tt_skip(TensorTable *tt) { tt->described++; }
+
 void tt_allocate(TensorTable *tt) {
+    tt->total = 0;
+    for (int expert_region = 0; expert_region < 2; expert_region++) {
+        for (int i = 0; i < tt->count; i++) {
+            TensorDesc *d = &tt->descs[i];
+            if (!(d->flags & TENSOR_EXPERT) != !expert_region) continue;
+            d->offset = tt->total;
+            tt->total += d->numel;
+        }
+        if (!expert_region) tt->dense_total = tt->total;
+    }
     tt->params = mt_calloc(tt->total, sizeof(real));
     tt->grads = mt_calloc(tt->total, sizeof(real));
 }

@@ -33,18 +33,25 @@ typedef struct {
     int64_t shape[MT_MAX_DIMS];  // global shape
     ShardGroup shard_group;
     int shard_axis;              // -1 when replicated
-    size_t offset;               // into the flat buffers (local elements)
+    size_t offset;               // into the flat buffers (local elements), set by tt_allocate
     size_t numel;                // local elements
     unsigned flags;
     int layer;                   // -1 for embedding / final norm / head
-    int expert;                  // -1 unless TENSOR_EXPERT
+    int expert;                  // -1 unless TENSOR_EXPERT: the global expert index
+    int global_index;            // index among all tensors of the model on one process
+                                 // (seeds its init: the same values in every layout)
     InitKind init;
     double init_std;
 } TensorDesc;
 
+// The flat buffers hold the dense (non-expert) tensors first, then the expert tensors:
+// [0, dense_total) is reduced over the dense data-parallel group, [dense_total, total)
+// over the expert data-parallel group. Within each region tensors keep their order.
 typedef struct {
     TensorDesc *descs;
     int count, capacity;
+    int described;     // tensors described, including those held by other processes
+    size_t dense_total; // elements of the dense region
     size_t total;      // elements in each flat buffer
     real *params;      // (total)
     real *grads;       // (total)
@@ -54,7 +61,10 @@ void tt_init(TensorTable *tt);
 // Describe a tensor; returns its id. Buffers are allocated later by tt_allocate.
 TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shape,
                 unsigned flags, InitKind init, double init_std, int layer, int expert);
-void tt_allocate(TensorTable *tt);  // params and grads, zeroed
+// A tensor of the model that another process holds (an expert of another expert-parallel
+// rank): counted for global_index, not stored here.
+void tt_skip(TensorTable *tt);
+void tt_allocate(TensorTable *tt);  // offsets (dense region first), params and grads zeroed
 void tt_free(TensorTable *tt);
 TensorId tt_find(const TensorTable *tt, const char *name);  // -1 when absent
 

@@ -295,6 +295,19 @@ static void ws_skip_mtp_layers(WeightSource *ws, const Config *c) {
                "trains the causal LM only\n", skipped, c->hf_mtp_layers);
 }
 
+// With expert parallelism the file also holds the experts of the other ranks (and their
+// FP8 scales): this rank does not read them.
+static void ws_skip_remote_experts(WeightSource *ws, const Model *m, const char *prefix) {
+    char name[2 * MT_NAME_MAX + 32];
+    for (int i = 0; i < m->n_remote; i++)
+        for (int scales = 0; scales < 2; scales++) {
+            snprintf(name, sizeof(name), "%s%s%s", prefix, m->remote_names[i], scales ? "_scale_inv" : "");
+            int file;
+            const StTensor *t = ws_find(ws, name, &file);
+            if (t) ws_mark_used(ws, file, t);
+        }
+}
+
 static void ws_read_group(WeightSource *ws, const Model *m, HfTensorGroup *g) {
     char name[MT_NAME_MAX + 32];
     int first_found = -1, first_missing = -1;
@@ -319,7 +332,10 @@ void hf_load_tensor_groups(const char *path, const Model *m, HfTensorGroup *grou
     memset(&ws, 0, sizeof(ws));
     snprintf(ws.where, sizeof(ws.where), "%s", path);
     ws_add_file(&ws, path);
-    for (int g = 0; g < n_groups; g++) ws_read_group(&ws, m, &groups[g]);
+    for (int g = 0; g < n_groups; g++) {
+        ws_read_group(&ws, m, &groups[g]);
+        ws_skip_remote_experts(&ws, m, groups[g].prefix);
+    }
     ws_reject_unused(&ws);
     ws_close(&ws);
 }
@@ -329,6 +345,7 @@ void hf_weights_load(const char *dir, Model *m) {
     ws_open(&ws, dir);
     for (int i = 0; i < m->tt.count; i++) ws_read_param(&ws, m, &m->tt.descs[i], tt_param(&m->tt, i));
     ws_skip_mtp_layers(&ws, &m->cfg);
+    ws_skip_remote_experts(&ws, m, "");
     ws_reject_unused(&ws);
     ws_close(&ws);
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "model/layers.h"
+#include "moe/expert_parallel.h"
 
 // Rows the experts can receive: N·k, or E·capacity when padding to capacity.
 static size_t moe_rows(const Config *c, int N) {
@@ -152,7 +153,9 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
     a->T = T;
     a->N = B * T;
     a->capacity_tokens = a->N;
+    a->num_layers = c->num_layers;
     a->layers = arena_alloc(&a->arena, c->num_layers * sizeof(LayerActs));
+    memset(a->layers, 0, c->num_layers * sizeof(LayerActs));
     for (int l = 0; l < c->num_layers; l++) alloc_layer_acts(&a->layers[l], &a->arena, m, l, B, T);
     int N = a->N, H = c->hidden_size;
     a->x_final = arena_reals(&a->arena, (size_t)N * H);
@@ -164,4 +167,7 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
     alloc_backward_scratch(a, c);
 }
 
-void acts_free(ModelActs *a) { arena_free(&a->arena); }
+void acts_free(ModelActs *a) {
+    for (int l = 0; l < a->num_layers; l++) ep_layer_free(&a->layers[l].moe);
+    arena_free(&a->arena);
+}

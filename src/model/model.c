@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "model/layers.h"
 #include "model/lm_head.h"
+#include "moe/expert_parallel.h"
 #include "ops/ops.h"
 
 // ---- building the tensor table ---------------------------------------------------------
@@ -85,6 +86,26 @@ static void build_attention(Builder *b, LayerParams *lp) {
     lp->o_proj = add_layer_tensor(b, PART_O_PROJ, -1, H, att_width, TENSOR_DECAY, INIT_NORMAL, out_std);
 }
 
+// One part of every routed expert (all gates, then all ups, then all downs: each part a
+// contiguous [E, ...] block, as the fused Hugging Face layouts). Experts of other
+// expert-parallel ranks are counted and named, not stored.
+static void build_experts(Builder *b, LayerPart part, int64_t rows, int64_t cols, double std,
+                          TensorId **ids) {
+    Model *m = b->m;
+    const ExpertParallel *ep = &m->ep;
+    *ids = mt_malloc(ep->local * sizeof(TensorId));
+    for (int e = 0; e < m->cfg.num_experts; e++) {
+        if (e >= ep->first && e < ep->first + ep->local) {
+            (*ids)[e - ep->first] =
+                add_layer_tensor(b, part, e, rows, cols, TENSOR_DECAY | TENSOR_EXPERT, INIT_NORMAL, std);
+            continue;
+        }
+        m->remote_names = mt_realloc(m->remote_names, (size_t)(m->n_remote + 1) * sizeof(*m->remote_names));
+        hf_layer_tensor_name(m->remote_names[m->n_remote++], m->family, b->layer, part, e);
+        tt_skip(&m->tt);
+    }
+}
+
 static void build_layer(Builder *b, LayerParams *lp) {
     const Config *c = &b->m->cfg;
     int64_t H = c->hidden_size;
@@ -109,17 +130,9 @@ static void build_layer(Builder *b, LayerParams *lp) {
                           ? add_layer_tensor(b, PART_EXPERT_BIAS, -1, E, 0, TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0)
                           : -1;
     build_shared_expert(b, lp);
-    lp->expert_gate = mt_malloc(E * sizeof(TensorId));
-    lp->expert_up = mt_malloc(E * sizeof(TensorId));
-    lp->expert_down = mt_malloc(E * sizeof(TensorId));
-    unsigned expert_flags = TENSOR_DECAY | TENSOR_EXPERT;
-    for (int e = 0; e < E; e++) {  // all gates, then ups, then downs: each a contiguous [E, ...] block
-        lp->expert_gate[e] = add_layer_tensor(b, PART_EXPERT_GATE, e, I, H, expert_flags, INIT_NORMAL, std);
-    }
-    for (int e = 0; e < E; e++)
-        lp->expert_up[e] = add_layer_tensor(b, PART_EXPERT_UP, e, I, H, expert_flags, INIT_NORMAL, std);
-    for (int e = 0; e < E; e++)
-        lp->expert_down[e] = add_layer_tensor(b, PART_EXPERT_DOWN, e, H, I, expert_flags, INIT_NORMAL, out_std);
+    build_experts(b, PART_EXPERT_GATE, I, H, std, &lp->expert_gate);
+    build_experts(b, PART_EXPERT_UP, I, H, std, &lp->expert_up);
+    build_experts(b, PART_EXPERT_DOWN, H, I, out_std, &lp->expert_down);
 }
 
 // Per-group weight pointer arrays over tensors gate[g], up[g], down[g], into the
@@ -137,10 +150,10 @@ static ExpertWeights bind_groups(const TensorTable *tt, const TensorId *gate, co
     return w;
 }
 
-static void bind_layer_weights(const TensorTable *tt, LayerParams *lp, int E) {
+static void bind_layer_weights(const TensorTable *tt, LayerParams *lp, int local_experts) {
     for (int grads = 0; grads < 2; grads++) {
         ExpertWeights *ffn = grads ? &lp->ffn_grads : &lp->ffn_params;
-        *ffn = lp->is_moe ? bind_groups(tt, lp->expert_gate, lp->expert_up, lp->expert_down, E, grads)
+        *ffn = lp->is_moe ? bind_groups(tt, lp->expert_gate, lp->expert_up, lp->expert_down, local_experts, grads)
                           : bind_groups(tt, &lp->mlp_gate, &lp->mlp_up, &lp->mlp_down, 1, grads);
         if (lp->shared_gate >= 0)
             *(grads ? &lp->shared_grads : &lp->shared_params) =
@@ -164,9 +177,25 @@ static void free_ffn(ExpertWeights *w) {
     free(w->down);
 }
 
-void model_build(Model *m, const Config *cfg) {
+// Which experts this process holds; dies with one line when they cannot be split evenly.
+static ExpertParallel expert_parallel_of(const Config *c, const Comm *comm) {
+    int size = comm ? comm->size : 1, E = c->num_experts;
+    if (E % size)
+        mt_die("--num-experts %d must be a multiple of --expert-model-parallel-size %d (each rank holds the same "
+               "number of experts)", E, size);
+    ExpertParallel ep = {.comm = size > 1 ? comm : NULL, .size = size, .rank = size > 1 ? comm->rank : 0,
+                         .local = E / size};
+    ep.first = ep.rank * ep.local;
+    ep.dispatcher = strcmp(c->moe_token_dispatcher_type, "allgather") == 0 ? DISPATCH_ALLGATHER : DISPATCH_ALLTOALL;
+    return ep;
+}
+
+void model_build(Model *m, const Config *cfg) { model_build_ep(m, cfg, NULL); }
+
+void model_build_ep(Model *m, const Config *cfg, const Comm *ep) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
+    m->ep = expert_parallel_of(cfg, ep);
     m->family = hf_family_choose(cfg, m->family_note);
     if (m->family != HF_MOETRON) m->family_note[0] = 0;
     m->router = model_router_config(cfg);
@@ -186,13 +215,14 @@ void model_build(Model *m, const Config *cfg) {
     tt_allocate(&m->tt);
     m->router_state = mt_calloc(c->num_layers, sizeof(RouterState));
     for (int l = 0; l < c->num_layers; l++) {
-        bind_layer_weights(&m->tt, &m->layers[l], c->num_experts);
+        bind_layer_weights(&m->tt, &m->layers[l], m->ep.local);
         if (!m->layers[l].is_moe) continue;
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
         m->router_state[l].bias_counts = mt_calloc(c->num_experts, sizeof(double));
     }
     m->rope_cos_sin = mt_malloc((size_t)c->max_positions * c->rope_dim * sizeof(real));
     rope_table(m->rope_cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
+    if (m->ep.size > 1) ep_buffers_new(m);
 }
 
 void model_init_weights(Model *m, uint64_t seed) {
@@ -200,7 +230,7 @@ void model_init_weights(Model *m, uint64_t seed) {
         const TensorDesc *d = &m->tt.descs[i];
         real *p = tt_param(&m->tt, i);
         Rng rng;  // one stream per tensor: a tensor's values do not depend on the others
-        rng_seed_stream(&rng, seed, (uint64_t)i + 1);
+        rng_seed_stream(&rng, seed, (uint64_t)d->global_index + 1);
         for (size_t j = 0; j < d->numel; j++)
             p[j] = d->init == INIT_ONES ? 1 : d->init == INIT_ZEROS ? 0 : (real)(d->init_std * rng_normal(&rng));
     }
@@ -219,6 +249,8 @@ void model_free(Model *m) {
         free(m->router_state[l].bias_counts);
     }
     free(m->layers);
+    free(m->remote_names);
+    ep_buffers_free(m);
     free(m->router_state);
     free(m->rope_cos_sin);
     tt_free(&m->tt);
@@ -296,21 +328,30 @@ void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double lo
     if (ready) ready(ctx, GRADS_EMBEDDING);
 }
 
-// Tensors are laid out embedding, layer 0 .. L-1, final norm, lm_head (model_build), so
-// each part is one contiguous range.
-void model_grads_part_range(const Model *m, int part, int64_t *begin, int64_t *end) {
-    const TensorTable *tt = &m->tt;
-    int L = m->cfg.num_layers;
-    int64_t head = (int64_t)tt->descs[m->final_norm].offset;
+// The dense region holds embedding, layer 0 .. L-1, final norm, lm_head; the expert region
+// the experts of layer 0 .. L-1 (tt_allocate): each part is one range in each region.
+static int64_t dense_start_of_layer(const Model *m, int layer) {
+    if (layer == m->cfg.num_layers) return (int64_t)m->tt.descs[m->final_norm].offset;
+    return (int64_t)m->tt.descs[m->layers[layer].input_norm].offset;
+}
+
+// First expert element of the first MoE layer at or after `layer` (the region's end if none).
+static int64_t expert_start_from_layer(const Model *m, int layer) {
+    for (int l = layer; l < m->cfg.num_layers; l++)
+        if (m->layers[l].is_moe) return (int64_t)m->tt.descs[m->layers[l].expert_gate[0]].offset;
+    return (int64_t)m->tt.total;
+}
+
+void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts) {
+    *experts = (ElemRange){0, 0};
     if (part == GRADS_EMBEDDING) {
-        *begin = 0;
-        *end = (int64_t)tt->descs[m->layers[0].input_norm].offset;
+        *dense = (ElemRange){0, dense_start_of_layer(m, 0)};
     } else if (part == GRADS_HEAD) {
-        *begin = head;
-        *end = (int64_t)tt->total;
+        *dense = (ElemRange){dense_start_of_layer(m, m->cfg.num_layers), (int64_t)m->tt.dense_total};
     } else {
-        *begin = (int64_t)tt->descs[m->layers[part].input_norm].offset;
-        *end = part + 1 < L ? (int64_t)tt->descs[m->layers[part + 1].input_norm].offset : head;
+        *dense = (ElemRange){dense_start_of_layer(m, part), dense_start_of_layer(m, part + 1)};
+        if (m->layers[part].is_moe) *experts = (ElemRange){expert_start_from_layer(m, part),
+                                                           expert_start_from_layer(m, part + 1)};
     }
 }
 

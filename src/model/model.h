@@ -15,6 +15,7 @@
 #include "moe/experts.h"
 #include "moe/router.h"
 #include "ops/ops.h"
+#include "parallel/comm.h"
 
 typedef struct {
     TensorId input_norm, q_proj, k_proj, v_proj, o_proj;  // q_proj -1 with MLA and --q-lora-rank; k/v -1 with MLA
@@ -27,7 +28,7 @@ typedef struct {
     TensorId mlp_gate, mlp_up, mlp_down;  // dense layers
     TensorId router;                      // MoE layers
     TensorId expert_bias;                 // (E) with --moe-router-enable-expert-bias, else -1
-    TensorId *expert_gate, *expert_up, *expert_down;  // (num_experts) each
+    TensorId *expert_gate, *expert_up, *expert_down;  // (local experts) each: this process's experts
     TensorId shared_gate, shared_up, shared_down;     // shared expert, or -1
     TensorId shared_expert_gate;                      // [1,H] with --moe-shared-expert-gate, or -1
     ExpertWeights shared_params, shared_grads;        // the shared expert as one group
@@ -43,9 +44,23 @@ typedef struct {
     double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
 } RouterState;
 
+// How tokens reach experts held by other processes (--moe-token-dispatcher-type).
+typedef enum { DISPATCH_ALLTOALL, DISPATCH_ALLGATHER } DispatcherType;
+
+// Expert parallelism: the E experts of every MoE layer are split over the members of an
+// expert-parallel group in blocks; member r holds experts [first, first + local) with
+// local = E / size. Without it (size 1) every expert is here.
+typedef struct {
+    const Comm *comm;          // the expert-parallel group; NULL on one process
+    int size, rank;
+    int local, first;          // local experts and the first one's global index
+    DispatcherType dispatcher;
+} ExpertParallel;
+
 typedef struct {
     Config cfg;
     HfFamily family;
+    ExpertParallel ep;
     char family_note[256];                // why the family is HF_MOETRON, else ""
     RouterConfig router;                  // the router settings of every MoE layer
     RouterState *router_state;            // (num_layers), mutable during training forwards
@@ -53,6 +68,9 @@ typedef struct {
     TensorId embed, final_norm, lm_head;  // lm_head == embed when tied
     LayerParams *layers;                  // (num_layers)
     real *rope_cos_sin;                   // (max_positions, head_dim/2, 2)
+    char (*remote_names)[MT_NAME_MAX];    // (n_remote) tensors other expert-parallel ranks hold
+    int n_remote;
+    struct EpBuffers *ep_buffers;         // scratch of the token exchange (expert parallel only)
 } Model;
 
 // ---- one micro-batch ------------------------------------------------------------------
@@ -83,6 +101,7 @@ typedef struct {
     ExpertActs shared;  // (N,Is) each, shared expert
     real *shared_gate;  // (N) sigmoid(ln2·w_gate)
     real *shared_out;   // (N,H)
+    struct EpLayer *ep; // expert parallel: the rows this rank's experts computed (moe/expert_parallel.c)
 } MoeActs;
 
 // Multi-Latent Attention activations (per layer). rq, rkv: ranks; dn, dr, dv: no-position,
@@ -123,6 +142,7 @@ KvCache *kv_caches_new(const Model *m);
 void kv_caches_free(KvCache *kv, const Model *m);
 
 typedef struct {
+    int num_layers;
     int B, T, N;            // shape of the last forward
     TokenLayout tokens;     // positions and visible keys of the last forward's tokens
     int capacity_tokens;    // B·T the buffers were allocated for
@@ -155,6 +175,9 @@ RouterConfig model_router_config(const Config *c);
 
 // Describe every tensor (HF names of the chosen family) and allocate the table.
 void model_build(Model *m, const Config *cfg);
+// The same with the experts split over an expert-parallel group (ep NULL or of size 1:
+// model_build). The table then holds this rank's experts only, under their global names.
+void model_build_ep(Model *m, const Config *cfg, const Comm *ep);
 // Megatron-Core init: normal(0, std) matrices, std/sqrt(2L) for output projections, ones for norms.
 void model_init_weights(Model *m, uint64_t seed);
 void model_free(Model *m);
@@ -177,8 +200,12 @@ typedef void (*GradsReadyFn)(void *ctx, int part);
 // model_backward, calling ready(ctx, part) as each part's gradients are complete.
 void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double loss_scale, GradsReadyFn ready,
                            void *ctx);
-// The element range [*begin, *end) of a part in the flat parameters.
-void model_grads_part_range(const Model *m, int part, int64_t *begin, int64_t *end);
+// The element ranges of a part in the flat parameters: its dense tensors and its experts
+// (empty for parts without experts).
+typedef struct {
+    int64_t begin, end;
+} ElemRange;
+void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts);
 
 // Start a new global batch: apply the expert-bias update from the counts of the one
 // that ended (when enabled) and clear the router bookkeeping.

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "moe/expert_parallel.h"
 #include "model/layers.h"
 #include "ops/ops.h"
 
@@ -79,11 +80,54 @@ static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerAc
     vec_add(la->ffn_out, ma->shared_out, (size_t)N * H);
 }
 
+static int ep_allgather(const Model *m) { return m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER; }
+
+// x (N,H) -> out (N,H): the routed experts' outputs combined per token, on this rank or
+// across the expert-parallel group.
+static void routed_experts_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *out) {
+    int H = m->cfg.hidden_size;
+    if (ep_allgather(m)) {
+        ep_allgather_forward(m, lp, ma, x, out);
+        return;
+    }
+    dispatch_plan(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity);
+    dispatch_forward(ma->rows_in, ma->row_probs, x, ma->route.topk_probs, &ma->plan, H);
+    if (m->ep.size > 1) {
+        ep_alltoall_forward(m, lp, ma, out);
+        return;
+    }
+    ExpertShape es = expert_shape(&m->cfg, ma);
+    experts_forward(ma->rows_out, &ma->experts, ma->rows_in, ma->row_probs, &lp->ffn_params, &es);
+    combine_forward(out, ma->rows_out, &ma->plan, H, 0);
+}
+
+// d_out (N,H) -> a->d_norm (N,H) overwritten and a->d_choice_probs (N,k).
+static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a,
+                                    const real *d_out) {
+    int H = m->cfg.hidden_size;
+    if (ep_allgather(m)) {
+        ep_allgather_backward(m, lp, ma, a, d_out);
+        return;
+    }
+    if (m->ep.size > 1) {
+        ep_alltoall_backward(m, lp, ma, a, d_out);
+        return;
+    }
+    // combine backward = dispatch of the output gradient (probs are inside the experts)
+    dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
+    ExpertShape es = expert_shape(&m->cfg, ma);
+    experts_backward(a->d_rows_in, a->d_row_probs, &lp->ffn_grads, a->d_rows_out, &ma->experts, ma->rows_in,
+                     ma->row_probs, &lp->ffn_params, &es, a->d_gate, a->d_up, a->d_act);
+    // dispatch backward = combine of the input-row gradients
+    combine_forward(a->d_norm, a->d_rows_in, &ma->plan, H, 0);
+    gather_choice_values(a->d_choice_probs, a->d_row_probs, &ma->plan);
+}
+
 void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
-    int N = batch->B * batch->T, H = c->hidden_size, E = c->num_experts;
+    int N = batch->B * batch->T, E = c->num_experts;
     router_input(m, layer, la, batch, N);
     router_logits(m, lp, ma, N);
     if (c->moe_router_force_load_balancing) {  // random logits; gradients pass straight through
@@ -98,11 +142,7 @@ void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training) record_routing(m, layer, ma);
     ma->plan.N = N;
-    dispatch_plan(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity);
-    dispatch_forward(ma->rows_in, ma->row_probs, la->ln2, ma->route.topk_probs, &ma->plan, H);
-    ExpertShape es = expert_shape(c, ma);
-    experts_forward(ma->rows_out, &ma->experts, ma->rows_in, ma->row_probs, &lp->ffn_params, &es);
-    combine_forward(la->ffn_out, ma->rows_out, &ma->plan, H, 0);
+    routed_experts_forward(m, lp, ma, la->ln2, la->ffn_out);
     if (lp->shared_gate >= 0) shared_expert_forward(m, lp, la, N);
 }
 
@@ -129,16 +169,9 @@ void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
     int N = a->N, H = c->hidden_size, E = c->num_experts;
-    // combine backward = dispatch of the output gradient (probs are inside the experts)
-    dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    ExpertShape es = expert_shape(c, ma);
-    experts_backward(a->d_rows_in, a->d_row_probs, &lp->ffn_grads, a->d_rows_out, &ma->experts, ma->rows_in,
-                     ma->row_probs, &lp->ffn_params, &es, a->d_gate, a->d_up, a->d_act);
-    // dispatch backward = combine of the input-row gradients
-    combine_forward(a->d_norm, a->d_rows_in, &ma->plan, H, 0);
+    routed_experts_backward(m, lp, ma, a, d_out);
     // router: probs → logits → (router input, W_router); with forced balancing the random
     // logits pass their gradient straight through to the real ones
-    gather_choice_values(a->d_choice_probs, a->d_row_probs, &ma->plan);
     router_backward(a->d_router_logits, a->d_choice_probs, ma->logits, &ma->route, &m->router, &ma->call, loss_scale);
     if (!ma->jitter_used) {  // the router read ln2 itself: its input gradient adds straight in
         linear_backward(a->d_norm, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,

@@ -293,6 +293,17 @@ void comm_reduce_scatter_v(const Comm *g, const real *send, real *recv, const si
 void comm_allgather(const Comm *g, const real *send, real *recv, size_t block) {
     block_collective(g, OP_ALLGATHER, send, recv, NULL, block, NULL);
 }
+void comm_allgather_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block) {
+    require_member(g, "all-gather");
+    if (g->size == 1) {
+        memmove(recv, send, block * sizeof(int32_t));
+        return;
+    }
+    size_t *counts = equal_counts(g, block), *displs = prefix_displs(g, counts);
+    backend_allgatherv(g, CT_INT32, send, recv, counts, displs);
+    free(counts);
+    free(displs);
+}
 void comm_allgather_v(const Comm *g, const real *send, real *recv, const size_t *counts) {
     block_collective(g, OP_ALLGATHER, send, recv, counts, 0, NULL);
 }

@@ -66,6 +66,7 @@ void comm_reduce_scatter(const Comm *g, const real *send, real *recv, size_t blo
 void comm_reduce_scatter_v(const Comm *g, const real *send, real *recv, const size_t *counts);
 // recv holds size blocks of `block` elements; block q is rank q's send.
 void comm_allgather(const Comm *g, const real *send, real *recv, size_t block);
+void comm_allgather_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block);
 // As comm_allgather with rank q sending counts[q] elements (blocks back to back in recv).
 void comm_allgather_v(const Comm *g, const real *send, real *recv, const size_t *counts);
 // Block q of send (`block` elements) goes to rank q; block q of recv comes from rank q.

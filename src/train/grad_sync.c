@@ -3,71 +3,121 @@
 #include <math.h>
 #include <string.h>
 
-void grad_sync_init(GradSync *g, const Comm *dp, const TensorTable *tt, int distributed, int parts) {
+#include "core/timer.h"
+
+static void region_init(GradRegion *r, const Comm *comm, FlatRange range, int distributed) {
+    r->comm = comm;
+    r->range = range;
+    r->sharded = distributed && comm->size > 1;
+    int64_t total = range.end - range.begin, n = comm->size;
+    r->counts = mt_malloc((size_t)n * sizeof(size_t));
+    for (int64_t q = 0; q < n; q++) r->counts[q] = (size_t)(total * (q + 1) / n - total * q / n);
+    r->shard = range;
+    if (r->sharded)
+        r->shard = (FlatRange){range.begin + total * comm->rank / n, range.begin + total * (comm->rank + 1) / n};
+    r->buffer = r->sharded ? mt_malloc((size_t)MT_MAX(r->shard.end - r->shard.begin, 1) * sizeof(real)) : NULL;
+}
+
+void grad_sync_init(GradSync *g, const Comm *dp, const Comm *edp, const Comm *ep, const TensorTable *tt,
+                    int distributed, int parts) {
     memset(g, 0, sizeof(*g));
-    g->dp = dp;
-    g->distributed = distributed && dp->size > 1;
-    g->overlap = !g->distributed && dp->size > 1;
-    g->max_pending = parts;
-    g->pending = g->overlap ? mt_calloc((size_t)parts, sizeof(CommRequest)) : NULL;
-    int64_t total = (int64_t)tt->total, n = dp->size;
-    g->counts = mt_malloc(n * sizeof(size_t));
-    for (int64_t r = 0; r < n; r++) g->counts[r] = (size_t)(total * (r + 1) / n - total * r / n);
-    g->begin = g->distributed ? total * dp->rank / n : 0;
-    g->end = g->distributed ? total * (dp->rank + 1) / n : total;
-    g->shard = g->distributed ? mt_malloc((size_t)MT_MAX(g->end - g->begin, 1) * sizeof(real)) : NULL;
+    region_init(&g->region[REGION_DENSE], dp, (FlatRange){0, (int64_t)tt->dense_total}, distributed);
+    region_init(&g->region[REGION_EXPERT], edp, (FlatRange){(int64_t)tt->dense_total, (int64_t)tt->total},
+                distributed);
+    g->ep = ep;
+    g->distributed = g->region[REGION_DENSE].sharded || g->region[REGION_EXPERT].sharded;
+    g->overlap = !distributed && (dp->size > 1 || edp->size > 1);
+    g->max_pending = REGIONS * parts;
+    g->pending = g->overlap ? mt_calloc((size_t)g->max_pending, sizeof(CommRequest)) : NULL;
 }
 
 void grad_sync_free(GradSync *g) {
+    for (int r = 0; r < REGIONS; r++) {
+        free(g->region[r].counts);
+        free(g->region[r].buffer);
+    }
     free(g->pending);
-    free(g->counts);
-    free(g->shard);
     memset(g, 0, sizeof(*g));
 }
 
-void grad_sync_reduce(GradSync *g, TensorTable *tt) {
-    if (!g->distributed) {
-        comm_allreduce_sum(g->dp, tt->grads, tt->total);
-        return;
-    }
-    comm_reduce_scatter_v(g->dp, tt->grads, g->shard, g->counts);
-    memcpy(tt->grads + g->begin, g->shard, (size_t)(g->end - g->begin) * sizeof(real));
+int grad_sync_shards(const GradSync *g, FlatRange *ranges) {
+    for (int r = 0; r < REGIONS; r++) ranges[r] = g->region[r].shard;
+    return REGIONS;
 }
 
-void grad_sync_part_ready(GradSync *g, TensorTable *tt, int64_t begin, int64_t end) {
+void grad_sync_reduce(GradSync *g, TensorTable *tt) {
+    for (int i = 0; i < REGIONS; i++) {
+        GradRegion *r = &g->region[i];
+        real *grads = tt->grads + r->range.begin;
+        if (!r->sharded) {
+            comm_allreduce_sum(r->comm, grads, (size_t)(r->range.end - r->range.begin));
+            continue;
+        }
+        comm_reduce_scatter_v(r->comm, grads, r->buffer, r->counts);
+        memcpy(tt->grads + r->shard.begin, r->buffer, (size_t)(r->shard.end - r->shard.begin) * sizeof(real));
+    }
+}
+
+void grad_sync_part_ready(GradSync *g, TensorTable *tt, int region, int64_t begin, int64_t end) {
     MT_ASSERT(g->overlap && g->n_pending < g->max_pending);
-    if (end > begin) comm_iallreduce_sum(g->dp, tt->grads + begin, (size_t)(end - begin), &g->pending[g->n_pending++]);
+    const Comm *comm = g->region[region].comm;
+    if (g->n_pending == 0) g->first_start = now_seconds();
+    if (end > begin && comm->size > 1)
+        comm_iallreduce_sum(comm, tt->grads + begin, (size_t)(end - begin), &g->pending[g->n_pending++]);
     for (int i = 0; i < g->n_pending; i++) comm_test(&g->pending[i]);  // let the earlier sums progress
 }
 
 void grad_sync_finish(GradSync *g) {
+    g->hidden_s = g->n_pending ? now_seconds() - g->first_start : 0;
     for (int i = 0; i < g->n_pending; i++) comm_wait(&g->pending[i]);
     g->n_pending = 0;
 }
 
+// Dense tensors are the same on every expert-parallel rank and experts differ, so the norm
+// adds the dense shards over dp and the expert shards over edp and then over ep.
 double grad_sync_norm(const GradSync *g, const TensorTable *tt) {
-    double sum = grad_sum_squares(tt, g->begin, g->end);
-    if (g->distributed) comm_allreduce_sum_double(g->dp, &sum, 1);
-    return sqrt(sum);
+    double sum[REGIONS];
+    for (int i = 0; i < REGIONS; i++) {
+        const GradRegion *r = &g->region[i];
+        sum[i] = grad_sum_squares(tt, r->shard.begin, r->shard.end);
+        if (r->sharded) comm_allreduce_sum_double(r->comm, &sum[i], 1);
+    }
+    comm_allreduce_sum_double(g->ep, &sum[REGION_EXPERT], 1);
+    return sqrt(sum[REGION_DENSE] + sum[REGION_EXPERT]);
 }
 
 void grad_sync_gather_params(GradSync *g, TensorTable *tt) {
-    if (!g->distributed) return;
-    memcpy(g->shard, tt->params + g->begin, (size_t)(g->end - g->begin) * sizeof(real));
-    comm_allgather_v(g->dp, g->shard, tt->params, g->counts);
+    for (int i = 0; i < REGIONS; i++) {
+        GradRegion *r = &g->region[i];
+        if (!r->sharded) continue;
+        memcpy(r->buffer, tt->params + r->shard.begin, (size_t)(r->shard.end - r->shard.begin) * sizeof(real));
+        comm_allgather_v(r->comm, r->buffer, tt->params + r->range.begin, r->counts);
+    }
 }
 
 void grad_sync_gather_moments(const GradSync *g, const Optimizer *shard, const TensorTable *tt, Optimizer *full) {
-    MT_ASSERT(g->distributed);
     optimizer_init(full, tt);
     full->step = shard->step;
-    comm_allgather_v(g->dp, shard->exp_avg, full->exp_avg, g->counts);
-    comm_allgather_v(g->dp, shard->exp_avg_sq, full->exp_avg_sq, g->counts);
+    for (int i = 0; i < REGIONS; i++) {
+        const GradRegion *r = &g->region[i];
+        size_t base = optimizer_moment_base(shard, i), n = (size_t)(r->shard.end - r->shard.begin);
+        real *avg = full->exp_avg + r->range.begin, *avg_sq = full->exp_avg_sq + r->range.begin;
+        if (!r->sharded) {
+            memcpy(avg, shard->exp_avg + base, n * sizeof(real));
+            memcpy(avg_sq, shard->exp_avg_sq + base, n * sizeof(real));
+            continue;
+        }
+        comm_allgather_v(r->comm, shard->exp_avg + base, avg, r->counts);
+        comm_allgather_v(r->comm, shard->exp_avg_sq + base, avg_sq, r->counts);
+    }
 }
 
 void grad_sync_take_moments(const GradSync *g, const Optimizer *full, Optimizer *shard) {
-    size_t n = (size_t)(g->end - g->begin);
-    memcpy(shard->exp_avg, full->exp_avg + g->begin, n * sizeof(real));
-    memcpy(shard->exp_avg_sq, full->exp_avg_sq + g->begin, n * sizeof(real));
+    for (int i = 0; i < REGIONS; i++) {
+        const GradRegion *r = &g->region[i];
+        size_t base = optimizer_moment_base(shard, i), n = (size_t)(r->shard.end - r->shard.begin);
+        memcpy(shard->exp_avg + base, full->exp_avg + r->shard.begin, n * sizeof(real));
+        memcpy(shard->exp_avg_sq + base, full->exp_avg_sq + r->shard.begin, n * sizeof(real));
+    }
     shard->step = full->step;
 }

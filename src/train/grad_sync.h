@@ -1,45 +1,65 @@
-// grad_sync.h — gradients and parameters across the data-parallel group.
+// grad_sync.h — gradients and parameters across the data-parallel groups.
 //
-//   plain DP        : all-reduce every gradient; every rank steps every parameter.
-//   distributed     : (--use-distributed-optimizer, ZeRO-1) reduce-scatter the gradients
-//                     so rank r holds the summed gradients of its shard [begin, end) of the
-//                     flat parameters, AdamW steps that shard with its own moments, then
-//                     the updated shards are all-gathered. Shards are contiguous element
-//                     ranges of near-equal size; no tensor size needs to divide anything.
+// The flat buffers have two regions (core/tensor_table.h): the dense tensors, whose
+// gradients are summed over the dense data-parallel group (dp × cp), and the experts,
+// summed over the expert data-parallel group (edp: the ranks holding the same experts).
+//
+//   plain           : all-reduce every gradient within its region's group; every rank
+//                     steps every parameter it holds.
+//   distributed     : (--use-distributed-optimizer, ZeRO-1) reduce-scatter each region so
+//                     that a rank holds the summed gradients of its shard of the region,
+//                     AdamW steps the shards with their own moments, then the updated
+//                     shards are all-gathered. Shards are contiguous element ranges of
+//                     near-equal size; no tensor size needs to divide anything.
 // Sums run in rank order (parallel/comm.h), so results do not depend on timing.
 #pragma once
 #include "core/tensor_table.h"
 #include "parallel/comm.h"
 #include "train/optimizer.h"
 
+enum { REGION_DENSE, REGION_EXPERT, REGIONS };
+
 typedef struct {
-    const Comm *dp;
-    int distributed;
+    const Comm *comm;    // the group its gradients are summed over
+    FlatRange range;     // the region's elements
+    FlatRange shard;     // this rank's part (the whole region without the distributed optimizer)
+    size_t *counts;      // (comm size) elements of each rank's shard
+    real *buffer;        // (shard) reduce-scatter target with the distributed optimizer
+    int sharded;         // distributed optimizer over more than one rank
+} GradRegion;
+
+typedef struct {
+    GradRegion region[REGIONS];
+    const Comm *ep;        // expert-parallel group: different experts, so their norms add up
+    int distributed;       // some region is sharded
     int overlap;           // plain DP over > 1 rank: sums start during the last backward
     CommRequest *pending;  // (max_pending) sums in flight
     int n_pending, max_pending;
-    size_t *counts;        // (dp size) elements of each rank's shard
-    int64_t begin, end;    // this rank's shard (all elements without --use-distributed-optimizer)
-    real *shard;           // (end − begin) reduce-scatter target
+    double first_start;    // when the first overlapped sum of this step started
+    double hidden_s;       // the last grad_sync_finish: seconds sums were in flight before it waited
 } GradSync;
 
-// parts: how many ranges backward can report (grad_sync_part_ready) in one pass.
-void grad_sync_init(GradSync *g, const Comm *dp, const TensorTable *tt, int distributed, int parts);
+// dp: dense data-parallel group (dp × cp); edp: expert data-parallel group; ep: the
+// expert-parallel group. parts: how many parts backward can report in one pass.
+void grad_sync_init(GradSync *g, const Comm *dp, const Comm *edp, const Comm *ep, const TensorTable *tt,
+                    int distributed, int parts);
 void grad_sync_free(GradSync *g);
-// After backward: the summed gradients of this rank's elements, in tt->grads[begin, end).
+// The element ranges this rank's optimizer steps (its shards), for optimizer_init_ranges.
+int grad_sync_shards(const GradSync *g, FlatRange *ranges);
+// After backward: the summed gradients of this rank's shards, in tt->grads.
 void grad_sync_reduce(GradSync *g, TensorTable *tt);
 // Overlapped reduction (when g->overlap): during the last micro-batch's backward, start
-// the sum of each range of gradients as soon as it is final; then wait for all of them.
-// The sums are the same as grad_sync_reduce's, bit for bit (rank order per element).
-void grad_sync_part_ready(GradSync *g, TensorTable *tt, int64_t begin, int64_t end);
+// the sum of each range of gradients of a region as soon as it is final; then wait for
+// all of them. The sums are the same as grad_sync_reduce's, bit for bit.
+void grad_sync_part_ready(GradSync *g, TensorTable *tt, int region, int64_t begin, int64_t end);
 void grad_sync_finish(GradSync *g);
-// L2 norm of all summed gradients (every rank gets the same value).
+// L2 norm of all summed gradients of the model (every rank gets the same value).
 double grad_sync_norm(const GradSync *g, const TensorTable *tt);
-// After the optimizer step: every rank holds every updated parameter.
+// After the optimizer step: every rank holds every updated parameter of its tensors.
 void grad_sync_gather_params(GradSync *g, TensorTable *tt);
 
 // With the distributed optimizer checkpoint I/O works on whole moments: gather the shards
 // into full (every rank takes part; full is allocated here, free with optimizer_free), or
-// take this rank's shard of full.
+// take this rank's shards of full.
 void grad_sync_gather_moments(const GradSync *g, const Optimizer *shard, const TensorTable *tt, Optimizer *full);
 void grad_sync_take_moments(const GradSync *g, const Optimizer *full, Optimizer *shard);

@@ -99,6 +99,8 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_double(&w, "elapsed_s", r->elapsed_s);
     jw_kv_double(&w, "data_wait_s", r->data_wait_s);
     jw_kv_double(&w, "grad_comm_s", r->grad_comm_s);
+    jw_kv_double(&w, "grad_comm_hidden_s", r->grad_comm_hidden_s);
+    jw_kv_double(&w, "expert_comm_s", r->expert_comm_s);
     for (int t = 1; t < 3; t++)
         if (r->balance_coeff[t] > 0) jw_kv_double(&w, BALANCE_KEYS[t], r->router.balance[t]);
     for (int l = 0; l < r->n_layers; l++)

@@ -17,6 +17,8 @@
 #include "train/step_stats.h"
 #include "data/prefetch.h"
 #include "train/checkpoint.h"
+#include "train/expert_shards.h"
+#include "moe/expert_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
@@ -31,9 +33,10 @@ typedef struct {
     Prefetcher prefetch;        // training micro-batches, read ahead on a thread
     DataBatch eval_batch;       // validation micro-batches
     ParallelGroups groups;      // every process group of the layout
-    Comm dp;                    // data parallel: the ranks that split each global batch
-    GradSync sync;              // gradient reduction / distributed optimizer over dp
+    const Comm *dp;             // data parallel: the ranks that split each global batch
+    GradSync sync;              // gradient reduction / distributed optimizer over dp and edp
     double comm_s;              // time in gradient / parameter collectives, this step
+    double comm_hidden_s;       // gradient sums in flight behind backward, this step
     Metrics metrics;
     double peak_flops, flops_per_token;
     RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
@@ -62,27 +65,28 @@ static int64_t micro_batch_first(int64_t consumed, int mb, int B, const Comm *dp
 // Backward finished the gradients of a part: start summing them over the data-parallel group.
 static void grads_ready(void *ctx, int part) {
     Trainer *t = ctx;
-    int64_t begin, end;
-    model_grads_part_range(&t->model, part, &begin, &end);
-    grad_sync_part_ready(&t->sync, &t->model.tt, begin, end);
+    ElemRange dense, experts;
+    model_grads_part_ranges(&t->model, part, &dense, &experts);
+    grad_sync_part_ready(&t->sync, &t->model.tt, REGION_DENSE, dense.begin, dense.end);
+    grad_sync_part_ready(&t->sync, &t->model.tt, REGION_EXPERT, experts.begin, experts.end);
 }
 
 static StepLosses train_step_micro_batches(Trainer *t) {
     const Config *c = t->cfg;
     StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts, .num_experts = c->num_experts};
     for (int l = 0; l < c->num_layers; l++) s.moe_layers += t->model.layers[l].is_moe;
-    int M = c->num_micro_batches / t->dp.size, B = c->micro_batch_size, L = c->seq_length;
+    int M = c->num_micro_batches / t->dp->size, B = c->micro_batch_size, L = c->seq_length;
     double weight = 1.0 / c->num_micro_batches;  // every micro-batch of every rank counts alike
     memset(t->layer_stats, 0, c->num_layers * sizeof(RouterStats));
     memset(t->layer_counts, 0, (size_t)c->num_layers * MT_MAX(c->num_experts, 1) * sizeof(int64_t));
     vec_zero(t->model.tt.grads, t->model.tt.total);
     int64_t consumed = t->state.consumed_train_samples;
     for (int mb = 0; mb < M; mb++) {
-        int64_t first = micro_batch_first(consumed, mb, B, &t->dp);
+        int64_t first = micro_batch_first(consumed, mb, B, t->dp);
         int last_step = t->state.iteration + 1 >= c->train_iters;
-        int64_t next = mb + 1 < M ? micro_batch_first(consumed, mb + 1, B, &t->dp)
+        int64_t next = mb + 1 < M ? micro_batch_first(consumed, mb + 1, B, t->dp)
                        : last_step ? -1
-                                   : micro_batch_first(consumed + c->global_batch_size, 0, B, &t->dp);
+                                   : micro_batch_first(consumed + c->global_batch_size, 0, B, t->dp);
         const DataBatch *db = prefetch_get(&t->prefetch, first, next);
         Batch batch = batch_of(db, L);
         batch.training = 1;
@@ -98,11 +102,15 @@ static StepLosses train_step_micro_batches(Trainer *t) {
     }
     t->state.consumed_train_samples += c->global_batch_size;
     double t0 = now_seconds();
-    if (t->sync.overlap) grad_sync_finish(&t->sync);  // only the part not hidden behind backward
-    else grad_sync_reduce(&t->sync, &t->model.tt);
+    if (t->sync.overlap) {  // only the part not hidden behind backward
+        grad_sync_finish(&t->sync);
+        t->comm_hidden_s = t->sync.hidden_s;
+    } else {
+        grad_sync_reduce(&t->sync, &t->model.tt);
+    }
     t->comm_s += now_seconds() - t0;
-    step_losses_allreduce(&s, &t->dp);
-    router_state_allreduce(&t->model, &t->dp);
+    step_losses_allreduce(&s, t->dp);
+    router_state_allreduce(&t->model, t->dp);
     return s;
 }
 
@@ -118,20 +126,22 @@ static double evaluate(Trainer *t) {
     return total / c->eval_iters;
 }
 
-// The process groups. Data parallelism is implemented; the other sizes are accepted by
-// the group code but not yet by the trainer.
+// The process groups. Data and expert parallelism are implemented; the other sizes are
+// accepted by the group code but not yet by the trainer.
 static void setup_parallel(Trainer *t) {
     const Config *c = t->cfg;
     parallel_groups_init(&t->groups, c);
     const ParallelSizes *ps = &t->groups.sizes;
-    if (ps->tp > 1 || ps->cp > 1 || ps->pp > 1 || ps->ep > 1 || ps->etp > 1)
-        mt_die("--tensor-/--context-/--pipeline-/--expert-model-parallel-size and --expert-tensor-parallel-size "
-               "above 1 are not implemented yet; run data parallel only (those sizes 1)");
-    t->dp = t->groups.comm[PG_DP];
-    if (c->num_micro_batches % t->dp.size)
+    if (ps->tp > 1 || ps->cp > 1 || ps->pp > 1 || ps->etp > 1)
+        mt_die("--tensor-/--context-/--pipeline-model-parallel-size and --expert-tensor-parallel-size above 1 are "
+               "not implemented yet; use data and expert parallelism (those sizes 1)");
+    if (ps->ep > 1 && !c->num_experts)
+        mt_die("--expert-model-parallel-size %d needs a MoE model (--num-experts)", ps->ep);
+    t->dp = &t->groups.comm[PG_DP];
+    if (c->num_micro_batches % t->dp->size)
         mt_die("--global-batch-size %d must be a multiple of --micro-batch-size %d times the %d data-parallel "
-               "ranks", c->global_batch_size, c->micro_batch_size, t->dp.size);
-    if (t->dp.size > 1 && c->balance_coeff[BALANCE_GLOBAL_AUX] > 0)
+               "ranks", c->global_batch_size, c->micro_batch_size, t->dp->size);
+    if (t->dp->size > 1 && c->balance_coeff[BALANCE_GLOBAL_AUX] > 0)
         mt_die("--moe-router-load-balancing-type global_aux_loss with data parallelism is not implemented yet "
                "(its token counts need an all-reduce inside the forward); use aux_loss or seq_aux_loss");
 }
@@ -164,9 +174,11 @@ static void trainer_setup(Trainer *t, Config *c) {
         c->log_jsonl[0] = 0;
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
-    model_build(&t->model, c);
-    grad_sync_init(&t->sync, &t->dp, &t->model.tt, c->use_distributed_optimizer, c->num_layers + 2);
-    optimizer_init_range(&t->opt, t->sync.begin, t->sync.end);
+    model_build_ep(&t->model, c, &t->groups.comm[PG_EP]);
+    grad_sync_init(&t->sync, &t->groups.comm[PG_DP_CP], &t->groups.comm[PG_EDP], &t->groups.comm[PG_EP], &t->model.tt,
+                   c->use_distributed_optimizer, c->num_layers + 2);
+    FlatRange shards[REGIONS];
+    optimizer_init_ranges(&t->opt, shards, grad_sync_shards(&t->sync, shards));
     if (c->load[0]) {
         load_checkpoint(t, resolved);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);
@@ -200,15 +212,17 @@ static void trainer_free(Trainer *t) {
 
 static void print_banner(const Trainer *t) {
     const Config *c = t->cfg;
-    size_t active = 0;
+    size_t active = 0, total = 0;  // of the whole model (experts of every expert-parallel rank)
     for (int i = 0; i < t->model.tt.count; i++) {
         const TensorDesc *d = &t->model.tt.descs[i];
-        active += d->flags & TENSOR_EXPERT ? d->numel * c->moe_router_topk / c->num_experts : d->numel;
+        size_t n = d->flags & TENSOR_EXPERT ? d->numel * t->model.ep.size : d->numel;
+        total += n;
+        active += d->flags & TENSOR_EXPERT ? n * c->moe_router_topk / c->num_experts : n;
     }
     printf("moetron train: %s family, %d layers, hidden %d, %d experts top-%d, %.2fM parameters (%.2fM active), "
            "%s\n",
            hf_model_type(t->model.family), c->num_layers, c->hidden_size, c->num_experts, c->moe_router_topk,
-           t->model.tt.total / 1e6, active / 1e6, t->data.source);
+           total / 1e6, active / 1e6, t->data.source);
     printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s\n",
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
            c->train_iters, t->peak_flops / 1e12);
@@ -218,20 +232,29 @@ static void print_banner(const Trainer *t) {
     fflush(stdout);
 }
 
-// Rank 0 writes; with the distributed optimizer every rank first takes part in gathering
-// the moment shards.
+// Rank 0 writes the global checkpoint; every rank first takes part in gathering the
+// moment shards (distributed optimizer) and the experts (expert parallelism).
 static void save_checkpoint(Trainer *t) {
-    Optimizer gathered = {0};
+    Optimizer gathered = {0}, global_opt = {0};
     const Optimizer *whole = &t->opt;
     if (t->sync.distributed) {
         grad_sync_gather_moments(&t->sync, &t->opt, &t->model.tt, &gathered);
         whole = &gathered;
     }
-    if (comm_world_rank() == 0) {  // the model is the same on every rank
-        checkpoint_save(t->cfg->save, &t->model, whole, &t->state);
+    Model global = {0};
+    const Model *model = &t->model;
+    if (t->model.ep.size > 1) {
+        expert_shards_gather(&t->model, whole, &global, &global_opt);
+        model = &global;
+        whole = &global_opt;
+    }
+    if (comm_world_rank() == 0) {
+        checkpoint_save(t->cfg->save, model, whole, &t->state);
         printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
         fflush(stdout);
     }
+    if (model == &global) model_free(&global);
+    optimizer_free(&global_opt);
     optimizer_free(&gathered);
 }
 
@@ -244,7 +267,8 @@ int train_main(Config *c) {
     long last_saved = c->load[0] ? t.state.iteration : -1;
     for (long step = first_step; step <= c->train_iters; step++) {
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
-        t.comm_s = 0;
+        t.comm_s = t.comm_hidden_s = 0;
+        ep_take_comm_seconds(&t.model);
         StepLosses s = train_step_micro_batches(&t);
         double norm0 = now_seconds();
         double grad_norm = grad_sync_norm(&t.sync, &t.model.tt);
@@ -273,6 +297,7 @@ int train_main(Config *c) {
                             .tflops = flops / 1e12, .mfu = flops / t.peak_flops,
                             .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed, .step_s = step_time,
                             .data_wait_s = t.prefetch.waited_s - waited0, .grad_comm_s = t.comm_s,
+                            .grad_comm_hidden_s = t.comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(&t.model),
                             .eta_s = elapsed / (step - first_step + 1) * (c->train_iters - step)};
             metrics_log_step(&t.metrics, &r);
         }

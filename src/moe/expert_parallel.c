@@ -1,0 +1,317 @@
+// expert_parallel.c — the alltoall and allgather token exchanges of expert parallelism
+// (see expert_parallel.h), and the growable buffers they compute in.
+#include "moe/expert_parallel.h"
+
+#include <string.h>
+
+#include "core/timer.h"
+
+// Per MoE layer, from forward to backward: the rows this rank's experts computed.
+typedef struct EpLayer {
+    int32_t *recv_counts;  // (P·local) alltoall: rows from rank s for local expert le, [s][le]
+    int32_t *send_rows;    // (P) alltoall: rows sent to each rank
+    int32_t *recv_rows;    // (P) alltoall: rows received from each rank
+    int32_t *offsets;      // (local + 1) first row of each local expert
+    int rows;              // rows computed here
+    size_t row_capacity;
+    real *rows_in, *row_probs, *rows_out;  // (rows,H), (rows), (rows,H)
+    ExpertActs acts;                       // (rows,I) each
+    // allgather: the routing of the whole group and the plan over its P·N tokens
+    size_t choice_capacity;
+    int32_t *topk_all, *kept_all;  // (P·N·k)
+    real *probs_all;               // (P·N·k)
+    DispatchPlan plan;             // row_of_choice (P·N·k), token_of_row (rows)
+} EpLayer;
+
+// Scratch shared by the layers (not needed after the call that fills it).
+struct EpBuffers {
+    size_t row_capacity;
+    real *exchange, *exchange_probs;  // (rows,H), (rows): rows as they travel, [source][expert]
+    real *d_rows_out, *d_rows_in;     // (rows,H)
+    real *d_row_probs;                // (rows)
+    real *d_gate, *d_up, *d_act;      // (rows,I)
+    size_t token_capacity, choice_capacity;
+    real *tokens_all;                 // (P·N,H) allgather: gathered inputs / partial sums
+    real *choices_all;                // (P·N·k) allgather: prob gradients of every choice
+    double comm_s;
+};
+
+// ---- buffers -----------------------------------------------------------------------------------
+
+// Capacity for `need` items: the current one, or 1.5x more than asked when it grows.
+static size_t grown(size_t capacity, size_t need) { return need <= capacity ? capacity : need + need / 2 + 1; }
+
+static void resize(real **buf, size_t count) {
+    free(*buf);
+    *buf = mt_malloc(MT_MAX(count, 1) * sizeof(real));
+}
+
+static void resize_ints(int32_t **buf, size_t count) {
+    free(*buf);
+    *buf = mt_malloc(MT_MAX(count, 1) * sizeof(int32_t));
+}
+
+static void layer_reserve_rows(EpLayer *el, size_t rows, int H, int I) {
+    size_t cap = grown(el->row_capacity, rows);
+    if (cap == el->row_capacity) return;
+    el->row_capacity = cap;
+    resize(&el->rows_in, cap * H);
+    resize(&el->row_probs, cap);
+    resize(&el->rows_out, cap * H);
+    resize(&el->acts.gate, cap * I);
+    resize(&el->acts.up, cap * I);
+    resize(&el->acts.act, cap * I);
+    resize_ints(&el->plan.token_of_row, cap);
+}
+
+static void layer_reserve_choices(EpLayer *el, size_t choices) {
+    size_t cap = grown(el->choice_capacity, choices);
+    if (cap == el->choice_capacity) return;
+    el->choice_capacity = cap;
+    resize_ints(&el->topk_all, cap);
+    resize_ints(&el->kept_all, cap);
+    resize(&el->probs_all, cap);
+    resize_ints(&el->plan.row_of_choice, cap);
+}
+
+static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
+    if (ma->ep) return ma->ep;
+    EpLayer *el = mt_calloc(1, sizeof(EpLayer));
+    el->recv_counts = mt_calloc((size_t)ep->size * ep->local, sizeof(int32_t));
+    el->send_rows = mt_calloc(ep->size, sizeof(int32_t));
+    el->recv_rows = mt_calloc(ep->size, sizeof(int32_t));
+    el->offsets = mt_calloc(ep->local + 1, sizeof(int32_t));
+    el->plan.rows_per_expert = mt_calloc(E, sizeof(int32_t));
+    el->plan.expert_offsets = mt_calloc(E + 1, sizeof(int32_t));
+    ma->ep = el;
+    return el;
+}
+
+void ep_layer_free(MoeActs *ma) {
+    EpLayer *el = ma->ep;
+    if (!el) return;
+    void *owned[] = {el->recv_counts, el->send_rows, el->recv_rows, el->offsets, el->rows_in, el->row_probs,
+                     el->rows_out, el->acts.gate, el->acts.up, el->acts.act, el->topk_all, el->kept_all,
+                     el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets, el->plan.row_of_choice,
+                     el->plan.token_of_row};
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) free(owned[i]);
+    free(el);
+    ma->ep = NULL;
+}
+
+void ep_buffers_new(Model *m) { m->ep_buffers = mt_calloc(1, sizeof(struct EpBuffers)); }
+
+void ep_buffers_free(Model *m) {
+    struct EpBuffers *b = m->ep_buffers;
+    if (!b) return;
+    real *owned[] = {b->exchange, b->exchange_probs, b->d_rows_out, b->d_rows_in, b->d_row_probs,
+                     b->d_gate, b->d_up, b->d_act, b->tokens_all, b->choices_all};
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) free(owned[i]);
+    free(b);
+    m->ep_buffers = NULL;
+}
+
+static struct EpBuffers *buffers_for_rows(const Model *m, size_t rows) {
+    struct EpBuffers *b = m->ep_buffers;
+    size_t cap = grown(b->row_capacity, rows), H = m->cfg.hidden_size, I = m->cfg.moe_ffn;
+    if (cap == b->row_capacity) return b;
+    b->row_capacity = cap;
+    resize(&b->exchange, cap * H);
+    resize(&b->exchange_probs, cap);
+    resize(&b->d_rows_out, cap * H);
+    resize(&b->d_rows_in, cap * H);
+    resize(&b->d_row_probs, cap);
+    resize(&b->d_gate, cap * I);
+    resize(&b->d_up, cap * I);
+    resize(&b->d_act, cap * I);
+    return b;
+}
+
+// Room for the P·N gathered tokens and their P·N·k choices.
+static struct EpBuffers *buffers_for_tokens(const Model *m, size_t tokens, size_t choices) {
+    struct EpBuffers *b = m->ep_buffers;
+    size_t cap = grown(b->token_capacity, tokens);
+    if (cap != b->token_capacity) {
+        b->token_capacity = cap;
+        resize(&b->tokens_all, cap * m->cfg.hidden_size);
+    }
+    cap = grown(b->choice_capacity, choices);
+    if (cap != b->choice_capacity) {
+        b->choice_capacity = cap;
+        resize(&b->choices_all, cap);
+    }
+    return b;
+}
+
+double ep_take_comm_seconds(const Model *m) {
+    if (!m->ep_buffers) return 0;
+    double s = m->ep_buffers->comm_s;
+    m->ep_buffers->comm_s = 0;
+    return s;
+}
+
+static ExpertShape local_shape(const Model *m, const int32_t *offsets) {
+    return (ExpertShape){.groups = m->ep.local, .H = m->cfg.hidden_size, .I = m->cfg.moe_ffn, .offsets = offsets};
+}
+
+// ---- alltoall ------------------------------------------------------------------------------------
+
+// Rows of `width` reals: send_rows[q] rows (back to back in send) go to rank q;
+// recv_rows[q] rows from rank q land back to back in recv.
+static void exchange_rows(const Model *m, const real *send, const int32_t *send_rows, real *recv,
+                          const int32_t *recv_rows, int width) {
+    const Comm *g = m->ep.comm;
+    int P = g->size;
+    size_t *counts = mt_malloc(4 * (size_t)P * sizeof(size_t));
+    size_t *send_counts = counts, *send_displs = counts + P, *recv_counts = counts + 2 * P, *recv_displs = counts + 3 * P;
+    size_t sent = 0, received = 0;
+    for (int q = 0; q < P; q++) {
+        send_counts[q] = (size_t)send_rows[q] * width;
+        recv_counts[q] = (size_t)recv_rows[q] * width;
+        send_displs[q] = sent;
+        recv_displs[q] = received;
+        sent += send_counts[q];
+        received += recv_counts[q];
+    }
+    double t0 = now_seconds();
+    comm_alltoall_v(g, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    m->ep_buffers->comm_s += now_seconds() - t0;
+    free(counts);
+}
+
+// From the exchanged counts: rows sent to / received from each rank, and where each local
+// expert's rows start once sorted expert-major.
+static void alltoall_layout(EpLayer *el, const DispatchPlan *plan, const ExpertParallel *ep) {
+    int P = ep->size, L = ep->local;
+    el->offsets[0] = 0;
+    for (int le = 0; le < L; le++) {
+        int rows = 0;
+        for (int s = 0; s < P; s++) rows += el->recv_counts[s * L + le];
+        el->offsets[le + 1] = el->offsets[le] + rows;
+    }
+    el->rows = el->offsets[L];
+    for (int q = 0; q < P; q++) {
+        el->send_rows[q] = plan->expert_offsets[(q + 1) * L] - plan->expert_offsets[q * L];
+        el->recv_rows[q] = 0;
+        for (int le = 0; le < L; le++) el->recv_rows[q] += el->recv_counts[q * L + le];
+    }
+}
+
+// Received order [source s][local expert le] <-> expert-major [le][s] (to_expert_major 0:
+// the reverse). Segments keep their rows' order, so the reverse is exact.
+static void sort_segments(real *dst, const real *src, const EpLayer *el, const ExpertParallel *ep, int width,
+                          int to_expert_major) {
+    int P = ep->size, L = ep->local;
+    int32_t *next = mt_malloc(L * sizeof(int32_t));
+    memcpy(next, el->offsets, L * sizeof(int32_t));
+    size_t arrival = 0;
+    for (int s = 0; s < P; s++)
+        for (int le = 0; le < L; le++) {
+            size_t n = (size_t)el->recv_counts[s * L + le], sorted = (size_t)next[le];
+            next[le] += (int32_t)n;
+            size_t from = to_expert_major ? arrival : sorted, to = to_expert_major ? sorted : arrival;
+            memcpy(dst + to * width, src + from * width, n * width * sizeof(real));
+            arrival += n;
+        }
+    free(next);
+}
+
+void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, real *ffn_out) {
+    const ExpertParallel *ep = &m->ep;
+    int H = m->cfg.hidden_size;
+    EpLayer *el = ep_layer(ma, ep, m->cfg.num_experts);
+    double t0 = now_seconds();
+    comm_alltoall_int32(ep->comm, ma->plan.rows_per_expert, el->recv_counts, ep->local);
+    m->ep_buffers->comm_s += now_seconds() - t0;
+    alltoall_layout(el, &ma->plan, ep);
+    layer_reserve_rows(el, el->rows, H, m->cfg.moe_ffn);
+    struct EpBuffers *b = buffers_for_rows(m, el->rows);
+    exchange_rows(m, ma->rows_in, el->send_rows, b->exchange, el->recv_rows, H);
+    exchange_rows(m, ma->row_probs, el->send_rows, b->exchange_probs, el->recv_rows, 1);
+    sort_segments(el->rows_in, b->exchange, el, ep, H, 1);
+    sort_segments(el->row_probs, b->exchange_probs, el, ep, 1, 1);
+    ExpertShape shape = local_shape(m, el->offsets);
+    experts_forward(el->rows_out, &el->acts, el->rows_in, el->row_probs, &lp->ffn_params, &shape);
+    sort_segments(b->exchange, el->rows_out, el, ep, H, 0);
+    exchange_rows(m, b->exchange, el->recv_rows, ma->rows_out, el->send_rows, H);
+    combine_forward(ffn_out, ma->rows_out, &ma->plan, H, 0);
+}
+
+void ep_alltoall_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out) {
+    const ExpertParallel *ep = &m->ep;
+    EpLayer *el = ma->ep;
+    int H = m->cfg.hidden_size;
+    struct EpBuffers *b = buffers_for_rows(m, el->rows);
+    // combine backward = dispatch of the output gradient, then the same trip as the inputs
+    dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
+    exchange_rows(m, a->d_rows_out, el->send_rows, b->exchange, el->recv_rows, H);
+    sort_segments(b->d_rows_out, b->exchange, el, ep, H, 1);
+    ExpertShape shape = local_shape(m, el->offsets);
+    experts_backward(b->d_rows_in, b->d_row_probs, &lp->ffn_grads, b->d_rows_out, &el->acts, el->rows_in,
+                     el->row_probs, &lp->ffn_params, &shape, b->d_gate, b->d_up, b->d_act);
+    // the input and prob gradients return as the outputs did
+    sort_segments(b->exchange, b->d_rows_in, el, ep, H, 0);
+    exchange_rows(m, b->exchange, el->recv_rows, a->d_rows_in, el->send_rows, H);
+    sort_segments(b->exchange_probs, b->d_row_probs, el, ep, 1, 0);
+    exchange_rows(m, b->exchange_probs, el->recv_rows, a->d_row_probs, el->send_rows, 1);
+    combine_forward(a->d_norm, a->d_rows_in, &ma->plan, H, 0);
+    gather_choice_values(a->d_choice_probs, a->d_row_probs, &ma->plan);
+}
+
+// ---- allgather -----------------------------------------------------------------------------------
+
+void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *ffn_out) {
+    const ExpertParallel *ep = &m->ep;
+    int P = ep->size, N = ma->plan.N, k = ma->plan.k, E = m->cfg.num_experts, H = m->cfg.hidden_size;
+    size_t tokens = (size_t)P * N, choices = tokens * k;
+    EpLayer *el = ep_layer(ma, ep, E);
+    layer_reserve_choices(el, choices);
+    struct EpBuffers *b = buffers_for_tokens(m, tokens, choices);
+    double t0 = now_seconds();
+    comm_allgather(ep->comm, x, b->tokens_all, (size_t)N * H);
+    comm_allgather_int32(ep->comm, ma->route.topk_idx, el->topk_all, (size_t)N * k);
+    comm_allgather_int32(ep->comm, ma->route.kept, el->kept_all, (size_t)N * k);
+    comm_allgather(ep->comm, ma->route.topk_probs, el->probs_all, (size_t)N * k);
+    m->ep_buffers->comm_s += now_seconds() - t0;
+    // keep the choices of this rank's experts: the plan gives the others no rows
+    size_t rows = 0;
+    for (size_t i = 0; i < choices; i++) {
+        int e = el->topk_all[i];
+        el->kept_all[i] = el->kept_all[i] && e >= ep->first && e < ep->first + ep->local;
+        rows += (size_t)el->kept_all[i];
+    }
+    layer_reserve_rows(el, rows, H, m->cfg.moe_ffn);
+    el->plan.N = (int)tokens;
+    el->plan.k = k;
+    el->plan.E = E;
+    dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
+    el->rows = (int)rows;
+    dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
+    ExpertShape shape = local_shape(m, el->plan.expert_offsets + ep->first);  // rows start at 0
+    experts_forward(el->rows_out, &el->acts, el->rows_in, el->row_probs, &lp->ffn_params, &shape);
+    combine_forward(b->tokens_all, el->rows_out, &el->plan, H, 0);  // this rank's part of every token
+    t0 = now_seconds();
+    comm_reduce_scatter(ep->comm, b->tokens_all, ffn_out, (size_t)N * H);
+    m->ep_buffers->comm_s += now_seconds() - t0;
+}
+
+void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out) {
+    const ExpertParallel *ep = &m->ep;
+    EpLayer *el = ma->ep;
+    int P = ep->size, N = ma->plan.N, k = ma->plan.k, H = m->cfg.hidden_size;
+    struct EpBuffers *b = buffers_for_tokens(m, (size_t)P * N, (size_t)P * N * k);
+    buffers_for_rows(m, el->rows);
+    double t0 = now_seconds();
+    comm_allgather(ep->comm, d_out, b->tokens_all, (size_t)N * H);
+    m->ep_buffers->comm_s += now_seconds() - t0;
+    dispatch_forward(b->d_rows_out, NULL, b->tokens_all, NULL, &el->plan, H);
+    ExpertShape shape = local_shape(m, el->plan.expert_offsets + ep->first);
+    experts_backward(b->d_rows_in, b->d_row_probs, &lp->ffn_grads, b->d_rows_out, &el->acts, el->rows_in,
+                     el->row_probs, &lp->ffn_params, &shape, b->d_gate, b->d_up, b->d_act);
+    combine_forward(b->tokens_all, b->d_rows_in, &el->plan, H, 0);
+    gather_choice_values(b->choices_all, b->d_row_probs, &el->plan);  // 0 for other ranks' experts
+    t0 = now_seconds();
+    comm_reduce_scatter(ep->comm, b->tokens_all, a->d_norm, (size_t)N * H);
+    comm_reduce_scatter(ep->comm, b->choices_all, a->d_choice_probs, (size_t)N * k);
+    m->ep_buffers->comm_s += now_seconds() - t0;
+}
