@@ -26,6 +26,7 @@ static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Config *c, int B, int T
     ma->route.aux_counts = arena_ints(ar, E);
     ma->route.seq_counts = arena_ints(ar, (size_t)B * E);
     ma->route.global_counts = arena_alloc(ar, E * sizeof(double));
+    ma->route.group_counts = arena_alloc(ar, E * sizeof(double));
     ma->plan = (DispatchPlan){.N = N, .k = k, .E = E, .rows_per_expert = arena_ints(ar, E),
                               .expert_offsets = arena_ints(ar, E + 1), .row_of_choice = arena_ints(ar, choices),
                               .token_of_row = arena_ints(ar, rows)};

@@ -61,6 +61,7 @@ typedef struct {
     Config cfg;
     HfFamily family;
     ExpertParallel ep;
+    const Comm *count_group;              // global_aux_loss counts are summed over it (NULL: here)
     char family_note[256];                // why the family is HF_MOETRON, else ""
     RouterConfig router;                  // the router settings of every MoE layer
     RouterState *router_state;            // (num_layers), mutable during training forwards

@@ -58,10 +58,10 @@ static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, in
 static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     RouterState *rs = &m->router_state[layer];
     for (int e = 0; e < m->cfg.num_experts; e++) {
-        rs->global_counts_sum[e] += ma->route.aux_counts[e];
+        rs->global_counts_sum[e] += ma->route.group_counts[e];
         rs->bias_counts[e] += ma->route.tokens_per_expert[e];
     }
-    rs->global_micro_batches++;
+    rs->global_micro_batches += ma->route.group_batches;
 }
 
 static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N) {
@@ -138,7 +138,8 @@ void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
     ma->call = (RouterCall){.N = N, .seq_length = batch->T,
                             .expert_bias = lp->expert_bias >= 0 ? tt_param(&m->tt, lp->expert_bias) : NULL,
                             .global_counts_before = batch->training ? rs->global_counts_sum : NULL,
-                            .global_batches_before = batch->training ? rs->global_micro_batches : 0};
+                            .global_batches_before = batch->training ? rs->global_micro_batches : 0,
+                            .count_group = batch->training ? m->count_group : NULL};
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training) record_routing(m, layer, ma);
     ma->plan.N = N;

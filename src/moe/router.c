@@ -141,6 +141,21 @@ static void apply_capacity(RouterOutput *out, const RouterConfig *rc, int N, int
 
 // ---- forward --------------------------------------------------------------------------------
 
+// This micro-batch's counts, summed over the data-parallel ranks running the others of the
+// step when global_aux_loss needs them (integer sums: exact in any order).
+static void group_counts(RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
+    int E = rc->E;
+    const Comm *g = call->count_group;
+    out->group_batches = 1;
+    int64_t counts[E];
+    for (int e = 0; e < E; e++) counts[e] = out->aux_counts[e];
+    if (g && g->size > 1 && rc->balance_coeff[BALANCE_GLOBAL_AUX] > 0) {
+        comm_allreduce_sum_int64(g, counts, E);
+        out->group_batches = g->size;
+    }
+    for (int e = 0; e < E; e++) out->group_counts[e] = (double)counts[e];
+}
+
 static void count_balance_statistics(RouterOutput *out, const real *logits, const RouterConfig *rc,
                                      const RouterCall *call) {
     int N = call->N, E = rc->E, k = rc->k, S = call->seq_length, sequences = N / S;
@@ -157,9 +172,10 @@ static void count_balance_statistics(RouterOutput *out, const real *logits, cons
             out->seq_counts[(n / S) * E + idx[j]]++;
         }
     }
+    group_counts(out, rc, call);
     for (int e = 0; e < E; e++) {  // running mean over the micro-batches so far, this one included
         double before = call->global_counts_before ? call->global_counts_before[e] : 0;
-        out->global_counts[e] = (before + out->aux_counts[e]) / (call->global_batches_before + 1);
+        out->global_counts[e] = (before + out->group_counts[e]) / (call->global_batches_before + out->group_batches);
     }
 }
 

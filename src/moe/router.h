@@ -19,11 +19,13 @@
 //                 aux_loss: coeff·E/(k·N²)·Σ_e c_e Σ_x ŝ[x,e]
 //                 seq_aux_loss: the same per sequence (N = its length), averaged over sequences
 //                 global_aux_loss: c = running mean of the counts over the micro-batches of
-//                 the global batch so far
+//                 the global batch so far; under data parallelism the micro-batches of
+//                 every data-parallel rank so far (the counts are all-reduced per call)
 // Ties are broken by the lowest expert index (and the earliest token for capacity).
 // All router arithmetic after the logits is in double.
 #pragma once
 #include "core/common.h"
+#include "parallel/comm.h"
 
 typedef enum { SCORE_SOFTMAX, SCORE_SIGMOID, SCORE_SQRTSOFTPLUS } ScoreFunction;
 typedef enum { BALANCE_AUX, BALANCE_SEQ_AUX, BALANCE_GLOBAL_AUX, BALANCE_TYPES } BalanceType;
@@ -53,6 +55,9 @@ typedef struct {
     // and how many there were (NULL / 0: this micro-batch alone)
     const double *global_counts_before;
     int global_batches_before;
+    // global_aux_loss with data parallelism: the group whose ranks run the other
+    // micro-batches of this step (NULL: this process alone); the counts are summed over it
+    const Comm *count_group;
 } RouterCall;
 
 typedef struct {
@@ -65,6 +70,8 @@ typedef struct {
     int32_t *aux_counts;         // (E) top-k counts of ŝ over the micro-batch
     int32_t *seq_counts;         // (sequences, E) the same per sequence
     double *global_counts;       // (E) the counts global_aux_loss used
+    double *group_counts;        // (E) aux_counts summed over the count group (global_aux_loss)
+    int group_batches;           // micro-batches group_counts covers (the count group's size)
     int capacity;                // rows per expert when padded; 0 when dropless
     int dropped;                 // dropped choices
     double balance_loss[BALANCE_TYPES];  // L / coeff of each type (computed for all types)

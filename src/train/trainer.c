@@ -141,9 +141,6 @@ static void setup_parallel(Trainer *t) {
     if (c->num_micro_batches % t->dp->size)
         mt_die("--global-batch-size %d must be a multiple of --micro-batch-size %d times the %d data-parallel "
                "ranks", c->global_batch_size, c->micro_batch_size, t->dp->size);
-    if (t->dp->size > 1 && c->balance_coeff[BALANCE_GLOBAL_AUX] > 0)
-        mt_die("--moe-router-load-balancing-type global_aux_loss with data parallelism is not implemented yet "
-               "(its token counts need an all-reduce inside the forward); use aux_loss or seq_aux_loss");
 }
 
 // Checkpoints hold whole moments: with the distributed optimizer, load them all and keep
@@ -175,6 +172,7 @@ static void trainer_setup(Trainer *t, Config *c) {
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
     model_build_ep(&t->model, c, &t->groups.comm[PG_EP]);
+    t->model.count_group = &t->groups.comm[PG_DP_CP];
     grad_sync_init(&t->sync, &t->groups.comm[PG_DP_CP], &t->groups.comm[PG_EDP], &t->groups.comm[PG_EP], &t->model.tt,
                    c->use_distributed_optimizer, c->num_layers + 2);
     FlatRange shards[REGIONS];

@@ -2,8 +2,8 @@
 # test_mpi_dp.sh — data parallelism under mpirun gives the single-process run: 10 steps
 # of DP=2 (with gradient accumulation, with expert bias, with the distributed optimizer)
 # and DP=3 with the distributed optimizer (uneven shards) reproduce the losses and gradient
-# norms of one process within 1e-5 relative; a distributed-optimizer checkpoint resumes in
-# one process; a missing data file on one
+# norms of one process within 1e-5 relative; global_aux_loss counts over the DP ranks; a
+# distributed-optimizer checkpoint resumes in one process; a missing data file on one
 # rank ends every rank with the message. Skipped without an MPI build (a failure under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -59,6 +59,30 @@ run_case dp2_expert_bias_equals_single 2 --global-batch-size 4 --moe-router-scor
 run_case dp2_distributed_optimizer 2 --global-batch-size 4 --use-distributed-optimizer
 # three ranks: shards of unequal size, parameters not divisible by 3
 run_case dp3_distributed_optimizer_uneven 3 --global-batch-size 6 --use-distributed-optimizer
+
+# global_aux_loss sums each micro-batch's counts over the data-parallel ranks: DP=2 with one
+# micro-batch of 2 per rank is the single process with one micro-batch of 4 (its counts and
+# the mean of the two ranks' losses are that micro-batch's), and EP=2 on the same 2 ranks
+# is the same dense data-parallel group
+global_aux() {
+    local flags=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --num-experts 4
+                 --moe-ffn-hidden-size 64 --eval-interval 0 --lr-warmup-iters 2 --log-interval 1
+                 --mock-data-tokens 65536 --train-iters 10 --global-batch-size 4
+                 --moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 0.1)
+    "$M" train "${flags[@]}" --micro-batch-size 4 --log-jsonl "$work/ga1.jsonl" >"$work/ga1.log" 2>&1 ||
+        { fail global_aux_dp2 "single process: $(tail -1 "$work/ga1.log")"; return; }
+    timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${flags[@]}" --micro-batch-size 2 --log-jsonl "$work/ga2.jsonl" \
+        >"$work/ga2.log" 2>&1 || { fail global_aux_dp2 "mpirun: $(tail -2 "$work/ga2.log" | tr '\n' ' ')"; return; }
+    timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${flags[@]}" --micro-batch-size 2 --expert-model-parallel-size 2 \
+        --log-jsonl "$work/ga3.jsonl" >"$work/ga3.log" 2>&1 ||
+        { fail global_aux_ep2 "mpirun: $(tail -2 "$work/ga3.log" | tr '\n' ' ')"; return; }
+    curve "$work/ga1.jsonl" >"$work/ga1.a"
+    curve "$work/ga2.jsonl" >"$work/ga2.a"
+    curve "$work/ga3.jsonl" >"$work/ga3.a"
+    compare global_aux_dp2_equals_one_micro_batch "$work/ga1.a" "$work/ga2.a"
+    compare global_aux_ep2_equals_dp2 "$work/ga2.a" "$work/ga3.a"
+}
+global_aux
 
 # checkpoints stay global: 5 steps on DP=2 with the distributed optimizer, resumed in one
 # process for 5 more, give the single-process 10 steps

@@ -124,6 +124,7 @@ int main(int argc, char **argv) {
         .aux_counts = mt_malloc(E * sizeof(int32_t)),
         .seq_counts = mt_malloc((size_t)sequences * E * sizeof(int32_t)),
         .global_counts = mt_malloc(E * sizeof(double)),
+        .group_counts = mt_malloc(E * sizeof(double)),
     };
     RouterCall call = {.N = N, .seq_length = cfg.seq_length, .expert_bias = bias,
                        .global_counts_before = before, .global_batches_before = batches_before};
@@ -172,5 +173,6 @@ int main(int argc, char **argv) {
     free(out.aux_counts);
     free(out.seq_counts);
     free(out.global_counts);
+    free(out.group_counts);
     return 0;
 }

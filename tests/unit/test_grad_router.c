@@ -43,11 +43,12 @@ static void out_alloc(RouterOutput *o, int N, int E, int k, int sequences) {
     o->aux_counts = mt_malloc(E * sizeof(int32_t));
     o->seq_counts = mt_malloc((size_t)sequences * E * sizeof(int32_t));
     o->global_counts = mt_malloc(E * sizeof(double));
+    o->group_counts = mt_malloc(E * sizeof(double));
 }
 
 static void out_free(RouterOutput *o) {
     free(o->scores), free(o->aux_scores), free(o->topk_idx), free(o->topk_probs), free(o->kept);
-    free(o->tokens_per_expert), free(o->aux_counts), free(o->seq_counts), free(o->global_counts);
+    free(o->tokens_per_expert), free(o->aux_counts), free(o->seq_counts), free(o->global_counts), free(o->group_counts);
 }
 
 static RouterConfig config(int E, int k, ScoreFunction score, int pre_softmax) {
