@@ -26,7 +26,7 @@ void grad_sync_init(GradSync *g, const Comm *dp, const Comm *edp, const Comm *ep
                 distributed);
     g->ep = ep;
     g->distributed = g->region[REGION_DENSE].sharded || g->region[REGION_EXPERT].sharded;
-    g->overlap = !distributed && (dp->size > 1 || edp->size > 1);
+    g->overlap = dp->size > 1 || edp->size > 1;
     g->max_pending = REGIONS * parts;
     g->pending = g->overlap ? mt_calloc((size_t)g->max_pending, sizeof(CommRequest)) : NULL;
 }
@@ -58,19 +58,44 @@ void grad_sync_reduce(GradSync *g, TensorTable *tt) {
     }
 }
 
+// Sharded: the part [begin, end) is reduce-scattered along the shards it crosses: rank q
+// receives the sum of its intersection with q's shard, at that place of q's buffer.
+static void start_part_reduce_scatter(GradRegion *r, TensorTable *tt, int64_t begin, int64_t end, CommRequest *req) {
+    int n = r->comm->size;
+    size_t *counts = mt_malloc((size_t)n * sizeof(size_t));
+    int64_t shard_begin = r->range.begin;
+    for (int q = 0; q < n; q++) {
+        int64_t shard_end = shard_begin + (int64_t)r->counts[q];
+        int64_t from = MT_MAX(begin, shard_begin), to = MT_MIN(end, shard_end);
+        counts[q] = to > from ? (size_t)(to - from) : 0;
+        shard_begin = shard_end;
+    }
+    int64_t mine = MT_MIN(MT_MAX(begin, r->shard.begin), r->shard.end);  // where my part lands
+    comm_ireduce_scatter_v(r->comm, tt->grads + begin, r->buffer + (mine - r->shard.begin), counts, req);
+    free(counts);
+}
+
 void grad_sync_part_ready(GradSync *g, TensorTable *tt, int region, int64_t begin, int64_t end) {
     MT_ASSERT(g->overlap && g->n_pending < g->max_pending);
-    const Comm *comm = g->region[region].comm;
+    GradRegion *r = &g->region[region];
     if (g->n_pending == 0) g->first_start = now_seconds();
-    if (end > begin && comm->size > 1)
-        comm_iallreduce_sum(comm, tt->grads + begin, (size_t)(end - begin), &g->pending[g->n_pending++]);
+    if (end > begin && r->comm->size > 1) {
+        CommRequest *req = &g->pending[g->n_pending++];
+        if (r->sharded) start_part_reduce_scatter(r, tt, begin, end, req);
+        else comm_iallreduce_sum(r->comm, tt->grads + begin, (size_t)(end - begin), req);
+    }
     for (int i = 0; i < g->n_pending; i++) comm_test(&g->pending[i]);  // let the earlier sums progress
 }
 
-void grad_sync_finish(GradSync *g) {
+void grad_sync_finish(GradSync *g, TensorTable *tt) {
     g->hidden_s = g->n_pending ? now_seconds() - g->first_start : 0;
     for (int i = 0; i < g->n_pending; i++) comm_wait(&g->pending[i]);
     g->n_pending = 0;
+    for (int i = 0; i < REGIONS; i++) {
+        const GradRegion *r = &g->region[i];
+        if (r->sharded)
+            memcpy(tt->grads + r->shard.begin, r->buffer, (size_t)(r->shard.end - r->shard.begin) * sizeof(real));
+    }
 }
 
 // Dense tensors are the same on every expert-parallel rank and experts differ, so the norm

@@ -32,7 +32,7 @@ typedef struct {
     GradRegion region[REGIONS];
     const Comm *ep;        // expert-parallel group: different experts, so their norms add up
     int distributed;       // some region is sharded
-    int overlap;           // plain DP over > 1 rank: sums start during the last backward
+    int overlap;           // more than one rank: sums start during the last backward
     CommRequest *pending;  // (max_pending) sums in flight
     int n_pending, max_pending;
     double first_start;    // when the first overlapped sum of this step started
@@ -49,10 +49,12 @@ int grad_sync_shards(const GradSync *g, FlatRange *ranges);
 // After backward: the summed gradients of this rank's shards, in tt->grads.
 void grad_sync_reduce(GradSync *g, TensorTable *tt);
 // Overlapped reduction (when g->overlap): during the last micro-batch's backward, start
-// the sum of each range of gradients of a region as soon as it is final; then wait for
-// all of them. The sums are the same as grad_sync_reduce's, bit for bit.
+// the sum (all-reduce, or reduce-scatter onto the shards it crosses) of each range of
+// gradients of a region as soon as it is final; then wait for all of them. The sums are
+// the same as grad_sync_reduce's, bit for bit. The ranges of one backward must cover
+// each region exactly once.
 void grad_sync_part_ready(GradSync *g, TensorTable *tt, int region, int64_t begin, int64_t end);
-void grad_sync_finish(GradSync *g);
+void grad_sync_finish(GradSync *g, TensorTable *tt);
 // L2 norm of all summed gradients of the model (every rank gets the same value).
 double grad_sync_norm(const GradSync *g, const TensorTable *tt);
 // After the optimizer step: every rank holds every updated parameter of its tensors.

@@ -103,7 +103,7 @@ static StepLosses train_step_micro_batches(Trainer *t) {
     t->state.consumed_train_samples += c->global_batch_size;
     double t0 = now_seconds();
     if (t->sync.overlap) {  // only the part not hidden behind backward
-        grad_sync_finish(&t->sync);
+        grad_sync_finish(&t->sync, &t->model.tt);
         t->comm_hidden_s = t->sync.hidden_s;
     } else {
         grad_sync_reduce(&t->sync, &t->model.tt);
