@@ -31,13 +31,27 @@ static int has_help_flag(int argc, char **argv) {
     return 0;
 }
 
+// -fsanitize=address builds (GCC and clang say so differently); tests shorten their
+// slowest multi-process sweeps under them.
+#if defined(__SANITIZE_ADDRESS__)
+#define BUILT_WITH_SANITIZERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BUILT_WITH_SANITIZERS 1
+#endif
+#endif
+#ifndef BUILT_WITH_SANITIZERS
+#define BUILT_WITH_SANITIZERS 0
+#endif
+
 static int run_command(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 1 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("moetron %s (gemm: %s, mpi: %s)\n", MOETRON_VERSION, mt_gemm_backend(), comm_backend_name());
+        printf("moetron %s (gemm: %s, mpi: %s%s)\n", MOETRON_VERSION, mt_gemm_backend(), comm_backend_name(),
+               BUILT_WITH_SANITIZERS ? ", sanitizers" : "");
         return 0;
     }
     if (!strcmp(argv[1], "flags")) {
