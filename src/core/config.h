@@ -83,6 +83,7 @@ typedef struct {
     // ---- parallelism (docs/parallelism.md): group sizes; dp and edp follow from the world size ----
     int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size;
+    int profile;                    // --profile: time per op kind, printed at the end
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
     // ---- data ----

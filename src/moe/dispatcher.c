@@ -1,4 +1,5 @@
 #include "moe/dispatcher.h"
+#include "core/profile.h"
 
 #include <math.h>
 #include <string.h>
@@ -14,6 +15,7 @@ size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to
 }
 
 void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity) {
+    PROF_SCOPE(PROF_DISPATCH);
     int N = plan->N, k = plan->k, E = plan->E;
     int32_t *tokens = mt_calloc(E, sizeof(int32_t));
     for (int i = 0; i < N * k; i++)
@@ -46,6 +48,7 @@ void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *k
 
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,
                       const DispatchPlan *plan, int H) {
+    PROF_SCOPE(PROF_DISPATCH);
     int total = plan->expert_offsets[plan->E], k = plan->k;
 #pragma omp parallel for schedule(static) if (total > 64)
     for (int row = 0; row < total; row++) {
@@ -64,6 +67,7 @@ void dispatch_forward(real *rows, real *row_values, const real *x, const real *c
 }
 
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate) {
+    PROF_SCOPE(PROF_DISPATCH);
     int N = plan->N, k = plan->k;
 #pragma omp parallel for schedule(static) if (N > 64)
     for (int n = 0; n < N; n++) {
@@ -79,6 +83,7 @@ void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int 
 }
 
 void gather_choice_values(real *choice_values, const real *row_values, const DispatchPlan *plan) {
+    PROF_SCOPE(PROF_DISPATCH);
     for (int i = 0; i < plan->N * plan->k; i++) {
         int row = plan->row_of_choice[i];
         choice_values[i] = row < 0 ? 0 : row_values[row];

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "core/profile.h"
 #include "core/timer.h"
 
 // Per MoE layer, from forward to backward: the rows this rank's experts computed.
@@ -173,6 +174,7 @@ static void exchange_rows(const Model *m, const real *send, const int32_t *send_
         sent += send_counts[q];
         received += recv_counts[q];
     }
+    PROF_SCOPE(PROF_EXPERT_COMM);
     double t0 = now_seconds();
     comm_alltoall_v(g, send, send_counts, send_displs, recv, recv_counts, recv_displs);
     m->ep_buffers->comm_s += now_seconds() - t0;
@@ -220,9 +222,12 @@ void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, rea
     const ExpertParallel *ep = &m->ep;
     int H = m->cfg.hidden_size;
     EpLayer *el = ep_layer(ma, ep, m->cfg.num_experts);
-    double t0 = now_seconds();
-    comm_alltoall_int32(ep->comm, ma->plan.rows_per_expert, el->recv_counts, ep->local);
-    m->ep_buffers->comm_s += now_seconds() - t0;
+    {
+        PROF_SCOPE(PROF_EXPERT_COMM);
+        double t0 = now_seconds();
+        comm_alltoall_int32(ep->comm, ma->plan.rows_per_expert, el->recv_counts, ep->local);
+        m->ep_buffers->comm_s += now_seconds() - t0;
+    }
     alltoall_layout(el, &ma->plan, ep);
     layer_reserve_rows(el, el->rows, H, m->cfg.moe_ffn);
     struct EpBuffers *b = buffers_for_rows(m, el->rows);
@@ -267,12 +272,15 @@ void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, co
     EpLayer *el = ep_layer(ma, ep, E);
     layer_reserve_choices(el, choices);
     struct EpBuffers *b = buffers_for_tokens(m, tokens, choices);
-    double t0 = now_seconds();
-    comm_allgather(ep->comm, x, b->tokens_all, (size_t)N * H);
-    comm_allgather_int32(ep->comm, ma->route.topk_idx, el->topk_all, (size_t)N * k);
-    comm_allgather_int32(ep->comm, ma->route.kept, el->kept_all, (size_t)N * k);
-    comm_allgather(ep->comm, ma->route.topk_probs, el->probs_all, (size_t)N * k);
-    m->ep_buffers->comm_s += now_seconds() - t0;
+    {
+        PROF_SCOPE(PROF_EXPERT_COMM);
+        double t0 = now_seconds();
+        comm_allgather(ep->comm, x, b->tokens_all, (size_t)N * H);
+        comm_allgather_int32(ep->comm, ma->route.topk_idx, el->topk_all, (size_t)N * k);
+        comm_allgather_int32(ep->comm, ma->route.kept, el->kept_all, (size_t)N * k);
+        comm_allgather(ep->comm, ma->route.topk_probs, el->probs_all, (size_t)N * k);
+        m->ep_buffers->comm_s += now_seconds() - t0;
+    }
     // keep the choices of this rank's experts: the plan gives the others no rows
     size_t rows = 0;
     for (size_t i = 0; i < choices; i++) {
@@ -290,9 +298,10 @@ void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, co
     ExpertShape shape = local_shape(m, el->plan.expert_offsets + ep->first);  // rows start at 0
     experts_forward(el->rows_out, &el->acts, el->rows_in, el->row_probs, &lp->ffn_params, &shape);
     combine_forward(b->tokens_all, el->rows_out, &el->plan, H, 0);  // this rank's part of every token
-    t0 = now_seconds();
+    PROF_SCOPE(PROF_EXPERT_COMM);
+    double t1 = now_seconds();
     comm_reduce_scatter(ep->comm, b->tokens_all, ffn_out, (size_t)N * H);
-    m->ep_buffers->comm_s += now_seconds() - t0;
+    m->ep_buffers->comm_s += now_seconds() - t1;
 }
 
 void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out) {
@@ -301,17 +310,21 @@ void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, M
     int P = ep->size, N = ma->plan.N, k = ma->plan.k, H = m->cfg.hidden_size;
     struct EpBuffers *b = buffers_for_tokens(m, (size_t)P * N, (size_t)P * N * k);
     buffers_for_rows(m, el->rows);
-    double t0 = now_seconds();
-    comm_allgather(ep->comm, d_out, b->tokens_all, (size_t)N * H);
-    m->ep_buffers->comm_s += now_seconds() - t0;
+    {
+        PROF_SCOPE(PROF_EXPERT_COMM);
+        double t0 = now_seconds();
+        comm_allgather(ep->comm, d_out, b->tokens_all, (size_t)N * H);
+        m->ep_buffers->comm_s += now_seconds() - t0;
+    }
     dispatch_forward(b->d_rows_out, NULL, b->tokens_all, NULL, &el->plan, H);
     ExpertShape shape = local_shape(m, el->plan.expert_offsets + ep->first);
     experts_backward(b->d_rows_in, b->d_row_probs, &lp->ffn_grads, b->d_rows_out, &el->acts, el->rows_in,
                      el->row_probs, &lp->ffn_params, &shape, b->d_gate, b->d_up, b->d_act);
     combine_forward(b->tokens_all, b->d_rows_in, &el->plan, H, 0);
     gather_choice_values(b->choices_all, b->d_row_probs, &el->plan);  // 0 for other ranks' experts
-    t0 = now_seconds();
+    PROF_SCOPE(PROF_EXPERT_COMM);
+    double t1 = now_seconds();
     comm_reduce_scatter(ep->comm, b->tokens_all, a->d_norm, (size_t)N * H);
     comm_reduce_scatter(ep->comm, b->choices_all, a->d_choice_probs, (size_t)N * k);
-    m->ep_buffers->comm_s += now_seconds() - t0;
+    m->ep_buffers->comm_s += now_seconds() - t1;
 }

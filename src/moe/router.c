@@ -1,4 +1,5 @@
 #include "moe/router.h"
+#include "core/profile.h"
 
 #include <math.h>
 #include <string.h>
@@ -199,6 +200,7 @@ static void balance_loss_values(RouterOutput *out, const RouterConfig *rc, const
 }
 
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
+    PROF_SCOPE(PROF_ROUTER);
     int N = call->N, E = rc->E, k = rc->k;
     MT_ASSERT(N % call->seq_length == 0);
     double z = 0;
@@ -281,6 +283,7 @@ static void balance_grad_row(double *g, const RouterOutput *out, const RouterCon
 
 void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
                      const RouterConfig *rc, const RouterCall *call, double loss_scale) {
+    PROF_SCOPE(PROF_ROUTER);
     int N = call->N, E = rc->E, k = rc->k;
     double z_factor = loss_scale * rc->z_loss_coeff * 2.0 / N;
 #pragma omp parallel for schedule(static) if (N > 64)

@@ -1,4 +1,5 @@
 #include "train/optimizer.h"
+#include "core/profile.h"
 
 #include <math.h>
 #include <string.h>
@@ -56,6 +57,7 @@ static void step_range(Optimizer *o, int r, TensorTable *tt, const AdamWStep *h)
 }
 
 void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_norm) {
+    PROF_SCOPE(PROF_OPTIMIZER);
     double clip = c->clip_grad > 0 ? c->clip_grad / (grad_norm + 1e-6) : 1;
     o->step++;
     AdamWStep h = {.lr = lr, .beta1 = c->adam_beta1, .beta2 = c->adam_beta2, .eps = c->adam_eps,

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/profile.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "hf/hf_config.h"
@@ -87,7 +88,11 @@ static StepLosses train_step_micro_batches(Trainer *t) {
         int64_t next = mb + 1 < M ? micro_batch_first(consumed, mb + 1, B, t->dp)
                        : last_step ? -1
                                    : micro_batch_first(consumed + c->global_batch_size, 0, B, t->dp);
-        const DataBatch *db = prefetch_get(&t->prefetch, first, next);
+        const DataBatch *db;
+        {
+            PROF_SCOPE(PROF_DATA);
+            db = prefetch_get(&t->prefetch, first, next);
+        }
         Batch batch = batch_of(db, L);
         batch.training = 1;
         batch.noise_seed = noise_seed(c, first);
@@ -101,6 +106,7 @@ static StepLosses train_step_micro_batches(Trainer *t) {
         accumulate_router_stats(&s, &t->model, &t->acts, weight);
     }
     t->state.consumed_train_samples += c->global_batch_size;
+    PROF_SCOPE(PROF_GRAD_SYNC);
     double t0 = now_seconds();
     if (t->sync.overlap) {  // only the part not hidden behind backward
         grad_sync_finish(&t->sync, &t->model.tt);
@@ -256,6 +262,46 @@ static void save_checkpoint(Trainer *t) {
     optimizer_free(&gathered);
 }
 
+// The gradient norm over every rank's gradients (a collective: counted as communication).
+static double global_grad_norm(Trainer *t) {
+    PROF_SCOPE(PROF_GRAD_SYNC);
+    double t0 = now_seconds();
+    double norm = grad_sync_norm(&t->sync, &t->model.tt);
+    t->comm_s += now_seconds() - t0;
+    return norm;
+}
+
+// After the optimizer step: every rank gets the parameters others updated.
+static void gather_params(Trainer *t) {
+    PROF_SCOPE(PROF_GRAD_SYNC);
+    double t0 = now_seconds();
+    grad_sync_gather_params(&t->sync, &t->model.tt);
+    t->comm_s += now_seconds() - t0;
+}
+
+// --profile: the steps after the first (warm-up) are profiled; evaluation and saving are not.
+typedef struct {
+    int on;
+    double seconds;  // wall time of the profiled steps
+    long steps;
+} StepProfile;
+
+static void profile_step_done(StepProfile *p, long step, long first_step, long last_step, double step_time) {
+    if (!p->on) return;
+    if (step == first_step && last_step > first_step) {  // warm-up: start counting from the next step
+        prof_reset();
+        return;
+    }
+    p->seconds += step_time;
+    p->steps++;
+}
+
+static void profile_print(const StepProfile *p) {
+    if (!p->on || p->steps == 0) return;
+    printf("profile: %ld steps, %.3f s (--profile; the first step is warm-up)\n", p->steps, p->seconds);
+    prof_print(p->seconds);
+}
+
 int train_main(Config *c) {
     Trainer t;
     trainer_setup(&t, c);
@@ -263,26 +309,26 @@ int train_main(Config *c) {
     double start = now_seconds(), tokens_per_step = (double)c->global_batch_size * c->seq_length;
     long first_step = t.state.iteration + 1;
     long last_saved = c->load[0] ? t.state.iteration : -1;
+    StepProfile profile = {.on = c->profile};
+    prof_enable(profile.on);
     for (long step = first_step; step <= c->train_iters; step++) {
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         t.comm_s = t.comm_hidden_s = 0;
         ep_take_comm_seconds(&t.model);
         StepLosses s = train_step_micro_batches(&t);
-        double norm0 = now_seconds();
-        double grad_norm = grad_sync_norm(&t.sync, &t.model.tt);
-        t.comm_s += now_seconds() - norm0;
+        double grad_norm = global_grad_norm(&t);
         double loss = s.lm_loss + s.aux_objective;
         if (!isfinite(loss) || !isfinite(grad_norm))
             mt_die("step %ld: loss %g, gradient norm %g are not finite; lower --lr or raise --lr-warmup-iters "
                    "(the last checkpoint is intact)", step, loss, grad_norm);
         double lr = lr_at(c, step - 1);
         optimizer_step(&t.opt, &t.model.tt, c, lr, grad_norm);
-        double gather0 = now_seconds();
-        grad_sync_gather_params(&t.sync, &t.model.tt);
-        t.comm_s += now_seconds() - gather0;
+        gather_params(&t);
         model_end_global_batch(&t.model);  // expert-bias update from this batch's token counts
         t.state.iteration = step;
         double now = now_seconds(), step_time = now - t0, elapsed = now - start;
+        profile_step_done(&profile, step, first_step, c->train_iters, step_time);
+        prof_enable(0);  // evaluation and saving are not part of the steps
         if (step % c->log_interval == 0 || step == c->train_iters) {
             double flops = tokens_per_step * t.flops_per_token / step_time;
             int moe_layers = 0;
@@ -310,11 +356,13 @@ int train_main(Config *c) {
             printf("exiting at step %ld (--exit-interval %d)\n", step, c->exit_interval);
             break;
         }
+        prof_enable(profile.on);
     }
     if (c->save[0] && last_saved != t.state.iteration) save_checkpoint(&t);
     double total = now_seconds() - start;
     printf("data: training waited %.2f s for data in all (%.1f%% of %.1f s)\n", t.prefetch.waited_s,
            total > 0 ? 100 * t.prefetch.waited_s / total : 0, total);
+    profile_print(&profile);
     trainer_free(&t);
     return 0;
 }

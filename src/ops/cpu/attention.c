@@ -12,6 +12,7 @@
 // its dK/dV and the dQ of the query heads that read it, so no two threads write the same
 // memory and every sum runs in a fixed order whatever the thread count.
 #include <math.h>
+#include "core/profile.h"
 #include <string.h>
 
 #include "ops/ops.h"
@@ -75,6 +76,7 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
 
 void attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                        const AttentionShape *s) {
+    PROF_SCOPE(PROF_ATTENTION);
     int tile_keys = s->q_pos0 + MT_MIN(QUERY_TILE, s->Tq) + s->Tq;  // bound on keys of any tile
 #pragma omp parallel
     {
@@ -125,6 +127,7 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
 void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
                         const real *lse, const real *q, const real *k, const real *v,
                         const AttentionShape *s) {
+    PROF_SCOPE(PROF_ATTENTION);
     int group = s->heads / s->kv_heads;
     int tile_keys = s->q_pos0 + MT_MIN(QUERY_TILE, s->Tq) + s->Tq;
 #pragma omp parallel

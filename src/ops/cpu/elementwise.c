@@ -3,6 +3,7 @@
 // elements only; every sum runs in a fixed order, so results do not depend on the
 // number of threads.
 #include <math.h>
+#include "core/profile.h"
 #include <string.h>
 
 #include "ops/ops.h"
@@ -43,11 +44,13 @@ double vec_sum_squares(const real *x, size_t n) {
 // ---- embedding -----------------------------------------------------------------------
 
 void embedding_forward(real *out, const int32_t *tokens, const real *table, int N, int C) {
+    PROF_SCOPE(PROF_EMBEDDING);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, table + (size_t)tokens[n] * C, C * sizeof(real));
 }
 
 void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C) {
+    PROF_SCOPE(PROF_EMBEDDING);
     // Parallel over channels, tokens in order: deterministic without atomics.
 #pragma omp parallel for schedule(static) if (C >= 64)
     for (int c = 0; c < C; c++)
@@ -57,6 +60,7 @@ void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, i
 // ---- RMSNorm ---------------------------------------------------------------------------
 
 void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps) {
+    PROF_SCOPE(PROF_NORM);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *xr = x + (size_t)n * C;
@@ -73,6 +77,7 @@ void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, i
 //   dw_c += Σ_n dy·x·r ;  dx = r·(dy⊙w) − x · r³/C · Σ_c (dy⊙w)·x
 void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
                       const real *rstd, int N, int C) {
+    PROF_SCOPE(PROF_NORM);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *xr = x + (size_t)n * C, *dyr = dy + (size_t)n * C;
@@ -132,20 +137,24 @@ static void rope_rotate(real *x, const real *cos_sin, const TokenLayout *t, cons
 }
 
 void rope_forward(real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
+    PROF_SCOPE(PROF_ROPE);
     rope_rotate(x, cos_sin, t, l, +1);
 }
 
 void rope_backward(real *dx, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
+    PROF_SCOPE(PROF_ROPE);
     rope_rotate(dx, cos_sin, t, l, -1);
 }
 
 // ---- clamp ----------------------------------------------------------------------------------
 
 void clamp_forward(real *y, const real *x, size_t n, real limit) {
+    PROF_SCOPE(PROF_ACTIVATION);
     for (size_t i = 0; i < n; i++) y[i] = x[i] < -limit ? -limit : x[i] > limit ? limit : x[i];
 }
 
 void clamp_backward(real *d, const real *x, size_t n, real limit) {
+    PROF_SCOPE(PROF_ACTIVATION);
     for (size_t i = 0; i < n; i++)
         if (x[i] < -limit || x[i] > limit) d[i] = 0;
 }
@@ -156,6 +165,7 @@ static inline real sigmoid(real x) { return 1 / (1 + real_exp(-x)); }
 
 void swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
                     int I) {
+    PROF_SCOPE(PROF_ACTIVATION);
     int N = M;
     PARALLEL_ROWS
     for (int m = 0; m < M; m++) {
@@ -170,6 +180,7 @@ void swiglu_forward(real *act, const real *gate, const real *up, const real *row
 //   dg = dact·u·s·silu'(g);  du = dact·silu(g)·s;  ds = Σ_i dact·silu(g)·u
 void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
                      const real *gate, const real *up, const real *row_scale, int M, int I) {
+    PROF_SCOPE(PROF_ACTIVATION);
     int N = M;
     PARALLEL_ROWS
     for (int m = 0; m < M; m++) {
@@ -190,6 +201,7 @@ void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
 // ---- softmax -------------------------------------------------------------------------------
 
 void softmax_forward(real *y, const real *x, int N, int C) {
+    PROF_SCOPE(PROF_ACTIVATION);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *xr = x + (size_t)n * C;
@@ -203,6 +215,7 @@ void softmax_forward(real *y, const real *x, int N, int C) {
 }
 
 void softmax_backward(real *dx, const real *y, const real *dy, int N, int C) {
+    PROF_SCOPE(PROF_ACTIVATION);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *yr = y + (size_t)n * C, *dyr = dy + (size_t)n * C;
@@ -224,6 +237,7 @@ static double row_logsumexp(const real *x, int C) {
 
 void cross_entropy_forward(real *losses, const real *logits, const int32_t *targets, int N,
                            int V) {
+    PROF_SCOPE(PROF_LOSS);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *row = logits + (size_t)n * V;
@@ -233,6 +247,7 @@ void cross_entropy_forward(real *losses, const real *logits, const int32_t *targ
 
 void cross_entropy_backward(real *dlogits, const real *logits, const int32_t *targets,
                             const real *weight, int N, int V) {
+    PROF_SCOPE(PROF_LOSS);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *row = logits + (size_t)n * V;

@@ -17,6 +17,7 @@
 // with the same kernel wherever its tile lies, so the result does not depend on the
 // number of threads (only on KC, a compile-time constant).
 #include "ops/gemm.h"
+#include "core/profile.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -414,6 +415,7 @@ static void gemm_blas(int trans_a, int trans_b, int M, int N, int K, real alpha,
 
 void mt_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
              const real *B, int ldb, real beta, real *C, int ldc) {
+    PROF_SCOPE(PROF_GEMM);
     MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
     if (M == 0 || N == 0) return;
     MT_ASSERT(ldc >= N);
