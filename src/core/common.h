@@ -9,12 +9,16 @@
 // The compute type of parameters, activations and gradients. The normal build is
 // float; the gradient-check build compiles the same model code with double so that
 // finite differences are accurate to ~1e-8 and tolerances can be tight.
+// real_exp: libm's exp in double; in float a vectorizable e^x (core/fast_exp.h).
 #ifdef MT_DOUBLE
 typedef double real;
 #define real_exp exp
+#define real_sqrt sqrt
 #else
 typedef float real;
-#define real_exp expf
+#include "core/fast_exp.h"
+#define real_exp fast_expf
+#define real_sqrt sqrtf
 #endif
 
 // Print "moetron: error: <message>" and exit(1). Every user-facing error goes here:

@@ -164,6 +164,7 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
     a->lnf_rstd = arena_reals(&a->arena, N);
     a->logits = arena_reals(&a->arena, (size_t)N * c->padded_vocab_size);
     a->token_loss = arena_reals(&a->arena, N);
+    a->token_lse = arena_reals(&a->arena, N);
     a->loss_weight = arena_reals(&a->arena, N);
     alloc_backward_scratch(a, c);
 }

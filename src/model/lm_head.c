@@ -9,7 +9,7 @@ void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     linear_forward(a->logits, a->lnf, tt_param(&m->tt, m->lm_head), N, H, V);
     a->lm_loss = 0;
     if (!batch->targets) return;
-    cross_entropy_forward(a->token_loss, a->logits, batch->targets, N, V);
+    cross_entropy_forward(a->token_loss, a->token_lse, a->logits, batch->targets, N, V);
     double counted = 0, total = 0;
     for (int n = 0; n < N; n++) {
         double w = batch->loss_mask ? batch->loss_mask[n] : 1;
@@ -26,7 +26,7 @@ void lm_head_backward(Model *m, ModelActs *a, const Batch *batch, double loss_sc
     int N = a->N, H = c->hidden_size, V = c->padded_vocab_size;
     MT_ASSERT(batch->targets);
     for (int n = 0; n < N; n++) a->d_token_loss[n] = (real)(a->loss_weight[n] * loss_scale);
-    cross_entropy_backward(a->d_logits, a->logits, batch->targets, a->d_token_loss, N, V);
+    cross_entropy_backward(a->d_logits, a->logits, a->token_lse, batch->targets, a->d_token_loss, N, V);
     // logits = lnf·W_headᵀ: d_lnf = d_logits·W_head, dW_head += d_logitsᵀ·lnf
     vec_zero(a->d_norm, (size_t)N * H);
     linear_backward(a->d_norm, tt_grad(&m->tt, m->lm_head), a->d_logits, a->lnf, tt_param(&m->tt, m->lm_head),

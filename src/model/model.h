@@ -153,6 +153,7 @@ typedef struct {
     real *lnf, *lnf_rstd;   // (N,H), (N)
     real *logits;           // (N,V)
     real *token_loss;       // (N)
+    real *token_lse;        // (N) logsumexp of each token's logits (for backward)
     real *loss_weight;      // (N) d(loss)/d(token_loss) of this micro-batch
     // backward scratch, shared by all layers
     real *d_token_loss;     // (N)

@@ -1,8 +1,9 @@
 #include "moe/dispatcher.h"
-#include "core/profile.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "core/profile.h"
 
 size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity) {
     size_t rows = (size_t)N * k;

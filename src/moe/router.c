@@ -1,8 +1,9 @@
 #include "moe/router.h"
-#include "core/profile.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "core/profile.h"
 
 const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
 

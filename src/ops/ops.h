@@ -107,11 +107,10 @@ void softmax_forward(real *y, const real *x, int N, int C);
 void softmax_backward(real *dx, const real *y, const real *dy, int N, int C);
 
 // ---- cross-entropy ----------------------------------------------------------------------
-// logits (N,V), targets (N) -> losses (N) = logsumexp(logits) − logits[target]
-void cross_entropy_forward(real *losses, const real *logits, const int32_t *targets, int N,
-                           int V);
-// dlogits (N,V) = (softmax(logits) − onehot(target)) · weight[n]   (overwritten)
-void cross_entropy_backward(real *dlogits, const real *logits, const int32_t *targets,
+// logits (N,V), targets (N) -> lse (N) = logsumexp(logits), losses (N) = lse − logits[target]
+void cross_entropy_forward(real *losses, real *lse, const real *logits, const int32_t *targets, int N, int V);
+// dlogits (N,V) = (softmax(logits) − onehot(target)) · weight[n]   (overwritten); lse from forward
+void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int32_t *targets,
                             const real *weight, int N, int V);
 
 // ---- AdamW (decoupled weight decay), one contiguous range --------------------------------

@@ -1,9 +1,9 @@
 #include "train/optimizer.h"
-#include "core/profile.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "core/profile.h"
 #include "ops/ops.h"
 
 void optimizer_init_ranges(Optimizer *o, const FlatRange *ranges, int n_ranges) {

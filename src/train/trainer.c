@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "hf/hf_config.h"
 #include "model/model.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
@@ -227,9 +228,10 @@ static void print_banner(const Trainer *t) {
            "%s\n",
            hf_model_type(t->model.family), c->num_layers, c->hidden_size, c->num_experts, c->moe_router_topk,
            total / 1e6, active / 1e6, t->data.source);
-    printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s\n",
+    printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s "
+           "(gemm: %s)\n",
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
-           c->train_iters, t->peak_flops / 1e12);
+           c->train_iters, t->peak_flops / 1e12, mt_gemm_backend());
     if (t->model.family_note[0])
         printf("note: checkpoints use moetron's own model_type (transformers cannot load them): %s\n",
                t->model.family_note);

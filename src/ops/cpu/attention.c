@@ -12,9 +12,10 @@
 // its dK/dV and the dQ of the query heads that read it, so no two threads write the same
 // memory and every sum runs in a fixed order whatever the thread count.
 #include <math.h>
-#include "core/profile.h"
 #include <string.h>
 
+#include "core/profile.h"
+#include "ops/cpu/row_reduce.h"
 #include "ops/ops.h"
 
 enum { QUERY_TILE = 64 };
@@ -59,10 +60,9 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
         for (int r = 0; r < rows; r++) {  // softmax over the visible keys [first, visible) of row r
             real *row = scores + (size_t)r * keys;
             int first = first_key(s, b, t0 + r), visible = s->q_pos0 + t0 + r + 1;
-            real max = -INFINITY, sum = 0;
-            for (int j = first; j < visible; j++) max = row[j] > max ? row[j] : max;
-            for (int j = first; j < visible; j++) sum += (row[j] = real_exp(row[j] - max));
-            real inv = 1 / sum;
+            real max = row_max(row + first, visible - first);
+            for (int j = first; j < visible; j++) row[j] = real_exp(row[j] - max);
+            real sum = (real)row_sum(row + first, visible - first), inv = 1 / sum;
             for (int j = 0; j < first; j++) row[j] = 0;
             for (int j = first; j < visible; j++) row[j] *= inv;
             for (int j = visible; j < keys; j++) row[j] = 0;

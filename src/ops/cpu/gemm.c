@@ -17,11 +17,12 @@
 // with the same kernel wherever its tile lies, so the result does not depend on the
 // number of threads (only on KC, a compile-time constant).
 #include "ops/gemm.h"
-#include "core/profile.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/profile.h"
 
 #ifdef _OPENMP
 #include <omp.h>
