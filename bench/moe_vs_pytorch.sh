@@ -3,8 +3,9 @@
 # (coarse, fine) trained by moetron and by plain PyTorch (bench/pytorch_moe.py, the same
 # model) on this machine, one after the other, with the same threads (OMP_NUM_THREADS,
 # default: all cores). Prints one row per model: tokens/s (median over the steps after
-# the first), model TFLOP/s, percent of the fp32 GEMM ceiling moetron measures at
-# start-up, peak memory, PyTorch's tokens/s and peak memory, and moetron / PyTorch.
+# the first), model TFLOP/s, percent of the fp32 GEMM ceiling (the best moetron measured at
+# start-up in these runs), peak memory, PyTorch's tokens/s and peak memory, and
+# moetron / PyTorch.
 set -euo pipefail
 M=${1:-build/moetron}
 steps=${2:-6}
@@ -16,23 +17,31 @@ trap 'rm -rf "$out"' EXIT
 
 flags_of() { grep -v '^#' "$root/bench/configs/$1.flags" | tr '\n' ' '; }
 
-printf '%-7s %-5s %10s %8s %9s %9s %12s %12s %7s\n' model prec "tok/s" TFLOP/s "% ceiling" "mem MiB" \
-    "torch tok/s" "torch MiB" ratio
 for model in coarse fine; do
     # shellcheck disable=SC2046
     "$M" train $(flags_of $model) --train-iters "$steps" --lr-warmup-iters 1 --eval-interval 0 --log-interval 1 \
         --log-jsonl "$out/$model.jsonl" >"$out/$model.log" 2>&1 || { tail -3 "$out/$model.log"; exit 1; }
     python3 "$root/bench/pytorch_moe.py" --config $model --threads "$threads" --steps $((steps - 1)) \
         --warmup-steps 1 >"$out/$model.torch" 2>"$out/$model.torch.err" || { tail -3 "$out/$model.torch.err"; exit 1; }
-    python3 - "$out/$model.jsonl" "$out/$model.torch" "$model" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][1:]
-torch = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
-med = lambda k: statistics.median(r[k] for r in rows)
-tok = med("tokens_per_s")
-print(f"{sys.argv[3]:<7} {'fp32':<5} {tok:10.0f} {med('tflops'):8.3f} {100 * med('mfu'):8.1f}% "
-      f"{rows[-1]['mem_peak_mb']:9.0f} {torch['tokens_per_s']:12.0f} {torch['peak_rss_mb']:12.0f} "
-      f"{tok / torch['tokens_per_s']:6.2f}x")
-PY
 done
-echo "($threads threads; moetron $("$M" --version | sed 's/^moetron //'); $(python3 -c 'import torch; print("torch", torch.__version__)'))"
+# The ceiling: the best fp32 GEMM rate moetron measured at start-up in these runs (a 512³
+# GEMM, best of 12; one measurement can read low on a busy machine).
+python3 - "$out" <<'PY'
+import json, statistics, sys
+out = sys.argv[1]
+runs = {}
+for model in ("coarse", "fine"):
+    rows = [json.loads(l) for l in open(f"{out}/{model}.jsonl") if '"tokens_per_s"' in l][1:]
+    torch = json.loads(open(f"{out}/{model}.torch").read().strip().splitlines()[-1])
+    med = lambda k: statistics.median(r[k] for r in rows)
+    runs[model] = dict(tok=med("tokens_per_s"), tflops=med("tflops"), peak=max(r["tflops"] / r["mfu"] for r in rows),
+                       mem=rows[-1]["mem_peak_mb"], torch_tok=torch["tokens_per_s"], torch_mem=torch["peak_rss_mb"])
+ceiling = max(r["peak"] for r in runs.values())
+print(f"{'model':<7} {'prec':<5} {'tok/s':>8} {'TFLOP/s':>8} {'% ceiling':>9} {'mem MiB':>8} {'torch tok/s':>12} "
+      f"{'torch MiB':>10} {'ratio':>6}")
+for model, r in runs.items():
+    print(f"{model:<7} {'fp32':<5} {r['tok']:8.0f} {r['tflops']:8.3f} {100 * r['tflops'] / ceiling:8.1f}% {r['mem']:8.0f} "
+          f"{r['torch_tok']:12.0f} {r['torch_mem']:10.0f} {r['tok'] / r['torch_tok']:5.2f}x")
+print(f"fp32 GEMM ceiling {ceiling:.3f} TFLOP/s", end="")
+PY
+echo "; $threads threads; moetron $("$M" --version | sed 's/^moetron //'); $(python3 -c 'import torch; print("torch", torch.__version__)')"
