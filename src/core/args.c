@@ -80,6 +80,13 @@ static const FlagSpec FLAGS[] = {
     F("global-batch-size", FLAG_INT, global_batch_size, TR, 0, "sequences per optimizer step (gradient accumulation)"),
     F("train-iters", FLAG_INT, train_iters, TR, 0, "optimizer steps"),
     F("exit-interval", FLAG_INT, exit_interval, TR, 0, "save and exit after a step that is a multiple of this (0 = never)"),
+    F("exit-duration-in-mins", FLAG_DOUBLE, exit_duration_in_mins, TR, 0, "save and exit after the first step that ends this many minutes after the start (0 = never)"),
+    F("exit-signal-handler", FLAG_BOOL, exit_signal_handler, TR, 0, "on SIGTERM or SIGINT finish the step, save (with --save) and exit 0"),
+    F("check-for-nan-in-loss-and-grad", FLAG_BOOL, check_for_nan_in_loss_and_grad, TR, 0, "skip (and log) a step whose loss or gradient norm is NaN or Inf instead of stopping (--no-check-for-nan-in-loss-and-grad: stop at the first)"),
+    F("nan-skip-limit", FLAG_INT, nan_skip_limit, TR, 0, "stop after this many skipped non-finite steps in a row"),
+    F("loss-spike-factor", FLAG_DOUBLE, loss_spike_factor, TR, 0, "report a step whose loss exceeds this multiple of the mean of the previous 20 (0 = never)"),
+    F("keep-checkpoints", FLAG_INT, keep_checkpoints, TR, 0, "keep only the newest N iteration directories in --save (0 = keep all)"),
+    F("distributed-timeout-minutes", FLAG_DOUBLE, distributed_timeout_minutes, TR, 0, "end every rank when a collective waits longer than this (MPI runs)"),
     F("lr", FLAG_DOUBLE, lr, TR, 0, "peak learning rate"),
     F("min-lr", FLAG_DOUBLE, min_lr, TR, 0, "learning rate at the end of decay"),
     F("lr-warmup-iters", FLAG_INT, lr_warmup_iters, TR, 0, "linear warmup steps from 0"),
@@ -201,6 +208,10 @@ void config_defaults(Config *c) {
     c->clip_grad = 1.0;
     c->seed = 1234;
     c->eval_interval = 100;
+    c->check_for_nan_in_loss_and_grad = 1;
+    c->nan_skip_limit = 3;
+    c->loss_spike_factor = 2.0;
+    c->distributed_timeout_minutes = 10;
     c->eval_iters = 8;
     c->tensor_model_parallel_size = c->context_parallel_size = c->pipeline_model_parallel_size = 1;
     c->expert_model_parallel_size = c->expert_tensor_parallel_size = 1;
@@ -280,6 +291,17 @@ static const char *join_list_values(char *out, size_t cap, const char *flag, int
     return out;
 }
 
+// The value of flag f written as --NAME[=VALUE]: after '=', "1" for a switch, the words up
+// to the next flag for a list, else the next argument (which *i then skips).
+static const char *flag_value(const FlagSpec *f, const char *name, const char *eq, char *list, size_t list_cap,
+                              int argc, char **argv, int *i) {
+    if (eq) return eq + 1;
+    if (f->type == FLAG_BOOL) return "1";
+    if (f->type == FLAG_LIST && *i + 1 < argc) return join_list_values(list, list_cap, name, argc, argv, i);
+    if (*i + 1 < argc) return argv[++*i];
+    mt_die("--%s needs a value", name);
+}
+
 static const char *command_name(Command cmd) {
     return cmd == CMD_TRAIN      ? "train"
            : cmd == CMD_GENERATE ? "generate"
@@ -304,17 +326,21 @@ void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
             if (*p == '_') *p = '-';  // --num_layers works like --num-layers
         int index;
         const FlagSpec *f = find_flag(name, &index);
+        const char *value;
+        if (!f && !strncmp(name, "no-", 3) && !eq) {  // --no-X turns the switch --X off (Megatron's style)
+            f = find_flag(name + 3, &index);
+            if (!f || f->type != FLAG_BOOL) f = NULL;
+            else memmove(name, name + 3, strlen(name + 3) + 1);
+            value = "0";
+        } else {
+            value = NULL;
+        }
         if (!f) mt_die("unknown flag '--%s' (see moetron %s --help)", name, command_name(cmd));
         if (!(f->commands & cmd))
             mt_die("--%s does not apply to 'moetron %s'%s", name, command_name(cmd),
                    f->architecture ? " (the model shape comes from the checkpoint)" : "");
-        const char *value;
         char list[1024];
-        if (eq) value = eq + 1;
-        else if (f->type == FLAG_BOOL) value = "1";
-        else if (f->type == FLAG_LIST && i + 1 < argc) value = join_list_values(list, sizeof(list), name, argc, argv, &i);
-        else if (i + 1 < argc) value = argv[++i];
-        else mt_die("--%s needs a value", name);
+        if (value == NULL) value = flag_value(f, name, eq, list, sizeof(list), argc, argv, &i);
         config_set_flag(c, f, value);
         c->flag_given[index] = 1;
     }
@@ -603,6 +629,10 @@ static void validate_training(Config *c) {
     if (c->eval_interval < 0 || c->eval_iters < 0 || c->save_interval < 0 || c->exit_interval < 0)
         mt_die("--eval-interval, --eval-iters, --save-interval and --exit-interval must be >= 0");
     require_positive("log-interval", c->log_interval);
+    require_positive("nan-skip-limit", c->nan_skip_limit);
+    if (!(c->distributed_timeout_minutes > 0)) mt_die("--distributed-timeout-minutes must be positive");
+    if (c->exit_duration_in_mins < 0 || c->keep_checkpoints < 0 || c->loss_spike_factor < 0)
+        mt_die("--exit-duration-in-mins, --keep-checkpoints and --loss-spike-factor must be >= 0");
     // Products with the world size are checked by parallel_sizes_init (parallel/groups.c).
     require_positive("tensor-model-parallel-size", c->tensor_model_parallel_size);
     require_positive("context-parallel-size", c->context_parallel_size);

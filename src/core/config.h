@@ -71,6 +71,13 @@ typedef struct {
     int global_batch_size;
     int train_iters;
     int exit_interval;            // stop (after saving) at multiples of this step
+    double exit_duration_in_mins; // stop (after saving) once the run has lasted this long (0 = never)
+    int exit_signal_handler;      // SIGTERM / SIGINT: finish the step, save, exit 0
+    int check_for_nan_in_loss_and_grad;  // skip steps whose loss or gradient is not finite
+    int nan_skip_limit;           // ... and stop after this many in a row
+    double loss_spike_factor;     // report a loss above this multiple of the recent mean (0 = never)
+    int keep_checkpoints;         // keep the newest N iteration directories (0 = all)
+    double distributed_timeout_minutes;  // a collective waiting longer ends the job
     double lr, min_lr;
     int lr_warmup_iters;
     char lr_decay_style[32];

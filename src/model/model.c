@@ -355,13 +355,13 @@ void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRan
     }
 }
 
-void model_end_global_batch(Model *m) {
+void model_end_global_batch(Model *m, int apply_bias_update) {
     const Config *c = &m->cfg;
     for (int l = 0; l < c->num_layers; l++) {
         const LayerParams *lp = &m->layers[l];
         RouterState *rs = &m->router_state[l];
         if (!lp->is_moe) continue;
-        if (c->moe_router_enable_expert_bias)
+        if (c->moe_router_enable_expert_bias && apply_bias_update)
             expert_bias_update(tt_param(&m->tt, lp->expert_bias), rs->bias_counts, c->num_experts,
                                c->moe_router_bias_update_rate);
         memset(rs->bias_counts, 0, c->num_experts * sizeof(double));

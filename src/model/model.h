@@ -210,8 +210,9 @@ typedef struct {
 void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts);
 
 // Start a new global batch: apply the expert-bias update from the counts of the one
-// that ended (when enabled) and clear the router bookkeeping.
-void model_end_global_batch(Model *m);
+// that ended (when enabled and apply_bias_update: not for a skipped step) and clear the
+// router bookkeeping.
+void model_end_global_batch(Model *m, int apply_bias_update);
 
 // Model FLOPs of one training step per token (forward + backward), see docs/metrics.md.
 double model_train_flops_per_token(const Config *cfg);

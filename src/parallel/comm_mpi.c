@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "parallel/comm_impl.h"
+#include "parallel/watchdog.h"
 
 struct CommImpl {
     MPI_Comm comm, p2p;
@@ -145,7 +146,9 @@ static int *mpi_counts(const Comm *g, const size_t *counts, const size_t *displs
 void backend_alltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
                        const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs) {
     int *s = mpi_counts(g, send_counts, send_displs), *r = mpi_counts(g, recv_counts, recv_displs);
+    watchdog_enter("an all-to-all", g->name);
     MPI_Alltoallv(send, s, s + g->size, mpi_type(t), recv, r, r + g->size, mpi_type(t), g->impl->comm);
+    watchdog_leave();
     free(s);
     free(r);
 }
@@ -154,22 +157,32 @@ void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv,
                         const size_t *displs) {
     int *c = mpi_counts(g, counts, displs);
     const void *from = send == (char *)recv + displs[g->rank] * comm_type_size(t) ? MPI_IN_PLACE : send;
+    watchdog_enter("an all-gather", g->name);
     MPI_Allgatherv(from, c[g->rank], mpi_type(t), recv, c, c + g->size, mpi_type(t), g->impl->comm);
+    watchdog_leave();
     free(c);
 }
 
 void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) {
+    watchdog_enter("an all-reduce", g->name);
     for (size_t at = 0; at < n; at += INT_MAX)
         MPI_Allreduce(MPI_IN_PLACE, x + at, (int)MT_MIN((size_t)INT_MAX, n - at), MPI_INT64_T, MPI_SUM,
                       g->impl->comm);
+    watchdog_leave();
 }
 
 void backend_bcast(const Comm *g, void *buf, size_t bytes, int root) {
+    watchdog_enter("a broadcast", g->name);
     for (size_t at = 0; at < bytes; at += INT_MAX)
         MPI_Bcast((char *)buf + at, (int)MT_MIN((size_t)INT_MAX, bytes - at), MPI_BYTE, root, g->impl->comm);
+    watchdog_leave();
 }
 
-void backend_barrier(const Comm *g) { MPI_Barrier(g->impl->comm); }
+void backend_barrier(const Comm *g) {
+    watchdog_enter("a barrier", g->name);
+    MPI_Barrier(g->impl->comm);
+    watchdog_leave();
+}
 
 // ---- non-blocking --------------------------------------------------------------------------
 
@@ -177,6 +190,7 @@ struct CommPending {
     CommOp op;
     CommType type;
     MPI_Comm comm;
+    const char *group;        // the group's name, for messages
     int size, rank, tag, phase;
     const char *send;
     char *recv;
@@ -221,6 +235,7 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
     p->op = op;
     p->type = t;
     p->comm = g->impl->p2p;
+    p->group = g->name;
     p->size = g->size;
     p->rank = g->rank;
     // Two tags per request (an all-reduce's two exchanges), the same on every member.
@@ -275,7 +290,9 @@ int backend_test(CommPending *p) {
 }
 
 void backend_wait(CommPending *p) {
+    watchdog_enter("a non-blocking collective", p->group);
     do MPI_Waitall(p->nrequests, p->requests, MPI_STATUSES_IGNORE);
     while (!advance(p));
+    watchdog_leave();
 }
 #endif

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/crc32.h"
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/safetensors.h"
@@ -36,7 +37,8 @@ static int file_exists(const char *path) {
 // The files of a checkpoint directory besides the model shards; the Hugging Face files
 // copied from beside --tokenizer-model when they are there.
 static const char *const fixed_files[] = {"config.json", "model.safetensors", "model.safetensors.index.json",
-                                          "optimizer.safetensors", "trainer_state.json", "tokenizer.json"};
+                                          "optimizer.safetensors", "trainer_state.json", "tokenizer.json",
+                                          "checksums.json"};
 static const char *const tokenizer_companions[] = {"tokenizer_config.json", "special_tokens_map.json",
                                                     "generation_config.json"};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -288,6 +290,118 @@ void checkpoint_check_save_inputs(const Config *c) {
         mt_die("--tokenizer-model %s: cannot read it: %s", c->tokenizer_model, strerror(errno));
 }
 
+// ---- checksums ------------------------------------------------------------------------------
+
+static int compare_strings(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// checksums.json: the size and CRC-32 of every other file of the (complete) directory,
+// written last, before the directory is renamed into place.
+static void write_checksums(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) mt_die("--save: cannot list %s: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!is_checkpoint_file(e->d_name) || !strcmp(e->d_name, "checksums.json")) continue;
+        names = mt_realloc(names, (n + 1) * sizeof(*names));
+        names[n] = mt_malloc(strlen(e->d_name) + 1);
+        strcpy(names[n++], e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof(*names), compare_strings);
+    JsonWriter w;
+    jw_init(&w);
+    jw_begin_object(&w);
+    jw_kv_string(&w, "algorithm", "crc32");
+    jw_key(&w, "files");
+    jw_begin_object(&w);
+    char path[CKPT_PATH_MAX + 320], err[256], hex[16];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        uint32_t crc;
+        uint64_t bytes;
+        if (crc32_file(path, &crc, &bytes, err, sizeof(err))) mt_die("--save: %s: %s", path, err);
+        snprintf(hex, sizeof(hex), "%08x", crc);
+        jw_key(&w, names[i]);
+        jw_begin_object(&w);
+        jw_kv_int(&w, "bytes", (int64_t)bytes);
+        jw_kv_string(&w, "crc32", hex);
+        jw_end_object(&w);
+        free(names[i]);
+    }
+    free(names);
+    jw_end_object(&w);
+    jw_end_object(&w);
+    snprintf(path, sizeof(path), "%s/checksums.json", dir);
+    write_json_file(path, &w);
+}
+
+// Every file checksums.json lists must have its size and CRC-32 (directories without the
+// file, Hugging Face's or older moetron's, are not checked).
+static void verify_checksums(const char *dir) {
+    char path[CKPT_PATH_MAX + 320], file[CKPT_PATH_MAX + 320], err[512];
+    snprintf(path, sizeof(path), "%s/checksums.json", dir);
+    if (!file_exists(path)) return;
+    JsonValue *root = json_parse_file(path, err, sizeof(err));
+    if (!root) mt_die("%s: %s; the checkpoint is damaged: --load an earlier iter_* directory", path, err);
+    const JsonValue *files = json_get(root, "files");
+    const char *algorithm = json_get_string(root, "algorithm");
+    if (!files || files->type != JSON_OBJECT || !algorithm || strcmp(algorithm, "crc32"))
+        mt_die("%s: needs \"algorithm\": \"crc32\" and a \"files\" object; the checkpoint is damaged", path);
+    for (size_t i = 0; i < files->count; i++) {
+        const char *name = files->keys[i], *want_crc = json_get_string(&files->items[i], "crc32");
+        int64_t want_bytes;
+        if (!want_crc || !json_get_int64(&files->items[i], "bytes", &want_bytes) || strchr(name, '/'))
+            mt_die("%s: entry %s needs \"bytes\" and \"crc32\"; the checkpoint is damaged", path, name);
+        snprintf(file, sizeof(file), "%s/%s", dir, name);
+        uint32_t crc;
+        uint64_t bytes;
+        char hex[16];
+        if (crc32_file(file, &crc, &bytes, err, sizeof(err)))
+            mt_die("%s: %s (listed in checksums.json); the checkpoint is damaged: --load an earlier iter_* directory",
+                   file, err);
+        snprintf(hex, sizeof(hex), "%08x", crc);
+        if ((int64_t)bytes != want_bytes || strcmp(hex, want_crc))
+            mt_die("%s: %llu bytes with CRC-32 %s, but checksums.json says %lld bytes with %s: the file is damaged; "
+                   "--load an earlier iter_* directory", file, (unsigned long long)bytes, hex, (long long)want_bytes,
+                   want_crc);
+    }
+    json_free(root);
+}
+
+// ---- keeping the newest checkpoints -----------------------------------------------------------
+
+static int compare_longs(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+// --keep-checkpoints N: remove the iteration directories of dir beyond the newest N (never
+// `current`, the one just saved).
+static void prune_checkpoints(const char *dir, int keep, long current) {
+    if (keep <= 0) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    long *iters = NULL;
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        long it;
+        int end = 0;
+        if (sscanf(e->d_name, "iter_%7ld%n", &it, &end) != 1 || end != 12 || e->d_name[end]) continue;
+        iters = mt_realloc(iters, (n + 1) * sizeof(*iters));
+        iters[n++] = it;
+    }
+    closedir(d);
+    qsort(iters, n, sizeof(*iters), compare_longs);
+    char path[CKPT_PATH_MAX + 32];
+    for (size_t i = 0; i + (size_t)keep < n; i++) {
+        if (iters[i] == current) continue;
+        snprintf(path, sizeof(path), "%s/iter_%07ld", dir, iters[i]);
+        remove_tree(path);
+    }
+    free(iters);
+}
+
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
     char final_dir[CKPT_PATH_MAX], tmp_dir[CKPT_PATH_MAX + 32], old_dir[CKPT_PATH_MAX + 32];
     char path[CKPT_PATH_MAX + 64];
@@ -311,6 +425,7 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
         write_trainer_state(path, st, opt);
     }
     if (m->cfg.tokenizer_model[0]) copy_tokenizer_files(m->cfg.tokenizer_model, tmp_dir);
+    write_checksums(tmp_dir);
     // A directory of the same iteration is replaced only by the complete new one: swapped
     // atomically where the filesystem can, else moved aside just before the rename.
     if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
@@ -327,6 +442,7 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
     int len = snprintf(latest, sizeof(latest), "%ld\n", st->iteration);
     snprintf(path, sizeof(path), "%s/latest_checkpointed_iteration.txt", dir);
     if (write_file_atomic(path, latest, len, err, sizeof(err))) mt_die("writing %s: %s", path, err);
+    prune_checkpoints(dir, m->cfg.keep_checkpoints, st->iteration);
 }
 
 // ---- loading ------------------------------------------------------------------------------
@@ -384,6 +500,7 @@ static void load_trainer_state(const char *dir, TrainerState *st, Optimizer *opt
 }
 
 void checkpoint_load(const char *dir, Model *m, Optimizer *opt, TrainerState *st) {
+    verify_checksums(dir);
     hf_weights_load(dir, m);
     if (!opt) return;
     char path[CKPT_PATH_MAX + 64];

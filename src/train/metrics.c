@@ -77,6 +77,8 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
            r->tokens_per_s, r->tflops, r->router.load_imbalance);
     if (r->router.dropped_frac > 0) printf(" | dropped %.3f", r->router.dropped_frac);
     if (r->data_wait_s > 0.01 * r->step_s) printf(" | waited %.0f ms for data", 1e3 * r->data_wait_s);
+    if (r->skipped) printf(" | skipped");
+    if (r->loss_spike) printf(" | loss spike");
     printf(" | ETA %s\n", eta);
     fflush(stdout);
     if (!mt->jsonl) return;
@@ -101,6 +103,8 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_double(&w, "grad_comm_s", r->grad_comm_s);
     jw_kv_double(&w, "grad_comm_hidden_s", r->grad_comm_hidden_s);
     jw_kv_double(&w, "expert_comm_s", r->expert_comm_s);
+    if (r->skipped) jw_kv_bool(&w, "skipped", 1);
+    if (r->loss_spike) jw_kv_bool(&w, "loss_spike", 1);
     for (int t = 1; t < 3; t++)
         if (r->balance_coeff[t] > 0) jw_kv_double(&w, BALANCE_KEYS[t], r->router.balance[t]);
     for (int l = 0; l < r->n_layers; l++)

@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
+#include "parallel/watchdog.h"
 #include "train/grad_sync.h"
 #include "train/step_stats.h"
 #include "data/prefetch.h"
@@ -24,6 +25,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/run_control.h"
 
 typedef struct {
     Config *cfg;
@@ -174,6 +176,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     }
     checkpoint_check_save_inputs(c);  // before any work: a --tokenizer-model that cannot be read
     setup_parallel(t);
+    if (comm_world_size() > 1) watchdog_start(60 * c->distributed_timeout_minutes);
     if (comm_world_rank() != 0) {  // one process reports and saves; every rank computes the same
         c->log_jsonl[0] = 0;
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
@@ -304,58 +307,82 @@ static void profile_print(const StepProfile *p) {
     prof_print(p->seconds);
 }
 
+// Applies the step's gradients unless the step is skipped (a non-finite loss or norm):
+// then the batch's router bookkeeping is dropped too. Returns whether it was skipped.
+static int apply_update(Trainer *t, RunControl *rc, long step, double loss, double grad_norm, double lr) {
+    int skipped = run_control_skip_step(rc, step, loss, grad_norm);
+    if (!skipped) {
+        optimizer_step(&t->opt, &t->model.tt, t->cfg, lr, grad_norm);
+        gather_params(t);
+    }
+    model_end_global_batch(&t->model, !skipped);  // expert-bias update from this batch's token counts
+    return skipped;
+}
+
+// What a finished step reports besides its losses.
+typedef struct {
+    long step, first_step;
+    double loss, grad_norm, lr, step_s, elapsed_s, data_wait_s;
+    int skipped, loss_spike;
+} StepOutcome;
+
+static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
+    const Config *c = t->cfg;
+    double tokens_per_step = (double)c->global_batch_size * c->seq_length;
+    double flops = tokens_per_step * t->flops_per_token / o->step_s;
+    int moe_layers = 0;
+    for (int l = 0; l < c->num_layers; l++) moe_layers += t->model.layers[l].is_moe;
+    StepRecord r = {.step = o->step, .loss = o->loss, .lm_loss = s->lm_loss, .router = s->router,
+                    .balance_coeff = c->balance_coeff, .z_loss_coeff = c->moe_z_loss_coeff,
+                    .layers = c->moe_per_layer_logging ? s->layers : NULL,
+                    .n_layers = c->moe_per_layer_logging ? moe_layers : 0,
+                    .tokens_per_expert = s->counts, .num_experts = c->num_experts,
+                    .grad_norm = o->grad_norm, .lr = o->lr, .tokens_per_s = tokens_per_step / o->step_s,
+                    .tflops = flops / 1e12, .mfu = flops / t->peak_flops,
+                    .mem_peak_mb = peak_memory_mb(), .elapsed_s = o->elapsed_s, .step_s = o->step_s,
+                    .data_wait_s = o->data_wait_s, .grad_comm_s = t->comm_s,
+                    .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(&t->model),
+                    .skipped = o->skipped, .loss_spike = o->loss_spike,
+                    .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
+    metrics_log_step(&t->metrics, &r);
+}
+
 int train_main(Config *c) {
+    RunControl rc;  // first: a signal during start-up stops the run after its first step
+    run_control_init(&rc, c, now_seconds());
     Trainer t;
     trainer_setup(&t, c);
     print_banner(&t);
-    double start = now_seconds(), tokens_per_step = (double)c->global_batch_size * c->seq_length;
+    double start = now_seconds();
     long first_step = t.state.iteration + 1;
     long last_saved = c->load[0] ? t.state.iteration : -1;
     StepProfile profile = {.on = c->profile};
     prof_enable(profile.on);
+    Comm world = comm_world();
     for (long step = first_step; step <= c->train_iters; step++) {
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         t.comm_s = t.comm_hidden_s = 0;
         ep_take_comm_seconds(&t.model);
         StepLosses s = train_step_micro_batches(&t);
-        double grad_norm = global_grad_norm(&t);
-        double loss = s.lm_loss + s.aux_objective;
-        if (!isfinite(loss) || !isfinite(grad_norm))
-            mt_die("step %ld: loss %g, gradient norm %g are not finite; lower --lr or raise --lr-warmup-iters "
-                   "(the last checkpoint is intact)", step, loss, grad_norm);
-        double lr = lr_at(c, step - 1);
-        optimizer_step(&t.opt, &t.model.tt, c, lr, grad_norm);
-        gather_params(&t);
-        model_end_global_batch(&t.model);  // expert-bias update from this batch's token counts
+        StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),
+                         .loss = s.lm_loss + s.aux_objective, .lr = lr_at(c, step - 1)};
+        o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr);
+        o.loss_spike = !o.skipped && run_control_loss_spike(&rc, step, o.loss);
         t.state.iteration = step;
-        double now = now_seconds(), step_time = now - t0, elapsed = now - start;
-        profile_step_done(&profile, step, first_step, c->train_iters, step_time);
+        double now = now_seconds();
+        o.step_s = now - t0, o.elapsed_s = now - start, o.data_wait_s = t.prefetch.waited_s - waited0;
+        profile_step_done(&profile, step, first_step, c->train_iters, o.step_s);
         prof_enable(0);  // evaluation and saving are not part of the steps
-        if (step % c->log_interval == 0 || step == c->train_iters) {
-            double flops = tokens_per_step * t.flops_per_token / step_time;
-            int moe_layers = 0;
-            for (int l = 0; l < c->num_layers; l++) moe_layers += t.model.layers[l].is_moe;
-            StepRecord r = {.step = step, .loss = loss, .lm_loss = s.lm_loss, .router = s.router,
-                            .balance_coeff = c->balance_coeff, .z_loss_coeff = c->moe_z_loss_coeff, .layers = c->moe_per_layer_logging ? s.layers : NULL,
-                            .n_layers = c->moe_per_layer_logging ? moe_layers : 0,
-                            .tokens_per_expert = s.counts, .num_experts = c->num_experts,
-                            .grad_norm = grad_norm, .lr = lr, .tokens_per_s = tokens_per_step / step_time,
-                            .tflops = flops / 1e12, .mfu = flops / t.peak_flops,
-                            .mem_peak_mb = peak_memory_mb(), .elapsed_s = elapsed, .step_s = step_time,
-                            .data_wait_s = t.prefetch.waited_s - waited0, .grad_comm_s = t.comm_s,
-                            .grad_comm_hidden_s = t.comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(&t.model),
-                            .eta_s = elapsed / (step - first_step + 1) * (c->train_iters - step)};
-            metrics_log_step(&t.metrics, &r);
-        }
+        if (step % c->log_interval == 0 || step == c->train_iters || o.skipped || o.loss_spike) log_step(&t, &s, &o);
         if (c->eval_interval > 0 && c->eval_iters > 0 && (step % c->eval_interval == 0 || step == c->train_iters))
             metrics_log_eval(&t.metrics, step, evaluate(&t));
-        int exiting = c->exit_interval > 0 && step % c->exit_interval == 0 && step < c->train_iters;
-        if (c->save[0] && ((c->save_interval > 0 && step % c->save_interval == 0) || exiting)) {
+        const char *stop = step < c->train_iters ? run_control_stop_reason(&rc, step, &world) : NULL;
+        if (c->save[0] && ((c->save_interval > 0 && step % c->save_interval == 0) || stop)) {
             save_checkpoint(&t);
             last_saved = step;
         }
-        if (exiting) {
-            printf("exiting at step %ld (--exit-interval %d)\n", step, c->exit_interval);
+        if (stop) {
+            printf("exiting at step %ld: %s%s\n", step, stop, c->save[0] ? " (saved)" : "");
             break;
         }
         prof_enable(profile.on);
@@ -365,6 +392,7 @@ int train_main(Config *c) {
     printf("data: training waited %.2f s for data in all (%.1f%% of %.1f s)\n", t.prefetch.waited_s,
            total > 0 ? 100 * t.prefetch.waited_s / total : 0, total);
     profile_print(&profile);
+    comm_free(&world);
     trainer_free(&t);
     return 0;
 }

@@ -43,7 +43,7 @@ static void tiny_config(Config *c, const Variant *v) {
 }
 
 static double objective(Model *m, ModelActs *a, const Batch *b) {
-    model_end_global_batch(m);  // each evaluation starts a fresh global batch (global aux counts)
+    model_end_global_batch(m, 1);  // each evaluation starts a fresh global batch (global aux counts)
     model_forward(m, a, b, NULL, 0);
     return a->lm_loss + a->aux_objective;
 }
