@@ -34,7 +34,7 @@ TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shap
 
 void tt_skip(TensorTable *tt) { tt->described++; }
 
-void tt_allocate(TensorTable *tt) {
+void tt_layout(TensorTable *tt) {
     tt->total = 0;
     for (int expert_region = 0; expert_region < 2; expert_region++) {
         for (int i = 0; i < tt->count; i++) {
@@ -45,6 +45,10 @@ void tt_allocate(TensorTable *tt) {
         }
         if (!expert_region) tt->dense_total = tt->total;
     }
+}
+
+void tt_allocate(TensorTable *tt) {
+    tt_layout(tt);
     tt->params = mt_calloc(tt->total, sizeof(real));
     tt->grads = mt_calloc(tt->total, sizeof(real));
 }

@@ -64,7 +64,8 @@ TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shap
 // A tensor of the model that another process holds (an expert of another expert-parallel
 // rank): counted for global_index, not stored here.
 void tt_skip(TensorTable *tt);
-void tt_allocate(TensorTable *tt);  // offsets (dense region first), params and grads zeroed
+void tt_layout(TensorTable *tt);    // offsets (dense region first) and totals, nothing allocated
+void tt_allocate(TensorTable *tt);  // the layout, then params and grads zeroed
 void tt_free(TensorTable *tt);
 TensorId tt_find(const TensorTable *tt, const char *name);  // -1 when absent
 

@@ -193,6 +193,11 @@ static ExpertParallel expert_parallel_of(const Config *c, const Comm *comm) {
 void model_build(Model *m, const Config *cfg) { model_build_ep(m, cfg, NULL); }
 
 void model_build_ep(Model *m, const Config *cfg, const Comm *ep) {
+    model_describe(m, cfg, ep);
+    model_allocate(m);
+}
+
+void model_describe(Model *m, const Config *cfg, const Comm *ep) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->ep = expert_parallel_of(cfg, ep);
@@ -212,6 +217,11 @@ void model_build_ep(Model *m, const Config *cfg, const Comm *ep) {
                      ? tt_add(&m->tt, HF_LM_HEAD_NAME, 2, embed_shape, TENSOR_DECAY, INIT_NORMAL,
                               c->init_method_std, -1, -1)
                      : m->embed;
+    tt_layout(&m->tt);
+}
+
+void model_allocate(Model *m) {
+    const Config *c = &m->cfg;
     tt_allocate(&m->tt);
     m->router_state = mt_calloc(c->num_layers, sizeof(RouterState));
     for (int l = 0; l < c->num_layers; l++) {
@@ -237,7 +247,7 @@ void model_init_weights(Model *m, uint64_t seed) {
 }
 
 void model_free(Model *m) {
-    for (int l = 0; l < m->cfg.num_layers; l++) {
+    for (int l = 0; m->layers && l < m->cfg.num_layers; l++) {
         free(m->layers[l].expert_gate);
         free(m->layers[l].expert_up);
         free(m->layers[l].expert_down);
@@ -245,6 +255,7 @@ void model_free(Model *m) {
         free_ffn(&m->layers[l].ffn_grads);
         free_ffn(&m->layers[l].shared_params);
         free_ffn(&m->layers[l].shared_grads);
+        if (!m->router_state) continue;  // described, never allocated
         free(m->router_state[l].global_counts_sum);
         free(m->router_state[l].bias_counts);
     }

@@ -180,6 +180,10 @@ void model_build(Model *m, const Config *cfg);
 // The same with the experts split over an expert-parallel group (ep NULL or of size 1:
 // model_build). The table then holds this rank's experts only, under their global names.
 void model_build_ep(Model *m, const Config *cfg, const Comm *ep);
+// model_build_ep in two halves: describe every tensor and lay out the flat buffers (sizes
+// known, nothing large allocated: what a memory estimate needs), then allocate them.
+void model_describe(Model *m, const Config *cfg, const Comm *ep);
+void model_allocate(Model *m);
 // Megatron-Core init: normal(0, std) matrices, std/sqrt(2L) for output projections, ones for norms.
 void model_init_weights(Model *m, uint64_t seed);
 void model_free(Model *m);

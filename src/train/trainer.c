@@ -23,6 +23,7 @@
 #include "train/expert_shards.h"
 #include "moe/expert_parallel.h"
 #include "train/lr_schedule.h"
+#include "train/memory_check.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/run_control.h"
@@ -166,6 +167,22 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
     optimizer_free(&whole);
 }
 
+// What the run will hold: parameters and gradients of this rank's tensors, the moments of
+// its optimizer shards, and the activations of one micro-batch (measured on a one-sequence
+// allocation, scaled: they grow with the tokens).
+static void check_memory(const Trainer *t, const FlatRange *shards, int n_shards) {
+    const Config *c = t->cfg;
+    MemoryNeed need = {.parameters = (double)t->model.tt.total * sizeof(real),
+                       .micro_batch_size = c->micro_batch_size, .seq_length = c->seq_length};
+    need.gradients = need.parameters;
+    for (int r = 0; r < n_shards; r++) need.optimizer += 2.0 * (shards[r].end - shards[r].begin) * sizeof(real);
+    ModelActs one_sequence;
+    acts_alloc(&one_sequence, &t->model, 1, c->seq_length);
+    need.activations = (double)one_sequence.arena.bytes * c->micro_batch_size;
+    acts_free(&one_sequence);
+    memory_check_fits(&need);
+}
+
 static void trainer_setup(Trainer *t, Config *c) {
     memset(t, 0, sizeof(*t));
     t->cfg = c;
@@ -181,12 +198,15 @@ static void trainer_setup(Trainer *t, Config *c) {
         c->log_jsonl[0] = 0;
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
-    model_build_ep(&t->model, c, &t->groups.comm[PG_EP]);
+    model_describe(&t->model, c, &t->groups.comm[PG_EP]);
     t->model.count_group = &t->groups.comm[PG_DP_CP];
     grad_sync_init(&t->sync, &t->groups.comm[PG_DP_CP], &t->groups.comm[PG_EDP], &t->groups.comm[PG_EP], &t->model.tt,
                    c->use_distributed_optimizer, c->num_layers + 2);
     FlatRange shards[REGIONS];
-    optimizer_init_ranges(&t->opt, shards, grad_sync_shards(&t->sync, shards));
+    int n_shards = grad_sync_shards(&t->sync, shards);
+    check_memory(t, shards, n_shards);  // before the large buffers exist
+    model_allocate(&t->model);
+    optimizer_init_ranges(&t->opt, shards, n_shards);
     if (c->load[0]) {
         load_checkpoint(t, resolved);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);

@@ -110,7 +110,9 @@ test_bf16_resume() {
     ok bf16_resume_bit_identical
 
     # without the master weights training resumes from the BF16 weights: no longer identical
+    # (an edited file: its checksums.json entry no longer holds, so it goes)
     drop_masters "$work/bf_b5/iter_0000005/optimizer.safetensors" || { fail bf16_no_master "python3 failed"; return; }
+    rm "$work/bf_b5/iter_0000005/checksums.json"
     "$M" train --load "$work/bf_b5" --save "$work/bf_c" --log-jsonl "$work/bf_nomaster.jsonl" >"$work/bf_nomaster.log" 2>&1 ||
         { fail bf16_no_master "resume without master weights: $(tail -1 "$work/bf_nomaster.log")"; return; }
     if diff <(losses "$work/bf_part2.jsonl") <(losses "$work/bf_nomaster.jsonl") >/dev/null; then
@@ -119,6 +121,7 @@ test_bf16_resume() {
     ok bf16_resume_uses_master_weights
 
     cp -r "$work/bf_a" "$work/bf_partial"
+    rm "$work/bf_partial/iter_0000010/checksums.json"  # the reader's own check, on an edited file
     local opt="$work/bf_partial/iter_0000010/optimizer.safetensors"
     drop_masters "$opt" master.model.norm.weight ||
         { fail bf16_partial_master "python3 failed"; return; }
@@ -202,9 +205,13 @@ test_tokenizer() {
     ok tokenizer_missing_at_startup
 }
 
+# The readers' own checks on sharded checkpoints without checksums.json (as Hugging Face
+# directories come); with it, damage is caught before any reader runs (test_reliability.sh).
 test_damaged_shards() {
-    local src="$work/shard_ckpt"
-    [ -d "$src" ] || { fail damaged_shards "no sharded checkpoint"; return; }
+    local src="$work/shard_ckpt_unchecked"
+    [ -d "$work/shard_ckpt" ] || { fail damaged_shards "no sharded checkpoint"; return; }
+    cp -r "$work/shard_ckpt" "$src"
+    rm "$src/iter_0000002/checksums.json"
     cp -r "$src" "$work/noshard"
     rm "$work/noshard/iter_0000002/model-00002-of-"*.safetensors
     expect_error shard_deleted "model.safetensors.index.json: weight_map names shard model-00002-of-.*which is missing" -- \

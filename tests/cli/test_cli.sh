@@ -115,9 +115,13 @@ test_checkpoint_layout() {
     ok checkpoint_layout
 }
 
+# The readers' own checks, on checkpoints without checksums.json (as Hugging Face
+# directories and older checkpoints come); with it, damage is caught before any reader
+# runs (test_reliability.sh).
 test_bad_checkpoints() {
     train_small "$work/bad" --train-iters 1 --lr-warmup-iters 0 --save "$work/bad_ckpt" || { fail bad_checkpoints "train failed"; return; }
     local it="$work/bad_ckpt/iter_0000001"
+    rm "$it/checksums.json"
     cp -r "$work/bad_ckpt" "$work/trunc"
     truncate -s -100 "$work/trunc/iter_0000001/model.safetensors"
     expect_error truncated_checkpoint "model.safetensors: .*truncated" -- "$M" generate --load "$work/trunc" --prompt hi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_reliability.sh — what a run does when things go wrong (docs/reliability.md):
-# non-finite steps skipped then stopped, loss spikes reported, --no-X switches, checkpoint
+# non-finite steps skipped then stopped, a run too big for memory refused with its
+# estimate, loss spikes reported, --no-X switches, checkpoint
 # checksums catching damaged files, --keep-checkpoints, --exit-duration-in-mins and
 # SIGTERM / SIGINT with --exit-signal-handler (save, exit 0, exact resume), and under MPI a
 # stopped rank ending the job after --distributed-timeout-minutes.
@@ -26,6 +27,13 @@ expect_error nan_check_off_stops_at_first "gradient norm .* are not finite; lowe
     "$M" train "${TINY[@]}" --train-iters 10 --lr 1e30 --clip-grad 0 --no-check-for-nan-in-loss-and-grad
 expect_error no_prefix_only_for_switches "unknown flag '--no-lr'" -- "$M" train "${TINY[@]}" --no-lr
 expect_error nan_skip_limit_positive "nan-skip-limit" -- "$M" train "${TINY[@]}" --nan-skip-limit 0
+
+# ---- a run that cannot fit says so, with the estimate, before allocating (in well under a second)
+start=$SECONDS
+expect_error too_big_for_memory "needs about [0-9.]* GiB per process (parameters .*, gradients .*, AdamW moments .*, activations .*) .* GiB are available" -- \
+    "$M" train --hidden-size 8192 --num-layers 64 --num-experts 64 --moe-ffn-hidden-size 8192 --num-attention-heads 64 \
+    --train-iters 2 --lr-warmup-iters 1
+[ $((SECONDS - start)) -le 5 ] && ok memory_check_is_immediate || fail memory_check_is_immediate "$((SECONDS - start)) s"
 
 # ---- loss spikes: with a factor below 1 every step after the first 20 is one ---------------------
 "$M" train "${TINY[@]}" --train-iters 24 --loss-spike-factor 0.5 --log-jsonl "$work/spike.jsonl" >"$work/spike.out" 2>&1

@@ -1,0 +1,45 @@
+#include "train/memory_check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+
+double memory_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    double kib = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(f);
+    return kib < 0 ? -1 : kib * 1024;
+}
+
+int memory_processes_on_node(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        int n = v ? atoi(v) : 0;
+        if (n > 0) return n;
+    }
+    return 1;
+}
+
+void memory_check_fits(const MemoryNeed *need) {
+    double available = memory_available_bytes();
+    if (available < 0) return;  // not Linux: nothing to compare with
+    const double GiB = 1024.0 * 1024 * 1024;
+    double per_process = need->parameters + need->gradients + need->optimizer + need->activations;
+    int processes = memory_processes_on_node();
+    if (per_process * processes <= available) return;
+    char shared[96] = "";
+    if (processes > 1) snprintf(shared, sizeof(shared), " and %d processes share this machine,", processes);
+    mt_die("the run needs about %.2f GiB per process (parameters %.2f, gradients %.2f, AdamW moments %.2f, "
+           "activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are available (MemAvailable); "
+           "lower --micro-batch-size or --seq-length, shrink the model, or spread it over more processes with "
+           "--use-distributed-optimizer / --expert-model-parallel-size",
+           per_process / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
+           need->activations / GiB, need->micro_batch_size, need->seq_length, shared, available / GiB);
+}
