@@ -3,6 +3,7 @@
 #   make run        train the default MoE model on the built-in data
 #   make test       the whole test suite (ends with "N passed, M failed")
 #   make bench      GEMM and training throughput on this machine
+#   make fuzz       every parser's libFuzzer target for FUZZ_SECONDS (tests/fuzz/fuzz.mk)
 # Switches: NO_OPENMP=1, USE_OPENBLAS=1 (OpenBLAS for GEMM), DEBUG=1, SANITIZE=1 (ASan+UBSan),
 #           NO_MPI=1 (the one-process build even where mpicc is found).
 
@@ -122,7 +123,10 @@ $(BUILD)/test_comm_mpi: tests/mpi/test_comm_mpi.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
-test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST)
+# Fuzz targets (make fuzz) and their replay drivers, run by make test (tests/fuzz/fuzz.mk).
+include tests/fuzz/fuzz.mk
+
+test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST) $(FUZZ_REPLAY)
 	@bash tests/run.sh $(BUILD)
 
 # Throughput measurements (bench/RESULTS.md records their output).

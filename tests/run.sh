@@ -32,6 +32,12 @@ for program in "$bin"/tests/test_*; do
     [ -x "$program" ] || continue
     run_program "$(basename "$program")" "$program"
 done
+# Every fuzz target on its seeds (and damaged copies of them) and its kept crashing inputs.
+for replay in "$bin"/fuzz/replay_*; do
+    [ -x "$replay" ] || continue
+    t=${replay##*/replay_}
+    run_program "fuzz_replay_$t" "$replay" "$root/tests/fuzz/corpus/$t" "$root/tests/fuzz/regressions/$t"
+done
 for script in "$root"/tests/cli/test_*.sh; do
     run_program "$(basename "$script")" bash "$script"
 done

@@ -231,7 +231,7 @@ static void rewind_input(Prep *p) {
 // Records end after a newline (jsonl) or after a blank line (txt), or at the end of the file.
 static int read_batch(Prep *p, Batch *b) {
     reserve(&b->text, &b->cap, MT_MAX(p->carry_len, BATCH_BYTES + READ_CHUNK) + 1);
-    memcpy(b->text, p->carry, p->carry_len);
+    if (p->carry_len) memcpy(b->text, p->carry, p->carry_len);  // carry is NULL before the first batch
     b->len = p->carry_len;
     b->first_line = p->next_line;
     size_t cut = 0, scanned = 0;  // last record end found; start of the first unexamined line

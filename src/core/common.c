@@ -24,6 +24,10 @@ void mt_die(const char *fmt, ...) {
     snprintf(line, cap, "moetron: error: %s", die_prefix);
     vsnprintf(line + head, cap - head - 1, fmt, again);
     va_end(again);
+    // One line whatever the message quotes: control characters from file contents or
+    // arguments (a newline in a JSON string, an escape sequence) show as '?'.
+    for (char *c = line + head; *c; c++)
+        if ((unsigned char)*c < 0x20 && *c != '\t') *c = '?';
     strcat(line, "\n");
     fflush(stdout);
     fputs(line, stderr);

@@ -352,6 +352,10 @@ const char *st_meta(const StFile *f, const char *key) {
 }
 
 int64_t st_numel(const StTensor *t) {
+    // st_open checked that the product fits the file, but only when no dimension is 0:
+    // [2^32, 2^31, 0] is a valid empty tensor whose partial products overflow int64
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return 0;
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;

@@ -13,7 +13,10 @@ typedef struct {
 
 static int key_int(const HfKeys *k, const char *key, int required) {
     int64_t v;
-    if (json_get_int64(k->root, key, &v)) return (int)v;
+    if (json_get_int64(k->root, key, &v)) {
+        if (v < -INT32_MAX || v > INT32_MAX) mt_die("%s: \"%s\" %lld is out of range", k->path, key, (long long)v);
+        return (int)v;
+    }
     if (required) mt_die("%s: missing or non-integer \"%s\"", k->path, key);
     return -1;
 }
@@ -72,6 +75,8 @@ static void read_balancing(Config *c, const HfKeys *k, HfFamily family) {
 // Every family: sizes, norms, RoPE, embeddings, router top-k and aux coefficient.
 static void read_common(Config *c, const HfKeys *k, HfFamily family) {
     c->num_layers = key_int(k, "num_hidden_layers", 1);
+    if (c->num_layers > MT_MAX_LAYERS)
+        mt_die("%s: num_hidden_layers %d exceeds the supported %d", k->path, c->num_layers, MT_MAX_LAYERS);
     c->hidden_size = key_int(k, "hidden_size", 1);
     c->num_attention_heads = key_int(k, "num_attention_heads", 1);
     int kv = key_int(k, "num_key_value_heads", 0);
@@ -101,7 +106,7 @@ static void read_common(Config *c, const HfKeys *k, HfFamily family) {
 static void set_layer_pattern(Config *c, const int *moe) {
     size_t at = 0, cap = sizeof(c->moe_layer_freq);
     at += snprintf(c->moe_layer_freq + at, cap - at, "[");
-    for (int l = 0; l < c->num_layers && at < cap - 4; l++)
+    for (int l = 0; l < c->num_layers && l < MT_MAX_LAYERS && at < cap - 4; l++)
         at += snprintf(c->moe_layer_freq + at, cap - at, "%s%d", l ? "," : "", moe[l]);
     snprintf(c->moe_layer_freq + at, cap - at, "]");
 }
@@ -144,7 +149,7 @@ static void read_qwen3(Config *c, const HfKeys *k) {
 static void read_olmoe(Config *c, const HfKeys *k) {
     c->qk_layernorm = 1;
     strcpy(c->qk_layernorm_scope, "projection");
-    if (c->kv_channels && c->kv_channels * c->num_attention_heads != c->hidden_size)
+    if (c->kv_channels && (int64_t)c->kv_channels * c->num_attention_heads != c->hidden_size)
         mt_die("%s: head_dim %d times num_attention_heads %d must equal hidden_size %d for OLMoE's QK-norm",
                k->path, c->kv_channels, c->num_attention_heads, c->hidden_size);
     c->num_experts = read_expert_count(k, "num_experts", "num_local_experts");
@@ -175,11 +180,15 @@ static void read_deepseek(Config *c, const HfKeys *k) {
     c->moe_router_pre_softmax = 0;
     c->moe_router_enable_expert_bias = 1;  // e_score_correction_bias: updated as Megatron does
     int shared = key_int(k, "n_shared_experts", 0);
-    c->moe_shared_expert_intermediate_size = shared > 0 ? shared * c->moe_ffn_hidden_size : 0;
+    int64_t shared_size = shared > 0 ? (int64_t)shared * c->moe_ffn_hidden_size : 0;
+    if (shared_size > INT32_MAX || shared_size < 0)
+        mt_die("%s: n_shared_experts %d times moe_intermediate_size %d is out of range", k->path, shared,
+               c->moe_ffn_hidden_size);
+    c->moe_shared_expert_intermediate_size = (int)shared_size;
     c->moe_router_topk_scaling_factor = key_double(k, "routed_scaling_factor", 2.5);
     int groups = key_int(k, "n_group", 0), group_topk = key_int(k, "topk_group", 0);
     if (groups > 1) {
-        if (group_topk <= 0 || c->moe_router_topk != 2 * group_topk)
+        if (group_topk <= 0 || c->moe_router_topk != 2 * (int64_t)group_topk)
             mt_die("%s: n_group %d with topk_group %d and num_experts_per_tok %d: DeepSeek-V3 ranks groups by their "
                    "top-2 experts, which moetron represents only when num_experts_per_tok = 2 * topk_group",
                    k->path, groups, group_topk, c->moe_router_topk);

@@ -62,19 +62,49 @@ static void decompose(CpBuf *out, uint32_t cp) {
 
 static int ccc_of(uint32_t cp) { return cp >= RAW_BYTE ? 0 : uc_combining_class(cp); }
 
-// Stable sort of every run of non-starters by combining class (insertion sort: runs are short).
-static void canonical_order(CpBuf *b) {
-    for (size_t i = 1; i < b->n; i++) {
-        uint32_t cp = b->cp[i];
-        int ccc = ccc_of(cp);
-        if (!ccc) continue;
-        size_t j = i;
-        while (j > 0 && ccc_of(b->cp[j - 1]) > ccc) {
-            b->cp[j] = b->cp[j - 1];
-            j--;
+// Stable sort of one run of non-starters by combining class (0 < class < 256): insertion
+// sort for the short runs of real text, a counting sort for long ones, so that a text of
+// thousands of alternating marks costs linear time, not quadratic.
+static void sort_run(uint32_t *cp, size_t n, uint32_t **tmp, size_t *tmp_cap) {
+    if (n <= 32) {
+        for (size_t i = 1; i < n; i++) {
+            uint32_t c = cp[i];
+            int ccc = ccc_of(c);
+            size_t j = i;
+            while (j > 0 && ccc_of(cp[j - 1]) > ccc) {
+                cp[j] = cp[j - 1];
+                j--;
+            }
+            cp[j] = c;
         }
-        b->cp[j] = cp;
+        return;
     }
+    if (*tmp_cap < n) {
+        *tmp_cap = n;
+        *tmp = mt_realloc(*tmp, n * sizeof(uint32_t));
+    }
+    size_t start[257] = {0};
+    for (size_t i = 0; i < n; i++) start[(ccc_of(cp[i]) & 255) + 1]++;
+    for (int c = 0; c < 256; c++) start[c + 1] += start[c];
+    for (size_t i = 0; i < n; i++) (*tmp)[start[ccc_of(cp[i]) & 255]++] = cp[i];
+    memcpy(cp, *tmp, n * sizeof(uint32_t));
+}
+
+// Canonical ordering: every maximal run of non-starters sorted by combining class.
+static void canonical_order(CpBuf *b) {
+    uint32_t *tmp = NULL;
+    size_t tmp_cap = 0;
+    for (size_t i = 0; i < b->n;) {
+        if (!ccc_of(b->cp[i])) {
+            i++;
+            continue;
+        }
+        size_t j = i + 1;
+        while (j < b->n && ccc_of(b->cp[j])) j++;
+        sort_run(b->cp + i, j - i, &tmp, &tmp_cap);
+        i = j;
+    }
+    free(tmp);
 }
 
 // The primary composite of (a, b), or 0 when there is none.

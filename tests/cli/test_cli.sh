@@ -16,6 +16,7 @@ test_bad_flags() {
     expect_error topk_above_experts "exceeds --num-experts" -- "$M" train --num-experts 2 --moe-router-topk 3
     expect_error batch_not_multiple "not a multiple of --micro-batch-size" -- "$M" train --global-batch-size 6 --micro-batch-size 4
     expect_error bad_integer "expects an integer" -- "$M" train --num-layers two
+    expect_error newline_in_value "expects an integer, got '2?moetron: error: x'" -- "$M" train --num-layers $'2\nmoetron: error: x'
     expect_error missing_value "needs a value" -- "$M" train --num-layers
     expect_error query_groups "does not divide --num-attention-heads" -- "$M" train --group-query-attention --num-query-groups 3
     expect_error moe_layer_freq_length "has 3 entries but --num-layers is 4" -- "$M" train --moe-layer-freq "[0,1,1]"

@@ -350,6 +350,29 @@ static void test_rejects_bad_metadata(void) {
     check_rejected_header("{\"__metadata__\":{\"k\":\"a\\u0000b\"}}", 0, "NUL");
 }
 
+// Dimensions whose partial products overflow int64 are fine in an empty tensor (a 0
+// anywhere): st_numel is 0, not signed overflow (found by tests/fuzz/fuzz_safetensors).
+// A shape too large for the file is one clear error.
+static void test_huge_dimensions(void) {
+    char path[256], err[512] = "";
+    temp_path(path, sizeof path, "huge");
+    const char *empty = "{\"e\":{\"dtype\":\"F32\",\"shape\":[4294967296,2147483648,0],\"data_offsets\":[0,0]}}";
+    write_raw(path, strlen(empty), empty, 0);
+    StFile f;
+    CHECK(st_open(&f, path, err, sizeof err) == 0, "empty tensor with huge dimensions rejected: %s", err);
+    if (f.n_tensors == 1) {
+        CHECK(st_numel(&f.tensors[0]) == 0, "numel %lld", (long long)st_numel(&f.tensors[0]));
+        real out[1];
+        CHECK(st_read_real(&f, &f.tensors[0], out) == 0, "read of an empty tensor");
+    }
+    st_close(&f);
+    check_rejected_header("{\"e\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,8],\"data_offsets\":[0,8]}}", 8,
+                          "shape is too large");
+    check_rejected_header("{\"e\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,18446744073709551615]}}", 8,
+                          "data_offsets");
+    remove(path);
+}
+
 // A small valid file's bytes, for the truncation and mutation tests.
 static uint8_t *small_valid_file(const char *path, size_t *size) {
     float a[3] = {1, 2, 3};
@@ -459,6 +482,7 @@ int main(void) {
     RUN(test_rejects_bad_headers);
     RUN(test_rejects_bad_layout);
     RUN(test_rejects_bad_metadata);
+    RUN(test_huge_dimensions);
     RUN(test_truncation_at_every_offset);
     RUN(test_random_byte_flips);
     TESTS_DONE();
