@@ -7,6 +7,10 @@
 # stopped rank ending the job after --distributed-timeout-minutes.
 set -u
 source "$(dirname "$0")/lib.sh"
+# Runs that are interrupted and resumed: long enough to be interrupted, short under the
+# sanitizer build (-O0, ~10x slower).
+LONG=400
+"$M" --version | grep -q sanitizers && LONG=40
 TINY=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
       --global-batch-size 4 --num-experts 4 --moe-ffn-hidden-size 64 --eval-interval 0 --lr-warmup-iters 1
       --mock-data-tokens 65536 --log-interval 1)
@@ -80,7 +84,7 @@ damage checksum_catches_missing_file optimizer.safetensors remove
 "$M" train --load "$work/ck" --train-iters 4 >/dev/null 2>&1 && ok intact_checkpoint_loads || fail intact_checkpoint_loads "$?"
 
 # ---- early exits: save, exit 0, and the resumed run continues as an uninterrupted one -------------
-"$M" train "${TINY[@]}" --train-iters 400 --log-jsonl "$work/ref.jsonl" >/dev/null 2>&1
+"$M" train "${TINY[@]}" --train-iters "$LONG" --log-jsonl "$work/ref.jsonl" >/dev/null 2>&1
 resumes_exactly() {  # name, checkpoint dir, log of the interrupted run
     local name=$1 ck=$2 log=$3
     "$M" train --load "$ck" --log-jsonl "$log" --exit-duration-in-mins 0 >/dev/null 2>&1 ||
@@ -88,7 +92,7 @@ resumes_exactly() {  # name, checkpoint dir, log of the interrupted run
     if diff <(losses "$work/ref.jsonl") <(losses "$log") >/dev/null; then ok "$name"; else
         fail "$name" "losses differ from the uninterrupted run"; fi
 }
-"$M" train "${TINY[@]}" --train-iters 400 --exit-duration-in-mins 0.005 --save "$work/dur" \
+"$M" train "${TINY[@]}" --train-iters "$LONG" --exit-duration-in-mins 0.005 --save "$work/dur" \
     --log-jsonl "$work/dur.jsonl" >"$work/dur.out" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q "exiting at step [0-9]*: ran for --exit-duration-in-mins 0.005 (saved)" "$work/dur.out"; then
@@ -100,7 +104,7 @@ fi
 signal_case() {  # name, signal
     local name=$1 sig=$2 pid rc
     rm -rf "$work/sig" "$work/sig.jsonl"
-    "$M" train "${TINY[@]}" --train-iters 400 --exit-signal-handler --save "$work/sig" --log-jsonl "$work/sig.jsonl" \
+    "$M" train "${TINY[@]}" --train-iters "$LONG" --exit-signal-handler --save "$work/sig" --log-jsonl "$work/sig.jsonl" \
         >"$work/sig.out" 2>&1 &
     pid=$!
     for _ in $(seq 100); do grep -q '"step":3,' "$work/sig.jsonl" 2>/dev/null && break; sleep 0.1; done
@@ -115,7 +119,7 @@ signal_case() {  # name, signal
 }
 signal_case sigterm_saves_and_resumes TERM
 signal_case sigint_saves_and_resumes INT
-"$M" train "${TINY[@]}" --train-iters 400 >/dev/null 2>&1 &
+"$M" train "${TINY[@]}" --train-iters "$LONG" >/dev/null 2>&1 &
 pid=$!
 sleep 1
 kill -TERM $pid
