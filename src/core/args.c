@@ -425,14 +425,23 @@ static void parse_schedule_styles(Config *c) {
     c->wsd_style = (WsdDecayStyle)found;
 }
 
+// Model dimensions are ints: bounded so that the sums and small multiples the validation
+// derives from them (padded vocabulary, 4·hidden, MLA head widths) cannot overflow.
+enum { MAX_DIMENSION = 1 << 24 };
+
+static void require_dimension(const char *flag, long long value) {
+    require_positive(flag, value);
+    if (value > MAX_DIMENSION) mt_die("--%s %lld is larger than the supported %d", flag, value, MAX_DIMENSION);
+}
+
 static void validate_shape(Config *c) {
     require_positive("num-layers", c->num_layers);
     if (c->num_layers > MT_MAX_LAYERS) mt_die("--num-layers %d exceeds the supported %d", c->num_layers, MT_MAX_LAYERS);
-    require_positive("hidden-size", c->hidden_size);
+    require_dimension("hidden-size", c->hidden_size);
     require_positive("num-attention-heads", c->num_attention_heads);
     require_positive("seq-length", c->seq_length);
-    require_positive("vocab-size", c->vocab_size);
-    require_positive("make-vocab-size-divisible-by", c->make_vocab_size_divisible_by);
+    require_dimension("vocab-size", c->vocab_size);
+    require_dimension("make-vocab-size-divisible-by", c->make_vocab_size_divisible_by);
     if (c->kv_channels == 0 && c->hidden_size % c->num_attention_heads)
         mt_die("--num-attention-heads %d does not divide --hidden-size %d; change one, or set --kv-channels",
                c->num_attention_heads, c->hidden_size);
@@ -554,8 +563,8 @@ static void validate_attention(Config *c) {
     if (c->clip_qkv > 0) mt_die("--clip-qkv applies to standard attention, not --multi-latent-attention");
     if (c->q_lora_rank < 0) mt_die("--q-lora-rank must be >= 0 (0 = full-rank query projection)");
     require_positive("kv-lora-rank", c->kv_lora_rank);
-    require_positive("qk-head-dim", c->qk_head_dim);
-    require_positive("qk-pos-emb-head-dim", c->qk_pos_emb_head_dim);
+    require_dimension("qk-head-dim", c->qk_head_dim);
+    require_dimension("qk-pos-emb-head-dim", c->qk_pos_emb_head_dim);
     require_positive("v-head-dim", c->v_head_dim);
     if (c->qk_pos_emb_head_dim % 2) mt_die("--qk-pos-emb-head-dim %d must be even for rotary embeddings", c->qk_pos_emb_head_dim);
     c->head_dim = c->qk_head_dim + c->qk_pos_emb_head_dim;  // query/key width per head
