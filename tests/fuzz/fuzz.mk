@@ -21,6 +21,14 @@ FUZZ_JOBS    ?= 1
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -pthread -O1 -g -fno-omit-frame-pointer -Isrc -Itests/fuzz \
                 -fsanitize=address,undefined -fno-sanitize-recover=all -Wno-unknown-pragmas
 FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
+
+ifneq ($(filter fuzz fuzz-build,$(MAKECMDGOALS)),)
+HAVE_LIBFUZZER := $(shell echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
+                    $(FUZZ_CC) -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null && echo 1)
+ifneq ($(HAVE_LIBFUZZER),1)
+$(error make fuzz needs clang with libFuzzer, and $(FUZZ_CC) -fsanitize=fuzzer does not link: apt-get install clang libclang-rt-14-dev (or the libclang-rt-N-dev of your clang-N, with FUZZ_CC=clang-N))
+endif
+endif
 FUZZ_BIN     := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 
 $(FUZZ_BUILD)/obj/%.o: %.c
