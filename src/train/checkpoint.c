@@ -484,7 +484,7 @@ static void load_optimizer(const char *dir, Model *m, Optimizer *opt) {
     hf_load_tensor_groups(path, m, groups, OPT_GROUPS);
 }
 
-static void load_trainer_state(const char *dir, TrainerState *st, Optimizer *opt) {
+void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *optimizer_step) {
     char path[CKPT_PATH_MAX + 64], err[512];
     snprintf(path, sizeof(path), "%s/trainer_state.json", dir);
     JsonValue *root = json_parse_file(path, err, sizeof(err));
@@ -495,7 +495,7 @@ static void load_trainer_state(const char *dir, TrainerState *st, Optimizer *opt
         mt_die("%s: needs non-negative integers iteration, consumed_train_samples and optimizer_step", path);
     st->iteration = (long)iteration;
     st->consumed_train_samples = consumed;
-    opt->step = (long)step;
+    *optimizer_step = (long)step;
     json_free(root);
 }
 
@@ -509,5 +509,5 @@ void checkpoint_load(const char *dir, Model *m, Optimizer *opt, TrainerState *st
     snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
     if (!file_exists(path)) mt_die("--load: %s is missing; the checkpoint is incomplete", path);
     load_optimizer(dir, m, opt);
-    load_trainer_state(dir, st, opt);
+    checkpoint_read_trainer_state(dir, st, &opt->step);
 }

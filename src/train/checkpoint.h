@@ -35,6 +35,10 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
 // Fatal with a clear message when neither exists. out has MT_PATH_MAX + 32 bytes.
 void checkpoint_resolve(char *out, const char *dir);
 
+// DIR/trainer_state.json: iteration, consumed samples and the optimizer step; fatal with one
+// line when it is unreadable or lacks any of them.
+void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *optimizer_step);
+
 // Load weights (and, when opt/st are non-NULL and the checkpoint has them, optimizer
 // moments, trainer state and the F32 master weights, which then replace the model file's
 // possibly BF16 weights) into an already built model. Every tensor is checked for

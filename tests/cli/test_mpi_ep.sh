@@ -10,40 +10,13 @@
 # under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
-if ! "$M" --version | grep -q "mpi"; then
-    if [ "${CI:-}" = "true" ]; then fail mpi_ep "moetron was built without MPI under CI"; else echo "skip mpi_ep: no MPI build"; fi
-    exit 0
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-# Open MPI's runtime leaks a few allocations at exit that LeakSanitizer cannot attribute:
-# leak checks stay on for the single-process runs only
-MPIRUN=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" mpirun --oversubscribe --bind-to none)
+source "$(dirname "$0")/mpi_lib.sh"
+mpi_require mpi_ep
 SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
        --num-experts 4 --moe-ffn-hidden-size 64 --eval-interval 0 --lr-warmup-iters 2 --log-interval 1
        --mock-data-tokens 65536 --train-iters 10 --global-batch-size 8)
 BIAS=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
       --moe-router-load-balancing-type seq_aux_loss)
-
-# step loss grad_norm of a JSONL log
-curve() { python3 -c 'import json,sys; [print(r["step"], repr(r["loss"]), repr(r["grad_norm"])) for r in map(json.loads, open(sys.argv[1])) if "loss" in r]' "$1"; }
-
-# compare NAME A B: same steps, relative difference <= 1e-5
-compare() {
-    local why
-    why=$(python3 - "$2" "$3" <<'PY'
-import sys
-a = [l.split() for l in open(sys.argv[1])]
-b = [l.split() for l in open(sys.argv[2])]
-if len(a) != len(b) or not a: print(f"{len(a)} vs {len(b)} steps"); sys.exit()
-for x, y in zip(a, b):
-    if x[0] != y[0]: print(f"step {x[0]} vs {y[0]}"); sys.exit()
-    for u, v in zip(x[1:], y[1:]):
-        u, v = float(u), float(v)
-        if abs(u - v) > 1e-5 * max(abs(u), abs(v), 1e-12): print(f"step {x[0]}: {u} vs {v}"); sys.exit()
-PY
-)
-    [ -z "$why" ] && ok "$1" || fail "$1" "$why"
-}
 
 # cmp_ckpt A B MODE: the F32 tensors of two model.safetensors (read with the standard
 # library). MODE names: same tensor names; MODE bias: also the expert biases within 1e-6

@@ -1,12 +1,10 @@
 // fuzz_trainer_state.c — the small state files of a checkpoint directory:
-//   trainer_state.json: read as src/train/checkpoint.c's load_trainer_state does (a static
-//     function there: the same json_parse_file and field extraction, copied below);
+//   trainer_state.json: through checkpoint_read_trainer_state;
 //   latest_checkpointed_iteration.txt: the same bytes, through checkpoint_resolve (public).
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/json.h"
 #include "fuzz.h"
 #include "train/checkpoint.h"
 
@@ -16,22 +14,15 @@ typedef struct {
     char dir[600];
 } Ctx;
 
-// load_trainer_state of src/train/checkpoint.c, on a file of these bytes
+// trainer_state.json through checkpoint_read_trainer_state
 static void trainer_state(void *ctx) {
     Ctx *x = ctx;
-    const char *path = fuzz_write("ckpt/iter_0000010/trainer_state.json", x->data, x->size);
-    char err[512];
-    JsonValue *root = json_parse_file(path, err, sizeof(err));
-    if (!root) mt_die("%s: %s", path, err);
-    int64_t iteration, consumed, step;
-    if (!json_get_int64(root, "iteration", &iteration) || !json_get_int64(root, "consumed_train_samples", &consumed) ||
-        !json_get_int64(root, "optimizer_step", &step) || iteration < 0 || consumed < 0 || step < 0)
-        mt_die("%s: needs non-negative integers iteration, consumed_train_samples and optimizer_step", path);
+    fuzz_write("ckpt/iter_0000010/trainer_state.json", x->data, x->size);
+    char iter[700];
+    snprintf(iter, sizeof iter, "%s/iter_0000010", x->dir);
     TrainerState st;
-    st.iteration = (long)iteration;
-    st.consumed_train_samples = consumed;
-    (void)st;
-    json_free(root);
+    long optimizer_step;
+    checkpoint_read_trainer_state(iter, &st, &optimizer_step);
 }
 
 static void latest_iteration(void *ctx) {
