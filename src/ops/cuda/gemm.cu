@@ -1,0 +1,294 @@
+// gemm.cu — the cuda backend's GEMMs: cuda_gemm, the two grouped GEMMs of the MoE layers
+// and the linear layers built on cuda_gemm. Contracts: src/ops/gemm.h and src/ops/ops.h.
+// Everything is queued on cuda_stream() through the handle of context.cu.
+//
+// Row-major data, column-major cuBLAS. A row-major matrix X [r, c] with leading dimension
+// ld is, read column-major, Xᵀ [c, r] with the same ld. So the row-major problem
+//     C[M,N] = alpha·op(A)[M,K]·op(B)[K,N] + beta·C
+// is, for cuBLAS, the column-major problem
+//     Cᵀ[N,M] = alpha·op(B)ᵀ[N,K]·op(A)ᵀ[K,M] + beta·Cᵀ
+// one call with the operands swapped: cuBLAS's m = N, n = M, k = K, its A is our B (ld ldb),
+// its B is our A (ld lda), its C is our C (ld ldc). The transpose flags carry over as they
+// are: our B [K,N] (trans_b = 0) reads column-major as [N,K] = op(B)ᵀ, no transpose
+// (CUBLAS_OP_N); our B [N,K] (trans_b = 1) reads as [K,N] = op(B), which op(B)ᵀ transposes
+// (CUBLAS_OP_T); the same for A. cuBLAS's leading-dimension rules (ld ≥ rows of the stored
+// column-major matrix) then are exactly gemm.h's: ldb ≥ N or K, lda ≥ K or M, ldc ≥ N.
+//
+// Precision. fp32: CUBLAS_COMPUTE_32F_PEDANTIC, fp32 multiplies and fp32 accumulation, never
+// TF32, whatever the handle's math mode. After cuda_set_gemm_bf16(1):
+// CUBLAS_COMPUTE_32F_FAST_16BF, cuBLAS rounds the fp32 inputs to bf16 for the tensor cores,
+// accumulates in fp32 and stores fp32.
+//
+// gemm.h's edge cases: M == 0 or N == 0 returns before anything is queued; K == 0 or
+// alpha == 0 scales C by beta with scale_c_kernel, so A and B are never read (cuBLAS does
+// not document that it skips A and B for an alpha of 0, nor what k == 0 does with a beta of
+// 0 and NaN in C); beta == 0 with K > 0 is cuBLAS's own: its contract is that C need not
+// hold valid values when beta == 0.
+//
+// Grouped GEMMs (one problem per non-empty expert, groups with rows[g] == 0 skipped):
+//   * fp32: one cublasGemmGroupedBatchedEx call, one cuBLAS group of group_size 1 per
+//     problem (each has its own m or k and its own pointers). Its shape, ld and scalar
+//     arrays are host arrays; its A/B/C pointer arrays must be in device memory: they are
+//     written to a pinned host staging block and copied with one cudaMemcpyAsync on the
+//     stream into a device block (both grown on demand), so the GEMM that reads them is
+//     ordered after the copy. An event recorded after the copy guards the staging block:
+//     the next grouped call waits on it before writing there again.
+//   * bf16: one cublasGemmEx per problem. The grouped API's table of supported types has no
+//     CUBLAS_COMPUTE_32F_FAST_16BF (fp32 data: 32F, 32F_PEDANTIC, 32F_FAST_TF32), and
+//     cublasGemmEx sees each pointer, so it has no alignment demand on rows that start at
+//     any offset.
+// Determinism: cuBLAS with atomics disallowed (context.cu) gives the same bits for the same
+// call on the same GPU and stream; which path a call takes depends only on its arguments and
+// the bf16 switch. The static state here assumes one host thread drives the backend.
+#include "ops/cuda/cuda_internal.h"
+
+static_assert(sizeof(real) == sizeof(float), "the cuda backend is built for float only");
+
+enum { SCALE_THREADS = 256 };
+
+// ---- C = beta·C ----------------------------------------------------------------------------
+
+// C[rows, cols] (row-major, leading dimension ldc) = beta·C; beta == 0 writes zeros, so NaN or
+// Inf already in C does not survive. Grid-stride loop, thread → element i = r·cols + c.
+__global__ void scale_c_kernel(float *C, int rows, int cols, size_t ldc, float beta) {
+    size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float *c = C + (i / cols) * ldc + i % cols;
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// The K == 0 / alpha == 0 case of gemm.h for one C[M,N]: C = beta·C (beta == 1: nothing to do).
+static void scale_c(int M, int N, float beta, float *C, int ldc) {
+    if (beta == 1.0f || M == 0 || N == 0) return;
+    size_t n = (size_t)M * N;
+    scale_c_kernel<<<cuda_blocks(n, SCALE_THREADS), SCALE_THREADS, 0, cuda_stream()>>>(C, M, N, (size_t)ldc, beta);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- one GEMM in cuBLAS's terms -------------------------------------------------------------
+
+// Column-major C'[m,n] = alpha·op(A')[m,k]·op(B')[k,n] + beta·C', as cuBLAS takes it.
+typedef struct {
+    cublasOperation_t ta, tb;
+    int m, n, k;
+    const float *A;
+    int lda;
+    const float *B;
+    int ldb;
+    float *C;
+    int ldc;
+} ColGemm;
+
+// The row-major gemm.h problem C[M,N] = op(A)[M,K]·op(B)[K,N] as the column-major
+// Cᵀ[N,M] = op(B)ᵀ[N,K]·op(A)ᵀ[K,M] (see the top of the file).
+static ColGemm col_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
+                        int ldb, float *C, int ldc) {
+    ColGemm g;
+    g.ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A is our B
+    g.tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's B is our A
+    g.m = N;
+    g.n = M;
+    g.k = K;
+    g.A = B;
+    g.lda = ldb;
+    g.B = A;
+    g.ldb = lda;
+    g.C = C;
+    g.ldc = ldc;
+    return g;
+}
+
+static cublasComputeType_t gemm_compute_type(void) {
+    return cuda_gemm_bf16() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_PEDANTIC;
+}
+
+// One cublasGemmEx (fp32 storage for A, B and C; alpha and beta read from the host).
+static void col_gemm_run(const ColGemm *g, float alpha, float beta) {
+    CUBLAS_CHECK(cublasGemmEx(cuda_cublas(), g->ta, g->tb, g->m, g->n, g->k, &alpha, g->A, CUDA_R_32F, g->lda, g->B,
+                              CUDA_R_32F, g->ldb, &beta, g->C, CUDA_R_32F, g->ldc, gemm_compute_type(),
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+// gemm.h's checks on the leading dimensions of a problem that reads A and B (K > 0).
+static void check_lds(int trans_a, int trans_b, int M, int N, int K, int lda, int ldb, int ldc) {
+    MT_ASSERT(ldc >= N);
+    MT_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
+}
+
+// ---- cuda_gemm ------------------------------------------------------------------------------
+
+void cuda_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda, const real *B,
+               int ldb, real beta, real *C, int ldc) {
+    MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    if (M == 0 || N == 0) return;
+    MT_ASSERT(ldc >= N);
+    if (K == 0 || alpha == 0) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    check_lds(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+    ColGemm g = col_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+    col_gemm_run(&g, alpha, beta);
+}
+
+// ---- the problems of one grouped call, gathered on the host ----------------------------------
+
+// Host arrays grown on demand: the problems (cuBLAS terms) and, for the grouped API, their
+// fields one array each (length = problems; every cuBLAS group holds one problem).
+static struct {
+    int cap;
+    ColGemm *gemm;
+    cublasOperation_t *ta, *tb;
+    int *m, *n, *k, *lda, *ldb, *ldc, *size;
+    float *alpha, *beta;
+} batch;
+
+static void batch_reserve(int count) {
+    if (count <= batch.cap) return;
+    int cap = MT_MAX(count, MT_MAX(2 * batch.cap, 64));
+    batch.gemm = (ColGemm *)mt_realloc(batch.gemm, (size_t)cap * sizeof(ColGemm));
+    batch.ta = (cublasOperation_t *)mt_realloc(batch.ta, (size_t)cap * sizeof(cublasOperation_t));
+    batch.tb = (cublasOperation_t *)mt_realloc(batch.tb, (size_t)cap * sizeof(cublasOperation_t));
+    int **ints[] = {&batch.m, &batch.n, &batch.k, &batch.lda, &batch.ldb, &batch.ldc, &batch.size};
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
+        *ints[i] = (int *)mt_realloc(*ints[i], (size_t)cap * sizeof(int));
+    batch.alpha = (float *)mt_realloc(batch.alpha, (size_t)cap * sizeof(float));
+    batch.beta = (float *)mt_realloc(batch.beta, (size_t)cap * sizeof(float));
+    batch.cap = cap;
+}
+
+// ---- device pointer arrays of cublasGemmGroupedBatchedEx ------------------------------------
+
+// 3·cap pointers on each side: [A' of every problem | B' ... | C' ...], packed by the
+// call's count. `copied` is recorded on the stream after the last copy out of `host`.
+static struct {
+    void **host;    // pinned staging
+    void **device;  // what cuBLAS reads
+    size_t cap;     // problems
+    cudaEvent_t copied;
+} ptrs;
+
+// Staging room for `count` problems' pointers that is free to write: the previous copy out
+// of it has finished, and both blocks hold at least 3·count pointers.
+static void **pointers_staging(int count) {
+    if (ptrs.copied) CUDA_CHECK(cudaEventSynchronize(ptrs.copied));
+    else CUDA_CHECK(cudaEventCreateWithFlags(&ptrs.copied, cudaEventDisableTiming));
+    if ((size_t)count <= ptrs.cap) return ptrs.host;
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));  // no queued GEMM still reads the old device block
+    if (ptrs.host) CUDA_CHECK(cudaFreeHost(ptrs.host));
+    if (ptrs.device) CUDA_CHECK(cudaFree(ptrs.device));
+    size_t cap = MT_MAX((size_t)count, MT_MAX(2 * ptrs.cap, (size_t)64));
+    CUDA_CHECK(cudaMallocHost((void **)&ptrs.host, 3 * cap * sizeof(void *)));
+    CUDA_CHECK(cudaMalloc((void **)&ptrs.device, 3 * cap * sizeof(void *)));
+    ptrs.cap = cap;
+    return ptrs.host;
+}
+
+// Queues the copy of the 3·count staged pointers to the device block and returns that block.
+static void **pointers_upload(int count) {
+    size_t bytes = 3 * (size_t)count * sizeof(void *);
+    CUDA_CHECK(cudaMemcpyAsync(ptrs.device, ptrs.host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
+    CUDA_CHECK(cudaEventRecord(ptrs.copied, cuda_stream()));
+    return ptrs.device;
+}
+
+// ---- running the gathered problems ----------------------------------------------------------
+
+// batch.gemm[0, count) in one cublasGemmGroupedBatchedEx (fp32 only, see the top of the file).
+static void batch_run_grouped(int count, float alpha, float beta) {
+    void **staged = pointers_staging(count);
+    for (int i = 0; i < count; i++) {
+        const ColGemm *g = &batch.gemm[i];
+        batch.ta[i] = g->ta;
+        batch.tb[i] = g->tb;
+        batch.m[i] = g->m;
+        batch.n[i] = g->n;
+        batch.k[i] = g->k;
+        batch.lda[i] = g->lda;
+        batch.ldb[i] = g->ldb;
+        batch.ldc[i] = g->ldc;
+        batch.size[i] = 1;
+        batch.alpha[i] = alpha;
+        batch.beta[i] = beta;
+        staged[i] = (void *)g->A;
+        staged[count + i] = (void *)g->B;
+        staged[2 * count + i] = g->C;
+    }
+    void **dev = pointers_upload(count);
+    CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cuda_cublas(), batch.ta, batch.tb, batch.m, batch.n, batch.k, batch.alpha,
+                                            (const void *const *)dev, CUDA_R_32F, batch.lda,
+                                            (const void *const *)(dev + count), CUDA_R_32F, batch.ldb, batch.beta,
+                                            dev + 2 * count, CUDA_R_32F, batch.ldc, count, batch.size,
+                                            CUBLAS_COMPUTE_32F_PEDANTIC));
+}
+
+// batch.gemm[0, count): grouped in fp32, one cublasGemmEx each with bf16.
+static void batch_run(int count, float alpha, float beta) {
+    if (count == 0) return;
+    if (cuda_gemm_bf16()) {
+        for (int i = 0; i < count; i++) col_gemm_run(&batch.gemm[i], alpha, beta);
+        return;
+    }
+    batch_run_grouped(count, alpha, beta);
+}
+
+// ---- grouped GEMMs ------------------------------------------------------------------------------
+
+// For g with rows[g] > 0: C_g[rows[g], N] = alpha·op(A + a_offsets[g])·op(B_ptrs[g]) + beta·C_g,
+// C_g = C + c_offsets[g] (gemm.h). Every problem shares N, K, the flags and the lds; only
+// M = rows[g] and the pointers differ.
+void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K, real alpha,
+                       const real *A, const size_t *a_offsets, int lda, const real *const *B_ptrs, int ldb,
+                       real beta, real *C, const size_t *c_offsets, int ldc) {
+    MT_ASSERT(groups >= 0 && N >= 0 && K >= 0);
+    if (N == 0) return;
+    int count = 0;
+    batch_reserve(groups);
+    for (int g = 0; g < groups; g++) {
+        MT_ASSERT(rows[g] >= 0);
+        if (rows[g] == 0) continue;
+        MT_ASSERT(ldc >= N);
+        if (K == 0 || alpha == 0) {  // C_g = beta·C_g, A and B unread
+            scale_c(rows[g], N, beta, C + c_offsets[g], ldc);
+            continue;
+        }
+        check_lds(trans_a, trans_b, rows[g], N, K, lda, ldb, ldc);
+        batch.gemm[count++] =
+            col_gemm(trans_a, trans_b, rows[g], N, K, A + a_offsets[g], lda, B_ptrs[g], ldb, C + c_offsets[g], ldc);
+    }
+    batch_run(count, alpha, beta);
+}
+
+// For g with rows[g] > 0: W_g[out,in] += alpha·dY_gᵀ[out, rows[g]]·X_g[rows[g], in], i.e. the
+// row-major gemm (trans_a = 1, trans_b = 0, M = out, N = in, K = rows[g], beta = 1) with
+// dY_g [rows[g], out] (ld out), X_g [rows[g], in] (ld in), W_g [out, in] (ld in). Here K
+// differs between problems.
+void cuda_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha, const real *dY,
+                             const size_t *dy_offsets, const real *X, const size_t *x_offsets, real *const *W_ptrs) {
+    MT_ASSERT(groups >= 0 && out >= 0 && in >= 0);
+    if (out == 0 || in == 0 || alpha == 0) return;  // W_g = 1·W_g
+    int count = 0;
+    batch_reserve(groups);
+    for (int g = 0; g < groups; g++) {
+        MT_ASSERT(rows[g] >= 0);
+        if (rows[g] == 0) continue;
+        batch.gemm[count++] =
+            col_gemm(1, 0, out, in, rows[g], dY + dy_offsets[g], out, X + x_offsets[g], in, W_ptrs[g], in);
+    }
+    batch_run(count, alpha, 1.0f);
+}
+
+// ---- linear layers (ops.h): y = x·Wᵀ, W [out, in] ------------------------------------------------
+
+// x (N,in), W (out,in) -> y (N,out) = x·Wᵀ (overwritten)
+void cuda_linear_forward(real *y, const real *x, const real *W, int N, int in, int out) {
+    cuda_gemm(0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+}
+
+// dx (N,in) += dy (N,out)·W (out,in), skipped when dx is NULL; dW (out,in) += dyᵀ (out,N)·x (N,in)
+void cuda_linear_backward(real *dx, real *dW, const real *dy, const real *x, const real *W, int N, int in,
+                          int out) {
+    if (dx) cuda_gemm(0, 0, N, in, out, 1.0f, dy, out, W, in, 1.0f, dx, in);
+    if (dW) cuda_gemm(1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+}

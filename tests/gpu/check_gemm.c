@@ -1,0 +1,431 @@
+// check_gemm.c — the op checks of the cuda GEMMs (tests/gpu/gpu_check.h): cuda_gemm,
+// cuda_gemm_grouped, cuda_gemm_grouped_wgrad and cuda_linear_forward / _backward against
+// the cpu backend, first in fp32 (GPU_TOL_FP32), then with bf16 GEMM inputs
+// (cuda_set_gemm_bf16(1), GPU_TOL_BF16).
+//
+// What the cases cover (gemm.h / ops.h contracts):
+//   * all four trans_a / trans_b combinations, odd sizes (1, 7, 33, 130), tight and padded
+//     leading dimensions; the padding columns of C hold random values on both sides, so a
+//     write past N shows up;
+//   * beta == 0 with NaN in the written block of C (it must be overwritten), beta == 1 and
+//     other alpha / beta values on random C;
+//   * K == 0 (A and B are NULL: C = beta·C), alpha == 0 with NaN in A and B (not read),
+//     M == 0 and N == 0 (C untouched);
+//   * grouped GEMM with empty experts (their B pointer is NULL: not read) and a tail of C
+//     past the last group that must stay as it was; grouped K == 0 and alpha == 0;
+//   * grouped wgrad with empty experts, whose W must stay as it was;
+//   * linear forward (y starts NaN) and backward (dx and dW accumulate; dx NULL skipped);
+//   * that --bf16 really changes the arithmetic, and that repeated calls give the same bits.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_check.h"
+
+// The precision pass the checks run in: its name for the check lines and its tolerance.
+typedef struct {
+    const char *name;
+    double tol;
+} Pass;
+
+static const char *trans_name(int trans_a, int trans_b) {
+    static const char *names[2][2] = {{"NN", "NT"}, {"TN", "TT"}};
+    return names[trans_a != 0][trans_b != 0];
+}
+
+// ---- host matrices ----------------------------------------------------------------------------
+
+// A host matrix [rows, ld] of values in [-1, 1) (at least one element, so that an empty one
+// is still a valid pointer).
+static float *random_matrix(int rows, int ld) {
+    size_t n = (size_t)rows * ld;
+    return check_random(n ? n : 1, -1.0f, 1.0f);
+}
+
+// The [rows, cols] block of a [rows, ld] matrix set to NaN: an output the op overwrites.
+static void fill_nan(float *m, int rows, int cols, int ld) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) m[(size_t)r * ld + c] = NAN;
+}
+
+// A host matrix [rows, ld] all NaN: an input the op must not read.
+static float *nan_matrix(int rows, int ld) {
+    float *m = random_matrix(rows, ld);
+    fill_nan(m, rows, ld, ld);
+    return m;
+}
+
+static float *to_device(const float *host, int rows, int ld) {
+    size_t n = (size_t)rows * ld;
+    return check_to_device(host, n ? n : 1);
+}
+
+// ---- one GEMM -----------------------------------------------------------------------------------
+
+typedef struct {
+    int trans_a, trans_b, M, N, K;
+    int pad;  // added to every leading dimension
+    float alpha, beta;
+} GemmCase;
+
+// Leading dimensions and stored rows of op(A) [M,K] and op(B) [K,N] as gemm.h lays them out.
+static int a_ld(const GemmCase *c) { return (c->trans_a ? c->M : c->K) + c->pad; }
+static int a_rows(const GemmCase *c) { return c->trans_a ? c->K : c->M; }
+static int b_ld(const GemmCase *c) { return (c->trans_b ? c->K : c->N) + c->pad; }
+static int b_rows(const GemmCase *c) { return c->trans_b ? c->N : c->K; }
+
+static void gemm_case_name(char *buf, size_t size, const char *what, const GemmCase *c, const Pass *p) {
+    snprintf(buf, size, "%s %s %dx%dx%d ld+%d alpha=%g beta=%g [%s]", what, trans_name(c->trans_a, c->trans_b), c->M,
+             c->N, c->K, c->pad, c->alpha, c->beta, p->name);
+}
+
+// An input of a case: random, or NaN when gemm.h says it is not read (K == 0 or alpha == 0),
+// NULL when it has no element at all (K == 0).
+static float *gemm_input(int rows, int ld, int unread, int K) {
+    if (!unread) return random_matrix(rows, ld);
+    return K == 0 ? NULL : nan_matrix(rows, ld);
+}
+
+static float *to_device_or_null(const float *host, int rows, int ld) {
+    return host ? to_device(host, rows, ld) : NULL;
+}
+
+// C = alpha·op(A)·op(B) + beta·C. C is random, NaN in its [M,N] block when beta == 0 (it must
+// be overwritten). When K == 0 or alpha == 0, A and B are NaN or NULL: C = beta·C.
+static void check_gemm_case(const GemmCase *c, const Pass *p) {
+    int lda = a_ld(c), ldb = b_ld(c), ldc = c->N + c->pad, unread = c->K == 0 || c->alpha == 0;
+    float *A = gemm_input(a_rows(c), lda, unread, c->K), *B = gemm_input(b_rows(c), ldb, unread, c->K);
+    float *dA = to_device_or_null(A, a_rows(c), lda), *dB = to_device_or_null(B, b_rows(c), ldb);
+    float *C = random_matrix(c->M, ldc);
+    if (c->beta == 0) fill_nan(C, c->M, c->N, ldc);
+    float *dC = to_device(C, c->M, ldc);
+    ops_cpu_backend.gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C, ldc);
+    cuda_gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, dA, lda, dB, ldb, c->beta, dC, ldc);
+    cuda_finish();
+    char name[128];
+    gemm_case_name(name, sizeof(name), unread ? "gemm (A, B unread)" : "gemm", c, p);
+    check_compare(name, "C", C, dC, (size_t)c->M * ldc, p->tol);
+    check_free_all();
+}
+
+// M == 0 or N == 0: a no-op. C is a real 7 x 33 buffer that must come back as it was.
+static void check_gemm_empty(int M, int N, const Pass *p) {
+    float *C = random_matrix(7, 33), *dC = to_device(C, 7, 33);
+    ops_cpu_backend.gemm(0, 0, M, N, 5, 1.0f, NULL, 5, NULL, 33, 0.0f, C, 33);
+    cuda_gemm(0, 0, M, N, 5, 1.0f, NULL, 5, NULL, 33, 0.0f, dC, 33);
+    cuda_finish();
+    char name[96];
+    snprintf(name, sizeof(name), "gemm M=%d N=%d (no-op) [%s]", M, N, p->name);
+    check_compare(name, "C", C, dC, 7 * 33, p->tol);
+    check_free_all();
+}
+
+static void check_gemm_all(const Pass *p) {
+    static const int shapes[][3] = {{1, 1, 1},    {1, 33, 1},   {33, 1, 7},
+                                    {7, 33, 130}, {130, 7, 33}, {33, 130, 7}, {130, 130, 130}};
+    // (pad, alpha, beta): tight and overwriting, padded and accumulating, padded and
+    // overwriting with a negative alpha, tight with general scalars.
+    static const struct {
+        int pad;
+        float alpha, beta;
+    } variants[] = {{0, 1.0f, 0.0f}, {3, 1.0f, 1.0f}, {5, -0.5f, 0.0f}, {0, 0.75f, 0.5f}};
+    for (int t = 0; t < 4; t++)
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+            for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+                GemmCase c = {t >> 1, t & 1, shapes[s][0], shapes[s][1], shapes[s][2],
+                              variants[v].pad, variants[v].alpha, variants[v].beta};
+                // A 1 x 1 C that adds beta·C to a product can cancel to almost nothing, and
+                // the normwise error of one element is then its relative error: not a fair test.
+                if (c.M * c.N == 1 && c.beta != 0) continue;
+                check_gemm_case(&c, p);
+            }
+    static const GemmCase unread[] = {
+        {0, 0, 7, 33, 0, 0, 1.0f, 0.0f},   {1, 1, 7, 33, 0, 2, 1.0f, 0.5f},
+        {0, 1, 7, 33, 0, 0, 1.0f, 1.0f},   {0, 1, 33, 7, 130, 3, 0.0f, 0.0f},
+        {1, 0, 33, 7, 130, 0, 0.0f, 0.25f},
+    };
+    for (size_t i = 0; i < sizeof(unread) / sizeof(unread[0]); i++) check_gemm_case(&unread[i], p);
+    check_gemm_empty(0, 33, p);
+    check_gemm_empty(7, 0, p);
+}
+
+// ---- grouped GEMM ---------------------------------------------------------------------------------
+
+enum { MAX_EXPERTS = 160, TAIL_ROWS = 2 };
+
+// The experts of a grouped call: their rows and where each starts in the stacked activations.
+typedef struct {
+    int count, total;
+    int rows[MAX_EXPERTS], start[MAX_EXPERTS];
+} Experts;
+
+static Experts experts_from(const int *rows, int count) {
+    Experts e = {count, 0, {0}, {0}};
+    for (int g = 0; g < count; g++) {
+        e.rows[g] = rows[g];
+        e.start[g] = e.total;
+        e.total += rows[g];
+    }
+    return e;
+}
+
+// Six experts, two of them empty; 171 rows in all.
+static Experts experts_few(void) {
+    static const int rows[] = {7, 0, 1, 33, 0, 130};
+    return experts_from(rows, 6);
+}
+
+// 150 experts of 0 to 3 rows: 112 problems, more than the backend's first pointer scratch.
+static Experts experts_many(void) {
+    int rows[150];
+    for (int g = 0; g < 150; g++) rows[g] = g % 4;
+    return experts_from(rows, 150);
+}
+
+typedef struct {
+    int trans_a, trans_b, N, K, pad;
+    float alpha, beta;
+    const Experts *e;
+} GroupedCase;
+
+// The stacked A of a grouped GEMM and each expert's offset into it. Without trans_a, A is
+// [total, K] and expert g's rows start at row start[g]; with trans_a it is [K, total] and
+// expert g's A_g [K, rows[g]] starts at column start[g]. Every ld gets the case's padding.
+// `unread`: A is all NaN (K == 0: every offset 0, so no pointer goes past the buffer).
+static float *grouped_a(const GroupedCase *c, int unread, int *lda, size_t *off) {
+    const Experts *e = c->e;
+    *lda = (c->trans_a ? e->total : c->K) + c->pad;
+    int rows = c->trans_a ? c->K : e->total;
+    for (int g = 0; g < e->count; g++)
+        off[g] = c->K == 0 ? 0 : c->trans_a ? (size_t)e->start[g] : (size_t)e->start[g] * *lda;
+    return unread ? nan_matrix(rows, *lda) : random_matrix(rows, *lda);
+}
+
+// Each non-empty expert's B_g ([K,N] or, with trans_b, [N,K]) on the host and the device;
+// empty experts (and every expert when K == 0) get NULL, which must not be read.
+static int grouped_b(const GroupedCase *c, int unread, const float **B, const float **dB) {
+    int ld = (c->trans_b ? c->K : c->N) + c->pad, rows = c->trans_b ? c->N : c->K;
+    for (int g = 0; g < c->e->count; g++) {
+        B[g] = dB[g] = NULL;
+        if (c->e->rows[g] == 0 || c->K == 0) continue;
+        float *h = unread ? nan_matrix(rows, ld) : random_matrix(rows, ld);
+        B[g] = h;
+        dB[g] = to_device(h, rows, ld);
+    }
+    return ld;
+}
+
+// C_g = alpha·op(A_g)·op(B_g) + beta·C_g for every expert; C is [total + TAIL_ROWS, N + pad],
+// random, with NaN in the experts' [total, N] block when beta == 0.
+static void check_grouped_case(const GroupedCase *c, const Pass *p) {
+    const Experts *e = c->e;
+    int lda, ldc = c->N + c->pad, unread = c->K == 0 || c->alpha == 0;
+    size_t a_off[MAX_EXPERTS], c_off[MAX_EXPERTS];
+    const float *B[MAX_EXPERTS], *dB[MAX_EXPERTS];
+    float *A = grouped_a(c, unread, &lda, a_off);
+    float *dA = to_device(A, c->trans_a ? c->K : e->total, lda);
+    int ldb = grouped_b(c, unread, B, dB);
+    for (int g = 0; g < e->count; g++) c_off[g] = (size_t)e->start[g] * ldc;
+    float *C = random_matrix(e->total + TAIL_ROWS, ldc);
+    if (c->beta == 0) fill_nan(C, e->total, c->N, ldc);
+    float *dC = to_device(C, e->total + TAIL_ROWS, ldc);
+    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, A, a_off, lda, B,
+                                 ldb, c->beta, C, c_off, ldc);
+    cuda_gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, dA, a_off, lda, dB, ldb,
+                      c->beta, dC, c_off, ldc);
+    cuda_finish();
+    char name[128];
+    snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d ld+%d alpha=%g beta=%g [%s]",
+             trans_name(c->trans_a, c->trans_b), e->count, c->N, c->K, c->pad, c->alpha, c->beta, p->name);
+    check_compare(name, "C", C, dC, (size_t)(e->total + TAIL_ROWS) * ldc, p->tol);
+    check_free_all();
+}
+
+static void check_grouped_all(const Pass *p) {
+    Experts few = experts_few(), many = experts_many();
+    for (int t = 0; t < 4; t++) {
+        GroupedCase tight = {t >> 1, t & 1, 33, 130, 0, 1.0f, 0.0f, &few};
+        GroupedCase padded = {t >> 1, t & 1, 130, 7, 3, 1.0f, 1.0f, &few};
+        GroupedCase scaled = {t >> 1, t & 1, 1, 33, 1, -0.5f, 0.25f, &few};
+        check_grouped_case(&tight, p);
+        check_grouped_case(&padded, p);
+        check_grouped_case(&scaled, p);
+    }
+    const GroupedCase more[] = {
+        {0, 1, 33, 0, 0, 1.0f, 0.0f, &few},     // K == 0, C overwritten with zeros
+        {1, 0, 7, 0, 2, 1.0f, 0.5f, &few},      // K == 0, C scaled
+        {0, 1, 33, 130, 0, 0.0f, 0.0f, &few},   // alpha == 0, A and B NaN
+        {1, 1, 7, 33, 3, 0.0f, 2.0f, &few},     // alpha == 0, C scaled
+        {0, 1, 7, 33, 0, 1.0f, 0.0f, &many},    // more problems than the first pointer scratch
+        {1, 0, 33, 7, 1, 1.0f, 1.0f, &many},
+    };
+    for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++) check_grouped_case(&more[i], p);
+}
+
+// ---- grouped weight gradient -------------------------------------------------------------------------
+
+// W_g[out,in] += alpha·dY_gᵀ·X_g for every expert, K = rows[g] differing between experts;
+// dY [total, out], X [total, in] stacked by expert; every W_g (the empty experts' too, which
+// must not change) starts from the same random values on both sides.
+static void check_wgrad_case(int out, int in, float alpha, const Pass *p) {
+    Experts e = experts_few();
+    size_t dy_off[MAX_EXPERTS], x_off[MAX_EXPERTS];
+    float *W[MAX_EXPERTS], *dW[MAX_EXPERTS];
+    float *dY = random_matrix(e.total, out), *X = random_matrix(e.total, in);
+    for (int g = 0; g < e.count; g++) {
+        dy_off[g] = (size_t)e.start[g] * out;
+        x_off[g] = (size_t)e.start[g] * in;
+        W[g] = random_matrix(out, in);
+        dW[g] = to_device(W[g], out, in);
+    }
+    float *d_dY = to_device(dY, e.total, out), *d_X = to_device(X, e.total, in);
+    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, dY, dy_off, X, x_off, W);
+    cuda_gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, d_dY, dy_off, d_X, x_off, dW);
+    cuda_finish();
+    for (int g = 0; g < e.count; g++) {
+        char name[128], output[32];
+        snprintf(name, sizeof(name), "gemm_grouped_wgrad out=%d in=%d alpha=%g [%s]", out, in, alpha, p->name);
+        snprintf(output, sizeof(output), "W[%d] (rows %d)", g, e.rows[g]);
+        check_compare(name, output, W[g], dW[g], (size_t)out * in, p->tol);
+    }
+    check_free_all();
+}
+
+static void check_wgrad_all(const Pass *p) {
+    check_wgrad_case(33, 7, 1.0f, p);
+    check_wgrad_case(130, 33, 0.5f, p);
+    check_wgrad_case(1, 130, -1.0f, p);
+    check_wgrad_case(7, 1, 0.0f, p);  // alpha == 0: nothing changes
+}
+
+// ---- linear layers --------------------------------------------------------------------------------------
+
+// y (N,out) = x·Wᵀ; y starts NaN on the device.
+static void check_linear_forward(int N, int in, int out, const Pass *p) {
+    float *x = random_matrix(N, in), *W = random_matrix(out, in), *y = random_matrix(N, out);
+    float *dx = to_device(x, N, in), *dW = to_device(W, out, in), *dy = check_device_nan((size_t)N * out);
+    ops_cpu_backend.linear_forward(y, x, W, N, in, out);
+    cuda_linear_forward(dy, dx, dW, N, in, out);
+    cuda_finish();
+    char name[96];
+    snprintf(name, sizeof(name), "linear_forward N=%d in=%d out=%d [%s]", N, in, out, p->name);
+    check_compare(name, "y", y, dy, (size_t)N * out, p->tol);
+    check_free_all();
+}
+
+// dx (N,in) += dy·W (skipped when with_dx is 0), dW (out,in) += dyᵀ·x, from random dx, dW.
+static void check_linear_backward(int N, int in, int out, int with_dx, const Pass *p) {
+    float *x = random_matrix(N, in), *W = random_matrix(out, in), *dy = random_matrix(N, out);
+    float *gx = random_matrix(N, in), *gW = random_matrix(out, in);
+    float *d_x = to_device(x, N, in), *d_W = to_device(W, out, in), *d_dy = to_device(dy, N, out);
+    float *d_gx = to_device(gx, N, in), *d_gW = to_device(gW, out, in);
+    ops_cpu_backend.linear_backward(with_dx ? gx : NULL, gW, dy, x, W, N, in, out);
+    cuda_linear_backward(with_dx ? d_gx : NULL, d_gW, d_dy, d_x, d_W, N, in, out);
+    cuda_finish();
+    char name[96];
+    snprintf(name, sizeof(name), "linear_backward N=%d in=%d out=%d%s [%s]", N, in, out, with_dx ? "" : " dx=NULL",
+             p->name);
+    check_compare(name, "dx", gx, d_gx, (size_t)N * in, p->tol);  // unchanged when skipped
+    check_compare(name, "dW", gW, d_gW, (size_t)out * in, p->tol);
+    check_free_all();
+}
+
+static void check_linear_all(const Pass *p) {
+    static const int shapes[][3] = {{1, 33, 7}, {7, 33, 130}, {130, 130, 33}};  // one token, odd widths
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        check_linear_forward(shapes[s][0], shapes[s][1], shapes[s][2], p);
+        check_linear_backward(shapes[s][0], shapes[s][1], shapes[s][2], 1, p);
+    }
+    check_linear_backward(33, 7, 130, 0, p);
+}
+
+// ---- bf16 in effect, repeatability -----------------------------------------------------------------------
+
+// A device result copied into a host buffer (freed by check_free_all).
+static float *from_device(const float *dev, size_t n) {
+    float *h = check_random(n, 0.0f, 1.0f);
+    cuda_memcpy_d2h(h, dev, n * sizeof(float));
+    return h;
+}
+
+// max |a − b| / max |b|
+static double normwise_diff(const float *a, const float *b, size_t n) {
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return diff / scale;
+}
+
+// C = A·B (256 x 256 x 256) in fp32 and with bf16 inputs: the two must differ by more than
+// fp32 rounding, or --bf16 did not reach the tensor cores (e.g. a math mode overriding the
+// compute type). Reported as 1 (differs) against an expected 1.
+static void check_bf16_in_effect(void) {
+    enum { S = 256 };
+    float *A = random_matrix(S, S), *B = random_matrix(S, S);
+    float *dA = to_device(A, S, S), *dB = to_device(B, S, S);
+    float *d32 = check_device_nan(S * S), *d16 = check_device_nan(S * S);
+    cuda_gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d32, S);
+    cuda_set_gemm_bf16(1);
+    cuda_gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d16, S);
+    cuda_set_gemm_bf16(0);
+    cuda_finish();
+    double diff = normwise_diff(from_device(d16, S * S), from_device(d32, S * S), S * S);
+    char name[96];
+    snprintf(name, sizeof(name), "gemm bf16 differs from fp32 (normwise %.2e > %.0e)", diff, GPU_TOL_FP32);
+    check_compare_double(name, "bf16 in effect", 1.0, diff > GPU_TOL_FP32 ? 1.0 : 0.0, 0.5);
+    check_free_all();
+}
+
+// Two identical calls give the same bits: a deep-K GEMM (where cuBLAS may split K) and a
+// grouped GEMM. Reported as 1 (bitwise equal) against an expected 1.
+static void check_repeatable(const Pass *p) {
+    enum { M = 256, N = 256, K = 8192 };
+    float *A = random_matrix(M, K), *B = random_matrix(N, K);
+    float *dA = to_device(A, M, K), *dB = to_device(B, N, K);
+    float *c1 = check_device_nan(M * N), *c2 = check_device_nan(M * N);
+    cuda_gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c1, N);
+    cuda_gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c2, N);
+    Experts e = experts_few();
+    size_t offsets[MAX_EXPERTS], out_offsets[MAX_EXPERTS];
+    const float *Bs[MAX_EXPERTS];
+    for (int g = 0; g < e.count; g++) {
+        offsets[g] = (size_t)e.start[g] * K;  // A as [total, K] (total < M rows)
+        out_offsets[g] = (size_t)e.start[g] * N;
+        Bs[g] = dB;
+    }
+    size_t ng = (size_t)e.total * N;
+    float *g1 = check_device_nan(ng), *g2 = check_device_nan(ng);
+    cuda_gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g1, out_offsets, N);
+    cuda_gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g2, out_offsets, N);
+    cuda_finish();
+    int same_gemm = memcmp(from_device(c1, M * N), from_device(c2, M * N), sizeof(float) * M * N) == 0;
+    int same_grouped = memcmp(from_device(g1, ng), from_device(g2, ng), sizeof(float) * ng) == 0;
+    char name[96];
+    snprintf(name, sizeof(name), "gemm 256x256x8192 twice [%s]", p->name);
+    check_compare_double(name, "bitwise equal", 1.0, same_gemm, 0.5);
+    snprintf(name, sizeof(name), "gemm_grouped K=8192 twice [%s]", p->name);
+    check_compare_double(name, "bitwise equal", 1.0, same_grouped, 0.5);
+    check_free_all();
+}
+
+// ---- the family ---------------------------------------------------------------------------------------
+
+static void check_pass(const Pass *p) {
+    check_gemm_all(p);
+    check_grouped_all(p);
+    check_wgrad_all(p);
+    check_linear_all(p);
+    check_repeatable(p);
+}
+
+void check_gemm_ops(void) {
+    const Pass fp32 = {"fp32", GPU_TOL_FP32}, bf16 = {"bf16", GPU_TOL_BF16};
+    cuda_set_gemm_bf16(0);
+    check_pass(&fp32);
+    cuda_set_gemm_bf16(1);
+    check_pass(&bf16);
+    cuda_set_gemm_bf16(0);
+    check_bf16_in_effect();
+}
