@@ -1,0 +1,313 @@
+// check_elementwise.c — the cuda backend's vector, embedding, RMSNorm, RoPE, clamp,
+// SwiGLU, softmax, cross-entropy and AdamW ops against the cpu backend (gpu_check.h).
+//
+// Every case: random host inputs; device copies made before the cpu op runs (so in-place
+// and accumulated (+=) outputs start from the same values on both); outputs the op
+// overwrites start as NaN on the device; each output compared at GPU_TOL_FP32. Sizes are
+// odd on purpose (1, 3, 257 rows; 1, 7, 64, 4097 columns) to hit partial warps, partial
+// tiles and the tails of the strided loops.
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_check.h"
+
+static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
+
+static const int ROWS[] = {1, 3, 257};
+static const int COLS[] = {1, 7, 64, 4097};
+#define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
+
+// ---- vectors and clamp ---------------------------------------------------------------------
+
+static void check_vectors(size_t n) {
+    char name[96];
+    snprintf(name, sizeof(name), "vec n=%zu", n);
+    float *x = check_random(n, -2, 2), *y = check_random(n, -2, 2);
+    float *d_x = check_to_device(x, n), *d_y = check_to_device(y, n);
+    float *d_copy = check_device_nan(n), *d_zero = check_device_nan(n), *d_scaled = check_to_device(x, n);
+
+    float *copy = check_random(n, 0, 1), *zero = check_random(n, 0, 1), *scaled = check_host_copy(x, n);
+    cpu()->vec_copy(copy, x, n);
+    cpu()->vec_zero(zero, n);
+    cpu()->vec_add(y, x, n);
+    cpu()->vec_scale(scaled, 0.37f, n);
+    double cpu_ss = cpu()->vec_sum_squares(x, n);
+
+    cuda_vec_copy(d_copy, d_x, n);
+    cuda_vec_zero(d_zero, n);
+    cuda_vec_add(d_y, d_x, n);
+    cuda_vec_scale(d_scaled, 0.37f, n);
+    double gpu_ss = cuda_vec_sum_squares(d_x, n);
+
+    check_compare(name, "vec_copy", copy, d_copy, n, GPU_TOL_FP32);
+    check_compare(name, "vec_zero", zero, d_zero, n, GPU_TOL_FP32);
+    check_compare(name, "vec_add", y, d_y, n, GPU_TOL_FP32);
+    check_compare(name, "vec_scale", scaled, d_scaled, n, GPU_TOL_FP32);
+    check_compare_double(name, "vec_sum_squares", cpu_ss, gpu_ss, GPU_TOL_FP32);
+    check_free_all();
+}
+
+static void check_clamp(size_t n) {
+    char name[96];
+    snprintf(name, sizeof(name), "clamp n=%zu", n);
+    const float limit = 1.5f;
+    float *x = check_random(n, -3, 3), *d = check_random(n, -1, 1);
+    float *d_x = check_to_device(x, n), *d_d = check_to_device(d, n);
+    float *d_y = check_device_nan(n), *d_inplace = check_to_device(x, n);
+
+    float *y = check_random(n, 0, 1);
+    cpu()->clamp_forward(y, x, n, limit);
+    cpu()->clamp_backward(d, x, n, limit);
+
+    cuda_clamp_forward(d_y, d_x, n, limit);
+    cuda_clamp_forward(d_inplace, d_inplace, n, limit);  // y == x
+    cuda_clamp_backward(d_d, d_x, n, limit);
+
+    check_compare(name, "y", y, d_y, n, GPU_TOL_FP32);
+    check_compare(name, "y in place", y, d_inplace, n, GPU_TOL_FP32);
+    check_compare(name, "d", d, d_d, n, GPU_TOL_FP32);
+    check_free_all();
+}
+
+// ---- embedding -------------------------------------------------------------------------------
+
+static void check_embedding(int N, int C, int V) {
+    char name[96];
+    snprintf(name, sizeof(name), "embedding V=%d N=%d C=%d", V, N, C);
+    size_t nc = (size_t)N * C, vc = (size_t)V * C;
+    int32_t *tokens = check_random_ints((size_t)N, 0, V);
+    float *table = check_random(vc, -1, 1), *dout = check_random(nc, -1, 1), *dtable = check_random(vc, -1, 1);
+    int32_t *d_tokens = check_ints_to_device(tokens, (size_t)N);
+    float *d_table = check_to_device(table, vc), *d_dout = check_to_device(dout, nc);
+    float *d_dtable = check_to_device(dtable, vc), *d_out = check_device_nan(nc);
+
+    float *out = check_random(nc, 0, 1);
+    cpu()->embedding_forward(out, tokens, table, N, C);
+    cpu()->embedding_backward(dtable, dout, tokens, N, C);
+
+    cuda_embedding_forward(d_out, d_tokens, d_table, N, C);
+    cuda_embedding_backward(d_dtable, d_dout, d_tokens, N, C);
+
+    check_compare(name, "out", out, d_out, nc, GPU_TOL_FP32);
+    check_compare(name, "dtable", dtable, d_dtable, vc, GPU_TOL_FP32);
+    check_free_all();
+}
+
+// ---- RMSNorm ------------------------------------------------------------------------------------
+
+static void check_rmsnorm(int N, int C) {
+    char name[96];
+    snprintf(name, sizeof(name), "rmsnorm N=%d C=%d", N, C);
+    size_t nc = (size_t)N * C;
+    const float eps = 1e-5f;
+    float *x = check_random(nc, -2, 2), *w = check_random((size_t)C, 0.5f, 1.5f), *dy = check_random(nc, -1, 1);
+    float *dx = check_random(nc, -1, 1), *dw = check_random((size_t)C, -1, 1);
+    float *d_x = check_to_device(x, nc), *d_w = check_to_device(w, (size_t)C), *d_dy = check_to_device(dy, nc);
+    float *d_dx = check_to_device(dx, nc), *d_dw = check_to_device(dw, (size_t)C);
+    float *d_y = check_device_nan(nc), *d_rstd = check_device_nan((size_t)N);
+
+    float *y = check_random(nc, 0, 1), *rstd = check_random((size_t)N, 0, 1);
+    cpu()->rmsnorm_forward(y, rstd, x, w, N, C, eps);
+    cpu()->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+
+    cuda_rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, eps);
+    // the backward reads the cpu's rstd, so that it is checked on its own
+    cuda_rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, check_to_device(rstd, (size_t)N), N, C);
+
+    check_compare(name, "y", y, d_y, nc, GPU_TOL_FP32);
+    check_compare(name, "rstd", rstd, d_rstd, (size_t)N, GPU_TOL_FP32);
+    check_compare(name, "dx", dx, d_dx, nc, GPU_TOL_FP32);
+    check_compare(name, "dw", dw, d_dw, (size_t)C, GPU_TOL_FP32);
+    check_free_all();
+}
+
+// ---- softmax -------------------------------------------------------------------------------------
+
+static void check_softmax(int N, int C) {
+    char name[96];
+    snprintf(name, sizeof(name), "softmax N=%d C=%d", N, C);
+    size_t nc = (size_t)N * C;
+    float *x = check_random(nc, -6, 6), *dy = check_random(nc, -1, 1), *dx = check_random(nc, -1, 1);
+    float *d_x = check_to_device(x, nc), *d_dy = check_to_device(dy, nc), *d_dx = check_to_device(dx, nc);
+    float *d_y = check_device_nan(nc);
+
+    float *y = check_random(nc, 0, 1);
+    cpu()->softmax_forward(y, x, N, C);
+    cpu()->softmax_backward(dx, y, dy, N, C);
+
+    cuda_softmax_forward(d_y, d_x, N, C);
+    cuda_softmax_backward(d_dx, check_to_device(y, nc), d_dy, N, C);
+
+    check_compare(name, "y", y, d_y, nc, GPU_TOL_FP32);
+    check_compare(name, "dx", dx, d_dx, nc, GPU_TOL_FP32);
+    check_free_all();
+}
+
+// ---- SwiGLU --------------------------------------------------------------------------------------
+
+// scaled: a row_scale; want_ds: a drow_scale output (the backward)
+static void check_swiglu(int M, int I, int scaled, int want_ds) {
+    char name[96];
+    snprintf(name, sizeof(name), "swiglu%s%s M=%d I=%d", scaled ? " row_scale" : "", want_ds ? " drow_scale" : "", M, I);
+    size_t mi = (size_t)M * I;
+    float *gate = check_random(mi, -4, 4), *up = check_random(mi, -2, 2), *dact = check_random(mi, -1, 1);
+    float *row_scale = scaled ? check_random((size_t)M, 0, 1) : NULL;
+    float *d_gate = check_to_device(gate, mi), *d_up = check_to_device(up, mi), *d_dact = check_to_device(dact, mi);
+    float *d_row_scale = scaled ? check_to_device(row_scale, (size_t)M) : NULL;
+    float *d_act = check_device_nan(mi), *d_dgate = check_device_nan(mi), *d_dup = check_device_nan(mi);
+    float *d_ds = want_ds ? check_device_nan((size_t)M) : NULL;
+
+    float *act = check_random(mi, 0, 1), *dgate = check_random(mi, 0, 1), *dup = check_random(mi, 0, 1);
+    float *ds = want_ds ? check_random((size_t)M, 0, 1) : NULL;
+    cpu()->swiglu_forward(act, gate, up, row_scale, M, I);
+    cpu()->swiglu_backward(dgate, dup, ds, dact, gate, up, row_scale, M, I);
+
+    cuda_swiglu_forward(d_act, d_gate, d_up, d_row_scale, M, I);
+    cuda_swiglu_backward(d_dgate, d_dup, d_ds, d_dact, d_gate, d_up, d_row_scale, M, I);
+
+    check_compare(name, "act", act, d_act, mi, GPU_TOL_FP32);
+    check_compare(name, "dgate", dgate, d_dgate, mi, GPU_TOL_FP32);
+    check_compare(name, "dup", dup, d_dup, mi, GPU_TOL_FP32);
+    if (want_ds) check_compare(name, "drow_scale", ds, d_ds, (size_t)M, GPU_TOL_FP32);
+    check_free_all();
+}
+
+// ---- RoPE ----------------------------------------------------------------------------------------
+
+// explicit: positions and key_start given (random), else NULL with pos0 > 0
+static void check_rope(const char *layout_name, RopeLayout l, int B, int T, int explicit_positions) {
+    enum { MAX_POS = 64, POS0 = 5 };
+    char name[128];
+    snprintf(name, sizeof(name), "rope %s%s B=%d T=%d", layout_name, explicit_positions ? " positions" : "", B, T);
+    int N = B * T;
+    size_t n = (size_t)N * l.row_stride;
+    float *cos_sin = check_random((size_t)MAX_POS * l.dim, 0, 1);  // overwritten by rope_table
+    rope_table(cos_sin, MAX_POS, l.dim, 10000.0);
+    float *x = check_random(n, -2, 2), *dx = check_random(n, -2, 2);
+    int32_t *positions = explicit_positions ? check_random_ints((size_t)N, 0, MAX_POS) : NULL;
+    int32_t *key_start = explicit_positions ? check_random_ints((size_t)N, 0, T) : NULL;
+    float *d_cos_sin = check_to_device(cos_sin, (size_t)MAX_POS * l.dim);
+    float *d_x = check_to_device(x, n), *d_dx = check_to_device(dx, n);
+    TokenLayout host = {.B = B, .T = T, .pos0 = POS0, .positions = positions, .key_start = key_start};
+    TokenLayout device = host;
+    if (explicit_positions) {
+        device.positions = check_ints_to_device(positions, (size_t)N);
+        device.key_start = check_ints_to_device(key_start, (size_t)N);
+    }
+
+    cpu()->rope_forward(x, cos_sin, &host, &l);
+    cpu()->rope_backward(dx, cos_sin, &host, &l);
+    cuda_rope_forward(d_x, d_cos_sin, &device, &l);
+    cuda_rope_backward(d_dx, d_cos_sin, &device, &l);
+
+    // the whole rows: elements outside the rotated pairs must come back unchanged
+    check_compare(name, "x", x, d_x, n, GPU_TOL_FP32);
+    check_compare(name, "dx", dx, d_dx, n, GPU_TOL_FP32);
+    check_free_all();
+}
+
+static void check_rope_layouts(void) {
+    // rotate-half over whole heads (Hugging Face)
+    RopeLayout heads = rope_layout_heads(4, 16);
+    // rotate-half over the first 8 of 24-wide heads, rows padded by 5
+    RopeLayout partial = {.heads = 3, .dim = 8, .head_stride = 24, .row_stride = 3 * 24 + 5, .interleaved = 0};
+    // interleaved pairs (DeepSeek-V3's MLA), strided heads and rows
+    RopeLayout mla = {.heads = 3, .dim = 8, .head_stride = 24, .row_stride = 3 * 24 + 7, .interleaved = 1};
+    // one shared interleaved rope key per row inside a wider row
+    RopeLayout mla_key = {.heads = 1, .dim = 64, .head_stride = 64, .row_stride = 100, .interleaved = 1};
+    const struct {
+        const char *name;
+        RopeLayout l;
+    } layouts[] = {{"heads", heads}, {"rotate-half strided", partial}, {"interleaved", mla}, {"interleaved key", mla_key}};
+    const int shapes[][2] = {{1, 1}, {2, 7}, {3, 19}};
+    for (int i = 0; i < COUNT(layouts); i++)
+        for (int s = 0; s < COUNT(shapes); s++)
+            for (int explicit_positions = 0; explicit_positions <= 1; explicit_positions++)
+                check_rope(layouts[i].name, layouts[i].l, shapes[s][0], shapes[s][1], explicit_positions);
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------------------
+
+static void check_cross_entropy(int N, int V) {
+    char name[96];
+    snprintf(name, sizeof(name), "cross_entropy N=%d V=%d", N, V);
+    size_t nv = (size_t)N * V;
+    float *logits = check_random(nv, -8, 8), *weight = check_random((size_t)N, 0.1f, 2);
+    for (int n = 1; n < N; n += 3) weight[n] = 0;  // masked rows: their gradient is 0
+    int32_t *targets = check_random_ints((size_t)N, 0, V);
+    float *d_logits = check_to_device(logits, nv), *d_weight = check_to_device(weight, (size_t)N);
+    int32_t *d_targets = check_ints_to_device(targets, (size_t)N);
+    float *d_losses = check_device_nan((size_t)N), *d_lse = check_device_nan((size_t)N);
+    float *d_dlogits = check_device_nan(nv);
+
+    float *losses = check_random((size_t)N, 0, 1), *lse = check_random((size_t)N, 0, 1);
+    float *dlogits = check_random(nv, 0, 1);
+    cpu()->cross_entropy_forward(losses, lse, logits, targets, N, V);
+    cpu()->cross_entropy_backward(dlogits, logits, lse, targets, weight, N, V);
+
+    cuda_cross_entropy_forward(d_losses, d_lse, d_logits, d_targets, N, V);
+    // the backward reads the cpu's lse, so that it is checked on its own
+    cuda_cross_entropy_backward(d_dlogits, d_logits, check_to_device(lse, (size_t)N), d_targets, d_weight, N, V);
+
+    check_compare(name, "losses", losses, d_losses, (size_t)N, GPU_TOL_FP32);
+    check_compare(name, "lse", lse, d_lse, (size_t)N, GPU_TOL_FP32);
+    check_compare(name, "dlogits", dlogits, d_dlogits, nv, GPU_TOL_FP32);
+    check_free_all();
+}
+
+// ---- AdamW -------------------------------------------------------------------------------------------
+
+static void check_adamw(size_t n, int decay, long step) {
+    char name[96];
+    snprintf(name, sizeof(name), "adamw%s n=%zu step=%ld", decay ? " decay" : "", n, step);
+    AdamWStep h = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = step};
+    float *p = check_random(n, -1, 1), *g = check_random(n, -1, 1);
+    float *m = check_random(n, -0.1f, 0.1f), *v = check_random(n, 0, 0.01f);
+    float *d_p = check_to_device(p, n), *d_g = check_to_device(g, n);
+    float *d_m = check_to_device(m, n), *d_v = check_to_device(v, n);
+
+    cpu()->adamw_update(p, g, m, v, n, decay, &h);
+    cuda_adamw_update(d_p, d_g, d_m, d_v, n, decay, &h);
+
+    check_compare(name, "p", p, d_p, n, GPU_TOL_FP32);
+    check_compare(name, "m", m, d_m, n, GPU_TOL_FP32);
+    check_compare(name, "v", v, d_v, n, GPU_TOL_FP32);
+    check_free_all();
+}
+
+// ---- all -------------------------------------------------------------------------------------------
+
+void check_elementwise_ops(void) {
+    const size_t lengths[] = {1, 3, 257, 4097, 3000001};  // the last spans many blocks of the sum
+    for (int i = 0; i < COUNT(lengths); i++) {
+        check_vectors(lengths[i]);
+        check_clamp(lengths[i]);
+    }
+    for (int r = 0; r < COUNT(ROWS); r++)
+        for (int c = 0; c < COUNT(COLS); c++) {
+            int N = ROWS[r], C = COLS[c];
+            check_embedding(N, C, 1000);
+            check_embedding(N, C, 50);  // many repeated tokens
+            check_rmsnorm(N, C);
+            check_softmax(N, C);
+            check_cross_entropy(N, C);
+            for (int variant = 0; variant < 4; variant++) check_swiglu(N, C, variant & 1, variant >> 1);
+        }
+    check_embedding(4099, 64, 1);       // one run of every token: the unrolled loads and a tail
+    check_embedding(1000, 3, 262144);   // a large vocabulary, mostly unique tokens
+    check_embedding(20000, 130, 7);     // a few very long runs
+    check_rmsnorm(5000, 64);            // many row chunks in the dw sum
+    check_cross_entropy(5, 50000);      // a large vocabulary
+    check_cross_entropy(2, 262144);
+    check_rope_layouts();
+    // more rows than a grid's y extent (65535): the row loops of the column-tile kernels
+    check_embedding(70000, 2, 1000);
+    check_swiglu(70000, 3, 1, 1);
+    check_cross_entropy(70000, 3);
+    check_rope("heads", rope_layout_heads(1, 4), 700, 100, 1);
+    for (int i = 0; i < COUNT(lengths); i++)
+        for (int decay = 0; decay <= 1; decay++) {
+            check_adamw(lengths[i], decay, 1);
+            check_adamw(lengths[i], decay, 1000);
+        }
+}
