@@ -4,9 +4,12 @@
 #   make test       the whole test suite (ends with "N passed, M failed")
 #   make bench      GEMM and training throughput on this machine
 #   make fuzz       every parser's libFuzzer target for FUZZ_SECONDS (tests/fuzz/fuzz.mk)
+#   make check-gpu  the cuda backend against the cpu on a GPU machine (tests/gpu/check_gpu.sh)
 # Switches: NO_OPENMP=1, USE_OPENBLAS=1 (OpenBLAS for GEMM), DEBUG=1, SANITIZE=1 (ASan+UBSan),
-#           NO_MPI=1 (the one-process build even where mpicc is found).
+#           NO_MPI=1 (the one-process build even where mpicc is found), NO_CUDA=1 (no cuda
+#           backend even where nvcc is found), CUDA_ARCHS="80 90" (GPU architectures).
 
+.DEFAULT_GOAL := all
 CC      ?= cc
 PYTHON  ?= python3
 BUILD   ?= build
@@ -63,13 +66,61 @@ LDLIBS  += -lopenblas
 endif
 
 LIB_SRC   := $(sort $(filter-out src/main.c,$(wildcard src/*/*.c src/*/*/*.c)))
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+
+# CUDA (docs/gpu.md): the cuda backend is built when nvcc is found in CUDA_HOME, unless
+# NO_CUDA=1 or SANITIZE=1 (the sanitizer build tests the cpu backend). It is a plugin,
+# $(BUILD)/libmoetron_cuda.so (src/ops/cuda/*.cu by nvcc, the table in backend_cuda.c, and
+# with MPI and nccl.h the NCCL data path), that src/core/device.c loads for --device cuda:
+# runs on the cpu never load cuBLAS, the CUDA runtime or NCCL, so they start as fast as a
+# build without CUDA. The executable exports its symbols (-rdynamic) for the plugin.
+CUDA_HOME  ?= /usr/local/cuda
+NVCC       ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCHS ?= 80 90
+PLUGIN_C   := src/ops/cuda/backend_cuda.c src/parallel/comm_nccl.c
+LIB_SRC    := $(filter-out $(PLUGIN_C),$(LIB_SRC))
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+ifndef NO_CUDA
+ifndef SANITIZE
+HAVE_CUDA := $(shell test -x $(NVCC) && echo 1)
+endif
+endif
+ifeq ($(HAVE_CUDA),1)
+CUDA_PLUGIN := $(BUILD)/libmoetron_cuda.so
+CFLAGS      += -DMT_HAVE_CUDA
+LDFLAGS     += -rdynamic
+PLUGIN_SRC  := $(sort $(wildcard src/*/*.cu src/*/*/*.cu)) $(wildcard $(PLUGIN_C))
+PLUGIN_OBJ  := $(patsubst %,$(BUILD)/plugin/%.o,$(basename $(PLUGIN_SRC)))
+PLUGIN_CFLAGS := $(CFLAGS) -fPIC -I$(CUDA_HOME)/include
+PLUGIN_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+NVCCFLAGS   := -std=c++17 -O3 -Isrc -DMT_HAVE_CUDA -Xcompiler -fPIC,-fno-math-errno \
+               $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
+               -gencode=arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) -MMD -MP
+ifeq ($(HAVE_MPI),1)
+ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+PLUGIN_CFLAGS += -DMT_HAVE_NCCL
+NVCCFLAGS     += -DMT_HAVE_NCCL
+PLUGIN_LIBS   += -lnccl
+endif
+endif
+endif
+
+$(BUILD)/plugin/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+$(BUILD)/plugin/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(PLUGIN_CFLAGS) -c -o $@ $<
+
+$(CUDA_PLUGIN): $(PLUGIN_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(PLUGIN_LIBS)
+
 DBL_OBJ   := $(LIB_SRC:%.c=$(BUILD)/dbl/%.o)
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 .PHONY: all run test unit bench clean
-all: $(BUILD)/moetron
+all: $(BUILD)/moetron $(CUDA_PLUGIN)
 
 $(BUILD)/moetron: $(BUILD)/obj/src/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LDLIBS)
@@ -126,7 +177,23 @@ $(BUILD)/test_comm_mpi: tests/mpi/test_comm_mpi.c $(LIB_OBJ)
 # Fuzz targets (make fuzz) and their replay drivers, run by make test (tests/fuzz/fuzz.mk).
 include tests/fuzz/fuzz.mk
 
-test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST) $(FUZZ_REPLAY)
+# The cuda op checks (tests/gpu/): built with every CUDA build, so they compile and link
+# wherever nvcc is; make check-gpu runs them, with the training checks, on a GPU machine.
+ifeq ($(HAVE_CUDA),1)
+GPU_CHECK := $(BUILD)/check_gpu_ops
+$(GPU_CHECK): $(sort $(wildcard tests/gpu/*.c)) tests/gpu/gpu_check.h $(LIB_OBJ) $(PLUGIN_OBJ)
+	$(CC) $(CFLAGS) -Itests/gpu $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(PLUGIN_LIBS)
+
+.PHONY: check-gpu
+check-gpu: $(BUILD)/moetron $(CUDA_PLUGIN) $(GPU_CHECK)
+	@bash tests/gpu/check_gpu.sh $(BUILD)
+else
+.PHONY: check-gpu
+check-gpu:
+	$(error make check-gpu needs the cuda backend: install the CUDA toolkit (nvcc in CUDA_HOME=$(CUDA_HOME)) and build without NO_CUDA=1 or SANITIZE=1)
+endif
+
+test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST) $(FUZZ_REPLAY) $(CUDA_PLUGIN) $(GPU_CHECK)
 	@bash tests/run.sh $(BUILD)
 
 # Throughput measurements (bench/RESULTS.md records their output).

@@ -5,6 +5,7 @@
 #include "cmd/commands.h"
 #include "core/common.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "ops/gemm.h"
 #include "parallel/comm.h"
 #include "train/trainer.h"
@@ -50,8 +51,8 @@ static int run_command(int argc, char **argv) {
         return argc < 2 ? 1 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("moetron %s (gemm: %s, mpi: %s%s)\n", MOETRON_VERSION, mt_gemm_backend(), comm_backend_name(),
-               BUILT_WITH_SANITIZERS ? ", sanitizers" : "");
+        printf("moetron %s (gemm: %s, mpi: %s, cuda: %s%s)\n", MOETRON_VERSION, mt_gemm_backend(), comm_backend_name(),
+               device_cuda_built() ? "yes" : "no", BUILT_WITH_SANITIZERS ? ", sanitizers" : "");
         return 0;
     }
     if (!strcmp(argv[1], "flags")) {
@@ -76,6 +77,7 @@ static int run_command(int argc, char **argv) {
     config_parse_args(&c, cmd, argc - 2, argv + 2);
     // With --load the checkpoint fills in the flags not given; validation follows that.
     if (!c.load[0]) config_validate(&c);
+    if (cmd == CMD_TRAIN || cmd == CMD_GENERATE || cmd == CMD_FORWARD) device_select(device_parse(c.device), c.bf16);
     if (cmd == CMD_TRAIN) return train_main(&c);
     if (cmd == CMD_GENERATE) return generate_main(&c);
     if (cmd == CMD_DATA) return data_main(&c);

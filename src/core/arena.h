@@ -1,4 +1,5 @@
-// arena.h — a bag of zeroed allocations freed together (activations, workspaces).
+// arena.h — a bag of zeroed allocations freed together (activations, workspaces), in
+// tensor memory (core/device.h).
 #pragma once
 #include "core/common.h"
 

@@ -21,6 +21,10 @@ typedef float real;
 #define real_sqrt sqrtf
 #endif
 
+#ifdef __cplusplus  // the cuda backend's .cu files are C++: these functions are C
+extern "C" {
+#endif
+
 // Print "moetron: error: <message>" and exit(1). Every user-facing error goes here:
 // one line that names the file or flag and says how to fix it.
 void mt_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -40,6 +44,10 @@ void *mt_malloc(size_t bytes);  // dies with a clear message on failure
 void *mt_calloc(size_t count, size_t size);
 void *mt_realloc(void *ptr, size_t bytes);
 char *mt_strdup(const char *s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #define MT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MT_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -92,6 +92,8 @@ typedef struct {
     int expert_model_parallel_size, expert_tensor_parallel_size;
     int profile;                    // --profile: time per op kind, printed at the end
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
+    char device[16];              // cpu | cuda | auto
+    int bf16;                     // GEMMs in bf16 with fp32 accumulation (cuda)
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
     // ---- data ----
     int mock_data;

@@ -1,3 +1,4 @@
+#include "core/device.h"
 #include "core/tensor_table.h"
 
 #include <string.h>
@@ -49,14 +50,14 @@ void tt_layout(TensorTable *tt) {
 
 void tt_allocate(TensorTable *tt) {
     tt_layout(tt);
-    tt->params = mt_calloc(tt->total, sizeof(real));
-    tt->grads = mt_calloc(tt->total, sizeof(real));
+    tt->params = device_calloc(tt->total, sizeof(real));
+    tt->grads = device_calloc(tt->total, sizeof(real));
 }
 
 void tt_free(TensorTable *tt) {
     free(tt->descs);
-    free(tt->params);
-    free(tt->grads);
+    device_free(tt->params);
+    device_free(tt->grads);
     memset(tt, 0, sizeof(*tt));
 }
 

@@ -161,9 +161,10 @@ static int flag_values_equal(const Config *a, const Config *b, const FlagSpec *f
     return f->type == FLAG_STRING ? strcmp(x, y) == 0 : memcmp(x, y, f->size) == 0;
 }
 
-// Flags of the launch rather than of the run: a checkpoint resumes on any process layout.
+// Flags of the launch rather than of the run: a checkpoint resumes on any process layout
+// and any device.
 static int is_launch_flag(const char *name) {
-    static const char *const launch[] = {"load", "tensor-model-parallel-size", "context-parallel-size",
+    static const char *const launch[] = {"load", "device", "bf16", "tensor-model-parallel-size", "context-parallel-size",
                                          "pipeline-model-parallel-size", "expert-model-parallel-size",
                                          "expert-tensor-parallel-size"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)

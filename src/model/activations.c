@@ -166,7 +166,28 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
     a->token_loss = arena_reals(&a->arena, N);
     a->token_lse = arena_reals(&a->arena, N);
     a->loss_weight = arena_reals(&a->arena, N);
+    a->input_ids = arena_ints(&a->arena, 4 * (size_t)N);
+    a->input_loss_mask = arena_reals(&a->arena, N);
     alloc_backward_scratch(a, c);
+}
+
+// Copies `count` items of src (when given) into dst and returns dst, or NULL without src.
+static const void *staged(void *dst, const void *src, size_t count, size_t size) {
+    if (!src) return NULL;
+    memcpy(dst, src, count * size);
+    return dst;
+}
+
+const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
+    size_t n = (size_t)batch->B * batch->T, cap = (size_t)a->capacity_tokens;
+    MT_ASSERT(n <= cap);
+    a->input = *batch;
+    a->input.tokens = staged(a->input_ids, batch->tokens, n, sizeof(int32_t));
+    a->input.targets = staged(a->input_ids + cap, batch->targets, n, sizeof(int32_t));
+    a->input.positions = staged(a->input_ids + 2 * cap, batch->positions, n, sizeof(int32_t));
+    a->input.key_start = staged(a->input_ids + 3 * cap, batch->key_start, n, sizeof(int32_t));
+    a->input.loss_mask = staged(a->input_loss_mask, batch->loss_mask, n, sizeof(real));
+    return &a->input;
 }
 
 void acts_free(ModelActs *a) {

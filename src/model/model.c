@@ -1,5 +1,6 @@
 // model.c — the tensor table of the model, weight init, and the layer sequence of the
 // forward and backward passes.
+#include "core/device.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -230,7 +231,7 @@ void model_allocate(Model *m) {
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
         m->router_state[l].bias_counts = mt_calloc(c->num_experts, sizeof(double));
     }
-    m->rope_cos_sin = mt_malloc((size_t)c->max_positions * c->rope_dim * sizeof(real));
+    m->rope_cos_sin = device_calloc((size_t)c->max_positions * c->rope_dim, sizeof(real));
     rope_table(m->rope_cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
     if (m->ep.size > 1) ep_buffers_new(m);
 }
@@ -263,7 +264,7 @@ void model_free(Model *m) {
     free(m->remote_names);
     ep_buffers_free(m);
     free(m->router_state);
-    free(m->rope_cos_sin);
+    device_free(m->rope_cos_sin);
     tt_free(&m->tt);
 }
 
@@ -271,7 +272,7 @@ void model_free(Model *m) {
 
 double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
     const Config *c = &m->cfg;
-    MT_ASSERT(batch->B * batch->T <= a->capacity_tokens);
+    batch = acts_stage_batch(a, batch);
     int B = batch->B, T = batch->T, N = B * T, H = c->hidden_size;
     a->B = B;
     a->T = T;
@@ -322,6 +323,8 @@ void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double lo
                            void *ctx) {
     const Config *c = &m->cfg;
     int N = a->N, H = c->hidden_size;
+    MT_ASSERT(batch->B == a->input.B && batch->T == a->input.T);
+    batch = &a->input;  // the forward's copy, in tensor memory
     lm_head_backward(m, a, batch, loss_scale);  // sets d_resid = d(x_final)
     if (ready) ready(ctx, GRADS_HEAD);
     for (int l = c->num_layers - 1; l >= 0; l--) {

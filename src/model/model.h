@@ -147,6 +147,9 @@ typedef struct {
     int B, T, N;            // shape of the last forward
     TokenLayout tokens;     // positions and visible keys of the last forward's tokens
     int capacity_tokens;    // B·T the buffers were allocated for
+    Batch input;            // the last forward's batch, its arrays copied into tensor memory
+    int32_t *input_ids;     // (4, capacity_tokens) tokens, targets, positions, key_start of input
+    real *input_loss_mask;  // (capacity_tokens)
     Arena arena;
     LayerActs *layers;
     real *x_final;          // (N,H) output of the last block
@@ -190,6 +193,9 @@ void model_free(Model *m);
 
 void acts_alloc(ModelActs *a, const Model *m, int B, int T);
 void acts_free(ModelActs *a);
+// Copies the batch's arrays into the activations' tensor memory (core/device.h), so ops
+// can read them whatever memory the caller's batch is in; returns that copy (a->input).
+const Batch *acts_stage_batch(ModelActs *a, const Batch *batch);
 
 // Forward one micro-batch. With batch->targets: returns the lm loss and sets a->lm_loss,
 // a->aux_loss. kv (per layer, or NULL) switches to cached generation: the B·T tokens sit

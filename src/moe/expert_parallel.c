@@ -1,5 +1,6 @@
 // expert_parallel.c — the alltoall and allgather token exchanges of expert parallelism
 // (see expert_parallel.h), and the growable buffers they compute in.
+#include "core/device.h"
 #include "moe/expert_parallel.h"
 
 #include <string.h>
@@ -42,14 +43,15 @@ struct EpBuffers {
 // Capacity for `need` items: the current one, or 1.5x more than asked when it grows.
 static size_t grown(size_t capacity, size_t need) { return need <= capacity ? capacity : need + need / 2 + 1; }
 
+// Exchange buffers and the per-layer plan are tensor memory (core/device.h): ops read them.
 static void resize(real **buf, size_t count) {
-    free(*buf);
-    *buf = mt_malloc(MT_MAX(count, 1) * sizeof(real));
+    device_free(*buf);
+    *buf = device_calloc(MT_MAX(count, 1), sizeof(real));
 }
 
 static void resize_ints(int32_t **buf, size_t count) {
-    free(*buf);
-    *buf = mt_malloc(MT_MAX(count, 1) * sizeof(int32_t));
+    device_free(*buf);
+    *buf = device_calloc(MT_MAX(count, 1), sizeof(int32_t));
 }
 
 static void layer_reserve_rows(EpLayer *el, size_t rows, int H, int I) {
@@ -78,12 +80,12 @@ static void layer_reserve_choices(EpLayer *el, size_t choices) {
 static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
     if (ma->ep) return ma->ep;
     EpLayer *el = mt_calloc(1, sizeof(EpLayer));
-    el->recv_counts = mt_calloc((size_t)ep->size * ep->local, sizeof(int32_t));
-    el->send_rows = mt_calloc(ep->size, sizeof(int32_t));
-    el->recv_rows = mt_calloc(ep->size, sizeof(int32_t));
-    el->offsets = mt_calloc(ep->local + 1, sizeof(int32_t));
-    el->plan.rows_per_expert = mt_calloc(E, sizeof(int32_t));
-    el->plan.expert_offsets = mt_calloc(E + 1, sizeof(int32_t));
+    el->recv_counts = device_calloc((size_t)ep->size * ep->local, sizeof(int32_t));
+    el->send_rows = device_calloc(ep->size, sizeof(int32_t));
+    el->recv_rows = device_calloc(ep->size, sizeof(int32_t));
+    el->offsets = device_calloc(ep->local + 1, sizeof(int32_t));
+    el->plan.rows_per_expert = device_calloc(E, sizeof(int32_t));
+    el->plan.expert_offsets = device_calloc(E + 1, sizeof(int32_t));
     ma->ep = el;
     return el;
 }
@@ -95,7 +97,7 @@ void ep_layer_free(MoeActs *ma) {
                      el->rows_out, el->acts.gate, el->acts.up, el->acts.act, el->topk_all, el->kept_all,
                      el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets, el->plan.row_of_choice,
                      el->plan.token_of_row};
-    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) free(owned[i]);
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) device_free(owned[i]);
     free(el);
     ma->ep = NULL;
 }
@@ -107,7 +109,7 @@ void ep_buffers_free(Model *m) {
     if (!b) return;
     real *owned[] = {b->exchange, b->exchange_probs, b->d_rows_out, b->d_rows_in, b->d_row_probs,
                      b->d_gate, b->d_up, b->d_act, b->tokens_all, b->choices_all};
-    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) free(owned[i]);
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) device_free(owned[i]);
     free(b);
     m->ep_buffers = NULL;
 }

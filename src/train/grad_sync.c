@@ -1,3 +1,4 @@
+#include "core/device.h"
 #include "train/grad_sync.h"
 
 #include <math.h>
@@ -15,7 +16,7 @@ static void region_init(GradRegion *r, const Comm *comm, FlatRange range, int di
     r->shard = range;
     if (r->sharded)
         r->shard = (FlatRange){range.begin + total * comm->rank / n, range.begin + total * (comm->rank + 1) / n};
-    r->buffer = r->sharded ? mt_malloc((size_t)MT_MAX(r->shard.end - r->shard.begin, 1) * sizeof(real)) : NULL;
+    r->buffer = r->sharded ? device_calloc((size_t)MT_MAX(r->shard.end - r->shard.begin, 1), sizeof(real)) : NULL;
 }
 
 void grad_sync_init(GradSync *g, const Comm *dp, const Comm *edp, const Comm *ep, const TensorTable *tt,
@@ -34,7 +35,7 @@ void grad_sync_init(GradSync *g, const Comm *dp, const Comm *edp, const Comm *ep
 void grad_sync_free(GradSync *g) {
     for (int r = 0; r < REGIONS; r++) {
         free(g->region[r].counts);
-        free(g->region[r].buffer);
+        device_free(g->region[r].buffer);
     }
     free(g->pending);
     memset(g, 0, sizeof(*g));

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/device.h"
 
 double memory_available_bytes(void) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -28,18 +29,20 @@ int memory_processes_on_node(void) {
 }
 
 void memory_check_fits(const MemoryNeed *need) {
-    double available = memory_available_bytes();
+    int on_gpu = device_active() == DEVICE_CUDA;  // one GPU per process: its free memory
+    double available = on_gpu ? device_memory_free_bytes() : memory_available_bytes();
     if (available < 0) return;  // not Linux: nothing to compare with
     const double GiB = 1024.0 * 1024 * 1024;
     double per_process = need->parameters + need->gradients + need->optimizer + need->activations;
-    int processes = memory_processes_on_node();
+    int processes = on_gpu ? 1 : memory_processes_on_node();
     if (per_process * processes <= available) return;
     char shared[96] = "";
     if (processes > 1) snprintf(shared, sizeof(shared), " and %d processes share this machine,", processes);
     mt_die("the run needs about %.2f GiB per process (parameters %.2f, gradients %.2f, AdamW moments %.2f, "
-           "activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are available (MemAvailable); "
+           "activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are available (%s); "
            "lower --micro-batch-size or --seq-length, shrink the model, or spread it over more processes with "
            "--use-distributed-optimizer / --expert-model-parallel-size",
            per_process / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
-           need->activations / GiB, need->micro_batch_size, need->seq_length, shared, available / GiB);
+           need->activations / GiB, need->micro_batch_size, need->seq_length, shared, available / GiB,
+           on_gpu ? "free on the GPU" : "MemAvailable");
 }

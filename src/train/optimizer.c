@@ -1,3 +1,4 @@
+#include "core/device.h"
 #include "train/optimizer.h"
 
 #include <math.h>
@@ -15,8 +16,8 @@ void optimizer_init_ranges(Optimizer *o, const FlatRange *ranges, int n_ranges) 
         elements += (size_t)(ranges[r].end - ranges[r].begin);
     }
     o->n_ranges = n_ranges;
-    o->exp_avg = mt_calloc(MT_MAX(elements, 1), sizeof(real));
-    o->exp_avg_sq = mt_calloc(MT_MAX(elements, 1), sizeof(real));
+    o->exp_avg = device_calloc(MT_MAX(elements, 1), sizeof(real));
+    o->exp_avg_sq = device_calloc(MT_MAX(elements, 1), sizeof(real));
 }
 
 void optimizer_init(Optimizer *o, const TensorTable *tt) {
@@ -25,8 +26,8 @@ void optimizer_init(Optimizer *o, const TensorTable *tt) {
 }
 
 void optimizer_free(Optimizer *o) {
-    free(o->exp_avg);
-    free(o->exp_avg_sq);
+    device_free(o->exp_avg);
+    device_free(o->exp_avg_sq);
     memset(o, 0, sizeof(*o));
 }
 

@@ -1,6 +1,7 @@
 // trainer.c — the training loop: micro-batches with gradient accumulation, gradient
 // reduction over the data-parallel group, clipping, AdamW, the LR schedule, held-out
 // evaluation, metrics and checkpoints.
+#include "core/device.h"
 #include "train/trainer.h"
 
 #include <math.h>
@@ -252,9 +253,10 @@ static void print_banner(const Trainer *t) {
            hf_model_type(t->model.family), c->num_layers, c->hidden_size, c->num_experts, c->moe_router_topk,
            total / 1e6, active / 1e6, t->data.source);
     printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s "
-           "(gemm: %s)\n",
+           "(%s: %s%s)\n",
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
-           c->train_iters, t->peak_flops / 1e12, mt_gemm_backend());
+           c->train_iters, t->peak_flops / 1e12, device_active() == DEVICE_CUDA ? "device" : "gemm",
+           device_active() == DEVICE_CUDA ? device_description() : mt_gemm_backend(), c->bf16 ? ", bf16 GEMMs" : "");
     if (t->model.family_note[0])
         printf("note: checkpoints use moetron's own model_type (transformers cannot load them): %s\n",
                t->model.family_note);

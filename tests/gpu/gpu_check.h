@@ -32,6 +32,7 @@ int check_compare(const char *check, const char *output, const float *cpu, const
                   double tol);
 int check_compare_double(const char *check, const char *output, double cpu, double gpu, double tol);
 void check_free_all(void);
+extern int check_passed, check_failed;  // the counts so far
 
 // The families of checks, one file each (tests/gpu/check_<family>.c).
 void check_gemm_ops(void);         // gemm, grouped, grouped wgrad, linear (fp32 and bf16)

@@ -16,7 +16,7 @@
 
 #include "core/profile.h"
 #include "ops/cpu/row_reduce.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 enum { QUERY_TILE = 64 };
 
@@ -47,7 +47,7 @@ static int first_key(const AttentionShape *s, int b, int t) {
 // scores (rows, keys) = scale · Q[t0 : t0+rows] · K[0 : keys]ᵀ
 static void tile_scores(real *scores, const real *q, const real *k, const AttentionShape *s, const HeadView *v,
                         int t0, int rows, int keys) {
-    mt_gemm(0, 1, rows, keys, s->head_dim, s->scale, q + v->q_offset + (size_t)t0 * v->q_stride, v->q_stride,
+    cpu_gemm(0, 1, rows, keys, s->head_dim, s->scale, q + v->q_offset + (size_t)t0 * v->q_stride, v->q_stride,
             k + v->k_offset, v->k_stride, 0, scores, keys);
 }
 
@@ -69,12 +69,12 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
             lse_row[t0 + r] = max + (real)log((double)sum);
         }
         // O[t0 : t0+rows] = P · V[0 : keys]
-        mt_gemm(0, 0, rows, value_width(s), keys, 1, scores, keys, v + view.v_offset, view.v_stride, 0,
+        cpu_gemm(0, 0, rows, value_width(s), keys, 1, scores, keys, v + view.v_offset, view.v_stride, 0,
                 out + view.o_offset + (size_t)t0 * view.o_stride, view.o_stride);
     }
 }
 
-void attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
+void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                        const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
     int tile_keys = s->q_pos0 + MT_MIN(QUERY_TILE, s->Tq) + s->Tq;  // bound on keys of any tile
@@ -101,7 +101,7 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
         const real *dout_tile = dout + view.o_offset + (size_t)t0 * view.o_stride;
         tile_scores(probs, q, k, s, &view, t0, rows, keys);
         // dP = dO · Vᵀ
-        mt_gemm(0, 1, rows, keys, v_width, 1, dout_tile, view.o_stride, v + view.v_offset, view.v_stride, 0, dprobs, keys);
+        cpu_gemm(0, 1, rows, keys, v_width, 1, dout_tile, view.o_stride, v + view.v_offset, view.v_stride, 0, dprobs, keys);
         for (int r = 0; r < rows; r++) {
             real *p = probs + (size_t)r * keys, *dp = dprobs + (size_t)r * keys;
             const real *o_row = out + view.o_offset + (size_t)(t0 + r) * view.o_stride;
@@ -117,14 +117,14 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
             for (int j = visible; j < keys; j++) p[j] = dp[j] = 0;
         }
         // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
-        mt_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + view.k_offset, view.k_stride, 1,
+        cpu_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + view.k_offset, view.k_stride, 1,
                 dq + view.q_offset + (size_t)t0 * view.q_stride, view.q_stride);
-        mt_gemm(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, view.q_stride, 1, dk + view.k_offset, view.k_stride);
-        mt_gemm(1, 0, keys, v_width, rows, 1, probs, keys, dout_tile, view.o_stride, 1, dv + view.v_offset, view.v_stride);
+        cpu_gemm(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, view.q_stride, 1, dk + view.k_offset, view.k_stride);
+        cpu_gemm(1, 0, keys, v_width, rows, 1, probs, keys, dout_tile, view.o_stride, 1, dv + view.v_offset, view.v_stride);
     }
 }
 
-void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
+void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
                         const real *lse, const real *q, const real *k, const real *v,
                         const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);

@@ -7,24 +7,24 @@
 
 #include "core/profile.h"
 #include "ops/cpu/row_reduce.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 #define PARALLEL_ROWS _Pragma("omp parallel for schedule(static) if (N > 16)")
 
-void vec_copy(real *dst, const real *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
-void vec_zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+void cpu_vec_copy(real *dst, const real *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
+void cpu_vec_zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
 
-void vec_add(real *y, const real *x, size_t n) {
+void cpu_vec_add(real *y, const real *x, size_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-void vec_scale(real *x, real s, size_t n) {
+void cpu_vec_scale(real *x, real s, size_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-double vec_sum_squares(const real *x, size_t n) {
+double cpu_vec_sum_squares(const real *x, size_t n) {
     // Fixed-size chunks summed in order: the same answer for any thread count.
     enum { CHUNK = 4096 };
     size_t chunks = (n + CHUNK - 1) / CHUNK;
@@ -44,13 +44,13 @@ double vec_sum_squares(const real *x, size_t n) {
 
 // ---- embedding -----------------------------------------------------------------------
 
-void embedding_forward(real *out, const int32_t *tokens, const real *table, int N, int C) {
+void cpu_embedding_forward(real *out, const int32_t *tokens, const real *table, int N, int C) {
     PROF_SCOPE(PROF_EMBEDDING);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, table + (size_t)tokens[n] * C, C * sizeof(real));
 }
 
-void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C) {
+void cpu_embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C) {
     PROF_SCOPE(PROF_EMBEDDING);
     // Parallel over channels, tokens in order: deterministic without atomics.
 #pragma omp parallel for schedule(static) if (C >= 64)
@@ -60,7 +60,7 @@ void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, i
 
 // ---- RMSNorm ---------------------------------------------------------------------------
 
-void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps) {
+void cpu_rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps) {
     PROF_SCOPE(PROF_NORM);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
@@ -76,7 +76,7 @@ void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, i
 
 // y = x·r·w with r = (mean(x²)+eps)^(-1/2):
 //   dw_c += Σ_n dy·x·r ;  dx = r·(dy⊙w) − x · r³/C · Σ_c (dy⊙w)·x
-void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
+void cpu_rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
                       const real *rstd, int N, int C) {
     PROF_SCOPE(PROF_NORM);
     PARALLEL_ROWS
@@ -137,24 +137,24 @@ static void rope_rotate(real *x, const real *cos_sin, const TokenLayout *t, cons
     }
 }
 
-void rope_forward(real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
+void cpu_rope_forward(real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
     PROF_SCOPE(PROF_ROPE);
     rope_rotate(x, cos_sin, t, l, +1);
 }
 
-void rope_backward(real *dx, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
+void cpu_rope_backward(real *dx, const real *cos_sin, const TokenLayout *t, const RopeLayout *l) {
     PROF_SCOPE(PROF_ROPE);
     rope_rotate(dx, cos_sin, t, l, -1);
 }
 
 // ---- clamp ----------------------------------------------------------------------------------
 
-void clamp_forward(real *y, const real *x, size_t n, real limit) {
+void cpu_clamp_forward(real *y, const real *x, size_t n, real limit) {
     PROF_SCOPE(PROF_ACTIVATION);
     for (size_t i = 0; i < n; i++) y[i] = x[i] < -limit ? -limit : x[i] > limit ? limit : x[i];
 }
 
-void clamp_backward(real *d, const real *x, size_t n, real limit) {
+void cpu_clamp_backward(real *d, const real *x, size_t n, real limit) {
     PROF_SCOPE(PROF_ACTIVATION);
     for (size_t i = 0; i < n; i++)
         if (x[i] < -limit || x[i] > limit) d[i] = 0;
@@ -164,7 +164,7 @@ void clamp_backward(real *d, const real *x, size_t n, real limit) {
 
 static inline real sigmoid(real x) { return 1 / (1 + real_exp(-x)); }
 
-void swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
+void cpu_swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
                     int I) {
     PROF_SCOPE(PROF_ACTIVATION);
     int N = M;
@@ -179,7 +179,7 @@ void swiglu_forward(real *act, const real *gate, const real *up, const real *row
 
 // act = silu(g)·u·s with silu'(g) = σ(g)(1 + g(1 − σ(g))):
 //   dg = dact·u·s·silu'(g);  du = dact·silu(g)·s;  ds = Σ_i dact·silu(g)·u
-void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
+void cpu_swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
                      const real *gate, const real *up, const real *row_scale, int M, int I) {
     PROF_SCOPE(PROF_ACTIVATION);
     int N = M;
@@ -200,7 +200,7 @@ void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
 
 // ---- softmax -------------------------------------------------------------------------------
 
-void softmax_forward(real *y, const real *x, int N, int C) {
+void cpu_softmax_forward(real *y, const real *x, int N, int C) {
     PROF_SCOPE(PROF_ACTIVATION);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
@@ -214,7 +214,7 @@ void softmax_forward(real *y, const real *x, int N, int C) {
     }
 }
 
-void softmax_backward(real *dx, const real *y, const real *dy, int N, int C) {
+void cpu_softmax_backward(real *dx, const real *y, const real *dy, int N, int C) {
     PROF_SCOPE(PROF_ACTIVATION);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
@@ -233,7 +233,7 @@ static double row_logsumexp(const real *x, int C) {
     return mx + log(row_sum_exp(x, C, mx));
 }
 
-void cross_entropy_forward(real *losses, real *lse, const real *logits, const int32_t *targets, int N, int V) {
+void cpu_cross_entropy_forward(real *losses, real *lse, const real *logits, const int32_t *targets, int N, int V) {
     PROF_SCOPE(PROF_LOSS);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
@@ -244,7 +244,7 @@ void cross_entropy_forward(real *losses, real *lse, const real *logits, const in
     }
 }
 
-void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int32_t *targets,
+void cpu_cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int32_t *targets,
                             const real *weight, int N, int V) {
     PROF_SCOPE(PROF_LOSS);
     PARALLEL_ROWS
@@ -266,7 +266,7 @@ void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, 
 
 // In the compute type with the constants folded (vectorizes: one multiply-add chain, one
 // square root and one division per element).
-void adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,
+void cpu_adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,
                   const AdamWStep *h) {
     PROF_SCOPE(PROF_OPTIMIZER);
     real beta1 = (real)h->beta1, beta2 = (real)h->beta2, one_minus_beta1 = (real)(1.0 - h->beta1);

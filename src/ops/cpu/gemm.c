@@ -16,7 +16,7 @@
 // of C is summed by one thread, over K blocks in order and within a block in order,
 // with the same kernel wherever its tile lies, so the result does not depend on the
 // number of threads (only on KC, a compile-time constant).
-#include "ops/gemm.h"
+#include "ops/cpu/cpu_ops.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -414,7 +414,7 @@ static void gemm_blas(int trans_a, int trans_b, int M, int N, int K, real alpha,
 // Public API
 // ---------------------------------------------------------------------------
 
-void mt_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
+void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
              const real *B, int ldb, real beta, real *C, int ldc) {
     PROF_SCOPE(PROF_GEMM);
     MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
@@ -440,24 +440,24 @@ void mt_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const re
     gemm_portable(&p);
 }
 
-void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K,
+void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K,
                      real alpha, const real *A, const size_t *a_offsets, int lda,
                      const real *const *B_ptrs, int ldb, real beta, real *C,
                      const size_t *c_offsets, int ldc) {
     for (int g = 0; g < groups; g++) {
         if (rows[g] == 0) continue;
-        mt_gemm(trans_a, trans_b, rows[g], N, K, alpha, A + a_offsets[g], lda, B_ptrs[g], ldb,
+        cpu_gemm(trans_a, trans_b, rows[g], N, K, alpha, A + a_offsets[g], lda, B_ptrs[g], ldb,
                 beta, C + c_offsets[g], ldc);
     }
 }
 
-void mt_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha,
+void cpu_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha,
                            const real *dY, const size_t *dy_offsets, const real *X,
                            const size_t *x_offsets, real *const *W_ptrs) {
     for (int g = 0; g < groups; g++) {
         if (rows[g] == 0) continue;
         // W_g[out, in] += alpha * (dY_g[rows, out])^T · X_g[rows, in]
-        mt_gemm(1, 0, out, in, rows[g], alpha, dY + dy_offsets[g], out, X + x_offsets[g], in,
+        cpu_gemm(1, 0, out, in, rows[g], alpha, dY + dy_offsets[g], out, X + x_offsets[g], in,
                 (real)1, W_ptrs[g], in);
     }
 }

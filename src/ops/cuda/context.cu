@@ -72,6 +72,13 @@ void cuda_set_gemm_bf16(int on) { ctx.gemm_bf16 = on != 0; }
 int cuda_gemm_bf16(void) { return ctx.gemm_bf16; }
 const char *cuda_device_name(void) { return ctx.ready ? ctx.name : "none"; }
 
+double cuda_memory_free_bytes(void) {
+    require_ready();
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return (double)free_bytes;
+}
+
 void *cuda_malloc_managed(size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;

@@ -24,6 +24,7 @@ void cuda_init(int index);
 void cuda_finish(void);                  // waits for the stream
 void cuda_set_gemm_bf16(int on);         // GEMM inputs rounded to bf16, fp32 accumulation
 const char *cuda_device_name(void);      // after cuda_init
+double cuda_memory_free_bytes(void);     // free memory of the device, after cuda_init
 // Device memory: cuda_malloc_managed returns zeroed managed memory (host code can read
 // and write it after cuda_finish); cuda_free releases it (NULL is ignored).
 void *cuda_malloc_managed(size_t bytes);
@@ -77,6 +78,25 @@ void cuda_attention_forward(real *out, real *lse, const real *q, const real *k, 
                             const AttentionShape *s);
 void cuda_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
                              const real *q, const real *k, const real *v, const AttentionShape *s);
+
+// ---- the plugin (backend_cuda.c) ------------------------------------------------------
+// The cuda backend is built as $(BUILD)/libmoetron_cuda.so; src/core/device.c loads it for
+// --device cuda and finds everything through this one symbol, so cpu runs never load the
+// CUDA libraries.
+typedef struct OpsBackend OpsBackend;
+typedef struct CudaPlugin {
+    int (*device_count)(void);
+    void (*init)(int index);
+    void (*finish)(void);
+    void (*set_gemm_bf16)(int on);
+    const char *(*device_name)(void);
+    double (*memory_free_bytes)(void);
+    void *(*malloc_managed)(size_t bytes);
+    void (*free)(void *p);
+    const OpsBackend *ops;
+} CudaPlugin;
+#define CUDA_PLUGIN_SYMBOL "moetron_cuda_plugin"
+extern const CudaPlugin moetron_cuda_plugin;
 
 #ifdef __cplusplus
 }

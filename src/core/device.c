@@ -1,0 +1,182 @@
+// device.c — the device choice, tensor memory and the op backend that goes with them.
+//
+// The cuda backend is a plugin (libmoetron_cuda.so beside the executable, built with the
+// CUDA toolkit): it is loaded only when a run asks for the GPU, or asks for auto on a
+// machine with an NVIDIA driver, so cpu runs never pay for loading the CUDA libraries.
+#include "core/device.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "ops/backend.h"
+#if defined(MT_HAVE_CUDA) && !defined(MT_DOUBLE)
+#define DEVICE_HAS_CUDA 1
+#include "ops/cuda/cuda_ops.h"
+#else
+#define DEVICE_HAS_CUDA 0
+#endif
+
+static DeviceKind active = DEVICE_CPU;
+static size_t live_blocks;  // device_calloc'd and not yet freed: the device cannot change under them
+
+int device_cuda_built(void) { return DEVICE_HAS_CUDA; }
+
+#if DEVICE_HAS_CUDA
+#define PLUGIN_FILE "libmoetron_cuda.so"
+
+// The plugin's path: beside the executable (MOETRON_CUDA_PLUGIN overrides).
+static void plugin_path(char *path, size_t size) {
+    const char *given = getenv("MOETRON_CUDA_PLUGIN");
+    if (given && given[0]) {
+        snprintf(path, size, "%s", given);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) {
+        snprintf(path, size, "%s", PLUGIN_FILE);  // the loader's search path
+        return;
+    }
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) slash[1] = '\0';
+    snprintf(path, size, "%s%s", exe, PLUGIN_FILE);
+}
+
+// The loaded plugin; NULL with *why set when it cannot be loaded.
+static const CudaPlugin *cuda_plugin(const char **why) {
+    static const CudaPlugin *plugin;
+    static char error[2 * PATH_MAX + 256];
+    if (plugin) return plugin;
+    char path[PATH_MAX + sizeof(PLUGIN_FILE)];
+    plugin_path(path, sizeof(path));
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(error, sizeof(error), "cannot load the cuda backend %s (%s); rebuild with make", path, dlerror());
+        *why = error;
+        return NULL;
+    }
+    plugin = dlsym(lib, CUDA_PLUGIN_SYMBOL);
+    if (!plugin) {
+        snprintf(error, sizeof(error), "%s has no %s; rebuild with make", path, CUDA_PLUGIN_SYMBOL);
+        *why = error;
+    }
+    return plugin;
+}
+
+// Whether an NVIDIA driver is present at all (cheap: no library is loaded).
+static int nvidia_driver_present(void) { return access("/proc/driver/nvidia/version", R_OK) == 0; }
+
+static const CudaPlugin *require_plugin(void) {
+    const char *why = NULL;
+    const CudaPlugin *p = cuda_plugin(&why);
+    if (!p) mt_die("--device cuda: %s", why);
+    return p;
+}
+#endif
+
+int device_cuda_count(void) {
+#if DEVICE_HAS_CUDA
+    const char *why = NULL;
+    const CudaPlugin *p = nvidia_driver_present() ? cuda_plugin(&why) : NULL;
+    return p ? p->device_count() : 0;
+#else
+    return 0;
+#endif
+}
+
+DeviceKind device_parse(const char *name) {
+    if (strcmp(name, "cpu") == 0) return DEVICE_CPU;
+    if (strcmp(name, "auto") == 0) return device_cuda_count() > 0 ? DEVICE_CUDA : DEVICE_CPU;
+    if (strcmp(name, "cuda") != 0) mt_die("--device %s: use cpu, cuda or auto", name);
+    if (!device_cuda_built())
+        mt_die("--device cuda: this moetron was built without CUDA (install the CUDA toolkit so make finds nvcc, "
+               "and build without NO_CUDA=1), or use --device cpu");
+#if DEVICE_HAS_CUDA
+    if (require_plugin()->device_count() == 0)
+        mt_die("--device cuda: no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES), or use --device cpu");
+#endif
+    return DEVICE_CUDA;
+}
+
+#if DEVICE_HAS_CUDA
+// This process's index among the processes its launcher started on this machine (0
+// when started alone): rank r uses GPU r mod the GPUs visible.
+static int launcher_local_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                                       "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) >= 0) return atoi(v);
+    }
+    return 0;
+}
+#endif
+
+void device_select(DeviceKind kind, int bf16) {
+    if (bf16 && kind != DEVICE_CUDA)
+        mt_die("--bf16: the cpu backend computes in fp32; use it with --device cuda, or drop --bf16");
+    if (live_blocks && kind != active)
+        mt_die("internal error: the device changed with %zu tensors allocated (please report)", live_blocks);
+    active = kind;
+#if DEVICE_HAS_CUDA
+    if (kind == DEVICE_CUDA) {
+        const CudaPlugin *p = require_plugin();
+        p->init(launcher_local_rank());
+        p->set_gemm_bf16(bf16);
+        ops_select(p->ops);
+        return;
+    }
+#endif
+    ops_select(&ops_cpu_backend);
+}
+
+DeviceKind device_active(void) { return active; }
+
+const char *device_description(void) {
+#if DEVICE_HAS_CUDA
+    static char text[300];
+    if (active == DEVICE_CUDA) {
+        snprintf(text, sizeof(text), "cuda (%s)", require_plugin()->device_name());
+        return text;
+    }
+#endif
+    return "cpu";
+}
+
+void *device_calloc(size_t count, size_t size) {
+    if (count && size > (size_t)-1 / count) mt_die("out of memory: a tensor of %zu x %zu bytes", count, size);
+    live_blocks++;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) return require_plugin()->malloc_managed(count * size);
+#endif
+    return mt_calloc(count ? count : 1, size ? size : 1);
+}
+
+void device_free(void *p) {
+    if (!p) return;
+    live_blocks--;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->free(p);
+        return;
+    }
+#endif
+    free(p);
+}
+
+double device_memory_free_bytes(void) {
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) return require_plugin()->memory_free_bytes();
+#endif
+    return -1;
+}
+
+void device_synchronize(void) {
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) require_plugin()->finish();
+#endif
+}

@@ -1,0 +1,39 @@
+// device.h — where the model computes: the cpu, or a CUDA GPU (--device).
+//
+// device_select picks the op backend (src/ops/backend.h) and the kind of memory that
+// model tensors live in. Tensor memory — parameters, gradients, optimizer moments,
+// activations, the KV cache, exchange buffers: whatever an op reads or writes — comes
+// from device_calloc: host memory on the cpu, CUDA managed memory on a GPU, which both
+// the GPU's kernels and the host code around them (router, dispatcher bookkeeping,
+// checkpoints) can address. Everything else stays in ordinary host memory.
+#pragma once
+#include <stddef.h>
+
+typedef enum { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
+
+// Whether this binary was built with the cuda backend, and how many GPUs it sees
+// (0 when built without it, or when no driver or device answers).
+int device_cuda_built(void);
+int device_cuda_count(void);
+
+// "cpu", "cuda" or "auto" (cuda when built with it and a GPU is visible, else cpu);
+// anything else, or "cuda" where it cannot run, ends the run naming --device.
+DeviceKind device_parse(const char *name);
+
+// Selects the device before any tensor memory is allocated. Under a launcher, local rank
+// r (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, ...) uses GPU r mod the GPUs visible.
+// bf16 != 0: GEMMs with bf16 inputs and fp32 accumulation (cuda only; the cpu computes
+// in fp32 and refuses it).
+void device_select(DeviceKind kind, int bf16);
+DeviceKind device_active(void);
+// "cpu" or "cuda (<GPU name>)", for logs.
+const char *device_description(void);
+
+// Zeroed tensor memory of count × size bytes (count 0 gives a valid unique pointer);
+// freed with device_free. Dies with the size when it cannot be had.
+void *device_calloc(size_t count, size_t size);
+void device_free(void *p);
+// Bytes free on the GPU in use; -1 on the cpu (see train/memory_check.c for host memory).
+double device_memory_free_bytes(void);
+// Waits until every queued op has finished (nothing to do on the cpu).
+void device_synchronize(void);

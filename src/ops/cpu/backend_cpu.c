@@ -1,0 +1,35 @@
+// backend_cpu.c — the cpu backend's op table (src/ops/backend.h).
+#include "ops/backend.h"
+#include "ops/cpu/cpu_ops.h"
+
+const OpsBackend ops_cpu_backend = {
+    .name = "cpu",
+    .gemm = cpu_gemm,
+    .gemm_grouped = cpu_gemm_grouped,
+    .gemm_grouped_wgrad = cpu_gemm_grouped_wgrad,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .vec_copy = cpu_vec_copy,
+    .vec_zero = cpu_vec_zero,
+    .vec_add = cpu_vec_add,
+    .vec_scale = cpu_vec_scale,
+    .vec_sum_squares = cpu_vec_sum_squares,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .clamp_forward = cpu_clamp_forward,
+    .clamp_backward = cpu_clamp_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .softmax_forward = cpu_softmax_forward,
+    .softmax_backward = cpu_softmax_backward,
+    .cross_entropy_forward = cpu_cross_entropy_forward,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .adamw_update = cpu_adamw_update,
+    .finish = NULL,
+};
