@@ -336,9 +336,7 @@ static void write_checksums(const char *dir) {
     write_json_file(path, &w);
 }
 
-// Every file checksums.json lists must have its size and CRC-32 (directories without the
-// file, Hugging Face's or older moetron's, are not checked).
-static void verify_checksums(const char *dir) {
+void checkpoint_verify_checksums(const char *dir) {
     char path[CKPT_PATH_MAX + 320], file[CKPT_PATH_MAX + 320], err[512];
     snprintf(path, sizeof(path), "%s/checksums.json", dir);
     if (!file_exists(path)) return;
@@ -500,7 +498,7 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
 }
 
 void checkpoint_load(const char *dir, Model *m, Optimizer *opt, TrainerState *st) {
-    verify_checksums(dir);
+    checkpoint_verify_checksums(dir);
     hf_weights_load(dir, m);
     if (!opt) return;
     char path[CKPT_PATH_MAX + 64];

@@ -35,6 +35,12 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
 // Fatal with a clear message when neither exists. out has MT_PATH_MAX + 32 bytes.
 void checkpoint_resolve(char *out, const char *dir);
 
+// DIR/checksums.json, when there is one: every file it lists must have the size and CRC-32
+// it records; fatal with one line naming the file when one differs, is missing or when the
+// manifest itself is damaged. Without the file (Hugging Face directories, older moetron
+// checkpoints) nothing is checked. checkpoint_load calls it first.
+void checkpoint_verify_checksums(const char *dir);
+
 // DIR/trainer_state.json: iteration, consumed samples and the optimizer step; fatal with one
 // line when it is unreadable or lacks any of them.
 void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *optimizer_step);

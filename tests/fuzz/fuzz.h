@@ -35,6 +35,14 @@ const char *fuzz_dir(void);
 const char *fuzz_write(const char *name, const void *data, size_t size);
 const char *fuzz_path(const char *name);
 
+// Splits an input made of two files: u32 little-endian n, n bytes of the first, then the
+// second (n is cut to what the input holds).
+typedef struct {
+    const uint8_t *first, *second;
+    size_t first_size, second_size;
+} FuzzPair;
+FuzzPair fuzz_split(const uint8_t *data, size_t size);
+
 // The config.json that a checkpoint of c (validated) would hold, written by hf_config_write
 // for the family hf_family_choose picks, must read back with config_from_checkpoint into
 // the same model shape; aborts otherwise. A family refused for c is fine.

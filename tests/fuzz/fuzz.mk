@@ -21,6 +21,8 @@ FUZZ_JOBS    ?= 1
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -pthread -O1 -g -fno-omit-frame-pointer -Isrc -Itests/fuzz \
                 -fsanitize=address,undefined -fno-sanitize-recover=all -Wno-unknown-pragmas
 FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
+# kept (make would delete them as intermediates of the pattern rules after a first build)
+.SECONDARY: $(FUZZ_LIB_OBJ)
 
 ifneq ($(filter fuzz fuzz-build,$(MAKECMDGOALS)),)
 HAVE_LIBFUZZER := $(shell echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \

@@ -273,6 +273,13 @@ const char *fuzz_write(const char *name, const void *data, size_t size) {
     return path;
 }
 
+FuzzPair fuzz_split(const uint8_t *data, size_t size) {
+    if (size < 4) return (FuzzPair){data + size, data + size, 0, 0};
+    size_t n = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 | (size_t)data[3] << 24;
+    if (n > size - 4) n = size - 4;
+    return (FuzzPair){data + 4, data + 4 + n, n, size - 4 - n};
+}
+
 // ---- config.json round trip ---------------------------------------------------------------
 
 typedef struct {

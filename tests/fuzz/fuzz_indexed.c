@@ -19,13 +19,9 @@ typedef struct {
 
 static void body(void *ctx) {
     Ctx *x = ctx;
-    size_t n = 0;
-    if (x->size >= 4) n = (size_t)x->data[0] | (size_t)x->data[1] << 8 | (size_t)x->data[2] << 16 | (size_t)x->data[3] << 24;
-    const uint8_t *rest = x->data + (x->size >= 4 ? 4 : x->size);
-    size_t left = x->size >= 4 ? x->size - 4 : 0;
-    if (n > left) n = left;
-    fuzz_write("ds.idx", rest, n);
-    fuzz_write("ds.bin", rest + n, left - n);
+    FuzzPair files = fuzz_split(x->data, x->size);
+    fuzz_write("ds.idx", files.first, files.first_size);
+    fuzz_write("ds.bin", files.second, files.second_size);
     char prefix[700];
     snprintf(prefix, sizeof prefix, "%s/ds", fuzz_dir());
     IndexedDataset *d = &x->d;

@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
@@ -52,7 +53,8 @@ FAMILIES = {
 
 
 def checkpoints(moetron, tmp):
-    """config.json, trainer_state.json, latest file and model.safetensors of tiny checkpoints."""
+    """config.json, trainer_state.json, latest file, model.safetensors, checksums.json and the
+    sharded index of tiny checkpoints."""
     for family, flags in FAMILIES.items():
         save = os.path.join(tmp, "ck_" + family)
         run(moetron, "train", *TINY, *flags, "--save", save)
@@ -81,7 +83,59 @@ def checkpoints(moetron, tmp):
             with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "rb") as f:
                 put("trainer_state", "latest.txt", f.read())
             with open(os.path.join(it, "model.safetensors"), "rb") as f:
-                put("safetensors", "moetron_model.safetensors", f.read())
+                model = f.read()
+            put("safetensors", "moetron_model.safetensors", model)
+            with open(os.path.join(it, "checksums.json"), "rb") as f:
+                checksums_seeds(f.read(), model)
+    shard_index_seeds(moetron, tmp)
+
+
+def checksums_input(manifest, data):
+    """The fuzz_checksums layout: u32 len(checksums.json), checksums.json, model.safetensors."""
+    if isinstance(manifest, str):
+        manifest = manifest.encode()
+    return struct.pack("<I", len(manifest)) + manifest + data
+
+
+def checksums_seeds(manifest, model):
+    """checksums.json as moetron wrote it (it lists files the target's directory lacks), the same
+    reduced to model.safetensors (verifies), and small hand-made ones."""
+    put("checksums", "moetron_full", checksums_input(manifest, model))
+    only = json.loads(manifest)
+    only["files"] = {"model.safetensors": only["files"]["model.safetensors"]}
+    put("checksums", "moetron_model_only", checksums_input(json.dumps(only, indent=2) + "\n", model))
+    small = b"\x00\x01moetron\xff"
+    entry = {"bytes": len(small), "crc32": "%08x" % zlib.crc32(small)}
+    put("checksums", "small", checksums_input(
+        json.dumps({"algorithm": "crc32", "files": {"model.safetensors": entry}}, separators=(",", ":")), small))
+    put("checksums", "empty_file", checksums_input(
+        '{"algorithm": "crc32", "files": {"model.safetensors": {"bytes": 0, "crc32": "00000000"}}}', b""))
+    put("checksums", "no_files", checksums_input('{"algorithm": "crc32", "files": {}}', small))
+    wrong = dict(entry, crc32="%08x" % (zlib.crc32(small) ^ 1))
+    put("checksums", "crc_mismatch", checksums_input(
+        json.dumps({"algorithm": "crc32", "files": {"model.safetensors": wrong}}), small))
+
+
+# The tiny sharded checkpoint of fuzz_shard_index.c: the flags of its fixture are TINY,
+# FAMILIES["mixtral"] and these, so that the index moetron writes names its shards and tensors.
+SHARDED = ["--max-shard-size", "8KB"]
+
+
+def shard_index_seeds(moetron, tmp):
+    """model.safetensors.index.json of the fixture's checkpoint as moetron writes it, and the
+    same in other layouts Hugging Face indexes use (all of them load)."""
+    save = os.path.join(tmp, "ck_sharded")
+    run(moetron, "train", *TINY, *FAMILIES["mixtral"], *SHARDED, "--save", save)
+    with open(os.path.join(save, "iter_0000001", "model.safetensors.index.json"), "rb") as f:
+        index = f.read()
+    put("shard_index", "moetron_index.json", index)
+    parsed = json.loads(index)
+    put("shard_index", "compact.json", json.dumps(parsed, separators=(",", ":")))
+    weight_map = parsed["weight_map"]
+    put("shard_index", "hf_reversed.json", json.dumps(
+        {"metadata": {"total_size": parsed["metadata"]["total_size"]},
+         "weight_map": dict(reversed(list(weight_map.items())))}, indent=2))
+    put("shard_index", "weight_map_only.json", json.dumps({"weight_map": weight_map}))
 
 
 def safetensors_file(tensors, metadata=None):
@@ -305,6 +359,14 @@ def dictionaries():
           [bytes(8), b"\xff" * 8])
     write("tokenizer_json", json_tokens + quoted(quoted_words("src/tokenizer/tokenizer_load.c")) +
           [json.dumps(r) for r in (LLAMA3, QWEN2, GPT2)])
+    write("checksums", json_tokens + quoted(["algorithm", "crc32", "files", "bytes", "model.safetensors",
+                                             "checksums.json", "config.json", "00000000", "ffffffff", "/", "."]) +
+          [bytes(4), b"\xff\xff\xff\x7f", b"\x00\x01\x00\x00"])
+    with open(os.path.join(CORPUS, "shard_index", "moetron_index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    write("shard_index", json_tokens + quoted(["weight_map", "metadata", "total_size", "total_parameters",
+                                               "model.safetensors", ".", "..", "/"]) +
+          quoted(sorted(set(weight_map.values()))) + quoted(sorted(weight_map)))
     write("indexed", [b"MMIDIDX\x00\x00", b"\x01" + bytes(7), b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\xff" * 8])
     with open(os.path.join(HERE, "..", "..", "src/core/args.c")) as f:
         flags = sorted(set(re.findall(r'F\("([a-z0-9-]+)"', f.read())))

@@ -5,7 +5,8 @@
 #   tests/fuzz/corpus/TARGET   the seeds (in git)
 #   tests/fuzz/regressions/TARGET  the crashing inputs kept (in git): new ones are written here
 # Logs go to FUZZ_BUILD/logs/TARGET.log. Exits 1 when any target found a crash, leak,
-# timeout or out-of-memory input (docs/testing.md, "Fuzzing", says how to reproduce one).
+# timeout or out-of-memory input (or its fuzzer failed otherwise); each new input is named,
+# with its bytes in base64 (docs/testing.md, "Fuzzing", says how to reproduce one).
 set -u
 build=$1
 shift
@@ -22,19 +23,27 @@ fuzz_one() {
     local dict=()
     [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="tests/fuzz/$t.dict")
     local before
-    before=$(ls "$regress" | wc -l)
+    before=$(LC_ALL=C ls "$regress")
     "$build/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
         -close_fd_mask=1 -print_final_stats=1 -artifact_prefix="$regress/" "${dict[@]}" \
         "$build/corpus/$t" "tests/fuzz/corpus/$t" "$regress" >"$log" 2>&1
     local rc=$?
     local runs
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
-    local found=$(($(ls "$regress" | wc -l) - before))
+    local new found
+    new=$(LC_ALL=C comm -13 <(printf '%s\n' "$before") <(LC_ALL=C ls "$regress"))
+    found=$(printf '%s' "$new" | grep -c .)
     if [ $rc -eq 0 ] && [ "$found" -eq 0 ]; then
         echo "ok fuzz_$t: ${runs:-?} runs in ${seconds}s, corpus $(ls "$build/corpus/$t" | wc -l) files"
     else
         echo "FAIL fuzz_$t: exit status $rc, $found new input(s) in $regress; see $log"
         grep -m3 -E '^(==[0-9]+==ERROR|SUMMARY|fuzz: BUG|.*runtime error)' "$log" | sed 's/^/    /'
+        # each new input in base64 too, so that a CI log keeps it after the machine is gone
+        local f
+        for f in $new; do  # libFuzzer's names (crash-<sha1>, ...): no spaces
+            echo "    $regress/$f ($(wc -c <"$regress/$f") bytes), base64 (base64 -d to restore it):"
+            echo "    $(base64 -w0 "$regress/$f")"
+        done
     fi
 }
 
