@@ -1,9 +1,10 @@
 // comm.h — the processes of a run and collectives over named process groups.
 //
-// Two builds implement this header (docs/parallelism.md): comm_mpi.c (MPI, -DMT_HAVE_MPI)
-// and comm_local.c (one process: the world and every group have size 1, every
-// collective is a copy or the identity). The single-process path is the parallel path
-// with trivial groups: the trainer makes the same calls in both builds.
+// Two builds implement this header (docs/parallelism.md): comm_mpi.c (MPI, -DMT_HAVE_MPI;
+// with CUDA and NCCL it can hand the data to comm_nccl.c, see comm_use_nccl) and
+// comm_local.c (one process: the world and every group have size 1, every collective is
+// a copy or the identity). The single-process path is the parallel path with trivial
+// groups: the trainer makes the same calls in both builds.
 //
 // Conventions of every collective:
 //   - counts and displacements are in elements; buffers of different ranks may differ;
@@ -104,3 +105,32 @@ void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t
 // 1 when the collective has completed (its results are in place), 0 while in flight.
 int comm_test(CommRequest *req);
 void comm_wait(CommRequest *req);
+
+// ---- the NCCL data path (builds with MPI and CUDA) ------------------------------------------
+
+#if defined(MT_HAVE_MPI) && defined(MT_HAVE_CUDA) && !defined(MT_DOUBLE)
+#define MT_COMM_NCCL 1
+// From this call on, the collectives of groups of two or more processes move their data
+// with NCCL between the GPUs instead of with MPI (comm_nccl.c, in the cuda plugin); nothing
+// else changes: the same calls, the same sums in rank order, the same bits. Collective over
+// the world: every process calls it once at the same point, after device_select(DEVICE_CUDA)
+// (which loads the plugin) and before the first collective on device memory; later calls
+// return 1 at once. local_rank (the process's index on its machine) selects the GPU as
+// cuda_init does, a no-op when the cuda backend has started already. Returns 1 when NCCL
+// moves the data from now on; 0, and MPI keeps moving it (managed memory included), for a
+// world of one process, when MOETRON_NCCL=0 is set, or when the loaded plugin has no NCCL
+// (built without nccl.h) or no plugin is loaded. Every process gets the same answer. With
+// NCCL:
+//   - buffers may be device, managed or host memory: device and managed memory are used
+//     in place, host memory goes through a device copy (correct, slower);
+//   - a collective reads its inputs after the work queued on the compute stream
+//     (cuda_stream()) before the call, and its results are in place, for the host and
+//     for the work queued after, when the blocking call (or comm_test / comm_wait)
+//     returns; a non-blocking one runs on a stream of its own while the compute goes on;
+//   - the sums of the non-blocking collectives run on the GPU, those of the blocking
+//     reduce-scatter and all-reduce on the host (comm.c), in the same order either way;
+//   - the watchdog (--distributed-timeout-minutes) covers the waits, and an error NCCL
+//     reports aborts its communicator and ends every rank with one line.
+// MOETRON_NCCL=1 selects the GPU and calls it at comm_world_init (for tests).
+int comm_use_nccl(int local_rank);
+#endif

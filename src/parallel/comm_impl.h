@@ -1,6 +1,7 @@
 // comm_impl.h — between comm.c (the front end every build shares: argument checks,
-// groups of one process, the ordered sums) and a backend (comm_mpi.c or comm_local.c).
-// comm.c calls the collectives below only for groups of two or more members.
+// groups of one process, the ordered sums) and a backend (comm_mpi.c or comm_local.c;
+// comm_mpi.c hands the data to comm_nccl.c after comm_use_nccl). comm.c calls the
+// collectives below only for groups of two or more members.
 #pragma once
 #include "parallel/comm.h"
 
@@ -54,3 +55,64 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
                             const size_t *counts);
 int backend_test(CommPending *p);
 void backend_wait(CommPending *p);  // until done; frees the state
+
+// ---- the NCCL data path (comm_nccl.c, comm_sum.cu) ----------------------------------------
+//
+// comm_mpi.c keeps the groups and their MPI communicators; once comm_use_nccl has turned
+// NCCL on, each backend_* call above that moves data goes to the function of the same name
+// in the table below instead (backend_barrier stays on MPI: it moves nothing, and every
+// blocking NCCL call has completed when it returns). A group's NCCL communicator is made
+// from its MPI communicator on the group's first collective on the NCCL path.
+//
+// The table lives in the cuda plugin (libmoetron_cuda.so, built with NCCL when nccl.h is
+// found), which src/core/device.c loads at run time: comm_nccl.c hands it to
+// comm_register_nccl as the plugin loads.
+#if defined(MT_COMM_NCCL) && !defined(__CUDACC__)
+#include <mpi.h>
+
+typedef struct NcclComm NcclComm;        // a group's NCCL communicator
+typedef struct NcclPending NcclPending;  // a non-blocking collective queued on NCCL
+
+typedef struct {
+    // Selects the GPU (cuda_init(local_rank), nothing when already done), makes the
+    // communication stream and its memory; end: releases them (before MPI_Finalize).
+    void (*start)(int local_rank);
+    void (*end)(void);
+    // Collective over the group's members; comm is its MPI communicator.
+    NcclComm *(*comm_create)(const Comm *g, MPI_Comm comm);
+    void (*comm_free)(NcclComm *nc);
+    void (*alltoallv)(NcclComm *nc, const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                      const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs);
+    void (*allgatherv)(NcclComm *nc, const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
+                       const size_t *displs);
+    void (*allreduce_int64)(NcclComm *nc, const Comm *g, int64_t *x, size_t n);
+    void (*bcast)(NcclComm *nc, const Comm *g, void *buf, size_t bytes, int root);
+    NcclPending *(*istart)(NcclComm *nc, const Comm *g, CommOp op, CommType t, const void *send, void *recv,
+                           const size_t *counts);
+    int (*test)(NcclPending *p);   // 1 when done, and then has freed p
+    void (*wait)(NcclPending *p);  // until done; frees p
+} CommNcclPath;
+
+// Called by the plugin as it loads (comm_mpi.c).
+void comm_register_nccl(const CommNcclPath *path);
+#endif
+
+// What comm_nccl.c (C) needs from CUDA C++ (comm_sum.cu, in the plugin too).
+// struct CUstream_st * is cudaStream_t.
+#if defined(MT_COMM_NCCL) || defined(__CUDACC__)
+#ifdef __cplusplus
+extern "C" {
+#endif
+struct CUstream_st;
+// The compute stream of the cuda backend (cuda_stream(), whose declaration is C++ only).
+struct CUstream_st *comm_compute_stream(void);
+// Queued on stream: out[i] = ((blocks[i] + blocks[count + i]) + blocks[2 count + i]) + ...
+// over nparts blocks of count elements back to back, in the element type (t is CT_FLOAT
+// or CT_DOUBLE) with IEEE round-to-nearest additions that keep subnormals: the bits of
+// comm_sum_in_order. All pointers are device-accessible; out does not overlap blocks.
+void comm_sum_blocks_device(CommType t, void *out, const void *blocks, int nparts, size_t count,
+                            struct CUstream_st *stream);
+#ifdef __cplusplus
+}
+#endif
+#endif

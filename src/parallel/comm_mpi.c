@@ -7,6 +7,11 @@
 // several requests in flight apart whatever order their phases advance in on each rank
 // (an all-reduce starts its second exchange only after its first has arrived, which
 // differs between ranks), so comm_test may be called at any time.
+//
+// With CUDA (MT_COMM_NCCL) and after comm_use_nccl, the calls that move data go to the
+// NCCL data path of the cuda plugin instead (comm_nccl.c registers it as the plugin
+// loads), on an NCCL communicator each group makes on first use; groups, barriers and
+// errors stay here.
 #ifdef MT_HAVE_MPI
 #include <limits.h>
 #include <mpi.h>
@@ -14,10 +19,16 @@
 
 #include "parallel/comm_impl.h"
 #include "parallel/watchdog.h"
+#ifdef MT_COMM_NCCL
+#include "core/device.h"
+#endif
 
 struct CommImpl {
     MPI_Comm comm, p2p;
     unsigned sequence;  // non-blocking collectives started on this group
+#ifdef MT_COMM_NCCL
+    NcclComm *nccl;     // made on the group's first collective on the NCCL path
+#endif
 };
 
 static int mpi_started;
@@ -25,6 +36,59 @@ static int tag_limit = 32767;  // MPI_TAG_UB, at least 32767 by the standard
 static char die_prefix[32];
 
 static void abort_all(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
+
+#ifdef MT_COMM_NCCL
+// ---- the NCCL data path -------------------------------------------------------------------
+
+static const CommNcclPath *nccl_ops;  // registered by the cuda plugin, when it has NCCL
+static int nccl_on;                   // comm_use_nccl turned it on
+
+void comm_register_nccl(const CommNcclPath *path) { nccl_ops = path; }
+
+// Whether every process passes the same flag (0 or 1): max(flag) == min(flag).
+static int world_agrees(int flag) {
+    int mine[2] = {flag, -flag}, most[2];
+    watchdog_enter("the choice of the NCCL path", "world");
+    MPI_Allreduce(mine, most, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    watchdog_leave();
+    return most[0] == -most[1];
+}
+
+int comm_use_nccl(int local_rank) {
+    int size = 1;
+    if (nccl_on) return 1;
+    if (mpi_started) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size < 2) return 0;  // groups of one never reach a backend
+    const char *env = getenv("MOETRON_NCCL");
+    int want = nccl_ops && !(env && !strcmp(env, "0"));
+    if (!world_agrees(want))
+        mt_die("NCCL is on for some processes only: set MOETRON_NCCL for all or none, and give every process the "
+               "same cuda plugin (libmoetron_cuda.so built with NCCL)");
+    if (!want) return 0;
+    nccl_ops->start(local_rank);
+    nccl_on = 1;
+    return 1;
+}
+
+// MOETRON_NCCL=1: this process's GPU (device_select loads the plugin, which registers the
+// NCCL path) and NCCL from the start.
+static void nccl_from_start(void) {
+    const char *env = getenv("MOETRON_NCCL");
+    int want = env && !strcmp(env, "1");
+    if (!world_agrees(want)) mt_die("MOETRON_NCCL=1 is set for some processes only; set it for all or none");
+    if (!want) return;
+    device_select(device_parse("cuda"), 0);
+    if (!comm_use_nccl(0))  // 0: the GPU is chosen already
+        mt_die("MOETRON_NCCL=1, but the cuda plugin has no NCCL: rebuild with nccl.h in CUDA_HOME/include");
+}
+
+// The group's NCCL communicator when NCCL moves the data, else NULL.
+static NcclComm *nccl_path(const Comm *g) {
+    if (!nccl_on) return NULL;
+    if (!g->impl->nccl) g->impl->nccl = nccl_ops->comm_create(g, g->impl->comm);
+    return g->impl->nccl;
+}
+#endif
 
 static MPI_Datatype mpi_type(CommType t) {
     switch (t) {
@@ -66,12 +130,19 @@ int backend_world_init(int *argc, char ***argv, int *rank, CommImpl **world) {
         MPI_Comm comm;
         MPI_Comm_dup(MPI_COMM_WORLD, &comm);
         *world = wrap(comm);
+#ifdef MT_COMM_NCCL
+        nccl_from_start();
+#endif
     }
     return size;
 }
 
 void backend_world_finalize(void) {
     if (!mpi_started) return;
+#ifdef MT_COMM_NCCL
+    if (nccl_on) nccl_ops->end();
+    nccl_on = 0;
+#endif
     mt_set_die_handler(NULL, NULL);
     MPI_Finalize();
     mpi_started = 0;
@@ -126,6 +197,9 @@ CommImpl *backend_group(const char *name, const int *ranks, int n, int member) {
 
 void backend_free(CommImpl *impl) {
     if (!impl) return;
+#ifdef MT_COMM_NCCL
+    if (impl->nccl) nccl_ops->comm_free(impl->nccl);
+#endif
     MPI_Comm_free(&impl->comm);
     MPI_Comm_free(&impl->p2p);
     free(impl);
@@ -145,6 +219,13 @@ static int *mpi_counts(const Comm *g, const size_t *counts, const size_t *displs
 
 void backend_alltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
                        const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs) {
+#ifdef MT_COMM_NCCL
+    NcclComm *nc = nccl_path(g);
+    if (nc) {
+        nccl_ops->alltoallv(nc, g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        return;
+    }
+#endif
     int *s = mpi_counts(g, send_counts, send_displs), *r = mpi_counts(g, recv_counts, recv_displs);
     watchdog_enter("an all-to-all", g->name);
     MPI_Alltoallv(send, s, s + g->size, mpi_type(t), recv, r, r + g->size, mpi_type(t), g->impl->comm);
@@ -155,6 +236,13 @@ void backend_alltoallv(const Comm *g, CommType t, const void *send, const size_t
 
 void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
                         const size_t *displs) {
+#ifdef MT_COMM_NCCL
+    NcclComm *nc = nccl_path(g);
+    if (nc) {
+        nccl_ops->allgatherv(nc, g, t, send, recv, counts, displs);
+        return;
+    }
+#endif
     int *c = mpi_counts(g, counts, displs);
     const void *from = send == (char *)recv + displs[g->rank] * comm_type_size(t) ? MPI_IN_PLACE : send;
     watchdog_enter("an all-gather", g->name);
@@ -164,6 +252,13 @@ void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv,
 }
 
 void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) {
+#ifdef MT_COMM_NCCL
+    NcclComm *nc = nccl_path(g);
+    if (nc) {
+        nccl_ops->allreduce_int64(nc, g, x, n);
+        return;
+    }
+#endif
     watchdog_enter("an all-reduce", g->name);
     for (size_t at = 0; at < n; at += INT_MAX)
         MPI_Allreduce(MPI_IN_PLACE, x + at, (int)MT_MIN((size_t)INT_MAX, n - at), MPI_INT64_T, MPI_SUM,
@@ -172,6 +267,13 @@ void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) {
 }
 
 void backend_bcast(const Comm *g, void *buf, size_t bytes, int root) {
+#ifdef MT_COMM_NCCL
+    NcclComm *nc = nccl_path(g);
+    if (nc) {
+        nccl_ops->bcast(nc, g, buf, bytes, root);
+        return;
+    }
+#endif
     watchdog_enter("a broadcast", g->name);
     for (size_t at = 0; at < bytes; at += INT_MAX)
         MPI_Bcast((char *)buf + at, (int)MT_MIN((size_t)INT_MAX, bytes - at), MPI_BYTE, root, g->impl->comm);
@@ -198,6 +300,9 @@ struct CommPending {
     char *in;                 // reduce-scatter: the blocks of this rank from every other rank
     MPI_Request *requests;
     int nrequests;
+#ifdef MT_COMM_NCCL
+    NcclPending *nccl;        // the collective queued on NCCL instead (nothing else is set)
+#endif
 };
 
 static void post(CommPending *p, int recv_from_all, int tag) {
@@ -231,6 +336,13 @@ static void sum_my_block(CommPending *p) {
 CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
                             const size_t *counts) {
     CommPending *p = mt_calloc(1, sizeof(*p));
+#ifdef MT_COMM_NCCL
+    NcclComm *nc = nccl_path(g);
+    if (nc) {
+        p->nccl = nccl_ops->istart(nc, g, op, t, send, recv, counts);
+        return p;
+    }
+#endif
     size_t es = comm_type_size(t);
     p->op = op;
     p->type = t;
@@ -281,6 +393,13 @@ static int advance(CommPending *p) {
 }
 
 int backend_test(CommPending *p) {
+#ifdef MT_COMM_NCCL
+    if (p->nccl) {
+        if (!nccl_ops->test(p->nccl)) return 0;
+        free(p);
+        return 1;
+    }
+#endif
     for (;;) {
         int done;
         MPI_Testall(p->nrequests, p->requests, &done, MPI_STATUSES_IGNORE);
@@ -290,6 +409,13 @@ int backend_test(CommPending *p) {
 }
 
 void backend_wait(CommPending *p) {
+#ifdef MT_COMM_NCCL
+    if (p->nccl) {
+        nccl_ops->wait(p->nccl);
+        free(p);
+        return;
+    }
+#endif
     watchdog_enter("a non-blocking collective", p->group);
     do MPI_Waitall(p->nrequests, p->requests, MPI_STATUSES_IGNORE);
     while (!advance(p));
