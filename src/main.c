@@ -45,6 +45,15 @@ static int has_help_flag(int argc, char **argv) {
 #define BUILT_WITH_SANITIZERS 0
 #endif
 
+// --device and --bf16; on GPUs the collectives move their data with NCCL from here on
+// (every process reaches this point with the same flags).
+static void use_device(const Config *c) {
+    device_select(device_parse(c->device), c->bf16);
+#ifdef MT_COMM_NCCL
+    if (device_active() == DEVICE_CUDA) comm_use_nccl(device_local_rank());
+#endif
+}
+
 static int run_command(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
@@ -77,7 +86,7 @@ static int run_command(int argc, char **argv) {
     config_parse_args(&c, cmd, argc - 2, argv + 2);
     // With --load the checkpoint fills in the flags not given; validation follows that.
     if (!c.load[0]) config_validate(&c);
-    if (cmd == CMD_TRAIN || cmd == CMD_GENERATE || cmd == CMD_FORWARD) device_select(device_parse(c.device), c.bf16);
+    if (cmd == CMD_TRAIN || cmd == CMD_GENERATE || cmd == CMD_FORWARD) use_device(&c);
     if (cmd == CMD_TRAIN) return train_main(&c);
     if (cmd == CMD_GENERATE) return generate_main(&c);
     if (cmd == CMD_DATA) return data_main(&c);

@@ -102,10 +102,7 @@ DeviceKind device_parse(const char *name) {
     return DEVICE_CUDA;
 }
 
-#if DEVICE_HAS_CUDA
-// This process's index among the processes its launcher started on this machine (0
-// when started alone): rank r uses GPU r mod the GPUs visible.
-static int launcher_local_rank(void) {
+int device_local_rank(void) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
                                        "LOCAL_RANK"};
     for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
@@ -114,7 +111,6 @@ static int launcher_local_rank(void) {
     }
     return 0;
 }
-#endif
 
 void device_select(DeviceKind kind, int bf16) {
     if (bf16 && kind != DEVICE_CUDA)
@@ -125,7 +121,7 @@ void device_select(DeviceKind kind, int bf16) {
 #if DEVICE_HAS_CUDA
     if (kind == DEVICE_CUDA) {
         const CudaPlugin *p = require_plugin();
-        p->init(launcher_local_rank());
+        p->init(device_local_rank());
         p->set_gemm_bf16(bf16);
         ops_select(p->ops);
         return;

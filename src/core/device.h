@@ -26,6 +26,9 @@ DeviceKind device_parse(const char *name);
 // in fp32 and refuses it).
 void device_select(DeviceKind kind, int bf16);
 DeviceKind device_active(void);
+// This process's index among the processes its launcher started on this machine (0 when
+// started alone): rank r uses GPU r mod the GPUs visible.
+int device_local_rank(void);
 // "cpu" or "cuda (<GPU name>)", for logs.
 const char *device_description(void);
 
