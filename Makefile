@@ -185,7 +185,7 @@ $(GPU_CHECK): $(sort $(wildcard tests/gpu/*.c)) tests/gpu/gpu_check.h $(LIB_OBJ)
 	$(CC) $(CFLAGS) -Itests/gpu $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(PLUGIN_LIBS)
 
 .PHONY: check-gpu
-check-gpu: $(BUILD)/moetron $(CUDA_PLUGIN) $(GPU_CHECK)
+check-gpu: $(BUILD)/moetron $(CUDA_PLUGIN) $(GPU_CHECK) $(MPI_TEST)
 	@bash tests/gpu/check_gpu.sh $(BUILD)
 else
 .PHONY: check-gpu

@@ -7,7 +7,8 @@
 #   3. two GPU runs give the same bits: losses, gradient norms and saved weights;
 #   4. throughput (tokens/s, model TFLOP/s, MFU against the card's measured bf16 GEMM rate)
 #      of the bench models and one about 10x larger, as a markdown table (also to RESULTS,
-#      default BUILD/gpu_results.md) for bench/RESULTS.md.
+#      default BUILD/gpu_results.md) for bench/RESULTS.md;
+#   5. with two or more GPUs, the NCCL collectives (tests/gpu/check_nccl.sh).
 # Exits 0 when every check passed, 1 when one failed, 2 when no GPU is visible.
 set -uo pipefail
 BUILD=${1:-build}
@@ -108,5 +109,8 @@ PY
     ok "throughput $config"
 done
 echo; echo "large = $LARGE_NOTE"; cat "$RESULTS"
+
+# ---- 5. NCCL (skipped, and passing, with one GPU) ----------------------------------------------
+if bash tests/gpu/check_nccl.sh "$BUILD"; then ok "NCCL checks (or skipped)"; else fail "NCCL checks" "see above"; fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
