@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/profile.h"
+#include "ops/ops.h"
 
 size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity) {
     size_t rows = (size_t)N * k;
@@ -50,43 +51,22 @@ void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *k
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,
                       const DispatchPlan *plan, int H) {
     PROF_SCOPE(PROF_DISPATCH);
-    int total = plan->expert_offsets[plan->E], k = plan->k;
-#pragma omp parallel for schedule(static) if (total > 64)
-    for (int row = 0; row < total; row++) {
-        int n = plan->token_of_row[row];
-        real *r = rows + (size_t)row * H;
-        if (n < 0) {  // padding
-            memset(r, 0, H * sizeof(real));
-            if (row_values) row_values[row] = 0;
-            continue;
-        }
-        memcpy(r, x + (size_t)n * H, H * sizeof(real));
-        if (!row_values) continue;
-        for (int j = 0; j < k; j++)
-            if (plan->row_of_choice[n * k + j] == row) row_values[row] = choice_values[n * k + j];
-    }
+    moe_permute(rows, row_values, x, choice_values, plan->token_of_row, plan->row_of_choice,
+                plan->expert_offsets[plan->E], plan->k, H);
 }
 
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate) {
     PROF_SCOPE(PROF_DISPATCH);
-    int N = plan->N, k = plan->k;
-#pragma omp parallel for schedule(static) if (N > 64)
-    for (int n = 0; n < N; n++) {
-        real *o = out + (size_t)n * H;
-        if (!accumulate) memset(o, 0, H * sizeof(real));
-        for (int j = 0; j < k; j++) {
-            int row = plan->row_of_choice[n * k + j];
-            if (row < 0) continue;  // dropped
-            const real *r = rows + (size_t)row * H;
-            for (int h = 0; h < H; h++) o[h] += r[h];
-        }
-    }
+    moe_unpermute(out, NULL, rows, NULL, plan->row_of_choice, plan->N, plan->k, H, accumulate);
+}
+
+void dispatch_backward(real *dx, real *d_choice_values, const real *d_rows, const real *d_row_values,
+                       const DispatchPlan *plan, int H) {
+    PROF_SCOPE(PROF_DISPATCH);
+    moe_unpermute(dx, d_choice_values, d_rows, d_row_values, plan->row_of_choice, plan->N, plan->k, H, 0);
 }
 
 void gather_choice_values(real *choice_values, const real *row_values, const DispatchPlan *plan) {
     PROF_SCOPE(PROF_DISPATCH);
-    for (int i = 0; i < plan->N * plan->k; i++) {
-        int row = plan->row_of_choice[i];
-        choice_values[i] = row < 0 ? 0 : row_values[row];
-    }
+    moe_unpermute(NULL, choice_values, NULL, row_values, plan->row_of_choice, plan->N, plan->k, 0, 0);
 }

@@ -24,10 +24,16 @@ size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to
 
 // topk_idx (N,k), kept (N,k) or NULL (all kept), capacity > 0 to pad every expert to it
 void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity);
+// The data movement runs as ops (moe_permute / moe_unpermute in ops.h, kernels on a GPU);
+// the plan above is host bookkeeping.
 // x (N,H) -> rows (rows,H);  per-choice values (N,k) -> per-row values (rows) when non-NULL
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,
                       const DispatchPlan *plan, int H);
 // rows (rows,H) -> out (N,H): out[n] = Σ_j rows[row_of_choice[n,j]]; accumulate: += instead of =
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate);
+// The backward of dispatch_forward: d_rows (rows,H) -> dx (N,H) overwritten (a combine), and
+// d_row_values (rows) -> d_choice_values (N,k), 0 for dropped choices.
+void dispatch_backward(real *dx, real *d_choice_values, const real *d_rows, const real *d_row_values,
+                       const DispatchPlan *plan, int H);
 // per-row values (rows) -> per-choice values (N,k); 0 for dropped choices
 void gather_choice_values(real *choice_values, const real *row_values, const DispatchPlan *plan);

@@ -261,8 +261,7 @@ void ep_alltoall_backward(const Model *m, const LayerParams *lp, MoeActs *ma, Mo
     exchange_rows(m, b->exchange, el->recv_rows, a->d_rows_in, el->send_rows, H);
     sort_segments(b->exchange_probs, b->d_row_probs, el, ep, 1, 0);
     exchange_rows(m, b->exchange_probs, el->recv_rows, a->d_row_probs, el->send_rows, 1);
-    combine_forward(a->d_norm, a->d_rows_in, &ma->plan, H, 0);
-    gather_choice_values(a->d_choice_probs, a->d_row_probs, &ma->plan);
+    dispatch_backward(a->d_norm, a->d_choice_probs, a->d_rows_in, a->d_row_probs, &ma->plan, H);
 }
 
 // ---- allgather -----------------------------------------------------------------------------------
@@ -322,8 +321,8 @@ void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, M
     ExpertShape shape = local_shape(m, el->plan.expert_offsets + ep->first);
     experts_backward(b->d_rows_in, b->d_row_probs, &lp->ffn_grads, b->d_rows_out, &el->acts, el->rows_in,
                      el->row_probs, &lp->ffn_params, &shape, b->d_gate, b->d_up, b->d_act);
-    combine_forward(b->tokens_all, b->d_rows_in, &el->plan, H, 0);
-    gather_choice_values(b->choices_all, b->d_row_probs, &el->plan);  // 0 for other ranks' experts
+    // 0 in choices_all for other ranks' experts
+    dispatch_backward(b->tokens_all, b->choices_all, b->d_rows_in, b->d_row_probs, &el->plan, H);
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t1 = now_seconds();
     comm_reduce_scatter(ep->comm, b->tokens_all, a->d_norm, (size_t)N * H);

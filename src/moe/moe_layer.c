@@ -41,17 +41,8 @@ static void router_input(const Model *m, int layer, LayerActs *la, const Batch *
 static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, int N) {
     int H = m->cfg.hidden_size, E = m->cfg.num_experts;
     const real *W = tt_param(&m->tt, lp->router);
-    if (!m->cfg.router_fp64) {
-        linear_forward(ma->logits, ma->router_input, W, N, H, E);
-        return;
-    }
-#pragma omp parallel for schedule(static) if (N > 64)
-    for (int n = 0; n < N; n++)
-        for (int e = 0; e < E; e++) {
-            double s = 0;
-            for (int h = 0; h < H; h++) s += (double)ma->router_input[(size_t)n * H + h] * W[(size_t)e * H + h];
-            ma->logits[(size_t)n * E + e] = (real)s;
-        }
+    if (!m->cfg.router_fp64) linear_forward(ma->logits, ma->router_input, W, N, H, E);
+    else moe_router_logits(ma->logits, ma->router_input, W, N, H, E);  // double accumulation
 }
 
 // Router bookkeeping across the micro-batches of a global batch (training only).
@@ -118,9 +109,8 @@ static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeAc
     ExpertShape es = expert_shape(&m->cfg, ma);
     experts_backward(a->d_rows_in, a->d_row_probs, &lp->ffn_grads, a->d_rows_out, &ma->experts, ma->rows_in,
                      ma->row_probs, &lp->ffn_params, &es, a->d_gate, a->d_up, a->d_act);
-    // dispatch backward = combine of the input-row gradients
-    combine_forward(a->d_norm, a->d_rows_in, &ma->plan, H, 0);
-    gather_choice_values(a->d_choice_probs, a->d_row_probs, &ma->plan);
+    // dispatch backward = combine of the input-row gradients (and gather of the prob gradients)
+    dispatch_backward(a->d_norm, a->d_choice_probs, a->d_rows_in, a->d_row_probs, &ma->plan, H);
 }
 
 void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {

@@ -4,109 +4,33 @@
 #include <string.h>
 
 #include "core/profile.h"
+#include "ops/moe_route.h"
 
 const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
 
-#define NORMALIZE_EPS 1e-20  // Megatron's epsilon in the sigmoid normalisations
-
-// ---- score functions ---------------------------------------------------------------------
-
-// torch.nn.functional.softplus with beta 1, threshold 20
-static double softplus(double x) { return x > 20 ? x : log1p(exp(x)); }
-static double sigmoid(double x) { return 1 / (1 + exp(-x)); }
-
-static double score_of(ScoreFunction f, double logit) {
-    if (f == SCORE_SIGMOID) return sigmoid(logit);
-    return sqrt(softplus(logit));  // SCORE_SQRTSOFTPLUS (softmax rows are handled whole)
-}
+// ---- per-token arithmetic ------------------------------------------------------------------
+// The score functions, top-k, group limit and probs are in ops/moe_route.h (shared with
+// the moe_route_tokens op); here: what the statistics and the backward add.
 
 // d score / d logit for the elementwise score functions, given the score s
 static double score_slope(ScoreFunction f, double logit, double s) {
     if (f == SCORE_SIGMOID) return s * (1 - s);
-    double dsoftplus = logit > 20 ? 1 : sigmoid(logit);
+    double dsoftplus = logit > 20 ? 1 : route_sigmoid(logit);
     return s > 0 ? dsoftplus / (2 * s) : 0;
 }
 
-// row (E) of scores in double: softmax over the row, or the elementwise function
-static void score_row(double *s, const real *logits, int E, ScoreFunction f) {
-    if (f != SCORE_SOFTMAX) {
-        for (int e = 0; e < E; e++) s[e] = score_of(f, logits[e]);
-        return;
-    }
-    double max = logits[0], sum = 0;
-    for (int e = 1; e < E; e++) max = logits[e] > max ? logits[e] : max;
-    for (int e = 0; e < E; e++) sum += (s[e] = exp((double)logits[e] - max));
-    for (int e = 0; e < E; e++) s[e] /= sum;
+// logsumexp of one token's logits (E), in double
+static double row_lse(const real *l, int E) {
+    double max = l[0], sum = 0;
+    for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
+    for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
+    return max + log(sum);
 }
 
-// ŝ: softmax as is; sigmoid / sqrtsoftplus normalised over the experts
-static void aux_score_row(double *aux, const double *s, int E, ScoreFunction f) {
-    double norm = 1;
-    if (f != SCORE_SOFTMAX) {
-        double sum = 0;
-        for (int e = 0; e < E; e++) sum += s[e];
-        norm = sum + NORMALIZE_EPS;
-    }
-    for (int e = 0; e < E; e++) aux[e] = s[e] / norm;
-}
-
-// ---- selection ----------------------------------------------------------------------------
-
-// The k largest of values (E) among allowed ones, descending, lowest index on ties.
-static void topk_allowed(int32_t *idx, const double *values, const unsigned char *allowed, int E, int k) {
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            if (allowed && !allowed[e]) continue;
-            int taken = 0;
-            for (int i = 0; i < j && !taken; i++) taken = idx[i] == e;
-            if (!taken && (best < 0 || values[e] > values[best])) best = e;
-        }
-        idx[j] = best;
-    }
-}
-
-// Allow only the experts of the group_topk best groups (group score: sum of its top
-// k/group_topk values).
-static void group_limit(unsigned char *allowed, const double *values, const RouterConfig *rc) {
-    int E = rc->E, G = rc->num_groups, size = E / G, per_group = rc->k / rc->group_topk;
-    double group_score[G];
-    int32_t top[per_group > 0 ? per_group : 1], best_groups[rc->group_topk];
-    for (int g = 0; g < G; g++) {
-        topk_allowed(top, values + g * size, NULL, size, per_group);
-        group_score[g] = 0;
-        for (int i = 0; i < per_group; i++) group_score[g] += values[g * size + top[i]];
-    }
-    topk_allowed(best_groups, group_score, NULL, G, rc->group_topk);
-    memset(allowed, 0, E);
-    for (int i = 0; i < rc->group_topk; i++) memset(allowed + best_groups[i] * size, 1, size);
-}
-
-// Choose the experts of one token and their probs (before capacity).
-static void route_token(int32_t *idx, real *probs, const real *logits, const double *s, const real *bias,
-                        const RouterConfig *rc) {
-    int E = rc->E, k = rc->k;
-    double select[E];  // the values top-k runs on
-    for (int e = 0; e < E; e++) {
-        if (rc->score == SCORE_SOFTMAX) select[e] = rc->pre_softmax ? s[e] : logits[e];
-        else select[e] = s[e] + (bias ? bias[e] : 0);
-    }
-    unsigned char allowed[E];
-    if (rc->num_groups > 0) group_limit(allowed, select, rc);
-    topk_allowed(idx, select, rc->num_groups > 0 ? allowed : NULL, E, k);
-    double p[k], scale = rc->topk_scaling > 0 ? rc->topk_scaling : 1;
-    if (rc->score == SCORE_SOFTMAX && !rc->pre_softmax) {  // softmax over the selected logits
-        double max = logits[idx[0]], sum = 0;
-        for (int j = 1; j < k; j++) max = logits[idx[j]] > max ? logits[idx[j]] : max;
-        for (int j = 0; j < k; j++) sum += (p[j] = exp((double)logits[idx[j]] - max));
-        for (int j = 0; j < k; j++) p[j] /= sum;
-    } else {
-        double sum = 0;
-        for (int j = 0; j < k; j++) sum += (p[j] = s[idx[j]]);
-        if (rc->score != SCORE_SOFTMAX && k > 1)
-            for (int j = 0; j < k; j++) p[j] /= sum + NORMALIZE_EPS;
-    }
-    for (int j = 0; j < k; j++) probs[j] = (real)(p[j] * scale);
+static RouteShape route_shape(const RouterConfig *rc) {
+    return (RouteShape){.E = rc->E, .k = rc->k, .score = rc->score, .pre_softmax = rc->pre_softmax,
+                        .topk_scaling = rc->topk_scaling, .num_groups = rc->num_groups,
+                        .group_topk = rc->group_topk};
 }
 
 // ---- capacity -------------------------------------------------------------------------------
@@ -166,9 +90,9 @@ static void count_balance_statistics(RouterOutput *out, const real *logits, cons
     int32_t idx[k];
     double s[E], aux[E];
     for (int n = 0; n < N; n++) {  // top-k of ŝ (in double, as the losses use it)
-        score_row(s, logits + (size_t)n * E, E, rc->score);
-        aux_score_row(aux, s, E, rc->score);
-        topk_allowed(idx, aux, NULL, E, k);
+        route_score_row(s, logits + (size_t)n * E, E, rc->score);
+        route_aux_score_row(aux, s, E, rc->score);
+        route_topk(idx, aux, NULL, E, k);
         for (int j = 0; j < k; j++) {
             out->aux_counts[idx[j]]++;
             out->seq_counts[(n / S) * E + idx[j]]++;
@@ -200,28 +124,27 @@ static void balance_loss_values(RouterOutput *out, const RouterConfig *rc, const
     out->balance_loss[BALANCE_SEQ_AUX] = seq * E / ((double)k * S * S) / sequences;
 }
 
+// mean over the tokens of logsumexp(l)²
+static double z_loss_value(const real *logits, int N, int E) {
+    double z = 0;
+#pragma omp parallel for schedule(static) reduction(+ : z) if (N > 64)
+    for (int n = 0; n < N; n++) {
+        double lse = row_lse(logits + (size_t)n * E, E);
+        z += lse * lse;
+    }
+    return z / N;
+}
+
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
     PROF_SCOPE(PROF_ROUTER);
     int N = call->N, E = rc->E, k = rc->k;
     MT_ASSERT(N % call->seq_length == 0);
-    double z = 0;
-#pragma omp parallel for schedule(static) reduction(+ : z) if (N > 64)
-    for (int n = 0; n < N; n++) {
-        const real *l = logits + (size_t)n * E;
-        double s[E], aux[E], max = l[0], sum = 0;
-        for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
-        for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
-        double lse = max + log(sum);
-        z += lse * lse;
-        score_row(s, l, E, rc->score);
-        aux_score_row(aux, s, E, rc->score);
-        for (int e = 0; e < E; e++) {
-            out->scores[(size_t)n * E + e] = (real)s[e];
-            out->aux_scores[(size_t)n * E + e] = (real)aux[e];
-        }
-        route_token(out->topk_idx + (size_t)n * k, out->topk_probs + (size_t)n * k, l, s, call->expert_bias, rc);
-    }
-    out->z_loss = z / N;
+    // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
+    RouteShape shape = route_shape(rc);
+    moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,
+                     &shape);
+    // over the tokens (host): z-loss, capacity, counts and the balance losses
+    out->z_loss = z_loss_value(logits, N, E);
     for (int i = 0; i < N * k; i++) out->kept[i] = 1;
     out->dropped = 0;
     out->capacity = 0;
@@ -263,7 +186,7 @@ static void probs_backward(double *dsel, const real *dp_row, const int32_t *kept
     if (rc->score != SCORE_SOFTMAX && k > 1) {  // p_j = u_j / (U + eps)
         double U = 0, dot = 0;
         for (int j = 0; j < k; j++) U += s[idx[j]];
-        double norm = U + NORMALIZE_EPS;
+        double norm = U + ROUTE_NORMALIZE_EPS;
         for (int j = 0; j < k; j++) dot += dp[j] * s[idx[j]];
         for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j] / norm - dot / (norm * norm);
         return;
@@ -292,7 +215,7 @@ void router_backward(real *dlogits, const real *dprobs, const real *logits, cons
         const real *l = logits + (size_t)n * E;
         const int32_t *idx = out->topk_idx + (size_t)n * k;
         double s[E], dl[E], ds[E], g[E];
-        score_row(s, l, E, rc->score);
+        route_score_row(s, l, E, rc->score);
         for (int e = 0; e < E; e++) dl[e] = ds[e] = 0;
         // probs: softmax-post lands on the logits, the others on the scores
         int post = rc->score == SCORE_SOFTMAX && !rc->pre_softmax;
@@ -304,7 +227,7 @@ void router_backward(real *dlogits, const real *dprobs, const real *logits, cons
         } else {                                        // ŝ = s / (Σ s + eps)
             double sum = 0, dot = 0;
             for (int e = 0; e < E; e++) sum += s[e];
-            double norm = sum + NORMALIZE_EPS;
+            double norm = sum + ROUTE_NORMALIZE_EPS;
             for (int e = 0; e < E; e++) dot += g[e] * s[e];
             for (int e = 0; e < E; e++) ds[e] += g[e] / norm - dot / (norm * norm);
         }
@@ -318,10 +241,7 @@ void router_backward(real *dlogits, const real *dprobs, const real *logits, cons
         }
         // z-loss: d/dl (lse²) = 2·lse·softmax(l)
         if (z_factor != 0) {
-            double max = l[0], sum = 0;
-            for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
-            for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
-            double lse = max + log(sum);
+            double lse = row_lse(l, E);
             for (int e = 0; e < E; e++) dl[e] += z_factor * lse * exp((double)l[e] - lse);
         }
         for (int e = 0; e < E; e++) dlogits[(size_t)n * E + e] = (real)dl[e];

@@ -22,12 +22,14 @@
 //                 the global batch so far; under data parallelism the micro-batches of
 //                 every data-parallel rank so far (the counts are all-reduced per call)
 // Ties are broken by the lowest expert index (and the earliest token for capacity).
-// All router arithmetic after the logits is in double.
+// All router arithmetic after the logits is in double. The per-token part (scores, ŝ,
+// selection, probs) runs as the moe_route_tokens op (a kernel on a GPU); capacity, counts
+// and losses, which need the whole micro-batch, are host code here.
 #pragma once
 #include "core/common.h"
+#include "ops/ops.h"  // ScoreFunction, RouteShape, moe_route_tokens
 #include "parallel/comm.h"
 
-typedef enum { SCORE_SOFTMAX, SCORE_SIGMOID, SCORE_SQRTSOFTPLUS } ScoreFunction;
 typedef enum { BALANCE_AUX, BALANCE_SEQ_AUX, BALANCE_GLOBAL_AUX, BALANCE_TYPES } BalanceType;
 typedef enum { DROP_PROBS, DROP_POSITION } DropPolicy;
 

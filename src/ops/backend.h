@@ -55,8 +55,15 @@ typedef struct OpsBackend {
     void (*cross_entropy_backward)(real *dlogits, const real *logits, const real *lse, const int32_t *targets,
                                    const real *weight, int N, int V);
     void (*adamw_update)(real *p, const real *g, real *m, real *v, size_t n, int decay, const AdamWStep *h);
+    void (*moe_router_logits)(real *logits, const real *x, const real *W, int N, int H, int E);
+    void (*moe_route_tokens)(real *scores, real *aux_scores, int32_t *topk_idx, real *topk_probs,
+                             const real *logits, const real *expert_bias, int N, const RouteShape *r);
+    void (*moe_permute)(real *rows, real *row_values, const real *x, const real *choice_values,
+                        const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H);
+    void (*moe_unpermute)(real *out, real *choice_values, const real *rows, const real *row_values,
+                          const int32_t *row_of_choice, int N, int k, int H, int accumulate);
     // ---- after an op: make its results visible to host code (NULL: nothing to do).
-    // The model's own loops (router, dispatcher bookkeeping) read op outputs directly,
+    // The model's own loops (router statistics, dispatch plan) read op outputs directly,
     // so the dispatcher finishes every op before returning.
     void (*finish)(void);
 } OpsBackend;

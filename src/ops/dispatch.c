@@ -116,3 +116,22 @@ void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, 
 void adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay, const AdamWStep *h) {
     FORWARD(adamw_update, p, g, m, v, n, decay, h);
 }
+
+void moe_router_logits(real *logits, const real *x, const real *W, int N, int H, int E) {
+    FORWARD(moe_router_logits, logits, x, W, N, H, E);
+}
+
+void moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, real *topk_probs, const real *logits,
+                      const real *expert_bias, int N, const RouteShape *r) {
+    FORWARD(moe_route_tokens, scores, aux_scores, topk_idx, topk_probs, logits, expert_bias, N, r);
+}
+
+void moe_permute(real *rows, real *row_values, const real *x, const real *choice_values,
+                 const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H) {
+    FORWARD(moe_permute, rows, row_values, x, choice_values, token_of_row, row_of_choice, R, k, H);
+}
+
+void moe_unpermute(real *out, real *choice_values, const real *rows, const real *row_values,
+                   const int32_t *row_of_choice, int N, int k, int H, int accumulate) {
+    FORWARD(moe_unpermute, out, choice_values, rows, row_values, row_of_choice, N, k, H, accumulate);
+}

@@ -2,8 +2,9 @@
 //
 // The dense math of the model goes through these; the cpu backend (src/ops/cpu/)
 // implements them with OpenMP, a GPU backend implements the same signatures over device
-// pointers. (The MoE router's top-k and the dispatcher's permutation are plain C in
-// src/moe/ today; a GPU backend moves them behind this interface too.) Conventions:
+// pointers. The MoE layer's per-token work (router logits, routing, permute/unpermute)
+// is here too; its bookkeeping over tokens (the dispatch plan's counting sort, capacity
+// dropping, counts and losses) stays host code in src/moe/. Conventions:
 //   * row-major; N = number of tokens in the micro-batch (flattened b*T + t);
 //   * *_backward functions ACCUMULATE (+=) into parameter gradients and, unless noted,
 //     into input gradients, so that residual branches add up without extra copies;
@@ -121,3 +122,44 @@ typedef struct {
 // p, m, v updated in place from g; weight decay applied only when decay != 0
 void adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,
                   const AdamWStep *h);
+
+// ---- MoE: router logits, per-token routing, permute / unpermute ---------------------------
+// logits (N,E) = x (N,H) · W (E,H)ᵀ, each dot product summed in double over h = 0..H−1 in
+// order and stored as real (the router in fp64, --moe-router-dtype fp64)
+void moe_router_logits(real *logits, const real *x, const real *W, int N, int H, int E);
+
+typedef enum { SCORE_SOFTMAX, SCORE_SIGMOID, SCORE_SQRTSOFTPLUS } ScoreFunction;
+// What moe_route_tokens needs of the router's configuration (src/moe/router.h).
+typedef struct {
+    int E, k;
+    ScoreFunction score;
+    int pre_softmax;             // softmax: select on softmax(l) instead of l
+    double topk_scaling;         // 0 = none
+    int num_groups, group_topk;  // 0 = no group limit
+} RouteShape;
+// The per-token part of the router, every token on its own, all arithmetic in double
+// (src/ops/moe_route.h has the formulas; src/moe/router.h the definitions):
+//   scores (N,E)      softmax / sigmoid / sqrtsoftplus of the token's logits
+//   aux_scores (N,E)  ŝ: softmax as is, the others divided by (Σ_E s + 1e-20)
+//   topk_idx (N,k)    the k experts with the largest selection values, in selection order,
+//                     lowest index on ties, within the group_topk best groups when grouped;
+//                     selection values: logits (softmax), softmax (pre), s + expert_bias
+//   topk_probs (N,k)  probs of the chosen experts × topk_scaling, before capacity dropping
+// logits (N,E), expert_bias (E) or NULL (sigmoid / sqrtsoftplus only).
+void moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, real *topk_probs, const real *logits,
+                      const real *expert_bias, int N, const RouteShape *r);
+
+// Permute (dispatch) with a plan of R rows (src/moe/dispatcher.h):
+// x (N,H) -> rows (R,H): rows[r] = x[token_of_row[r]], zeros where token_of_row[r] = −1
+// (padding); when row_values (R) is non-NULL, row_values[r] = choice_values[n·k + j] for
+// the choice with row_of_choice[n·k + j] = r (0 for padding). token_of_row (R),
+// row_of_choice (N·k) with −1 for dropped choices.
+void moe_permute(real *rows, real *row_values, const real *x, const real *choice_values,
+                 const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H);
+// Unpermute (combine): rows (R,H) -> out (N,H), out[n] = Σ_j rows[row_of_choice[n·k + j]]
+// over j = 0..k−1 in order, dropped choices (−1) skipped; accumulate: += instead of =.
+// When choice_values (N,k) is non-NULL, also choice_values[i] = row_values[row_of_choice[i]]
+// (0 when dropped); out may be NULL to gather these alone. No atomics: each token's sum
+// has one owner.
+void moe_unpermute(real *out, real *choice_values, const real *rows, const real *row_values,
+                   const int32_t *row_of_choice, int N, int k, int H, int accumulate);

@@ -15,6 +15,7 @@ int main(void) {
     check_gemm_ops();
     check_elementwise_ops();
     check_attention_ops();
+    check_moe_ops();
     printf("%d passed, %d failed\n", check_passed, check_failed);
     return check_failed ? 1 : 0;
 }

@@ -69,6 +69,12 @@ float *check_device_nan(size_t n) {
     return d;
 }
 
+int32_t *check_device_unset_ints(size_t n) {
+    int32_t *d = keep_device(cuda_malloc((n ? n : 1) * sizeof(int32_t)));
+    cuda_memset(d, 0xFF, n * sizeof(int32_t));  // all bits set: −1 in every element
+    return d;
+}
+
 static int report(const char *check, const char *output, double err, double tol, const char *why) {
     int ok = why == NULL && err <= tol;
     printf("%-4s %-44s %-10s err %.3g (tol %.0e)%s%s\n", ok ? "PASS" : "FAIL", check, output, err, tol,
@@ -104,6 +110,21 @@ int check_compare(const char *check, const char *output, const float *cpu, const
 int check_compare_double(const char *check, const char *output, double cpu, double gpu, double tol) {
     if (isnan(gpu) && !isnan(cpu)) return report(check, output, NAN, tol, "NaN");
     return report(check, output, fabs(gpu - cpu) / fmax(fabs(cpu), 1e-30), tol, NULL);
+}
+
+int check_compare_ints(const char *check, const char *output, const int32_t *cpu, const int32_t *gpu_device,
+                       size_t n) {
+    int32_t *gpu = keep_host(mt_malloc((n ? n : 1) * sizeof(int32_t)));
+    cuda_finish();
+    cuda_memcpy_d2h(gpu, gpu_device, n * sizeof(int32_t));
+    size_t differ = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (gpu[i] != cpu[i] && differ++ == 0) first = i;
+    if (!differ) return report(check, output, 0, 0, NULL);
+    char why[160];
+    snprintf(why, sizeof(why), "%zu of %zu differ, the first at %zu: %d, cpu %d", differ, n, first, gpu[first],
+             cpu[first]);
+    return report(check, output, (double)differ, 0, why);
 }
 
 void check_free_all(void) {

@@ -25,12 +25,16 @@ float *check_host_copy(const float *src, size_t n);
 float *check_to_device(const float *host, size_t n);     // a device copy
 int32_t *check_ints_to_device(const int32_t *host, size_t n);
 float *check_device_nan(size_t n);                       // n NaNs: for outputs the op overwrites
+int32_t *check_device_unset_ints(size_t n);              // n × −1: for integer outputs the op overwrites
 void *check_device_bytes(const void *host, size_t bytes);  // a device copy of any host block
 // Compares a device result with the cpu result; prints one line (name, error, PASS/FAIL),
 // counts it, and returns 1 when it passed.
 int check_compare(const char *check, const char *output, const float *cpu, const float *gpu_device, size_t n,
                   double tol);
 int check_compare_double(const char *check, const char *output, double cpu, double gpu, double tol);
+// Integer outputs must match exactly; the error printed is the number of elements that differ.
+int check_compare_ints(const char *check, const char *output, const int32_t *cpu, const int32_t *gpu_device,
+                       size_t n);
 void check_free_all(void);
 extern int check_passed, check_failed;  // the counts so far
 
@@ -38,3 +42,4 @@ extern int check_passed, check_failed;  // the counts so far
 void check_gemm_ops(void);         // gemm, grouped, grouped wgrad, linear (fp32 and bf16)
 void check_elementwise_ops(void);  // vec_*, embedding, rmsnorm, rope, clamp, swiglu, softmax, cross-entropy, adamw
 void check_attention_ops(void);    // attention forward and backward (GQA, MLA widths, masks, decode)
+void check_moe_ops(void);          // router logits in double, per-token routing, permute, unpermute

@@ -31,5 +31,9 @@ const OpsBackend ops_cpu_backend = {
     .cross_entropy_forward = cpu_cross_entropy_forward,
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .adamw_update = cpu_adamw_update,
+    .moe_router_logits = cpu_moe_router_logits,
+    .moe_route_tokens = cpu_moe_route_tokens,
+    .moe_permute = cpu_moe_permute,
+    .moe_unpermute = cpu_moe_unpermute,
     .finish = NULL,
 };

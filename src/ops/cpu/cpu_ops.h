@@ -44,3 +44,11 @@ void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, c
                            const AttentionShape *s);
 void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
                             const real *q, const real *k, const real *v, const AttentionShape *s);
+// moe.c
+void cpu_moe_router_logits(real *logits, const real *x, const real *W, int N, int H, int E);
+void cpu_moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, real *topk_probs, const real *logits,
+                          const real *expert_bias, int N, const RouteShape *r);
+void cpu_moe_permute(real *rows, real *row_values, const real *x, const real *choice_values,
+                     const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H);
+void cpu_moe_unpermute(real *out, real *choice_values, const real *rows, const real *row_values,
+                       const int32_t *row_of_choice, int N, int k, int H, int accumulate);

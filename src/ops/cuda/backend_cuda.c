@@ -3,6 +3,7 @@
 #if defined(MT_HAVE_CUDA) && !defined(MT_DOUBLE)
 #include "ops/backend.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_moe.h"
 
 const OpsBackend ops_cuda_backend = {
     .name = "cuda",
@@ -33,6 +34,10 @@ const OpsBackend ops_cuda_backend = {
     .cross_entropy_forward = cuda_cross_entropy_forward,
     .cross_entropy_backward = cuda_cross_entropy_backward,
     .adamw_update = cuda_adamw_update,
+    .moe_router_logits = cuda_moe_router_logits,
+    .moe_route_tokens = cuda_moe_route_tokens,
+    .moe_permute = cuda_moe_permute,
+    .moe_unpermute = cuda_moe_unpermute,
     .finish = cuda_finish,
 };
 

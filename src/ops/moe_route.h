@@ -1,0 +1,112 @@
+// moe_route.h — the per-token arithmetic of MoE routing (contracts in ops.h
+// moe_route_tokens and src/moe/router.h), written once for every place that computes it:
+// the cpu backend's moe_route_tokens (src/ops/cpu/moe.c), the cuda backend's kernel
+// (src/ops/cuda/moe.cu, as device code) and the router's statistics and backward on the
+// host (src/moe/router.c). All in double; the callers own the scratch arrays (no VLAs
+// here, so nvcc can compile it).
+#pragma once
+#include <math.h>
+
+#include "ops/ops.h"
+
+#ifdef __CUDACC__
+#define ROUTE_FN static inline __host__ __device__
+#else
+#define ROUTE_FN static inline
+#endif
+
+#define ROUTE_NORMALIZE_EPS 1e-20  // Megatron's epsilon in the sigmoid normalisations
+
+// torch.nn.functional.softplus with beta 1, threshold 20
+ROUTE_FN double route_softplus(double x) { return x > 20 ? x : log1p(exp(x)); }
+ROUTE_FN double route_sigmoid(double x) { return 1 / (1 + exp(-x)); }
+
+// The elementwise score functions (softmax rows are handled whole).
+ROUTE_FN double route_score_of(ScoreFunction f, double logit) {
+    if (f == SCORE_SIGMOID) return route_sigmoid(logit);
+    return sqrt(route_softplus(logit));  // SCORE_SQRTSOFTPLUS
+}
+
+// row (E) of scores in double: softmax over the row, or the elementwise function
+ROUTE_FN void route_score_row(double *s, const real *logits, int E, ScoreFunction f) {
+    if (f != SCORE_SOFTMAX) {
+        for (int e = 0; e < E; e++) s[e] = route_score_of(f, logits[e]);
+        return;
+    }
+    double max = logits[0], sum = 0;
+    for (int e = 1; e < E; e++) max = logits[e] > max ? logits[e] : max;
+    for (int e = 0; e < E; e++) sum += (s[e] = exp((double)logits[e] - max));
+    for (int e = 0; e < E; e++) s[e] /= sum;
+}
+
+// ŝ: softmax as is; sigmoid / sqrtsoftplus normalised over the experts
+ROUTE_FN void route_aux_score_row(double *aux, const double *s, int E, ScoreFunction f) {
+    double norm = 1;
+    if (f != SCORE_SOFTMAX) {
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += s[e];
+        norm = sum + ROUTE_NORMALIZE_EPS;
+    }
+    for (int e = 0; e < E; e++) aux[e] = s[e] / norm;
+}
+
+// The k largest of values (E) among allowed ones (NULL: all), descending, lowest index
+// on ties; −1 where fewer than k are allowed.
+ROUTE_FN void route_topk(int32_t *idx, const double *values, const unsigned char *allowed, int E, int k) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            if (allowed && !allowed[e]) continue;
+            int taken = 0;
+            for (int i = 0; i < j && !taken; i++) taken = idx[i] == e;
+            if (!taken && (best < 0 || values[e] > values[best])) best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+// Allow only the experts (allowed (E): 1 or 0) of the group_topk best of num_groups
+// groups; a group's score is the sum of its top k/group_topk values, in selection order.
+// Scratch: group_score (num_groups), top (k/group_topk), best_groups (group_topk).
+ROUTE_FN void route_group_limit(unsigned char *allowed, const double *values, const RouteShape *r,
+                                double *group_score, int32_t *top, int32_t *best_groups) {
+    int E = r->E, G = r->num_groups, size = E / G, per_group = r->k / r->group_topk;
+    for (int g = 0; g < G; g++) {
+        route_topk(top, values + g * size, NULL, size, per_group);
+        group_score[g] = 0;
+        for (int i = 0; i < per_group; i++) group_score[g] += values[g * size + top[i]];
+    }
+    route_topk(best_groups, group_score, NULL, G, r->group_topk);
+    for (int e = 0; e < E; e++) allowed[e] = 0;
+    for (int i = 0; i < r->group_topk; i++)
+        for (int e = best_groups[i] * size; e < (best_groups[i] + 1) * size; e++) allowed[e] = 1;
+}
+
+// probs (k) of one token's chosen experts idx (k): softmax-post: softmax over the chosen
+// logits; otherwise the chosen scores s, divided by their sum + eps for sigmoid /
+// sqrtsoftplus when k > 1; then × topk_scaling. Scratch: p (k).
+ROUTE_FN void route_probs(real *probs, const int32_t *idx, const real *logits, const double *s, const RouteShape *r,
+                          double *p) {
+    int k = r->k;
+    double scale = r->topk_scaling > 0 ? r->topk_scaling : 1;
+    if (r->score == SCORE_SOFTMAX && !r->pre_softmax) {  // softmax over the selected logits
+        double max = logits[idx[0]], sum = 0;
+        for (int j = 1; j < k; j++) max = logits[idx[j]] > max ? logits[idx[j]] : max;
+        for (int j = 0; j < k; j++) sum += (p[j] = exp((double)logits[idx[j]] - max));
+        for (int j = 0; j < k; j++) p[j] /= sum;
+    } else {
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += (p[j] = s[idx[j]]);
+        if (r->score != SCORE_SOFTMAX && k > 1)
+            for (int j = 0; j < k; j++) p[j] /= sum + ROUTE_NORMALIZE_EPS;
+    }
+    for (int j = 0; j < k; j++) probs[j] = (real)(p[j] * scale);
+}
+
+// The value top-k selects expert e on: the logit (softmax), its softmax (pre-softmax),
+// or the score plus the expert bias (sigmoid / sqrtsoftplus).
+ROUTE_FN double route_select_value(const RouteShape *r, const real *logits, const double *s, const real *bias,
+                                   int e) {
+    if (r->score == SCORE_SOFTMAX) return r->pre_softmax ? s[e] : logits[e];
+    return s[e] + (bias ? bias[e] : 0);
+}
