@@ -64,11 +64,11 @@ PY
 }
 
 for model in MIXTRAL DEEPSEEK; do
-    declare -n flags=$model
-    train "$model.cpu" cpu "${flags[@]}" || { fail "$model cpu run" "see above"; continue; }
-    if train "$model.gpu" cuda "${flags[@]}"; then close "$model: 50 steps fp32 GPU = cpu" "$model.cpu" "$model.gpu" 1e-3
+    declare -n model_flags=$model
+    train "$model.cpu" cpu "${model_flags[@]}" || { fail "$model cpu run" "see above"; continue; }
+    if train "$model.gpu" cuda "${model_flags[@]}"; then close "$model: 50 steps fp32 GPU = cpu" "$model.cpu" "$model.gpu" 1e-3
     else fail "$model fp32 GPU run" "see above"; fi
-    if train "$model.bf16" cuda --bf16 "${flags[@]}"; then close "$model: 50 steps bf16 GPU ~ cpu" "$model.cpu" "$model.bf16" 3e-2
+    if train "$model.bf16" cuda --bf16 "${model_flags[@]}"; then close "$model: 50 steps bf16 GPU ~ cpu" "$model.cpu" "$model.bf16" 3e-2
     else fail "$model bf16 GPU run" "see above"; fi
 done
 
@@ -88,14 +88,14 @@ same_run fp32 || fail "GPU reruns" "a run failed"
 same_run bf16 --bf16 || fail "GPU bf16 reruns" "a run failed"
 
 # ---- 4. throughput ---------------------------------------------------------------------------------
-LARGE_NOTE=$(sed -n 3,4p bench/configs/large.flags | tr -d "#")
+LARGE_NOTE=$(grep '^#' bench/configs/large.flags | tr -d '#' | tr '\n' ' ')
 {
     echo "| model | params | tokens/s | model TFLOP/s | MFU (vs measured bf16 GEMM) |"
     echo "|---|---|---|---|---|"
 } > "$RESULTS"
 for config in coarse fine large; do
-    read -r -a flags < <(grep -v '^#' "bench/configs/$config.flags" | tr '\n' ' ')
-    if ! "$M" train --device cuda --bf16 "${flags[@]}" --mock-data --train-iters 20 --lr-warmup-iters 2 \
+    read -r -a bench_flags < <(grep -v '^#' "bench/configs/$config.flags" | tr '\n' ' ')
+    if ! "$M" train --device cuda --bf16 "${bench_flags[@]}" --mock-data --train-iters 20 --lr-warmup-iters 2 \
             --log-interval 1 --log-jsonl "$WORK/tp_$config.jsonl" > "$WORK/tp_$config.log" 2>&1; then
         tail -3 "$WORK/tp_$config.log"; fail "throughput $config" "the run failed"; continue
     fi
