@@ -45,10 +45,15 @@ static int has_help_flag(int argc, char **argv) {
 #define BUILT_WITH_SANITIZERS 0
 #endif
 
-// --device and --bf16; on GPUs the collectives move their data with NCCL from here on
-// (every process reaches this point with the same flags).
+// --device (when not given: $MOETRON_DEVICE, else auto) and --bf16; on GPUs the
+// collectives move their data with NCCL from here on (every process reaches this point
+// with the same flags).
 static void use_device(const Config *c) {
-    device_select(device_parse(c->device), c->bf16);
+    const char *from_env = getenv("MOETRON_DEVICE");
+    int use_env = !config_flag_given(c, "device") && from_env && from_env[0];
+    if (use_env && strcmp(from_env, "cpu") && strcmp(from_env, "cuda") && strcmp(from_env, "auto"))
+        mt_die("MOETRON_DEVICE=%s: use cpu, cuda or auto (or unset it)", from_env);
+    device_select(device_parse(use_env ? from_env : c->device), c->bf16);
 #ifdef MT_COMM_NCCL
     if (device_active() == DEVICE_CUDA) comm_use_nccl(device_local_rank());
 #endif
