@@ -1,43 +1,71 @@
 #include "moe/experts.h"
 
+#include <stdlib.h>
+
 #include "ops/ops.h"
+
+// The grouped-GEMM description of an ExpertShape: rows per group and where each group's
+// rows start in a buffer H wide and in one I wide.
+typedef struct {
+    int *rows;
+    size_t *at_h, *at_i;
+    int first, total;  // the row range all groups cover: first .. first + total
+} GroupRows;
+
+static GroupRows group_rows(const ExpertShape *s) {
+    GroupRows g = {mt_malloc((size_t)s->groups * sizeof(int)), mt_malloc((size_t)s->groups * sizeof(size_t)),
+                   mt_malloc((size_t)s->groups * sizeof(size_t)), s->offsets[0],
+                   s->offsets[s->groups] - s->offsets[0]};
+    for (int e = 0; e < s->groups; e++) {
+        g.rows[e] = s->offsets[e + 1] - s->offsets[e];
+        g.at_h[e] = (size_t)s->offsets[e] * s->H;
+        g.at_i[e] = (size_t)s->offsets[e] * s->I;
+    }
+    return g;
+}
+
+static void group_rows_free(GroupRows *g) {
+    free(g->rows);
+    free(g->at_h);
+    free(g->at_i);
+}
+
+static const real *const *weights(real *const *w) { return (const real *const *)w; }
 
 void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s) {
-    int H = s->H, I = s->I;
-    for (int g = 0; g < s->groups; g++) {
-        int first = s->offsets[g], rows = s->offsets[g + 1] - first;
-        if (rows == 0) continue;
-        const real *x = rows_in + (size_t)first * H;
-        real *gate = acts->gate + (size_t)first * I, *up = acts->up + (size_t)first * I;
-        real *act = acts->act + (size_t)first * I;
-        linear_forward(gate, x, w->gate[g], rows, H, I);
-        linear_forward(up, x, w->up[g], rows, H, I);
-        swiglu_forward(act, gate, up, row_scale ? row_scale + first : NULL, rows, I);
-        linear_forward(rows_out + (size_t)first * H, act, w->down[g], rows, I, H);
-    }
+    int H = s->H, I = s->I, E = s->groups;
+    GroupRows g = group_rows(s);
+    size_t first_i = (size_t)g.first * I;
+    // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
+    mt_gemm_grouped(0, 1, E, g.rows, I, H, 1, rows_in, g.at_h, H, weights(w->gate), H, 0, acts->gate, g.at_i, I);
+    mt_gemm_grouped(0, 1, E, g.rows, I, H, 1, rows_in, g.at_h, H, weights(w->up), H, 0, acts->up, g.at_i, I);
+    swiglu_forward(acts->act + first_i, acts->gate + first_i, acts->up + first_i,
+                   row_scale ? row_scale + g.first : NULL, g.total, I);
+    // out = act·W_downᵀ: (rows,I) x (H,I)ᵀ
+    mt_gemm_grouped(0, 1, E, g.rows, H, I, 1, acts->act, g.at_i, I, weights(w->down), I, 0, rows_out, g.at_h, H);
+    group_rows_free(&g);
 }
 
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,
                       const real *drows_out, const ExpertActs *acts, const real *rows_in,
                       const real *row_scale, const ExpertWeights *w, const ExpertShape *s,
                       real *scratch_dgate, real *scratch_dup, real *scratch_dact) {
-    int H = s->H, I = s->I;
-    for (int g = 0; g < s->groups; g++) {
-        int first = s->offsets[g], rows = s->offsets[g + 1] - first;
-        if (rows == 0) continue;
-        const real *x = rows_in + (size_t)first * H, *dy = drows_out + (size_t)first * H;
-        const real *gate = acts->gate + (size_t)first * I, *up = acts->up + (size_t)first * I;
-        real *dgate = scratch_dgate + (size_t)first * I, *dup = scratch_dup + (size_t)first * I;
-        real *dact = scratch_dact + (size_t)first * I, *dx = drows_in + (size_t)first * H;
-        // down projection: dact = dy·W_down, dW_down += dyᵀ·act
-        vec_zero(dact, (size_t)rows * I);
-        linear_backward(dact, dw->down[g], dy, acts->act + (size_t)first * I, w->down[g], rows, I, H);
-        swiglu_backward(dgate, dup, drow_scale ? drow_scale + first : NULL, dact, gate, up,
-                        row_scale ? row_scale + first : NULL, rows, I);
-        // gate and up projections share the input: dx = dgate·W_gate + dup·W_up
-        vec_zero(dx, (size_t)rows * H);
-        linear_backward(dx, dw->gate[g], dgate, x, w->gate[g], rows, H, I);
-        linear_backward(dx, dw->up[g], dup, x, w->up[g], rows, H, I);
-    }
+    int H = s->H, I = s->I, E = s->groups;
+    GroupRows g = group_rows(s);
+    size_t first_i = (size_t)g.first * I, first_h = (size_t)g.first * H;
+    // down projection: dact = dy·W_down (rows,H) x (H,I), dW_down += dyᵀ·act
+    vec_zero(scratch_dact + first_i, (size_t)g.total * I);
+    mt_gemm_grouped(0, 0, E, g.rows, I, H, 1, drows_out, g.at_h, H, weights(w->down), I, 1, scratch_dact, g.at_i, I);
+    mt_gemm_grouped_wgrad(E, g.rows, H, I, 1, drows_out, g.at_h, acts->act, g.at_i, dw->down);
+    swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + g.first : NULL,
+                    scratch_dact + first_i, acts->gate + first_i, acts->up + first_i,
+                    row_scale ? row_scale + g.first : NULL, g.total, I);
+    // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
+    vec_zero(drows_in + first_h, (size_t)g.total * H);
+    mt_gemm_grouped(0, 0, E, g.rows, H, I, 1, scratch_dgate, g.at_i, I, weights(w->gate), H, 1, drows_in, g.at_h, H);
+    mt_gemm_grouped_wgrad(E, g.rows, I, H, 1, scratch_dgate, g.at_i, rows_in, g.at_h, dw->gate);
+    mt_gemm_grouped(0, 0, E, g.rows, H, I, 1, scratch_dup, g.at_i, I, weights(w->up), H, 1, drows_in, g.at_h, H);
+    mt_gemm_grouped_wgrad(E, g.rows, I, H, 1, scratch_dup, g.at_i, rows_in, g.at_h, dw->up);
+    group_rows_free(&g);
 }
