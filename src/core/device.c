@@ -170,9 +170,3 @@ double device_memory_free_bytes(void) {
 #endif
     return -1;
 }
-
-void device_synchronize(void) {
-#if DEVICE_HAS_CUDA
-    if (active == DEVICE_CUDA) require_plugin()->finish();
-#endif
-}

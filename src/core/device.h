@@ -38,5 +38,3 @@ void *device_calloc(size_t count, size_t size);
 void device_free(void *p);
 // Bytes free on the GPU in use; -1 on the cpu (see train/memory_check.c for host memory).
 double device_memory_free_bytes(void);
-// Waits until every queued op has finished (nothing to do on the cpu).
-void device_synchronize(void);

@@ -75,4 +75,3 @@ extern const OpsBackend ops_cuda_backend;
 
 // The backend every ops.h / gemm.h call goes to from now on (cpu until set).
 void ops_select(const OpsBackend *b);
-const OpsBackend *ops_backend(void);

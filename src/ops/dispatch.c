@@ -6,7 +6,6 @@
 static const OpsBackend *active = &ops_cpu_backend;
 
 void ops_select(const OpsBackend *b) { active = b; }
-const OpsBackend *ops_backend(void) { return active; }
 
 static inline void finished(void) {
     if (active->finish) active->finish();
