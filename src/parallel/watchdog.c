@@ -12,11 +12,14 @@ static int g_started;
 // by the main thread, read by the checking thread.
 static double g_since;
 static const char *g_what, *g_group;
+static int g_io_depth;  // open watchdog_io_begin brackets: no wait counts while > 0
 
 static void *check_loop(void *unused) {
     (void)unused;
     for (;;) {
         sleep(1);
+        // the I/O depth first: once it reads 0, the clock watchdog_io_end restarted is seen
+        if (__atomic_load_n(&g_io_depth, __ATOMIC_ACQUIRE) > 0) continue;
         double since;
         __atomic_load(&g_since, &since, __ATOMIC_ACQUIRE);
         if (since <= 0 || now_seconds() - since <= g_timeout_s) continue;
@@ -49,4 +52,16 @@ void watchdog_leave(void) {
     if (!g_started) return;
     double zero = 0;
     __atomic_store(&g_since, &zero, __ATOMIC_RELEASE);
+}
+
+void watchdog_io_begin(void) { __atomic_add_fetch(&g_io_depth, 1, __ATOMIC_ACQ_REL); }
+
+void watchdog_io_end(void) {
+    double since;
+    __atomic_load(&g_since, &since, __ATOMIC_ACQUIRE);
+    if (since > 0) {  // a wait in progress: count it from now
+        double now = now_seconds();
+        __atomic_store(&g_since, &now, __ATOMIC_RELEASE);
+    }
+    __atomic_sub_fetch(&g_io_depth, 1, __ATOMIC_ACQ_REL);
 }

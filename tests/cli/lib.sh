@@ -23,3 +23,17 @@ expect_error() {
 
 # losses of a JSONL log, one line per step (timings left out)
 losses() { grep '"loss"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]*),"lm_loss":([^,]*),"aux_loss":([^,]*),"z_loss":[^,]*,"grad_norm":([^,]*),.*/\1 \2 \3 \4 \5/'; }
+
+# wait_for FILE PATTERN PID: returns once FILE has a line matching PATTERN (status 0), or
+# once process PID has ended without it (status 1). Synchronises a test on what a program
+# writes, never on how long it takes; the bound (10 minutes) only keeps a broken run from
+# hanging the suite.
+wait_for() {
+    local file=$1 pattern=$2 pid=$3 i
+    for ((i = 0; i < 6000; i++)); do
+        grep -q -- "$pattern" "$file" 2>/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || { grep -q -- "$pattern" "$file" 2>/dev/null; return; }
+        sleep 0.1
+    done
+    return 1
+}

@@ -57,24 +57,25 @@ test_collectives() {  # the program prints ok/FAIL per check
     fi
 }
 
-# NAME PATTERN TOKEN -- RANKS command...: mpirun ends with a non-zero status within 30 s,
+# NAME PATTERN TOKEN -- RANKS command...: mpirun ends with a non-zero status (a hang ends
+# at launch's timeout, status 124),
 # the output has the line "moetron: error: PATTERN" (PATTERN starts with the rank), no
 # rank got past the failure, and no process whose command line has TOKEN is left.
 expect_all_ranks_end() {
     local name=$1 pattern=$2 token=$3
     shift 4
-    local start=$SECONDS
     launch "$@" >"$work/$name.out" 2>&1
-    local rc=$? took=$((SECONDS - start)) left
-    sleep 1
-    left=$(pgrep -f "$token")
+    local rc=$? left i
+    # the ranks may still be exiting after mpirun returned: wait (bounded) until none is left
+    for ((i = 0; i < 300; i++)); do
+        left=$(pgrep -f "$token") || break
+        sleep 0.1
+    done
     if [ -n "$left" ]; then
         fail "$name" "processes still running after mpirun returned: $left"
         kill $left 2>/dev/null
     elif [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
         fail "$name" "mpirun exit status $rc (124: still running after 60 s)"
-    elif [ $took -gt 30 ]; then
-        fail "$name" "took ${took}s to end every rank"
     elif ! grep -q "^moetron: error: $pattern" "$work/$name.out"; then
         fail "$name" "no line 'moetron: error: $pattern' in: $(head -c 400 "$work/$name.out")"
     elif grep -q '^FAIL' "$work/$name.out"; then
