@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "cmd/commands.h"
+#include "cmd/prepare.h"
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/json.h"
@@ -67,6 +68,8 @@ typedef struct {
 typedef struct {
     // settings
     const char *input;
+    const char *input_flag;  // how messages name the input: --input, or --data-path
+    int quiet;               // no progress lines
     InputKind kind;
     char keys[MAX_KEYS][128];
     int n_keys;
@@ -85,6 +88,7 @@ typedef struct {
     int32_t eod;
     BpeWordCounts counts;    // PASS_COUNT: all words so far
     IndexedBuilder *builders[MAX_KEYS];
+    IdVec *stream;           // prepare_tokenize_stream: every token in memory instead of builders
     int64_t documents, tokens[MAX_KEYS];
     // the worker pool
     pthread_mutex_t mu;
@@ -176,11 +180,22 @@ static void check_output_directory(const char *prefix) {
     if (access(g_tmp_dir, W_OK)) mt_die("--output-prefix %s: directory %s is not writable", prefix, g_tmp_dir);
 }
 
+static void open_input(Prep *p) {
+    p->fp = fopen(p->input, "rb");
+    struct stat st;
+    if (!p->fp) mt_die("%s %s: cannot open: %s", p->input_flag, p->input, strerror(errno));
+    if (fstat(fileno(p->fp), &st) || !S_ISREG(st.st_mode)) mt_die("%s %s is not a regular file", p->input_flag, p->input);
+    p->total_bytes = (int64_t)st.st_size;
+}
+
+static int is_jsonl_name(const char *path) { return ends_with(path, ".jsonl") || ends_with(path, ".json"); }
+
 static void configure(Prep *p, const Config *c) {
     if (!c->input[0]) mt_die("moetron prepare needs --input FILE (.jsonl with one JSON object per line, or .txt)");
     if (!c->output_prefix[0]) mt_die("moetron prepare needs --output-prefix PREFIX (writes PREFIX_<key>_document.bin/.idx)");
     p->input = c->input;
-    if (ends_with(c->input, ".jsonl") || ends_with(c->input, ".json")) p->kind = INPUT_JSONL;
+    p->input_flag = "--input";
+    if (is_jsonl_name(c->input)) p->kind = INPUT_JSONL;
     else if (ends_with(c->input, ".txt")) p->kind = INPUT_TEXT;
     else mt_die("--input %s: unknown format; name it .jsonl (one JSON object per line) or .txt (plain text)", c->input);
     parse_keys(p, c->json_keys);
@@ -199,11 +214,7 @@ static void configure(Prep *p, const Config *c) {
     p->append_eod = c->append_eod;
     snprintf(p->out_prefix, sizeof p->out_prefix, "%s", c->output_prefix);
     check_output_directory(p->out_prefix);
-    p->fp = fopen(p->input, "rb");
-    struct stat st;
-    if (!p->fp) mt_die("--input %s: cannot open: %s", p->input, strerror(errno));
-    if (fstat(fileno(p->fp), &st) || !S_ISREG(st.st_mode)) mt_die("--input %s is not a regular file", p->input);
-    p->total_bytes = (int64_t)st.st_size;
+    open_input(p);
 }
 
 // ---- reading batches of whole records ----------------------------------------------------
@@ -442,6 +453,11 @@ static void consume_batch(Prep *p, Batch *b) {
         bpe_counts_merge(&p->counts, &b->counts);
         return;
     }
+    if (p->stream) {  // one key: its tokens, documents back to back
+        for (size_t i = 0; i < b->tokens[0].n; i++) idvec_push(p->stream, b->tokens[0].v[i]);
+        p->tokens[0] += (int64_t)b->tokens[0].n;
+        return;
+    }
     for (int k = 0; k < p->n_keys; k++) {
         const int32_t *tokens = b->tokens[k].v, *meta = b->meta[k].v;
         for (size_t i = 0; i < b->meta[k].n;) {
@@ -492,9 +508,9 @@ static void run_pass(Prep *p, Pass pass, const char *what) {
         consume_batch(p, b);
         bytes_done += (int64_t)b->len;
         written++;
-        progress_show(&pg, bytes_done, 0);
+        if (!p->quiet) progress_show(&pg, bytes_done, 0);
     }
-    progress_show(&pg, bytes_done, 1);
+    if (!p->quiet) progress_show(&pg, bytes_done, 1);
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
     pthread_cond_broadcast(&p->ready_cv);
@@ -510,9 +526,10 @@ static void run_pass(Prep *p, Pass pass, const char *what) {
     free(p->slots);
     p->slots = NULL;
     if (!p->documents)
-        mt_die("--input %s holds no document (%s); there is nothing to prepare", p->input,
+        mt_die("%s %s holds no document (%s); there is nothing to %s", p->input_flag, p->input,
                p->kind == INPUT_JSONL ? "a .jsonl file needs one JSON object per line"
-                                      : "a .txt file needs text, one document per paragraph");
+                                      : "a .txt file needs text, one document per paragraph",
+               p->stream ? "train on" : "prepare");
 }
 
 // ---- the command ---------------------------------------------------------------------------
@@ -612,4 +629,34 @@ int prepare_main(Config *c) {
     fclose(p.fp);
     free(p.carry);
     return 0;
+}
+
+int64_t prepare_tokenize_stream(const char *path, const char *flag, const char *json_key, const Tokenizer *tok,
+                                int32_t eod, int workers, int32_t **tokens) {
+    Prep p;
+    memset(&p, 0, sizeof p);
+    p.input = path;
+    p.input_flag = flag;
+    p.quiet = 1;
+    p.kind = is_jsonl_name(path) ? INPUT_JSONL : INPUT_TEXT;
+    parse_keys(&p, json_key);
+    if (p.n_keys != 1) mt_die("--json-keys %s: training reads one key of %s; give one", json_key, path);
+    p.workers = workers;
+    p.tok = tok;
+    p.eod = eod;
+    p.append_eod = eod >= 0;
+    IdVec stream = {0};
+    p.stream = &stream;
+    open_input(&p);
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.ready_cv, NULL);
+    pthread_cond_init(&p.done_cv, NULL);
+    run_pass(&p, PASS_ENCODE, "tokenizing");
+    pthread_mutex_destroy(&p.mu);
+    pthread_cond_destroy(&p.ready_cv);
+    pthread_cond_destroy(&p.done_cv);
+    fclose(p.fp);
+    free(p.carry);
+    *tokens = stream.v;
+    return (int64_t)stream.n;
 }

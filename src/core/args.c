@@ -31,7 +31,7 @@ static const FlagSpec FLAGS[] = {
     F("kv-channels", FLAG_INT, kv_channels, TR, 1, "head dimension (0 = H / heads)"),
     F("seq-length", FLAG_INT, seq_length, DT, 0, "tokens per training sequence"),
     F("max-position-embeddings", FLAG_INT, max_position_embeddings, TR, 1, "longest position the model supports (0 = --seq-length)"),
-    F("vocab-size", FLAG_INT, vocab_size, TR | CMD_PREPARE, 1, "tokenizer vocabulary (byte-level: 257 = 256 bytes + end-of-document); prepare: the size of the BPE vocabulary to train"),
+    F("vocab-size", FLAG_INT, vocab_size, TR | CMD_PREPARE, 1, "tokenizer vocabulary (default: the --tokenizer-model's, else byte-level 257 = 256 bytes + end-of-document); prepare: the size of the BPE vocabulary to train"),
     F("make-vocab-size-divisible-by", FLAG_INT, make_vocab_size_divisible_by, TR, 1, "pad the vocabulary to a multiple of this"),
     F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
@@ -115,7 +115,7 @@ static const FlagSpec FLAGS[] = {
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     // data
     F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
-    F("data-path", FLAG_LIST, data_path, DT, 0, "a byte-level text file, or Megatron .bin/.idx prefixes with optional weights: P, or 0.3 P1 0.7 P2"),
+    F("data-path", FLAG_LIST, data_path, DT, 0, "a text file (tokenized with --tokenizer-model, else read as bytes), or Megatron .bin/.idx prefixes with optional weights: P, or 0.3 P1 0.7 P2"),
     F("train-data-path", FLAG_LIST, train_data_path, DT, 0, "Megatron prefixes (optionally weighted) for training only; with --valid/--test-data-path instead of --data-path + --split"),
     F("valid-data-path", FLAG_LIST, valid_data_path, DT, 0, "Megatron prefixes (optionally weighted) for validation"),
     F("test-data-path", FLAG_LIST, test_data_path, DT, 0, "Megatron prefixes (optionally weighted) for test"),
@@ -135,7 +135,7 @@ static const FlagSpec FLAGS[] = {
     F("hf-architecture", FLAG_STRING, hf_architecture, TR, 1, "auto, mixtral, qwen3_moe, olmoe, deepseek_v3: the Hugging Face family checkpoints are saved as"),
     F("ckpt-dtype", FLAG_STRING, ckpt_dtype, TR, 0, "fp32, bf16: dtype of the weights in model safetensors (bf16 keeps fp32 master weights in optimizer.safetensors)"),
     F("max-shard-size", FLAG_STRING, max_shard_size, TR, 0, "split model safetensors into shards above this size (e.g. 5GB, 500MB, or bytes)"),
-    F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL | CMD_DATA | CMD_PREPARE, 0, "tokenizer.json (byte-level BPE) for generate, copied into checkpoints (default: the one in --load)"),
+    F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL | CMD_DATA | CMD_PREPARE, 0, "tokenizer.json (byte-level BPE): tokenizes --data-path text and generate's prompt, copied into checkpoints (default: the one in --load)"),
     // generate
     F("prompt", FLAG_STRING, prompt, CMD_GENERATE, 0, "text to continue"),
     F("max-new-tokens", FLAG_INT, max_new_tokens, CMD_GENERATE, 0, "tokens to generate"),
@@ -148,7 +148,7 @@ static const FlagSpec FLAGS[] = {
     // data
     F("num-samples", FLAG_INT64, num_samples, CMD_DATA, 0, "training samples to build and dump"),
     // prepare
-    F("json-keys", FLAG_LIST, json_keys, CMD_PREPARE, 0, "keys of a .jsonl input to tokenize, each into its own dataset"),
+    F("json-keys", FLAG_LIST, json_keys, TR | CMD_PREPARE, 0, "keys of a .jsonl input to tokenize, each into its own dataset (train: the one key of a .jsonl --data-path)"),
     F("output-prefix", FLAG_STRING, output_prefix, CMD_PREPARE, 0, "writes PREFIX_<key>_document.bin/.idx (and PREFIX_tokenizer.json when training one)"),
     F("append-eod", FLAG_BOOL, append_eod, CMD_PREPARE, 0, "end every document with the end-of-document token"),
     F("workers", FLAG_INT, workers, CMD_PREPARE, 0, "tokenizer threads"),

@@ -152,6 +152,7 @@ typedef struct {
     WsdDecayStyle wsd_style;
     double split_fraction[3];      // train, valid, test
     unsigned char flag_given[192]; // per flag index: set on the command line
+    const struct RunTokenizer *run_tokenizer;  // the run's tokenizer, read at start-up (run_tokenizer.h); NULL: bytes
 } Config;
 
 typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16 } Command;

@@ -6,9 +6,10 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "data/mock.h"
-#include "tokenizer/tokenizer.h"
+#include "cmd/prepare.h"
+#include "tokenizer/run_tokenizer.h"
 
-// ---- token-stream sources: the built-in corpus and byte-level text files -------------------
+// ---- token-stream sources: the built-in corpus and text files -------------------------------
 
 static void load_text_file(Dataset *ds, const char *path) {
     char err[512];
@@ -24,7 +25,27 @@ static void load_text_file(Dataset *ds, const char *path) {
     for (size_t i = 0; i < len; i++) ds->tokens[i] = bytes[i];
     ds->tokens[len] = BYTE_EOD_TOKEN;
     free(bytes);
+    snprintf(ds->reading, sizeof(ds->reading), "%.1000s read as bytes (no tokenizer): %lld tokens", path,
+             (long long)ds->n_tokens);
 }
+
+// The text file tokenized with the run's tokenizer as `moetron prepare --append-eod` reads
+// it: one document per paragraph (a .jsonl: per line, the --json-keys value), each ended by
+// the tokenizer's end-of-text token.
+static void tokenize_text_file(Dataset *ds, const Config *c) {
+    const RunTokenizer *rt = c->run_tokenizer;
+    if (tokenizer_vocab_size(rt->tok) > c->vocab_size)
+        mt_die("--data-path %s: the tokenizer %s has %d tokens but --vocab-size is %d; use the tokenizer's vocabulary "
+               "(leave --vocab-size out) or a smaller tokenizer", c->data_path, rt->path, tokenizer_vocab_size(rt->tok),
+               c->vocab_size);
+    ds->n_tokens = prepare_tokenize_stream(c->data_path, "--data-path", c->json_keys, rt->tok, rt->eos_id, c->workers,
+                                           &ds->tokens);
+    if (!ds->n_tokens) mt_die("--data-path %s tokenizes to no tokens; give a text file with some content", c->data_path);
+    snprintf(ds->reading, sizeof(ds->reading), "%.1000s tokenized with %.1000s: %lld tokens", c->data_path, rt->path,
+             (long long)ds->n_tokens);
+}
+
+static int32_t tokenizer_eod(const Config *c);
 
 static void split_samples(Dataset *ds, const Config *c) {
     int64_t total = (ds->n_tokens - 1) / ds->seq_length;
@@ -46,9 +67,15 @@ static void split_samples(Dataset *ds, const Config *c) {
 }
 
 static void open_token_stream(Dataset *ds, const Config *c) {
-    if (c->vocab_size < BYTE_VOCAB_SIZE)
+    int tokenized = c->data_path[0] && c->run_tokenizer;
+    if (!tokenized && c->vocab_size < BYTE_VOCAB_SIZE)
         mt_die("--vocab-size %d is too small for byte-level tokens; use at least %d", c->vocab_size, BYTE_VOCAB_SIZE);
-    if (c->data_path[0]) {
+    ds->eod = BYTE_EOD_TOKEN;
+    if (tokenized) {
+        snprintf(ds->source, sizeof(ds->source), "--data-path %.1000s", c->data_path);
+        tokenize_text_file(ds, c);
+        ds->eod = tokenizer_eod(c);
+    } else if (c->data_path[0]) {
         snprintf(ds->source, sizeof(ds->source), "--data-path %.1000s", c->data_path);
         load_text_file(ds, c->data_path);
     } else {
@@ -57,7 +84,6 @@ static void open_token_stream(Dataset *ds, const Config *c) {
         ds->tokens = mt_malloc(ds->n_tokens * sizeof(int32_t));
         mock_corpus((uint64_t)c->seed, ds->n_tokens, BYTE_EOD_TOKEN, ds->tokens);
     }
-    ds->eod = BYTE_EOD_TOKEN;
     split_samples(ds, c);
 }
 
@@ -107,15 +133,13 @@ static void megatron_sample_counts(const Config *c, int64_t counts[3]) {
 // The end-of-document id of tokenized data: the tokenizer's; needed only by the flags that use it.
 static int32_t tokenizer_eod(const Config *c) {
     int needed = c->eod_mask_loss || c->reset_position_ids || c->reset_attention_mask;
-    if (!c->tokenizer_model[0]) {
+    if (!c->run_tokenizer) {
         if (needed)
             mt_die("--eod-mask-loss / --reset-position-ids / --reset-attention-mask need the end-of-document id of "
                    "the data: give --tokenizer-model (the tokenizer.json the data was prepared with)");
         return -1;
     }
-    Tokenizer *tok = tokenizer_load(c->tokenizer_model);
-    int32_t eod = tokenizer_end_of_text_id(tok);
-    tokenizer_free(tok);
+    int32_t eod = c->run_tokenizer->eos_id;
     if (eod < 0 && needed)
         mt_die("--tokenizer-model %s has no end-of-text token (<|endoftext|>, </s>, ...), which --eod-mask-loss and "
                "--reset-* use", c->tokenizer_model);

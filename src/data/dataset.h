@@ -1,8 +1,9 @@
 // dataset.h — the training data of a run: where samples come from, the train/valid/test
 // split, the order samples are read in, and how a sample becomes a batch row.
 //
-// Sources: the built-in corpus (--mock-data) or a byte-level text file (--data-path FILE):
-// one token stream, sample i is tokens [i·L, i·L + L + 1), samples split into contiguous
+// Sources: the built-in corpus (--mock-data) or a text file (--data-path FILE), tokenized
+// with the run's tokenizer as `moetron prepare --append-eod` reads it, or as bytes without
+// one (the file one document, then 256): one token stream, sample i is tokens [i·L, i·L + L + 1), samples split into contiguous
 // ranges by --split, the train range read in a fresh permutation each epoch from --seed.
 // Megatron .bin/.idx datasets (--data-path PREFIX..., --train-data-path ...): samples in
 // exactly Megatron-Core's GPTDataset / BlendedDataset order (megatron_data.h).
@@ -38,6 +39,7 @@ typedef struct {
     // Megatron sources
     MegatronData *megatron;
     char source[MT_PATH_MAX + 32];  // for messages
+    char reading[2 * MT_PATH_MAX + 64];  // how a text file was read (tokenizer or bytes, tokens); "" otherwise
 } Dataset;
 
 // One micro-batch of B rows of L tokens.

@@ -7,6 +7,7 @@
 #include "core/common.h"
 #include "data/dataset.h"
 #include "hf/hf_config_read.h"
+#include "tokenizer/run_tokenizer.h"
 
 static void write_dense_layer_list(JsonWriter *w, const Config *c) {
     jw_key(w, "mlp_only_layers");
@@ -44,6 +45,20 @@ static void write_moetron_section(JsonWriter *w, const Config *c) {
     jw_end_object(w);
 }
 
+static void write_id_or_null(JsonWriter *w, const char *key, int32_t id) {
+    jw_key(w, key);
+    if (id >= 0) jw_int(w, id);
+    else jw_null(w);
+}
+
+// The run's tokenizer's end-of-text and beginning-of-text ids (null when it has none);
+// 256 for byte-level models.
+static void write_special_ids(JsonWriter *w, const Config *c) {
+    const RunTokenizer *rt = c->run_tokenizer;
+    write_id_or_null(w, "eos_token_id", rt ? rt->eos_id : BYTE_EOD_TOKEN);
+    write_id_or_null(w, "bos_token_id", rt ? rt->bos_id : BYTE_EOD_TOKEN);
+}
+
 // Keys every family shares.
 static void write_common(JsonWriter *w, const Config *c, HfFamily family) {
     jw_key(w, "architectures");
@@ -70,8 +85,7 @@ static void write_common(JsonWriter *w, const Config *c, HfFamily family) {
     jw_kv_bool(w, "attention_bias", 0);
     jw_kv_double(w, "attention_dropout", 0);
     jw_kv_double(w, "initializer_range", c->init_method_std);
-    jw_kv_int(w, "eos_token_id", BYTE_EOD_TOKEN);
-    jw_kv_int(w, "bos_token_id", BYTE_EOD_TOKEN);
+    write_special_ids(w, c);
     jw_kv_string(w, "torch_dtype", c->ckpt_bf16 ? "bfloat16" : "float32");
     jw_kv_string(w, "dtype", c->ckpt_bf16 ? "bfloat16" : "float32");
     jw_kv_bool(w, "use_cache", 1);

@@ -202,3 +202,5 @@ int tokenizer_end_of_text_id(const Tokenizer *t) {
     int32_t ids[TOKENIZER_MAX_END_IDS];
     return tokenizer_end_of_text_ids(t, ids) ? ids[0] : -1;
 }
+
+int tokenizer_bos_id(const Tokenizer *t) { return t->prefix_count ? t->prefix_ids[0] : -1; }

@@ -26,6 +26,8 @@ typedef struct Tokenizer Tokenizer;
 // Loads path; any problem (unreadable, malformed, unsupported) is fatal via mt_die with
 // one line naming the file and what is wrong.
 Tokenizer *tokenizer_load(const char *path);
+// The same from the text of a tokenizer.json already read; path names it in messages.
+Tokenizer *tokenizer_parse(const char *json, size_t len, const char *path);
 void tokenizer_free(Tokenizer *t);  // NULL is fine
 
 // Encodes text[0..len) (UTF-8; invalid bytes are kept as bytes) with the post-processor's
@@ -52,5 +54,8 @@ int tokenizer_token_id(const Tokenizer *t, const char *token);
 int tokenizer_end_of_text_ids(const Tokenizer *t, int32_t *ids);
 // The end-of-document id: the first of those, or -1.
 int tokenizer_end_of_text_id(const Tokenizer *t);
+// The beginning-of-text id: the special token the post-processor puts before every
+// sequence (TemplateProcessing "<s> $A"), or -1 when it adds none.
+int tokenizer_bos_id(const Tokenizer *t);
 // 1 when id is an added token marked special.
 int tokenizer_is_special(const Tokenizer *t, int32_t id);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/fileio.h"
 #include "core/json.h"
 #include "tokenizer/tokenizer_internal.h"
 #include "tokenizer/unicode.h"
@@ -404,7 +405,17 @@ static void build_decode_table(Tokenizer *t) {
 
 Tokenizer *tokenizer_load(const char *path) {
     char err[256];
-    JsonValue *root = json_parse_file(path, err, sizeof err);
+    size_t len;
+    char *text = (char *)read_file_all(path, &len, err, sizeof err);
+    if (!text) TOK_DIE(path, "%s", err);
+    Tokenizer *t = tokenizer_parse(text, len, path);
+    free(text);
+    return t;
+}
+
+Tokenizer *tokenizer_parse(const char *json, size_t len, const char *path) {
+    char err[256];
+    JsonValue *root = json_parse(json, len, err, sizeof err);
     if (!root) TOK_DIE(path, "%s", err);
     if (root->type != JSON_OBJECT) TOK_DIE(path, "the file must hold a JSON object");
     Tokenizer *t = mt_calloc(1, sizeof(Tokenizer));

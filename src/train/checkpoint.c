@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "hf/hf_config.h"
 #include "hf/hf_weights.h"
+#include "tokenizer/run_tokenizer.h"
 
 #define CKPT_PATH_MAX (MT_PATH_MAX + 64)
 
@@ -35,12 +36,10 @@ static int file_exists(const char *path) {
 }
 
 // The files of a checkpoint directory besides the model shards; the Hugging Face files
-// copied from beside --tokenizer-model when they are there.
+// that go with tokenizer.json (tokenizer_companion_files) come with it.
 static const char *const fixed_files[] = {"config.json", "model.safetensors", "model.safetensors.index.json",
                                           "optimizer.safetensors", "trainer_state.json", "tokenizer.json",
                                           "checksums.json"};
-static const char *const tokenizer_companions[] = {"tokenizer_config.json", "special_tokens_map.json",
-                                                    "generation_config.json"};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static int in_list(const char *name, const char *const *list, size_t n) {
@@ -67,7 +66,7 @@ static int is_checkpoint_file(const char *name) {
     memcpy(base, name, len);
     base[len] = 0;
     return in_list(base, fixed_files, COUNT(fixed_files)) ||
-           in_list(base, tokenizer_companions, COUNT(tokenizer_companions)) || is_shard_name(base);
+           in_list(base, tokenizer_companion_files, TOKENIZER_COMPANION_COUNT) || is_shard_name(base);
 }
 
 static void remove_tree(const char *dir) {
@@ -253,41 +252,78 @@ static void write_trainer_state(const char *path, const TrainerState *st, const 
     write_json_file(path, &w);
 }
 
-static void copy_file(const char *from, const char *to) {
-    char err[512];
-    size_t len;
-    uint8_t *bytes = read_file_all(from, &len, err, sizeof(err));
-    if (!bytes) mt_die("--tokenizer-model: %s: %s", from, err);
-    if (write_file_atomic(to, bytes, len, err, sizeof(err))) mt_die("writing %s: %s", to, err);
-    free(bytes);
+static void write_bytes(const char *dir, const char *name, const FileBytes *f) {
+    char path[CKPT_PATH_MAX + 64], err[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    if (write_file_atomic(path, f->bytes, f->len, err, sizeof(err))) mt_die("writing %s: %s", path, err);
 }
 
-// --tokenizer-model FILE becomes tokenizer.json; the Hugging Face files that go with it are
-// copied when they are in FILE's directory.
-static void copy_tokenizer_files(const char *tokenizer_model, const char *dir) {
-    char from[CKPT_PATH_MAX + 64], to[CKPT_PATH_MAX + 64];
-    snprintf(to, sizeof(to), "%s/tokenizer.json", dir);
-    copy_file(tokenizer_model, to);
-    const char *slash = strrchr(tokenizer_model, '/');
-    int dir_len = slash ? (int)(slash - tokenizer_model) : 1;
-    const char *src_dir = slash ? tokenizer_model : ".";
-    for (size_t i = 0; i < COUNT(tokenizer_companions); i++) {
-        snprintf(from, sizeof(from), "%.*s/%s", dir_len, src_dir, tokenizer_companions[i]);
-        if (!file_exists(from)) continue;
-        snprintf(to, sizeof(to), "%s/%s", dir, tokenizer_companions[i]);
-        copy_file(from, to);
+// The ids generation stops at: one, or the list of them (as transformers accepts).
+static void write_end_ids(JsonWriter *w, const RunTokenizer *rt) {
+    jw_key(w, "eos_token_id");
+    if (rt->n_end_ids == 1) {
+        jw_int(w, rt->eos_id);
+        return;
     }
+    jw_begin_array(w);
+    for (int i = 0; i < rt->n_end_ids; i++) jw_int(w, rt->end_ids[i]);
+    jw_end_array(w);
 }
 
-void checkpoint_check_save_inputs(const Config *c) {
-    if (!c->tokenizer_model[0]) return;
-    struct stat s;
-    if (stat(c->tokenizer_model, &s))
-        mt_die("--tokenizer-model %s: cannot open it: %s", c->tokenizer_model, strerror(errno));
-    if (S_ISDIR(s.st_mode))
-        mt_die("--tokenizer-model %s is a directory; give its tokenizer.json file", c->tokenizer_model);
-    if (access(c->tokenizer_model, R_OK))
-        mt_die("--tokenizer-model %s: cannot read it: %s", c->tokenizer_model, strerror(errno));
+// generation_config.json for a tokenizer that came without one: transformers' generate
+// then stops at the tokens moetron generate stops at.
+static void write_generation_config(const char *dir, const RunTokenizer *rt) {
+    JsonWriter w;
+    jw_init(&w);
+    jw_begin_object(&w);
+    if (rt->bos_id >= 0) jw_kv_int(&w, "bos_token_id", rt->bos_id);
+    if (rt->n_end_ids) {
+        write_end_ids(&w, rt);
+        jw_kv_int(&w, "pad_token_id", rt->eos_id);
+    }
+    jw_end_object(&w);
+    char path[CKPT_PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    write_json_file(path, &w);
+}
+
+static void write_token_string(JsonWriter *w, const char *key, const Tokenizer *tok, int32_t id) {
+    if (id < 0) return;
+    size_t len;
+    const char *bytes = tokenizer_token_bytes(tok, id, &len);
+    char *text = mt_malloc(len + 1);
+    memcpy(text, bytes, len);
+    text[len] = 0;
+    jw_kv_string(w, key, text);
+    free(text);
+}
+
+// tokenizer_config.json for a tokenizer.json that came without one, so that AutoTokenizer
+// loads the checkpoint with its special tokens.
+static void write_tokenizer_config(const char *dir, const RunTokenizer *rt, const Config *c) {
+    JsonWriter w;
+    jw_init(&w);
+    jw_begin_object(&w);
+    jw_kv_string(&w, "tokenizer_class", "PreTrainedTokenizerFast");
+    write_token_string(&w, "bos_token", rt->tok, rt->bos_id);
+    write_token_string(&w, "eos_token", rt->tok, rt->eos_id);
+    jw_kv_int(&w, "model_max_length", c->max_positions);
+    jw_kv_bool(&w, "clean_up_tokenization_spaces", 0);
+    jw_end_object(&w);
+    char path[CKPT_PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+    write_json_file(path, &w);
+}
+
+// tokenizer.json and the companion files as run_tokenizer_open read them at start-up
+// (never re-read from their path, which a --keep-checkpoints prune may have removed);
+// generation_config.json and tokenizer_config.json from the tokenizer when it had none.
+static void copy_tokenizer_files(const RunTokenizer *rt, const Config *c, const char *dir) {
+    write_bytes(dir, "tokenizer.json", &rt->json);
+    for (int i = 0; i < TOKENIZER_COMPANION_COUNT; i++)
+        if (rt->companions[i].bytes) write_bytes(dir, tokenizer_companion_files[i], &rt->companions[i]);
+    if (!rt->companions[COMPANION_GENERATION_CONFIG].bytes) write_generation_config(dir, rt);
+    if (!rt->companions[COMPANION_TOKENIZER_CONFIG].bytes) write_tokenizer_config(dir, rt, c);
 }
 
 // ---- checksums ------------------------------------------------------------------------------
@@ -403,7 +439,7 @@ static void prune_checkpoints(const char *dir, int keep, long current) {
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
     char final_dir[CKPT_PATH_MAX], tmp_dir[CKPT_PATH_MAX + 32], old_dir[CKPT_PATH_MAX + 32];
     char path[CKPT_PATH_MAX + 64];
-    checkpoint_check_save_inputs(&m->cfg);
+    MT_ASSERT(!m->cfg.tokenizer_model[0] || m->cfg.run_tokenizer);  // run_tokenizer_open read it at start-up
     make_dirs(dir);
     snprintf(final_dir, sizeof(final_dir), "%s/iter_%07ld", dir, st->iteration);
     snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)getpid());
@@ -422,7 +458,7 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
         snprintf(path, sizeof(path), "%s/trainer_state.json", tmp_dir);
         write_trainer_state(path, st, opt);
     }
-    if (m->cfg.tokenizer_model[0]) copy_tokenizer_files(m->cfg.tokenizer_model, tmp_dir);
+    if (m->cfg.run_tokenizer) copy_tokenizer_files(m->cfg.run_tokenizer, &m->cfg, tmp_dir);
     write_checksums(tmp_dir);
     // A directory of the same iteration is replaced only by the complete new one: swapped
     // atomically where the filesystem can, else moved aside just before the rename.

@@ -8,7 +8,9 @@
 //   DIR/iter_0000010/optimizer.safetensors exp_avg.<name>, exp_avg_sq.<name> (+ master.<name>,
 //                                          the F32 weights, with --ckpt-dtype bf16)
 //   DIR/iter_0000010/trainer_state.json    iteration, consumed samples, optimizer step
-//   DIR/iter_0000010/tokenizer.json ...    with --tokenizer-model (and its companion files)
+//   DIR/iter_0000010/tokenizer.json ...    the run's tokenizer as read at start-up (run_tokenizer.h),
+//                                          its companion files; generation_config.json and
+//                                          tokenizer_config.json made from it when it had none
 //   DIR/latest_checkpointed_iteration.txt  "10"
 // The iteration directory is written under a temporary name and renamed into place,
 // then latest_checkpointed_iteration.txt is replaced atomically: a crash at any point
@@ -21,11 +23,6 @@ typedef struct {
     long iteration;                // optimizer steps completed
     int64_t consumed_train_samples;
 } TrainerState;
-
-// Fatal with one line when a file a checkpoint will copy (--tokenizer-model) is missing or
-// unreadable: call it at start-up so that the error comes before training, not at the
-// first save. checkpoint_save checks again.
-void checkpoint_check_save_inputs(const Config *c);
 
 // Write DIR/iter_N (N = st->iteration) as above; opt NULL writes the model and config only.
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st);

@@ -28,6 +28,7 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/run_control.h"
+#include "tokenizer/run_tokenizer.h"
 
 typedef struct {
     Config *cfg;
@@ -35,6 +36,7 @@ typedef struct {
     Optimizer opt;
     TrainerState state;
     Dataset data;
+    RunTokenizer *tokenizer;  // read once at start-up; NULL: byte-level
     ModelActs acts;
     Prefetcher prefetch;        // training micro-batches, read ahead on a thread
     DataBatch eval_batch;       // validation micro-batches
@@ -192,7 +194,7 @@ static void trainer_setup(Trainer *t, Config *c) {
         checkpoint_resolve(resolved, c->load);
         config_from_checkpoint(c, resolved);
     }
-    checkpoint_check_save_inputs(c);  // before any work: a --tokenizer-model that cannot be read
+    t->tokenizer = run_tokenizer_open(c);  // before any work: checkpoints carry what is read here
     setup_parallel(t);
     if (comm_world_size() > 1) watchdog_start(60 * c->distributed_timeout_minutes);
     if (comm_world_rank() != 0) {  // one process reports and saves; every rank computes the same
@@ -233,6 +235,7 @@ static void trainer_free(Trainer *t) {
     data_batch_free(&t->eval_batch);
     acts_free(&t->acts);
     dataset_free(&t->data);
+    run_tokenizer_free(t->tokenizer);
     parallel_groups_free(&t->groups);
     optimizer_free(&t->opt);
     grad_sync_free(&t->sync);
@@ -252,6 +255,7 @@ static void print_banner(const Trainer *t) {
            "%s\n",
            hf_model_type(t->model.family), c->num_layers, c->hidden_size, c->num_experts, c->moe_router_topk,
            total / 1e6, active / 1e6, t->data.source);
+    if (t->data.reading[0]) printf("data: %s\n", t->data.reading);
     printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s "
            "(%s: %s%s)\n",
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,

@@ -171,7 +171,9 @@ if cfg.get("torch_dtype") != "bfloat16": print("config.json torch_dtype", cfg.ge
 
 test_tokenizer() {
     mkdir -p "$work/tok"
-    printf '{"version": "1.0", "model": {"type": "BPE"}}\n' >"$work/tok/my-tokenizer.json"
+    printf 'the lazy fox jumps over the dog\n' >"$work/tok/text.txt"
+    "$M" prepare --input "$work/tok/text.txt" --vocab-size 270 --output-prefix "$work/tok/t" >/dev/null 2>&1 &&
+        mv "$work/tok/t_tokenizer.json" "$work/tok/my-tokenizer.json" || { fail tokenizer_copy "prepare failed"; return; }
     printf '{"tokenizer_class": "PreTrainedTokenizerFast"}\n' >"$work/tok/tokenizer_config.json"
     printf '{"eos_token": "<eos>"}\n' >"$work/tok/special_tokens_map.json"
     train_tiny tokrun --train-iters 1 --save "$work/tok_ckpt" --tokenizer-model "$work/tok/my-tokenizer.json" ||
@@ -180,7 +182,8 @@ test_tokenizer() {
     cmp -s "$work/tok/my-tokenizer.json" "$it/tokenizer.json" || { fail tokenizer_copy "tokenizer.json is not a copy"; return; }
     cmp -s "$work/tok/tokenizer_config.json" "$it/tokenizer_config.json" || { fail tokenizer_copy "tokenizer_config.json not copied"; return; }
     cmp -s "$work/tok/special_tokens_map.json" "$it/special_tokens_map.json" || { fail tokenizer_copy "special_tokens_map.json not copied"; return; }
-    [ ! -e "$it/generation_config.json" ] || { fail tokenizer_copy "generation_config.json appeared from nowhere"; return; }
+    grep -q '"eos_token_id": 269' "$it/generation_config.json" ||
+        { fail tokenizer_copy "generation_config.json lacks the tokenizer's end-of-text"; return; }
     ok tokenizer_files_copied
 
     # saving the same iteration again replaces the directory with exactly the new files

@@ -18,7 +18,13 @@ checkpoint directory the way transformers uses it:
                        a BF16 DeepSeek-V3 export whose trained expert biases
                        (e_score_correction_bias) stay F32: transformers holds them exactly.
 
-In both, the float32 logits of the transformers model (model.float()) on random tokens must
+  bpe_generate_stops   a model trained on text (--data-path .txt) with a `moetron prepare` BPE
+                       tokenizer and no --vocab-size: config.json, generation_config.json and
+                       tokenizer_config.json name that tokenizer's <|endoftext|>, and transformers'
+                       greedy model.generate (AutoModelForCausalLM + AutoTokenizer) stops where
+                       `moetron generate --temperature 0` stops, with the same text.
+
+In the first three, the float32 logits of the transformers model (model.float()) on random tokens must
 match `moetron forward` on the same checkpoint within 1e-4.
 
 Prints `ok <case>  [details]` or `FAIL <case>: <why>` per case and exits non-zero when any
@@ -216,6 +222,45 @@ def run_case(moetron, name, shape_flags, export_flags, model_type, sharded, toke
     return ", ".join(detail)
 
 
+GEN_DOC = "hello world this is the end"   # the model learns to end each document after "end"
+GEN_PROMPT, GEN_MAX_NEW = "hello world", 12
+
+
+def run_generate_case(moetron, name, workdir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    text = os.path.join(workdir, "docs.txt")
+    with open(text, "w") as fh:
+        fh.write((GEN_DOC + "\n\n") * 200)
+    run_cmd([moetron, "prepare", "--input", text, "--vocab-size", "300", "--output-prefix",
+             os.path.join(workdir, "bpe")], "moetron prepare")
+    tok_path = os.path.join(workdir, "bpe_tokenizer.json")
+    eot = [t["id"] for t in json.load(open(tok_path))["added_tokens"] if t["content"] == "<|endoftext|>"][0]
+    it_dir = train(moetron, ["--tokenizer-model", tok_path, "--data-path", text, "--lr", "1e-2"],
+                   os.path.join(workdir, "ckpt"), iters=60)
+    for file, key in (("config.json", "eos_token_id"), ("config.json", "bos_token_id"),
+                      ("generation_config.json", "eos_token_id")):
+        got = json.load(open(os.path.join(it_dir, file))).get(key)
+        check(got == eot, f"{file} {key} is {got}, the tokenizer's <|endoftext|> is {eot}")
+
+    out = run_cmd([moetron, "generate", "--load", it_dir, "--prompt", GEN_PROMPT, "--temperature", "0",
+                   "--max-new-tokens", str(GEN_MAX_NEW)], "moetron generate")
+    mt_text = out.rstrip("\n").splitlines()[-1]
+    tok = AutoTokenizer.from_pretrained(it_dir)
+    check(tok.eos_token_id == eot, f"AutoTokenizer's eos_token_id is {tok.eos_token_id}, expected {eot}")
+    model = AutoModelForCausalLM.from_pretrained(it_dir).float().eval()
+    ids = tok(GEN_PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GEN_MAX_NEW, do_sample=False)
+    new = gen[0, ids.shape[1]:].tolist()
+    check(eot in new, f"transformers' generate did not stop at <|endoftext|> ({eot}): generated {new}")
+    check(new[-1] == eot, f"transformers' generate went on past <|endoftext|>: {new}")
+    hf_text = GEN_PROMPT + tok.decode(new[:-1])
+    check(hf_text == mt_text, f"transformers generated {hf_text!r}, moetron generate {mt_text!r}")
+    return f"both stop after {len(new) - 1} tokens: {mt_text!r}"
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
@@ -225,7 +270,10 @@ def main():
     import transformers
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    return run_cases(moetron, [(c[0], run_case, c[1:]) for c in cases], "hfexport")
+    runs = [(c[0], run_case, c[1:]) for c in cases]
+    if len(sys.argv) == 2 or any("bpe_generate_stops".startswith(w) for w in sys.argv[2:]):
+        runs.append(("bpe_generate_stops", run_generate_case, ()))
+    return run_cases(moetron, runs, "hfexport")
 
 
 if __name__ == "__main__":

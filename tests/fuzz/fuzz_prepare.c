@@ -3,13 +3,15 @@
 // sequences (process_jsonl: one JSON object per line, the --json-keys values as strings or
 // arrays of strings; process_text: paragraphs) and tokenizing them, or counting the GPT-2
 // words for BPE training. Those are static functions, so prepare.c is compiled into this
-// target (prepare_main renamed away); run_pass's loop is repeated here without the worker
+// target (prepare_main and prepare_tokenize_stream renamed away); run_pass's loop is repeated here without the worker
 // threads and the output files.
 // Input: one byte of settings, then the file. Bits of the settings byte: 0 .txt (else
 // .jsonl), 1 --append-eod, 2 the counting pass (else encoding), 3-4 --json-keys (text;
 // text,meta; a; text,text,x... rejected).
 #define prepare_main fuzz_prepare_main_unused
+#define prepare_tokenize_stream fuzz_prepare_tokenize_stream_unused
 #include "cmd/prepare.c"
+#undef prepare_tokenize_stream
 #undef prepare_main
 
 #include "fuzz.h"
