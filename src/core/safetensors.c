@@ -1,14 +1,19 @@
-// safetensors.c — safetensors reader (reads the whole file, then validates the
-// header completely before anything is handed out) and writer (streams the
-// header and tensors into an atomic temp file).
+// safetensors.c — safetensors reader (maps the file, validates the header
+// completely before anything is handed out, and reads a tensor's bytes only when
+// asked) and writer (streams the header and tensors into an atomic temp file).
 #include "safetensors.h"
 
 #include "fileio.h"
 #include "json.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (tensor bytes are copied as is)"
@@ -301,11 +306,30 @@ static int validate(StFile *f, char *err, size_t errlen) {
     return 0;
 }
 
+// Maps the file read-only: only the pages a caller touches (the header, the tensors it
+// reads) become resident, so opening a file costs nothing like its size in memory.
+static int map_file(StFile *f, const char *path, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(err, errlen, "cannot open: %s", strerror(errno));
+    struct stat s;
+    int rc = 0;
+    if (fstat(fd, &s)) rc = fail(err, errlen, "cannot stat: %s", strerror(errno));
+    else if (s.st_size < 8)
+        rc = fail(err, errlen, "file is only %lld bytes; a safetensors file starts with an 8-byte header length",
+                  (long long)s.st_size);
+    if (rc == 0) {
+        void *bytes = mmap(NULL, (size_t)s.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (bytes == MAP_FAILED) rc = fail(err, errlen, "cannot map: %s", strerror(errno));
+        else f->bytes = bytes, f->size = (size_t)s.st_size;
+    }
+    close(fd);
+    return rc;
+}
+
 int st_open(StFile *f, const char *path, char *err, size_t errlen) {
     memset(f, 0, sizeof *f);
     if (err && errlen) err[0] = '\0';
-    f->bytes = read_file_all(path, &f->size, err, errlen);
-    if (!f->bytes) return -1;
+    if (map_file(f, path, err, errlen)) return -1;
     f->path = mt_strdup(path);
     if (validate(f, err, errlen)) {
         st_close(f);
@@ -324,7 +348,7 @@ void st_close(StFile *f) {
     free(f->meta_keys);
     free(f->meta_values);
     free(f->by_name);
-    free(f->bytes);
+    if (f->bytes) munmap(f->bytes, f->size);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -393,7 +417,23 @@ static float f8_e4m3_to_float(uint8_t b) {
 // FP8 E5M2 is the top byte of an IEEE half.
 static float f8_e5m2_to_float(uint8_t b) { return f16_to_float((uint16_t)(b << 8)); }
 
+// Hands the file pages of bytes [begin, end) of the data back: they leave the process's
+// resident memory (a later read maps them in again from the file).
+static void release_pages(const StFile *f, uint64_t begin, uint64_t end) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t from = (f->data_start + (size_t)begin) / page * page, to = f->data_start + (size_t)end;
+    if (to > from) madvise(f->bytes + from, to - from, MADV_DONTNEED);
+}
+
+static int convert_to_real(const StFile *f, const StTensor *t, real *out);
+
 int st_read_real(const StFile *f, const StTensor *t, real *out) {
+    int rc = convert_to_real(f, t, out);
+    release_pages(f, t->begin, t->end);
+    return rc;
+}
+
+static int convert_to_real(const StFile *f, const StTensor *t, real *out) {
     const uint8_t *src = st_data(f, t);
     int64_t n = st_numel(t);
     for (int64_t i = 0; i < n; i++) {
@@ -508,6 +548,7 @@ void stw_meta(StWriter *w, const char *key, const char *value) {
 }
 
 void stw_discard(StWriter *w) {
+    if (w->streaming && w->file.fp) atomic_abort(&w->file);
     for (int i = 0; i < w->n_tensors; i++) {
         free(w->tensors[i].name);
         free(w->tensors[i].owned_copy);
@@ -556,12 +597,12 @@ static void build_header(const StWriter *w, JsonWriter *jw) {
     jw_end_object(jw);
 }
 
-// Writes a tensor of real values as F32 or BF16, converting a piece at a time (F32 from
-// float memory is written as it is).
-static void write_reals(AtomicFile *af, const StWriterTensor *t, char *err, size_t errlen) {
-    size_t elem = st_dtype_size(t->dtype), n = (size_t)(t->nbytes / elem);
-    if (t->dtype == ST_F32 && sizeof(real) == sizeof(float)) {
-        atomic_write(af, t->reals, n * elem, err, errlen);
+// Writes n real values as F32 or BF16, converting a piece at a time (F32 from float memory
+// is written as it is).
+static void write_reals(AtomicFile *af, StDtype dtype, const real *values, size_t n, char *err, size_t errlen) {
+    size_t elem = st_dtype_size(dtype);
+    if (dtype == ST_F32 && sizeof(real) == sizeof(float)) {
+        atomic_write(af, values, n * elem, err, errlen);
         return;
     }
     enum { CHUNK = 4096 };
@@ -572,16 +613,26 @@ static void write_reals(AtomicFile *af, const StWriterTensor *t, char *err, size
     for (size_t start = 0; start < n; start += CHUNK) {
         size_t count = MT_MIN((size_t)CHUNK, n - start);
         for (size_t i = 0; i < count; i++) {
-            float v = (float)t->reals[start + i];
-            if (t->dtype == ST_F32) buf.f32[i] = v;
+            float v = (float)values[start + i];
+            if (dtype == ST_F32) buf.f32[i] = v;
             else buf.bf16[i] = st_float_to_bf16(v);
         }
         atomic_write(af, &buf, count * elem, err, errlen);
     }
 }
 
-// Streams [length][header + space padding][tensor bytes...] into an atomic file.
-static int write_file(const StWriter *w, const char *path, char *err, size_t errlen) {
+static int check_unique_tensor_names(const StWriter *w, char *err, size_t errlen) {
+    NameIndex *sorted = new_name_index(w->n_tensors);
+    for (int i = 0; i < w->n_tensors; i++) sorted[i] = (NameIndex){w->tensors[i].name, i};
+    const char *duplicate = sort_and_find_duplicate(sorted, w->n_tensors);
+    int rc = duplicate ? fail(err, errlen, "duplicate tensor name \"%.80s\"", duplicate) : 0;
+    free(sorted);
+    return rc;
+}
+
+// [length][header + space padding] into a new atomic file; the tensor bytes follow.
+static int write_header(StWriter *w, const char *path, char *err, size_t errlen) {
+    if (check_unique_tensor_names(w, err, errlen)) return -1;
     JsonWriter jw;
     build_header(w, &jw);
     size_t padded = (jw_len(&jw) + 7) / 8 * 8;
@@ -591,30 +642,74 @@ static int write_file(const StWriter *w, const char *path, char *err, size_t err
     }
     uint8_t length_bytes[8];
     for (int i = 0; i < 8; i++) length_bytes[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    AtomicFile af;
-    if (atomic_open(&af, path, err, errlen)) {
+    if (atomic_open(&w->file, path, err, errlen)) {
         jw_free(&jw);
         return -1;
     }
-    atomic_write(&af, length_bytes, 8, err, errlen);
-    atomic_write(&af, jw_text(&jw), jw_len(&jw), err, errlen);
-    atomic_write(&af, "        ", padded - jw_len(&jw), err, errlen);
+    atomic_write(&w->file, length_bytes, 8, err, errlen);
+    atomic_write(&w->file, jw_text(&jw), jw_len(&jw), err, errlen);
+    atomic_write(&w->file, "        ", padded - jw_len(&jw), err, errlen);
     jw_free(&jw);
+    w->streaming = 1;
+    return 0;
+}
+
+void stw_declare(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape) {
+    if (dtype != ST_F32 && dtype != ST_BF16)
+        mt_die("safetensors writer: tensor \"%s\": streamed values are written as F32 or BF16 only", name);
+    push_tensor(w, name, dtype, ndim, shape);
+}
+
+int stw_stream_open(StWriter *w, const char *path, char *err, size_t errlen) {
+    if (write_header(w, path, err, errlen) == 0) return 0;
+    stw_discard(w);
+    return -1;
+}
+
+void stw_stream_values(StWriter *w, const real *values, size_t n) {
+    MT_ASSERT(w->streaming);
+    while (n > 0) {
+        MT_ASSERT(w->next_tensor < w->n_tensors);
+        const StWriterTensor *t = &w->tensors[w->next_tensor];
+        uint64_t numel = t->nbytes / st_dtype_size(t->dtype);
+        size_t take = (size_t)MT_MIN((uint64_t)n, numel - w->next_element);
+        write_reals(&w->file, t->dtype, values, take, NULL, 0);
+        values += take, n -= take;
+        w->next_element += take;
+        if (w->next_element == numel) w->next_tensor++, w->next_element = 0;
+    }
+    // tensors of no elements complete without values
+    while (w->next_tensor < w->n_tensors && w->tensors[w->next_tensor].nbytes == 0) w->next_tensor++;
+}
+
+int stw_stream_close(StWriter *w, char *err, size_t errlen) {
+    MT_ASSERT(w->streaming);
+    stw_stream_values(w, NULL, 0);
+    int rc;
+    if (w->next_tensor < w->n_tensors) {
+        atomic_abort(&w->file);
+        rc = fail(err, errlen, "internal error: tensor \"%.80s\" was not given all its values",
+                  w->tensors[w->next_tensor].name);
+    } else {
+        rc = atomic_commit(&w->file, err, errlen);
+    }
+    stw_discard(w);
+    return rc;
+}
+
+// The header, then every tensor's bytes in order.
+static int write_file(StWriter *w, const char *path, char *err, size_t errlen) {
+    if (write_header(w, path, err, errlen)) return -1;
     for (int i = 0; i < w->n_tensors; i++) {
         const StWriterTensor *t = &w->tensors[i];
-        if (t->reals) write_reals(&af, t, err, errlen);
-        else atomic_write(&af, t->data, (size_t)t->nbytes, err, errlen);
+        if (t->reals) write_reals(&w->file, t->dtype, t->reals, (size_t)(t->nbytes / st_dtype_size(t->dtype)), err, errlen);
+        else atomic_write(&w->file, t->data, (size_t)t->nbytes, err, errlen);
     }
-    return atomic_commit(&af, err, errlen);
+    return atomic_commit(&w->file, err, errlen);
 }
 
 int stw_finish(StWriter *w, const char *path, char *err, size_t errlen) {
-    NameIndex *sorted = new_name_index(w->n_tensors);
-    for (int i = 0; i < w->n_tensors; i++) sorted[i] = (NameIndex){w->tensors[i].name, i};
-    const char *duplicate = sort_and_find_duplicate(sorted, w->n_tensors);
-    int rc = duplicate ? fail(err, errlen, "duplicate tensor name \"%.80s\"", duplicate)
-                       : write_file(w, path, err, errlen);
-    free(sorted);
+    int rc = write_file(w, path, err, errlen);
     stw_discard(w);
     return rc;
 }

@@ -12,6 +12,7 @@
 // exactly: no overlaps, no holes, no trailing bytes.
 #pragma once
 #include "common.h"
+#include "fileio.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -42,7 +43,7 @@ typedef struct {
 
 typedef struct {
     char *path;
-    uint8_t *bytes;                // the whole file
+    uint8_t *bytes;                // the whole file, mapped read-only (pages load as they are read)
     size_t size;
     size_t data_start;             // 8 + N
     int n_tensors;
@@ -64,7 +65,9 @@ const char *st_meta(const StFile *f, const char *key);       // NULL if absent
 int64_t st_numel(const StTensor *t);                          // product of the shape (1 for a scalar)
 
 // Converts the tensor's elements (F64, F32, F16, BF16, F8_E4M3, F8_E5M2) into
-// out[st_numel(t)]. Returns 0 on success, nonzero for integer/bool dtypes.
+// out[st_numel(t)]. Returns 0 on success, nonzero for integer/bool dtypes. Only t's
+// bytes are read, and their pages are released afterwards: reading a file tensor by
+// tensor holds no more of it in memory than one tensor.
 int st_read_real(const StFile *f, const StTensor *t, real *out);
 // The raw little-endian bytes (t->end - t->begin of them). Aligned to the
 // element size only when the writer aligned it (files from stw_finish and from
@@ -99,6 +102,10 @@ typedef struct StWriter {
     int n_meta, cap_meta;
     char **meta_keys;
     char **meta_values;
+    AtomicFile file;        // the file being written
+    int streaming;          // stw_stream_open has written the header
+    int next_tensor;        // streaming: the tensor the next values belong to
+    uint64_t next_element;  // ... and the first of its elements not yet written
 } StWriter;
 
 void stw_init(StWriter *w);
@@ -117,8 +124,23 @@ void stw_meta(StWriter *w, const char *key, const char *value);
 // also on failure. Returns 0 on success; nonzero with err filled (for instance a
 // duplicate tensor name, or an I/O error).
 int stw_finish(StWriter *w, const char *path, char *err, size_t errlen);
-// Frees everything without writing.
+// Frees everything without writing (a stream not closed yet is abandoned: no file).
 void stw_discard(StWriter *w);
+
+// Streaming: a file whose tensors' values are not all in memory at once. The header comes
+// from the declared names, dtypes and shapes alone; then the values arrive in order.
+//   stw_declare(&w, "a", ST_BF16, 2, shape_a); stw_declare(&w, "b", ST_F32, 1, shape_b);
+//   if (stw_stream_open(&w, path, err, n)) ...;      // writes the header
+//   stw_stream_values(&w, a_part1, n1); stw_stream_values(&w, a_part2, n2); ...  // a, then b
+//   if (stw_stream_close(&w, err, n)) ...;           // commits the atomic file
+// The bytes are those stw_finish writes for the same tensors. Values may come in pieces of
+// any size and a piece may run from one tensor into the next. stw_stream_open and
+// stw_stream_close free everything on failure; an I/O error while streaming is reported
+// by stw_stream_close.
+void stw_declare(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape);  // F32 or BF16
+int stw_stream_open(StWriter *w, const char *path, char *err, size_t errlen);
+void stw_stream_values(StWriter *w, const real *values, size_t n);
+int stw_stream_close(StWriter *w, char *err, size_t errlen);
 
 // float -> bfloat16 bits, rounding to nearest even (as torch does); NaN stays NaN
 // (quiet, sign kept), infinities stay infinite, overflow rounds to infinity.

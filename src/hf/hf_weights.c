@@ -175,6 +175,16 @@ static void convert_real(const WeightSource *ws, int file, const char *name, con
                st_dtype_name(t->dtype));
 }
 
+// Elements [first, first + count) of t, as a tensor of its own (1-D).
+static StTensor element_slice(const StTensor *t, int64_t first, int64_t count) {
+    StTensor slice = *t;
+    slice.ndim = 1;
+    slice.shape[0] = count;
+    slice.begin = t->begin + (uint64_t)first * st_dtype_size(t->dtype);
+    slice.end = slice.begin + (uint64_t)count * st_dtype_size(t->dtype);
+    return slice;
+}
+
 // Read tensor `name` into out, checking it against the model tensor d; NULL when the
 // source does not hold it.
 static const StTensor *ws_read_named(WeightSource *ws, const char *name, const TensorDesc *d, real *out) {
@@ -242,13 +252,8 @@ static int read_fused_expert(WeightSource *ws, const Model *m, const TensorDesc 
     int64_t want[3] = {m->cfg.num_experts, part == 2 ? rows : 2 * rows, cols};
     check_shape(ws, fused_name, t, 3, want);
     // The slice is contiguous: expert e, rows [part*rows, (part+1)*rows) of the middle axis.
-    StTensor slice = *t;
     int64_t first = (int64_t)d->expert * want[1] * cols + (part == 1 ? rows * cols : 0);
-    slice.ndim = 2;
-    slice.shape[0] = rows;
-    slice.shape[1] = cols;
-    slice.begin = t->begin + (uint64_t)first * st_dtype_size(t->dtype);
-    slice.end = slice.begin + (uint64_t)(rows * cols) * st_dtype_size(t->dtype);
+    StTensor slice = element_slice(t, first, rows * cols);
     convert_real(ws, file, fused_name, &slice, out);
     ws_mark_used(ws, file, t);
     return 1;
@@ -308,13 +313,34 @@ static void ws_skip_remote_experts(WeightSource *ws, const Model *m, const char 
         }
 }
 
+// The part of tensor `name` (the model tensor d) that lies inside g's windows: each
+// window's intersection with d's elements, read from the file on its own.
+static const StTensor *ws_read_windows(WeightSource *ws, const char *name, const TensorDesc *d,
+                                       const HfTensorGroup *g) {
+    int file;
+    const StTensor *t = ws_find(ws, name, &file);
+    if (!t) return NULL;
+    check_shape(ws, name, t, d->ndim, d->shape);
+    int64_t begin = (int64_t)d->offset, end = begin + (int64_t)d->numel;
+    for (int w = 0; w < g->n_windows; w++) {
+        const HfWindow *win = &g->windows[w];
+        int64_t from = MT_MAX(begin, win->begin), to = MT_MIN(end, win->end);
+        if (to <= from) continue;
+        StTensor part = element_slice(t, from - begin, to - from);
+        convert_real(ws, file, name, &part, win->dest + (from - win->begin));
+    }
+    ws_mark_used(ws, file, t);
+    return t;
+}
+
 static void ws_read_group(WeightSource *ws, const Model *m, HfTensorGroup *g) {
     char name[MT_NAME_MAX + 32];
     int first_found = -1, first_missing = -1;
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         snprintf(name, sizeof(name), "%s%s", g->prefix, d->name);
-        int found = ws_read_named(ws, name, d, g->dest + d->offset) != NULL;
+        int found = (g->n_windows ? ws_read_windows(ws, name, d, g) : ws_read_named(ws, name, d, g->dest + d->offset))
+                    != NULL;
         if (!found && !g->optional)
             mt_die("%s: tensor %s is missing; the checkpoint does not match its config.json", ws->where, name);
         if (found && first_found < 0) first_found = i;

@@ -9,10 +9,21 @@ void hf_weights_load(const char *dir, Model *m);
 
 // One group of tensors in a single safetensors file keyed by the model's tensor names
 // (optimizer.safetensors): tensor "<prefix><name>" for every tensor of m's table, read into
-// dest + that tensor's offset in the flat buffers.
+// dest + that tensor's offset in the flat buffers, or just its elements inside the windows.
+// A window of the flat layout: elements [begin, end) of m's parameters, stored compactly
+// at dest[0 .. end - begin) (a distributed optimizer's shard of the moments).
+typedef struct {
+    int64_t begin, end;
+    real *dest;
+} HfWindow;
+
+enum { HF_MAX_WINDOWS = 2 };
+
 typedef struct {
     const char *prefix;   // e.g. "exp_avg."
-    real *dest;           // a flat buffer laid out like m's parameters
+    real *dest;           // a flat buffer laid out like m's parameters (when n_windows is 0)
+    int n_windows;        // > 0: only the elements inside these windows are read, into them
+    HfWindow windows[HF_MAX_WINDOWS];
     int optional;         // the group may be absent as a whole, never in part
     int present;          // out: the group was there (always 1 for a required group)
 } HfTensorGroup;

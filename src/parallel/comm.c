@@ -293,16 +293,36 @@ void comm_reduce_scatter_v(const Comm *g, const real *send, real *recv, const si
 void comm_allgather(const Comm *g, const real *send, real *recv, size_t block) {
     block_collective(g, OP_ALLGATHER, send, recv, NULL, block, NULL);
 }
-void comm_allgather_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block) {
+static void allgather_typed(const Comm *g, CommType t, const void *send, void *recv, size_t block) {
     require_member(g, "all-gather");
     if (g->size == 1) {
-        memmove(recv, send, block * sizeof(int32_t));
+        memmove(recv, send, block * comm_type_size(t));
         return;
     }
     size_t *counts = equal_counts(g, block), *displs = prefix_displs(g, counts);
-    backend_allgatherv(g, CT_INT32, send, recv, counts, displs);
+    backend_allgatherv(g, t, send, recv, counts, displs);
     free(counts);
     free(displs);
+}
+void comm_allgather_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block) {
+    allgather_typed(g, CT_INT32, send, recv, block);
+}
+void comm_allgather_int64(const Comm *g, const int64_t *send, int64_t *recv, size_t block) {
+    allgather_typed(g, CT_INT64, send, recv, block);
+}
+// An all-to-all in which only root receives: every member sends its piece to root alone.
+void comm_gather_v(const Comm *g, const real *send, size_t send_count, real *recv, const size_t *counts,
+                   const size_t *displs, int root) {
+    require_member(g, "gather");
+    if (root < 0 || root >= g->size)
+        mt_die("internal error: gather to rank %d on process group %s of %d (please report)", root, g->name,
+               g->size);
+    int is_root = g->rank == root;
+    size_t *send_counts = equal_counts(g, 0), *zeros = equal_counts(g, 0);
+    send_counts[root] = send_count;
+    alltoallv_typed(g, CT_REAL, send, send_counts, zeros, recv, is_root ? counts : zeros, is_root ? displs : zeros);
+    free(send_counts);
+    free(zeros);
 }
 void comm_allgather_v(const Comm *g, const real *send, real *recv, const size_t *counts) {
     block_collective(g, OP_ALLGATHER, send, recv, counts, 0, NULL);

@@ -70,6 +70,12 @@ void comm_allgather(const Comm *g, const real *send, real *recv, size_t block);
 void comm_allgather_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block);
 // As comm_allgather with rank q sending counts[q] elements (blocks back to back in recv).
 void comm_allgather_v(const Comm *g, const real *send, real *recv, const size_t *counts);
+void comm_allgather_int64(const Comm *g, const int64_t *send, int64_t *recv, size_t block);
+// Member root receives every member's piece: rank q sends its send_count elements, which land
+// at recv + displs[q] on root; counts[q] (rank q's send_count) and displs are read on root
+// only, recv is written on root only (the others may pass NULL). Pieces must not overlap.
+void comm_gather_v(const Comm *g, const real *send, size_t send_count, real *recv, const size_t *counts,
+                   const size_t *displs, int root);
 // Block q of send (`block` elements) goes to rank q; block q of recv comes from rank q.
 void comm_alltoall(const Comm *g, const real *send, real *recv, size_t block);
 void comm_alltoall_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block);

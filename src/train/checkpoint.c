@@ -95,11 +95,6 @@ static void write_json_file(const char *path, JsonWriter *w) {
     jw_free(w);
 }
 
-static void finish_safetensors(StWriter *w, const char *path) {
-    char err[512];
-    if (stw_finish(w, path, err, sizeof(err))) mt_die("writing %s: %s", path, err);
-}
-
 // ---- model weights: model.safetensors or Hugging Face shards ---------------------------
 
 // BF16 with --ckpt-dtype bf16, except the routers and the expert biases: they stay F32, as
@@ -191,62 +186,84 @@ static void write_shard_index(const char *dir, const Model *m, const int *shard_
     write_json_file(path, &w);
 }
 
-// One shard at a time; the writer reads the parameters in place (no copy of the model).
-static void write_model_files(const char *dir, const Model *m) {
+static void stream_open(StWriter *w, const char *path) {
+    char err[512];
+    if (stw_stream_open(w, path, err, sizeof(err))) mt_die("writing %s: %s", path, err);
+}
+
+static void stream_close(StWriter *w, const char *path) {
+    char err[512];
+    if (stw_stream_close(w, err, sizeof(err))) mt_die("writing %s: %s", path, err);
+}
+
+// One shard at a time, one tensor at a time: the writer holds no more than the tensor the
+// source hands it (the parameters themselves in one process).
+static void write_model_files(const char *dir, const Model *m, const CkptSource *src) {
     int *shard_of = mt_malloc((size_t)m->tt.count * sizeof(*shard_of));
     int n_shards = plan_shards(m, m->cfg.max_shard_bytes, shard_of);
     char file[64], path[CKPT_PATH_MAX + 128];
     for (int s = 0; s < n_shards; s++) {
-        StWriter w;
-        stw_init(&w);
-        for (int i = 0; i < m->tt.count; i++) {
-            const TensorDesc *d = &m->tt.descs[i];
-            if (shard_of[i] == s)
-                stw_add_real_view(&w, d->name, stored_dtype(m, d), d->ndim, d->shape, tt_param(&m->tt, i));
-        }
         shard_file_name(file, sizeof(file), s, n_shards);
         snprintf(path, sizeof(path), "%s/%s", dir, file);
-        finish_safetensors(&w, path);
+        StWriter w;
+        stw_init(&w);
+        for (int i = 0; src->writer && i < m->tt.count; i++) {
+            const TensorDesc *d = &m->tt.descs[i];
+            if (shard_of[i] == s) stw_declare(&w, d->name, stored_dtype(m, d), d->ndim, d->shape);
+        }
+        if (src->writer) stream_open(&w, path);
+        for (int i = 0; i < m->tt.count; i++) {
+            if (shard_of[i] != s) continue;
+            const real *v = src->values(src->ctx, i, CKPT_PARAMS);
+            if (src->writer) stw_stream_values(&w, v, tensor_numel(&m->tt.descs[i]));
+        }
+        if (src->writer) stream_close(&w, path);
     }
-    if (n_shards > 1) write_shard_index(dir, m, shard_of, n_shards);
+    if (n_shards > 1 && src->writer) write_shard_index(dir, m, shard_of, n_shards);
     free(shard_of);
 }
 
 // ---- optimizer state, trainer state, tokenizer ------------------------------------------
 
-// The tensor groups of optimizer.safetensors: the AdamW moments, and with BF16 model weights
-// the F32 master weights (what training resumes from).
+// The tensor groups of optimizer.safetensors, in the order each tensor's entries are
+// stored: the AdamW moments, and with BF16 model weights the F32 master weights (what
+// training resumes from).
 enum { OPT_GROUPS = 3 };
-static int optimizer_groups(const Model *m, const Optimizer *opt, HfTensorGroup *g) {
-    g[0] = (HfTensorGroup){.prefix = "exp_avg.", .dest = opt->exp_avg};
-    g[1] = (HfTensorGroup){.prefix = "exp_avg_sq.", .dest = opt->exp_avg_sq};
-    g[2] = (HfTensorGroup){.prefix = "master.", .dest = m->tt.params, .optional = 1};
-    return m->cfg.ckpt_bf16 ? 3 : 2;
-}
+static const struct {
+    const char *prefix;
+    int buffer;
+} opt_groups[OPT_GROUPS] = {{"exp_avg.", CKPT_EXP_AVG}, {"exp_avg_sq.", CKPT_EXP_AVG_SQ}, {"master.", CKPT_PARAMS}};
 
-static void write_optimizer_file(const char *path, const Model *m, const Optimizer *opt) {
-    HfTensorGroup groups[OPT_GROUPS];
-    int n_groups = optimizer_groups(m, opt, groups);
+static int optimizer_group_count(const Model *m) { return m->cfg.ckpt_bf16 ? 3 : 2; }
+
+static void write_optimizer_file(const char *path, const Model *m, const CkptSource *src) {
+    int n_groups = optimizer_group_count(m);
     StWriter w;
     stw_init(&w);
     char name[MT_NAME_MAX + 16];
-    for (int i = 0; i < m->tt.count; i++) {
+    for (int i = 0; src->writer && i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         for (int g = 0; g < n_groups; g++) {
-            snprintf(name, sizeof(name), "%s%s", groups[g].prefix, d->name);
-            stw_add_real_view(&w, name, ST_F32, d->ndim, d->shape, groups[g].dest + d->offset);
+            snprintf(name, sizeof(name), "%s%s", opt_groups[g].prefix, d->name);
+            stw_declare(&w, name, ST_F32, d->ndim, d->shape);
         }
     }
-    finish_safetensors(&w, path);
+    if (src->writer) stream_open(&w, path);
+    for (int i = 0; i < m->tt.count; i++)
+        for (int g = 0; g < n_groups; g++) {
+            const real *v = src->values(src->ctx, i, opt_groups[g].buffer);
+            if (src->writer) stw_stream_values(&w, v, tensor_numel(&m->tt.descs[i]));
+        }
+    if (src->writer) stream_close(&w, path);
 }
 
-static void write_trainer_state(const char *path, const TrainerState *st, const Optimizer *opt) {
+static void write_trainer_state(const char *path, const TrainerState *st, long optimizer_step) {
     JsonWriter w;
     jw_init(&w);
     jw_begin_object(&w);
     jw_kv_int(&w, "iteration", st->iteration);
     jw_kv_int(&w, "consumed_train_samples", st->consumed_train_samples);
-    jw_kv_int(&w, "optimizer_step", opt->step);
+    jw_kv_int(&w, "optimizer_step", optimizer_step);
     jw_kv_int(&w, "world_size", 1);
     jw_end_object(&w);
     write_json_file(path, &w);
@@ -436,30 +453,31 @@ static void prune_checkpoints(const char *dir, int keep, long current) {
     free(iters);
 }
 
-void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
-    char final_dir[CKPT_PATH_MAX], tmp_dir[CKPT_PATH_MAX + 32], old_dir[CKPT_PATH_MAX + 32];
-    char path[CKPT_PATH_MAX + 64];
-    MT_ASSERT(!m->cfg.tokenizer_model[0] || m->cfg.run_tokenizer);  // run_tokenizer_open read it at start-up
-    make_dirs(dir);
-    snprintf(final_dir, sizeof(final_dir), "%s/iter_%07ld", dir, st->iteration);
-    snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)getpid());
-    remove_tree(tmp_dir);
-    if (mkdir(tmp_dir, 0755)) mt_die("--save %s: cannot create %s: %s", dir, tmp_dir, strerror(errno));
+// The source of one process holding everything: the tensors' own memory.
+typedef struct {
+    const Model *m;
+    const Optimizer *opt;
+} LocalTensors;
 
-    JsonWriter w;
-    jw_init(&w);
-    hf_config_write(&w, &m->cfg, m->family);
-    snprintf(path, sizeof(path), "%s/config.json", tmp_dir);
-    write_json_file(path, &w);
-    write_model_files(tmp_dir, m);
-    if (opt) {
-        snprintf(path, sizeof(path), "%s/optimizer.safetensors", tmp_dir);
-        write_optimizer_file(path, m, opt);
-        snprintf(path, sizeof(path), "%s/trainer_state.json", tmp_dir);
-        write_trainer_state(path, st, opt);
-    }
-    if (m->cfg.run_tokenizer) copy_tokenizer_files(m->cfg.run_tokenizer, &m->cfg, tmp_dir);
-    write_checksums(tmp_dir);
+static const real *local_values(void *ctx, int tensor, int buffer) {
+    const LocalTensors *l = ctx;
+    size_t offset = l->m->tt.descs[tensor].offset;
+    return buffer == CKPT_PARAMS ? l->m->tt.params + offset
+           : buffer == CKPT_EXP_AVG ? l->opt->exp_avg + offset
+                                    : l->opt->exp_avg_sq + offset;
+}
+
+void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
+    LocalTensors local = {m, opt};
+    CkptSource src = {.values = local_values, .ctx = &local, .writer = 1, .optimizer_step = opt ? opt->step : -1};
+    checkpoint_save_from(dir, m, &src, st);
+}
+
+// Moves the complete temporary directory into place as DIR/iter_N, then points
+// latest_checkpointed_iteration.txt at it and prunes old iterations.
+static void publish_checkpoint(const char *dir, const char *tmp_dir, const char *final_dir, const Config *c,
+                               long iteration) {
+    char old_dir[CKPT_PATH_MAX + 32], path[CKPT_PATH_MAX + 64];
     // A directory of the same iteration is replaced only by the complete new one: swapped
     // atomically where the filesystem can, else moved aside just before the rename.
     if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
@@ -473,10 +491,41 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
     fsync_dir_of(final_dir);
 
     char latest[32], err[512];
-    int len = snprintf(latest, sizeof(latest), "%ld\n", st->iteration);
+    int len = snprintf(latest, sizeof(latest), "%ld\n", iteration);
     snprintf(path, sizeof(path), "%s/latest_checkpointed_iteration.txt", dir);
     if (write_file_atomic(path, latest, len, err, sizeof(err))) mt_die("writing %s: %s", path, err);
-    prune_checkpoints(dir, m->cfg.keep_checkpoints, st->iteration);
+    prune_checkpoints(dir, c->keep_checkpoints, iteration);
+}
+
+// Only the writer touches the file system; every process runs the tensor loops (where a
+// collective source gathers each tensor to the writer).
+void checkpoint_save_from(const char *dir, const Model *m, const CkptSource *src, const TrainerState *st) {
+    char final_dir[CKPT_PATH_MAX], tmp_dir[CKPT_PATH_MAX + 32];
+    char path[CKPT_PATH_MAX + 64];
+    snprintf(final_dir, sizeof(final_dir), "%s/iter_%07ld", dir, st->iteration);
+    snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)getpid());
+    if (src->writer) {
+        MT_ASSERT(!m->cfg.tokenizer_model[0] || m->cfg.run_tokenizer);  // run_tokenizer_open read it at start-up
+        make_dirs(dir);
+        remove_tree(tmp_dir);
+        if (mkdir(tmp_dir, 0755)) mt_die("--save %s: cannot create %s: %s", dir, tmp_dir, strerror(errno));
+        JsonWriter w;
+        jw_init(&w);
+        hf_config_write(&w, &m->cfg, m->family);
+        snprintf(path, sizeof(path), "%s/config.json", tmp_dir);
+        write_json_file(path, &w);
+    }
+    write_model_files(tmp_dir, m, src);
+    if (src->optimizer_step >= 0) {
+        snprintf(path, sizeof(path), "%s/optimizer.safetensors", tmp_dir);
+        write_optimizer_file(path, m, src);
+        snprintf(path, sizeof(path), "%s/trainer_state.json", tmp_dir);
+        if (src->writer) write_trainer_state(path, st, src->optimizer_step);
+    }
+    if (!src->writer) return;
+    if (m->cfg.run_tokenizer) copy_tokenizer_files(m->cfg.run_tokenizer, &m->cfg, tmp_dir);
+    write_checksums(tmp_dir);
+    publish_checkpoint(dir, tmp_dir, final_dir, &m->cfg, st->iteration);
 }
 
 // ---- loading ------------------------------------------------------------------------------
@@ -510,11 +559,24 @@ void checkpoint_resolve(char *out, const char *dir) {
 
 // The moments, and the F32 master weights when the checkpoint has them: training resumes
 // from those, not from the (possibly BF16) model file.
+// The moments land in opt's ranges (its shards: element p of range r at moment base(r) +
+// p - begin), the master weights in the parameters.
 static void load_optimizer(const char *dir, Model *m, Optimizer *opt) {
     char path[CKPT_PATH_MAX + 64];
     snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
     HfTensorGroup groups[OPT_GROUPS];
-    optimizer_groups(m, opt, groups);
+    for (int g = 0; g < OPT_GROUPS; g++) {
+        groups[g] = (HfTensorGroup){.prefix = opt_groups[g].prefix};
+        if (opt_groups[g].buffer == CKPT_PARAMS) {
+            groups[g].dest = m->tt.params, groups[g].optional = 1;
+            continue;
+        }
+        real *moments = opt_groups[g].buffer == CKPT_EXP_AVG ? opt->exp_avg : opt->exp_avg_sq;
+        groups[g].n_windows = opt->n_ranges;
+        for (int r = 0; r < opt->n_ranges; r++)
+            groups[g].windows[r] = (HfWindow){opt->ranges[r].begin, opt->ranges[r].end,
+                                              moments + optimizer_moment_base(opt, r)};
+    }
     hf_load_tensor_groups(path, m, groups, OPT_GROUPS);
 }
 

@@ -25,7 +25,28 @@ typedef struct {
 } TrainerState;
 
 // Write DIR/iter_N (N = st->iteration) as above; opt NULL writes the model and config only.
+// opt holds the moments of every element of m's table.
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st);
+
+// The per-tensor buffers a checkpoint stores: the parameters (model files, master.*) and
+// the two AdamW moments.
+enum { CKPT_PARAMS, CKPT_EXP_AVG, CKPT_EXP_AVG_SQ, CKPT_BUFFERS };
+
+// Where a save gets the values of its tensors when no process holds them all (expert
+// parallelism, the distributed optimizer): values(ctx, i, buffer) is called on every
+// process in the same order, once per tensor i of the saved table and buffer, in the
+// order the files store them; on the writer it returns the tensor's values (valid until
+// the next call), elsewhere it is where the process hands over its part (returns NULL).
+typedef struct {
+    const real *(*values)(void *ctx, int tensor, int buffer);
+    void *ctx;
+    int writer;            // this process writes the files
+    long optimizer_step;   // < 0: no optimizer state (model and config only)
+} CkptSource;
+
+// checkpoint_save with the values from src; collective when src is. m describes the whole
+// model (its table need not be allocated): names, shapes, the file layout.
+void checkpoint_save_from(const char *dir, const Model *m, const CkptSource *src, const TrainerState *st);
 
 // The directory holding config.json for --load DIR: DIR/iter_N from
 // latest_checkpointed_iteration.txt, else DIR itself (an HF model directory).
@@ -45,5 +66,7 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
 // Load weights (and, when opt/st are non-NULL and the checkpoint has them, optimizer
 // moments, trainer state and the F32 master weights, which then replace the model file's
 // possibly BF16 weights) into an already built model. Every tensor is checked for
-// presence, shape and dtype; unexpected tensors are an error.
+// presence, shape and dtype; unexpected tensors are an error. The moments are read for
+// opt's ranges only (a distributed optimizer's shards): each process reads the bytes of
+// its own tensors and shards, never whole files into memory.
 void checkpoint_load(const char *resolved_dir, Model *m, Optimizer *opt, TrainerState *st);

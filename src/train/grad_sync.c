@@ -120,30 +120,3 @@ void grad_sync_gather_params(GradSync *g, TensorTable *tt) {
         comm_allgather_v(r->comm, r->buffer, tt->params + r->range.begin, r->counts);
     }
 }
-
-void grad_sync_gather_moments(const GradSync *g, const Optimizer *shard, const TensorTable *tt, Optimizer *full) {
-    optimizer_init(full, tt);
-    full->step = shard->step;
-    for (int i = 0; i < REGIONS; i++) {
-        const GradRegion *r = &g->region[i];
-        size_t base = optimizer_moment_base(shard, i), n = (size_t)(r->shard.end - r->shard.begin);
-        real *avg = full->exp_avg + r->range.begin, *avg_sq = full->exp_avg_sq + r->range.begin;
-        if (!r->sharded) {
-            memcpy(avg, shard->exp_avg + base, n * sizeof(real));
-            memcpy(avg_sq, shard->exp_avg_sq + base, n * sizeof(real));
-            continue;
-        }
-        comm_allgather_v(r->comm, shard->exp_avg + base, avg, r->counts);
-        comm_allgather_v(r->comm, shard->exp_avg_sq + base, avg_sq, r->counts);
-    }
-}
-
-void grad_sync_take_moments(const GradSync *g, const Optimizer *full, Optimizer *shard) {
-    for (int i = 0; i < REGIONS; i++) {
-        const GradRegion *r = &g->region[i];
-        size_t base = optimizer_moment_base(shard, i), n = (size_t)(r->shard.end - r->shard.begin);
-        memcpy(shard->exp_avg + base, full->exp_avg + r->shard.begin, n * sizeof(real));
-        memcpy(shard->exp_avg_sq + base, full->exp_avg_sq + r->shard.begin, n * sizeof(real));
-    }
-    shard->step = full->step;
-}

@@ -59,9 +59,3 @@ void grad_sync_finish(GradSync *g, TensorTable *tt);
 double grad_sync_norm(const GradSync *g, const TensorTable *tt);
 // After the optimizer step: every rank holds every updated parameter of its tensors.
 void grad_sync_gather_params(GradSync *g, TensorTable *tt);
-
-// With the distributed optimizer checkpoint I/O works on whole moments: gather the shards
-// into full (every rank takes part; full is allocated here, free with optimizer_free), or
-// take this rank's shards of full.
-void grad_sync_gather_moments(const GradSync *g, const Optimizer *shard, const TensorTable *tt, Optimizer *full);
-void grad_sync_take_moments(const GradSync *g, const Optimizer *full, Optimizer *shard);

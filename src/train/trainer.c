@@ -21,7 +21,7 @@
 #include "train/step_stats.h"
 #include "data/prefetch.h"
 #include "train/checkpoint.h"
-#include "train/expert_shards.h"
+#include "train/ckpt_shards.h"
 #include "moe/expert_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/memory_check.h"
@@ -156,18 +156,29 @@ static void setup_parallel(Trainer *t) {
                "ranks", c->global_batch_size, c->micro_batch_size, t->dp->size);
 }
 
-// Checkpoints hold whole moments: with the distributed optimizer, load them all and keep
-// this rank's shard.
+// Every rank's peak resident memory (MB), on every rank.
+static double *rank_peak_memory(void) {
+    Comm world = comm_world();
+    double *peaks = mt_calloc((size_t)world.size, sizeof(double));
+    peaks[world.rank] = peak_memory_mb();
+    comm_allreduce_sum_double(&world, peaks, (size_t)world.size);
+    comm_free(&world);
+    return peaks;
+}
+
+static void print_rank_memory(const char *label, const double *peaks) {
+    printf("%s", label);
+    for (int r = 0; r < comm_world_size(); r++) printf(" %.1f", peaks[r]);
+    printf(" MB");
+}
+
+// Each rank reads its own tensors and the ranges of its optimizer shards (checkpoint_load).
 static void load_checkpoint(Trainer *t, const char *resolved) {
-    if (!t->sync.distributed) {
-        checkpoint_load(resolved, &t->model, &t->opt, &t->state);
-        return;
-    }
-    Optimizer whole;
-    optimizer_init(&whole, &t->model.tt);
-    checkpoint_load(resolved, &t->model, &whole, &t->state);
-    grad_sync_take_moments(&t->sync, &whole, &t->opt);
-    optimizer_free(&whole);
+    checkpoint_load(resolved, &t->model, &t->opt, &t->state);
+    double *peaks = rank_peak_memory();
+    print_rank_memory("memory: peak RSS per rank after loading:", peaks);
+    printf("\n");
+    free(peaks);
 }
 
 // What the run will hold: parameters and gradients of this rank's tensors, the moments of
@@ -267,30 +278,23 @@ static void print_banner(const Trainer *t) {
     fflush(stdout);
 }
 
-// Rank 0 writes the global checkpoint; every rank first takes part in gathering the
-// moment shards (distributed optimizer) and the experts (expert parallelism).
+// Rank 0 writes the global checkpoint tensor by tensor; every rank hands it the pieces it
+// holds (its experts, its shards of the moments) as each tensor comes (ckpt_shards.h).
 static void save_checkpoint(Trainer *t) {
-    Optimizer gathered = {0}, global_opt = {0};
-    const Optimizer *whole = &t->opt;
-    if (t->sync.distributed) {
-        grad_sync_gather_moments(&t->sync, &t->opt, &t->model.tt, &gathered);
-        whole = &gathered;
-    }
-    Model global = {0};
-    const Model *model = &t->model;
-    if (t->model.ep.size > 1) {
-        expert_shards_gather(&t->model, whole, &global, &global_opt);
-        model = &global;
-        whole = &global_opt;
-    }
-    if (comm_world_rank() == 0) {
-        checkpoint_save(t->cfg->save, model, whole, &t->state);
-        printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
-        fflush(stdout);
-    }
-    if (model == &global) model_free(&global);
-    optimizer_free(&global_opt);
-    optimizer_free(&gathered);
+    double *before = rank_peak_memory();
+    CkptShards shards;
+    ckpt_shards_open(&shards, &t->model, &t->opt, &t->sync);
+    CkptSource src = ckpt_shards_source(&shards);
+    checkpoint_save_from(t->cfg->save, &shards.global, &src, &t->state);
+    ckpt_shards_close(&shards);
+    double *after = rank_peak_memory();
+    printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
+    print_rank_memory("memory: peak RSS per rank before saving:", before);
+    print_rank_memory("; with the save:", after);
+    printf("\n");
+    fflush(stdout);
+    free(before);
+    free(after);
 }
 
 // The gradient norm over every rank's gradients (a collective: counted as communication).

@@ -232,6 +232,38 @@ static void check_allgather(void) {
     end();
 }
 
+// comm_gather_v: root receives each rank's piece at the displacement it names; the pieces
+// land in reverse rank order with gaps, so placement by displacement (not by rank) is
+// checked; the rest of recv and every other rank's buffers stay untouched. Also the int64
+// all-gather.
+static void check_gather(void) {
+    begin("comm_gather_v");
+    enum { GAP = 2 };
+    int P = world.size, root = P - 1;
+    size_t *counts = uneven(3), *displs = mt_calloc((size_t)P, sizeof(size_t)), all = GAP;
+    for (int q = P - 1; q >= 0; q--) displs[q] = all, all += counts[q] + GAP;
+    real *send = mt_malloc((counts[world.rank] + 1) * sizeof(real)), *recv = mt_malloc(all * sizeof(real));
+    fill(send, counts[world.rank], world.rank, 40);
+    for (size_t i = 0; i < all; i++) recv[i] = -1;
+    comm_gather_v(&world, send, counts[world.rank], recv, counts, displs, root);
+    size_t untouched = 0;
+    for (size_t i = 0; i < all; i++) untouched += recv[i] == -1;
+    if (world.rank != root) expect(untouched == all, "a non-root rank's recv was written");
+    for (int q = 0; world.rank == root && q < P; q++)
+        for (size_t i = 0; i < counts[q]; i++)
+            expect(recv[displs[q] + i] == (real)value(q, i, 40), "piece of rank %d element %zu", q, i);
+    if (world.rank == root) expect(untouched == (size_t)GAP * (P + 1), "%zu gap elements kept", untouched);
+    int64_t mine[2] = {world.rank, -((int64_t)world.rank << 40)}, every[8];
+    comm_allgather_int64(&world, mine, every, 2);
+    for (int q = 0; q < P; q++)
+        expect(every[2 * q] == q && every[2 * q + 1] == -((int64_t)q << 40), "int64 block %d", q);
+    free(send);
+    free(recv);
+    free(counts);
+    free(displs);
+    end();
+}
+
 // Rank p sends (p + 2q) % 4 * 5 + 1 elements to q, laid out with gaps of 3; value = 1000p + 100q + i.
 static size_t a2a_count(int from, int to) { return (size_t)((from + 2 * to) % 4 * 5 + 1); }
 
@@ -445,7 +477,7 @@ int main(int argc, char **argv) {
     } else {
         int ok = 1;
         void (*checks[])(void) = {check_allreduce, check_repeatable, check_allreduce_types, check_reduce_scatter,
-                                  check_allgather, check_alltoall, check_bcast_barrier, check_subgroups,
+                                  check_allgather, check_gather, check_alltoall, check_bcast_barrier, check_subgroups,
                                   check_parallel_groups, check_nonblocking};
         for (size_t i = 0; i < sizeof(checks) / sizeof(checks[0]); i++) {
             checks[i]();

@@ -472,12 +472,73 @@ static void test_random_byte_flips(void) {
     remove(path);
 }
 
+// The streaming writer writes the bytes stw_finish writes for the same tensors, whatever
+// the pieces the values come in (here pieces that cross tensor boundaries, an empty tensor
+// in the middle, BF16 and F32).
+static uint8_t *read_all(const char *path, size_t *len) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    *len = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *bytes = malloc(*len ? *len : 1);
+    if (fread(bytes, 1, *len, fp) != *len) *len = 0;
+    fclose(fp);
+    return bytes;
+}
+
+static void test_streaming_writer_matches_finish(void) {
+    char whole[256], streamed[256], err[512] = "";
+    temp_path(whole, sizeof whole, "whole");
+    temp_path(streamed, sizeof streamed, "streamed");
+    enum { A = 5000, B = 3 };  // A spans more than one conversion chunk
+    real values[A + B];
+    for (int i = 0; i < A + B; i++) values[i] = (real)(0.001 * i - 1.7);
+    const int64_t shape_a[2] = {50, 100}, shape_e[1] = {0}, shape_b[1] = {B};
+    StWriter w;
+    stw_init(&w);
+    stw_add_real_view(&w, "a", ST_BF16, 2, shape_a, values);
+    stw_add_real_view(&w, "empty", ST_F32, 1, shape_e, values);
+    stw_add_real_view(&w, "b", ST_F32, 1, shape_b, values + A);
+    CHECK(stw_finish(&w, whole, err, sizeof err) == 0, "finish: %s", err);
+    stw_init(&w);
+    stw_declare(&w, "a", ST_BF16, 2, shape_a);
+    stw_declare(&w, "empty", ST_F32, 1, shape_e);
+    stw_declare(&w, "b", ST_F32, 1, shape_b);
+    CHECK(stw_stream_open(&w, streamed, err, sizeof err) == 0, "stream open: %s", err);
+    const size_t pieces[] = {1, 4096, A - 4097 - 1, 2, B - 1};  // the fourth runs from a into b
+    size_t at = 0;
+    for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
+        stw_stream_values(&w, values + at, pieces[p]);
+        at += pieces[p];
+    }
+    CHECK(at == A + B, "pieces cover %zu values", at);
+    CHECK(stw_stream_close(&w, err, sizeof err) == 0, "stream close: %s", err);
+    size_t n_whole = 0, n_streamed = 0;
+    uint8_t *a = read_all(whole, &n_whole), *b = read_all(streamed, &n_streamed);
+    CHECK(a && b && n_whole > 0 && n_whole == n_streamed && memcmp(a, b, n_whole) == 0,
+          "streamed file differs (%zu vs %zu bytes)", n_streamed, n_whole);
+    free(a);
+    free(b);
+    // a stream given too few values writes nothing
+    remove(streamed);
+    stw_init(&w);
+    stw_declare(&w, "b", ST_F32, 1, shape_b);
+    CHECK(stw_stream_open(&w, streamed, err, sizeof err) == 0, "stream open: %s", err);
+    stw_stream_values(&w, values, B - 1);
+    CHECK(stw_stream_close(&w, err, sizeof err) != 0 && strstr(err, "\"b\" was not given all its values"),
+          "short stream: '%s'", err);
+    CHECK(access(streamed, F_OK) != 0, "a short stream left %s behind", streamed);
+    remove(whole);
+}
+
 int main(void) {
     RUN(test_dtypes);
     RUN(test_round_trip_all_dtypes);
     RUN(test_find_among_many);
     RUN(test_empty_file_with_only_metadata);
     RUN(test_writer_errors);
+    RUN(test_streaming_writer_matches_finish);
     RUN(test_rejects_bad_framing);
     RUN(test_rejects_bad_headers);
     RUN(test_rejects_bad_layout);
