@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <string.h>
+#include <unistd.h>
 
 static char die_prefix[64];
 static void (*die_end_all)(void);
@@ -11,13 +12,12 @@ void mt_set_die_handler(const char *prefix, void (*end_all)(void)) {
     die_end_all = end_all;
 }
 
-void mt_die(const char *fmt, ...) {
+// Writes "moetron: error: <prefix><message>\n" to stderr as one line.
+static void write_error_line(const char *fmt, va_list ap) {
     // The whole line in one write, so the lines of several processes do not interleave.
-    va_list ap, again;
-    va_start(ap, fmt);
+    va_list again;
     va_copy(again, ap);
     int len = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
     size_t head = strlen("moetron: error: ") + strlen(die_prefix), cap = head + (len > 0 ? len : 0) + 2;
     char fallback[1024], *line = malloc(cap);
     if (!line) line = fallback, cap = sizeof(fallback);
@@ -29,11 +29,27 @@ void mt_die(const char *fmt, ...) {
     for (char *c = line + head; *c; c++)
         if ((unsigned char)*c < 0x20 && *c != '\t') *c = '?';
     strcat(line, "\n");
-    fflush(stdout);
     fputs(line, stderr);
     if (line != fallback) free(line);
+}
+
+void mt_die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    write_error_line(fmt, ap);
+    va_end(ap);
     if (die_end_all) die_end_all();
     exit(1);
+}
+
+void mt_die_from_thread(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    write_error_line(fmt, ap);
+    va_end(ap);
+    _exit(1);
 }
 
 void *mt_malloc(size_t bytes) {

@@ -32,6 +32,10 @@ void mt_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn)
 // message gets `prefix` ("[rank 3] ") and end_all() stops every process instead of
 // exit(1). NULL, NULL restores the single-process behaviour.
 void mt_set_die_handler(const char *prefix, void (*end_all)(void));
+// mt_die for a thread other than the main one (the collective watchdog): the same line, then
+// _exit(1) without calling into MPI or exit handlers, which the main thread may be inside;
+// the launcher then ends the other processes of a job whose process failed.
+void mt_die_from_thread(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 // Internal invariant: a bug in moetron, not in the user's input.
 #define MT_ASSERT(cond)                                                                \

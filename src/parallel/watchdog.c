@@ -23,7 +23,7 @@ static void *check_loop(void *unused) {
         double since;
         __atomic_load(&g_since, &since, __ATOMIC_ACQUIRE);
         if (since <= 0 || now_seconds() - since <= g_timeout_s) continue;
-        mt_die("%s on process group %s has waited %.0f s, more than --distributed-timeout-minutes %g: another rank "
+        mt_die_from_thread("%s on process group %s has waited %.0f s, more than --distributed-timeout-minutes %g: another rank "
                "is stuck or gone (see its output above); ending every rank",
                __atomic_load_n(&g_what, __ATOMIC_ACQUIRE), __atomic_load_n(&g_group, __ATOMIC_ACQUIRE),
                now_seconds() - since, g_timeout_s / 60);

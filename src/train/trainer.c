@@ -5,6 +5,8 @@
 #include "train/trainer.h"
 
 #include <math.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/profile.h"
@@ -174,8 +176,10 @@ static void print_rank_memory(const char *label, const double *peaks) {
 
 // Each rank reads its own tensors and the ranges of its optimizer shards (checkpoint_load).
 static void load_checkpoint(Trainer *t, const char *resolved) {
+    watchdog_io_begin();  // every rank reads its part; the collective below ends the phase
     checkpoint_load(resolved, &t->model, &t->opt, &t->state);
     double *peaks = rank_peak_memory();
+    watchdog_io_end();
     print_rank_memory("memory: peak RSS per rank after loading:", peaks);
     printf("\n");
     free(peaks);
@@ -280,14 +284,31 @@ static void print_banner(const Trainer *t) {
 
 // Rank 0 writes the global checkpoint tensor by tensor; every rank hands it the pieces it
 // holds (its experts, its shards of the moments) as each tensor comes (ckpt_shards.h).
+// MOETRON_TEST_STOP_IN_SAVE=1 (for tests/cli/test_reliability.sh): rank 0 stops itself
+// (SIGSTOP) as its first save begins, as a rank writing a very large checkpoint would keep
+// the others waiting; the test continues it.
+static void stop_for_test_in_first_save(void) {
+    static int done;
+    const char *v = getenv("MOETRON_TEST_STOP_IN_SAVE");
+    if (done || !v || strcmp(v, "1") || comm_world_rank() != 0) return;
+    done = 1;
+    raise(SIGSTOP);
+}
+
+// Every rank saves together (the ranks holding pieces send them to rank 0, which writes), so
+// the waits while rank 0 writes are I/O the job knows about, not a stuck rank
+// (--distributed-timeout-minutes); the phase ends with a collective inside the bracket.
 static void save_checkpoint(Trainer *t) {
+    watchdog_io_begin();
     double *before = rank_peak_memory();
+    stop_for_test_in_first_save();
     CkptShards shards;
     ckpt_shards_open(&shards, &t->model, &t->opt, &t->sync);
     CkptSource src = ckpt_shards_source(&shards);
     checkpoint_save_from(t->cfg->save, &shards.global, &src, &t->state);
     ckpt_shards_close(&shards);
     double *after = rank_peak_memory();
+    watchdog_io_end();
     printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
     print_rank_memory("memory: peak RSS per rank before saving:", before);
     print_rank_memory("; with the save:", after);

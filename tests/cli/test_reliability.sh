@@ -154,3 +154,36 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "has waited [0-9]* s, more than -
 else
     fail distributed_timeout_ends_the_job "exit $rc after $((SECONDS - start)) s: $(grep moetron "$work/wd.out" | tail -2 | tr '\n' ' ')"
 fi
+
+# ---- a slow save is not a dead rank: rank 0 stops itself as its save begins (as if writing a
+# very large checkpoint) for longer than --distributed-timeout-minutes; the other rank waits
+# for it without ending the job, and the run completes with both checkpoints
+rm -rf "$work/slow"
+env MOETRON_TEST_STOP_IN_SAVE=1 "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout 300 \
+    mpirun --oversubscribe --bind-to none -np 2 "$M" train "${TINY[@]}" --train-iters 4 --save "$work/slow" \
+    --save-interval 2 --distributed-timeout-minutes 0.02 >"$work/slow.out" 2>&1 &
+launcher=$!
+stopped=
+for ((i = 0; i < 6000; i++)); do  # until rank 0 is in state T: stopped inside its first save
+    for p in $(pgrep -f -- "--distributed-timeout-minutes 0.02"); do
+        [ "$(ps -o stat= -p "$p" 2>/dev/null | cut -c1)" = T ] && stopped=$p
+    done
+    [ -n "$stopped" ] && break
+    kill -0 $launcher 2>/dev/null || break
+    sleep 0.1
+done
+if [ -z "$stopped" ]; then
+    wait $launcher
+    fail slow_save_is_not_a_dead_rank "rank 0 never stopped in its save (exit $?): $(tail -2 "$work/slow.out" | tr '\n' ' ')"
+else
+    sleep 4  # three times the 1.2 s timeout, on any machine: the other rank waits all of it
+    kill -CONT "$stopped"
+    wait $launcher
+    rc=$?
+    if [ $rc -eq 0 ] && [ "$(cat "$work/slow/latest_checkpointed_iteration.txt" 2>/dev/null)" = 4 ] &&
+        ! grep -q "has waited" "$work/slow.out"; then
+        ok slow_save_is_not_a_dead_rank
+    else
+        fail slow_save_is_not_a_dead_rank "exit $rc: $(grep moetron "$work/slow.out" | tail -2 | tr '\n' ' ')"
+    fi
+fi
