@@ -27,18 +27,26 @@ typedef struct {
 // first save. checkpoint_save checks again.
 void checkpoint_check_save_inputs(const Config *c);
 
+// Start-up of a run that saves, on the writing rank only: creates --save DIR when missing
+// and proves files can be created in it; takes DIR/moetron.lock (flock) for the life of the
+// process, so a second run on DIR stops at once; then removes the iter_N.tmp.<pid> and
+// iter_N.old.<pid> directories that killed runs left. Each failure is one fatal line naming
+// --save DIR.
+void checkpoint_claim_save_dir(const char *dir);
+
 // Write DIR/iter_N (N = st->iteration) as above; opt NULL writes the model and config only.
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st);
 
 // The directory holding config.json for --load DIR: DIR/iter_N from
-// latest_checkpointed_iteration.txt, else DIR itself (an HF model directory).
+// latest_checkpointed_iteration.txt, else DIR itself (an HF model directory), with its
+// checksums verified (checkpoint_verify_checksums) before anything in it is read.
 // Fatal with a clear message when neither exists. out has MT_PATH_MAX + 32 bytes.
 void checkpoint_resolve(char *out, const char *dir);
 
 // DIR/checksums.json, when there is one: every file it lists must have the size and CRC-32
 // it records; fatal with one line naming the file when one differs, is missing or when the
 // manifest itself is damaged. Without the file (Hugging Face directories, older moetron
-// checkpoints) nothing is checked. checkpoint_load calls it first.
+// checkpoints) nothing is checked. checkpoint_resolve calls it.
 void checkpoint_verify_checksums(const char *dir);
 
 // DIR/trainer_state.json: iteration, consumed samples and the optimizer step; fatal with one
@@ -48,5 +56,6 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
 // Load weights (and, when opt/st are non-NULL and the checkpoint has them, optimizer
 // moments, trainer state and the F32 master weights, which then replace the model file's
 // possibly BF16 weights) into an already built model. Every tensor is checked for
-// presence, shape and dtype; unexpected tensors are an error.
+// presence, shape and dtype; unexpected tensors are an error. resolved_dir comes from
+// checkpoint_resolve, which verified its checksums.
 void checkpoint_load(const char *resolved_dir, Model *m, Optimizer *opt, TrainerState *st);
