@@ -10,6 +10,7 @@
 //   DIR/iter_0000010/trainer_state.json    iteration, consumed samples, optimizer step
 //   DIR/iter_0000010/tokenizer.json ...    with --tokenizer-model (and its companion files)
 //   DIR/latest_checkpointed_iteration.txt  "10"
+//   DIR/moetron.lock                       flock'ed by the run saving into DIR
 // The iteration directory is written under a temporary name and renamed into place,
 // then latest_checkpointed_iteration.txt is replaced atomically: a crash at any point
 // leaves the previous checkpoint intact and pointed to.
