@@ -24,10 +24,12 @@ static void make_dirs(const char *dir) {
     for (char *p = path + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
-        if (mkdir(path, 0755) && errno != EEXIST) mt_die("--save %s: cannot create %s: %s", dir, path, strerror(errno));
+        if (mkdir(path, 0755) && errno != EEXIST)
+            mt_die("--save %s: cannot create %s: %s; give a directory that can be created", dir, path, strerror(errno));
         *p = '/';
     }
-    if (mkdir(path, 0755) && errno != EEXIST) mt_die("--save %s: cannot create it: %s", dir, strerror(errno));
+    if (mkdir(path, 0755) && errno != EEXIST)
+        mt_die("--save %s: cannot create it: %s; give a directory that can be created", dir, strerror(errno));
 }
 
 static int file_exists(const char *path) {
@@ -443,17 +445,27 @@ static void check_writable_dir(const char *dir) {
     unlink(probe);
 }
 
+// A filesystem mounted without lock support (Lustre without flock, ...).
+static int locks_unsupported(int err) { return err == ENOSYS || err == ENOLCK || err == EOPNOTSUPP; }
+
 // Takes the lock DIR/moetron.lock (flock, held until the process ends; the kernel releases
 // it when the process is killed) and records the process id in it for the error of a second
-// run.
-static void lock_save_dir(const char *dir) {
+// run. Returns 0, with a console note, where the filesystem has no locks.
+static int lock_save_dir(const char *dir) {
     static int lock_fd = -1;  // open for the life of the process
-    if (lock_fd >= 0) return;
+    if (lock_fd >= 0) return 1;
     char path[CKPT_PATH_MAX + 32], holder[32] = "";
     snprintf(path, sizeof(path), "%s/%s", dir, save_lock_name);
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) mt_die("--save %s: cannot open its lock file %s: %s", dir, path, strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (locks_unsupported(errno)) {
+            printf("note: --save %s: the filesystem cannot lock %s (%s): a second run on the directory is not "
+                   "detected, and what interrupted runs left there is not removed\n", dir, path, strerror(errno));
+            fflush(stdout);
+            close(fd);
+            return 0;
+        }
         if (errno != EWOULDBLOCK) mt_die("--save %s: cannot lock %s: %s", dir, path, strerror(errno));
         ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
         holder[n > 0 ? n : 0] = 0;
@@ -465,6 +477,7 @@ static void lock_save_dir(const char *dir) {
     if (ftruncate(fd, 0) || pwrite(fd, holder, len, 0) != len)
         mt_die("--save %s: cannot write %s: %s", dir, path, strerror(errno));
     lock_fd = fd;
+    return 1;
 }
 
 // What a killed run leaves: iter_N.tmp.<pid> (a save in progress), iter_N.old.<pid> (a
@@ -506,8 +519,7 @@ static void remove_stale_saves(const char *dir) {
 
 void checkpoint_claim_save_dir(const char *dir) {
     check_writable_dir(dir);
-    lock_save_dir(dir);
-    remove_stale_saves(dir);
+    if (lock_save_dir(dir)) remove_stale_saves(dir);
 }
 
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
