@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,10 +25,12 @@ static void make_dirs(const char *dir) {
     for (char *p = path + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
-        if (mkdir(path, 0755) && errno != EEXIST) mt_die("--save %s: cannot create %s: %s", dir, path, strerror(errno));
+        if (mkdir(path, 0755) && errno != EEXIST)
+            mt_die("--save %s: cannot create %s: %s; give a directory that can be created", dir, path, strerror(errno));
         *p = '/';
     }
-    if (mkdir(path, 0755) && errno != EEXIST) mt_die("--save %s: cannot create it: %s", dir, strerror(errno));
+    if (mkdir(path, 0755) && errno != EEXIST)
+        mt_die("--save %s: cannot create it: %s; give a directory that can be created", dir, strerror(errno));
 }
 
 static int file_exists(const char *path) {
@@ -69,19 +72,26 @@ static int is_checkpoint_file(const char *name) {
            in_list(base, tokenizer_companion_files, TOKENIZER_COMPANION_COUNT) || is_shard_name(base);
 }
 
-static void remove_tree(const char *dir) {
-    // Only ever called on a checkpoint directory moetron wrote: a flat set of files. Anything
-    // else found there is left alone (and then the directory stays too).
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char path[CKPT_PATH_MAX + 320];
-    for (struct dirent *e; (e = readdir(d));) {
-        if (!is_checkpoint_file(e->d_name)) continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        unlink(path);
+// Removes a checkpoint directory moetron wrote (iter_*, or a temporary or replaced one)
+// without following links: a symlink at path is unlinked as a link, its target untouched;
+// the directory is opened with O_NOFOLLOW and only the file names moetron writes are
+// unlinked in it (unlinkat never follows a link either). Anything else found there is left
+// alone, and then the directory stays too. Returns 1 when nothing is left at path.
+static int remove_checkpoint_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        struct stat s;
+        return lstat(path, &s) == 0 && S_ISLNK(s.st_mode) && unlink(path) == 0;
     }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return 0;
+    }
+    for (struct dirent *e; (e = readdir(d));)
+        if (is_checkpoint_file(e->d_name)) unlinkat(fd, e->d_name, 0);
     closedir(d);
-    rmdir(dir);
+    return rmdir(path) == 0;
 }
 
 // The JSON text and a final newline (as Python's json.dump + "\n" in transformers).
@@ -422,6 +432,19 @@ void checkpoint_verify_checksums(const char *dir) {
 
 // ---- keeping the newest checkpoints -----------------------------------------------------------
 
+// The iteration N of a name that starts "iter_N" as checkpoint_save spells it (iter_%07ld:
+// seven digits, more only without a leading zero), *rest the remainder; -1 for other names.
+static long iteration_of(const char *name, const char **rest) {
+    static const char prefix[] = "iter_";
+    enum { ITER_DIGITS = 7 };
+    if (strncmp(name, prefix, sizeof(prefix) - 1)) return -1;
+    const char *digits = name + sizeof(prefix) - 1;
+    size_t n = strspn(digits, "0123456789");
+    if (n < ITER_DIGITS || (n > ITER_DIGITS && digits[0] == '0')) return -1;
+    *rest = digits + n;
+    return strtol(digits, NULL, 10);
+}
+
 static int compare_longs(const void *a, const void *b) {
     long x = *(const long *)a, y = *(const long *)b;
     return (x > y) - (x < y);
@@ -436,9 +459,9 @@ static void prune_checkpoints(const char *dir, int keep, long current) {
     long *iters = NULL;
     size_t n = 0;
     for (struct dirent *e; (e = readdir(d));) {
-        long it;
-        int end = 0;
-        if (sscanf(e->d_name, "iter_%7ld%n", &it, &end) != 1 || end != 12 || e->d_name[end]) continue;
+        const char *rest;
+        long it = iteration_of(e->d_name, &rest);
+        if (it < 0 || *rest) continue;
         iters = mt_realloc(iters, (n + 1) * sizeof(*iters));
         iters[n++] = it;
     }
@@ -448,9 +471,108 @@ static void prune_checkpoints(const char *dir, int keep, long current) {
     for (size_t i = 0; i + (size_t)keep < n; i++) {
         if (iters[i] == current) continue;
         snprintf(path, sizeof(path), "%s/iter_%07ld", dir, iters[i]);
-        remove_tree(path);
+        remove_checkpoint_dir(path);
     }
     free(iters);
+}
+
+// ---- the --save directory: checked, locked and cleaned at start-up ----------------------------
+
+static const char save_lock_name[] = "moetron.lock";
+static const char latest_name[] = "latest_checkpointed_iteration.txt";
+
+// Creates dir when missing and proves that files can be created in it (a probe file,
+// removed again): a file in its place, a path under a file or a read-only filesystem is
+// found before the first step.
+static void check_writable_dir(const char *dir) {
+    make_dirs(dir);
+    struct stat s;
+    if (stat(dir, &s)) mt_die("--save %s: cannot open it: %s", dir, strerror(errno));
+    if (!S_ISDIR(s.st_mode))
+        mt_die("--save %s is not a directory; give a directory (it is created when missing)", dir);
+    char probe[CKPT_PATH_MAX + 32];
+    snprintf(probe, sizeof(probe), "%s/.write_probe.%d", dir, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) mt_die("--save %s: cannot write there: %s; give a writable directory", dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+}
+
+// A filesystem mounted without lock support (Lustre without flock, ...).
+static int locks_unsupported(int err) { return err == ENOSYS || err == ENOLCK || err == EOPNOTSUPP; }
+
+// Takes the lock DIR/moetron.lock (flock, held until the process ends; the kernel releases
+// it when the process is killed) and records the process id in it for the error of a second
+// run. Returns 0, with a console note, where the filesystem has no locks.
+static int lock_save_dir(const char *dir) {
+    static int lock_fd = -1;  // open for the life of the process
+    if (lock_fd >= 0) return 1;
+    char path[CKPT_PATH_MAX + 32], holder[32] = "";
+    snprintf(path, sizeof(path), "%s/%s", dir, save_lock_name);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) mt_die("--save %s: cannot open its lock file %s: %s", dir, path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (locks_unsupported(errno)) {
+            printf("note: --save %s: the filesystem cannot lock %s (%s): a second run on the directory is not "
+                   "detected, and what interrupted runs left there is not removed\n", dir, path, strerror(errno));
+            fflush(stdout);
+            close(fd);
+            return 0;
+        }
+        if (errno != EWOULDBLOCK) mt_die("--save %s: cannot lock %s: %s", dir, path, strerror(errno));
+        ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        mt_die("--save %s is in use by another moetron run (process %s holds %s); wait for it to end or give "
+               "another --save directory", dir, holder[0] ? holder : "?", path);
+    }
+    int len = snprintf(holder, sizeof(holder), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, holder, len, 0) != len)
+        mt_die("--save %s: cannot write %s: %s", dir, path, strerror(errno));
+    lock_fd = fd;
+    return 1;
+}
+
+// What a killed run leaves: iter_N.tmp.<pid> (a save in progress), iter_N.old.<pid> (a
+// replaced directory not yet removed) and latest_checkpointed_iteration.txt.tmp.<pid>.
+static int has_pid_suffix(const char *rest, const char *kind) {
+    size_t k = strlen(kind);
+    return strncmp(rest, kind, k) == 0 && rest[k] && strspn(rest + k, "0123456789") == strlen(rest + k);
+}
+
+static int is_stale_save_dir(const char *name) {
+    const char *rest;
+    return iteration_of(name, &rest) >= 0 && (has_pid_suffix(rest, ".tmp.") || has_pid_suffix(rest, ".old."));
+}
+
+static int is_stale_latest_file(const char *name) {
+    size_t n = strlen(latest_name);
+    return strncmp(name, latest_name, n) == 0 && has_pid_suffix(name + n, ".tmp.");
+}
+
+// Removes them (the directories with the link-safe remover); only while the lock is held,
+// so that no live run's save is touched.
+static void remove_stale_saves(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) mt_die("--save %s: cannot list it: %s", dir, strerror(errno));
+    char path[CKPT_PATH_MAX + 320];
+    int removed = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (is_stale_save_dir(e->d_name)) removed += remove_checkpoint_dir(path);
+        else if (is_stale_latest_file(e->d_name)) unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+    if (removed) {
+        printf("note: --save %s: removed %d unfinished checkpoint director%s that interrupted runs left\n", dir,
+               removed, removed == 1 ? "y" : "ies");
+        fflush(stdout);
+    }
+}
+
+void checkpoint_claim_save_dir(const char *dir) {
+    check_writable_dir(dir);
+    if (lock_save_dir(dir)) remove_stale_saves(dir);
 }
 
 // The source of one process holding everything: the tensors' own memory.
@@ -481,12 +603,12 @@ static void publish_checkpoint(const char *dir, const char *tmp_dir, const char 
     // A directory of the same iteration is replaced only by the complete new one: swapped
     // atomically where the filesystem can, else moved aside just before the rename.
     if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
-        remove_tree(tmp_dir);  // now holds the previous directory
+        remove_checkpoint_dir(tmp_dir);  // now holds the previous directory
     } else {
         snprintf(old_dir, sizeof(old_dir), "%s.old.%d", final_dir, (int)getpid());
         int had_old = rename(final_dir, old_dir) == 0;
         if (rename(tmp_dir, final_dir)) mt_die("--save %s: cannot rename %s: %s", dir, tmp_dir, strerror(errno));
-        if (had_old) remove_tree(old_dir);
+        if (had_old) remove_checkpoint_dir(old_dir);
     }
     fsync_dir_of(final_dir);
 
@@ -507,7 +629,7 @@ void checkpoint_save_from(const char *dir, const Model *m, const CkptSource *src
     if (src->writer) {
         MT_ASSERT(!m->cfg.tokenizer_model[0] || m->cfg.run_tokenizer);  // run_tokenizer_open read it at start-up
         make_dirs(dir);
-        remove_tree(tmp_dir);
+        remove_checkpoint_dir(tmp_dir);
         if (mkdir(tmp_dir, 0755)) mt_die("--save %s: cannot create %s: %s", dir, tmp_dir, strerror(errno));
         JsonWriter w;
         jw_init(&w);
@@ -530,7 +652,8 @@ void checkpoint_save_from(const char *dir, const Model *m, const CkptSource *src
 
 // ---- loading ------------------------------------------------------------------------------
 
-void checkpoint_resolve(char *out, const char *dir) {
+// The directory --load DIR names (see checkpoint_resolve), not yet verified.
+static void resolve_load_dir(char *out, const char *dir) {
     char path[CKPT_PATH_MAX + 64], err[512];
     snprintf(path, sizeof(path), "%s/latest_checkpointed_iteration.txt", dir);
     if (file_exists(path)) {
@@ -555,6 +678,13 @@ void checkpoint_resolve(char *out, const char *dir) {
         mt_die("--load %s: no latest_checkpointed_iteration.txt and no config.json there; point --load at a "
                "directory written by --save or at a Hugging Face model directory", dir);
     snprintf(out, MT_PATH_MAX + 32, "%s", dir);
+}
+
+// Verified before anything in it is parsed: a damaged config.json is reported as damage,
+// not as a misleading shape or memory error.
+void checkpoint_resolve(char *out, const char *dir) {
+    resolve_load_dir(out, dir);
+    checkpoint_verify_checksums(out);
 }
 
 // The moments, and the F32 master weights when the checkpoint has them: training resumes
@@ -596,7 +726,6 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
 }
 
 void checkpoint_load(const char *dir, Model *m, Optimizer *opt, TrainerState *st) {
-    checkpoint_verify_checksums(dir);
     hf_weights_load(dir, m);
     if (!opt) return;
     char path[CKPT_PATH_MAX + 64];

@@ -12,6 +12,7 @@
 //                                          its companion files; generation_config.json and
 //                                          tokenizer_config.json made from it when it had none
 //   DIR/latest_checkpointed_iteration.txt  "10"
+//   DIR/moetron.lock                       flock'ed by the run saving into DIR
 // The iteration directory is written under a temporary name and renamed into place,
 // then latest_checkpointed_iteration.txt is replaced atomically: a crash at any point
 // leaves the previous checkpoint intact and pointed to.
@@ -23,6 +24,13 @@ typedef struct {
     long iteration;                // optimizer steps completed
     int64_t consumed_train_samples;
 } TrainerState;
+
+// Start-up of a run that saves, on the writing rank only: creates --save DIR when missing
+// and proves files can be created in it; takes DIR/moetron.lock (flock) for the life of the
+// process, so a second run on DIR stops at once; then removes the iter_N.tmp.<pid> and
+// iter_N.old.<pid> directories that killed runs left. Each failure is one fatal line naming
+// --save DIR.
+void checkpoint_claim_save_dir(const char *dir);
 
 // Write DIR/iter_N (N = st->iteration) as above; opt NULL writes the model and config only.
 // opt holds the moments of every element of m's table.
@@ -49,14 +57,15 @@ typedef struct {
 void checkpoint_save_from(const char *dir, const Model *m, const CkptSource *src, const TrainerState *st);
 
 // The directory holding config.json for --load DIR: DIR/iter_N from
-// latest_checkpointed_iteration.txt, else DIR itself (an HF model directory).
+// latest_checkpointed_iteration.txt, else DIR itself (an HF model directory), with its
+// checksums verified (checkpoint_verify_checksums) before anything in it is read.
 // Fatal with a clear message when neither exists. out has MT_PATH_MAX + 32 bytes.
 void checkpoint_resolve(char *out, const char *dir);
 
 // DIR/checksums.json, when there is one: every file it lists must have the size and CRC-32
 // it records; fatal with one line naming the file when one differs, is missing or when the
 // manifest itself is damaged. Without the file (Hugging Face directories, older moetron
-// checkpoints) nothing is checked. checkpoint_load calls it first.
+// checkpoints) nothing is checked. checkpoint_resolve calls it.
 void checkpoint_verify_checksums(const char *dir);
 
 // DIR/trainer_state.json: iteration, consumed samples and the optimizer step; fatal with one
@@ -68,5 +77,6 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
 // possibly BF16 weights) into an already built model. Every tensor is checked for
 // presence, shape and dtype; unexpected tensors are an error. The moments are read for
 // opt's ranges only (a distributed optimizer's shards): each process reads the bytes of
-// its own tensors and shards, never whole files into memory.
+// its own tensors and shards, never whole files into memory. resolved_dir comes from
+// checkpoint_resolve, which verified its checksums.
 void checkpoint_load(const char *resolved_dir, Model *m, Optimizer *opt, TrainerState *st);

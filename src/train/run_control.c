@@ -30,6 +30,7 @@ void run_control_init(RunControl *rc, const Config *c, double start_s) {
 int run_control_skip_step(RunControl *rc, long step, double loss, double grad_norm) {
     if (isfinite(loss) && isfinite(grad_norm)) {
         rc->skipped_in_a_row = 0;
+        rc->save_held_noted = 0;
         return 0;
     }
     const Config *c = rc->cfg;
@@ -44,6 +45,17 @@ int run_control_skip_step(RunControl *rc, long step, double loss, double grad_no
            step, loss, grad_norm, rc->skipped_in_a_row, c->nan_skip_limit);
     fflush(stdout);
     return 1;
+}
+
+int run_control_may_save(RunControl *rc, long step) {
+    if (rc->skipped_in_a_row == 0) return 1;
+    if (!rc->save_held_noted) {
+        printf("note: step %ld: no checkpoint while steps are skipped as not finite (%d in a row): the save waits for "
+               "the next finite step and the checkpoints already written are kept\n", step, rc->skipped_in_a_row);
+        fflush(stdout);
+        rc->save_held_noted = 1;
+    }
+    return 0;
 }
 
 int run_control_loss_spike(RunControl *rc, long step, double loss) {

@@ -5,6 +5,9 @@
 //                     expert-bias update, a console line and "skipped": true in the
 //                     metrics; --nan-skip-limit of them in a row stop the run with an
 //                     error (the last checkpoint is intact). Without it the first stops.
+//                     No checkpoint is written while such a streak lasts (a scheduled save
+//                     waits for the next finite step; an early stop or the end of the run
+//                     does not save).
 //   loss spikes       a loss above --loss-spike-factor × the mean of the previous 20 is
 //                     reported (console note, "loss_spike": true in the metrics).
 //   early stops       --exit-interval, --exit-duration-in-mins and, with
@@ -22,6 +25,7 @@ typedef struct {
     const Config *cfg;
     double start_s;              // when the run started (for --exit-duration-in-mins)
     int skipped_in_a_row;
+    int save_held_noted;         // the console was told that this streak holds checkpoints back
     double recent[LOSS_WINDOW];  // the last finite losses, as a ring
     int n_recent, next_recent;
 } RunControl;
@@ -31,6 +35,10 @@ void run_control_init(RunControl *rc, const Config *c, double start_s);
 // 1 when the step must be skipped (non-finite loss or gradient norm); dies when that is not
 // allowed or after --nan-skip-limit in a row.
 int run_control_skip_step(RunControl *rc, long step, double loss, double grad_norm);
+// 1 when a checkpoint may be written after this step: not while the latest steps were skipped
+// (the weights that led to them are suspect, and pruning must not remove the last good
+// checkpoint for them); the console is told once per streak.
+int run_control_may_save(RunControl *rc, long step);
 // 1 when the loss of a finite step is a spike against the recent mean (reported on the console).
 int run_control_loss_spike(RunControl *rc, long step, double loss);
 // After a step: why the run stops now ("--exit-interval 5", "SIGTERM", ...) or NULL.

@@ -210,6 +210,7 @@ static void trainer_setup(Trainer *t, Config *c) {
         config_from_checkpoint(c, resolved);
     }
     t->tokenizer = run_tokenizer_open(c);  // before any work: checkpoints carry what is read here
+    if (c->save[0] && comm_world_rank() == 0) checkpoint_claim_save_dir(c->save);  // rank 0 writes
     setup_parallel(t);
     if (comm_world_size() > 1) watchdog_start(60 * c->distributed_timeout_minutes);
     if (comm_world_rank() != 0) {  // one process reports and saves; every rank computes the same
@@ -407,6 +408,7 @@ int train_main(Config *c) {
     double start = now_seconds();
     long first_step = t.state.iteration + 1;
     long last_saved = c->load[0] ? t.state.iteration : -1;
+    int save_due = 0;  // a save scheduled, or postponed by a streak of skipped steps
     StepProfile profile = {.on = c->profile};
     prof_enable(profile.on);
     Comm world = comm_world();
@@ -428,17 +430,22 @@ int train_main(Config *c) {
         if (c->eval_interval > 0 && c->eval_iters > 0 && (step % c->eval_interval == 0 || step == c->train_iters))
             metrics_log_eval(&t.metrics, step, evaluate(&t));
         const char *stop = step < c->train_iters ? run_control_stop_reason(&rc, step, &world) : NULL;
-        if (c->save[0] && ((c->save_interval > 0 && step % c->save_interval == 0) || stop)) {
+        save_due |= c->save[0] && ((c->save_interval > 0 && step % c->save_interval == 0) || stop);
+        int saved = save_due && run_control_may_save(&rc, step);
+        if (saved) {
             save_checkpoint(&t);
             last_saved = step;
+            save_due = 0;
         }
         if (stop) {
-            printf("exiting at step %ld: %s%s\n", step, stop, c->save[0] ? " (saved)" : "");
+            printf("exiting at step %ld: %s%s\n", step, stop,
+                   saved ? " (saved)" : c->save[0] ? " (not saved: the step was skipped as not finite)" : "");
             break;
         }
         prof_enable(profile.on);
     }
-    if (c->save[0] && last_saved != t.state.iteration) save_checkpoint(&t);
+    if (c->save[0] && last_saved != t.state.iteration && run_control_may_save(&rc, t.state.iteration))
+        save_checkpoint(&t);
     double total = now_seconds() - start;
     printf("data: training waited %.2f s for data in all (%.1f%% of %.1f s)\n", t.prefetch.waited_s,
            total > 0 ? 100 * t.prefetch.waited_s / total : 0, total);
