@@ -199,11 +199,11 @@ static void configure(Prep *p, const Config *c) {
     p->append_eod = c->append_eod;
     snprintf(p->out_prefix, sizeof p->out_prefix, "%s", c->output_prefix);
     check_output_directory(p->out_prefix);
-    p->fp = fopen(p->input, "rb");
-    struct stat st;
-    if (!p->fp) mt_die("--input %s: cannot open: %s", p->input, strerror(errno));
-    if (fstat(fileno(p->fp), &st) || !S_ISREG(st.st_mode)) mt_die("--input %s is not a regular file", p->input);
-    p->total_bytes = (int64_t)st.st_size;
+    char err[512];
+    uint64_t size;
+    p->fp = open_input_stream(p->input, INFILE_DATA, &size, err, sizeof err);
+    if (!p->fp) mt_die("--input %s: %s", p->input, err);
+    p->total_bytes = (int64_t)size;
 }
 
 // ---- reading batches of whole records ----------------------------------------------------

@@ -304,7 +304,7 @@ static int validate(StFile *f, char *err, size_t errlen) {
 int st_open(StFile *f, const char *path, char *err, size_t errlen) {
     memset(f, 0, sizeof *f);
     if (err && errlen) err[0] = '\0';
-    f->bytes = read_file_all(path, &f->size, err, errlen);
+    f->bytes = read_file_all(path, INFILE_WEIGHTS, &f->size, err, errlen);
     if (!f->bytes) return -1;
     f->path = mt_strdup(path);
     if (validate(f, err, errlen)) {

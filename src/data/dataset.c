@@ -13,7 +13,7 @@
 static void load_text_file(Dataset *ds, const char *path) {
     char err[512];
     size_t len;
-    uint8_t *bytes = read_file_all(path, &len, err, sizeof(err));
+    uint8_t *bytes = read_file_all(path, INFILE_TEXT, &len, err, sizeof(err));
     if (!bytes) mt_die("--data-path %s: %s", path, err);
     if (len == 0) {
         free(bytes);

@@ -96,17 +96,13 @@ static uint64_t load_u64(const uint8_t *p) {
 
 // Maps the whole file read-only; an empty file maps to NULL with *size 0.
 static void *map_file(const char *path, size_t *size) {
-    int fd = open(path, O_RDONLY);
+    char err[512];
+    uint64_t bytes;
+    int fd = open_input_file(path, INFILE_DATA, &bytes, err, sizeof err);
     if (fd < 0)
-        mt_die("%s: cannot open (%s); a Megatron dataset PREFIX is the pair PREFIX.bin + PREFIX.idx: check "
-               "the prefix (without .bin/.idx)",
-               path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        mt_die("%s: not a regular file; give the prefix of a .bin/.idx pair", path);
-    }
-    *size = (size_t)st.st_size;
+        mt_die("%s: %s; a Megatron dataset PREFIX is the pair PREFIX.bin + PREFIX.idx: check the prefix (without "
+               ".bin/.idx)", path, err);
+    *size = (size_t)bytes;
     void *map = NULL;
     if (*size > 0) {
         map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -220,14 +220,14 @@ static void unmap(Mapping *m) {
 // why filled when the file is there but unusable.
 static int cache_load(const char *path, const char *description, CacheArrays *a, Mapping *m, char *why,
                       size_t whylen) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return 0;
-    struct stat st;
+    uint64_t size;
+    int fd = open_input_file(path, INFILE_DATA, &size, why, whylen);
+    if (fd < 0) return errno == ENOENT ? 0 : -1;
     size_t desc_len = strlen(description);
     size_t want = sizeof(CacheHeader) + padded(desc_len);
     for (int i = 0; i < a->n; i++) want += padded(a->elem_size[i] * (size_t)a->count[i]);
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != want) {
-        snprintf(why, whylen, "%lld bytes where %zu were expected", (long long)st.st_size, want);
+    if (size != want) {
+        snprintf(why, whylen, "%llu bytes where %zu were expected", (unsigned long long)size, want);
         close(fd);
         return -1;
     }

@@ -256,7 +256,7 @@ static void write_trainer_state(const char *path, const TrainerState *st, const 
 static void copy_file(const char *from, const char *to) {
     char err[512];
     size_t len;
-    uint8_t *bytes = read_file_all(from, &len, err, sizeof(err));
+    uint8_t *bytes = read_file_all(from, INFILE_CONFIG, &len, err, sizeof(err));
     if (!bytes) mt_die("--tokenizer-model: %s: %s", from, err);
     if (write_file_atomic(to, bytes, len, err, sizeof(err))) mt_die("writing %s: %s", to, err);
     free(bytes);
@@ -281,13 +281,11 @@ static void copy_tokenizer_files(const char *tokenizer_model, const char *dir) {
 
 void checkpoint_check_save_inputs(const Config *c) {
     if (!c->tokenizer_model[0]) return;
-    struct stat s;
-    if (stat(c->tokenizer_model, &s))
-        mt_die("--tokenizer-model %s: cannot open it: %s", c->tokenizer_model, strerror(errno));
-    if (S_ISDIR(s.st_mode))
-        mt_die("--tokenizer-model %s is a directory; give its tokenizer.json file", c->tokenizer_model);
-    if (access(c->tokenizer_model, R_OK))
-        mt_die("--tokenizer-model %s: cannot read it: %s", c->tokenizer_model, strerror(errno));
+    char err[512];
+    uint64_t size;
+    int fd = open_input_file(c->tokenizer_model, INFILE_CONFIG, &size, err, sizeof(err));
+    if (fd < 0) mt_die("--tokenizer-model %s: %s; give its tokenizer.json file", c->tokenizer_model, err);
+    close(fd);
 }
 
 // ---- checksums ------------------------------------------------------------------------------
@@ -450,7 +448,7 @@ void checkpoint_resolve(char *out, const char *dir) {
     snprintf(path, sizeof(path), "%s/latest_checkpointed_iteration.txt", dir);
     if (file_exists(path)) {
         size_t len;
-        char *text = (char *)read_file_all(path, &len, err, sizeof(err));
+        char *text = (char *)read_file_all(path, INFILE_NOTE, &len, err, sizeof(err));
         if (!text) mt_die("%s: %s", path, err);
         char *end;
         long iteration = strtol(text, &end, 10);
