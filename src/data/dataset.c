@@ -127,7 +127,9 @@ static void open_megatron(Dataset *ds, const Config *c) {
     megatron_sample_counts(c, counts);
     snprintf(ds->source, sizeof(ds->source), "the Megatron datasets");
     ds->eod = tokenizer_eod(c);
-    ds->megatron = megatron_data_open(c, counts);
+    char source[48];
+    snprintf(source, sizeof source, "--vocab-size %d", c->vocab_size);
+    ds->megatron = megatron_data_open(c, counts, &(TokenVocab){c->vocab_size, source});
     if (megatron_data_size(ds->megatron, DATA_TRAIN) < 1)
         mt_die("the training split of the Megatron datasets is empty; check --split or --train-data-path");
 }
