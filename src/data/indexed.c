@@ -94,8 +94,9 @@ static uint64_t load_u64(const uint8_t *p) {
 // ---------------------------------------------------------------------------
 // Reader
 
-// Maps the whole file read-only; an empty file maps to NULL with *size 0.
-static void *map_file(const char *path, size_t *size) {
+// Maps the whole file read-only; an empty file maps to NULL with *size 0. *mtime_ns: when the
+// mapped file was last modified.
+static void *map_file(const char *path, size_t *size, int64_t *mtime_ns) {
     char err[512];
     uint64_t bytes;
     int fd = open_input_file(path, INFILE_DATA, &bytes, err, sizeof err);
@@ -103,6 +104,8 @@ static void *map_file(const char *path, size_t *size) {
         mt_die("%s: %s; a Megatron dataset PREFIX is the pair PREFIX.bin + PREFIX.idx: check the prefix (without "
                ".bin/.idx)", path, err);
     *size = (size_t)bytes;
+    struct stat st;
+    *mtime_ns = fstat(fd, &st) == 0 ? (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec : 0;
     void *map = NULL;
     if (*size > 0) {
         map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -202,10 +205,10 @@ void indexed_open(IndexedDataset *d, const char *prefix) {
     path_with(bin_path, prefix, ".bin");
     snprintf(d->prefix, sizeof d->prefix, "%s", prefix);
 
-    d->idx_map = map_file(idx_path, &d->idx_size);
+    d->idx_map = map_file(idx_path, &d->idx_size, &d->idx_mtime_ns);
     const uint8_t *idx = d->idx_map;
     read_header(d, idx_path, idx, d->idx_size);
-    d->bin_map = map_file(bin_path, &d->bin_size);
+    d->bin_map = map_file(bin_path, &d->bin_size, &d->bin_mtime_ns);
 
     // Copy the arrays to aligned memory: 8-byte ones first, then the lengths.
     size_t n = (size_t)d->n_sequences, n_doc = (size_t)d->n_documents + 1;

@@ -31,6 +31,8 @@ typedef struct {
     // mappings (private)
     void *idx_map, *bin_map;
     size_t idx_size, bin_size;
+    // Modification times of the files as opened (fstat of the descriptors that were mapped).
+    int64_t idx_mtime_ns, bin_mtime_ns;
     // The three arrays above, copied out of the .idx on open: in the file they start at byte
     // 34, which is not aligned for int32/int64 access. idx_map is unmapped after the copy.
     void *arrays;

@@ -140,14 +140,14 @@ static const IndexedDataset *open_dataset(MegatronData *d, const char *prefix, c
     char *id = d->identity[d->n_datasets];
     d->n_datasets++;
     indexed_open(ds, prefix);
-    char resolved[PATH_MAX], idx_path[MT_PATH_MAX + 8], bin_path[MT_PATH_MAX + 8];
+    // The identity of the files as they were mapped (sizes and times from their descriptors).
+    char resolved[PATH_MAX], idx_path[MT_PATH_MAX + 8];
     snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
-    snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
-    struct stat si, sb;
-    if (stat(idx_path, &si) != 0 || stat(bin_path, &sb) != 0) mt_die("--%s %s: cannot stat its files", flag, prefix);
-    snprintf(id, IDENTITY_MAX, "%s idx %lld@%lld.%09ld bin %lld@%lld.%09ld",
-             realpath(idx_path, resolved) ? resolved : idx_path, (long long)si.st_size, (long long)si.st_mtim.tv_sec,
-             si.st_mtim.tv_nsec, (long long)sb.st_size, (long long)sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+    const int64_t ns = 1000000000;
+    snprintf(id, IDENTITY_MAX, "%s idx %lld@%lld.%09lld bin %lld@%lld.%09lld",
+             realpath(idx_path, resolved) ? resolved : idx_path, (long long)ds->idx_size,
+             (long long)(ds->idx_mtime_ns / ns), (long long)(ds->idx_mtime_ns % ns), (long long)ds->bin_size,
+             (long long)(ds->bin_mtime_ns / ns), (long long)(ds->bin_mtime_ns % ns));
     return ds;
 }
 
