@@ -157,7 +157,7 @@ static void set_too_large(char *err, size_t errlen, InputFileKind kind, const ch
 
 static const char *file_type_name(mode_t mode) {
     return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
-         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a plain file";
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "an unknown kind of file";
 }
 
 int open_input_file(const char *path, InputFileKind kind, uint64_t *size, char *err, size_t errlen) {
