@@ -12,6 +12,7 @@
 //        indexed_probe dtype-for-vocab N                the dtype name indexed_dtype_for_vocab picks
 // Errors are one line on stderr and exit status 1.
 #include <string.h>
+#include <unistd.h>
 
 #include "core/common.h"
 #include "core/fileio.h"
@@ -34,7 +35,7 @@ static int write_dataset(const char *prefix, const char *dtype_name) {
     IndexedDtype dtype = dtype_or_die(dtype_name);
     char err[256];
     size_t len;
-    char *text = (char *)read_file_all("/dev/stdin", &len, err, sizeof err);
+    char *text = (char *)read_fd_all(STDIN_FILENO, INFILE_CONFIG, &len, err, sizeof err);
     if (!text) mt_die("stdin: %s", err);
     JsonValue *docs = json_parse(text, len, err, sizeof err);
     if (!docs) mt_die("stdin: %s", err);

@@ -18,7 +18,7 @@
 
 static char *read_or_die(const char *path, size_t *len) {
     char err[256];
-    char *text = (char *)read_file_all(path, len, err, sizeof err);
+    char *text = (char *)read_file_all(path, INFILE_TEXT, len, err, sizeof err);
     if (!text) mt_die("%s: %s", path, err);
     return text;
 }

@@ -2,7 +2,8 @@
 // --train-data-path) and dump the first --num-samples training samples to safetensors as
 // tensor "tokens", I32 [K, seq_length + 1]: the token sequences Megatron-Core's
 // GPTDataset / BlendedDataset yield for the same data, split, seq_length and seed
-// (tokens are sample[:-1], labels sample[1:]). docs/data.md describes the order.
+// (tokens are sample[:-1], labels sample[1:]). docs/data.md describes the order. Token ids are
+// checked against --vocab-size (or --tokenizer-model) as `moetron train` checks them.
 #include <stdio.h>
 #include <string.h>
 
@@ -11,6 +12,22 @@
 #include "core/safetensors.h"
 #include "core/timer.h"
 #include "data/megatron_data.h"
+#include "tokenizer/tokenizer.h"
+
+// The vocabulary the token ids are checked against: --vocab-size when given, else the size of
+// --tokenizer-model; without either the ids are not checked (there is no model to fit).
+static TokenVocab data_vocab(const Config *c, char *source, size_t n) {
+    if (config_flag_given(c, "vocab-size")) {
+        snprintf(source, n, "--vocab-size %d", c->vocab_size);
+        return (TokenVocab){c->vocab_size, source};
+    }
+    if (!c->tokenizer_model[0]) return (TokenVocab){0, ""};
+    Tokenizer *tok = tokenizer_load(c->tokenizer_model);
+    int size = tokenizer_vocab_size(tok);
+    tokenizer_free(tok);
+    snprintf(source, n, "--tokenizer-model %s (%d tokens)", c->tokenizer_model, size);
+    return (TokenVocab){size, source};
+}
 
 int data_main(Config *c) {
     if (!c->data_path[0] && !c->train_data_path[0])
@@ -19,7 +36,9 @@ int data_main(Config *c) {
     if (!c->dump[0]) mt_die("moetron data needs --dump OUT.safetensors");
     double start = now_seconds();
     int64_t asked[3] = {c->num_samples, 0, 0};
-    MegatronData *d = megatron_data_open(c, asked);
+    char source[MT_PATH_MAX + 64];
+    TokenVocab vocab = data_vocab(c, source, sizeof source);
+    MegatronData *d = megatron_data_open(c, asked, &vocab);
     int64_t K = c->num_samples, width = (int64_t)c->seq_length + 1;
     if (megatron_data_size(d, DATA_TRAIN) < K) mt_die("the training split holds no samples; check --split");
     int32_t *tokens = mt_malloc((size_t)(K * width) * sizeof *tokens);

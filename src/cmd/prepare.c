@@ -181,11 +181,11 @@ static void check_output_directory(const char *prefix) {
 }
 
 static void open_input(Prep *p) {
-    p->fp = fopen(p->input, "rb");
-    struct stat st;
-    if (!p->fp) mt_die("%s %s: cannot open: %s", p->input_flag, p->input, strerror(errno));
-    if (fstat(fileno(p->fp), &st) || !S_ISREG(st.st_mode)) mt_die("%s %s is not a regular file", p->input_flag, p->input);
-    p->total_bytes = (int64_t)st.st_size;
+    char err[512];
+    uint64_t size;
+    p->fp = open_input_stream(p->input, INFILE_DATA, &size, err, sizeof err);
+    if (!p->fp) mt_die("%s %s: %s", p->input_flag, p->input, err);
+    p->total_bytes = (int64_t)size;
 }
 
 static int is_jsonl_name(const char *path) { return ends_with(path, ".jsonl") || ends_with(path, ".json"); }

@@ -31,7 +31,7 @@ static const FlagSpec FLAGS[] = {
     F("kv-channels", FLAG_INT, kv_channels, TR, 1, "head dimension (0 = H / heads)"),
     F("seq-length", FLAG_INT, seq_length, DT, 0, "tokens per training sequence"),
     F("max-position-embeddings", FLAG_INT, max_position_embeddings, TR, 1, "longest position the model supports (0 = --seq-length)"),
-    F("vocab-size", FLAG_INT, vocab_size, TR | CMD_PREPARE, 1, "tokenizer vocabulary (default: the --tokenizer-model's, else byte-level 257 = 256 bytes + end-of-document); prepare: the size of the BPE vocabulary to train"),
+    F("vocab-size", FLAG_INT, vocab_size, DT | CMD_PREPARE, 1, "tokenizer vocabulary (default: the --tokenizer-model's, else byte-level 257 = 256 bytes + end-of-document); every token id of Megatron data must be below it (data: when given, else the size of --tokenizer-model); prepare: the size of the BPE vocabulary to train"),
     F("make-vocab-size-divisible-by", FLAG_INT, make_vocab_size_divisible_by, TR, 1, "pad the vocabulary to a multiple of this"),
     F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/fileio.h"
+
 // Slicing by 4: table[0] is the classic byte-at-a-time table; table[k][b] advances the CRC
 // of byte b by k more zero bytes, so four bytes are folded per step.
 static uint32_t g_table[4][256];
@@ -34,11 +36,9 @@ uint32_t crc32_update(uint32_t crc, const void *data, size_t len) {
 }
 
 int crc32_file(const char *path, uint32_t *crc, uint64_t *bytes, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot open it: %s", strerror(errno));
-        return -1;
-    }
+    uint64_t size;
+    FILE *f = open_input_stream(path, INFILE_DATA, &size, err, errlen);
+    if (!f) return -1;
     uint8_t buf[1 << 16];
     uint32_t c = 0;
     uint64_t n = 0;

@@ -1,4 +1,4 @@
-// fileio.c — whole-file reads and atomic (temp file + fsync + rename) writes.
+// fileio.c — bounded reads of regular input files and atomic (temp file + fsync + rename) writes.
 #include "fileio.h"
 
 #include "common.h"
@@ -111,38 +111,143 @@ int fsync_dir_of(const char *path) {
     return rc;
 }
 
-uint8_t *read_file_all(const char *path, size_t *len, char *err, size_t errlen) {
-    *len = 0;
-    FILE *fp = fopen(path, "rb");
+// ---------------------------------------------------------------------------
+// Input files
+
+#define KIB ((uint64_t)1 << 10)
+#define MIB ((uint64_t)1 << 20)
+#define GIB ((uint64_t)1 << 30)
+#define TIB ((uint64_t)1 << 40)
+#define READ_CHUNK_BYTES ((size_t)1 << 16)  // first buffer when the size is not known in advance
+
+// The largest file of each kind, what it is called in messages, and what to do about one
+// that is larger. Files read whole are bounded well below memory; mapped and streamed data
+// files by the address space.
+static const struct {
+    uint64_t max_bytes;
+    const char *what, *fix;
+} INPUT_KINDS[] = {
+    [INFILE_CONFIG] = {256 * MIB, "a JSON or tokenizer file", "check that the path names the intended file"},
+    [INFILE_NOTE] = {4 * KIB, "a one-line text file", "check that the path names the intended file"},
+    [INFILE_TEXT] = {4 * GIB, "a plain-text --data-path corpus",
+                    "turn a larger corpus into a Megatron dataset with moetron prepare and train on that"},
+    [INFILE_WEIGHTS] = {TIB, "a safetensors file", "split the weights into shards (model.safetensors.index.json)"},
+    [INFILE_DATA] = {64 * TIB, "a data file", "split the data into several files"},
+};
+
+// "256 MiB" for the limits above (all whole powers of 1024 times a small number).
+static void format_limit(char *out, size_t n, uint64_t bytes) {
+    static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (u < 4 && bytes >= KIB && bytes % KIB == 0) {
+        bytes /= KIB;
+        u++;
+    }
+    snprintf(out, n, "%llu %s", (unsigned long long)bytes, units[u]);
+}
+
+// how_large: "is N bytes, more than" or "holds more than"; then "the 256 MiB allowed for ...; fix".
+static void set_too_large(char *err, size_t errlen, InputFileKind kind, const char *how_large) {
+    char limit[32];
+    format_limit(limit, sizeof limit, INPUT_KINDS[kind].max_bytes);
+    if (err && errlen)
+        snprintf(err, errlen, "%s the %s allowed for %s; %s", how_large, limit, INPUT_KINDS[kind].what,
+                 INPUT_KINDS[kind].fix);
+}
+
+static const char *file_type_name(mode_t mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "an unknown kind of file";
+}
+
+int open_input_file(const char *path, InputFileKind kind, uint64_t *size, char *err, size_t errlen) {
+    *size = 0;
+    // Non-blocking, so that opening a FIFO returns at once (and fstat then refuses it).
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        set_err(err, errlen, "cannot open", errno);
+        return -1;
+    }
+    struct stat st;
+    int errnum = 0;
+    if (fstat(fd, &st) != 0) {
+        errnum = errno;
+        set_err(err, errlen, "cannot stat", errnum);
+    } else if (!S_ISREG(st.st_mode)) {
+        errnum = EINVAL;
+        if (err && errlen) snprintf(err, errlen, "not a regular file (%s)", file_type_name(st.st_mode));
+    } else if ((uint64_t)st.st_size > INPUT_KINDS[kind].max_bytes) {
+        errnum = EFBIG;
+        char how_large[64];
+        snprintf(how_large, sizeof how_large, "is %llu bytes, more than", (unsigned long long)st.st_size);
+        set_too_large(err, errlen, kind, how_large);
+    } else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+        errnum = errno;
+        set_err(err, errlen, "cannot set blocking reads", errnum);
+    }
+    if (errnum) {
+        close(fd);
+        errno = errnum;
+        return -1;
+    }
+    *size = (uint64_t)st.st_size;
+    return fd;
+}
+
+FILE *open_input_stream(const char *path, InputFileKind kind, uint64_t *size, char *err, size_t errlen) {
+    int fd = open_input_file(path, kind, size, err, errlen);
+    if (fd < 0) return NULL;
+    FILE *fp = fdopen(fd, "rb");
     if (!fp) {
         set_err(err, errlen, "cannot open", errno);
-        return NULL;
+        close(fd);
     }
-    // Start from the size on disk (if it is a regular file) but keep reading
-    // until EOF, so pipes and files that grow meanwhile work too.
+    return fp;
+}
+
+uint8_t *read_fd_all(int fd, InputFileKind kind, size_t *len, char *err, size_t errlen) {
+    *len = 0;
+    // Start from the size on disk when there is one, and read at most one byte more than the
+    // limit: reaching it means the input (a pipe, or a file that grew) is too large.
+    uint64_t limit = INPUT_KINDS[kind].max_bytes;
     struct stat st;
-    size_t cap = 1 << 16;
-    if (fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
-        cap = (size_t)st.st_size + 1;
+    size_t cap = READ_CHUNK_BYTES;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) cap = (size_t)st.st_size + 1;
+    cap = (size_t)MT_MIN((uint64_t)cap, limit + 2);
     uint8_t *buf = mt_malloc(cap);
     size_t n = 0;
     for (;;) {
-        if (n + 1 >= cap) {
-            cap *= 2;
+        if (n + 1 == cap) {
+            if (n > limit) break;
+            cap = (size_t)MT_MIN(2 * (uint64_t)cap, limit + 2);
             buf = mt_realloc(buf, cap);
         }
-        size_t got = fread(buf + n, 1, cap - 1 - n, fp);
-        n += got;
+        ssize_t got = read(fd, buf + n, cap - 1 - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            set_err(err, errlen, "read error", errno);
+            free(buf);
+            return NULL;
+        }
         if (got == 0) break;
+        n += (size_t)got;
     }
-    if (ferror(fp)) {
-        set_err(err, errlen, "read error", errno);
-        fclose(fp);
+    if (n > limit) {
+        set_too_large(err, errlen, kind, "holds more than");
         free(buf);
         return NULL;
     }
-    fclose(fp);
     buf[n] = '\0';
     *len = n;
+    return buf;
+}
+
+uint8_t *read_file_all(const char *path, InputFileKind kind, size_t *len, char *err, size_t errlen) {
+    uint64_t size;
+    *len = 0;
+    int fd = open_input_file(path, kind, &size, err, errlen);
+    if (fd < 0) return NULL;
+    uint8_t *buf = read_fd_all(fd, kind, len, err, errlen);
+    close(fd);
     return buf;
 }

@@ -1,4 +1,4 @@
-// fileio.h — whole-file reads and crash-safe writes. A file written here is
+// fileio.h — bounded reads of regular input files and crash-safe writes. A file written here is
 // either the old version or the complete new one, never a half-written mix:
 // bytes go to "<path>.tmp.<pid>", are flushed and fsync'ed, and the temp file
 // is renamed over <path>. Error messages are one-line reasons without the path
@@ -17,10 +17,33 @@ int write_file_atomic(const char *path, const void *data, size_t len, char *err,
 // opened or synced (some filesystems do not support it).
 int fsync_dir_of(const char *path);
 
-// Reads the whole file. Returns a buffer of *len bytes followed by one extra NUL
-// byte (handy for text), to be released with free(); NULL with err filled
-// ("cannot open: ...", "read error: ...") on failure.
-uint8_t *read_file_all(const char *path, size_t *len, char *err, size_t errlen);
+// What an input file is, which bounds how large it may be (the limits are listed in
+// fileio.c and docs/reliability.md).
+typedef enum {
+    INFILE_CONFIG,   // JSON (config.json, trainer_state.json, checksums, shard index) and tokenizer files
+    INFILE_NOTE,     // one-line text files (latest_checkpointed_iteration.txt)
+    INFILE_TEXT,     // a plain-text corpus read whole (--data-path FILE)
+    INFILE_WEIGHTS,  // safetensors (mapped; a tensor read when asked)
+    INFILE_DATA,     // mapped or streamed: .bin/.idx, index caches, prepare's input, checksummed files
+} InputFileKind;
+
+// Opens path for reading when it is a regular file of at most the kind's size, following
+// symlinks. A FIFO, device, directory or socket is refused without blocking (the open is
+// non-blocking and the type comes from fstat of the opened descriptor, so nothing can swap
+// the file in between). Returns the descriptor (blocking again) and its size in *size; -1
+// with err filled ("cannot open: ...", "not a regular file (a FIFO)", "is N bytes, more
+// than ...") and errno set (ENOENT when there is no such file).
+int open_input_file(const char *path, InputFileKind kind, uint64_t *size, char *err, size_t errlen);
+// open_input_file as a FILE * ("rb"); NULL on failure.
+FILE *open_input_stream(const char *path, InputFileKind kind, uint64_t *size, char *err, size_t errlen);
+
+// Reads fd to its end, at most the kind's size (more is an error). Returns a buffer of *len
+// bytes followed by one extra NUL byte (handy for text), to be released with free(); NULL
+// with err filled on failure. fd stays open.
+uint8_t *read_fd_all(int fd, InputFileKind kind, size_t *len, char *err, size_t errlen);
+
+// open_input_file + read_fd_all: the whole of a regular file of at most the kind's size.
+uint8_t *read_file_all(const char *path, InputFileKind kind, size_t *len, char *err, size_t errlen);
 
 // Streaming form of write_file_atomic, for files too large to assemble in memory:
 //   AtomicFile af;

@@ -403,7 +403,7 @@ JsonValue *json_parse(const char *text, size_t len, char *err, size_t errlen) {
 
 JsonValue *json_parse_file(const char *path, char *err, size_t errlen) {
     size_t len;
-    uint8_t *bytes = read_file_all(path, &len, err, errlen);
+    uint8_t *bytes = read_file_all(path, INFILE_CONFIG, &len, err, errlen);
     if (!bytes) return NULL;
     JsonValue *v = json_parse((const char *)bytes, len, err, errlen);
     free(bytes);

@@ -309,18 +309,17 @@ static int validate(StFile *f, char *err, size_t errlen) {
 // Maps the file read-only: only the pages a caller touches (the header, the tensors it
 // reads) become resident, so opening a file costs nothing like its size in memory.
 static int map_file(StFile *f, const char *path, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, errlen, "cannot open: %s", strerror(errno));
-    struct stat s;
+    uint64_t size;
+    int fd = open_input_file(path, INFILE_WEIGHTS, &size, err, errlen);  // a regular file, bounded
+    if (fd < 0) return -1;
     int rc = 0;
-    if (fstat(fd, &s)) rc = fail(err, errlen, "cannot stat: %s", strerror(errno));
-    else if (s.st_size < 8)
-        rc = fail(err, errlen, "file is only %lld bytes; a safetensors file starts with an 8-byte header length",
-                  (long long)s.st_size);
+    if (size < 8)
+        rc = fail(err, errlen, "file is only %llu bytes; a safetensors file starts with an 8-byte header length",
+                  (unsigned long long)size);
     if (rc == 0) {
-        void *bytes = mmap(NULL, (size_t)s.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *bytes = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (bytes == MAP_FAILED) rc = fail(err, errlen, "cannot map: %s", strerror(errno));
-        else f->bytes = bytes, f->size = (size_t)s.st_size;
+        else f->bytes = bytes, f->size = (size_t)size;
     }
     close(fd);
     return rc;

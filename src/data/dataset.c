@@ -14,7 +14,7 @@
 static void load_text_file(Dataset *ds, const char *path) {
     char err[512];
     size_t len;
-    uint8_t *bytes = read_file_all(path, &len, err, sizeof(err));
+    uint8_t *bytes = read_file_all(path, INFILE_TEXT, &len, err, sizeof(err));
     if (!bytes) mt_die("--data-path %s: %s", path, err);
     if (len == 0) {
         free(bytes);
@@ -151,7 +151,9 @@ static void open_megatron(Dataset *ds, const Config *c) {
     megatron_sample_counts(c, counts);
     snprintf(ds->source, sizeof(ds->source), "the Megatron datasets");
     ds->eod = tokenizer_eod(c);
-    ds->megatron = megatron_data_open(c, counts);
+    char source[48];
+    snprintf(source, sizeof source, "--vocab-size %d", c->vocab_size);
+    ds->megatron = megatron_data_open(c, counts, &(TokenVocab){c->vocab_size, source});
     if (megatron_data_size(ds->megatron, DATA_TRAIN) < 1)
         mt_die("the training split of the Megatron datasets is empty; check --split or --train-data-path");
 }

@@ -94,19 +94,18 @@ static uint64_t load_u64(const uint8_t *p) {
 // ---------------------------------------------------------------------------
 // Reader
 
-// Maps the whole file read-only; an empty file maps to NULL with *size 0.
-static void *map_file(const char *path, size_t *size) {
-    int fd = open(path, O_RDONLY);
+// Maps the whole file read-only; an empty file maps to NULL with *size 0. *mtime_ns: when the
+// mapped file was last modified.
+static void *map_file(const char *path, size_t *size, int64_t *mtime_ns) {
+    char err[512];
+    uint64_t bytes;
+    int fd = open_input_file(path, INFILE_DATA, &bytes, err, sizeof err);
     if (fd < 0)
-        mt_die("%s: cannot open (%s); a Megatron dataset PREFIX is the pair PREFIX.bin + PREFIX.idx: check "
-               "the prefix (without .bin/.idx)",
-               path, strerror(errno));
+        mt_die("%s: %s; a Megatron dataset PREFIX is the pair PREFIX.bin + PREFIX.idx: check the prefix (without "
+               ".bin/.idx)", path, err);
+    *size = (size_t)bytes;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        mt_die("%s: not a regular file; give the prefix of a .bin/.idx pair", path);
-    }
-    *size = (size_t)st.st_size;
+    *mtime_ns = fstat(fd, &st) == 0 ? (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec : 0;
     void *map = NULL;
     if (*size > 0) {
         map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -206,10 +205,10 @@ void indexed_open(IndexedDataset *d, const char *prefix) {
     path_with(bin_path, prefix, ".bin");
     snprintf(d->prefix, sizeof d->prefix, "%s", prefix);
 
-    d->idx_map = map_file(idx_path, &d->idx_size);
+    d->idx_map = map_file(idx_path, &d->idx_size, &d->idx_mtime_ns);
     const uint8_t *idx = d->idx_map;
     read_header(d, idx_path, idx, d->idx_size);
-    d->bin_map = map_file(bin_path, &d->bin_size);
+    d->bin_map = map_file(bin_path, &d->bin_size, &d->bin_mtime_ns);
 
     // Copy the arrays to aligned memory: 8-byte ones first, then the lengths.
     size_t n = (size_t)d->n_sequences, n_doc = (size_t)d->n_documents + 1;
@@ -273,6 +272,88 @@ void indexed_read(const IndexedDataset *d, int64_t i, int64_t offset, int64_t le
     if (k < length)
         mt_die("%s.bin: token %lld of sequence %lld is %.17g, not an int32 token id; %s", d->prefix,
                (long long)(offset + k), (long long)i, bad, RECREATE);
+}
+
+// ---------------------------------------------------------------------------
+// Token id range
+
+#define PARALLEL_SCAN_TOKENS (1 << 20)  // below this, one thread scans
+
+// x as an int64 id: beyond the int64 range (or NaN, which no id is) saturates to the side given.
+static int64_t saturated_id(double x, int64_t nan_as) {
+    if (x != x) return nan_as;
+    if (x <= (double)INT64_MIN) return INT64_MIN;
+    if (x >= (double)INT64_MAX) return INT64_MAX;
+    return (int64_t)x;
+}
+
+// The .bin is mapped at a page boundary and every token lies at a multiple of its size from
+// the start (check_sequences), so the tokens are read as an aligned array of the dtype.
+#define RANGE_CASE(code, T)                                                                                \
+    case code: {                                                                                           \
+        const T *tok = (const T *)d->bin_map;                                                              \
+        T lo = tok[0], hi = tok[0];                                                                        \
+        _Pragma("omp parallel for simd reduction(min : lo) reduction(max : hi) if (n > PARALLEL_SCAN_TOKENS)") \
+        for (int64_t k = 0; k < n; k++) {                                                                  \
+            lo = tok[k] < lo ? tok[k] : lo;                                                                \
+            hi = tok[k] > hi ? tok[k] : hi;                                                                \
+        }                                                                                                  \
+        *min_id = saturated_id((double)lo, INT64_MIN);                                                     \
+        *max_id = saturated_id((double)hi, INT64_MAX);                                                     \
+        break;                                                                                             \
+    }
+
+void indexed_token_range(const IndexedDataset *d, int64_t *min_id, int64_t *max_id) {
+    int64_t n = (int64_t)(d->bin_size / (size_t)d->elem_size);
+    *min_id = 0;
+    *max_id = -1;
+    if (n == 0) return;
+    switch (d->dtype) { FOR_EACH_DTYPE(RANGE_CASE) }
+}
+
+// The index of the first of n tokens at src outside [0, limit) (NaN included), or n.
+#define FIND_CASE(code, T)                                           \
+    case code:                                                       \
+        for (int64_t k = 0; k < n; k++) {                            \
+            double x = (double)((const T *)src)[k];                  \
+            if (!(x >= 0 && x < (double)limit)) {                    \
+                *value = x;                                          \
+                return k;                                            \
+            }                                                        \
+        }                                                            \
+        break;
+
+static int64_t first_outside(IndexedDtype dtype, const void *src, int64_t n, int64_t limit, double *value) {
+    switch (dtype) { FOR_EACH_DTYPE(FIND_CASE) }
+    return n;
+}
+
+// The document holding sequence i: the last one that starts at or before it (empty documents
+// start where the next one does).
+static int64_t document_of(const IndexedDataset *d, int64_t i) {
+    int64_t lo = 0, hi = d->n_documents - 1;  // document_indices[lo] <= i always
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (d->document_indices[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int indexed_find_token_outside(const IndexedDataset *d, int64_t limit, IndexedToken *where) {
+    for (int64_t i = 0; i < d->n_sequences; i++) {
+        int64_t n = d->sequence_lengths[i];
+        if (n == 0) continue;
+        const uint8_t *src = (const uint8_t *)d->bin_map + d->sequence_pointers[i];
+        int64_t k = first_outside(d->dtype, src, n, limit, &where->value);
+        if (k < n) {
+            where->sequence = i;
+            where->position = k;
+            where->document = document_of(d, i);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -31,6 +31,8 @@ typedef struct {
     // mappings (private)
     void *idx_map, *bin_map;
     size_t idx_size, bin_size;
+    // Modification times of the files as opened (fstat of the descriptors that were mapped).
+    int64_t idx_mtime_ns, bin_mtime_ns;
     // The three arrays above, copied out of the .idx on open: in the file they start at byte
     // 34, which is not aligned for int32/int64 access. idx_map is unmapped after the copy.
     void *arrays;
@@ -40,6 +42,18 @@ void indexed_open(IndexedDataset *d, const char *prefix);
 void indexed_close(IndexedDataset *d);
 // Tokens [offset, offset + length) of sequence i as int32.
 void indexed_read(const IndexedDataset *d, int64_t i, int64_t offset, int64_t length, int32_t *out);
+
+// The smallest and largest token value in the whole .bin, in one vectorised pass over the mapping
+// (min 0, max -1 when it holds no token); values beyond int64 saturate. Float values count as
+// they are: fractions, NaN and infinities are reported by indexed_read.
+void indexed_token_range(const IndexedDataset *d, int64_t *min_id, int64_t *max_id);
+// Where the first token outside [0, limit) is, in file order.
+typedef struct {
+    int64_t document, sequence, position;  // position: the token's index in its sequence
+    double value;
+} IndexedToken;
+// 1 with *where filled when some token is outside [0, limit); 0 when all are inside.
+int indexed_find_token_outside(const IndexedDataset *d, int64_t limit, IndexedToken *where);
 
 // The smallest dtype Megatron-Core's tools pick for a vocabulary: uint16 below 65500, else int32.
 IndexedDtype indexed_dtype_for_vocab(int64_t vocab_size);

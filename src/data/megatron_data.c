@@ -72,6 +72,7 @@ struct MegatronData {
     char cache_dir[MT_PATH_MAX];
     int cache_unwritable;  // warned once; indices are then only kept in memory
     int built, reused;     // cache files written / used, for the summary line
+    int ids_scanned, ids_cached;  // datasets whose token id range was scanned / read from the cache
     const char *split_string;  // --split, for messages
 };
 
@@ -139,14 +140,14 @@ static const IndexedDataset *open_dataset(MegatronData *d, const char *prefix, c
     char *id = d->identity[d->n_datasets];
     d->n_datasets++;
     indexed_open(ds, prefix);
-    char resolved[PATH_MAX], idx_path[MT_PATH_MAX + 8], bin_path[MT_PATH_MAX + 8];
+    // The identity of the files as they were mapped (sizes and times from their descriptors).
+    char resolved[PATH_MAX], idx_path[MT_PATH_MAX + 8];
     snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
-    snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
-    struct stat si, sb;
-    if (stat(idx_path, &si) != 0 || stat(bin_path, &sb) != 0) mt_die("--%s %s: cannot stat its files", flag, prefix);
-    snprintf(id, IDENTITY_MAX, "%s idx %lld@%lld.%09ld bin %lld@%lld.%09ld",
-             realpath(idx_path, resolved) ? resolved : idx_path, (long long)si.st_size, (long long)si.st_mtim.tv_sec,
-             si.st_mtim.tv_nsec, (long long)sb.st_size, (long long)sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+    const int64_t ns = 1000000000;
+    snprintf(id, IDENTITY_MAX, "%s idx %lld@%lld.%09lld bin %lld@%lld.%09lld",
+             realpath(idx_path, resolved) ? resolved : idx_path, (long long)ds->idx_size,
+             (long long)(ds->idx_mtime_ns / ns), (long long)(ds->idx_mtime_ns % ns), (long long)ds->bin_size,
+             (long long)(ds->bin_mtime_ns / ns), (long long)(ds->bin_mtime_ns % ns));
     return ds;
 }
 
@@ -204,9 +205,10 @@ static uint64_t checksum_tail(uint64_t h, const void *data, size_t bytes) {
     return h;
 }
 
-static void cache_path(char *out, const MegatronData *d, const char *description, const char *kind, int split) {
+// tag: the split the file is for ("train"), or "all" for a whole dataset.
+static void cache_path(char *out, const MegatronData *d, const char *description, const char *kind, const char *tag) {
     snprintf(out, MT_PATH_MAX + 64, "%s/%016" PRIx64 "-%s-%s" CACHE_SUFFIX, d->cache_dir, fnv1a(description), kind,
-             SPLIT_NAMES[split]);
+             tag);
 }
 
 static void unmap(Mapping *m) {
@@ -220,14 +222,14 @@ static void unmap(Mapping *m) {
 // why filled when the file is there but unusable.
 static int cache_load(const char *path, const char *description, CacheArrays *a, Mapping *m, char *why,
                       size_t whylen) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return 0;
-    struct stat st;
+    uint64_t size;
+    int fd = open_input_file(path, INFILE_DATA, &size, why, whylen);
+    if (fd < 0) return errno == ENOENT ? 0 : -1;
     size_t desc_len = strlen(description);
     size_t want = sizeof(CacheHeader) + padded(desc_len);
     for (int i = 0; i < a->n; i++) want += padded(a->elem_size[i] * (size_t)a->count[i]);
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != want) {
-        snprintf(why, whylen, "%lld bytes where %zu were expected", (long long)st.st_size, want);
+    if (size != want) {
+        snprintf(why, whylen, "%llu bytes where %zu were expected", (unsigned long long)size, want);
         close(fd);
         return -1;
     }
@@ -272,8 +274,10 @@ static int write_or_fail(AtomicFile *af, const void *data, size_t n, char *err, 
     return padded(n) > n ? atomic_write(af, zeros, padded(n) - n, err, errlen) : 0;
 }
 
-// Writes the arrays of a atomically; warns once and carries on when the directory is not writable.
-static void cache_store(MegatronData *d, const char *path, const char *description, const CacheArrays *a) {
+// Writes the arrays of a atomically (counting the file in *built); warns once and carries on
+// when the directory is not writable.
+static void cache_store(MegatronData *d, const char *path, const char *description, const CacheArrays *a,
+                        int *built) {
     if (d->cache_unwritable) return;
     char err[256];
     CacheHeader h;
@@ -306,16 +310,65 @@ static void cache_store(MegatronData *d, const char *path, const char *descripti
         d->cache_unwritable = 1;
         return;
     }
-    d->built++;
+    (*built)++;
 }
 
-// Loads the arrays from the cache; 1 when they came from there. A damaged file is reported.
-static int cache_fetch(MegatronData *d, const char *path, const char *description, CacheArrays *a, Mapping *m) {
-    char why[160];
+// Loads the arrays from the cache; 1 when they came from there (counted in *reused). A damaged
+// file is reported.
+static int cache_fetch(const char *path, const char *description, CacheArrays *a, Mapping *m, int *reused) {
+    char why[512];
     int got = cache_load(path, description, a, m, why, sizeof why);
     if (got < 0) fprintf(stderr, "moetron: note: index cache %s is unusable (%s); rebuilding it\n", path, why);
-    if (got > 0) d->reused++;
+    if (got > 0) (*reused)++;
     return got > 0;
+}
+
+// ---------------------------------------------------------------------------
+// Token ids: each dataset's smallest and largest id, scanned once and cached under the
+// dataset's identity (so a changed or touched file is scanned again), checked against the
+// vocabulary before any index is built.
+
+#define TOKEN_RANGE_FIELDS 2  // min, max
+
+// [min, max] of ds's token ids, from the cache or a scan of its .bin (then cached).
+static void dataset_token_range(MegatronData *d, const IndexedDataset *ds, int64_t range[TOKEN_RANGE_FIELDS]) {
+    char description[IDENTITY_MAX + 128], path[MT_PATH_MAX + 64];
+    snprintf(description, sizeof description, "moetron token id range, cache format %d\ndataset %s\n", CACHE_FORMAT,
+             dataset_identity(d, ds));
+    cache_path(path, d, description, "TokenIds", "all");
+    CacheArrays a = {1, {sizeof(int64_t)}, {TOKEN_RANGE_FIELDS}, {0}};
+    Mapping m = {0};
+    if (cache_fetch(path, description, &a, &m, &d->ids_cached)) {
+        memcpy(range, a.data[0], TOKEN_RANGE_FIELDS * sizeof *range);
+        unmap(&m);
+        return;
+    }
+    indexed_token_range(ds, &range[0], &range[1]);
+    d->ids_scanned++;
+    a.data[0] = range;
+    int stored = 0;
+    cache_store(d, path, description, &a, &stored);
+}
+
+// Every dataset's ids inside [0, vocab->size); otherwise one line naming the .bin and the first
+// offending document.
+static void check_token_ids(MegatronData *d, const TokenVocab *vocab) {
+    if (vocab->size <= 0) return;
+    for (int i = 0; i < d->n_datasets; i++) {
+        const IndexedDataset *ds = &d->datasets[i];
+        int64_t range[TOKEN_RANGE_FIELDS];
+        dataset_token_range(d, ds, range);
+        IndexedToken bad;
+        if (range[0] >= 0 && range[1] < vocab->size) continue;
+        if (!indexed_find_token_outside(ds, vocab->size, &bad)) continue;  // a stale cached range: all inside
+        mt_die("%s.bin: document %lld (sequence %lld, token %lld) holds id %.17g, outside the vocabulary of %s "
+               "(ids 0..%lld); give the vocabulary of the tokenizer the data was prepared with, or re-create the "
+               "data with the run's tokenizer (moetron prepare)",
+               ds->prefix, (long long)bad.document, (long long)bad.sequence, (long long)bad.position, bad.value,
+               vocab->source, (long long)vocab->size - 1);
+    }
+    printf("megatron data: token ids of %d dataset%s inside the vocabulary of %s: %d scanned, %d from the cache\n",
+           d->n_datasets, d->n_datasets == 1 ? "" : "s", vocab->source, d->ids_scanned, d->ids_cached);
 }
 
 // ---------------------------------------------------------------------------
@@ -343,13 +396,13 @@ static void part_build(MegatronData *d, GptPart *p, const IndexedDataset *ds, in
                what, count ? "tokens" : "documents", SPLIT_NAMES[split], (long long)ds->n_sequences);
     part_description(description, desc_cap, d, p, split, first, count, num_samples);
     char path[MT_PATH_MAX + 64];
-    cache_path(path, d, description, "GPTDataset", split);
+    cache_path(path, d, description, "GPTDataset", SPLIT_NAMES[split]);
     gpt_plan_epochs(&p->index, tokens, num_samples, d->seq_length);
     CacheArrays a = {3,
                      {sizeof(int32_t), sizeof(int64_t), sizeof(int64_t)},
                      {p->index.num_epochs * count, 2 * (p->index.n_samples + 1), p->index.n_samples},
                      {0}};
-    if (cache_fetch(d, path, description, &a, &p->mapping)) {
+    if (cache_fetch(path, description, &a, &p->mapping, &d->reused)) {
         p->index.n_documents = a.count[0];
         p->index.document_index = a.data[0];
         p->index.sample_index = a.data[1];
@@ -361,7 +414,7 @@ static void part_build(MegatronData *d, GptPart *p, const IndexedDataset *ds, in
     a.data[1] = p->index.sample_index;
     a.data[2] = p->index.shuffle_index;
     MT_ASSERT(a.count[0] == p->index.n_documents);
-    cache_store(d, path, description, &a);
+    cache_store(d, path, description, &a, &d->built);
 }
 
 static void part_free(GptPart *p) {
@@ -412,9 +465,9 @@ static void split_blend(MegatronData *d, int s, const BlendList *list, const cha
     for (int i = 0; i < n; i++) at += snprintf(desc + at, cap - (size_t)at, "weight %.17g\n", weights[i]);
     snprintf(desc + at, cap - (size_t)at, "size %lld\n", (long long)sd->size);
     char path[MT_PATH_MAX + 64];
-    cache_path(path, d, desc, "BlendedDataset", s);
+    cache_path(path, d, desc, "BlendedDataset", SPLIT_NAMES[s]);
     CacheArrays a = {2, {sizeof(int16_t), sizeof(int64_t)}, {sd->size, sd->size}, {0}};
-    if (cache_fetch(d, path, desc, &a, &sd->mapping)) {
+    if (cache_fetch(path, desc, &a, &sd->mapping, &d->reused)) {
         sd->dataset_index = a.data[0];
         sd->dataset_sample_index = a.data[1];
     } else {
@@ -423,7 +476,7 @@ static void split_blend(MegatronData *d, int s, const BlendList *list, const cha
         blend_build_indices(weights, n, sd->size, sd->dataset_index, sd->dataset_sample_index);
         a.data[0] = sd->dataset_index;
         a.data[1] = sd->dataset_sample_index;
-        cache_store(d, path, desc, &a);
+        cache_store(d, path, desc, &a, &d->built);
     }
     int64_t *used = mt_calloc((size_t)n, sizeof *used);
     for (int64_t i = 0; i < sd->size; i++) {
@@ -538,7 +591,7 @@ static void collect_datasets(MegatronData *d, BlendList lists[3], const char *fl
         for (int i = 0; i < lists[s].n; i++) open_dataset(d, lists[s].prefixes[i], flags[s]);
 }
 
-MegatronData *megatron_data_open(const Config *c, const int64_t num_samples[3]) {
+MegatronData *megatron_data_open(const Config *c, const int64_t num_samples[3], const TokenVocab *vocab) {
     if (c->seed < 0) mt_die("--seed %d: Megatron datasets need a seed in [0, 2^32)", c->seed);
     if (c->seq_length < 1) mt_die("--seq-length must be positive");
     int blend_mode = c->data_path[0] != 0;
@@ -571,6 +624,7 @@ MegatronData *megatron_data_open(const Config *c, const int64_t num_samples[3]) 
         if (lists[s].n) first_prefix = lists[s].prefixes[0];
     if (c->data_cache_path[0]) snprintf(d->cache_dir, sizeof d->cache_dir, "%s", c->data_cache_path);
     else if (first_prefix) default_cache_dir(d->cache_dir, first_prefix);
+    check_token_ids(d, vocab);
 
     SplitMatrix matrix;
     d->split_string = c->split;

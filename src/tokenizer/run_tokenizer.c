@@ -23,7 +23,7 @@ static void read_tokenizer_json(RunTokenizer *rt, const Config *c) {
     if (stat(path, &s)) mt_die("%s %s: cannot open it: %s", what, path, strerror(errno));
     if (S_ISDIR(s.st_mode)) mt_die("%s %s is a directory; give its tokenizer.json file", what, path);
     char err[512];
-    rt->json.bytes = read_file_all(path, &rt->json.len, err, sizeof(err));
+    rt->json.bytes = read_file_all(path, INFILE_CONFIG, &rt->json.len, err, sizeof(err));
     if (!rt->json.bytes) mt_die("%s %s: cannot read it: %s", what, path, err);
     JsonValue *root = json_parse((const char *)rt->json.bytes, rt->json.len, err, sizeof(err));
     if (!root || root->type != JSON_OBJECT || !json_get(root, "model"))
@@ -44,7 +44,7 @@ static void read_companions(RunTokenizer *rt) {
         struct stat s;
         if (stat(path, &s)) continue;
         FileBytes *f = &rt->companions[i];
-        f->bytes = read_file_all(path, &f->len, err, sizeof(err));
+        f->bytes = read_file_all(path, INFILE_CONFIG, &f->len, err, sizeof(err));
         if (!f->bytes) mt_die("%s (beside the tokenizer %s): cannot read it: %s", path, rt->path, err);
     }
 }

@@ -406,7 +406,7 @@ static void build_decode_table(Tokenizer *t) {
 Tokenizer *tokenizer_load(const char *path) {
     char err[256];
     size_t len;
-    char *text = (char *)read_file_all(path, &len, err, sizeof err);
+    char *text = (char *)read_file_all(path, INFILE_CONFIG, &len, err, sizeof err);
     if (!text) TOK_DIE(path, "%s", err);
     Tokenizer *t = tokenizer_parse(text, len, path);
     free(text);

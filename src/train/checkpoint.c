@@ -658,7 +658,7 @@ static void resolve_load_dir(char *out, const char *dir) {
     snprintf(path, sizeof(path), "%s/latest_checkpointed_iteration.txt", dir);
     if (file_exists(path)) {
         size_t len;
-        char *text = (char *)read_file_all(path, &len, err, sizeof(err));
+        char *text = (char *)read_file_all(path, INFILE_NOTE, &len, err, sizeof(err));
         if (!text) mt_die("%s: %s", path, err);
         char *end;
         long iteration = strtol(text, &end, 10);

@@ -89,7 +89,7 @@ static void build_tokenizers(void) {
     int n = v.n_tokens;
     bpe_vocab_free(&v);
     size_t len;
-    char *saved = (char *)read_file_all(path, &len, err, sizeof err);
+    char *saved = (char *)read_file_all(path, INFILE_CONFIG, &len, err, sizeof err);
     if (!saved) fuzz_fail("%s", err);
     tokenizers[0] = load_text(saved);
 

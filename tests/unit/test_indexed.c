@@ -563,6 +563,53 @@ static void test_read_rejects_non_int32_values(void) {
     dir_entries(prefix, 1);
 }
 
+// The id range of every dtype (negative ids included), the empty dataset, saturation beyond
+// int64, and the first token outside [0, limit) located by document, sequence and position
+// (empty documents and sequences before it included).
+static void test_token_range_and_first_outside(void) {
+    char prefix[256], spec[256];
+    make_prefix(prefix, sizeof prefix, "range");
+    const IndexedDtype dtypes[] = {IDX_UINT8, IDX_INT8, IDX_INT16, IDX_INT32, IDX_INT64, IDX_FLOAT64, IDX_FLOAT32,
+                                   IDX_UINT16};
+    for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++) {
+        int negative = dtypes[k] != IDX_UINT8 && dtypes[k] != IDX_UINT16;
+        snprintf(spec, sizeof spec, "[5 7];;[][9 %d 3];[120 2 1]", negative ? -4 : 0);
+        build(prefix, dtypes[k], spec);
+        IndexedDataset d;
+        indexed_open(&d, prefix);
+        int64_t lo, hi;
+        indexed_token_range(&d, &lo, &hi);
+        CHECK(lo == (negative ? -4 : 0) && hi == 120, "%s: range [%lld, %lld]", indexed_dtype_name(dtypes[k]),
+              (long long)lo, (long long)hi);
+        IndexedToken bad;
+        const char *name = indexed_dtype_name(dtypes[k]);
+        CHECK(indexed_find_token_outside(&d, 9, &bad) && bad.document == 2 && bad.sequence == 2 &&
+                  bad.position == 0 && bad.value == 9,
+              "%s: 9 is in document %lld sequence %lld token %lld (%g)", name, (long long)bad.document,
+              (long long)bad.sequence, (long long)bad.position, bad.value);
+        int found = indexed_find_token_outside(&d, 121, &bad);
+        if (negative)  // -4 is outside [0, 121) too
+            CHECK(found && bad.document == 2 && bad.position == 1 && bad.value == -4, "%s: -4 not found", name);
+        else
+            CHECK(!found, "%s: all below 121, but %g found", name, bad.value);
+        indexed_close(&d);
+    }
+    IndexedDataset d;
+    int64_t lo, hi;
+    build(prefix, IDX_UINT16, "[][];");
+    indexed_open(&d, prefix);
+    indexed_token_range(&d, &lo, &hi);
+    CHECK(lo == 0 && hi == -1, "no tokens: [%lld, %lld]", (long long)lo, (long long)hi);
+    indexed_close(&d);
+
+    write_raw_dataset(prefix, IDX_FLOAT64, (double[]){1e300, -1e300}, 2);
+    indexed_open(&d, prefix);
+    indexed_token_range(&d, &lo, &hi);
+    CHECK(lo == INT64_MIN && hi == INT64_MAX, "saturation: [%lld, %lld]", (long long)lo, (long long)hi);
+    indexed_close(&d);
+    dir_entries(prefix, 1);
+}
+
 typedef struct {
     const char *prefix;
     IndexedDtype dtype;
@@ -678,6 +725,7 @@ int main(void) {
     RUN(test_round_trip_every_dtype);
     RUN(test_byte_layout);
     RUN(test_empty_datasets);
+    RUN(test_token_range_and_first_outside);
     RUN(test_many_documents);
     RUN(test_finish_ends_open_document);
     RUN(test_add_index);
