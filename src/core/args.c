@@ -503,6 +503,8 @@ enum { MAX_EXPERTS = 1 << 14 };
 #define MAX_ROUTING_SLOTS INT32_MAX
 // Tokens of the built-in corpus and of `moetron data`'s dump (4 TiB of int32 tokens).
 #define MAX_CORPUS_TOKENS ((int64_t)1 << 40)
+// Processes of one parallel dimension: products of three stay inside int64 (groups.c).
+enum { MAX_PARALLEL_SIZE = 1 << 20 };
 // Samples a run reads from a split (Megatron's sample indices are built for them).
 #define MAX_SAMPLES ((int64_t)1 << 48)
 
@@ -753,6 +755,8 @@ static void validate_training(Config *c) {
     if (c->lr < 0 || c->min_lr < 0) config_die("--lr and --min-lr must be >= 0");
     if (c->min_lr > c->lr) config_die("--min-lr %g is larger than --lr %g", c->min_lr, c->lr);
     if (c->lr_warmup_iters < 0) config_die("--lr-warmup-iters must be >= 0");
+    if (c->lr_decay_iters < 0 || c->lr_wsd_decay_iters < 0)
+        config_die("--lr-decay-iters and --lr-wsd-decay-iters must be >= 0");
     c->decay_iters = c->lr_decay_iters ? c->lr_decay_iters : c->train_iters;
     if (c->lr_warmup_iters > c->decay_iters && c->decay_iters > 0)
         config_die("--lr-warmup-iters %d is longer than the %d decay steps (--lr-decay-iters, default --train-iters)",
@@ -769,11 +773,11 @@ static void validate_training(Config *c) {
     if (c->exit_duration_in_mins < 0 || c->keep_checkpoints < 0 || c->loss_spike_factor < 0)
         config_die("--exit-duration-in-mins, --keep-checkpoints and --loss-spike-factor must be >= 0");
     // Products with the world size are checked by parallel_sizes_init (parallel/groups.c).
-    require_positive("tensor-model-parallel-size", c->tensor_model_parallel_size);
-    require_positive("context-parallel-size", c->context_parallel_size);
-    require_positive("pipeline-model-parallel-size", c->pipeline_model_parallel_size);
-    require_positive("expert-model-parallel-size", c->expert_model_parallel_size);
-    require_positive("expert-tensor-parallel-size", c->expert_tensor_parallel_size);
+    require_range("tensor-model-parallel-size", c->tensor_model_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("context-parallel-size", c->context_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("pipeline-model-parallel-size", c->pipeline_model_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("expert-model-parallel-size", c->expert_model_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("expert-tensor-parallel-size", c->expert_tensor_parallel_size, 1, MAX_PARALLEL_SIZE);
     require_range("mock-data-tokens", c->mock_data_tokens, 1024, MAX_CORPUS_TOKENS);
     if (c->mock_data && c->data_path[0]) config_die("--mock-data and --data-path exclude each other; pick one");
     if (c->peak_tflops < 0) config_die("--peak-tflops must be >= 0");
