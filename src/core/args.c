@@ -230,6 +230,15 @@ void config_defaults(Config *c) {
 
 // ---- parsing ------------------------------------------------------------------------
 
+static const FlagSpec *find_flag(const char *name, int *index) {
+    for (int i = 0; i < FLAG_COUNT; i++)
+        if (strcmp(FLAGS[i].name, name) == 0) {
+            *index = i;
+            return &FLAGS[i];
+        }
+    return NULL;
+}
+
 // The Config whose values errors describe (set by the entry points: config_parse_args,
 // config_set_flag, config_validate).
 static const Config *naming;
@@ -246,14 +255,14 @@ static int name_file_values(const char *msg, char *out, size_t cap) {
         size_t len = 0;
         while (starts_flag && flag_name_char(p[2 + len])) len++;
         char name[128];
-        int index = -1;
+        int index;
+        const FlagSpec *f = NULL;
         if (len > 0 && len < sizeof(name)) {
             memcpy(name, p + 2, len);
             name[len] = 0;
-            for (int i = 0; i < FLAG_COUNT; i++)
-                if (!strcmp(FLAGS[i].name, name)) index = i;
+            f = find_flag(name, &index);
         }
-        const char *key = index >= 0 && naming ? naming->value_key[index] : NULL;
+        const char *key = f && naming ? naming->value_key[index] : NULL;
         if (!key) {
             out[at++] = *p++;
             continue;
@@ -270,7 +279,7 @@ static int name_file_values(const char *msg, char *out, size_t cap) {
 // mt_die for the flags' errors: a value read from a config.json is named by the file and
 // its key there, not by the flag the user never gave.
 __attribute__((format(printf, 1, 2), noreturn)) static void config_die(const char *fmt, ...) {
-    char msg[2048], named[3072];
+    char msg[16384], named[20480];  // the longest values (lists of paths) and their keys
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -288,15 +297,6 @@ void config_note_file_key(Config *c, const void *field, const char *key) {
     size_t offset = (size_t)((const char *)field - (const char *)c);
     for (int i = 0; i < FLAG_COUNT; i++)
         if (FLAGS[i].offset == offset) c->value_key[i] = key;
-}
-
-static const FlagSpec *find_flag(const char *name, int *index) {
-    for (int i = 0; i < FLAG_COUNT; i++)
-        if (strcmp(FLAGS[i].name, name) == 0) {
-            *index = i;
-            return &FLAGS[i];
-        }
-    return NULL;
 }
 
 static long long parse_integer(const char *flag, const char *text) {
