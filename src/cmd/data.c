@@ -41,7 +41,7 @@ int data_main(Config *c) {
     MegatronData *d = megatron_data_open(c, asked, &vocab);
     int64_t K = c->num_samples, width = (int64_t)c->seq_length + 1;
     if (megatron_data_size(d, DATA_TRAIN) < K) mt_die("the training split holds no samples; check --split");
-    int32_t *tokens = mt_malloc((size_t)(K * width) * sizeof *tokens);
+    int32_t *tokens = mt_malloc(mt_size_product(K * width, sizeof *tokens));  // K · width: bounded by config_validate
     for (int64_t i = 0; i < K; i++) megatron_data_sample(d, DATA_TRAIN, i, tokens + i * width);
 
     StWriter w;

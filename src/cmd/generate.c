@@ -84,7 +84,7 @@ static int32_t *encode_prompt(const Config *c, const Tokenizer *tok, int *len) {
         ids = mt_malloc(bytes * sizeof(int32_t));
         for (int i = 0; i < n; i++) ids[i] = (unsigned char)c->prompt[i];
     }
-    if (n + c->max_new_tokens > c->max_positions) {
+    if ((int64_t)n + c->max_new_tokens > c->max_positions) {
         free(ids);
         mt_die("--prompt (%d %s) plus --max-new-tokens %d exceed the model's %d positions", n, tok ? "tokens" : "bytes",
                c->max_new_tokens, c->max_positions);

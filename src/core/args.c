@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,11 +239,71 @@ static const FlagSpec *find_flag(const char *name, int *index) {
     return NULL;
 }
 
+// The Config whose values errors describe (set by the entry points: config_parse_args,
+// config_set_flag, config_validate).
+static const Config *naming;
+
+static int flag_name_char(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-'; }
+
+// msg with every `--NAME` whose value came from naming->values_file replaced by its key
+// there ("num_attention_heads"); returns how many were replaced.
+static int name_file_values(const char *msg, char *out, size_t cap) {
+    size_t at = 0;
+    int replaced = 0;
+    for (const char *p = msg; *p && at + 1 < cap;) {
+        int starts_flag = p[0] == '-' && p[1] == '-' && (p == msg || !flag_name_char(p[-1]));
+        size_t len = 0;
+        while (starts_flag && flag_name_char(p[2 + len])) len++;
+        char name[128];
+        int index;
+        const FlagSpec *f = NULL;
+        if (len > 0 && len < sizeof(name)) {
+            memcpy(name, p + 2, len);
+            name[len] = 0;
+            f = find_flag(name, &index);
+        }
+        const char *key = f && naming ? naming->value_key[index] : NULL;
+        if (!key) {
+            out[at++] = *p++;
+            continue;
+        }
+        at += snprintf(out + at, cap - at, "\"%s%s\"", naming->values_key_prefix ? naming->values_key_prefix : "", key);
+        at = MT_MIN(at, cap - 1);
+        p += 2 + len;
+        replaced++;
+    }
+    out[at] = 0;
+    return replaced;
+}
+
+// mt_die for the flags' errors: a value read from a config.json is named by the file and
+// its key there, not by the flag the user never gave.
+__attribute__((format(printf, 1, 2), noreturn)) static void config_die(const char *fmt, ...) {
+    char msg[16384], named[20480];  // the longest values (lists of paths) and their keys
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (name_file_values(msg, named, sizeof(named))) mt_die("%s: %s", naming->values_file, named);
+    mt_die("%s", msg);
+}
+
+void config_values_from_file(Config *c, const char *path, const char *key_prefix) {
+    snprintf(c->values_file, sizeof(c->values_file), "%s", path);
+    c->values_key_prefix = key_prefix;
+}
+
+void config_note_file_key(Config *c, const void *field, const char *key) {
+    size_t offset = (size_t)((const char *)field - (const char *)c);
+    for (int i = 0; i < FLAG_COUNT; i++)
+        if (FLAGS[i].offset == offset) c->value_key[i] = key;
+}
+
 static long long parse_integer(const char *flag, const char *text) {
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end) mt_die("--%s expects an integer, got '%s'", flag, text);
+    if (errno || end == text || *end) config_die("--%s expects an integer, got '%s'", flag, text);
     return v;
 }
 
@@ -251,17 +312,18 @@ static double parse_double(const char *flag, const char *text) {
     errno = 0;
     double v = strtod(text, &end);
     if (errno || end == text || *end || !isfinite(v))
-        mt_die("--%s expects a number, got '%s'", flag, text);
+        config_die("--%s expects a number, got '%s'", flag, text);
     return v;
 }
 
 // Store a textual value into the field a flag describes.
 void config_set_flag(Config *c, const FlagSpec *f, const char *value) {
+    naming = c;
     char *field = (char *)c + f->offset;
     switch (f->type) {
     case FLAG_INT: {
         long long v = parse_integer(f->name, value);
-        if (v < -2147483647LL || v > 2147483647LL) mt_die("--%s %s is out of range", f->name, value);
+        if (v < -2147483647LL || v > 2147483647LL) config_die("--%s %s is out of range", f->name, value);
         *(int *)field = (int)v;
         break;
     }
@@ -270,12 +332,12 @@ void config_set_flag(Config *c, const FlagSpec *f, const char *value) {
     case FLAG_BOOL:
         if (!strcmp(value, "1") || !strcmp(value, "true")) *(int *)field = 1;
         else if (!strcmp(value, "0") || !strcmp(value, "false")) *(int *)field = 0;
-        else mt_die("--%s is a switch: give it without a value", f->name);
+        else config_die("--%s is a switch: give it without a value", f->name);
         break;
     case FLAG_STRING:
     case FLAG_LIST:
         if (strlen(value) >= f->size)
-            mt_die("--%s value is too long (at most %zu characters)", f->name, f->size - 1);
+            config_die("--%s value is too long (at most %zu characters)", f->name, f->size - 1);
         strcpy(field, value);
         break;
     }
@@ -314,6 +376,8 @@ static const char *command_name(Command cmd) {
 }
 
 void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
+    naming = c;
+    c->command = cmd;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (strncmp(arg, "--", 2) != 0)
@@ -357,7 +421,7 @@ int config_flag_given(const Config *c, const char *name) {
 // ---- validation -----------------------------------------------------------------------
 
 static void require_positive(const char *flag, long long value) {
-    if (value <= 0) mt_die("--%s must be positive, got %lld", flag, value);
+    if (value <= 0) config_die("--%s must be positive, got %lld", flag, value);
 }
 
 static void parse_moe_layer_freq(Config *c) {
@@ -378,18 +442,18 @@ static void parse_moe_layer_freq(Config *c) {
         while (isspace((unsigned char)*p)) p++;
         if (*p == ']' && count == 0) break;
         if (*p != '0' && *p != '1')
-            mt_die("--moe-layer-freq %s: list entries must be 0 or 1, e.g. [0,1,1,1]", s);
+            config_die("--moe-layer-freq %s: list entries must be 0 or 1, e.g. [0,1,1,1]", s);
         if (count >= c->num_layers)
-            mt_die("--moe-layer-freq %s has more entries than --num-layers %d", s, c->num_layers);
+            config_die("--moe-layer-freq %s has more entries than --num-layers %d", s, c->num_layers);
         c->moe_layer[count++] = *p++ - '0';
         while (isspace((unsigned char)*p)) p++;
         if (*p == ',') { p++; continue; }
         if (*p == ']') break;
-        mt_die("--moe-layer-freq %s: expected ',' or ']' in the list", s);
+        config_die("--moe-layer-freq %s: expected ',' or ']' in the list", s);
     }
-    if (p[1] != 0) mt_die("--moe-layer-freq %s: unexpected text after ']'", s);
+    if (p[1] != 0) config_die("--moe-layer-freq %s: unexpected text after ']'", s);
     if (count != c->num_layers)
-        mt_die("--moe-layer-freq %s has %d entries but --num-layers is %d", s, count, c->num_layers);
+        config_die("--moe-layer-freq %s has %d entries but --num-layers is %d", s, count, c->num_layers);
 }
 
 static void parse_split(Config *c) {
@@ -397,18 +461,18 @@ static void parse_split(Config *c) {
     int n = 0;
     const char *p = c->split;
     while (*p) {
-        if (n == 3) mt_die("--split '%s' has more than 3 parts (train,valid,test)", c->split);
+        if (n == 3) config_die("--split '%s' has more than 3 parts (train,valid,test)", c->split);
         char *end;
         double v = strtod(p, &end);
-        if (end == p || v < 0 || !isfinite(v)) mt_die("--split '%s': expected numbers like 969,30,1", c->split);
+        if (end == p || v < 0 || !isfinite(v)) config_die("--split '%s': expected numbers like 969,30,1", c->split);
         parts[n++] = v;
         total += v;
         p = end;
         while (*p == ' ') p++;
         if (*p == ',' || *p == '/') p++;
-        else if (*p) mt_die("--split '%s': expected numbers separated by commas", c->split);
+        else if (*p) config_die("--split '%s': expected numbers separated by commas", c->split);
     }
-    if (total <= 0) mt_die("--split '%s' must have a positive sum", c->split);
+    if (total <= 0) config_die("--split '%s' must have a positive sum", c->split);
     for (int i = 0; i < 3; i++) c->split_fraction[i] = parts[i] / total;
 }
 
@@ -418,57 +482,81 @@ static void parse_schedule_styles(Config *c) {
     int found = -1;
     for (int i = 0; i < 4; i++)
         if (!strcmp(c->lr_decay_style, styles[i])) found = i;
-    if (found < 0) mt_die("--lr-decay-style %s: use constant, linear, cosine or WSD", c->lr_decay_style);
+    if (found < 0) config_die("--lr-decay-style %s: use constant, linear, cosine or WSD", c->lr_decay_style);
     c->decay_style = (LrDecayStyle)found;
     found = -1;
     for (int i = 0; i < 4; i++)
         if (!strcmp(c->lr_wsd_decay_style, wsd_styles[i])) found = i;
     if (found < 0)
-        mt_die("--lr-wsd-decay-style %s: use linear, cosine, exponential or minus_sqrt", c->lr_wsd_decay_style);
+        config_die("--lr-wsd-decay-style %s: use linear, cosine, exponential or minus_sqrt", c->lr_wsd_decay_style);
     c->wsd_style = (WsdDecayStyle)found;
 }
 
 // Model dimensions are ints: bounded so that the sums and small multiples the validation
-// derives from them (padded vocabulary, 4·hidden, MLA head widths) cannot overflow.
+// derives from them (padded vocabulary, 4·hidden, MLA head widths) cannot overflow, and
+// a matrix of two of them has at most 2^48 elements.
 enum { MAX_DIMENSION = 1 << 24 };
+// Experts per MoE layer: each is three tensors of the table.
+enum { MAX_EXPERTS = 1 << 14 };
+// Routing choices of a micro-batch (tokens × experts bounds tokens × top-k and the padded
+// rows experts × capacity): indices into the router's and dispatcher's int32 arrays.
+#define MAX_ROUTING_SLOTS INT32_MAX
+// Tokens of the built-in corpus and of `moetron data`'s dump (4 TiB of int32 tokens).
+#define MAX_CORPUS_TOKENS ((int64_t)1 << 40)
+// Processes of one parallel dimension: products of three stay inside int64 (groups.c).
+enum { MAX_PARALLEL_SIZE = 1 << 20 };
+// Samples a run reads from a split (Megatron's sample indices are built for them).
+#define MAX_SAMPLES ((int64_t)1 << 48)
+
+static void require_range(const char *flag, long long value, long long lo, long long hi) {
+    if (value < lo || value > hi) config_die("--%s %lld is out of range: use %lld..%lld", flag, value, lo, hi);
+}
 
 static void require_dimension(const char *flag, long long value) {
     require_positive(flag, value);
-    if (value > MAX_DIMENSION) mt_die("--%s %lld is larger than the supported %d", flag, value, MAX_DIMENSION);
+    if (value > MAX_DIMENSION) config_die("--%s %lld is larger than the supported %d", flag, value, MAX_DIMENSION);
+}
+
+// a * b, or -1 when it exceeds limit (a, b >= 0)
+static int64_t product_within(int64_t a, int64_t b, int64_t limit) {
+    return b == 0 || a <= limit / b ? a * b : -1;
 }
 
 static void validate_shape(Config *c) {
     require_positive("num-layers", c->num_layers);
-    if (c->num_layers > MT_MAX_LAYERS) mt_die("--num-layers %d exceeds the supported %d", c->num_layers, MT_MAX_LAYERS);
+    if (c->num_layers > MT_MAX_LAYERS) config_die("--num-layers %d exceeds the supported %d", c->num_layers, MT_MAX_LAYERS);
     require_dimension("hidden-size", c->hidden_size);
-    require_positive("num-attention-heads", c->num_attention_heads);
-    require_positive("seq-length", c->seq_length);
+    require_dimension("num-attention-heads", c->num_attention_heads);
+    require_dimension("seq-length", c->seq_length);
+    require_range("max-position-embeddings", c->max_position_embeddings, 0, MAX_DIMENSION);
+    require_range("kv-channels", c->kv_channels, 0, MAX_DIMENSION);
     require_dimension("vocab-size", c->vocab_size);
     require_dimension("make-vocab-size-divisible-by", c->make_vocab_size_divisible_by);
     if (c->kv_channels == 0 && c->hidden_size % c->num_attention_heads)
-        mt_die("--num-attention-heads %d does not divide --hidden-size %d; change one, or set --kv-channels",
+        config_die("--num-attention-heads %d does not divide --hidden-size %d; change one, or set --kv-channels",
                c->num_attention_heads, c->hidden_size);
     c->head_dim = c->kv_channels ? c->kv_channels : c->hidden_size / c->num_attention_heads;
     if (c->head_dim <= 0 || c->head_dim % 2)
-        mt_die("head dimension %d must be even for rotary embeddings (set --kv-channels)", c->head_dim);
+        config_die("head dimension %d must be even for rotary embeddings (set --kv-channels)", c->head_dim);
     c->kv_heads = c->group_query_attention ? c->num_query_groups : c->num_attention_heads;
     if (c->group_query_attention) require_positive("num-query-groups", c->num_query_groups);
     if (c->num_attention_heads % c->kv_heads)
-        mt_die("--num-query-groups %d does not divide --num-attention-heads %d", c->kv_heads,
+        config_die("--num-query-groups %d does not divide --num-attention-heads %d", c->kv_heads,
                c->num_attention_heads);
     if (!c->ffn_hidden_size) c->ffn_hidden_size = 4 * c->hidden_size;
-    require_positive("ffn-hidden-size", c->ffn_hidden_size);
+    require_dimension("ffn-hidden-size", c->ffn_hidden_size);
     int m = c->make_vocab_size_divisible_by;
     c->padded_vocab_size = (c->vocab_size + m - 1) / m * m;
     c->max_positions = c->max_position_embeddings ? c->max_position_embeddings : c->seq_length;
     if (c->seq_length > c->max_positions)
-        mt_die("--seq-length %d exceeds --max-position-embeddings %d", c->seq_length, c->max_positions);
-    if (c->norm_epsilon <= 0) mt_die("--norm-epsilon must be positive");
-    if (c->rotary_base <= 1) mt_die("--rotary-base must be greater than 1");
+        config_die("--seq-length %d exceeds --max-position-embeddings %d; lower --seq-length to at most %d",
+                   c->seq_length, c->max_positions, c->max_positions);
+    if (c->norm_epsilon <= 0) config_die("--norm-epsilon must be positive");
+    if (c->rotary_base <= 1) config_die("--rotary-base must be greater than 1");
     if (strcmp(c->normalization, "RMSNorm"))
-        mt_die("--normalization %s is not supported; moetron uses RMSNorm", c->normalization);
+        config_die("--normalization %s is not supported; moetron uses RMSNorm", c->normalization);
     if (strcmp(c->position_embedding_type, "rope"))
-        mt_die("--position-embedding-type %s is not supported; moetron uses rope", c->position_embedding_type);
+        config_die("--position-embedding-type %s is not supported; moetron uses rope", c->position_embedding_type);
 }
 
 // Index of value in names, or -1.
@@ -491,17 +579,17 @@ static void parse_balance_losses(Config *c) {
     for (; type; type = strtok_r(NULL, ",", &type_save), coeff = coeff ? strtok_r(NULL, ",", &coeff_save) : NULL) {
         int kind = lookup(type, types, 4);
         if (kind < 0)
-            mt_die("--moe-router-load-balancing-type %s: use aux_loss, seq_aux_loss, global_aux_loss or none", type);
+            config_die("--moe-router-load-balancing-type %s: use aux_loss, seq_aux_loss, global_aux_loss or none", type);
         n_types++;
         if (!coeff)
-            mt_die("--moe-aux-loss-coeff %s has fewer values than --moe-router-load-balancing-type %s; give one "
+            config_die("--moe-aux-loss-coeff %s has fewer values than --moe-router-load-balancing-type %s; give one "
                    "coefficient per type", c->moe_aux_loss_coeff, c->moe_router_load_balancing_type);
         double value = parse_double("moe-aux-loss-coeff", coeff);
-        if (value < 0) mt_die("--moe-aux-loss-coeff must be >= 0");
+        if (value < 0) config_die("--moe-aux-loss-coeff must be >= 0");
         if (kind < 3) c->balance_coeff[kind] = value;
     }
     if (coeff && n_types > 0)
-        mt_die("--moe-aux-loss-coeff %s has more values than --moe-router-load-balancing-type %s", c->moe_aux_loss_coeff,
+        config_die("--moe-aux-loss-coeff %s has more values than --moe-router-load-balancing-type %s", c->moe_aux_loss_coeff,
                c->moe_router_load_balancing_type);
 }
 
@@ -511,68 +599,81 @@ static void validate_router(Config *c) {
     static const char *const dtypes[] = {"fp32", "fp64"};
     c->score_function = lookup(c->moe_router_score_function, scores, 3);
     if (c->score_function < 0)
-        mt_die("--moe-router-score-function %s: use softmax, sigmoid or sqrtsoftplus", c->moe_router_score_function);
+        config_die("--moe-router-score-function %s: use softmax, sigmoid or sqrtsoftplus", c->moe_router_score_function);
     c->drop_policy = lookup(c->moe_token_drop_policy, policies, 2);
-    if (c->drop_policy < 0) mt_die("--moe-token-drop-policy %s: use probs or position", c->moe_token_drop_policy);
+    if (c->drop_policy < 0) config_die("--moe-token-drop-policy %s: use probs or position", c->moe_token_drop_policy);
     int dtype = lookup(c->moe_router_dtype, dtypes, 2);
-    if (dtype < 0) mt_die("--moe-router-dtype %s: use fp32 or fp64", c->moe_router_dtype);
+    if (dtype < 0) config_die("--moe-router-dtype %s: use fp32 or fp64", c->moe_router_dtype);
     c->router_fp64 = dtype == 1;
     parse_balance_losses(c);
     if (c->num_experts == 0) return;
     int softmax = c->score_function == 0;
     if (c->moe_router_pre_softmax && !softmax)
-        mt_die("--moe-router-pre-softmax applies only to --moe-router-score-function softmax");
+        config_die("--moe-router-pre-softmax applies only to --moe-router-score-function softmax");
     if (softmax && c->moe_router_topk == 1 && !c->moe_router_pre_softmax)
-        mt_die("--moe-router-topk 1 with softmax needs --moe-router-pre-softmax (the softmax of one logit is "
+        config_die("--moe-router-topk 1 with softmax needs --moe-router-pre-softmax (the softmax of one logit is "
                "always 1 and the router would never learn)");
     if (c->moe_router_enable_expert_bias && softmax)
-        mt_die("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
-    if (c->moe_router_topk_scaling_factor < 0) mt_die("--moe-router-topk-scaling-factor must be >= 0");
-    if (c->moe_router_bias_update_rate < 0) mt_die("--moe-router-bias-update-rate must be >= 0");
-    if (c->moe_z_loss_coeff < 0) mt_die("--moe-z-loss-coeff must be >= 0");
-    if (c->moe_input_jitter_eps < 0 || c->moe_input_jitter_eps >= 1) mt_die("--moe-input-jitter-eps must be in [0, 1)");
-    if (c->moe_shared_expert_intermediate_size < 0) mt_die("--moe-shared-expert-intermediate-size must be >= 0");
+        config_die("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
+    if (c->moe_router_topk_scaling_factor < 0) config_die("--moe-router-topk-scaling-factor must be >= 0");
+    if (c->moe_router_bias_update_rate < 0) config_die("--moe-router-bias-update-rate must be >= 0");
+    if (c->moe_z_loss_coeff < 0) config_die("--moe-z-loss-coeff must be >= 0");
+    if (c->moe_input_jitter_eps < 0 || c->moe_input_jitter_eps >= 1) config_die("--moe-input-jitter-eps must be in [0, 1)");
+    require_range("moe-shared-expert-intermediate-size", c->moe_shared_expert_intermediate_size, 0, MAX_DIMENSION);
     if (c->moe_shared_expert_gate && !c->moe_shared_expert_intermediate_size)
-        mt_die("--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+        config_die("--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
     if (c->moe_expert_capacity_factor < 0) c->moe_expert_capacity_factor = 0;  // Megatron: negative = dropless
     if (c->moe_pad_expert_input_to_capacity && c->moe_expert_capacity_factor == 0)
-        mt_die("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+        config_die("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
     int G = c->moe_router_num_groups, g = c->moe_router_group_topk;
     if (G || g) {
-        if (G <= 0 || g <= 0) mt_die("--moe-router-num-groups and --moe-router-group-topk go together, both positive");
+        if (G <= 0 || g <= 0) config_die("--moe-router-num-groups and --moe-router-group-topk go together, both positive");
         if (c->num_experts % G)
-            mt_die("--moe-router-num-groups %d does not divide --num-experts %d", G, c->num_experts);
-        if (g > G) mt_die("--moe-router-group-topk %d exceeds --moe-router-num-groups %d", g, G);
+            config_die("--moe-router-num-groups %d does not divide --num-experts %d", G, c->num_experts);
+        if (g > G) config_die("--moe-router-group-topk %d exceeds --moe-router-num-groups %d", g, G);
         if (c->moe_router_topk % g)
-            mt_die("--moe-router-group-topk %d does not divide --moe-router-topk %d", g, c->moe_router_topk);
+            config_die("--moe-router-group-topk %d does not divide --moe-router-topk %d", g, c->moe_router_topk);
         if (c->moe_router_topk / g > c->num_experts / G)
-            mt_die("--moe-router-topk %d needs %d experts per chosen group, but a group has %d", c->moe_router_topk,
+            config_die("--moe-router-topk %d needs %d experts per chosen group, but a group has %d", c->moe_router_topk,
                    c->moe_router_topk / g, c->num_experts / G);
     }
+}
+
+// The query (and output) projection of all heads, heads × a per-head width, is a model
+// dimension too (attention_widths, the tensor shapes).
+static void require_projection_width(const char *width_flag, int width, const Config *c) {
+    if (product_within(c->num_attention_heads, width, MAX_DIMENSION) < 0)
+        config_die("--num-attention-heads %d times the head width %d (--%s) exceeds the supported %d; lower one",
+                   c->num_attention_heads, width, width_flag, MAX_DIMENSION);
 }
 
 // --qk-layernorm-scope, --clip-qkv and Multi-Latent Attention.
 static void validate_attention(Config *c) {
     static const char *const scopes[] = {"head", "projection"};
     int scope = lookup(c->qk_layernorm_scope, scopes, 2);
-    if (scope < 0) mt_die("--qk-layernorm-scope %s: use head or projection", c->qk_layernorm_scope);
-    if (scope == 1 && !c->qk_layernorm) mt_die("--qk-layernorm-scope projection needs --qk-layernorm");
+    if (scope < 0) config_die("--qk-layernorm-scope %s: use head or projection", c->qk_layernorm_scope);
+    if (scope == 1 && !c->qk_layernorm) config_die("--qk-layernorm-scope projection needs --qk-layernorm");
     c->qk_norm_whole = c->qk_layernorm && scope == 1;
-    if (c->clip_qkv < 0) mt_die("--clip-qkv must be >= 0 (0 = off)");
+    if (c->clip_qkv < 0) config_die("--clip-qkv must be >= 0 (0 = off)");
     c->rope_dim = c->head_dim;
-    if (!c->multi_latent_attention) return;
+    if (!c->multi_latent_attention) {
+        require_projection_width("kv-channels", c->head_dim, c);
+        return;
+    }
     if (c->group_query_attention)
-        mt_die("--multi-latent-attention has one key/value head per query head; drop --group-query-attention");
-    if (c->clip_qkv > 0) mt_die("--clip-qkv applies to standard attention, not --multi-latent-attention");
-    if (c->q_lora_rank < 0) mt_die("--q-lora-rank must be >= 0 (0 = full-rank query projection)");
-    require_positive("kv-lora-rank", c->kv_lora_rank);
+        config_die("--multi-latent-attention has one key/value head per query head; drop --group-query-attention");
+    if (c->clip_qkv > 0) config_die("--clip-qkv applies to standard attention, not --multi-latent-attention");
+    require_range("q-lora-rank", c->q_lora_rank, 0, MAX_DIMENSION);  // 0 = full-rank query projection
+    require_dimension("kv-lora-rank", c->kv_lora_rank);
     require_dimension("qk-head-dim", c->qk_head_dim);
     require_dimension("qk-pos-emb-head-dim", c->qk_pos_emb_head_dim);
-    require_positive("v-head-dim", c->v_head_dim);
-    if (c->qk_pos_emb_head_dim % 2) mt_die("--qk-pos-emb-head-dim %d must be even for rotary embeddings", c->qk_pos_emb_head_dim);
+    require_dimension("v-head-dim", c->v_head_dim);
+    if (c->qk_pos_emb_head_dim % 2) config_die("--qk-pos-emb-head-dim %d must be even for rotary embeddings", c->qk_pos_emb_head_dim);
     c->head_dim = c->qk_head_dim + c->qk_pos_emb_head_dim;  // query/key width per head
     c->kv_heads = c->num_attention_heads;
     c->rope_dim = c->qk_pos_emb_head_dim;
+    require_projection_width("qk-head-dim", c->head_dim, c);
+    require_projection_width("v-head-dim", c->v_head_dim, c);
 }
 
 // "5GB", "500MB", "10KB" (powers of 1000, as Hugging Face) or a number of bytes.
@@ -586,90 +687,116 @@ static int64_t parse_size(const char *flag, const char *text) {
     for (size_t i = 0; end != text && errno == 0 && i < sizeof(units) / sizeof(units[0]); i++)
         if (!strcmp(end, units[i].suffix) && v * units[i].scale >= 1 && v * units[i].scale < 9e18)
             return (int64_t)(v * units[i].scale);
-    mt_die("--%s %s: expected a size like 5GB, 500MB or a number of bytes", flag, text);
+    config_die("--%s %s: expected a size like 5GB, 500MB or a number of bytes", flag, text);
 }
 
 static void validate_parallel(const Config *c) {
     static const char *const devices[] = {"cpu", "cuda", "auto"};
-    if (lookup(c->device, devices, 3) < 0) mt_die("--device %s: use cpu, cuda or auto", c->device);
+    if (lookup(c->device, devices, 3) < 0) config_die("--device %s: use cpu, cuda or auto", c->device);
     static const char *const dispatchers[] = {"alltoall", "allgather"};
     if (lookup(c->moe_token_dispatcher_type, dispatchers, 2) < 0)
-        mt_die("--moe-token-dispatcher-type %s: use alltoall or allgather", c->moe_token_dispatcher_type);
+        config_die("--moe-token-dispatcher-type %s: use alltoall or allgather", c->moe_token_dispatcher_type);
 }
 
 static void validate_checkpoint_format(Config *c) {
     static const char *const dtypes[] = {"fp32", "bf16"};
     static const char *const families[] = {"auto", "mixtral", "qwen3_moe", "olmoe", "deepseek_v3"};
     int dtype = lookup(c->ckpt_dtype, dtypes, 2);
-    if (dtype < 0) mt_die("--ckpt-dtype %s: use fp32 or bf16", c->ckpt_dtype);
+    if (dtype < 0) config_die("--ckpt-dtype %s: use fp32 or bf16", c->ckpt_dtype);
     c->ckpt_bf16 = dtype == 1;
     c->max_shard_bytes = parse_size("max-shard-size", c->max_shard_size);
     if (lookup(c->hf_architecture, families, 5) < 0)
-        mt_die("--hf-architecture %s: use auto, mixtral, qwen3_moe, olmoe or deepseek_v3", c->hf_architecture);
+        config_die("--hf-architecture %s: use auto, mixtral, qwen3_moe, olmoe or deepseek_v3", c->hf_architecture);
 }
 
 static void validate_moe(Config *c) {
-    if (c->num_experts < 0) mt_die("--num-experts must be >= 0");
+    require_range("num-experts", c->num_experts, 0, MAX_EXPERTS);
     if (c->num_experts > 0) {
         require_positive("moe-router-topk", c->moe_router_topk);
         if (c->moe_router_topk > c->num_experts)
-            mt_die("--moe-router-topk %d exceeds --num-experts %d", c->moe_router_topk, c->num_experts);
+            config_die("--moe-router-topk %d exceeds --num-experts %d", c->moe_router_topk, c->num_experts);
         c->moe_ffn = c->moe_ffn_hidden_size ? c->moe_ffn_hidden_size : c->ffn_hidden_size;
-        require_positive("moe-ffn-hidden-size", c->moe_ffn);
+        require_dimension("moe-ffn-hidden-size", c->moe_ffn);
     }
     parse_moe_layer_freq(c);
     validate_router(c);
+}
+
+// Sizes derived from the batch flags: the routing slots of a micro-batch, the samples the
+// run reads (train_iters global batches; validation (train_iters / eval_interval + 1) ·
+// eval_iters micro-batch groups of a global batch) and the tokens `moetron data` dumps.
+static void validate_batch_sizes(const Config *c) {
+    int64_t tokens = (int64_t)c->micro_batch_size * c->seq_length;
+    if (product_within(tokens, MT_MAX(c->num_experts, 1), MAX_ROUTING_SLOTS) < 0)
+        config_die("--micro-batch-size %d x --seq-length %d x --num-experts %d is above the supported %lld routing "
+                   "slots per micro-batch; lower one", c->micro_batch_size, c->seq_length, c->num_experts,
+                   (long long)MAX_ROUTING_SLOTS);
+    if (product_within(MT_MAX(c->train_iters, 0), c->global_batch_size, MAX_SAMPLES) < 0)
+        config_die("--train-iters %d x --global-batch-size %d is above the supported %lld training samples; lower one",
+                   c->train_iters, c->global_batch_size, (long long)MAX_SAMPLES);
+    int64_t evals = c->eval_interval > 0 && c->eval_iters > 0 ? c->train_iters / c->eval_interval + 1 : 0;
+    if (product_within(product_within(evals, c->eval_iters, MAX_SAMPLES), c->global_batch_size, MAX_SAMPLES) < 0)
+        config_die("--eval-iters %d x --global-batch-size %d at every --eval-interval %d of --train-iters %d is above the "
+                   "supported %lld validation samples; lower one", c->eval_iters, c->global_batch_size,
+                   c->eval_interval, c->train_iters, (long long)MAX_SAMPLES);
+    if (c->num_samples < 0 || product_within(c->num_samples, (int64_t)c->seq_length + 1, MAX_CORPUS_TOKENS) < 0)
+        config_die("--num-samples %lld of --seq-length %d + 1 tokens is out of range: at most %lld tokens in all",
+                   (long long)c->num_samples, c->seq_length, (long long)MAX_CORPUS_TOKENS);
 }
 
 static void validate_training(Config *c) {
     require_positive("micro-batch-size", c->micro_batch_size);
     require_positive("global-batch-size", c->global_batch_size);
     if (c->global_batch_size % c->micro_batch_size)
-        mt_die("--global-batch-size %d is not a multiple of --micro-batch-size %d", c->global_batch_size,
+        config_die("--global-batch-size %d is not a multiple of --micro-batch-size %d", c->global_batch_size,
                c->micro_batch_size);
     c->num_micro_batches = c->global_batch_size / c->micro_batch_size;
-    if (c->train_iters < 0) mt_die("--train-iters must be >= 0");
-    if (c->lr < 0 || c->min_lr < 0) mt_die("--lr and --min-lr must be >= 0");
-    if (c->min_lr > c->lr) mt_die("--min-lr %g is larger than --lr %g", c->min_lr, c->lr);
-    if (c->lr_warmup_iters < 0) mt_die("--lr-warmup-iters must be >= 0");
+    if (c->train_iters < 0) config_die("--train-iters must be >= 0");
+    if (c->lr < 0 || c->min_lr < 0) config_die("--lr and --min-lr must be >= 0");
+    if (c->min_lr > c->lr) config_die("--min-lr %g is larger than --lr %g", c->min_lr, c->lr);
+    if (c->lr_warmup_iters < 0) config_die("--lr-warmup-iters must be >= 0");
+    if (c->lr_decay_iters < 0 || c->lr_wsd_decay_iters < 0)
+        config_die("--lr-decay-iters and --lr-wsd-decay-iters must be >= 0");
     c->decay_iters = c->lr_decay_iters ? c->lr_decay_iters : c->train_iters;
     if (c->lr_warmup_iters > c->decay_iters && c->decay_iters > 0)
-        mt_die("--lr-warmup-iters %d is longer than the %d decay steps (--lr-decay-iters, default --train-iters)",
+        config_die("--lr-warmup-iters %d is longer than the %d decay steps (--lr-decay-iters, default --train-iters)",
                c->lr_warmup_iters, c->decay_iters);
     if (c->adam_beta1 < 0 || c->adam_beta1 >= 1 || c->adam_beta2 < 0 || c->adam_beta2 >= 1)
-        mt_die("--adam-beta1 and --adam-beta2 must be in [0, 1)");
-    if (c->adam_eps <= 0) mt_die("--adam-eps must be positive");
-    if (c->clip_grad < 0 || c->weight_decay < 0) mt_die("--clip-grad and --weight-decay must be >= 0");
+        config_die("--adam-beta1 and --adam-beta2 must be in [0, 1)");
+    if (c->adam_eps <= 0) config_die("--adam-eps must be positive");
+    if (c->clip_grad < 0 || c->weight_decay < 0) config_die("--clip-grad and --weight-decay must be >= 0");
     if (c->eval_interval < 0 || c->eval_iters < 0 || c->save_interval < 0 || c->exit_interval < 0)
-        mt_die("--eval-interval, --eval-iters, --save-interval and --exit-interval must be >= 0");
+        config_die("--eval-interval, --eval-iters, --save-interval and --exit-interval must be >= 0");
     require_positive("log-interval", c->log_interval);
     require_positive("nan-skip-limit", c->nan_skip_limit);
-    if (!(c->distributed_timeout_minutes > 0)) mt_die("--distributed-timeout-minutes must be positive");
+    if (!(c->distributed_timeout_minutes > 0)) config_die("--distributed-timeout-minutes must be positive");
     if (c->exit_duration_in_mins < 0 || c->keep_checkpoints < 0 || c->loss_spike_factor < 0)
-        mt_die("--exit-duration-in-mins, --keep-checkpoints and --loss-spike-factor must be >= 0");
+        config_die("--exit-duration-in-mins, --keep-checkpoints and --loss-spike-factor must be >= 0");
     // Products with the world size are checked by parallel_sizes_init (parallel/groups.c).
-    require_positive("tensor-model-parallel-size", c->tensor_model_parallel_size);
-    require_positive("context-parallel-size", c->context_parallel_size);
-    require_positive("pipeline-model-parallel-size", c->pipeline_model_parallel_size);
-    require_positive("expert-model-parallel-size", c->expert_model_parallel_size);
-    require_positive("expert-tensor-parallel-size", c->expert_tensor_parallel_size);
-    if (c->mock_data_tokens < 1024) mt_die("--mock-data-tokens must be at least 1024");
-    if (c->mock_data && c->data_path[0]) mt_die("--mock-data and --data-path exclude each other; pick one");
-    if (c->peak_tflops < 0) mt_die("--peak-tflops must be >= 0");
+    require_range("tensor-model-parallel-size", c->tensor_model_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("context-parallel-size", c->context_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("pipeline-model-parallel-size", c->pipeline_model_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("expert-model-parallel-size", c->expert_model_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("expert-tensor-parallel-size", c->expert_tensor_parallel_size, 1, MAX_PARALLEL_SIZE);
+    require_range("mock-data-tokens", c->mock_data_tokens, 1024, MAX_CORPUS_TOKENS);
+    if (c->mock_data && c->data_path[0]) config_die("--mock-data and --data-path exclude each other; pick one");
+    if (c->peak_tflops < 0) config_die("--peak-tflops must be >= 0");
     parse_schedule_styles(c);
     parse_split(c);
+    validate_batch_sizes(c);
 }
 
 void config_validate(Config *c) {
+    naming = c;
     validate_shape(c);
     validate_attention(c);
     validate_moe(c);
     validate_checkpoint_format(c);
     validate_parallel(c);
     validate_training(c);
-    if (c->max_new_tokens < 0) mt_die("--max-new-tokens must be >= 0");
-    if (c->temperature < 0) mt_die("--temperature must be >= 0");
-    if (c->top_k < 0) mt_die("--top-k must be >= 0");
+    require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
+    if (c->temperature < 0) config_die("--temperature must be >= 0");
+    if (c->top_k < 0) config_die("--top-k must be >= 0");
 }
 
 // ---- help -----------------------------------------------------------------------------

@@ -58,6 +58,11 @@ void *mt_malloc(size_t bytes) {
     return p;
 }
 
+size_t mt_size_product(int64_t count, size_t size) {
+    MT_ASSERT(count >= 0 && (size == 0 || (uint64_t)count <= SIZE_MAX / size));
+    return (size_t)count * size;
+}
+
 void *mt_calloc(size_t count, size_t size) {
     void *p = calloc(count ? count : 1, size ? size : 1);
     if (!p) mt_die("out of memory allocating %zu x %zu bytes", count, size);

@@ -48,6 +48,10 @@ void *mt_malloc(size_t bytes);  // dies with a clear message on failure
 void *mt_calloc(size_t count, size_t size);
 void *mt_realloc(void *ptr, size_t bytes);
 char *mt_strdup(const char *s);
+// count · size: the bytes of an array, the elements of a shape. A negative count or a
+// product beyond SIZE_MAX is an internal error: config_validate bounds every size derived
+// from flags, so this only catches what it missed.
+size_t mt_size_product(int64_t count, size_t size);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 
 #define MT_MAX_LAYERS 256
 #define MT_PATH_MAX 1024
+#define MT_FLAG_SLOTS 192  // at least the number of flags (checked in args.c)
 
 typedef enum { LR_CONSTANT, LR_LINEAR, LR_COSINE, LR_WSD } LrDecayStyle;
 typedef enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT } WsdDecayStyle;
@@ -151,8 +152,13 @@ typedef struct {
     LrDecayStyle decay_style;
     WsdDecayStyle wsd_style;
     double split_fraction[3];      // train, valid, test
-    unsigned char flag_given[192]; // per flag index: set on the command line
+    unsigned char flag_given[MT_FLAG_SLOTS]; // per flag index: set on the command line
     const struct RunTokenizer *run_tokenizer;  // the run's tokenizer, read at start-up (run_tokenizer.h); NULL: bytes
+    // ---- values read from a config.json (config_note_file_key): errors name the file's key ----
+    char values_file[MT_PATH_MAX + 32];      // the file ("" = every value is a flag or a default)
+    const char *values_key_prefix;           // "moetron.flags." for a checkpoint's flag section, else ""
+    const char *value_key[MT_FLAG_SLOTS];    // per flag index: its key in values_file (NULL = not from it)
+    unsigned command;                        // the Command running (set by config_parse_args; 0 = none)
 } Config;
 
 typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16 } Command;
@@ -162,8 +168,17 @@ void config_defaults(Config *c);
 void config_parse_args(Config *c, Command cmd, int argc, char **argv);
 // Whether --name was given on the command line (after config_parse_args).
 int config_flag_given(const Config *c, const char *name);
-// Check consistency and fill the derived fields; fatal with one clear line.
+// Check consistency and fill the derived fields; fatal with one clear line. Every integer
+// flag and every size derived from flags (products such as tokens per micro-batch, widths,
+// corpus sizes) is bounded here, so the code that sizes buffers from them cannot overflow.
+// A value noted as read from a file is named by its key there: `FILE: "hidden_size" ...`.
 void config_validate(Config *c);
+// The values below came from `path` (a config.json); key_prefix goes before every key
+// ("moetron.flags." for a checkpoint's flag section, "" for a Hugging Face config).
+void config_values_from_file(Config *c, const char *path, const char *key_prefix);
+// The flag stored at `field` (a field of c) was set from `key` of that file (a string that
+// outlives c); errors about it name the key instead of the flag.
+void config_note_file_key(Config *c, const void *field, const char *key);
 // Print the flag reference for a command (--help) or as markdown (docs/flags.md).
 void config_print_help(Command cmd, int markdown);
 

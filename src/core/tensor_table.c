@@ -20,7 +20,7 @@ TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shap
     d->numel = 1;
     for (int i = 0; i < ndim; i++) {
         d->shape[i] = shape[i];
-        d->numel *= (size_t)shape[i];
+        d->numel = mt_size_product((int64_t)d->numel, (size_t)shape[i]);
     }
     d->shard_group = SHARD_NONE;
     d->shard_axis = -1;
@@ -43,6 +43,9 @@ void tt_layout(TensorTable *tt) {
             if (!(d->flags & TENSOR_EXPERT) != !expert_region) continue;
             d->offset = tt->total;
             tt->total += d->numel;
+            if (tt->total > MT_MAX_PARAMETERS)
+                mt_die("the model has more than %lld parameters (at %s); lower --num-layers, --num-experts, "
+                       "--hidden-size or the FFN widths", (long long)MT_MAX_PARAMETERS, d->name);
         }
         if (!expert_region) tt->dense_total = tt->total;
     }

@@ -10,6 +10,9 @@
 #include "core/common.h"
 
 #define MT_MAX_DIMS 4
+// The most parameters a model may have (2^50: 4 PiB in fp32), so that the flat buffers'
+// byte sizes and offsets stay far inside size_t.
+#define MT_MAX_PARAMETERS ((int64_t)1 << 50)
 #define MT_NAME_MAX 128
 
 typedef int TensorId;

@@ -21,7 +21,7 @@ static void load_text_file(Dataset *ds, const char *path) {
         mt_die("--data-path %s is empty; give a text file with some content", path);
     }
     ds->n_tokens = (int64_t)len + 1;  // the file is one document: end it
-    ds->tokens = mt_malloc(ds->n_tokens * sizeof(int32_t));
+    ds->tokens = mt_malloc(mt_size_product(ds->n_tokens, sizeof(int32_t)));
     for (size_t i = 0; i < len; i++) ds->tokens[i] = bytes[i];
     ds->tokens[len] = BYTE_EOD_TOKEN;
     free(bytes);
@@ -66,6 +66,8 @@ static void split_samples(Dataset *ds, const Config *c) {
                c->split, (long long)total, ds->seq_length);
 }
 
+size_t dataset_mock_bytes(const Config *c) { return mt_size_product(c->mock_data_tokens, sizeof(int32_t)); }
+
 static void open_token_stream(Dataset *ds, const Config *c) {
     int tokenized = c->data_path[0] && c->run_tokenizer;
     if (!tokenized && c->vocab_size < BYTE_VOCAB_SIZE)
@@ -81,7 +83,7 @@ static void open_token_stream(Dataset *ds, const Config *c) {
     } else {
         snprintf(ds->source, sizeof(ds->source), "the built-in corpus");
         ds->n_tokens = c->mock_data_tokens;
-        ds->tokens = mt_malloc(ds->n_tokens * sizeof(int32_t));
+        ds->tokens = mt_malloc(dataset_mock_bytes(c));
         mock_corpus((uint64_t)c->seed, ds->n_tokens, BYTE_EOD_TOKEN, ds->tokens);
     }
     split_samples(ds, c);

@@ -59,6 +59,8 @@ void data_batch_free(DataBatch *b);
 // counts Megatron-Core's training loop asks for (train_iters·global batch; validation and
 // test from --eval-interval / --eval-iters).
 void dataset_open(Dataset *ds, const Config *c);
+// Bytes of the built-in corpus's tokens (--mock-data-tokens of a validated c).
+size_t dataset_mock_bytes(const Config *c);
 void dataset_free(Dataset *ds);
 // Samples of the split (0 when it is empty).
 int64_t dataset_split_size(const Dataset *ds, SplitKind split);

@@ -195,6 +195,7 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
         if (!json_scalar_text(v, text, sizeof(text)))
             mt_die("%s: moetron.flags.%s must be a number, boolean or string", path, f->name);
         if (!c->flag_given[i]) {
+            config_note_file_key(c, (char *)c + f->offset, f->name);
             config_set_flag(c, f, text);
             continue;
         }
@@ -227,6 +228,7 @@ void config_from_checkpoint(Config *c, const char *ckpt_dir) {
     const JsonValue *flags = section ? json_get(section, "flags") : NULL;
     if (section && (!flags || flags->type != JSON_OBJECT))
         mt_die("%s: the \"moetron\" section has no \"flags\" object; the checkpoint is damaged", path);
+    config_values_from_file(c, path, flags ? "moetron.flags." : "");
     if (flags) restore_moetron_flags(c, flags, path);
     else hf_config_read_plain(c, root, path);
     json_free(root);

@@ -21,6 +21,12 @@ static int key_int(const HfKeys *k, const char *key, int required) {
     return -1;
 }
 
+// key_int into *field (a field of c), noted as read from key (errors about it name the key).
+static void read_int(Config *c, const HfKeys *k, int *field, const char *key, int required) {
+    *field = key_int(k, key, required);
+    config_note_file_key(c, field, key);
+}
+
 static double key_double(const HfKeys *k, const char *key, double fallback) {
     double v;
     return json_get_number(k->root, key, &v) ? v : fallback;
@@ -70,37 +76,54 @@ static void read_balancing(Config *c, const HfKeys *k, HfFamily family) {
     double fallback = deepseek ? 1e-4 : family == HF_OLMOE ? 0.01 : 0.001;
     snprintf(c->moe_aux_loss_coeff, sizeof(c->moe_aux_loss_coeff), "%.17g",
              key_double(k, "router_aux_loss_coef", fallback));
+    if (json_get(k->root, "router_aux_loss_coef")) config_note_file_key(c, c->moe_aux_loss_coeff, "router_aux_loss_coef");
+}
+
+// A --seq-length the user gave is never changed (above max_position_embeddings it is
+// config_validate's error); the default is lowered to it, with a note when training.
+static void limit_default_seq_length(Config *c, const HfKeys *k) {
+    int max_pos = c->max_position_embeddings;
+    if (max_pos <= 0 || c->seq_length <= max_pos || config_flag_given(c, "seq-length")) return;
+    if (c->command == CMD_TRAIN)
+        printf("note: --seq-length %d lowered to %d, the max_position_embeddings of %s (give --seq-length to choose)\n",
+               c->seq_length, max_pos, k->path);
+    c->seq_length = max_pos;
 }
 
 // Every family: sizes, norms, RoPE, embeddings, router top-k and aux coefficient.
 static void read_common(Config *c, const HfKeys *k, HfFamily family) {
-    c->num_layers = key_int(k, "num_hidden_layers", 1);
+    read_int(c, k, &c->num_layers, "num_hidden_layers", 1);
     if (c->num_layers > MT_MAX_LAYERS)
         mt_die("%s: num_hidden_layers %d exceeds the supported %d", k->path, c->num_layers, MT_MAX_LAYERS);
-    c->hidden_size = key_int(k, "hidden_size", 1);
-    c->num_attention_heads = key_int(k, "num_attention_heads", 1);
+    read_int(c, k, &c->hidden_size, "hidden_size", 1);
+    read_int(c, k, &c->num_attention_heads, "num_attention_heads", 1);
     int kv = key_int(k, "num_key_value_heads", 0);
+    config_note_file_key(c, &c->num_query_groups, "num_key_value_heads");
     c->group_query_attention = family != HF_DEEPSEEK_V3 && kv > 0 && kv != c->num_attention_heads;
     c->num_query_groups = c->group_query_attention ? kv : c->num_attention_heads;
     int head_dim = family == HF_DEEPSEEK_V3 ? -1 : key_int(k, "head_dim", 0);
     c->kv_channels = head_dim > 0 ? head_dim : 0;
-    c->vocab_size = key_int(k, "vocab_size", 1);
+    if (head_dim > 0) config_note_file_key(c, &c->kv_channels, "head_dim");
+    read_int(c, k, &c->vocab_size, "vocab_size", 1);
     c->make_vocab_size_divisible_by = 1;
     int max_pos = key_int(k, "max_position_embeddings", 0);
     c->max_position_embeddings = max_pos > 0 ? max_pos : 0;
-    if (c->seq_length > c->max_position_embeddings && c->max_position_embeddings > 0)
-        c->seq_length = c->max_position_embeddings;
+    config_note_file_key(c, &c->max_position_embeddings, "max_position_embeddings");
+    limit_default_seq_length(c, k);
     // defaults for absent keys are those of the transformers config classes
     int eps_1e6 = family == HF_QWEN3_MOE || family == HF_DEEPSEEK_V3;
     c->norm_epsilon = key_double(k, "rms_norm_eps", eps_1e6 ? 1e-6 : 1e-5);
+    config_note_file_key(c, &c->norm_epsilon, "rms_norm_eps");
     const JsonValue *rope = json_get(k->root, "rope_parameters");
     double default_theta = family == HF_MIXTRAL ? 1e6 : 10000;
     double theta = key_double(k, "rope_theta", default_theta);
     if (rope) json_get_number(rope, "rope_theta", &theta);
     c->rotary_base = theta;
+    int nested = rope && json_get(rope, "rope_theta");
+    config_note_file_key(c, &c->rotary_base, nested ? "rope_parameters.rope_theta" : "rope_theta");
     read_balancing(c, k, family);
     c->untie_embeddings_and_output_weights = !key_bool(k, "tie_word_embeddings", 0);
-    c->moe_router_topk = key_int(k, "num_experts_per_tok", 1);
+    read_int(c, k, &c->moe_router_topk, "num_experts_per_tok", 1);
 }
 
 static void set_layer_pattern(Config *c, const int *moe) {
@@ -113,25 +136,27 @@ static void set_layer_pattern(Config *c, const int *moe) {
 
 // Qwen3-MoE's config class maps num_experts to num_local_experts, and transformers writes
 // the latter: accept either name.
-static int read_expert_count(const HfKeys *k, const char *name, const char *alias) {
+static void read_expert_count(Config *c, const HfKeys *k, const char *name, const char *alias) {
     int experts = key_int(k, name, 0);
-    if (experts < 0) experts = key_int(k, alias, 0);
+    if (experts < 0) experts = key_int(k, alias, 0), name = alias;
     if (experts < 0) mt_die("%s: missing or non-integer \"%s\"", k->path, name);
-    return experts;
+    c->num_experts = experts;
+    config_note_file_key(c, &c->num_experts, name);
 }
 
 static void read_mixtral(Config *c, const HfKeys *k) {
-    c->num_experts = read_expert_count(k, "num_local_experts", "num_experts");
-    c->moe_ffn_hidden_size = c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
+    read_expert_count(c, k, "num_local_experts", "num_experts");
+    read_int(c, k, &c->moe_ffn_hidden_size, "intermediate_size", 1);
+    read_int(c, k, &c->ffn_hidden_size, "intermediate_size", 1);
     c->moe_router_pre_softmax = 0;  // Mixtral always renormalises the top-k
     strcpy(c->moe_layer_freq, "1");
 }
 
 static void read_qwen3(Config *c, const HfKeys *k) {
     c->qk_layernorm = 1;
-    c->num_experts = read_expert_count(k, "num_experts", "num_local_experts");
-    c->moe_ffn_hidden_size = key_int(k, "moe_intermediate_size", 1);
-    c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
+    read_expert_count(c, k, "num_experts", "num_local_experts");
+    read_int(c, k, &c->moe_ffn_hidden_size, "moe_intermediate_size", 1);
+    read_int(c, k, &c->ffn_hidden_size, "intermediate_size", 1);
     c->moe_router_pre_softmax = !key_bool(k, "norm_topk_prob", 0);
     // layer l is MoE unless listed in mlp_only_layers or off the sparse step
     int step = key_int(k, "decoder_sparse_step", 0);
@@ -152,10 +177,12 @@ static void read_olmoe(Config *c, const HfKeys *k) {
     if (c->kv_channels && (int64_t)c->kv_channels * c->num_attention_heads != c->hidden_size)
         mt_die("%s: head_dim %d times num_attention_heads %d must equal hidden_size %d for OLMoE's QK-norm",
                k->path, c->kv_channels, c->num_attention_heads, c->hidden_size);
-    c->num_experts = read_expert_count(k, "num_experts", "num_local_experts");
-    c->moe_ffn_hidden_size = c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
+    read_expert_count(c, k, "num_experts", "num_local_experts");
+    read_int(c, k, &c->moe_ffn_hidden_size, "intermediate_size", 1);
+    read_int(c, k, &c->ffn_hidden_size, "intermediate_size", 1);
     c->moe_router_pre_softmax = !key_bool(k, "norm_topk_prob", 0);
     c->clip_qkv = key_is_null_or_absent(k, "clip_qkv") ? 0 : key_double(k, "clip_qkv", 0);
+    config_note_file_key(c, &c->clip_qkv, "clip_qkv");
     if (!key_is_null_or_absent(k, "clip_qkv") && c->clip_qkv <= 0)
         mt_die("%s: clip_qkv must be a positive number or null", k->path);
     strcpy(c->moe_layer_freq, "1");
@@ -164,16 +191,17 @@ static void read_olmoe(Config *c, const HfKeys *k) {
 static void read_deepseek_attention(Config *c, const HfKeys *k) {
     c->multi_latent_attention = 1;
     c->q_lora_rank = key_is_null_or_absent(k, "q_lora_rank") ? 0 : key_int(k, "q_lora_rank", 1);
-    c->kv_lora_rank = key_int(k, "kv_lora_rank", 1);
-    c->qk_head_dim = key_int(k, "qk_nope_head_dim", 1);
-    c->qk_pos_emb_head_dim = key_int(k, "qk_rope_head_dim", 1);
-    c->v_head_dim = key_int(k, "v_head_dim", 1);
+    config_note_file_key(c, &c->q_lora_rank, "q_lora_rank");
+    read_int(c, k, &c->kv_lora_rank, "kv_lora_rank", 1);
+    read_int(c, k, &c->qk_head_dim, "qk_nope_head_dim", 1);
+    read_int(c, k, &c->qk_pos_emb_head_dim, "qk_rope_head_dim", 1);
+    read_int(c, k, &c->v_head_dim, "v_head_dim", 1);
     c->rotary_interleaved = key_bool(k, "rope_interleave", 1);
 }
 
 static void read_deepseek(Config *c, const HfKeys *k) {
     read_deepseek_attention(c, k);
-    c->num_experts = read_expert_count(k, "n_routed_experts", "num_local_experts");
+    read_expert_count(c, k, "n_routed_experts", "num_local_experts");
     c->moe_ffn_hidden_size = key_int(k, "moe_intermediate_size", 1);
     c->ffn_hidden_size = key_int(k, "intermediate_size", 1);
     strcpy(c->moe_router_score_function, "sigmoid");
@@ -185,7 +213,9 @@ static void read_deepseek(Config *c, const HfKeys *k) {
         mt_die("%s: n_shared_experts %d times moe_intermediate_size %d is out of range", k->path, shared,
                c->moe_ffn_hidden_size);
     c->moe_shared_expert_intermediate_size = (int)shared_size;
+    config_note_file_key(c, &c->moe_shared_expert_intermediate_size, "n_shared_experts");
     c->moe_router_topk_scaling_factor = key_double(k, "routed_scaling_factor", 2.5);
+    config_note_file_key(c, &c->moe_router_topk_scaling_factor, "routed_scaling_factor");
     int groups = key_int(k, "n_group", 0), group_topk = key_int(k, "topk_group", 0);
     if (groups > 1) {
         if (group_topk <= 0 || c->moe_router_topk != 2 * (int64_t)group_topk)
@@ -194,6 +224,8 @@ static void read_deepseek(Config *c, const HfKeys *k) {
                    k->path, groups, group_topk, c->moe_router_topk);
         c->moe_router_num_groups = groups;
         c->moe_router_group_topk = group_topk;
+        config_note_file_key(c, &c->moe_router_num_groups, "n_group");
+        config_note_file_key(c, &c->moe_router_group_topk, "topk_group");
     }
     int norm_topk = key_bool(k, "norm_topk_prob", 1);
     if (!norm_topk && c->moe_router_topk > 1)

@@ -6,13 +6,16 @@
 #include "core/profile.h"
 #include "ops/ops.h"
 
+int dispatch_capacity(int N, int k, int E, double capacity_factor) {
+    if (!(capacity_factor > 0)) return 0;
+    double capacity = ceil((double)N * k / E * capacity_factor);
+    return capacity < N ? (int)capacity : N;
+}
+
 size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity) {
     size_t rows = (size_t)N * k;
-    if (pad_to_capacity && capacity_factor > 0) {
-        size_t capacity = (size_t)ceil((double)N * k / E * capacity_factor);
-        if (capacity > (size_t)N) capacity = N;
-        rows = MT_MAX(rows, (size_t)E * capacity);
-    }
+    if (pad_to_capacity && capacity_factor > 0)
+        rows = MT_MAX(rows, (size_t)E * dispatch_capacity(N, k, E, capacity_factor));
     return rows;
 }
 

@@ -19,6 +19,9 @@ typedef struct {
     int32_t *token_of_row;       // (rows) the token a row came from; -1 for padding
 } DispatchPlan;
 
+// Rows an expert keeps under a capacity factor (0 = dropless: returns 0): ceil(k·N/E · factor),
+// at most N. Computed in double and clamped before the conversion, so any factor is safe.
+int dispatch_capacity(int N, int k, int E, double capacity_factor);
 // Largest number of rows a plan can have: N·k, or E·capacity when padding.
 size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity);
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/profile.h"
+#include "moe/dispatcher.h"
 #include "ops/moe_route.h"
 
 const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
@@ -149,8 +150,7 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
     out->dropped = 0;
     out->capacity = 0;
     if (rc->capacity_factor > 0) {
-        int capacity = (int)ceil((double)N * k / E * rc->capacity_factor);
-        if (capacity > N) capacity = N;
+        int capacity = dispatch_capacity(N, k, E, rc->capacity_factor);
         apply_capacity(out, rc, N, capacity);
         if (rc->pad_to_capacity) out->capacity = capacity;
     }

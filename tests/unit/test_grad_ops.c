@@ -779,6 +779,11 @@ static void test_dispatch_max_rows(void) {
     CHECK(dispatch_max_rows(7, 2, 5, 0.5, 1) == 14, "padded C=2 (10 rows < N·k): %zu", dispatch_max_rows(7, 2, 5, 0.5, 1));
     CHECK(dispatch_max_rows(7, 2, 5, 4.0, 1) == 35, "padded C capped at N=7: %zu", dispatch_max_rows(7, 2, 5, 4.0, 1));
     CHECK(dispatch_max_rows(6, 1, 4, 1.5, 1) == 12, "padded C=ceil(2.25)=3: %zu", dispatch_max_rows(6, 1, 4, 1.5, 1));
+    // a factor whose k·N/E · factor is beyond int: clamped to N before the conversion
+    CHECK(dispatch_capacity(1024, 2, 8, 2e7) == 1024, "capacity of factor 2e7: %d", dispatch_capacity(1024, 2, 8, 2e7));
+    CHECK(dispatch_capacity(1024, 2, 8, 0) == 0, "dropless capacity: %d", dispatch_capacity(1024, 2, 8, 0));
+    CHECK(dispatch_max_rows(1024, 2, 8, 2e7, 1) == 8192, "padded rows of factor 2e7: %zu",
+          dispatch_max_rows(1024, 2, 8, 2e7, 1));
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------------------------
