@@ -201,7 +201,7 @@ void config_defaults(Config *c) {
     c->train_iters = 500;
     c->lr = 3e-3;
     c->min_lr = 3e-4;
-    c->lr_warmup_iters = 20;
+    c->lr_warmup_iters = 0;
     strcpy(c->lr_decay_style, "cosine");
     strcpy(c->lr_wsd_decay_style, "exponential");
     c->weight_decay = 0.01;

@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -34,6 +35,14 @@ void mt_die(const char *fmt, ...) {
     if (line != fallback) free(line);
     if (die_end_all) die_end_all();
     exit(1);
+}
+
+void mt_flush_stdout(void) {
+    int failed = fflush(stdout) != 0;
+    int errnum = errno;
+    if (failed || ferror(stdout))
+        mt_die("writing standard output failed: %s; free space where it goes or redirect it",
+               failed ? strerror(errnum) : "write error");
 }
 
 void *mt_malloc(size_t bytes) {

@@ -32,6 +32,9 @@ void mt_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn)
 // message gets `prefix` ("[rank 3] ") and end_all() stops every process instead of
 // exit(1). NULL, NULL restores the single-process behaviour.
 void mt_set_die_handler(const char *prefix, void (*end_all)(void));
+// Flushes standard output; a failed write (a full disk) is an mt_die, so that no command
+// exits 0 with its output cut short.
+void mt_flush_stdout(void);
 
 // Internal invariant: a bug in moetron, not in the user's input.
 #define MT_ASSERT(cond)                                                                \
