@@ -141,6 +141,7 @@ static const FlagSpec FLAGS[] = {
     F("max-new-tokens", FLAG_INT, max_new_tokens, CMD_GENERATE, 0, "tokens to generate"),
     F("temperature", FLAG_DOUBLE, temperature, CMD_GENERATE, 0, "sampling temperature (0 = greedy)"),
     F("top-k", FLAG_INT, top_k, CMD_GENERATE, 0, "sample among the k most likely tokens (0 = all)"),
+    F("top-p", FLAG_DOUBLE, top_p, CMD_GENERATE, 0, "nucleus sampling after --temperature and --top-k: the most likely tokens holding probability p (1 = all)"),
     // forward
     F("input", FLAG_STRING, input, CMD_FORWARD | CMD_PREPARE, 0, "forward: safetensors with input_ids (I32 or I64 [B,T]) and optional labels; prepare: a .txt or .jsonl file"),
     F("dump", FLAG_STRING, dump, CMD_FORWARD | CMD_DATA, 0, "forward: safetensors to write logits, loss and routing to; data: safetensors to write the samples to"),
@@ -225,6 +226,8 @@ void config_defaults(Config *c) {
     strcpy(c->json_keys, "text");
     c->workers = 1;
     c->temperature = 1.0;
+    c->top_p = 1.0;
+    c->swiglu = c->disable_bias_linear = 1;  // what the model always is
 }
 
 // ---- parsing ------------------------------------------------------------------------
@@ -435,6 +438,17 @@ enum { MAX_DIMENSION = 1 << 24 };
 static void require_dimension(const char *flag, long long value) {
     require_positive(flag, value);
     if (value > MAX_DIMENSION) mt_die("--%s %lld is larger than the supported %d", flag, value, MAX_DIMENSION);
+}
+
+// The MLPs and experts are always SwiGLU without biases: the switches Megatron scripts pass
+// say so (and checkpoints record them as true, whatever older ones wrote); their negations
+// are errors.
+static void validate_fixed_switches(Config *c) {
+    if (config_flag_given(c, "swiglu") && !c->swiglu)
+        mt_die("--no-swiglu: moetron's MLPs and experts are always SwiGLU; drop the flag");
+    if (config_flag_given(c, "disable-bias-linear") && !c->disable_bias_linear)
+        mt_die("--no-disable-bias-linear: moetron's linear layers have no biases; drop the flag");
+    c->swiglu = c->disable_bias_linear = 1;
 }
 
 static void validate_shape(Config *c) {
@@ -661,6 +675,7 @@ static void validate_training(Config *c) {
 }
 
 void config_validate(Config *c) {
+    validate_fixed_switches(c);
     validate_shape(c);
     validate_attention(c);
     validate_moe(c);
@@ -670,6 +685,7 @@ void config_validate(Config *c) {
     if (c->max_new_tokens < 0) mt_die("--max-new-tokens must be >= 0");
     if (c->temperature < 0) mt_die("--temperature must be >= 0");
     if (c->top_k < 0) mt_die("--top-k must be >= 0");
+    if (!(c->top_p > 0 && c->top_p <= 1)) mt_die("--top-p %g: use a probability in (0, 1] (1 keeps every token)", c->top_p);
 }
 
 // ---- help -----------------------------------------------------------------------------

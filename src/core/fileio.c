@@ -111,6 +111,22 @@ int fsync_dir_of(const char *path) {
     return rc;
 }
 
+int make_directories(const char *dir) {
+    char *path = mt_strdup(dir);
+    int rc = 0;
+    for (char *p = path + 1; *p && !rc; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        rc = mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
+        *p = '/';
+    }
+    if (!rc) rc = mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
+    int errnum = errno;
+    free(path);
+    errno = errnum;
+    return rc;
+}
+
 uint8_t *read_file_all(const char *path, size_t *len, char *err, size_t errlen) {
     *len = 0;
     FILE *fp = fopen(path, "rb");

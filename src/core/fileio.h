@@ -17,6 +17,10 @@ int write_file_atomic(const char *path, const void *data, size_t len, char *err,
 // opened or synced (some filesystems do not support it).
 int fsync_dir_of(const char *path);
 
+// mkdir -p: creates dir and every missing parent (mode 0777 before the umask). Returns 0
+// when the directory exists afterwards; -1 with errno set otherwise.
+int make_directories(const char *dir);
+
 // Reads the whole file. Returns a buffer of *len bytes followed by one extra NUL
 // byte (handy for text), to be released with free(); NULL with err filled
 // ("cannot open: ...", "read error: ...") on failure.
