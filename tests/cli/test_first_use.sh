@@ -164,8 +164,8 @@ test_generate_first_use() {
 # is the first step's (with --lr 0 the saved weights are the initial ones).
 test_forward_reads_data_dump() {
     for i in $(seq 50); do printf 'the quick brown fox %d jumps over the lazy dog.\n\n' "$i"; done >"$work/fw.txt"
-    "$M" prepare --input "$work/fw.txt" --vocab-size 300 --output-prefix "$work/fw/c" >"$work/fw.log" 2>&1 || { fail forward_data_dump "prepare: $(tail -1 "$work/fw.log")"; return; }
-    local D=(--data-path "$work/fw/c_text_document" --seq-length 32)
+    "$M" prepare --input "$work/fw.txt" --vocab-size 300 --output-prefix "$work/fw_c" >"$work/fw.log" 2>&1 || { fail forward_data_dump "prepare: $(tail -1 "$work/fw.log")"; return; }
+    local D=(--data-path "$work/fw_c_text_document" --seq-length 32)
     "$M" train "${TINY[@]}" "${D[@]}" --vocab-size 300 --train-iters 1 --lr 0 --min-lr 0 --save "$work/fw_ckpt" \
         --log-jsonl "$work/fw.jsonl" >"$work/fw.log" 2>&1 || { fail forward_data_dump "train: $(tail -1 "$work/fw.log")"; return; }
     "$M" data "${D[@]}" --num-samples 2 --dump "$work/samples.safetensors" >"$work/fw.log" 2>&1 || { fail forward_data_dump "data: $(tail -1 "$work/fw.log")"; return; }
@@ -197,7 +197,9 @@ test_readme_mpi_example() {
     local block
     block=$(sed -n '/^## Several processes/,/^## /p' "$root/README.md" | sed -n '/^```sh$/,/^```$/p' | sed '1d;$d')
     [ -n "$block" ] || { fail readme_mpi_example "no sh block under '## Several processes' in README.md"; return; }
-    block=${block//build\/moetron/$M}
+    local binary
+    binary=$(cd "$(dirname "$M")" && pwd)/$(basename "$M")  # the block runs in $work
+    block=${block//build\/moetron/$binary}
     block=${block//--save ckpt/--save $work/mpi_ckpt --train-iters 2 --eval-interval 0 --peak-tflops 1}
     if (cd "$work" && env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM bash -c "$block") >"$work/mpi.log" 2>&1 &&
         [ -f "$work/mpi_ckpt/latest_checkpointed_iteration.txt" ]; then
