@@ -162,9 +162,13 @@ $(BUILD)/indexed_probe: tools/indexed_probe.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
+# The default model's lr 3e-3 needs a warmup (without one its loss rises over the first
+# 20 steps, and at step 50 it is 3.18 against 2.27 with 20 warmup steps); --lr-warmup-iters
+# itself defaults to 0 as in Megatron-LM.
+RUN_WARMUP_ITERS := 20
 run: $(BUILD)/moetron
 	rm -rf $(BUILD)/run_ckpt $(BUILD)/run_metrics.jsonl
-	./$(BUILD)/moetron train --save $(BUILD)/run_ckpt --log-jsonl $(BUILD)/run_metrics.jsonl
+	./$(BUILD)/moetron train --lr-warmup-iters $(RUN_WARMUP_ITERS) --save $(BUILD)/run_ckpt --log-jsonl $(BUILD)/run_metrics.jsonl
 	@echo "--- samples from the trained model ---"
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "the small cat" --max-new-tokens 150 --temperature 0.6 --top-k 20
 	@./$(BUILD)/moetron generate --load $(BUILD)/run_ckpt --prompt "12+7=" --max-new-tokens 60 --temperature 0.6 --top-k 20

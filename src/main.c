@@ -102,6 +102,7 @@ static int run_command(int argc, char **argv) {
 int main(int argc, char **argv) {
     comm_world_init(&argc, &argv);
     int status = run_command(argc, argv);
+    mt_flush_stdout();  // output lost on a full disk is an error, whatever the command
     comm_world_finalize();
     return status;
 }

@@ -41,28 +41,55 @@ static int32_t *read_token_tensor(const StFile *f, const StTensor *t, const char
     return out;
 }
 
+// A `moetron data --dump` file: tokens [B, T+1], Megatron samples; the inputs are
+// sample[:-1] and the labels sample[1:], as in training.
+static void split_samples(ForwardInput *in, const StFile *f, const StTensor *t, const char *path) {
+    int B, W;
+    int32_t *samples = read_token_tensor(f, t, path, "tokens", &B, &W);
+    if (W < 2) mt_die("--input %s: tokens [%d, %d] needs at least 2 tokens per sample (inputs and labels)", path, B, W);
+    in->B = B, in->T = W - 1;
+    size_t n = (size_t)B * in->T;
+    in->tokens = mt_malloc(n * sizeof(int32_t));
+    in->targets = mt_malloc(n * sizeof(int32_t));
+    for (int b = 0; b < B; b++)
+        for (int pos = 0; pos < in->T; pos++) {
+            in->tokens[(size_t)b * in->T + pos] = samples[(size_t)b * W + pos];
+            in->targets[(size_t)b * in->T + pos] = samples[(size_t)b * W + pos + 1];
+        }
+    free(samples);
+}
+
+// input_ids [B,T] with optional labels (next tokens without them; the last position has none).
+static void read_ids_and_labels(ForwardInput *in, const StFile *f, const StTensor *ids, const char *path) {
+    in->tokens = read_token_tensor(f, ids, path, "input_ids", &in->B, &in->T);
+    size_t n = (size_t)in->B * in->T;
+    const StTensor *labels = st_find(f, "labels");
+    if (labels) {
+        int B, T;
+        in->targets = read_token_tensor(f, labels, path, "labels", &B, &T);
+        if (B != in->B || T != in->T) mt_die("--input %s: labels must have the shape of input_ids", path);
+    } else {
+        in->targets = mt_malloc(n * sizeof(int32_t));
+        for (size_t i = 0; i < n; i++) in->targets[i] = (i + 1) % in->T ? in->tokens[i + 1] : -100;
+    }
+}
+
 static void read_forward_input(ForwardInput *in, const char *path, const Config *c) {
     StFile f;
     char err[512];
     if (st_open(&f, path, err, sizeof(err))) mt_die("--input %s: %s", path, err);
-    const StTensor *ids = st_find(&f, "input_ids");
-    if (!ids) mt_die("--input %s has no input_ids tensor (I32 [B,T])", path);
-    in->tokens = read_token_tensor(&f, ids, path, "input_ids", &in->B, &in->T);
+    const StTensor *ids = st_find(&f, "input_ids"), *samples = st_find(&f, "tokens");
+    if (ids) read_ids_and_labels(in, &f, ids, path);
+    else if (samples) split_samples(in, &f, samples, path);
+    else
+        mt_die("--input %s has neither input_ids (I32 [B,T], optional labels) nor tokens (a `moetron data --dump` "
+               "file, I32 [B,T+1])", path);
     size_t n = (size_t)in->B * in->T;
     if (in->T > c->max_positions) mt_die("--input %s: T = %d exceeds the model's %d positions", path, in->T, c->max_positions);
     for (size_t i = 0; i < n; i++)
         if (in->tokens[i] < 0 || in->tokens[i] >= c->padded_vocab_size)
             mt_die("--input %s: input_ids holds %d, outside the vocabulary [0, %d)", path, in->tokens[i], c->padded_vocab_size);
-    const StTensor *labels = st_find(&f, "labels");
     in->loss_mask = mt_malloc(n * sizeof(real));
-    if (labels) {
-        int B, T;
-        in->targets = read_token_tensor(&f, labels, path, "labels", &B, &T);
-        if (B != in->B || T != in->T) mt_die("--input %s: labels must have the shape of input_ids", path);
-    } else {  // next-token labels from the inputs; the last position has none
-        in->targets = mt_malloc(n * sizeof(int32_t));
-        for (size_t i = 0; i < n; i++) in->targets[i] = (i + 1) % in->T ? in->tokens[i + 1] : -100;
-    }
     for (size_t i = 0; i < n; i++) {
         if (in->targets[i] >= c->padded_vocab_size)
             mt_die("--input %s: labels holds %d, outside the vocabulary", path, in->targets[i]);

@@ -2,9 +2,11 @@
 // The prompt is encoded with the tokenizer (--tokenizer-model, by default the tokenizer.json
 // of the --load directory) or, without one, as bytes, and run through the model once
 // (prefill); each new token is then a single-position forward against the cached keys and
-// values. Sampling: temperature (0 = greedy), optional top-k, over the real vocabulary only
-// (never the padding rows); stops at end-of-document (the byte model's BYTE_EOD_TOKEN, or
-// the tokenizer's end-of-text tokens).
+// values. Sampling: temperature (0 = greedy), then optional top-k, then optional top-p
+// (nucleus), over the real vocabulary only (never the padding rows); stops at
+// end-of-document (the byte model's BYTE_EOD_TOKEN, or the tokenizer's end-of-text tokens)
+// or after --max-new-tokens, and says which on stderr. stdout is the text only, always
+// valid UTF-8 (tokenizer/utf8_stream.h).
 #include <math.h>
 #include <string.h>
 
@@ -13,12 +15,11 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8_stream.h"
 
-static int sample_token(const real *logits, int vocab, double temperature, int top_k, Rng *rng) {
-    int best = 0;
-    for (int v = 1; v < vocab; v++)
-        if (logits[v] > logits[best]) best = v;
-    if (temperature <= 0) return best;
+// Sampling weights of the tokens at or above the top-k threshold (0 for the others):
+// exp((logit - max) / temperature), unnormalised.
+static void tempered_weights(const real *logits, int vocab, int best, double temperature, int top_k, double *w) {
     // threshold = k-th largest logit when top_k is set
     double threshold = -INFINITY;
     if (top_k > 0 && top_k < vocab) {
@@ -34,13 +35,49 @@ static int sample_token(const real *logits, int vocab, double temperature, int t
         threshold = sorted[top_k - 1];
         free(sorted);
     }
+    for (int v = 0; v < vocab; v++) w[v] = logits[v] >= threshold ? exp((logits[v] - logits[best]) / temperature) : 0;
+}
+
+static const double *g_weights;  // what by_weight_descending compares (qsort has no context)
+
+// More probable first; equal weights in token order.
+static int by_weight_descending(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    if (g_weights[x] != g_weights[y]) return g_weights[x] > g_weights[y] ? -1 : 1;
+    return x - y;
+}
+
+// Nucleus filtering (transformers' TopPLogitsWarper): keeps, from the most probable down,
+// every token whose more probable tokens hold less than top_p of the probability (so at
+// least one); the others get weight 0.
+static void keep_top_p(double *w, int vocab, double top_p) {
+    int *order = mt_malloc(vocab * sizeof(int));
     double total = 0;
-    for (int v = 0; v < vocab; v++)
-        if (logits[v] >= threshold) total += exp((logits[v] - logits[best]) / temperature);
+    for (int v = 0; v < vocab; v++) order[v] = v, total += w[v];
+    g_weights = w;
+    qsort(order, vocab, sizeof(int), by_weight_descending);
+    double mass_before = 0;
+    for (int i = 0; i < vocab; i++) {
+        double p = w[order[i]];
+        if (i > 0 && mass_before >= top_p * total) w[order[i]] = 0;
+        mass_before += p;
+    }
+    free(order);
+}
+
+static int sample_token(const real *logits, int vocab, const Config *c, double *w, Rng *rng) {
+    int best = 0;
+    for (int v = 1; v < vocab; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (c->temperature <= 0) return best;
+    tempered_weights(logits, vocab, best, c->temperature, c->top_k, w);
+    if (c->top_p < 1) keep_top_p(w, vocab, c->top_p);
+    double total = 0;
+    for (int v = 0; v < vocab; v++) total += w[v];
     double r = rng_uniform(rng) * total;
     for (int v = 0; v < vocab; v++) {
-        if (logits[v] < threshold) continue;
-        r -= exp((logits[v] - logits[best]) / temperature);
+        if (w[v] == 0) continue;
+        r -= w[v];
         if (r <= 0) return v;
     }
     return best;
@@ -59,16 +96,17 @@ static int is_stop(int token, const int32_t *ids, int n) {
     return 0;
 }
 
-// Writes a generated token: its bytes (a character split across tokens comes out whole
-// once its last byte is written), or the byte itself for the byte model.
-static void print_token(const Tokenizer *tok, int token) {
+// Writes a generated token: its bytes, or the byte itself for the byte model (a character
+// split across tokens comes out once its last byte is written).
+static void print_token(Utf8Stream *out, const Tokenizer *tok, int token) {
     if (!tok) {
-        if (token < 256) fputc(token, stdout);
+        unsigned char byte = (unsigned char)token;
+        if (token < 256) utf8_stream_write(out, &byte, 1);
         return;
     }
     size_t len;
     const char *bytes = tokenizer_token_bytes(tok, token, &len);
-    fwrite(bytes, 1, len, stdout);
+    utf8_stream_write(out, bytes, len);
 }
 
 // The prompt's token ids (malloc'ed, room for max_new more); sets *len.
@@ -116,12 +154,15 @@ int generate_main(Config *c) {
     model_forward(&m, &prefill, &batch, kv, 0);
     const real *last_logits = prefill.logits + (size_t)(prompt_len - 1) * c->padded_vocab_size;
     int vocab = MT_MIN(c->vocab_size, c->padded_vocab_size);
-    fwrite(c->prompt, 1, strlen(c->prompt), stdout);
-    int n = prompt_len;
-    for (int i = 0; i < c->max_new_tokens; i++) {
-        int next = sample_token(last_logits, vocab, c->temperature, c->top_k, &rng);
-        if (is_stop(next, stop, n_stop)) break;
-        print_token(tok, next);
+    Utf8Stream out;
+    utf8_stream_init(&out, stdout);
+    utf8_stream_write(&out, c->prompt, strlen(c->prompt));
+    double *weights = mt_malloc((size_t)vocab * sizeof(double));
+    int n = prompt_len, new_tokens = 0, ended = 0;
+    for (; new_tokens < c->max_new_tokens; new_tokens++) {
+        int next = sample_token(last_logits, vocab, c, weights, &rng);
+        if ((ended = is_stop(next, stop, n_stop))) break;
+        print_token(&out, tok, next);
         fflush(stdout);
         tokens[n] = next;
         Batch one = {.B = 1, .T = 1, .tokens = tokens + n};
@@ -129,7 +170,12 @@ int generate_main(Config *c) {
         n++;
         last_logits = step.logits;
     }
+    utf8_stream_finish(&out);
     fputc('\n', stdout);
+    fflush(stdout);
+    fprintf(stderr, "generate: stopped after %d new tokens: %s\n", new_tokens,
+            ended ? "end-of-document token" : "--max-new-tokens reached");
+    free(weights);
     acts_free(&prefill);
     acts_free(&step);
     kv_caches_free(kv, &m);

@@ -168,15 +168,16 @@ static void parse_keys(Prep *p, const char *list) {
     if (!p->n_keys) mt_die("--json-keys needs at least one key");
 }
 
-static void check_output_directory(const char *prefix) {
+// The directory of --output-prefix DIR/name, created (with its parents) when missing.
+static void prepare_output_directory(const char *prefix) {
     const char *slash = strrchr(prefix, '/');
     if (slash == prefix) path_printf(g_tmp_dir, "/");
     else if (slash) path_printf(g_tmp_dir, "%.*s", (int)(slash - prefix), prefix);
     else path_printf(g_tmp_dir, ".");
     if (slash && !slash[1]) mt_die("--output-prefix %s ends with '/'; give a file name prefix (DIR/name)", prefix);
     struct stat st;
-    if (stat(g_tmp_dir, &st) || !S_ISDIR(st.st_mode))
-        mt_die("--output-prefix %s: directory %s does not exist; create it first", prefix, g_tmp_dir);
+    if (make_directories(g_tmp_dir) || stat(g_tmp_dir, &st) || !S_ISDIR(st.st_mode))
+        mt_die("--output-prefix %s: cannot create the directory %s: %s", prefix, g_tmp_dir, strerror(errno));
     if (access(g_tmp_dir, W_OK)) mt_die("--output-prefix %s: directory %s is not writable", prefix, g_tmp_dir);
 }
 
@@ -213,8 +214,8 @@ static void configure(Prep *p, const Config *c) {
     p->workers = c->workers;
     p->append_eod = c->append_eod;
     snprintf(p->out_prefix, sizeof p->out_prefix, "%s", c->output_prefix);
-    check_output_directory(p->out_prefix);
     open_input(p);
+    prepare_output_directory(p->out_prefix);  // once the input is known to be readable
 }
 
 // ---- reading batches of whole records ----------------------------------------------------

@@ -142,6 +142,7 @@ static const FlagSpec FLAGS[] = {
     F("max-new-tokens", FLAG_INT, max_new_tokens, CMD_GENERATE, 0, "tokens to generate"),
     F("temperature", FLAG_DOUBLE, temperature, CMD_GENERATE, 0, "sampling temperature (0 = greedy)"),
     F("top-k", FLAG_INT, top_k, CMD_GENERATE, 0, "sample among the k most likely tokens (0 = all)"),
+    F("top-p", FLAG_DOUBLE, top_p, CMD_GENERATE, 0, "nucleus sampling after --temperature and --top-k: the most likely tokens holding probability p (1 = all)"),
     // forward
     F("input", FLAG_STRING, input, CMD_FORWARD | CMD_PREPARE, 0, "forward: safetensors with input_ids (I32 or I64 [B,T]) and optional labels; prepare: a .txt or .jsonl file"),
     F("dump", FLAG_STRING, dump, CMD_FORWARD | CMD_DATA, 0, "forward: safetensors to write logits, loss and routing to; data: safetensors to write the samples to"),
@@ -202,7 +203,7 @@ void config_defaults(Config *c) {
     c->train_iters = 500;
     c->lr = 3e-3;
     c->min_lr = 3e-4;
-    c->lr_warmup_iters = 20;
+    c->lr_warmup_iters = 0;
     strcpy(c->lr_decay_style, "cosine");
     strcpy(c->lr_wsd_decay_style, "exponential");
     c->weight_decay = 0.01;
@@ -226,6 +227,8 @@ void config_defaults(Config *c) {
     strcpy(c->json_keys, "text");
     c->workers = 1;
     c->temperature = 1.0;
+    c->top_p = 1.0;
+    c->swiglu = c->disable_bias_linear = 1;  // what the model always is
 }
 
 // ---- parsing ------------------------------------------------------------------------
@@ -522,6 +525,17 @@ static int64_t product_within(int64_t a, int64_t b, int64_t limit) {
     return b == 0 || a <= limit / b ? a * b : -1;
 }
 
+// The MLPs and experts are always SwiGLU without biases: the switches Megatron scripts pass
+// say so (and checkpoints record them as true, whatever older ones wrote); their negations
+// are errors.
+static void validate_fixed_switches(Config *c) {
+    if (config_flag_given(c, "swiglu") && !c->swiglu)
+        mt_die("--no-swiglu: moetron's MLPs and experts are always SwiGLU; drop the flag");
+    if (config_flag_given(c, "disable-bias-linear") && !c->disable_bias_linear)
+        mt_die("--no-disable-bias-linear: moetron's linear layers have no biases; drop the flag");
+    c->swiglu = c->disable_bias_linear = 1;
+}
+
 static void validate_shape(Config *c) {
     require_positive("num-layers", c->num_layers);
     if (c->num_layers > MT_MAX_LAYERS) config_die("--num-layers %d exceeds the supported %d", c->num_layers, MT_MAX_LAYERS);
@@ -788,6 +802,7 @@ static void validate_training(Config *c) {
 
 void config_validate(Config *c) {
     naming = c;
+    validate_fixed_switches(c);
     validate_shape(c);
     validate_attention(c);
     validate_moe(c);
@@ -797,6 +812,7 @@ void config_validate(Config *c) {
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");
     if (c->top_k < 0) config_die("--top-k must be >= 0");
+    if (!(c->top_p > 0 && c->top_p <= 1)) config_die("--top-p %g: use a probability in (0, 1] (1 keeps every token)", c->top_p);
 }
 
 // ---- help -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
@@ -50,6 +51,14 @@ void mt_die_from_thread(const char *fmt, ...) {
     write_error_line(fmt, ap);
     va_end(ap);
     _exit(1);
+}
+
+void mt_flush_stdout(void) {
+    int failed = fflush(stdout) != 0;
+    int errnum = errno;
+    if (failed || ferror(stdout))
+        mt_die("writing standard output failed: %s; free space where it goes or redirect it",
+               failed ? strerror(errnum) : "write error");
 }
 
 void *mt_malloc(size_t bytes) {

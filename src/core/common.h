@@ -36,6 +36,9 @@ void mt_set_die_handler(const char *prefix, void (*end_all)(void));
 // _exit(1) without calling into MPI or exit handlers, which the main thread may be inside;
 // the launcher then ends the other processes of a job whose process failed.
 void mt_die_from_thread(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// Flushes standard output; a failed write (a full disk) is an mt_die, so that no command
+// exits 0 with its output cut short.
+void mt_flush_stdout(void);
 
 // Internal invariant: a bug in moetron, not in the user's input.
 #define MT_ASSERT(cond)                                                                \

@@ -122,6 +122,7 @@ typedef struct {
     int max_new_tokens;
     double temperature;
     int top_k;
+    double top_p;  // nucleus sampling in generate (1 = off)
     // ---- forward ----
     char input[MT_PATH_MAX];
     char dump[MT_PATH_MAX];

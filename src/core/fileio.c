@@ -131,6 +131,7 @@ static const struct {
     [INFILE_NOTE] = {4 * KIB, "a one-line text file", "check that the path names the intended file"},
     [INFILE_TEXT] = {4 * GIB, "a plain-text --data-path corpus",
                     "turn a larger corpus into a Megatron dataset with moetron prepare and train on that"},
+    [INFILE_LOG] = {4 * GIB, "a --log-jsonl log", "give the resumed run a new --log-jsonl file"},
     [INFILE_WEIGHTS] = {TIB, "a safetensors file", "split the weights into shards (model.safetensors.index.json)"},
     [INFILE_DATA] = {64 * TIB, "a data file", "split the data into several files"},
 };
@@ -250,4 +251,20 @@ uint8_t *read_file_all(const char *path, InputFileKind kind, size_t *len, char *
     uint8_t *buf = read_fd_all(fd, kind, len, err, errlen);
     close(fd);
     return buf;
+}
+
+int make_directories(const char *dir) {
+    char *path = mt_strdup(dir);
+    int rc = 0;
+    for (char *p = path + 1; *p && !rc; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        rc = mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
+        *p = '/';
+    }
+    if (!rc) rc = mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
+    int errnum = errno;
+    free(path);
+    errno = errnum;
+    return rc;
 }

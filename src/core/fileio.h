@@ -23,6 +23,7 @@ typedef enum {
     INFILE_CONFIG,   // JSON (config.json, trainer_state.json, checksums, shard index) and tokenizer files
     INFILE_NOTE,     // one-line text files (latest_checkpointed_iteration.txt)
     INFILE_TEXT,     // a plain-text corpus read whole (--data-path FILE)
+    INFILE_LOG,      // a --log-jsonl log, read whole when a resumed run trims it
     INFILE_WEIGHTS,  // safetensors (mapped; a tensor read when asked)
     INFILE_DATA,     // mapped or streamed: .bin/.idx, index caches, prepare's input, checksummed files
 } InputFileKind;
@@ -64,3 +65,7 @@ int atomic_open(AtomicFile *af, const char *path, char *err, size_t errlen);
 int atomic_write(AtomicFile *af, const void *data, size_t len, char *err, size_t errlen);
 int atomic_commit(AtomicFile *af, char *err, size_t errlen);
 void atomic_abort(AtomicFile *af);
+
+// mkdir -p: creates dir and every missing parent (mode 0777 before the umask). Returns 0
+// when the directory exists afterwards; -1 with errno set otherwise.
+int make_directories(const char *dir);

@@ -13,6 +13,8 @@
 // rebuilt and replaced atomically.
 #include "data/megatron_data.h"
 
+#include "core/fileio.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -93,19 +95,6 @@ static int prefix_file_exists(const char *prefix, const char *ext) {
 static int ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-// mkdir -p; 0 on success.
-static int make_dirs(const char *dir) {
-    char path[MT_PATH_MAX];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 static void default_cache_dir(char *out, const char *prefix) {
@@ -292,7 +281,7 @@ static void cache_store(MegatronData *d, const char *path, const char *descripti
         h.checksum = checksum_tail(h.checksum, a->data[i], a->elem_size[i] * (size_t)a->count[i]);
     }
     AtomicFile af;
-    int failed = make_dirs(d->cache_dir) != 0;
+    int failed = make_directories(d->cache_dir) != 0;
     if (failed) snprintf(err, sizeof err, "%s", strerror(errno));
     else failed = atomic_open(&af, path, err, sizeof err) != 0;
     if (!failed) {

@@ -33,91 +33,103 @@ static int all_layers_moe(const Config *c) {
     return c->num_experts > 0;
 }
 
+// What a family cannot express, every reason joined by "; " into buf.
+typedef struct {
+    char *buf;
+    size_t cap, len;
+    int count;
+} Gaps;
+
+static void gap(Gaps *g, const char *reason) {
+    if (g->len >= g->cap) return;  // full: the rest is cut, the count stays right
+    g->len += snprintf(g->buf + g->len, g->cap - g->len, "%s%s", g->count ? "; " : "", reason);
+    if (g->len >= g->cap) g->len = g->cap;
+    g->count++;
+}
+
 // Router features beyond a softmax router with optional top-k renormalisation.
-static const char *beyond_softmax_router(const Config *c) {
-    if (c->num_experts == 0) return NULL;
-    if (c->score_function != 0) return "--moe-router-score-function other than softmax";
-    if (c->moe_router_enable_expert_bias) return "--moe-router-enable-expert-bias";
-    if (c->moe_router_num_groups) return "group-limited routing";
+static void beyond_softmax_router(const Config *c, Gaps *g) {
+    if (c->num_experts == 0) return;
+    if (c->score_function != 0) gap(g, "--moe-router-score-function other than softmax");
+    if (c->moe_router_enable_expert_bias) gap(g, "--moe-router-enable-expert-bias");
+    if (c->moe_router_num_groups) gap(g, "group-limited routing");
     if (c->moe_router_topk_scaling_factor > 0 && c->moe_router_topk_scaling_factor != 1)
-        return "--moe-router-topk-scaling-factor";
-    if (c->moe_expert_capacity_factor > 0) return "token dropping (--moe-expert-capacity-factor)";
-    if (c->moe_shared_expert_intermediate_size) return "shared experts";
-    return NULL;
+        gap(g, "--moe-router-topk-scaling-factor");
+    if (c->moe_expert_capacity_factor > 0) gap(g, "token dropping (--moe-expert-capacity-factor)");
+    if (c->moe_shared_expert_intermediate_size) gap(g, "shared experts");
 }
 
 // Attention features beyond standard grouped-query attention with rotate-half RoPE.
-static const char *beyond_standard_attention(const Config *c) {
-    if (c->multi_latent_attention) return "--multi-latent-attention";
-    if (c->rotary_interleaved) return "--rotary-interleaved";
-    return NULL;
+static void beyond_standard_attention(const Config *c, Gaps *g) {
+    if (c->multi_latent_attention) gap(g, "--multi-latent-attention");
+    if (c->rotary_interleaved) gap(g, "--rotary-interleaved");
 }
 
-static const char *mixtral_gap(const Config *c) {
-    if (c->qk_layernorm) return "--qk-layernorm";
-    if (c->clip_qkv > 0) return "--clip-qkv";
-    if (!all_layers_moe(c)) return "dense layers (every Mixtral layer is MoE)";
-    if (c->moe_router_pre_softmax) return "--moe-router-pre-softmax (Mixtral always renormalises the top-k)";
-    return NULL;
+static void mixtral_gaps(const Config *c, Gaps *g) {
+    if (c->qk_layernorm) gap(g, "--qk-layernorm");
+    if (c->clip_qkv > 0) gap(g, "--clip-qkv");
+    if (!all_layers_moe(c)) gap(g, "dense layers (every Mixtral layer is MoE)");
+    if (c->moe_router_pre_softmax) gap(g, "--moe-router-pre-softmax (Mixtral always renormalises the top-k)");
 }
 
-static const char *qwen3_gap(const Config *c) {
-    if (!c->qk_layernorm || c->qk_norm_whole) return "attention without per-head QK-norm (needs --qk-layernorm)";
-    if (c->clip_qkv > 0) return "--clip-qkv";
-    return NULL;
+static void qwen3_gaps(const Config *c, Gaps *g) {
+    if (!c->qk_layernorm || c->qk_norm_whole) gap(g, "attention without per-head QK-norm (needs --qk-layernorm)");
+    if (c->clip_qkv > 0) gap(g, "--clip-qkv");
 }
 
-static const char *olmoe_gap(const Config *c) {
-    if (!c->qk_norm_whole) return "attention without whole-projection QK-norm (needs --qk-layernorm-scope projection)";
-    if (c->head_dim * c->num_attention_heads != c->hidden_size) return "a head dimension other than hidden / heads";
-    if (!all_layers_moe(c)) return "dense layers (every OLMoE layer is MoE)";
-    return NULL;
+static void olmoe_gaps(const Config *c, Gaps *g) {
+    if (!c->qk_norm_whole) gap(g, "attention without whole-projection QK-norm (needs --qk-layernorm-scope projection)");
+    if (c->head_dim * c->num_attention_heads != c->hidden_size) gap(g, "a head dimension other than hidden / heads");
+    if (!all_layers_moe(c)) gap(g, "dense layers (every OLMoE layer is MoE)");
 }
 
-static const char *deepseek_gap(const Config *c, char *buf, size_t cap) {
-    if (!c->multi_latent_attention) return "attention without --multi-latent-attention";
-    if (c->num_experts == 0) return "a dense model";
-    if (c->score_function != 1) return "a router score function other than sigmoid";
-    if (c->moe_expert_capacity_factor > 0) return "token dropping (--moe-expert-capacity-factor)";
-    if (c->moe_shared_expert_gate) return "--moe-shared-expert-gate";
-    int Is = c->moe_shared_expert_intermediate_size;
-    if (Is == 0 || Is % c->moe_ffn)
-        return "a shared-expert width that is not a positive multiple of --moe-ffn-hidden-size";
-    if (c->moe_router_num_groups && c->moe_router_topk / c->moe_router_group_topk != 2) {
-        snprintf(buf, cap, "group scores from the top %d experts of a group (DeepSeek-V3 sums the top 2: "
-                 "--moe-router-topk must be twice --moe-router-group-topk)", c->moe_router_topk / c->moe_router_group_topk);
-        return buf;
+static void deepseek_gaps(const Config *c, Gaps *g) {
+    if (!c->multi_latent_attention) gap(g, "attention without --multi-latent-attention");
+    if (c->num_experts == 0) {
+        gap(g, "a dense model");
+        return;  // the router checks below describe experts
     }
-    if (!c->moe_router_num_groups && c->num_experts < 2) return "a single expert";
+    if (c->score_function != 1) gap(g, "a router score function other than sigmoid");
+    if (c->moe_expert_capacity_factor > 0) gap(g, "token dropping (--moe-expert-capacity-factor)");
+    if (c->moe_shared_expert_gate) gap(g, "--moe-shared-expert-gate");
+    int Is = c->moe_shared_expert_intermediate_size;
+    if (Is == 0 || Is % c->moe_ffn) gap(g, "a shared-expert width that is not a positive multiple of --moe-ffn-hidden-size");
+    if (c->moe_router_num_groups && c->moe_router_topk / c->moe_router_group_topk != 2) {
+        char why[200];
+        snprintf(why, sizeof(why), "group scores from the top %d experts of a group (DeepSeek-V3 sums the top 2: "
+                 "--moe-router-topk must be twice --moe-router-group-topk)", c->moe_router_topk / c->moe_router_group_topk);
+        gap(g, why);
+    }
+    if (!c->moe_router_num_groups && c->num_experts < 2) gap(g, "a single expert");
     int first_moe = 0;
     while (first_moe < c->num_layers && !c->moe_layer[first_moe]) first_moe++;
     for (int l = first_moe; l < c->num_layers; l++)
-        if (!c->moe_layer[l]) return "a dense layer after an MoE layer (DeepSeek-V3 has only the first k dense)";
-    return NULL;
+        if (!c->moe_layer[l]) {
+            gap(g, "a dense layer after an MoE layer (DeepSeek-V3 has only the first k dense)");
+            break;
+        }
 }
 
 const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf, size_t cap) {
-    const char *gap = NULL;
+    Gaps g = {.buf = buf, .cap = cap};
+    buf[0] = 0;
     if (family == HF_MOETRON) return NULL;
     if (family != HF_DEEPSEEK_V3) {
-        gap = beyond_standard_attention(c);
-        if (!gap) gap = beyond_softmax_router(c);
+        beyond_standard_attention(c, &g);
+        beyond_softmax_router(c, &g);
     }
-    if (!gap) {
-        switch (family) {
-        case HF_MIXTRAL: gap = mixtral_gap(c); break;
-        case HF_QWEN3_MOE: gap = qwen3_gap(c); break;
-        case HF_OLMOE: gap = olmoe_gap(c); break;
-        case HF_DEEPSEEK_V3: gap = deepseek_gap(c, buf, cap); break;
-        default: break;
-        }
+    switch (family) {
+    case HF_MIXTRAL: mixtral_gaps(c, &g); break;
+    case HF_QWEN3_MOE: qwen3_gaps(c, &g); break;
+    case HF_OLMOE: olmoe_gaps(c, &g); break;
+    case HF_DEEPSEEK_V3: deepseek_gaps(c, &g); break;
+    default: break;
     }
-    if (gap && gap != buf) snprintf(buf, cap, "%s", gap);
-    return gap ? buf : NULL;
+    return g.count ? buf : NULL;
 }
 
 HfFamily hf_family_choose(const Config *c, char *why) {
-    char gap[200];
+    char gap[1024];
     if (strcmp(c->hf_architecture, "auto")) {
         HfFamily f = hf_family_from_model_type(c->hf_architecture);
         if (f == HF_FAMILY_COUNT) mt_die("--hf-architecture %s is not a known family", c->hf_architecture);
@@ -139,7 +151,7 @@ HfFamily hf_family_choose(const Config *c, char *why) {
             return preference[i];
         }
     hf_family_cannot_express(natural, c, gap, sizeof(gap));
-    snprintf(why, 256, "%s cannot express %.160s, nor can another Hugging Face family", hf_model_type(natural), gap);
+    snprintf(why, 256, "%s cannot express %.190s, nor can another Hugging Face family", hf_model_type(natural), gap);
     return HF_MOETRON;
 }
 

@@ -20,9 +20,9 @@ typedef enum { HF_MIXTRAL, HF_QWEN3_MOE, HF_OLMOE, HF_DEEPSEEK_V3, HF_MOETRON, H
 
 // The family of --hf-architecture, or, for "auto", the one that expresses c exactly with
 // HF_MOETRON and the reason none does written to why (256 bytes; "" otherwise). A family
-// named by --hf-architecture that cannot express c is fatal, naming the feature.
+// named by --hf-architecture that cannot express c is fatal, naming every feature it lacks.
 HfFamily hf_family_choose(const Config *c, char *why);
-// NULL when family expresses c exactly, else what it cannot express.
+// NULL when family expresses c exactly, else everything it cannot express ("a; b; c").
 const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf, size_t cap);
 const char *hf_model_type(HfFamily family);      // "mixtral" / "qwen3_moe" / ...
 const char *hf_architecture(HfFamily family);    // "MixtralForCausalLM" / ...

@@ -1,22 +1,69 @@
 #include "core/device.h"
 #include "train/metrics.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "core/common.h"
+#include "core/fileio.h"
 #include "core/json.h"
 #include "core/timer.h"
 #include "ops/gemm.h"
 
-void metrics_open(Metrics *mt, const Config *c) {
-    memset(mt, 0, sizeof(*mt));
-    mt->train_iters = c->train_iters;
-    if (c->log_jsonl[0]) {
-        mt->jsonl = fopen(c->log_jsonl, "a");
-        if (!mt->jsonl) mt_die("--log-jsonl %s: cannot open for appending", c->log_jsonl);
+// Whether one line of the log (without its newline) is a record of a step after `iteration`.
+static int record_after(const char *line, size_t len, long iteration) {
+    JsonValue *v = json_parse(line, len, NULL, 0);
+    int64_t step;
+    int after = v && v->type == JSON_OBJECT && json_get_int64(v, "step", &step) && step > iteration;
+    json_free(v);
+    return after;
+}
+
+// A resumed run logs the steps after `iteration` again: drop their old records (train and
+// eval) and an unterminated last line (a record cut by a crash), rewriting the file
+// crash-safely, so that the log holds one record per step. Other lines stay as they are.
+static void drop_records_after(const char *path, long iteration) {
+    char err[256];
+    size_t len;
+    uint8_t *text = read_file_all(path, INFILE_LOG, &len, err, sizeof(err));
+    if (!text) return;  // no log yet
+    char *kept = mt_malloc(len + 1);
+    size_t kept_len = 0, dropped = 0;
+    for (size_t at = 0; at < len;) {
+        const char *line = (const char *)text + at, *end = memchr(line, '\n', len - at);
+        size_t n = end ? (size_t)(end - line) : len - at;
+        if (!end || record_after(line, n, iteration)) {
+            dropped++;
+        } else {
+            memcpy(kept + kept_len, line, n + 1);
+            kept_len += n + 1;
+        }
+        at += n + 1;
     }
+    if (dropped) {
+        if (write_file_atomic(path, kept, kept_len, err, sizeof(err)))
+            mt_die("--log-jsonl %s: cannot rewrite it without the records after iteration %ld: %s", path, iteration,
+                   err);
+        printf("note: --log-jsonl %s: dropped %zu records after iteration %ld (those steps run again)\n", path,
+               dropped, iteration);
+    }
+    free(kept);
+    free(text);
+}
+
+void metrics_open(Metrics *mt, const Config *c, long resumed_iteration) {
+    memset(mt, 0, sizeof(*mt));
+    mt->jsonl_fd = -1;
+    mt->train_iters = c->train_iters;
+    if (!c->log_jsonl[0]) return;
+    mt->jsonl_path = c->log_jsonl;
+    if (c->load[0]) drop_records_after(c->log_jsonl, resumed_iteration);
+    mt->jsonl_fd = open(c->log_jsonl, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (mt->jsonl_fd < 0) mt_die("--log-jsonl %s: cannot open for appending: %s", c->log_jsonl, strerror(errno));
 }
 
 static void format_duration(char *out, size_t cap, double seconds) {
@@ -26,10 +73,35 @@ static void format_duration(char *out, size_t cap, double seconds) {
     else snprintf(out, cap, "%lds", s);
 }
 
-static void write_jsonl(FILE *f, JsonWriter *w) {
-    fprintf(f, "%s\n", jw_text(w));
-    fflush(f);
+// Writes all len bytes; 0, or the errno of the failure (ENOSPC when nothing more fits).
+static int write_all(int fd, const char *data, size_t len) {
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno;
+        if (n == 0) return ENOSPC;
+        data += n, len -= (size_t)n;
+    }
+    return 0;
+}
+
+// Appends one record (its line in plain writes, nothing buffered). A record that cannot be
+// written whole (a full disk) stops the run: its partial line is cut off again, so the log
+// keeps whole records of the steps before.
+static void write_jsonl(Metrics *mt, JsonWriter *w, long step) {
+    off_t before = lseek(mt->jsonl_fd, 0, SEEK_END);
+    size_t len = jw_len(w);
+    char *line = mt_malloc(len + 1);
+    memcpy(line, jw_text(w), len);
+    line[len] = '\n';
+    int errnum = write_all(mt->jsonl_fd, line, len + 1);
+    free(line);
     jw_free(w);
+    if (!errnum) return;
+    int partial_left = before >= 0 && lseek(mt->jsonl_fd, 0, SEEK_END) > before && ftruncate(mt->jsonl_fd, before);
+    mt_die("--log-jsonl %s: cannot write the record of step %ld: %s%s; the run stops here (the checkpoints saved "
+           "so far are intact): free space or log elsewhere, then resume with --load",
+           mt->jsonl_path, step, strerror(errnum), partial_left ? " (a partial line is left at its end)" : "");
 }
 
 static const char *const BALANCE_KEYS[3] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
@@ -69,6 +141,24 @@ static void write_layer_stats(JsonWriter *w, const StepRecord *r, const RouterSt
     jw_kv_double(w, key, s->z_loss);
 }
 
+// With --moe-per-layer-logging, one console line per MoE layer under the step's line:
+// "  layer 1: imbalance 1.32 | dropped 0.000 | max expert 7 (18%)" (the busiest expert and
+// its share of the layer's kept tokens).
+static void print_layer_summaries(const StepRecord *r) {
+    for (int l = 0; l < r->n_layers; l++) {
+        const int64_t *counts = r->tokens_per_expert + (size_t)l * r->num_experts;
+        int64_t kept = 0;
+        int busiest = 0;
+        for (int e = 0; e < r->num_experts; e++) {
+            kept += counts[e];
+            if (counts[e] > counts[busiest]) busiest = e;
+        }
+        printf("  layer %d: imbalance %.2f | dropped %.3f | max expert %d (%.0f%%)\n", r->layers[l].layer,
+               r->layers[l].load_imbalance, r->layers[l].dropped_frac, busiest,
+               kept > 0 ? 100.0 * counts[busiest] / kept : 0.0);
+    }
+}
+
 void metrics_log_step(Metrics *mt, const StepRecord *r) {
     char eta[32];
     format_duration(eta, sizeof(eta), r->eta_s);
@@ -81,8 +171,9 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     if (r->skipped) printf(" | skipped");
     if (r->loss_spike) printf(" | loss spike");
     printf(" | ETA %s\n", eta);
-    fflush(stdout);
-    if (!mt->jsonl) return;
+    print_layer_summaries(r);
+    mt_flush_stdout();
+    if (mt->jsonl_fd < 0) return;
     JsonWriter w;
     jw_init_compact(&w);
     jw_begin_object(&w);
@@ -111,13 +202,13 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     for (int l = 0; l < r->n_layers; l++)
         write_layer_stats(&w, r, &r->layers[l], r->tokens_per_expert + (size_t)l * r->num_experts);
     jw_end_object(&w);
-    write_jsonl(mt->jsonl, &w);
+    write_jsonl(mt, &w, r->step);
 }
 
 void metrics_log_eval(Metrics *mt, long step, double loss) {
     printf("eval at step %ld | held-out loss %.4f | perplexity %.3f\n", step, loss, exp(loss));
-    fflush(stdout);
-    if (!mt->jsonl) return;
+    mt_flush_stdout();
+    if (mt->jsonl_fd < 0) return;
     JsonWriter w;
     jw_init_compact(&w);
     jw_begin_object(&w);
@@ -125,12 +216,12 @@ void metrics_log_eval(Metrics *mt, long step, double loss) {
     jw_kv_double(&w, "eval_loss", loss);
     jw_kv_double(&w, "eval_ppl", exp(loss));
     jw_end_object(&w);
-    write_jsonl(mt->jsonl, &w);
+    write_jsonl(mt, &w, step);
 }
 
 void metrics_close(Metrics *mt) {
-    if (mt->jsonl) fclose(mt->jsonl);
-    mt->jsonl = NULL;
+    if (mt->jsonl_fd >= 0) close(mt->jsonl_fd);
+    mt->jsonl_fd = -1;
 }
 
 double peak_memory_mb(void) {

@@ -34,11 +34,14 @@ typedef struct {
 } StepRecord;
 
 typedef struct {
-    FILE *jsonl;
+    int jsonl_fd;            // --log-jsonl, open for appending; -1 without it
+    const char *jsonl_path;
     int train_iters;
 } Metrics;
 
-void metrics_open(Metrics *mt, const Config *c);
+// Opens --log-jsonl. With --load, first drops the records of the steps after
+// resumed_iteration (they run again), so the log holds one record per step.
+void metrics_open(Metrics *mt, const Config *c, long resumed_iteration);
 void metrics_log_step(Metrics *mt, const StepRecord *r);
 void metrics_log_eval(Metrics *mt, long step, double loss);
 void metrics_close(Metrics *mt);

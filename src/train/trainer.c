@@ -8,6 +8,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "core/profile.h"
 #include "core/timer.h"
@@ -238,7 +241,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
     t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
     t->layer_counts = mt_calloc((size_t)c->num_layers * MT_MAX(c->num_experts, 1), sizeof(int64_t));
-    metrics_open(&t->metrics, c);
+    metrics_open(&t->metrics, c, t->state.iteration);
     t->flops_per_token = model_train_flops_per_token(c);
     t->peak_flops = c->peak_tflops > 0 ? c->peak_tflops * 1e12 : measure_gemm_ceiling_flops();
 }
@@ -256,6 +259,23 @@ static void trainer_free(Trainer *t) {
     optimizer_free(&t->opt);
     grad_sync_free(&t->sync);
     model_free(&t->model);
+}
+
+// Threads each process computes with: OpenMP's, or 1 in a build without it.
+static int compute_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// "2 processes x 1 thread; layout TP1 CP1 PP1 DP2 | EP2 ETP1 EDP1"
+static void print_layout(const ParallelSizes *ps) {
+    int threads = compute_threads();
+    printf("%d process%s x %d thread%s; layout TP%d CP%d PP%d DP%d | EP%d ETP%d EDP%d\n", ps->world,
+           ps->world == 1 ? "" : "es", threads, threads == 1 ? "" : "s", ps->tp, ps->cp, ps->pp, ps->dp, ps->ep,
+           ps->etp, ps->edp);
 }
 
 static void print_banner(const Trainer *t) {
@@ -277,6 +297,7 @@ static void print_banner(const Trainer *t) {
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
            c->train_iters, t->peak_flops / 1e12, device_active() == DEVICE_CUDA ? "device" : "gemm",
            device_active() == DEVICE_CUDA ? device_description() : mt_gemm_backend(), c->bf16 ? ", bf16 GEMMs" : "");
+    print_layout(&t->groups.sizes);
     if (t->model.family_note[0])
         printf("note: checkpoints use moetron's own model_type (transformers cannot load them): %s\n",
                t->model.family_note);
