@@ -112,6 +112,7 @@ static const FlagSpec FLAGS[] = {
     F("moe-token-dispatcher-type", FLAG_STRING, moe_token_dispatcher_type, TR, 0, "alltoall, allgather: how tokens reach experts on other expert-parallel ranks (one process: the same)"),
     F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto)"),
     F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMMs with bf16 inputs and fp32 accumulation, fp32 master weights (--device cuda)"),
+    F("adapt-threads", FLAG_BOOL, adapt_threads, TR, 0, "use fewer OpenMP threads while other programs compete for the cores, and more again when they stop (timed steps, an occasional probe step; results do not change; --no-adapt-threads: always OpenMP's count)"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     // data
@@ -214,6 +215,7 @@ void config_defaults(Config *c) {
     c->seed = 1234;
     c->eval_interval = 100;
     c->check_for_nan_in_loss_and_grad = 1;
+    c->adapt_threads = 1;
     c->nan_skip_limit = 3;
     c->loss_spike_factor = 2.0;
     c->distributed_timeout_minutes = 10;

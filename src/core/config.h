@@ -92,6 +92,7 @@ typedef struct {
     int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size;
     int profile;                    // --profile: time per op kind, printed at the end
+    int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
     char device[16];              // cpu | cuda | auto
     int bf16;                     // GEMMs in bf16 with fp32 accumulation (cuda)

@@ -26,6 +26,7 @@ typedef struct {
     int n_layers, num_experts;
     double tokens_per_s, tflops, mfu, mem_peak_mb, elapsed_s, eta_s;
     double step_s, data_wait_s;    // this step's time, and the part spent waiting for data
+    int threads;                   // OpenMP threads the step computed with (train/thread_governor.h)
     double grad_comm_s;            // ... and in the data-parallel gradient / parameter collectives
     double grad_comm_hidden_s;     // gradient sums in flight while backward computed (not in grad_comm_s)
     double expert_comm_s;          // ... and exchanging tokens with the expert-parallel ranks

@@ -33,6 +33,7 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/run_control.h"
+#include "train/thread_governor.h"
 #include "tokenizer/run_tokenizer.h"
 
 typedef struct {
@@ -396,7 +397,7 @@ static int apply_update(Trainer *t, RunControl *rc, long step, double loss, doub
 typedef struct {
     long step, first_step;
     double loss, grad_norm, lr, step_s, elapsed_s, data_wait_s;
-    int skipped, loss_spike;
+    int skipped, loss_spike, threads;
 } StepOutcome;
 
 static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
@@ -413,7 +414,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .grad_norm = o->grad_norm, .lr = o->lr, .tokens_per_s = tokens_per_step / o->step_s,
                     .tflops = flops / 1e12, .mfu = flops / t->peak_flops,
                     .mem_peak_mb = peak_memory_mb(), .elapsed_s = o->elapsed_s, .step_s = o->step_s,
-                    .data_wait_s = o->data_wait_s, .grad_comm_s = t->comm_s,
+                    .data_wait_s = o->data_wait_s, .threads = o->threads, .grad_comm_s = t->comm_s,
                     .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(&t->model),
                     .skipped = o->skipped, .loss_spike = o->loss_spike,
                     .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
@@ -433,7 +434,10 @@ int train_main(Config *c) {
     StepProfile profile = {.on = c->profile};
     prof_enable(profile.on);
     Comm world = comm_world();
+    ThreadGovernor threads;
+    thread_governor_init(&threads, c->adapt_threads);
     for (long step = first_step; step <= c->train_iters; step++) {
+        thread_governor_before_step(&threads);
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         t.comm_s = t.comm_hidden_s = 0;
         ep_take_comm_seconds(&t.model);
@@ -445,6 +449,8 @@ int train_main(Config *c) {
         t.state.iteration = step;
         double now = now_seconds();
         o.step_s = now - t0, o.elapsed_s = now - start, o.data_wait_s = t.prefetch.waited_s - waited0;
+        o.threads = thread_governor_step_threads(&threads);
+        thread_governor_after_step(&threads, o.step_s);
         profile_step_done(&profile, step, first_step, c->train_iters, o.step_s);
         prof_enable(0);  // evaluation and saving are not part of the steps
         if (step % c->log_interval == 0 || step == c->train_iters || o.skipped || o.loss_spike) log_step(&t, &s, &o);
