@@ -214,7 +214,6 @@ static void trainer_setup(Trainer *t, Config *c) {
         config_from_checkpoint(c, resolved);
     }
     t->tokenizer = run_tokenizer_open(c);  // before any work: checkpoints carry what is read here
-    if (c->save[0] && comm_world_rank() == 0) checkpoint_claim_save_dir(c->save);  // rank 0 writes
     setup_parallel(t);
     if (comm_world_size() > 1) watchdog_start(60 * c->distributed_timeout_minutes);
     if (comm_world_rank() != 0) {  // one process reports and saves; every rank computes the same
@@ -237,6 +236,9 @@ static void trainer_setup(Trainer *t, Config *c) {
         model_init_weights(&t->model, (uint64_t)c->seed);
     }
     dataset_open(&t->data, c);
+    // --save created, proved writable and locked once everything else has been checked, so
+    // that a run refused at start-up leaves no directory behind; rank 0 writes
+    if (c->save[0] && comm_world_rank() == 0) checkpoint_claim_save_dir(c->save);
     acts_alloc(&t->acts, &t->model, c->micro_batch_size, c->seq_length);
     prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);

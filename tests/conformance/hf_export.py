@@ -246,7 +246,11 @@ def run_generate_case(moetron, name, workdir):
 
     out = run_cmd([moetron, "generate", "--load", it_dir, "--prompt", GEN_PROMPT, "--temperature", "0",
                    "--max-new-tokens", str(GEN_MAX_NEW)], "moetron generate")
-    mt_text = out.rstrip("\n").splitlines()[-1]
+    # stdout carries the text, stderr (merged here) why generation stopped
+    lines = out.rstrip("\n").splitlines()
+    reasons = [l for l in lines if l.startswith("generate: stopped")]
+    check(reasons and "end-of-document" in reasons[-1], f"moetron generate did not stop at end-of-document: {lines}")
+    mt_text = [l for l in lines if not l.startswith("generate: stopped")][-1]
     tok = AutoTokenizer.from_pretrained(it_dir)
     check(tok.eos_token_id == eot, f"AutoTokenizer's eos_token_id is {tok.eos_token_id}, expected {eot}")
     model = AutoModelForCausalLM.from_pretrained(it_dir).float().eval()
