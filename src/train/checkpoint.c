@@ -20,16 +20,7 @@
 #define CKPT_PATH_MAX (MT_PATH_MAX + 64)
 
 static void make_dirs(const char *dir) {
-    char path[CKPT_PATH_MAX];
-    snprintf(path, sizeof(path), "%s", dir);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(path, 0755) && errno != EEXIST)
-            mt_die("--save %s: cannot create %s: %s; give a directory that can be created", dir, path, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(path, 0755) && errno != EEXIST)
+    if (make_directories(dir))
         mt_die("--save %s: cannot create it: %s; give a directory that can be created", dir, strerror(errno));
 }
 

@@ -5,7 +5,8 @@
 #include "train/trainer.h"
 
 #include <math.h>
-#include <signal.h>
+#include <errno.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -309,15 +310,15 @@ static void print_banner(const Trainer *t) {
 
 // Rank 0 writes the global checkpoint tensor by tensor; every rank hands it the pieces it
 // holds (its experts, its shards of the moments) as each tensor comes (ckpt_shards.h).
-// MOETRON_TEST_STOP_IN_SAVE=1 (for tests/cli/test_reliability.sh): rank 0 stops itself
-// (SIGSTOP) as its first save begins, as a rank writing a very large checkpoint would keep
-// the others waiting; the test continues it.
-static void stop_for_test_in_first_save(void) {
+// MOETRON_TEST_SLOW_SAVE_S=N (for tests/cli/test_reliability.sh): rank 0's first save takes
+// N seconds longer, as writing a very large checkpoint would, while the others wait.
+static void slow_first_save_for_test(void) {
     static int done;
-    const char *v = getenv("MOETRON_TEST_STOP_IN_SAVE");
-    if (done || !v || strcmp(v, "1") || comm_world_rank() != 0) return;
+    const char *v = getenv("MOETRON_TEST_SLOW_SAVE_S");
+    if (done || !v || comm_world_rank() != 0) return;
     done = 1;
-    raise(SIGSTOP);
+    struct timespec pause = {.tv_sec = atoi(v)};
+    while (nanosleep(&pause, &pause) && errno == EINTR) continue;
 }
 
 // Every rank saves together (the ranks holding pieces send them to rank 0, which writes), so
@@ -326,7 +327,7 @@ static void stop_for_test_in_first_save(void) {
 static void save_checkpoint(Trainer *t) {
     watchdog_io_begin();
     double *before = rank_peak_memory();
-    stop_for_test_in_first_save();
+    slow_first_save_for_test();
     CkptShards shards;
     ckpt_shards_open(&shards, &t->model, &t->opt, &t->sync);
     CkptSource src = ckpt_shards_source(&shards);

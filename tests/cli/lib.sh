@@ -26,14 +26,10 @@ losses() { grep '"loss"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]*),"lm_l
 
 # wait_for FILE PATTERN PID: returns once FILE has a line matching PATTERN (status 0), or
 # once process PID has ended without it (status 1). Synchronises a test on what a program
-# writes, never on how long it takes; the bound (10 minutes) only keeps a broken run from
-# hanging the suite.
+# writes, never on how long it takes: tail follows the file as it grows (looking every 50 ms,
+# so a run is seen soon after it writes) and ends with PID; the bound (10 minutes) only keeps
+# a broken run from hanging the suite.
 wait_for() {
-    local file=$1 pattern=$2 pid=$3 i
-    for ((i = 0; i < 6000; i++)); do
-        grep -q -- "$pattern" "$file" 2>/dev/null && return 0
-        kill -0 "$pid" 2>/dev/null || { grep -q -- "$pattern" "$file" 2>/dev/null; return; }
-        sleep 0.1
-    done
-    return 1
+    local file=$1 pattern=$2 pid=$3
+    grep -q -m1 -- "$pattern" < <(timeout 600 tail --pid="$pid" -s 0.05 -n +1 -F "$file" 2>/dev/null)
 }

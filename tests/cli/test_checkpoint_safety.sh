@@ -82,7 +82,7 @@ fi
 "$M" train "${TINY[@]}" --train-iters 100000 --save "$work/busy" --log-jsonl "$work/busy.jsonl" \
     >"$work/busy.out" 2>&1 &
 holder=$!
-for _ in $(seq 600); do grep -q '"step":1,' "$work/busy.jsonl" 2>/dev/null && break; sleep 0.1; done
+wait_for "$work/busy.jsonl" '"step":1,' $holder
 expect_error second_run_refused "--save .*busy is in use by another moetron run (process $holder holds" -- \
     "$M" train "${TINY[@]}" --train-iters 2 --save "$work/busy"
 kill -9 $holder

@@ -65,12 +65,10 @@ expect_all_ranks_end() {
     local name=$1 pattern=$2 token=$3
     shift 4
     launch "$@" >"$work/$name.out" 2>&1
-    local rc=$? left i
-    # the ranks may still be exiting after mpirun returned: wait (bounded) until none is left
-    for ((i = 0; i < 300; i++)); do
-        left=$(pgrep -f "$token") || break
-        sleep 0.1
-    done
+    local rc=$? left
+    # the ranks may still be exiting after mpirun returned: wait for them to end (bounded)
+    timeout 30 pidwait -f "$token"
+    left=$(pgrep -f "$token")
     if [ -n "$left" ]; then
         fail "$name" "processes still running after mpirun returned: $left"
         kill $left 2>/dev/null
