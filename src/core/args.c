@@ -105,6 +105,7 @@ static const FlagSpec FLAGS[] = {
     F("eval-iters", FLAG_INT, eval_iters, TR, 0, "micro-batches per held-out evaluation"),
     // parallelism
     F("tensor-model-parallel-size", FLAG_INT, tensor_model_parallel_size, TR, 0, "processes a dense layer's tensors are split over (TP)"),
+    F("sequence-parallel", FLAG_BOOL, sequence_parallel, TR, 0, "with TP: norms, residuals and the router work on 1/TP of the tokens (all-gather before, reduce-scatter after each tensor-parallel block); needed for MoE layers with TP"),
     F("context-parallel-size", FLAG_INT, context_parallel_size, TR, 0, "processes a sequence is split over (CP)"),
     F("pipeline-model-parallel-size", FLAG_INT, pipeline_model_parallel_size, TR, 0, "pipeline stages the layers are split over (PP)"),
     F("expert-model-parallel-size", FLAG_INT, expert_model_parallel_size, TR, 0, "processes the experts of a layer are distributed over (EP)"),

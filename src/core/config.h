@@ -90,6 +90,7 @@ typedef struct {
     int eval_interval, eval_iters;
     // ---- parallelism (docs/parallelism.md): group sizes; dp and edp follow from the world size ----
     int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
+    int sequence_parallel;
     int expert_model_parallel_size, expert_tensor_parallel_size;
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)

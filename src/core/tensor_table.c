@@ -5,8 +5,15 @@
 
 void tt_init(TensorTable *tt) { memset(tt, 0, sizeof(*tt)); }
 
+TensorShard tensor_shard_none(void) { return (TensorShard){.group = SHARD_NONE, .axis = -1, .parts = 1}; }
+
 TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shape,
                 unsigned flags, InitKind init, double init_std, int layer, int expert) {
+    return tt_add_shard(tt, name, ndim, shape, tensor_shard_none(), flags, init, init_std, layer, expert);
+}
+
+TensorId tt_add_shard(TensorTable *tt, const char *name, int ndim, const int64_t *shape, TensorShard shard,
+                      unsigned flags, InitKind init, double init_std, int layer, int expert) {
     MT_ASSERT(ndim >= 1 && ndim <= MT_MAX_DIMS && strlen(name) < MT_NAME_MAX);
     MT_ASSERT(tt->params == NULL);  // all tensors are described before allocation
     if (tt->count == tt->capacity) {
@@ -17,13 +24,15 @@ TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shap
     memset(d, 0, sizeof(*d));
     strcpy(d->name, name);
     d->ndim = ndim;
+    MT_ASSERT(shard.parts >= 1 && shard.index >= 0 && shard.index < shard.parts);
+    MT_ASSERT(shard.parts == 1 || (shard.axis >= 0 && shard.axis < ndim && shape[shard.axis] % shard.parts == 0));
+    d->shard = shard;
     d->numel = 1;
     for (int i = 0; i < ndim; i++) {
         d->shape[i] = shape[i];
-        d->numel = mt_size_product((int64_t)d->numel, (size_t)shape[i]);
+        d->local_shape[i] = i == shard.axis ? shape[i] / shard.parts : shape[i];
+        d->numel = mt_size_product((int64_t)d->numel, (size_t)d->local_shape[i]);
     }
-    d->shard_group = SHARD_NONE;
-    d->shard_axis = -1;
     d->flags = flags;
     d->global_index = tt->described++;
     d->layer = layer;

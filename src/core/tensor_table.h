@@ -27,15 +27,29 @@ typedef enum {
 
 typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } InitKind;
 
-// Which parallel group a parameter is split across (the axis is shard_axis).
-typedef enum { SHARD_NONE, SHARD_TP, SHARD_ETP, SHARD_EP } ShardGroup;
+// Which parallel group a parameter is split across.
+typedef enum { SHARD_NONE, SHARD_TP, SHARD_ETP } ShardGroup;
+
+// How a parameter is split: the global tensor is cut along `axis` into `parts` equal
+// pieces; the `size` ranks of the group hold them in order, each piece on size/parts
+// consecutive ranks (parts == size: one piece each; parts == 1: replicated). This rank
+// holds piece `index`. grad_partial: each holder of a piece computes only part of its
+// gradient (its own heads or tokens), so the holders' gradients are summed after backward;
+// otherwise every holder computes the whole gradient. Experts split over expert parallelism
+// are whole tensors held by one rank (TENSOR_EXPERT), not shards.
+typedef struct {
+    ShardGroup group;  // SHARD_NONE: the whole tensor, on every rank of its data-parallel group
+    int axis;          // -1 when parts == 1
+    int parts, index;
+    int grad_partial;
+} TensorShard;
 
 typedef struct {
     char name[MT_NAME_MAX];
     int ndim;
     int64_t shape[MT_MAX_DIMS];  // global shape
-    ShardGroup shard_group;
-    int shard_axis;              // -1 when replicated
+    TensorShard shard;           // the piece of it this rank holds
+    int64_t local_shape[MT_MAX_DIMS];  // the piece's shape (shape, divided along shard.axis)
     size_t offset;               // into the flat buffers (local elements), set by tt_allocate
     size_t numel;                // local elements
     unsigned flags;
@@ -64,6 +78,11 @@ void tt_init(TensorTable *tt);
 // Describe a tensor; returns its id. Buffers are allocated later by tt_allocate.
 TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shape,
                 unsigned flags, InitKind init, double init_std, int layer, int expert);
+// tt_add for a piece of a tensor (the shape is global: its axis must divide by parts).
+TensorId tt_add_shard(TensorTable *tt, const char *name, int ndim, const int64_t *shape, TensorShard shard,
+                      unsigned flags, InitKind init, double init_std, int layer, int expert);
+// The whole tensor on every rank.
+TensorShard tensor_shard_none(void);
 // A tensor of the model that another process holds (an expert of another expert-parallel
 // rank): counted for global_index, not stored here.
 void tt_skip(TensorTable *tt);

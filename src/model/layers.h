@@ -4,12 +4,7 @@
 #pragma once
 #include "model/model.h"
 
-// Per-token widths of attention: queries heads·head_dim, keys and values kv_heads·head_dim,
-// the attention output heads·head_dim; with Multi-Latent Attention values are
-// heads·v_head_dim and so is the output.
-typedef struct {
-    int q, k, v, out;
-} AttentionWidths;
+// Per-token widths of attention of the whole model (every head): model/layout.h.
 AttentionWidths attention_widths(const Config *c);
 
 // Multi-Latent Attention: q, k, v from ln1; backward from d_q, d_k, d_v to a->d_norm (+=).

@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "core/tensor_table.h"
 #include "hf/hf_family.h"
+#include "model/layout.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
 #include "moe/router.h"
@@ -60,6 +61,7 @@ typedef struct {
 typedef struct {
     Config cfg;
     HfFamily family;
+    LayoutPlan plan;                      // this rank's shapes (model/layout.h)
     ExpertParallel ep;
     const Comm *count_group;              // global_aux_loss counts are summed over it (NULL: here)
     char family_note[256];                // why the family is HF_MOETRON, else ""

@@ -1,0 +1,88 @@
+// layout.c — the layout plan of one rank (layout.h). The sizes were validated with the
+// flags (config_validate); here they are only divided.
+#include "model/layout.h"
+
+#include <string.h>
+
+// A piece of `total` items out of `parts`: the count per piece, and this piece's first item.
+static int piece(int total, int parts, int index, int *first) {
+    MT_ASSERT(parts >= 1 && total % parts == 0);
+    *first = total / parts * index;
+    return total / parts;
+}
+
+static void plan_attention(LayoutPlan *p, const Config *c) {
+    p->head_dim = c->head_dim;
+    p->v_head_dim = c->multi_latent_attention ? c->v_head_dim : c->head_dim;
+    p->heads = piece(c->num_attention_heads, p->tp_size, p->tp_rank, &p->heads_first);
+    // kv heads split over TP, or (fewer than TP) each held by TP/kv_heads consecutive ranks
+    p->kv_parts = MT_MIN(c->kv_heads, p->tp_size);
+    int kv_index = p->tp_rank * p->kv_parts / p->tp_size;
+    p->kv_heads = piece(c->kv_heads, p->kv_parts, kv_index, &p->kv_first);
+    p->width.q = p->heads * p->head_dim;
+    p->width.k = p->kv_heads * p->head_dim;
+    p->width.v = c->multi_latent_attention ? p->heads * p->v_head_dim : p->width.k;
+    p->width.out = c->multi_latent_attention ? p->width.v : p->width.q;
+    p->q_norm_width = c->qk_norm_whole ? p->width.q : p->head_dim;
+    p->k_norm_width = c->qk_norm_whole ? p->width.k : p->head_dim;
+}
+
+// The TP ranks that hold the same kv heads as this one: consecutive blocks of TP/kv_parts.
+// Every world rank calls comm_group once for its own block.
+static void make_kv_share(LayoutPlan *p) {
+    int replicas = p->tp_size / p->kv_parts;
+    if (replicas == 1) {
+        p->kv_share = comm_self("kv");
+        return;
+    }
+    // the world ranks of this rank's TP group, learnt by gathering them
+    int64_t mine = comm_world_rank(), *tp_ranks = mt_malloc((size_t)p->tp_size * sizeof(int64_t));
+    comm_allgather_int64(p->tp, &mine, tp_ranks, 1);
+    int first = p->tp_rank / replicas * replicas, *members = mt_malloc((size_t)replicas * sizeof(int));
+    for (int i = 0; i < replicas; i++) members[i] = (int)tp_ranks[first + i];
+    p->kv_share = comm_group("kv", members, replicas);
+    free(members);
+    free(tp_ranks);
+}
+
+void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
+    memset(p, 0, sizeof(*p));
+    static Comm self;
+    self = comm_self("tp");
+    p->tp = g && g->tp ? g->tp : &self;
+    p->tp_size = p->tp->size;
+    p->tp_rank = p->tp->rank;
+    p->sequence_parallel = c->sequence_parallel && p->tp_size > 1;
+    p->hidden = c->hidden_size;
+    p->layers = c->num_layers;
+    p->experts = c->num_experts;
+    p->topk = c->moe_router_topk;
+    plan_attention(p, c);
+    int unused;
+    p->ffn = piece(c->ffn_hidden_size, p->tp_size, p->tp_rank, &unused);
+    p->shared_ffn = piece(c->moe_shared_expert_intermediate_size, p->tp_size, p->tp_rank, &unused);
+    int etp = g && g->etp ? g->etp->size : 1, etp_rank = g && g->etp ? g->etp->rank : 0;
+    p->moe_ffn = piece(c->moe_ffn, etp, etp_rank, &unused);
+    p->padded_vocab = c->padded_vocab_size;
+    p->vocab = piece(c->padded_vocab_size, p->tp_size, p->tp_rank, &p->vocab_first);
+    make_kv_share(p);
+}
+
+void layout_plan_single(LayoutPlan *p, const Config *c) { layout_plan_init(p, c, NULL); }
+
+void layout_plan_free(LayoutPlan *p) {
+    if (p->kv_share.size > 1) comm_free(&p->kv_share);
+    memset(p, 0, sizeof(*p));
+}
+
+TensorShard plan_tp_shard(const LayoutPlan *p, int axis, int parts) {
+    if (p->tp_size == 1) return tensor_shard_none();
+    // parts below TP: replicated pieces, each holder computing the gradient of its own heads
+    return (TensorShard){.group = SHARD_TP, .axis = parts > 1 ? axis : -1, .parts = parts,
+                         .index = p->tp_rank * parts / p->tp_size, .grad_partial = parts < p->tp_size};
+}
+
+TensorShard plan_tp_replicated(const LayoutPlan *p, int grad_partial) {
+    if (p->tp_size == 1) return tensor_shard_none();
+    return (TensorShard){.group = SHARD_TP, .axis = -1, .parts = 1, .grad_partial = grad_partial};
+}

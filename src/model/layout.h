@@ -1,0 +1,77 @@
+// layout.h — the layout plan of one rank: every shape the model code uses, computed once
+// from the Config and the process groups (docs/architecture.md, "The layout plan").
+//
+// Below train/, shapes come from here, never from the Config: with tensor parallelism
+// (TP) a rank holds heads/TP query heads, ffn/TP of the dense FFN, vocab/TP rows of the
+// embedding and LM head; with expert tensor parallelism (ETP) I/ETP of each expert's FFN;
+// with sequence parallelism (SP) the norms, residuals and router work on N/TP tokens.
+//
+//   column-parallel (q, k, v, gate, up, q_b, kv_b, lm_head):  W [out/TP, in] on each rank
+//   row-parallel (o_proj, down):                             W [out, in/TP], outputs summed
+//   vocab-parallel (embedding, lm_head):                     rows [vocab_first, +vocab)
+//
+// Key/value heads fewer than TP are replicated: each kv head is held by TP/kv_heads
+// consecutive ranks (the kv_share group), whose gradients of it are summed.
+#pragma once
+#include "core/config.h"
+#include "core/tensor_table.h"
+#include "parallel/comm.h"
+
+// Per-token widths of attention on this rank: queries heads·head_dim, keys and values
+// kv_heads·head_dim, the attention output heads·head_dim; with Multi-Latent Attention
+// values are heads·v_head_dim and so is the output. (Local heads.)
+typedef struct {
+    int q, k, v, out;
+} AttentionWidths;
+
+// The process groups the model computes over (any may be a group of one).
+typedef struct {
+    const Comm *tp;     // dense tensor parallel
+    const Comm *ep;     // expert parallel
+    const Comm *etp;    // expert tensor parallel
+    const Comm *count;  // data-parallel ranks of one step (global aux counts, expert bias)
+} ModelGroups;
+
+typedef struct {
+    // groups
+    const Comm *tp;        // size 1 without tensor parallelism
+    Comm kv_share;         // the TP ranks holding this rank's kv heads (size 1 unless replicated)
+    int tp_size, tp_rank;
+    int sequence_parallel; // --sequence-parallel with TP > 1
+    // model dimensions, global
+    int hidden, layers, experts, topk;
+    // attention of this rank
+    int heads, heads_first;    // query heads and the first one's global index
+    int kv_heads, kv_first;    // kv heads held (1 when replicated) and the first global one
+    int kv_parts;              // pieces k/v projections are cut into (kv heads, or TP when more)
+    int head_dim, v_head_dim;
+    AttentionWidths width;     // local widths
+    int q_norm_width, k_norm_width;  // QK-norm weights held: per head d, or the local projection
+    // feed-forward widths of this rank
+    int ffn;         // dense SwiGLU: ffn_hidden_size / TP
+    int shared_ffn;  // shared expert: moe_shared_expert_intermediate_size / TP
+    int moe_ffn;     // each routed expert: moe_ffn_hidden_size / ETP
+    // vocabulary
+    int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
+    int padded_vocab;        // all rows
+} LayoutPlan;
+
+// The plan of this rank; dies with one line naming the flags when the sizes do not divide.
+// Collective over the world when TP > 1 (the kv_share group is made here).
+void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g);
+void layout_plan_free(LayoutPlan *p);
+// The plan of a model on one process (every width global).
+void layout_plan_single(LayoutPlan *p, const Config *c);
+
+// Tokens of a micro-batch of N on this rank outside the tensor-parallel matmuls: N/TP with
+// sequence parallelism, else N.
+static inline int plan_local_tokens(const LayoutPlan *p, int N) {
+    return p->sequence_parallel ? N / p->tp_size : N;
+}
+
+// Shards of the tensors: cut along `axis` over TP, into `parts` pieces (kv heads), with
+// partial gradients (tokens or heads split) or whole ones.
+TensorShard plan_tp_shard(const LayoutPlan *p, int axis, int parts);
+// A tensor every TP rank holds whole; grad_partial when each rank sees part of the tokens
+// or heads that make its gradient.
+TensorShard plan_tp_replicated(const LayoutPlan *p, int grad_partial);
