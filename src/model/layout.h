@@ -37,6 +37,7 @@ typedef struct {
     const Comm *tp;        // size 1 without tensor parallelism
     Comm kv_share;         // the TP ranks holding this rank's kv heads (size 1 unless replicated)
     int tp_size, tp_rank;
+    int etp_size, etp_rank;  // expert tensor parallel
     int sequence_parallel; // --sequence-parallel with TP > 1
     // model dimensions, global
     int hidden, layers, experts, topk;
@@ -72,6 +73,8 @@ static inline int plan_local_tokens(const LayoutPlan *p, int N) {
 // Shards of the tensors: cut along `axis` over TP, into `parts` pieces (kv heads), with
 // partial gradients (tokens or heads split) or whole ones.
 TensorShard plan_tp_shard(const LayoutPlan *p, int axis, int parts);
+// A piece of a routed expert's matrix cut along `axis` over ETP.
+TensorShard plan_etp_shard(const LayoutPlan *p, int axis);
 // A tensor every TP rank holds whole; grad_partial when each rank sees part of the tokens
 // or heads that make its gradient.
 TensorShard plan_tp_replicated(const LayoutPlan *p, int grad_partial);

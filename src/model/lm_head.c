@@ -2,6 +2,16 @@
 
 #include "ops/ops.h"
 
+void embedding_model_forward(const Model *m, ModelActs *a, const int32_t *tokens) {
+    MT_ASSERT(m->plan.tp_size == 1);
+    embedding_forward(a->layers[0].x_in, tokens, tt_param(&m->tt, m->embed), a->N, m->plan.hidden);
+}
+
+void embedding_model_backward(Model *m, ModelActs *a, const int32_t *tokens) {
+    MT_ASSERT(m->plan.tp_size == 1);
+    embedding_backward(tt_grad(&m->tt, m->embed), a->d_resid, tokens, a->N, m->plan.hidden);
+}
+
 void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     const Config *c = &m->cfg;
     int N = a->N, H = c->hidden_size, V = c->padded_vocab_size;

@@ -221,8 +221,9 @@ static void trainer_setup(Trainer *t, Config *c) {
         c->log_jsonl[0] = 0;
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
-    model_describe(&t->model, c, &t->groups.comm[PG_EP]);
-    t->model.count_group = &t->groups.comm[PG_DP_CP];
+    const Comm *pg = t->groups.comm;
+    ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .count = &pg[PG_DP_CP]};
+    model_describe(&t->model, c, &groups);
     grad_sync_init(&t->sync, &t->groups.comm[PG_DP_CP], &t->groups.comm[PG_EDP], &t->groups.comm[PG_EP], &t->model.tt,
                    c->use_distributed_optimizer, c->num_layers + 2);
     FlatRange shards[REGIONS];
