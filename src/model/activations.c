@@ -192,6 +192,7 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
     a->input_ids = arena_ints(&a->arena, 4 * (size_t)N);
     a->input_loss_mask = arena_reals(&a->arena, N);
     alloc_backward_scratch(a, m);
+    if (p->tp_size > 1) vocab_scratch_alloc(&a->vocab_scratch, N, H);
 }
 
 // Copies `count` items of src (when given) into dst and returns dst, or NULL without src.
@@ -215,5 +216,6 @@ const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
 
 void acts_free(ModelActs *a) {
     for (int l = 0; l < a->num_layers; l++) ep_layer_free(&a->layers[l].moe);
+    if (a->vocab_scratch.rows) vocab_scratch_free(&a->vocab_scratch);
     arena_free(&a->arena);
 }

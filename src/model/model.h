@@ -12,6 +12,7 @@
 #include "core/tensor_table.h"
 #include "hf/hf_family.h"
 #include "model/layout.h"
+#include "model/vocab_parallel.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
 #include "moe/router.h"
@@ -170,6 +171,7 @@ typedef struct {
     real *token_lse;        // (N) logsumexp of each token's logits (for backward)
     real *loss_weight;      // (N) d(loss)/d(token_loss) of this micro-batch
     // backward scratch, shared by all layers
+    VocabScratch vocab_scratch;  // the vocab-parallel embedding's (tensor parallelism only)
     real *d_token_loss;     // (N)
     real *d_resid, *d_norm;  // (N_local,H)
     real *d_out_full;        // (N,H) d_resid of every token entering a row-parallel backward (or d_resid)
@@ -236,6 +238,12 @@ typedef struct {
     int64_t begin, end;
 } ElemRange;
 void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts);
+
+// Tensor parallelism: sum over their holders the gradients each TP rank computes only part
+// of (TensorShard.grad_partial) in one part, or in all (model/tp_grads.c). Before the
+// data-parallel sums.
+void model_sum_partial_grads(Model *m, int part);
+void model_sum_all_partial_grads(Model *m);
 
 // Start a new global batch: apply the expert-bias update from the counts of the one
 // that ended (when enabled and apply_bias_update: not for a skipped step) and clear the

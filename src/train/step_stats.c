@@ -77,9 +77,13 @@ void step_losses_allreduce(StepLosses *s, const Comm *dp) {
     free(buf);
 }
 
+// The expert-bias counts of a step: each rank counted its own tokens (a part of the
+// micro-batch with sequence parallelism, its micro-batches over dp).
 void router_state_allreduce(Model *m, const Comm *dp) {
-    if (dp->size == 1) return;
-    for (int l = 0; l < m->cfg.num_layers; l++)
-        if (m->layers[l].is_moe && m->cfg.moe_router_enable_expert_bias)
-            comm_allreduce_sum_double(dp, m->router_state[l].bias_counts, m->cfg.num_experts);
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (!m->layers[l].is_moe || !m->cfg.moe_router_enable_expert_bias) continue;
+        double *counts = m->router_state[l].bias_counts;
+        if (m->plan.sequence_parallel) comm_allreduce_sum_double(m->plan.tp, counts, m->cfg.num_experts);
+        comm_allreduce_sum_double(dp, counts, m->cfg.num_experts);
+    }
 }
