@@ -86,7 +86,9 @@ static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerAc
     vec_add(la->ffn_out, ma->shared_out, (size_t)N_local * H);
 }
 
-static int ep_allgather(const Model *m) { return m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER; }
+static int ep_allgather(const Model *m) {
+    return m->ep.gather_always || (m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER);
+}
 
 // x (N,H) -> out (N,H): the routed experts' outputs combined per token, on this rank or
 // across the expert-parallel group.

@@ -6,8 +6,8 @@
 # q_lora_rank, TP=2 with OLMoE's whole-projection QK-norm and clip_qkv, untied and tied
 # embeddings, a vocabulary of 257 on TP=2 (padded to 258), MoE layers with SP: TP=2,
 # TP=2 x EP=2, TP=2 x DP=2 with the distributed optimizer, shared experts with their gate,
-# capacity with drops, every balance-loss type with z-loss and expert bias, 8 ranks of
-# TP=2 x EP=4; bad tensor-parallel sizes are refused with one line naming the flags.
+# capacity with drops, every balance-loss type with z-loss and expert bias, ETP=2 x EP=2
+# (with and without TP), ETP with the distributed optimizer, 8 ranks of TP=2 x EP=4; bad tensor-parallel sizes are refused with one line naming the flags.
 # Skipped without an MPI build (a failure under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -54,6 +54,13 @@ full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${S
     --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
 full tp2_dp2_global_aux run_case tp2_dp2_global_aux 4 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 0.01
+# expert tensor parallelism: each expert's FFN split over ETP (gate/up column, down row)
+run_case etp2_ep2 4 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- "${MOE[@]}" \
+    --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
+full etp2_distributed_optimizer run_case etp2_distributed_optimizer 2 --expert-tensor-parallel-size 2 \
+    --use-distributed-optimizer -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64
+run_case tp2_etp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- \
+    "${MOE[@]}" --moe-aux-loss-coeff 0.01
 full tp2_ep4_8_ranks run_case tp2_ep4_8_ranks 8 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 4 -- \
     "${MOE[@]}" --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.01
 
