@@ -59,7 +59,7 @@ static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     RouterState *rs = &m->router_state[layer];
     for (int e = 0; e < m->plan.experts; e++) {
         rs->global_counts_sum[e] += ma->route.group_counts[e];
-        rs->bias_counts[e] += ma->route.tokens_per_expert[e];
+        rs->bias_counts[e] += ma->route.group_tokens_per_expert[e];  // the token group's (all of them here)
     }
     rs->global_micro_batches += ma->route.group_batches;
 }
@@ -146,7 +146,9 @@ void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
                             .expert_bias = lp->expert_bias >= 0 ? tt_param(&m->tt, lp->expert_bias) : NULL,
                             .global_counts_before = batch->training ? rs->global_counts_sum : NULL,
                             .global_batches_before = batch->training ? rs->global_micro_batches : 0,
-                            .count_group = batch->training ? m->count_group : NULL};
+                            .count_group = batch->training ? m->count_group : NULL,
+                            .token_group = m->plan.sequence_parallel ? m->plan.tp : NULL,
+                            .token_first = first_local_token(m, N_local)};
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training) record_routing(m, layer, ma);
     ma->plan.N = N_local;
