@@ -179,7 +179,7 @@ $(BUILD)/test_comm_mpi: tests/mpi/test_comm_mpi.c $(LIB_OBJ)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 # Checkpoints of tensor-parallel layouts, run under mpirun by tests/cli/test_mpi_tp_checkpoint.sh.
-$(BUILD)/test_ckpt_tp_mpi: tests/mpi/test_ckpt_tp_mpi.c tests/unit/tiny_models.h $(LIB_OBJ)
+$(BUILD)/test_ckpt_tp_mpi: tests/mpi/test_ckpt_tp_mpi.c tests/unit/tiny_models.h tests/unit/tp_tables.h $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 

@@ -23,6 +23,7 @@
 #include "parallel/groups.h"
 #include "train/ckpt_shards.h"
 #include "../unit/tiny_models.h"
+#include "../unit/tp_tables.h"
 
 static Comm world;
 static const char *check_name;
@@ -54,35 +55,6 @@ static int end(void) {
     return failures == 0;
 }
 
-// ---- the values -------------------------------------------------------------------------------
-
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
-enum { VALUE_RANGE = 1 << 20, VALUE_SCALE = 1 << 10 };  // multiples of 2^-10: exact in float
-
-// Element e of global tensor g in buffer b (CKPT_PARAMS, CKPT_EXP_AVG, CKPT_EXP_AVG_SQ).
-static real expected(int g, int64_t e, int buffer) {
-    uint64_t h = mix(((uint64_t)buffer << 56) ^ ((uint64_t)g << 36) ^ (uint64_t)e);
-    double v = ((double)(h % VALUE_RANGE) - VALUE_RANGE / 2) / VALUE_SCALE;
-    return (real)(buffer == CKPT_EXP_AVG_SQ ? v * v : v);
-}
-
-// The global element of element j of d's piece (written out for 1-D and 2-D tensors,
-// independently of the code under test).
-static int64_t global_element(const TensorDesc *d, int64_t j) {
-    if (d->shard.parts == 1) return j;
-    if (d->shard.axis == 0) return d->shard.index * (int64_t)d->numel + j;
-    MT_ASSERT(d->ndim == 2 && d->shard.axis == 1);
-    int64_t cols = d->local_shape[1], row = j / cols, col = j % cols;
-    return row * d->shape[1] + d->shard.index * cols + col;
-}
-
 // ---- one layout ---------------------------------------------------------------------------------
 
 typedef struct {
@@ -98,46 +70,6 @@ typedef struct {
     Optimizer opt;
 } Run;
 
-static int contains(const char *s, const char *part) { return strstr(s, part) != NULL; }
-
-// A tensor cut along axis into parts pieces over a group of `size` ranks (this one `rank`).
-static TensorShard cut(ShardGroup group, int axis, int parts, int rank, int size) {
-    if (size == 1) return tensor_shard_none();
-    return (TensorShard){.group = group, .axis = parts > 1 ? axis : -1, .parts = parts,
-                         .index = rank * parts / size};
-}
-
-// How a tensor-parallel model cuts each tensor (model/layout.h): column-parallel rows,
-// row-parallel columns, vocabulary rows, kv heads fewer than TP replicated, experts over ETP.
-static TensorShard shard_for(const Run *r, const TensorDesc *d) {
-    int tp = r->pg.comm[PG_TP].size, tp_rank = r->pg.comm[PG_TP].rank;
-    if (d->flags & TENSOR_EXPERT)
-        return cut(SHARD_ETP, contains(d->name, "down_proj") ? 1 : 0, r->pg.comm[PG_ETP].size, r->pg.comm[PG_ETP].rank,
-                   r->pg.comm[PG_ETP].size);
-    if (contains(d->name, "k_proj") || contains(d->name, "v_proj"))
-        return cut(SHARD_TP, 0, MT_MIN(r->cfg.kv_heads, tp), tp_rank, tp);
-    if (contains(d->name, "o_proj") || contains(d->name, "down_proj")) return cut(SHARD_TP, 1, tp, tp_rank, tp);
-    if (d->ndim == 2 && (d->flags & TENSOR_DECAY) && !(d->flags & TENSOR_ROUTER))
-        return cut(SHARD_TP, 0, tp, tp_rank, tp);  // embedding, q, gate, up, lm_head
-    return cut(SHARD_TP, -1, 1, tp_rank, tp);      // norms, router: every TP rank holds them whole
-}
-
-// The model's table again with this rank's shards (same tensors, order and global indices).
-static void shard_table(Run *r) {
-    TensorTable tt;
-    tt_init(&tt);
-    for (int i = 0; i < r->m.tt.count; i++) {
-        const TensorDesc *d = &r->m.tt.descs[i];
-        while (tt.described < d->global_index) tt_skip(&tt);
-        tt_add_shard(&tt, d->name, d->ndim, d->shape, shard_for(r, d), d->flags, d->init, d->init_std, d->layer,
-                     d->expert);
-    }
-    while (tt.described < r->m.tt.described) tt_skip(&tt);
-    tt_free(&r->m.tt);
-    r->m.tt = tt;
-    tt_allocate(&r->m.tt);
-}
-
 static void run_open(Run *r, const Config *base, const Layout *l) {
     memset(r, 0, sizeof(*r));
     r->cfg = *base;
@@ -147,7 +79,9 @@ static void run_open(Run *r, const Config *base, const Layout *l) {
     r->cfg.use_distributed_optimizer = l->distributed;
     parallel_groups_init(&r->pg, &r->cfg);
     model_describe(&r->m, &r->cfg, &r->pg.comm[PG_EP]);
-    shard_table(r);
+    const Comm *tp = &r->pg.comm[PG_TP], *etp = &r->pg.comm[PG_ETP];
+    TpCoords coords = {tp->size, tp->rank, etp->size, etp->rank};
+    tp_shard_table(&r->m.tt, &r->cfg, &coords);
     grad_sync_init(&r->sync, &r->pg.comm[PG_DP_CP], &r->pg.comm[PG_EDP], &r->pg.comm[PG_EP], &r->m.tt,
                    l->distributed, 1);
     FlatRange ranges[REGIONS];
@@ -162,22 +96,22 @@ static void run_close(Run *r) {
     parallel_groups_free(&r->pg);
 }
 
-// Fill (fill = 1) or check every parameter and moment this rank holds against expected().
+// Fill (fill = 1) or check every parameter and moment this rank holds against tp_value().
 static void visit(const Model *m, Optimizer *opt, int fill) {
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         for (int64_t j = 0; j < (int64_t)d->numel; j++) {
-            int64_t e = global_element(d, j), flat = (int64_t)d->offset + j;
+            int64_t e = tp_global_element(d, j), flat = (int64_t)d->offset + j;
             real *p = &m->tt.params[flat];
-            if (fill) *p = expected(d->global_index, e, CKPT_PARAMS);
-            expect(*p == expected(d->global_index, e, CKPT_PARAMS), "%s element %lld: parameter %.9g, expected %.9g",
-                   d->name, (long long)e, (double)*p, (double)expected(d->global_index, e, CKPT_PARAMS));
+            if (fill) *p = tp_value(d->global_index, e, CKPT_PARAMS);
+            expect(*p == tp_value(d->global_index, e, CKPT_PARAMS), "%s element %lld: parameter %.9g, expected %.9g",
+                   d->name, (long long)e, (double)*p, (double)tp_value(d->global_index, e, CKPT_PARAMS));
             for (int r = 0; r < opt->n_ranges; r++) {
                 if (flat < opt->ranges[r].begin || flat >= opt->ranges[r].end) continue;
                 size_t at = optimizer_moment_base(opt, r) + (size_t)(flat - opt->ranges[r].begin);
                 real *moment[2] = {&opt->exp_avg[at], &opt->exp_avg_sq[at]};
                 for (int k = 0; k < 2; k++) {
-                    real want = expected(d->global_index, e, CKPT_EXP_AVG + k);
+                    real want = tp_value(d->global_index, e, CKPT_EXP_AVG + k);
                     if (fill) *moment[k] = want;
                     expect(*moment[k] == want, "%s element %lld: moment %d %.9g, expected %.9g", d->name,
                            (long long)e, k, (double)*moment[k], (double)want);
