@@ -52,8 +52,13 @@ run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert
 full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 1e-3 \
     --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
-full tp2_dp2_global_aux run_case tp2_dp2_global_aux 4 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
+run_case tp2_global_aux 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 0.01
+# global_aux_loss counts a micro-batch step over the data-parallel ranks: TP=2 x DP=2 with one
+# micro-batch of 2 per rank is one process with one micro-batch of 4 (as in test_mpi_dp.sh)
+full tp2_dp2_global_aux run_case tp2_dp2_global_aux 4 "${TP2[@]}" "${SP[@]}" --micro-batch-size 2 -- "${MOE[@]}" \
+    --global-batch-size 4 --micro-batch-size 4 --moe-router-load-balancing-type global_aux_loss \
+    --moe-aux-loss-coeff 0.01
 # expert tensor parallelism: each expert's FFN split over ETP (gate/up column, down row)
 run_case etp2_ep2 4 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- "${MOE[@]}" \
     --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
