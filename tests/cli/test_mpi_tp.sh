@@ -3,7 +3,8 @@
 # 10 steps of each layout reproduce the losses (lm and aux) and gradient norms of one
 # process within 1e-5 relative: a dense model with TP=2 with and without
 # --sequence-parallel, TP=4 with 2 kv groups (replicated kv heads), TP=2 with MLA and
-# q_lora_rank, TP=2 with OLMoE's whole-projection QK-norm and clip_qkv, untied and tied
+# q_lora_rank, TP=2 with OLMoE's whole-projection QK-norm and clip_qkv (TP=4 with 2 kv
+# groups: the key norm's statistics over replicated heads), untied and tied
 # embeddings, a vocabulary of 257 on TP=2 (padded to 258), MoE layers with SP: TP=2,
 # TP=2 x EP=2, TP=2 x DP=2 with the distributed optimizer, shared experts with their gate,
 # capacity with drops, every balance-loss type with z-loss and expert bias, ETP=2 x EP=2
@@ -34,6 +35,8 @@ run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
 run_case tp2_dense_sequence_parallel 2 "${TP2[@]}" "${SP[@]}" -- --num-experts 0 --untie-embeddings-and-output-weights
 full tp4_two_kv_groups run_case tp4_two_kv_groups 4 "${TP4[@]}" "${SP[@]}" -- --num-experts 0 \
     --group-query-attention --num-query-groups 2
+run_case tp4_kv2_qk_norm_projection 4 "${TP4[@]}" -- --num-experts 0 --group-query-attention \
+    --num-query-groups 2 --qk-layernorm --qk-layernorm-scope projection
 run_case tp2_mla_q_lora 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --multi-latent-attention --q-lora-rank 32 \
     --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
 run_case tp2_olmoe_qk_norm_clip 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --qk-layernorm \
@@ -54,11 +57,20 @@ full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${S
     --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
 run_case tp2_global_aux 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 0.01
-# global_aux_loss counts a micro-batch step over the data-parallel ranks: TP=2 x DP=2 with one
-# micro-batch of 2 per rank is one process with one micro-batch of 4 (as in test_mpi_dp.sh)
-full tp2_dp2_global_aux run_case tp2_dp2_global_aux 4 "${TP2[@]}" "${SP[@]}" --micro-batch-size 2 -- "${MOE[@]}" \
-    --global-batch-size 4 --micro-batch-size 4 --moe-router-load-balancing-type global_aux_loss \
-    --moe-aux-loss-coeff 0.01
+# global_aux_loss counts a micro-batch step over the data-parallel ranks (test_mpi_dp.sh: DP=2
+# is one process with the step's micro-batches in one): TP=2 x DP=2 gives DP=2
+tp_dp_global_aux() {
+    local flags=("${SMALL[@]}" "${MOE[@]}" --moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 0.01)
+    timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${flags[@]}" --log-jsonl "$work/ga_dp2.jsonl" >"$work/ga_dp2.log" 2>&1 ||
+        { fail tp2_dp2_global_aux "DP=2: $(tail -2 "$work/ga_dp2.log" | tr '\n' ' ')"; return; }
+    timeout 600 "${MPIRUN[@]}" -np 4 "$M" train "${flags[@]}" "${TP2[@]}" "${SP[@]}" --log-jsonl "$work/ga_tp2.jsonl" \
+        >"$work/ga_tp2.log" 2>&1 || { fail tp2_dp2_global_aux "TP=2 x DP=2: $(tail -2 "$work/ga_tp2.log" | tr '\n' ' ')"; return; }
+    curve "$work/ga_dp2.jsonl" >"$work/ga_dp2.a"
+    curve "$work/ga_tp2.jsonl" >"$work/ga_tp2.a"
+    compare tp2_dp2_global_aux "$work/ga_dp2.a" "$work/ga_tp2.a"
+}
+full tp2_dp2_global_aux tp_dp_global_aux
+
 # expert tensor parallelism: each expert's FFN split over ETP (gate/up column, down row)
 run_case etp2_ep2 4 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- "${MOE[@]}" \
     --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
