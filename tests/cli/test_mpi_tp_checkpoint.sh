@@ -2,7 +2,7 @@
 # test_mpi_tp_checkpoint.sh — checkpoints of tensor-parallel (TP, ETP) runs stay global and
 # Hugging Face-named, so any TP/ETP/EP/DP layout resumes any other: BUILD/test_ckpt_tp_mpi
 # under mpirun -np 4 and -np 2 walks a chain of layouts (one process -> TP=2 x ETP=2 x EP=2
-# -> TP=4 x EP=2 -> EP=4 x DP=4 -> TP=2 x ETP=2 x EDP=2 -> one process, and on 2 ranks TP=2,
+# -> TP=4 x EP=2 -> EP=4 (dense DP=4) -> TP=2 x ETP=2 x EDP=2 -> one process, and on 2 ranks TP=2,
 # TP=2 x ETP=2, EP=2), each loading the last one's checkpoint and checking every parameter
 # and moment it holds bit for bit, each save byte for byte the one-process files.
 # Skipped without an MPI build (a failure under CI).
