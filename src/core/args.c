@@ -562,7 +562,9 @@ static void validate_shape(Config *c) {
                c->num_attention_heads);
     if (!c->ffn_hidden_size) c->ffn_hidden_size = 4 * c->hidden_size;
     require_dimension("ffn-hidden-size", c->ffn_hidden_size);
-    int m = c->make_vocab_size_divisible_by;
+    // padded to a multiple of --make-vocab-size-divisible-by x TP, so that each
+    // tensor-parallel rank holds the same number of rows (as Megatron-LM)
+    int m = c->make_vocab_size_divisible_by * MT_MAX(c->tensor_model_parallel_size, 1);
     c->padded_vocab_size = (c->vocab_size + m - 1) / m * m;
     c->max_positions = c->max_position_embeddings ? c->max_position_embeddings : c->seq_length;
     if (c->seq_length > c->max_positions)
@@ -803,6 +805,32 @@ static void validate_training(Config *c) {
     validate_batch_sizes(c);
 }
 
+static void require_divides(const char *flag, int size, const char *what_flag, int what) {
+    if (what % size)
+        config_die("--%s %d does not divide --%s %d; choose a size that divides it", flag, size, what_flag, what);
+}
+
+// Tensor, sequence and expert-tensor parallelism (docs/parallelism.md): the sizes must
+// split heads, FFN widths and tokens evenly.
+static void validate_tensor_parallel(const Config *c) {
+    int tp = c->tensor_model_parallel_size, etp = c->expert_tensor_parallel_size;
+    const char *tp_flag = "tensor-model-parallel-size";
+    if (tp > 1) {
+        require_divides(tp_flag, tp, "num-attention-heads", c->num_attention_heads);
+        if (c->kv_heads % tp && tp % c->kv_heads)
+            config_die("--%s %d and the %d key/value heads (--num-query-groups): one must divide the other (kv "
+                       "heads fewer than TP are replicated)", tp_flag, tp, c->kv_heads);
+        if (c->num_layers > 0 && c->ffn_hidden_size) require_divides(tp_flag, tp, "ffn-hidden-size", c->ffn_hidden_size);
+        if (c->moe_shared_expert_intermediate_size)
+            require_divides(tp_flag, tp, "moe-shared-expert-intermediate-size", c->moe_shared_expert_intermediate_size);
+        if (c->num_experts && !c->sequence_parallel)
+            config_die("--%s %d with MoE layers needs --sequence-parallel (tokens enter the experts split over the "
+                       "tensor-parallel ranks, as in Megatron-Core)", tp_flag, tp);
+        if (c->sequence_parallel) require_divides(tp_flag, tp, "seq-length", c->seq_length);
+    }
+    if (etp > 1 && c->num_experts) require_divides("expert-tensor-parallel-size", etp, "moe-ffn-hidden-size", c->moe_ffn);
+}
+
 void config_validate(Config *c) {
     naming = c;
     validate_fixed_switches(c);
@@ -812,6 +840,7 @@ void config_validate(Config *c) {
     validate_checkpoint_format(c);
     validate_parallel(c);
     validate_training(c);
+    validate_tensor_parallel(c);
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");
     if (c->top_k < 0) config_die("--top-k must be >= 0");

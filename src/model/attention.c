@@ -5,8 +5,10 @@
 #include <string.h>
 
 #include "model/layers.h"
+#include "model/sharded_norm.h"
 #include "ops/ops.h"
 
+// The widths of the whole model (every head).
 AttentionWidths attention_widths(const Config *c) {
     AttentionWidths w = {.q = c->num_attention_heads * c->head_dim, .k = c->kv_heads * c->head_dim};
     w.v = c->multi_latent_attention ? c->num_attention_heads * c->v_head_dim : w.k;
@@ -14,12 +16,12 @@ AttentionWidths attention_widths(const Config *c) {
     return w;
 }
 
-static AttentionShape attention_shape(const Config *c, int B, int T, int Tk, int pos0, int kv_row_stride,
+// This rank's heads (model/layout.h).
+static AttentionShape attention_shape(const LayoutPlan *p, int B, int T, int Tk, int pos0, int kv_row_stride,
                                       const int32_t *key_start) {
-    AttentionShape s = {.B = B, .Tq = T, .Tk = Tk, .q_pos0 = pos0, .heads = c->num_attention_heads, .key_start = key_start,
-                        .kv_heads = c->kv_heads, .head_dim = c->head_dim,
-                        .v_head_dim = c->multi_latent_attention ? c->v_head_dim : c->head_dim,
-                        .kv_row_stride = kv_row_stride, .scale = (real)(1.0 / sqrt((double)c->head_dim))};
+    AttentionShape s = {.B = B, .Tq = T, .Tk = Tk, .q_pos0 = pos0, .heads = p->heads, .key_start = key_start,
+                        .kv_heads = p->kv_heads, .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
+                        .kv_row_stride = kv_row_stride, .scale = (real)(1.0 / sqrt((double)p->head_dim))};
     return s;
 }
 
@@ -33,7 +35,7 @@ static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int
 }
 
 void attention_core_forward(const Model *m, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
-    const Config *c = &m->cfg;
+    const LayoutPlan *c = &m->plan;
     int B = tokens->B, T = tokens->T, pos0 = tokens->pos0;
     if (kv) {
         kv_cache_store(kv, la->k, la->v, T, pos0);
@@ -46,8 +48,8 @@ void attention_core_forward(const Model *m, LayerActs *la, const TokenLayout *to
 }
 
 void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a) {
-    const Config *c = &m->cfg;
-    AttentionWidths w = attention_widths(c);
+    const LayoutPlan *c = &m->plan;
+    AttentionWidths w = c->width;
     vec_zero(a->d_q, (size_t)a->N * w.q);
     vec_zero(a->d_k, (size_t)a->N * w.k);
     vec_zero(a->d_v, (size_t)a->N * w.v);
@@ -58,32 +60,48 @@ void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a) {
 // ---- standard attention: q, k, v projections, QK-norm, clip, RoPE --------------------------
 
 // QK-norm of `heads` heads of width d per token: one RMSNorm per head, or over the whole
-// projection (--qk-layernorm-scope projection).
-static void qk_norm_forward(const Config *c, real *y, real *rstd, const real *x, const real *w, int N, int heads) {
-    int d = c->head_dim;
-    if (c->qk_norm_whole) rmsnorm_forward(y, rstd, x, w, N, heads * d, (real)c->norm_epsilon);
+// projection (--qk-layernorm-scope projection; its statistics span every TP rank's heads,
+// qk_norm_projection.c).
+static void qk_norm_forward(const Model *m, real *y, real *rstd, const real *x, const real *w, int N, int heads,
+                            const NormShards *shards) {
+    const Config *c = &m->cfg;
+    int d = m->plan.head_dim;
+    if (c->qk_norm_whole) rmsnorm_sharded_forward(y, rstd, x, w, N, heads * d, (real)c->norm_epsilon, shards);
     else rmsnorm_forward(y, rstd, x, w, N * heads, d, (real)c->norm_epsilon);
 }
 
-static void qk_norm_backward(const Config *c, real *dx, real *dw, const real *dy, const real *x, const real *w,
-                             const real *rstd, int N, int heads) {
-    int d = c->head_dim;
-    if (c->qk_norm_whole) rmsnorm_backward(dx, dw, dy, x, w, rstd, N, heads * d);
+static void qk_norm_backward(const Model *m, real *dx, real *dw, const real *dy, const real *x, const real *w,
+                             const real *rstd, int N, int heads, const NormShards *shards) {
+    int d = m->plan.head_dim;
+    if (m->cfg.qk_norm_whole) rmsnorm_sharded_backward(dx, dw, dy, x, w, rstd, N, heads * d, shards);
     else rmsnorm_backward(dx, dw, dy, x, w, rstd, N * heads, d);
 }
 
-// q, k, v from ln1: projection -> [QK-norm] -> [clip] -> RoPE (q, k).
+// The whole-projection norms' columns: the queries' split over TP, the keys' too, each
+// piece held by TP/kv_parts ranks.
+static NormShards query_shards(const LayoutPlan *p) { return (NormShards){p->tp, 1}; }
+static NormShards key_shards(const LayoutPlan *p) { return (NormShards){p->tp, p->tp_size / p->kv_parts}; }
+
+static RopeLayout heads_rope(const Config *c, int heads, int head_dim) {
+    RopeLayout l = rope_layout_heads(heads, head_dim);
+    l.interleaved = c->rotary_interleaved;
+    return l;
+}
+
+// q, k, v of this rank's heads from ln1_full: projection -> [QK-norm] -> [clip] -> RoPE (q, k).
 static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerActs *la, const TokenLayout *tokens) {
     const Config *c = &m->cfg;
+    const LayoutPlan *p = &m->plan;
     const TensorTable *tt = &m->tt;
-    int N = tokens->B * tokens->T, H = c->hidden_size, heads = c->num_attention_heads;
-    AttentionWidths w = attention_widths(c);
-    linear_forward(la->q_raw, la->ln1, tt_param(tt, lp->q_proj), N, H, w.q);
-    linear_forward(la->k_raw, la->ln1, tt_param(tt, lp->k_proj), N, H, w.k);
-    linear_forward(la->v_raw, la->ln1, tt_param(tt, lp->v_proj), N, H, w.v);
+    int N = tokens->B * tokens->T, H = p->hidden;
+    AttentionWidths w = p->width;
+    linear_forward(la->q_raw, la->ln1_full, tt_param(tt, lp->q_proj), N, H, w.q);
+    linear_forward(la->k_raw, la->ln1_full, tt_param(tt, lp->k_proj), N, H, w.k);
+    linear_forward(la->v_raw, la->ln1_full, tt_param(tt, lp->v_proj), N, H, w.v);
     if (c->qk_layernorm) {
-        qk_norm_forward(c, la->q_normed, la->q_rstd, la->q_raw, tt_param(tt, lp->q_norm), N, heads);
-        qk_norm_forward(c, la->k_normed, la->k_rstd, la->k_raw, tt_param(tt, lp->k_norm), N, c->kv_heads);
+        NormShards qs = query_shards(p), ks = key_shards(p);
+        qk_norm_forward(m, la->q_normed, la->q_rstd, la->q_raw, tt_param(tt, lp->q_norm), N, p->heads, &qs);
+        qk_norm_forward(m, la->k_normed, la->k_rstd, la->k_raw, tt_param(tt, lp->k_norm), N, p->kv_heads, &ks);
     }
     if (c->clip_qkv > 0) {
         real limit = (real)c->clip_qkv;
@@ -91,20 +109,19 @@ static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerAct
         clamp_forward(la->k, la->k_normed, (size_t)N * w.k, limit);
         clamp_forward(la->v, la->v_raw, (size_t)N * w.v, limit);
     }
-    RopeLayout q_rope = rope_layout_heads(heads, c->head_dim), k_rope = rope_layout_heads(c->kv_heads, c->head_dim);
-    q_rope.interleaved = k_rope.interleaved = c->rotary_interleaved;
+    RopeLayout q_rope = heads_rope(c, p->heads, p->head_dim), k_rope = heads_rope(c, p->kv_heads, p->head_dim);
     rope_forward(la->q, m->rope_cos_sin, tokens, &q_rope);
     rope_forward(la->k, m->rope_cos_sin, tokens, &k_rope);
 }
 
-// d_q, d_k, d_v (gradients of the final q, k, v) -> d_norm (+=) and the weight gradients.
+// d_q, d_k, d_v (gradients of the final q, k, v) -> d_norm_full (+=) and the weight gradients.
 static void standard_qkv_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a) {
     const Config *c = &m->cfg;
+    const LayoutPlan *p = &m->plan;
     TensorTable *tt = &m->tt;
-    int N = a->N, H = c->hidden_size, heads = c->num_attention_heads;
-    AttentionWidths w = attention_widths(c);
-    RopeLayout q_rope = rope_layout_heads(heads, c->head_dim), k_rope = rope_layout_heads(c->kv_heads, c->head_dim);
-    q_rope.interleaved = k_rope.interleaved = c->rotary_interleaved;
+    int N = a->N, H = p->hidden;
+    AttentionWidths w = p->width;
+    RopeLayout q_rope = heads_rope(c, p->heads, p->head_dim), k_rope = heads_rope(c, p->kv_heads, p->head_dim);
     rope_backward(a->d_q, m->rope_cos_sin, &a->tokens, &q_rope);
     rope_backward(a->d_k, m->rope_cos_sin, &a->tokens, &k_rope);
     if (c->clip_qkv > 0) {  // in place: the gradient stops where the value was clamped
@@ -115,50 +132,67 @@ static void standard_qkv_backward(Model *m, const LayerParams *lp, LayerActs *la
     }
     real *dq_raw = a->d_q, *dk_raw = a->d_k;
     if (c->qk_layernorm) {
+        NormShards qs = query_shards(p), ks = key_shards(p);
         dq_raw = a->d_q_raw;
         dk_raw = a->d_k_raw;
         vec_zero(dq_raw, (size_t)N * w.q);
         vec_zero(dk_raw, (size_t)N * w.k);
-        qk_norm_backward(c, dq_raw, tt_grad(tt, lp->q_norm), a->d_q, la->q_raw, tt_param(tt, lp->q_norm),
-                         la->q_rstd, N, heads);
-        qk_norm_backward(c, dk_raw, tt_grad(tt, lp->k_norm), a->d_k, la->k_raw, tt_param(tt, lp->k_norm),
-                         la->k_rstd, N, c->kv_heads);
+        qk_norm_backward(m, dq_raw, tt_grad(tt, lp->q_norm), a->d_q, la->q_raw, tt_param(tt, lp->q_norm),
+                         la->q_rstd, N, p->heads, &qs);
+        qk_norm_backward(m, dk_raw, tt_grad(tt, lp->k_norm), a->d_k, la->k_raw, tt_param(tt, lp->k_norm),
+                         la->k_rstd, N, p->kv_heads, &ks);
     }
-    linear_backward(a->d_norm, tt_grad(tt, lp->q_proj), dq_raw, la->ln1, tt_param(tt, lp->q_proj), N, H, w.q);
-    linear_backward(a->d_norm, tt_grad(tt, lp->k_proj), dk_raw, la->ln1, tt_param(tt, lp->k_proj), N, H, w.k);
-    linear_backward(a->d_norm, tt_grad(tt, lp->v_proj), a->d_v, la->ln1, tt_param(tt, lp->v_proj), N, H, w.v);
+    linear_backward(a->d_norm_full, tt_grad(tt, lp->q_proj), dq_raw, la->ln1_full, tt_param(tt, lp->q_proj), N, H,
+                    w.q);
+    linear_backward(a->d_norm_full, tt_grad(tt, lp->k_proj), dk_raw, la->ln1_full, tt_param(tt, lp->k_proj), N, H,
+                    w.k);
+    linear_backward(a->d_norm_full, tt_grad(tt, lp->v_proj), a->d_v, la->ln1_full, tt_param(tt, lp->v_proj), N, H,
+                    w.v);
 }
 
 // ---- the block ---------------------------------------------------------------------------------
+// With tensor parallelism the block is entered before q/k/v (column-parallel) and exited
+// after o_proj (row-parallel): parallel/tp_mappings.h. Outside it x_in, ln1 and x_mid hold
+// this rank's tokens (all of them without sequence parallelism).
+
+TpRegion model_tp_region(const Model *m) {
+    return (TpRegion){.tp = m->plan.tp, .sequence_parallel = m->plan.sequence_parallel};
+}
 
 void attention_block_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     const TensorTable *tt = &m->tt;
-    int N = tokens->B * tokens->T, H = c->hidden_size;
-    rmsnorm_forward(la->ln1, la->ln1_rstd, la->x_in, tt_param(tt, lp->input_norm), N, H, (real)c->norm_epsilon);
+    TpRegion region = model_tp_region(m);
+    int N = tokens->B * tokens->T, N_local = plan_local_tokens(&m->plan, N), H = m->plan.hidden;
+    rmsnorm_forward(la->ln1, la->ln1_rstd, la->x_in, tt_param(tt, lp->input_norm), N_local, H, (real)c->norm_epsilon);
+    tp_enter_forward(&region, la->ln1, la->ln1_full, N, H);
     if (c->multi_latent_attention) mla_forward(m, layer, la, tokens);
     else standard_qkv_forward(m, lp, la, tokens);
     attention_core_forward(m, la, tokens, kv);
-    // x_mid = x_in + att·W_oᵀ
-    linear_forward(la->x_mid, la->att, tt_param(tt, lp->o_proj), N, attention_widths(c).out, H);
-    vec_add(la->x_mid, la->x_in, (size_t)N * H);
+    // x_mid = x_in + Σ_tp att·W_oᵀ
+    linear_forward(la->attn_partial, la->att, tt_param(tt, lp->o_proj), N, m->plan.width.out, H);
+    tp_exit_forward(&region, la->attn_partial, la->x_mid, N, H);
+    vec_add(la->x_mid, la->x_in, (size_t)N_local * H);
 }
 
 void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     TensorTable *tt = &m->tt;
-    int N = a->N, H = c->hidden_size, att_width = attention_widths(c).out;
-    // o_proj: d_att = d_resid·W_o ; dW_o += d_residᵀ·att
+    TpRegion region = model_tp_region(m);
+    int N = a->N, N_local = a->N_local, H = m->plan.hidden, att_width = m->plan.width.out;
+    // o_proj: d_att = d_x_mid·W_o ; dW_o += d_x_midᵀ·att, with d_x_mid of all N tokens
+    tp_exit_backward(&region, a->d_resid, a->d_out_full, N, H);
     vec_zero(a->d_att, (size_t)N * att_width);
-    linear_backward(a->d_att, tt_grad(tt, lp->o_proj), a->d_resid, la->att, tt_param(tt, lp->o_proj), N,
+    linear_backward(a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att, tt_param(tt, lp->o_proj), N,
                     att_width, H);
     attention_core_backward(m, la, a);
-    vec_zero(a->d_norm, (size_t)N * H);
+    vec_zero(a->d_norm_full, (size_t)N * H);
     if (c->multi_latent_attention) mla_backward(m, layer, la, a);
     else standard_qkv_backward(m, lp, la, a);
+    tp_enter_backward(&region, a->d_norm_full, a->d_norm, N, H);
     // the residual path keeps d_resid; the norm path adds to it
     rmsnorm_backward(a->d_resid, tt_grad(tt, lp->input_norm), a->d_norm, la->x_in, tt_param(tt, lp->input_norm),
-                     la->ln1_rstd, N, H);
+                     la->ln1_rstd, N_local, H);
 }

@@ -6,7 +6,7 @@
 // Attention, expanded per head: [no-position part, shared rotary part].
 KvCache *kv_caches_new(const Model *m) {
     const Config *c = &m->cfg;
-    AttentionWidths w = attention_widths(c);
+    AttentionWidths w = m->plan.width;
     int k_width = w.k, v_width = w.v;
     KvCache *kv = mt_calloc(c->num_layers, sizeof(KvCache));
     for (int l = 0; l < c->num_layers; l++) {

@@ -3,6 +3,10 @@
 // (the residual stream) and add the gradient of their input back into it.
 #pragma once
 #include "model/model.h"
+#include "parallel/tp_mappings.h"
+
+// The tensor-parallel region of the model's blocks (parallel/tp_mappings.h).
+TpRegion model_tp_region(const Model *m);
 
 // Per-token widths of attention of the whole model (every head): model/layout.h.
 AttentionWidths attention_widths(const Config *c);

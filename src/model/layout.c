@@ -61,8 +61,9 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     int unused;
     p->ffn = piece(c->ffn_hidden_size, p->tp_size, p->tp_rank, &unused);
     p->shared_ffn = piece(c->moe_shared_expert_intermediate_size, p->tp_size, p->tp_rank, &unused);
-    int etp = g && g->etp ? g->etp->size : 1, etp_rank = g && g->etp ? g->etp->rank : 0;
-    p->moe_ffn = piece(c->moe_ffn, etp, etp_rank, &unused);
+    p->etp_size = g && g->etp ? g->etp->size : 1;
+    p->etp_rank = g && g->etp ? g->etp->rank : 0;
+    p->moe_ffn = piece(c->moe_ffn, p->etp_size, p->etp_rank, &unused);
     p->padded_vocab = c->padded_vocab_size;
     p->vocab = piece(c->padded_vocab_size, p->tp_size, p->tp_rank, &p->vocab_first);
     make_kv_share(p);
@@ -80,6 +81,11 @@ TensorShard plan_tp_shard(const LayoutPlan *p, int axis, int parts) {
     // parts below TP: replicated pieces, each holder computing the gradient of its own heads
     return (TensorShard){.group = SHARD_TP, .axis = parts > 1 ? axis : -1, .parts = parts,
                          .index = p->tp_rank * parts / p->tp_size, .grad_partial = parts < p->tp_size};
+}
+
+TensorShard plan_etp_shard(const LayoutPlan *p, int axis) {
+    if (p->etp_size == 1) return tensor_shard_none();
+    return (TensorShard){.group = SHARD_ETP, .axis = axis, .parts = p->etp_size, .index = p->etp_rank};
 }
 
 TensorShard plan_tp_replicated(const LayoutPlan *p, int grad_partial) {

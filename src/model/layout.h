@@ -29,6 +29,7 @@ typedef struct {
     const Comm *tp;     // dense tensor parallel
     const Comm *ep;     // expert parallel
     const Comm *etp;    // expert tensor parallel
+    const Comm *etp_ep; // expert tensor x expert parallel (the exchange with ETP)
     const Comm *count;  // data-parallel ranks of one step (global aux counts, expert bias)
 } ModelGroups;
 
@@ -37,6 +38,7 @@ typedef struct {
     const Comm *tp;        // size 1 without tensor parallelism
     Comm kv_share;         // the TP ranks holding this rank's kv heads (size 1 unless replicated)
     int tp_size, tp_rank;
+    int etp_size, etp_rank;  // expert tensor parallel
     int sequence_parallel; // --sequence-parallel with TP > 1
     // model dimensions, global
     int hidden, layers, experts, topk;
@@ -72,6 +74,8 @@ static inline int plan_local_tokens(const LayoutPlan *p, int N) {
 // Shards of the tensors: cut along `axis` over TP, into `parts` pieces (kv heads), with
 // partial gradients (tokens or heads split) or whole ones.
 TensorShard plan_tp_shard(const LayoutPlan *p, int axis, int parts);
+// A piece of a routed expert's matrix cut along `axis` over ETP.
+TensorShard plan_etp_shard(const LayoutPlan *p, int axis);
 // A tensor every TP rank holds whole; grad_partial when each rank sees part of the tokens
 // or heads that make its gradient.
 TensorShard plan_tp_replicated(const LayoutPlan *p, int grad_partial);

@@ -1,15 +1,35 @@
+// lm_head.c — the token embedding and the LM head with its loss, vocab-parallel with
+// tensor parallelism (model/vocab_parallel.h).
 #include "model/lm_head.h"
 
+#include "model/layers.h"
+#include "model/vocab_parallel.h"
 #include "ops/ops.h"
+
+void embedding_model_forward(const Model *m, ModelActs *a, const int32_t *tokens) {
+    VocabSlice slice = vocab_slice_of_plan(&m->plan);
+    vocab_embedding_forward(&slice, &a->vocab_scratch, a->layers[0].x_in, tokens, tt_param(&m->tt, m->embed), a->N,
+                            m->plan.hidden);
+}
+
+void embedding_model_backward(Model *m, ModelActs *a, const int32_t *tokens) {
+    VocabSlice slice = vocab_slice_of_plan(&m->plan);
+    vocab_embedding_backward(&slice, &a->vocab_scratch, tt_grad(&m->tt, m->embed), a->d_resid, tokens, a->N,
+                             m->plan.hidden);
+}
 
 void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     const Config *c = &m->cfg;
-    int N = a->N, H = c->hidden_size, V = c->padded_vocab_size;
-    rmsnorm_forward(a->lnf, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), N, H, (real)c->norm_epsilon);
-    linear_forward(a->logits, a->lnf, tt_param(&m->tt, m->lm_head), N, H, V);
+    int N = a->N, H = m->plan.hidden, V = m->plan.vocab;
+    TpRegion region = model_tp_region(m);
+    rmsnorm_forward(a->lnf, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), a->N_local, H,
+                    (real)c->norm_epsilon);
+    tp_enter_forward(&region, a->lnf, a->lnf_full, N, H);
+    linear_forward(a->logits, a->lnf_full, tt_param(&m->tt, m->lm_head), N, H, V);  // this rank's vocabulary
     a->lm_loss = 0;
     if (!batch->targets) return;
-    cross_entropy_forward(a->token_loss, a->token_lse, a->logits, batch->targets, N, V);
+    VocabSlice slice = vocab_slice_of_plan(&m->plan);
+    vocab_cross_entropy_forward(&slice, a->token_loss, a->token_lse, a->logits, batch->targets, N);
     double counted = 0, total = 0;
     for (int n = 0; n < N; n++) {
         double w = batch->loss_mask ? batch->loss_mask[n] : 1;
@@ -22,16 +42,19 @@ void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
 }
 
 void lm_head_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scale) {
-    const Config *c = &m->cfg;
-    int N = a->N, H = c->hidden_size, V = c->padded_vocab_size;
+    int N = a->N, H = m->plan.hidden, V = m->plan.vocab;
+    TpRegion region = model_tp_region(m);
+    VocabSlice slice = vocab_slice_of_plan(&m->plan);
     MT_ASSERT(batch->targets);
     for (int n = 0; n < N; n++) a->d_token_loss[n] = (real)(a->loss_weight[n] * loss_scale);
-    cross_entropy_backward(a->d_logits, a->logits, a->token_lse, batch->targets, a->d_token_loss, N, V);
-    // logits = lnf·W_headᵀ: d_lnf = d_logits·W_head, dW_head += d_logitsᵀ·lnf
-    vec_zero(a->d_norm, (size_t)N * H);
-    linear_backward(a->d_norm, tt_grad(&m->tt, m->lm_head), a->d_logits, a->lnf, tt_param(&m->tt, m->lm_head),
-                    N, H, V);
-    vec_zero(a->d_resid, (size_t)N * H);
+    vocab_cross_entropy_backward(&slice, &a->vocab_scratch, a->d_logits, a->logits, a->token_lse, batch->targets,
+                                 a->d_token_loss, N);
+    // logits = lnf·W_headᵀ: d_lnf = Σ_tp d_logits·W_head, dW_head += d_logitsᵀ·lnf
+    vec_zero(a->d_norm_full, (size_t)N * H);
+    linear_backward(a->d_norm_full, tt_grad(&m->tt, m->lm_head), a->d_logits, a->lnf_full,
+                    tt_param(&m->tt, m->lm_head), N, H, V);
+    tp_enter_backward(&region, a->d_norm_full, a->d_norm, N, H);
+    vec_zero(a->d_resid, (size_t)a->N_local * H);
     rmsnorm_backward(a->d_resid, tt_grad(&m->tt, m->final_norm), a->d_norm, a->x_final,
-                     tt_param(&m->tt, m->final_norm), a->lnf_rstd, N, H);
+                     tt_param(&m->tt, m->final_norm), a->lnf_rstd, a->N_local, H);
 }

@@ -8,6 +8,9 @@
 //   keys    : k = [k_n, RoPE(k_r)] — one rotary key shared by every head
 //   queries : the last dr columns of each head rotated by RoPE
 // then causal attention with scale 1/sqrt(dq) over values of width dv.
+// With tensor parallelism a rank computes its heads (q_b, kv_b split by heads) from the
+// whole latent (W_q_a, W_kv_a and their norms on every rank): the gradients those receive
+// from the rank's heads are partial and are summed over TP after backward.
 // The latent norms use eps 1e-6 whatever --norm-epsilon is, as DeepSeek-V3 does.
 #include <string.h>
 
@@ -20,8 +23,10 @@ typedef struct {
     int heads, rq, rkv, dn, dr, dv, dq;
 } MlaDims;
 
-static MlaDims mla_dims(const Config *c) {
-    MlaDims d = {.heads = c->num_attention_heads, .rq = c->q_lora_rank, .rkv = c->kv_lora_rank,
+// The dimensions of this rank's heads (model/layout.h): heads split over TP.
+static MlaDims mla_dims(const Model *m) {
+    const Config *c = &m->cfg;
+    MlaDims d = {.heads = m->plan.heads, .rq = c->q_lora_rank, .rkv = c->kv_lora_rank,
                  .dn = c->qk_head_dim, .dr = c->qk_pos_emb_head_dim, .dv = c->v_head_dim};
     d.dq = d.dn + d.dr;
     return d;
@@ -71,13 +76,13 @@ static void split_key_value_grads(real *d_kv_b, real *d_k_rope, const real *d_k,
 
 static void queries_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N, MlaDims d) {
     const TensorTable *tt = &m->tt;
-    int H = m->cfg.hidden_size, q_width = d.heads * d.dq;
+    int H = m->plan.hidden, q_width = d.heads * d.dq;
     MlaActs *ma = &la->mla;
     if (!d.rq) {
-        linear_forward(la->q, la->ln1, tt_param(tt, lp->q_proj), N, H, q_width);
+        linear_forward(la->q, la->ln1_full, tt_param(tt, lp->q_proj), N, H, q_width);
         return;
     }
-    linear_forward(ma->q_a, la->ln1, tt_param(tt, lp->q_a_proj), N, H, d.rq);
+    linear_forward(ma->q_a, la->ln1_full, tt_param(tt, lp->q_a_proj), N, H, d.rq);
     rmsnorm_forward(ma->q_a_norm, ma->q_a_rstd, ma->q_a, tt_param(tt, lp->q_a_norm), N, d.rq, (real)MLA_LATENT_NORM_EPS);
     linear_forward(la->q, ma->q_a_norm, tt_param(tt, lp->q_b_proj), N, d.rq, q_width);
 }
@@ -86,16 +91,16 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     const TensorTable *tt = &m->tt;
-    MlaDims d = mla_dims(c);
+    MlaDims d = mla_dims(m);
     MlaActs *ma = &la->mla;
-    int N = tokens->B * tokens->T, H = c->hidden_size;
+    int N = tokens->B * tokens->T, H = m->plan.hidden;
     queries_forward(m, lp, la, N, d);
     RopeLayout qr = query_rope(c, d), kr = key_rope(c, d);
     rope_forward(la->q + d.dn, m->rope_cos_sin, tokens, &qr);
     // W_kv_a's first rkv rows make the latent, the last dr rows the rotary key
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
-    linear_forward(ma->latent, la->ln1, w_kv_a, N, H, d.rkv);
-    linear_forward(ma->k_rope, la->ln1, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
+    linear_forward(ma->latent, la->ln1_full, w_kv_a, N, H, d.rkv);
+    linear_forward(ma->k_rope, la->ln1_full, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
     rope_forward(ma->k_rope, m->rope_cos_sin, tokens, &kr);
     rmsnorm_forward(ma->latent_norm, ma->latent_rstd, ma->latent, tt_param(tt, lp->kv_a_norm), N, d.rkv,
                     (real)MLA_LATENT_NORM_EPS);
@@ -105,10 +110,10 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
 
 static void queries_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a, MlaDims d) {
     TensorTable *tt = &m->tt;
-    int N = a->N, H = m->cfg.hidden_size, q_width = d.heads * d.dq;
+    int N = a->N, H = m->plan.hidden, q_width = d.heads * d.dq;
     MlaActs *ma = &la->mla;
     if (!d.rq) {
-        linear_backward(a->d_norm, tt_grad(tt, lp->q_proj), a->d_q, la->ln1, tt_param(tt, lp->q_proj), N, H, q_width);
+        linear_backward(a->d_norm_full, tt_grad(tt, lp->q_proj), a->d_q, la->ln1_full, tt_param(tt, lp->q_proj), N, H, q_width);
         return;
     }
     vec_zero(a->d_q_a_norm, (size_t)N * d.rq);
@@ -117,16 +122,16 @@ static void queries_backward(Model *m, const LayerParams *lp, LayerActs *la, Mod
     vec_zero(a->d_q_a, (size_t)N * d.rq);
     rmsnorm_backward(a->d_q_a, tt_grad(tt, lp->q_a_norm), a->d_q_a_norm, ma->q_a, tt_param(tt, lp->q_a_norm),
                      ma->q_a_rstd, N, d.rq);
-    linear_backward(a->d_norm, tt_grad(tt, lp->q_a_proj), a->d_q_a, la->ln1, tt_param(tt, lp->q_a_proj), N, H, d.rq);
+    linear_backward(a->d_norm_full, tt_grad(tt, lp->q_a_proj), a->d_q_a, la->ln1_full, tt_param(tt, lp->q_a_proj), N, H, d.rq);
 }
 
 void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     TensorTable *tt = &m->tt;
-    MlaDims d = mla_dims(c);
+    MlaDims d = mla_dims(m);
     MlaActs *ma = &la->mla;
-    int N = a->N, H = c->hidden_size;
+    int N = a->N, H = m->plan.hidden;
     RopeLayout qr = query_rope(c, d), kr = key_rope(c, d);
     rope_backward(a->d_q + d.dn, m->rope_cos_sin, &a->tokens, &qr);
     queries_backward(m, lp, la, a, d);
@@ -141,6 +146,6 @@ void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
     real *dw_kv_a = tt_grad(tt, lp->kv_a_proj);
     size_t rope_rows = (size_t)d.rkv * H;
-    linear_backward(a->d_norm, dw_kv_a, a->d_latent, la->ln1, w_kv_a, N, H, d.rkv);
-    linear_backward(a->d_norm, dw_kv_a + rope_rows, a->d_k_rope, la->ln1, w_kv_a + rope_rows, N, H, d.dr);
+    linear_backward(a->d_norm_full, dw_kv_a, a->d_latent, la->ln1_full, w_kv_a, N, H, d.rkv);
+    linear_backward(a->d_norm_full, dw_kv_a + rope_rows, a->d_k_rope, la->ln1_full, w_kv_a + rope_rows, N, H, d.dr);
 }

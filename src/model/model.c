@@ -19,55 +19,97 @@ typedef struct {
     int layer;
 } Builder;
 
-static TensorId add_layer_tensor(Builder *b, LayerPart part, int expert, int64_t rows, int64_t cols,
-                                 unsigned flags, InitKind init, double std) {
+static TensorId add_layer_shard(Builder *b, LayerPart part, int expert, int64_t rows, int64_t cols,
+                                TensorShard shard, unsigned flags, InitKind init, double std) {
     char name[MT_NAME_MAX];
     hf_layer_tensor_name(name, b->m->family, b->layer, part, expert);
     int64_t shape[2] = {rows, cols};
-    return tt_add(&b->m->tt, name, cols ? 2 : 1, shape, flags, init, std, b->layer, expert);
+    return tt_add_shard(&b->m->tt, name, cols ? 2 : 1, shape, shard, flags, init, std, b->layer, expert);
 }
 
+// Column-parallel [rows, cols]: the output rows split over TP (into `parts` pieces).
+static TensorId add_column_parallel(Builder *b, LayerPart part, int64_t rows, int64_t cols, int parts, double std) {
+    return add_layer_shard(b, part, -1, rows, cols, plan_tp_shard(&b->m->plan, 0, parts), TENSOR_DECAY,
+                           INIT_NORMAL, std);
+}
+
+// Row-parallel [rows, cols]: the input columns split over TP; the outputs are summed.
+static TensorId add_row_parallel(Builder *b, LayerPart part, int64_t rows, int64_t cols, double std) {
+    const LayoutPlan *p = &b->m->plan;
+    return add_layer_shard(b, part, -1, rows, cols, plan_tp_shard(p, 1, p->tp_size), TENSOR_DECAY, INIT_NORMAL,
+                           std);
+}
+
+// A matrix every TP rank holds whole (the router, MLA's down projections, the shared
+// expert gate); grad_partial when each rank's gradient covers part of the tokens or heads.
+static TensorId add_replicated(Builder *b, LayerPart part, int64_t rows, int64_t cols, unsigned flags,
+                               int grad_partial, double std) {
+    return add_layer_shard(b, part, -1, rows, cols, plan_tp_replicated(&b->m->plan, grad_partial), flags,
+                           INIT_NORMAL, std);
+}
+
+// RMSNorm weights: whole on every TP rank; with sequence parallelism each rank's gradient
+// covers its tokens only.
 static TensorId add_norm(Builder *b, LayerPart part, int64_t width) {
-    return add_layer_tensor(b, part, -1, width, 0, TENSOR_NORM, INIT_ONES, 0);
+    const LayoutPlan *p = &b->m->plan;
+    return add_layer_shard(b, part, -1, width, 0, plan_tp_replicated(p, p->sequence_parallel), TENSOR_NORM,
+                           INIT_ONES, 0);
 }
 
 static void build_shared_expert(Builder *b, LayerParams *lp) {
     const Config *c = &b->m->cfg;
+    const LayoutPlan *p = &b->m->plan;
     int64_t H = c->hidden_size, Is = c->moe_shared_expert_intermediate_size;
     double std = c->init_method_std, out_std = std / sqrt(2.0 * c->num_layers);
     lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
     if (!Is) return;
-    lp->shared_gate = add_layer_tensor(b, PART_SHARED_GATE, -1, Is, H, TENSOR_DECAY, INIT_NORMAL, std);
-    lp->shared_up = add_layer_tensor(b, PART_SHARED_UP, -1, Is, H, TENSOR_DECAY, INIT_NORMAL, std);
-    lp->shared_down = add_layer_tensor(b, PART_SHARED_DOWN, -1, H, Is, TENSOR_DECAY, INIT_NORMAL, out_std);
-    if (c->moe_shared_expert_gate)
-        lp->shared_expert_gate = add_layer_tensor(b, PART_SHARED_EXPERT_GATE, -1, 1, H, TENSOR_DECAY, INIT_NORMAL, std);
+    lp->shared_gate = add_column_parallel(b, PART_SHARED_GATE, Is, H, p->tp_size, std);
+    lp->shared_up = add_column_parallel(b, PART_SHARED_UP, Is, H, p->tp_size, std);
+    lp->shared_down = add_row_parallel(b, PART_SHARED_DOWN, H, Is, out_std);
+    if (c->moe_shared_expert_gate)  // on each rank's own tokens with sequence parallelism
+        lp->shared_expert_gate =
+            add_replicated(b, PART_SHARED_EXPERT_GATE, 1, H, TENSOR_DECAY, p->sequence_parallel, std);
 }
 
 // Multi-Latent Attention: queries full-rank or through a rank-rq bottleneck; keys and
-// values from one rank-rkv latent plus a rotary key shared by all heads.
+// values from one rank-rkv latent plus a rotary key shared by all heads. The down
+// projections and their norms are whole on every TP rank (each rank's heads make part of
+// their gradient); the up projections split the heads.
 static void build_mla(Builder *b, LayerParams *lp) {
     const Config *c = &b->m->cfg;
+    int tp = b->m->plan.tp_size;
     int64_t H = c->hidden_size, heads = c->num_attention_heads, rq = c->q_lora_rank, rkv = c->kv_lora_rank;
     int64_t q_width = heads * c->head_dim, dr = c->qk_pos_emb_head_dim;
     double std = c->init_method_std;
     lp->q_proj = lp->q_a_proj = lp->q_a_norm = lp->q_b_proj = -1;
     if (rq) {
-        lp->q_a_proj = add_layer_tensor(b, PART_Q_A_PROJ, -1, rq, H, TENSOR_DECAY, INIT_NORMAL, std);
-        lp->q_a_norm = add_norm(b, PART_Q_A_NORM, rq);
-        lp->q_b_proj = add_layer_tensor(b, PART_Q_B_PROJ, -1, q_width, rq, TENSOR_DECAY, INIT_NORMAL, std);
+        lp->q_a_proj = add_replicated(b, PART_Q_A_PROJ, rq, H, TENSOR_DECAY, 1, std);
+        lp->q_a_norm = add_layer_shard(b, PART_Q_A_NORM, -1, rq, 0, plan_tp_replicated(&b->m->plan, 1),
+                                       TENSOR_NORM, INIT_ONES, 0);
+        lp->q_b_proj = add_column_parallel(b, PART_Q_B_PROJ, q_width, rq, tp, std);
     } else {
-        lp->q_proj = add_layer_tensor(b, PART_Q_PROJ, -1, q_width, H, TENSOR_DECAY, INIT_NORMAL, std);
+        lp->q_proj = add_column_parallel(b, PART_Q_PROJ, q_width, H, tp, std);
     }
-    lp->kv_a_proj = add_layer_tensor(b, PART_KV_A_PROJ, -1, rkv + dr, H, TENSOR_DECAY, INIT_NORMAL, std);
-    lp->kv_a_norm = add_norm(b, PART_KV_A_NORM, rkv);
-    lp->kv_b_proj = add_layer_tensor(b, PART_KV_B_PROJ, -1, heads * (c->qk_head_dim + c->v_head_dim), rkv,
-                                     TENSOR_DECAY, INIT_NORMAL, std);
+    lp->kv_a_proj = add_replicated(b, PART_KV_A_PROJ, rkv + dr, H, TENSOR_DECAY, 1, std);
+    lp->kv_a_norm = add_layer_shard(b, PART_KV_A_NORM, -1, rkv, 0, plan_tp_replicated(&b->m->plan, 1),
+                                    TENSOR_NORM, INIT_ONES, 0);
+    lp->kv_b_proj = add_column_parallel(b, PART_KV_B_PROJ, heads * (c->qk_head_dim + c->v_head_dim), rkv, tp, std);
     lp->k_proj = lp->v_proj = lp->q_norm = lp->k_norm = -1;
+}
+
+// QK-norm weights: one per head dimension (whole on every TP rank, each rank's heads
+// making part of the gradient), or one per projection column (split as the projection).
+static TensorId add_qk_norm(Builder *b, LayerPart part, int64_t projection_width, int parts) {
+    const Config *c = &b->m->cfg;
+    const LayoutPlan *p = &b->m->plan;
+    TensorShard shard = c->qk_norm_whole ? plan_tp_shard(p, 0, parts) : plan_tp_replicated(p, 1);
+    return add_layer_shard(b, part, -1, c->qk_norm_whole ? projection_width : c->head_dim, 0, shard, TENSOR_NORM,
+                           INIT_ONES, 0);
 }
 
 static void build_attention(Builder *b, LayerParams *lp) {
     const Config *c = &b->m->cfg;
+    const LayoutPlan *p = &b->m->plan;
     int64_t H = c->hidden_size, d = c->head_dim;
     int64_t q_width = c->num_attention_heads * d, kv_width = c->kv_heads * d;
     double std = c->init_method_std, out_std = std / sqrt(2.0 * c->num_layers);
@@ -76,29 +118,29 @@ static void build_attention(Builder *b, LayerParams *lp) {
     if (c->multi_latent_attention) {
         build_mla(b, lp);
     } else {
-        lp->q_proj = add_layer_tensor(b, PART_Q_PROJ, -1, q_width, H, TENSOR_DECAY, INIT_NORMAL, std);
-        lp->k_proj = add_layer_tensor(b, PART_K_PROJ, -1, kv_width, H, TENSOR_DECAY, INIT_NORMAL, std);
-        lp->v_proj = add_layer_tensor(b, PART_V_PROJ, -1, kv_width, H, TENSOR_DECAY, INIT_NORMAL, std);
-        // QK-norm weights: one per head dimension, or one per projection column (OLMoE)
-        lp->q_norm = c->qk_layernorm ? add_norm(b, PART_Q_NORM, c->qk_norm_whole ? q_width : d) : -1;
-        lp->k_norm = c->qk_layernorm ? add_norm(b, PART_K_NORM, c->qk_norm_whole ? kv_width : d) : -1;
+        lp->q_proj = add_column_parallel(b, PART_Q_PROJ, q_width, H, p->tp_size, std);
+        lp->k_proj = add_column_parallel(b, PART_K_PROJ, kv_width, H, p->kv_parts, std);
+        lp->v_proj = add_column_parallel(b, PART_V_PROJ, kv_width, H, p->kv_parts, std);
+        lp->q_norm = c->qk_layernorm ? add_qk_norm(b, PART_Q_NORM, q_width, p->tp_size) : -1;
+        lp->k_norm = c->qk_layernorm ? add_qk_norm(b, PART_K_NORM, kv_width, p->kv_parts) : -1;
     }
     int64_t att_width = c->multi_latent_attention ? c->num_attention_heads * c->v_head_dim : q_width;
-    lp->o_proj = add_layer_tensor(b, PART_O_PROJ, -1, H, att_width, TENSOR_DECAY, INIT_NORMAL, out_std);
+    lp->o_proj = add_row_parallel(b, PART_O_PROJ, H, att_width, out_std);
 }
 
 // One part of every routed expert (all gates, then all ups, then all downs: each part a
-// contiguous [E, ...] block, as the fused Hugging Face layouts). Experts of other
-// expert-parallel ranks are counted and named, not stored.
-static void build_experts(Builder *b, LayerPart part, int64_t rows, int64_t cols, double std,
+// contiguous [E, ...] block, as the fused Hugging Face layouts), split over ETP along
+// `axis`. Experts of other expert-parallel ranks are counted and named, not stored.
+static void build_experts(Builder *b, LayerPart part, int64_t rows, int64_t cols, int axis, double std,
                           TensorId **ids) {
     Model *m = b->m;
     const ExpertParallel *ep = &m->ep;
+    TensorShard shard = plan_etp_shard(&m->plan, axis);
     *ids = mt_malloc(ep->local * sizeof(TensorId));
     for (int e = 0; e < m->cfg.num_experts; e++) {
         if (e >= ep->first && e < ep->first + ep->local) {
-            (*ids)[e - ep->first] =
-                add_layer_tensor(b, part, e, rows, cols, TENSOR_DECAY | TENSOR_EXPERT, INIT_NORMAL, std);
+            (*ids)[e - ep->first] = add_layer_shard(b, part, e, rows, cols, shard, TENSOR_DECAY | TENSOR_EXPERT,
+                                                    INIT_NORMAL, std);
             continue;
         }
         m->remote_names = mt_realloc(m->remote_names, (size_t)(m->n_remote + 1) * sizeof(*m->remote_names));
@@ -109,6 +151,7 @@ static void build_experts(Builder *b, LayerPart part, int64_t rows, int64_t cols
 
 static void build_layer(Builder *b, LayerParams *lp) {
     const Config *c = &b->m->cfg;
+    const LayoutPlan *p = &b->m->plan;
     int64_t H = c->hidden_size;
     double std = c->init_method_std, out_std = std / sqrt(2.0 * c->num_layers);
     build_attention(b, lp);
@@ -117,23 +160,24 @@ static void build_layer(Builder *b, LayerParams *lp) {
     lp->expert_bias = lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
     if (!lp->is_moe) {
         int64_t F = c->ffn_hidden_size;
-        lp->mlp_gate = add_layer_tensor(b, PART_MLP_GATE, -1, F, H, TENSOR_DECAY, INIT_NORMAL, std);
-        lp->mlp_up = add_layer_tensor(b, PART_MLP_UP, -1, F, H, TENSOR_DECAY, INIT_NORMAL, std);
-        lp->mlp_down = add_layer_tensor(b, PART_MLP_DOWN, -1, H, F, TENSOR_DECAY, INIT_NORMAL, out_std);
+        lp->mlp_gate = add_column_parallel(b, PART_MLP_GATE, F, H, p->tp_size, std);
+        lp->mlp_up = add_column_parallel(b, PART_MLP_UP, F, H, p->tp_size, std);
+        lp->mlp_down = add_row_parallel(b, PART_MLP_DOWN, H, F, out_std);
         return;
     }
     int E = c->num_experts;
     int64_t I = c->moe_ffn;
-    lp->router = add_layer_tensor(b, PART_ROUTER, -1, E, H, TENSOR_DECAY | TENSOR_ROUTER, INIT_NORMAL, std);
+    // the router sees each rank's own tokens with sequence parallelism
+    lp->router = add_replicated(b, PART_ROUTER, E, H, TENSOR_DECAY | TENSOR_ROUTER, p->sequence_parallel, std);
     // DeepSeek-V3 checkpoints always carry the bias (zeros when it is not enabled)
     int has_bias = c->moe_router_enable_expert_bias || b->m->family == HF_DEEPSEEK_V3;
-    lp->expert_bias = has_bias
-                          ? add_layer_tensor(b, PART_EXPERT_BIAS, -1, E, 0, TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0)
-                          : -1;
+    lp->expert_bias = has_bias ? add_layer_shard(b, PART_EXPERT_BIAS, -1, E, 0, plan_tp_replicated(p, 0),
+                                                 TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0)
+                               : -1;
     build_shared_expert(b, lp);
-    build_experts(b, PART_EXPERT_GATE, I, H, std, &lp->expert_gate);
-    build_experts(b, PART_EXPERT_UP, I, H, std, &lp->expert_up);
-    build_experts(b, PART_EXPERT_DOWN, H, I, out_std, &lp->expert_down);
+    build_experts(b, PART_EXPERT_GATE, I, H, 0, std, &lp->expert_gate);
+    build_experts(b, PART_EXPERT_UP, I, H, 0, std, &lp->expert_up);
+    build_experts(b, PART_EXPERT_DOWN, H, I, 1, out_std, &lp->expert_down);
 }
 
 // Per-group weight pointer arrays over tensors gate[g], up[g], down[g], into the
@@ -178,8 +222,10 @@ static void free_ffn(ExpertWeights *w) {
     free(w->down);
 }
 
-// Which experts this process holds; dies with one line when they cannot be split evenly.
-static ExpertParallel expert_parallel_of(const Config *c, const Comm *comm) {
+// Which experts this process holds, and the group their tokens travel over; dies with one
+// line when they cannot be split evenly.
+static ExpertParallel expert_parallel_of(const Config *c, const ModelGroups *g) {
+    const Comm *comm = g ? g->ep : NULL;
     int size = comm ? comm->size : 1, E = c->num_experts;
     if (E % size)
         mt_die("--num-experts %d must be a multiple of --expert-model-parallel-size %d (each rank holds the same "
@@ -188,35 +234,44 @@ static ExpertParallel expert_parallel_of(const Config *c, const Comm *comm) {
                          .local = E / size};
     ep.first = ep.rank * ep.local;
     ep.dispatcher = strcmp(c->moe_token_dispatcher_type, "allgather") == 0 ? DISPATCH_ALLGATHER : DISPATCH_ALLTOALL;
+    ep.gather_always = g && g->etp && g->etp->size > 1;
+    ep.gather = ep.gather_always ? g->etp_ep : ep.comm;
     return ep;
 }
 
-void model_build(Model *m, const Config *cfg) { model_build_ep(m, cfg, NULL); }
+void model_build(Model *m, const Config *cfg) { model_build_on(m, cfg, NULL); }
 
-void model_build_ep(Model *m, const Config *cfg, const Comm *ep) {
-    model_describe(m, cfg, ep);
+void model_build_on(Model *m, const Config *cfg, const ModelGroups *groups) {
+    model_describe(m, cfg, groups);
     model_allocate(m);
 }
 
-void model_describe(Model *m, const Config *cfg, const Comm *ep) {
+void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
-    m->ep = expert_parallel_of(cfg, ep);
+    layout_plan_init(&m->plan, cfg, groups);
+    m->ep = expert_parallel_of(cfg, groups);
+    m->count_group = groups ? groups->count : NULL;
     m->family = hf_family_choose(cfg, m->family_note);
     if (m->family != HF_MOETRON) m->family_note[0] = 0;
     m->router = model_router_config(cfg);
     tt_init(&m->tt);
     const Config *c = &m->cfg;
+    // the vocabulary's rows split over TP (vocab-parallel embedding and LM head)
     int64_t embed_shape[2] = {c->padded_vocab_size, c->hidden_size};
-    m->embed = tt_add(&m->tt, HF_EMBED_NAME, 2, embed_shape, TENSOR_DECAY, INIT_NORMAL, c->init_method_std, -1, -1);
+    TensorShard vocab_rows = plan_tp_shard(&m->plan, 0, m->plan.tp_size);
+    m->embed = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
+                            c->init_method_std, -1, -1);
     m->layers = mt_calloc(c->num_layers, sizeof(LayerParams));
     Builder b = {m, 0};
     for (b.layer = 0; b.layer < c->num_layers; b.layer++) build_layer(&b, &m->layers[b.layer]);
     int64_t norm_shape[1] = {c->hidden_size};
-    m->final_norm = tt_add(&m->tt, HF_FINAL_NORM_NAME, 1, norm_shape, TENSOR_NORM, INIT_ONES, 0, -1, -1);
+    m->final_norm = tt_add_shard(&m->tt, HF_FINAL_NORM_NAME, 1, norm_shape,
+                                 plan_tp_replicated(&m->plan, m->plan.sequence_parallel), TENSOR_NORM, INIT_ONES, 0,
+                                 -1, -1);
     m->lm_head = c->untie_embeddings_and_output_weights
-                     ? tt_add(&m->tt, HF_LM_HEAD_NAME, 2, embed_shape, TENSOR_DECAY, INIT_NORMAL,
-                              c->init_method_std, -1, -1)
+                     ? tt_add_shard(&m->tt, HF_LM_HEAD_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
+                                    c->init_method_std, -1, -1)
                      : m->embed;
     tt_layout(&m->tt);
 }
@@ -233,17 +288,34 @@ void model_allocate(Model *m) {
     }
     m->rope_cos_sin = device_calloc((size_t)c->max_positions * c->rope_dim, sizeof(real));
     rope_table(m->rope_cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
-    if (m->ep.size > 1) ep_buffers_new(m);
+    if (m->ep.gather) ep_buffers_new(m);
+}
+
+// The elements of a tensor's piece in the order of the global tensor: global element j
+// lies in the piece when its coordinate along the shard axis does.
+static int64_t piece_element(const TensorDesc *d, int64_t j) {
+    const TensorShard *sh = &d->shard;
+    if (sh->parts == 1) return j;
+    int64_t inner = 1;  // elements per step along the axis
+    for (int i = sh->axis + 1; i < d->ndim; i++) inner *= d->shape[i];
+    int64_t along = d->shape[sh->axis], width = along / sh->parts;
+    int64_t coord = j / inner % along, outer = j / (inner * along);
+    if (coord / width != sh->index) return -1;
+    return (outer * width + coord % width) * inner + j % inner;
 }
 
 void model_init_weights(Model *m, uint64_t seed) {
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         real *p = tt_param(&m->tt, i);
-        Rng rng;  // one stream per tensor: a tensor's values do not depend on the others
+        Rng rng;  // one stream per tensor: a tensor's values do not depend on the others or the layout
         rng_seed_stream(&rng, seed, (uint64_t)d->global_index + 1);
-        for (size_t j = 0; j < d->numel; j++)
-            p[j] = d->init == INIT_ONES ? 1 : d->init == INIT_ZEROS ? 0 : (real)(d->init_std * rng_normal(&rng));
+        int64_t global_numel = (int64_t)d->numel * d->shard.parts;
+        for (int64_t j = 0; j < global_numel; j++) {
+            real v = d->init == INIT_ONES ? 1 : d->init == INIT_ZEROS ? 0 : (real)(d->init_std * rng_normal(&rng));
+            int64_t local = piece_element(d, j);
+            if (local >= 0) p[local] = v;
+        }
     }
 }
 
@@ -266,6 +338,7 @@ void model_free(Model *m) {
     free(m->router_state);
     device_free(m->rope_cos_sin);
     tt_free(&m->tt);
+    layout_plan_free(&m->plan);
 }
 
 // ---- forward and backward ------------------------------------------------------------------
@@ -273,13 +346,14 @@ void model_free(Model *m) {
 double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
     const Config *c = &m->cfg;
     batch = acts_stage_batch(a, batch);
-    int B = batch->B, T = batch->T, N = B * T, H = c->hidden_size;
+    int B = batch->B, T = batch->T, N = B * T, H = m->plan.hidden, N_local = plan_local_tokens(&m->plan, N);
     a->B = B;
     a->T = T;
     a->N = N;
+    a->N_local = N_local;
     a->tokens = (TokenLayout){.B = B, .T = T, .pos0 = pos0, .positions = batch->positions,
                               .key_start = batch->key_start};
-    embedding_forward(a->layers[0].x_in, batch->tokens, tt_param(&m->tt, m->embed), N, H);
+    embedding_model_forward(m, a, batch->tokens);
     memset(a->balance_loss, 0, sizeof(a->balance_loss));
     a->z_loss = a->aux_objective = 0;
     int moe_layers = 0;
@@ -288,7 +362,7 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
         attention_block_forward(m, l, la, &a->tokens, kv ? &kv[l] : NULL);
-        rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N, H,
+        rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H,
                         (real)c->norm_epsilon);
         if (lp->is_moe) {
             moe_forward(m, l, la, batch);
@@ -296,15 +370,15 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
             for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] += r->balance_loss[t];
             a->z_loss += r->z_loss;
             a->aux_objective += router_objective(r, &m->router);
-            choices += (long)N * c->moe_router_topk;
+            choices += (long)N_local * c->moe_router_topk;
             dropped += r->dropped;
             moe_layers++;
         } else {
             mlp_forward(m, l, la, N);
         }
         real *x_out = l + 1 < c->num_layers ? a->layers[l + 1].x_in : a->x_final;
-        vec_copy(x_out, la->x_mid, (size_t)N * H);
-        vec_add(x_out, la->ffn_out, (size_t)N * H);
+        vec_copy(x_out, la->x_mid, (size_t)N_local * H);
+        vec_add(x_out, la->ffn_out, (size_t)N_local * H);
     }
     if (moe_layers) {
         for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] /= moe_layers;
@@ -322,7 +396,7 @@ void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scal
 void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double loss_scale, GradsReadyFn ready,
                            void *ctx) {
     const Config *c = &m->cfg;
-    int N = a->N, H = c->hidden_size;
+    int N_local = a->N_local, H = m->plan.hidden;
     MT_ASSERT(batch->B == a->input.B && batch->T == a->input.T);
     batch = &a->input;  // the forward's copy, in tensor memory
     lm_head_backward(m, a, batch, loss_scale);  // sets d_resid = d(x_final)
@@ -334,11 +408,11 @@ void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double lo
         if (lp->is_moe) moe_backward(m, l, la, a, a->d_resid, loss_scale);
         else mlp_backward(m, l, la, a, a->d_resid);
         rmsnorm_backward(a->d_resid, tt_grad(&m->tt, lp->post_attn_norm), a->d_norm, la->x_mid,
-                         tt_param(&m->tt, lp->post_attn_norm), la->ln2_rstd, N, H);
+                         tt_param(&m->tt, lp->post_attn_norm), la->ln2_rstd, N_local, H);
         attention_block_backward(m, l, la, a);  // d(x_mid) -> d(x_in)
         if (ready) ready(ctx, l);
     }
-    embedding_backward(tt_grad(&m->tt, m->embed), a->d_resid, batch->tokens, N, H);
+    embedding_model_backward(m, a, batch->tokens);
     if (ready) ready(ctx, GRADS_EMBEDDING);
 }
 

@@ -12,6 +12,7 @@
 #include "core/tensor_table.h"
 #include "hf/hf_family.h"
 #include "model/layout.h"
+#include "model/vocab_parallel.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
 #include "moe/router.h"
@@ -56,6 +57,11 @@ typedef struct {
     int size, rank;
     int local, first;          // local experts and the first one's global index
     DispatcherType dispatcher;
+    // The group the allgather exchange runs over: the expert-parallel one, or with expert
+    // tensor parallelism the ETP x EP group (each of its ranks holds a slice of its experts'
+    // FFN, so every token's rows reach every slice; the reduce-scatter sums the slices).
+    const Comm *gather;        // NULL when the layer's experts are all here, whole
+    int gather_always;         // expert tensor parallelism: the allgather exchange whatever the dispatcher
 } ExpertParallel;
 
 typedef struct {
@@ -102,8 +108,9 @@ typedef struct {
     ExpertActs experts; // (rows,I) each
     real *rows_out;     // (rows,H)
     ExpertActs shared;  // (N,Is) each, shared expert
-    real *shared_gate;  // (N) sigmoid(ln2·w_gate)
-    real *shared_out;   // (N,H)
+    real *shared_gate;  // (N_local) sigmoid(ln2·w_gate)
+    real *shared_gate_full;  // (N) of every token (gathered with sequence parallelism), or shared_gate
+    real *shared_out;   // (N_local,H)
     struct EpLayer *ep; // expert parallel: the rows this rank's experts computed (moe/expert_parallel.c)
 } MoeActs;
 
@@ -118,19 +125,25 @@ typedef struct {
 } MlaActs;
 
 typedef struct {
-    real *x_in;                   // (N,H) block input (the residual stream)
-    real *ln1, *ln1_rstd;         // (N,H), (N)
+    // N: the micro-batch's tokens; N_local: this rank's (N/TP with sequence parallelism, else N)
+    real *x_in;                   // (N_local,H) block input (the residual stream)
+    real *ln1, *ln1_rstd;         // (N_local,H), (N_local)
+    real *ln1_full;               // (N,H) ln1 of every token: gathered with sequence parallelism, else ln1
     real *q, *k, *v;              // (N,q_width), (N,k_width), (N,v_width): as attention sees them
     real *q_raw, *k_raw, *v_raw;  // projections (aliases of the next stage when it is off)
     real *q_normed, *k_normed;    // after QK-norm, before --clip-qkv (aliases when off)
     real *q_rstd, *k_rstd;        // (N·heads), (N·kv_heads): per head, or (N) per projection
     MlaActs mla;                  // with --multi-latent-attention
     real *att, *lse;              // (N,v_width), (B,heads,T)
-    real *x_mid;                  // (N,H) after the attention residual
-    real *ln2, *ln2_rstd;         // (N,H), (N)
-    ExpertActs mlp;               // dense layers: (N,F) each
-    MoeActs moe;                  // MoE layers
-    real *ffn_out;                // (N,H)
+    real *x_mid;                  // (N_local,H) after the attention residual
+    real *ln2, *ln2_rstd;         // (N_local,H), (N_local)
+    real *ln2_full;               // (N,H) ln2 of every token (dense FFN, shared expert), or ln2
+    // (N,H) workspaces of sequence parallelism: a row-parallel output before its sum
+    real *attn_partial;           // o_proj's (or x_mid)
+    real *ffn_partial;            // the dense FFN's or the shared expert's (or ffn_out, shared_out)
+    ExpertActs mlp;               // dense layers: (N,F/TP) each
+    MoeActs moe;                  // MoE layers: on the N_local tokens
+    real *ffn_out;                // (N_local,H)
 } LayerActs;
 
 // Per-layer key/value cache for generation (batch 1).
@@ -147,6 +160,7 @@ void kv_caches_free(KvCache *kv, const Model *m);
 typedef struct {
     int num_layers;
     int B, T, N;            // shape of the last forward
+    int N_local;            // tokens this rank holds outside tensor-parallel blocks (layout.h)
     TokenLayout tokens;     // positions and visible keys of the last forward's tokens
     int capacity_tokens;    // B·T the buffers were allocated for
     Batch input;            // the last forward's batch, its arrays copied into tensor memory
@@ -154,20 +168,27 @@ typedef struct {
     real *input_loss_mask;  // (capacity_tokens)
     Arena arena;
     LayerActs *layers;
-    real *x_final;          // (N,H) output of the last block
-    real *lnf, *lnf_rstd;   // (N,H), (N)
-    real *logits;           // (N,V)
+    real *x_final;          // (N_local,H) output of the last block
+    real *lnf, *lnf_rstd;   // (N_local,H), (N_local)
+    real *lnf_full;         // (N,H) lnf of every token (gathered with sequence parallelism), or lnf
+    real *logits;           // (N,V/TP) this rank's vocabulary slice
     real *token_loss;       // (N)
     real *token_lse;        // (N) logsumexp of each token's logits (for backward)
     real *loss_weight;      // (N) d(loss)/d(token_loss) of this micro-batch
     // backward scratch, shared by all layers
+    VocabScratch vocab_scratch;  // the vocab-parallel embedding's (tensor parallelism only)
     real *d_token_loss;     // (N)
-    real *d_resid, *d_norm, *d_att, *d_q, *d_k, *d_v, *d_q_raw, *d_k_raw, *d_logits;
+    real *d_resid, *d_norm;  // (N_local,H)
+    real *d_out_full;        // (N,H) d_resid of every token entering a row-parallel backward (or d_resid)
+    real *d_norm_full;       // (N,H) this rank's part of d_norm before its sum over TP (or d_norm)
+    real *d_att, *d_q, *d_k, *d_v, *d_q_raw, *d_k_raw, *d_logits;
     // Multi-Latent Attention: (N,heads·(dn+dv)), (N,rkv) ×2, (N,dr), (N,rq) ×2
     real *d_kv_b, *d_latent_norm, *d_latent, *d_k_rope, *d_q_a_norm, *d_q_a;
     real *d_rows_in, *d_rows_out, *d_row_probs, *d_choice_probs, *d_router_logits, *d_router_input;
-    real *d_shared_in;      // (N,H) shared expert input gradient
-    real *d_shared_gate;    // (N)
+    real *d_shared_in;      // (N_local,H) shared expert input gradient
+    real *d_shared_in_full; // (N,H) this rank's part of it before the sum over TP (or d_shared_in)
+    real *d_shared_gate;    // (N_local)
+    real *d_shared_gate_full;  // (N) this rank's part before the sum over TP (or d_shared_gate)
     real *d_gate, *d_up, *d_act;
     // results of the last forward
     double lm_loss;         // mean masked cross-entropy
@@ -182,12 +203,14 @@ RouterConfig model_router_config(const Config *c);
 
 // Describe every tensor (HF names of the chosen family) and allocate the table.
 void model_build(Model *m, const Config *cfg);
-// The same with the experts split over an expert-parallel group (ep NULL or of size 1:
-// model_build). The table then holds this rank's experts only, under their global names.
-void model_build_ep(Model *m, const Config *cfg, const Comm *ep);
-// model_build_ep in two halves: describe every tensor and lay out the flat buffers (sizes
+// The same for one rank of a parallel run (groups NULL: model_build): the table holds this
+// rank's experts and this rank's pieces of the tensor-parallel tensors, under their global
+// names; shapes come from the rank's layout plan (m->plan).
+void model_build_on(Model *m, const Config *cfg, const ModelGroups *groups);
+// model_build_on in two halves: describe every tensor and lay out the flat buffers (sizes
 // known, nothing large allocated: what a memory estimate needs), then allocate them.
-void model_describe(Model *m, const Config *cfg, const Comm *ep);
+// Collective over the world when the groups have tensor parallelism.
+void model_describe(Model *m, const Config *cfg, const ModelGroups *groups);
 void model_allocate(Model *m);
 // Megatron-Core init: normal(0, std) matrices, std/sqrt(2L) for output projections, ones for norms.
 void model_init_weights(Model *m, uint64_t seed);
@@ -220,6 +243,12 @@ typedef struct {
     int64_t begin, end;
 } ElemRange;
 void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts);
+
+// Tensor parallelism: sum over their holders the gradients each TP rank computes only part
+// of (TensorShard.grad_partial) in one part, or in all (model/tp_grads.c). Before the
+// data-parallel sums.
+void model_sum_partial_grads(Model *m, int part);
+void model_sum_all_partial_grads(Model *m);
 
 // Start a new global batch: apply the expert-bias update from the counts of the one
 // that ended (when enabled and apply_bias_update: not for a skipped step) and clear the

@@ -10,26 +10,35 @@
 
 enum { NOISE_JITTER = 1, NOISE_FORCED_LOGITS = 2 };  // random streams of a layer
 
-static ExpertShape expert_shape(const Config *c, const MoeActs *ma) {
-    return (ExpertShape){.groups = c->num_experts, .H = c->hidden_size, .I = c->moe_ffn,
+static ExpertShape expert_shape(const Model *m, const MoeActs *ma) {
+    return (ExpertShape){.groups = m->plan.experts, .H = m->plan.hidden, .I = m->plan.moe_ffn,
                          .offsets = ma->plan.expert_offsets};
 }
 
-static Rng layer_noise(const Batch *batch, int layer, int stream) {
+// The first token of this rank's among the micro-batch's (sequence parallelism splits them).
+static int first_local_token(const Model *m, int N_local) {
+    return m->plan.sequence_parallel ? m->plan.tp_rank * N_local : 0;
+}
+
+// A layer's noise stream, moved past the draws of the tokens before this rank's (each
+// token draws `per_token` values), so that every layout draws the same value per token.
+static Rng layer_noise(const Model *m, const Batch *batch, int layer, int stream, int N_local, size_t per_token) {
     Rng rng;
     rng_seed_stream(&rng, batch->noise_seed, (uint64_t)layer * 16 + stream);
+    size_t skipped = (size_t)first_local_token(m, N_local) * per_token;
+    for (size_t i = 0; i < skipped; i++) stream == NOISE_JITTER ? rng_uniform(&rng) : rng_normal(&rng);
     return rng;
 }
 
 // router_input = ln2, or ln2 · U(1−eps, 1+eps) elementwise while training with jitter
 static void router_input(const Model *m, int layer, LayerActs *la, const Batch *batch, int N) {
     MoeActs *ma = &la->moe;
-    size_t n = (size_t)N * m->cfg.hidden_size;
+    size_t n = (size_t)N * m->plan.hidden;
     double eps = m->cfg.moe_input_jitter_eps;
     ma->jitter_used = batch->training && eps > 0;
     ma->router_input = la->ln2;
     if (!ma->jitter_used) return;
-    Rng rng = layer_noise(batch, layer, NOISE_JITTER);
+    Rng rng = layer_noise(m, batch, layer, NOISE_JITTER, N, m->plan.hidden);
     for (size_t i = 0; i < n; i++) {
         ma->jitter[i] = (real)(1 - eps + 2 * eps * rng_uniform(&rng));
         ma->jittered_input[i] = la->ln2[i] * ma->jitter[i];
@@ -39,7 +48,7 @@ static void router_input(const Model *m, int layer, LayerActs *la, const Batch *
 
 // logits (N,E) = router_input · W_routerᵀ in the router dtype
 static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, int N) {
-    int H = m->cfg.hidden_size, E = m->cfg.num_experts;
+    int H = m->plan.hidden, E = m->plan.experts;
     const real *W = tt_param(&m->tt, lp->router);
     if (!m->cfg.router_fp64) linear_forward(ma->logits, ma->router_input, W, N, H, E);
     else moe_router_logits(ma->logits, ma->router_input, W, N, H, E);  // double accumulation
@@ -48,35 +57,43 @@ static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, in
 // Router bookkeeping across the micro-batches of a global batch (training only).
 static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     RouterState *rs = &m->router_state[layer];
-    for (int e = 0; e < m->cfg.num_experts; e++) {
+    for (int e = 0; e < m->plan.experts; e++) {
         rs->global_counts_sum[e] += ma->route.group_counts[e];
-        rs->bias_counts[e] += ma->route.tokens_per_expert[e];
+        rs->bias_counts[e] += ma->route.group_tokens_per_expert[e];  // the token group's (all of them here)
     }
     rs->global_micro_batches += ma->route.group_batches;
 }
 
+// The shared expert: a dense SwiGLU on every token (tensor parallel as the dense FFN:
+// gate/up column-parallel on ln2_full, down row-parallel), its output scaled per token by
+// σ(ln2·w_gate) with --moe-shared-expert-gate (computed on this rank's tokens, gathered).
 static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N) {
-    const Config *c = &m->cfg;
     MoeActs *ma = &la->moe;
-    int H = c->hidden_size;
+    TpRegion region = model_tp_region(m);
+    int H = m->plan.hidden, N_local = plan_local_tokens(&m->plan, N);
     int32_t offsets[2] = {0, N};
-    ExpertShape shape = {.groups = 1, .H = H, .I = c->moe_shared_expert_intermediate_size, .offsets = offsets};
+    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
     real *gate = NULL;
     if (lp->shared_expert_gate >= 0) {  // σ(x·w_gate) scales the whole shared output
-        linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N, H, 1);
-        for (int n = 0; n < N; n++) ma->shared_gate[n] = 1 / (1 + real_exp(-ma->shared_gate[n]));
-        gate = ma->shared_gate;
+        linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
+        for (int n = 0; n < N_local; n++) ma->shared_gate[n] = 1 / (1 + real_exp(-ma->shared_gate[n]));
+        tp_enter_forward(&region, ma->shared_gate, ma->shared_gate_full, N, 1);
+        gate = ma->shared_gate_full;
     }
-    experts_forward(ma->shared_out, &ma->shared, la->ln2, gate, &lp->shared_params, &shape);
-    vec_add(la->ffn_out, ma->shared_out, (size_t)N * H);
+    tp_enter_forward(&region, la->ln2, la->ln2_full, N, H);
+    experts_forward(la->ffn_partial, &ma->shared, la->ln2_full, gate, &lp->shared_params, &shape);
+    tp_exit_forward(&region, la->ffn_partial, ma->shared_out, N, H);
+    vec_add(la->ffn_out, ma->shared_out, (size_t)N_local * H);
 }
 
-static int ep_allgather(const Model *m) { return m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER; }
+static int ep_allgather(const Model *m) {
+    return m->ep.gather_always || (m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER);
+}
 
 // x (N,H) -> out (N,H): the routed experts' outputs combined per token, on this rank or
 // across the expert-parallel group.
 static void routed_experts_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *out) {
-    int H = m->cfg.hidden_size;
+    int H = m->plan.hidden;
     if (ep_allgather(m)) {
         ep_allgather_forward(m, lp, ma, x, out);
         return;
@@ -87,7 +104,7 @@ static void routed_experts_forward(const Model *m, const LayerParams *lp, MoeAct
         ep_alltoall_forward(m, lp, ma, out);
         return;
     }
-    ExpertShape es = expert_shape(&m->cfg, ma);
+    ExpertShape es = expert_shape(m, ma);
     experts_forward(ma->rows_out, &ma->experts, ma->rows_in, ma->row_probs, &lp->ffn_params, &es);
     combine_forward(out, ma->rows_out, &ma->plan, H, 0);
 }
@@ -95,7 +112,7 @@ static void routed_experts_forward(const Model *m, const LayerParams *lp, MoeAct
 // d_out (N,H) -> a->d_norm (N,H) overwritten and a->d_choice_probs (N,k).
 static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a,
                                     const real *d_out) {
-    int H = m->cfg.hidden_size;
+    int H = m->plan.hidden;
     if (ep_allgather(m)) {
         ep_allgather_backward(m, lp, ma, a, d_out);
         return;
@@ -106,7 +123,7 @@ static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeAc
     }
     // combine backward = dispatch of the output gradient (probs are inside the experts)
     dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    ExpertShape es = expert_shape(&m->cfg, ma);
+    ExpertShape es = expert_shape(m, ma);
     experts_backward(a->d_rows_in, a->d_row_probs, &lp->ffn_grads, a->d_rows_out, &ma->experts, ma->rows_in,
                      ma->row_probs, &lp->ffn_params, &es, a->d_gate, a->d_up, a->d_act);
     // dispatch backward = combine of the input-row gradients (and gather of the prob gradients)
@@ -117,49 +134,55 @@ void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
-    int N = batch->B * batch->T, E = c->num_experts;
-    router_input(m, layer, la, batch, N);
-    router_logits(m, lp, ma, N);
+    int N = batch->B * batch->T, N_local = plan_local_tokens(&m->plan, N), E = m->plan.experts;
+    router_input(m, layer, la, batch, N_local);
+    router_logits(m, lp, ma, N_local);
     if (c->moe_router_force_load_balancing) {  // random logits; gradients pass straight through
-        Rng rng = layer_noise(batch, layer, NOISE_FORCED_LOGITS);
-        for (size_t i = 0; i < (size_t)N * E; i++) ma->logits[i] = (real)rng_normal(&rng);
+        Rng rng = layer_noise(m, batch, layer, NOISE_FORCED_LOGITS, N_local, (size_t)E);
+        for (size_t i = 0; i < (size_t)N_local * E; i++) ma->logits[i] = (real)rng_normal(&rng);
     }
     const RouterState *rs = &m->router_state[layer];
-    ma->call = (RouterCall){.N = N, .seq_length = batch->T,
+    ma->call = (RouterCall){.N = N_local, .seq_length = batch->T,
                             .expert_bias = lp->expert_bias >= 0 ? tt_param(&m->tt, lp->expert_bias) : NULL,
                             .global_counts_before = batch->training ? rs->global_counts_sum : NULL,
                             .global_batches_before = batch->training ? rs->global_micro_batches : 0,
-                            .count_group = batch->training ? m->count_group : NULL};
+                            .count_group = batch->training ? m->count_group : NULL,
+                            .token_group = m->plan.sequence_parallel ? m->plan.tp : NULL,
+                            .token_first = first_local_token(m, N_local)};
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training) record_routing(m, layer, ma);
-    ma->plan.N = N;
+    ma->plan.N = N_local;
     routed_experts_forward(m, lp, ma, la->ln2, la->ffn_out);
     if (lp->shared_gate >= 0) shared_expert_forward(m, lp, la, N);
 }
 
-// Shared expert backward: adds its input gradient into a->d_norm.
+// Shared expert backward: adds its input gradient into a->d_norm (this rank's tokens).
 static void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a, const real *d_out) {
-    const Config *c = &m->cfg;
     MoeActs *ma = &la->moe;
-    int N = a->N, H = c->hidden_size;
+    TpRegion region = model_tp_region(m);
+    int N = a->N, N_local = a->N_local, H = m->plan.hidden;
     int32_t offsets[2] = {0, N};
-    ExpertShape shape = {.groups = 1, .H = H, .I = c->moe_shared_expert_intermediate_size, .offsets = offsets};
+    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
     int gated = lp->shared_expert_gate >= 0;
-    experts_backward(a->d_shared_in, gated ? a->d_shared_gate : NULL, &lp->shared_grads, d_out, &ma->shared, la->ln2,
-                     gated ? ma->shared_gate : NULL, &lp->shared_params, &shape, a->d_gate, a->d_up, a->d_act);
-    vec_add(a->d_norm, a->d_shared_in, (size_t)N * H);
+    tp_exit_backward(&region, d_out, a->d_out_full, N, H);
+    experts_backward(a->d_shared_in_full, gated ? a->d_shared_gate_full : NULL, &lp->shared_grads, a->d_out_full,
+                     &ma->shared, la->ln2_full, gated ? ma->shared_gate_full : NULL, &lp->shared_params, &shape,
+                     a->d_gate, a->d_up, a->d_act);
+    tp_enter_backward(&region, a->d_shared_in_full, a->d_shared_in, N, H);
+    vec_add(a->d_norm, a->d_shared_in, (size_t)N_local * H);
     if (!gated) return;
+    // each rank's columns make part of the gate's gradient: summed over TP, this rank's tokens kept
+    tp_enter_backward(&region, a->d_shared_gate_full, a->d_shared_gate, N, 1);
     // gate g = σ(z), z = x·w: dz = dg·g(1−g)
-    for (int n = 0; n < N; n++) a->d_shared_gate[n] *= ma->shared_gate[n] * (1 - ma->shared_gate[n]);
+    for (int n = 0; n < N_local; n++) a->d_shared_gate[n] *= ma->shared_gate[n] * (1 - ma->shared_gate[n]);
     linear_backward(a->d_norm, tt_grad(&m->tt, lp->shared_expert_gate), a->d_shared_gate, la->ln2,
-                    tt_param(&m->tt, lp->shared_expert_gate), N, H, 1);
+                    tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
 }
 
 void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale) {
-    const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
-    int N = a->N, H = c->hidden_size, E = c->num_experts;
+    int N = a->N_local, H = m->plan.hidden, E = m->plan.experts;
     routed_experts_backward(m, lp, ma, a, d_out);
     // router: probs → logits → (router input, W_router); with forced balancing the random
     // logits pass their gradient straight through to the real ones

@@ -19,13 +19,15 @@ static void region_init(GradRegion *r, const Comm *comm, FlatRange range, int di
     r->buffer = r->sharded ? device_calloc((size_t)MT_MAX(r->shard.end - r->shard.begin, 1), sizeof(real)) : NULL;
 }
 
-void grad_sync_init(GradSync *g, const Comm *dp, const Comm *edp, const Comm *ep, const TensorTable *tt,
-                    int distributed, int parts) {
+void grad_sync_init(GradSync *g, const GradGroups *groups, const TensorTable *tt, int distributed, int parts) {
+    const Comm *dp = groups->dp, *edp = groups->edp;
     memset(g, 0, sizeof(*g));
     region_init(&g->region[REGION_DENSE], dp, (FlatRange){0, (int64_t)tt->dense_total}, distributed);
     region_init(&g->region[REGION_EXPERT], edp, (FlatRange){(int64_t)tt->dense_total, (int64_t)tt->total},
                 distributed);
-    g->ep = ep;
+    g->ep = groups->ep;
+    g->tp = groups->tp;
+    g->etp = groups->etp;
     g->distributed = g->region[REGION_DENSE].sharded || g->region[REGION_EXPERT].sharded;
     g->overlap = dp->size > 1 || edp->size > 1;
     g->max_pending = REGIONS * parts;
@@ -99,16 +101,40 @@ void grad_sync_finish(GradSync *g, TensorTable *tt) {
     }
 }
 
+// Whether this rank counts tensor d's elements in the norm: it holds the first copy of its
+// piece (pieces of a group of `size` ranks each sit on size/parts consecutive ranks).
+static int counts_piece(const GradSync *g, const TensorDesc *d) {
+    const TensorShard *s = &d->shard;
+    if (s->group == SHARD_NONE) return 1;
+    const Comm *group = s->group == SHARD_TP ? g->tp : g->etp;
+    return group->rank % (group->size / s->parts) == 0;
+}
+
+// Σ of squares over [range) of the tensors this rank counts; the whole range at once when
+// no tensor is split (the one-process sum, bit for bit).
+static double counted_sum_squares(const GradSync *g, const TensorTable *tt, FlatRange range) {
+    if (g->tp->size == 1 && g->etp->size == 1) return grad_sum_squares(tt, range.begin, range.end);
+    double sum = 0;
+    for (int i = 0; i < tt->count; i++) {
+        const TensorDesc *d = &tt->descs[i];
+        int64_t from = MT_MAX((int64_t)d->offset, range.begin), to = MT_MIN((int64_t)(d->offset + d->numel), range.end);
+        if (from < to && counts_piece(g, d)) sum += grad_sum_squares(tt, from, to);
+    }
+    return sum;
+}
+
 // Dense tensors are the same on every expert-parallel rank and experts differ, so the norm
-// adds the dense shards over dp and the expert shards over edp and then over ep.
+// adds the dense shards over dp and tp, the expert shards over edp, ep and etp.
 double grad_sync_norm(const GradSync *g, const TensorTable *tt) {
     double sum[REGIONS];
     for (int i = 0; i < REGIONS; i++) {
         const GradRegion *r = &g->region[i];
-        sum[i] = grad_sum_squares(tt, r->shard.begin, r->shard.end);
+        sum[i] = counted_sum_squares(g, tt, r->shard);
         if (r->sharded) comm_allreduce_sum_double(r->comm, &sum[i], 1);
     }
+    comm_allreduce_sum_double(g->tp, &sum[REGION_DENSE], 1);
     comm_allreduce_sum_double(g->ep, &sum[REGION_EXPERT], 1);
+    comm_allreduce_sum_double(g->etp, &sum[REGION_EXPERT], 1);
     return sqrt(sum[REGION_DENSE] + sum[REGION_EXPERT]);
 }
 

@@ -31,6 +31,7 @@ typedef struct {
 typedef struct {
     GradRegion region[REGIONS];
     const Comm *ep;        // expert-parallel group: different experts, so their norms add up
+    const Comm *tp, *etp;  // tensor-parallel groups: pieces of tensors, so their norms add up
     int distributed;       // some region is sharded
     int overlap;           // more than one rank: sums start during the last backward
     CommRequest *pending;  // (max_pending) sums in flight
@@ -39,10 +40,14 @@ typedef struct {
     double hidden_s;       // the last grad_sync_finish: seconds sums were in flight before it waited
 } GradSync;
 
-// dp: dense data-parallel group (dp × cp); edp: expert data-parallel group; ep: the
-// expert-parallel group. parts: how many parts backward can report in one pass.
-void grad_sync_init(GradSync *g, const Comm *dp, const Comm *edp, const Comm *ep, const TensorTable *tt,
-                    int distributed, int parts);
+// The groups of one rank's gradients: dp the dense data-parallel group (dp × cp), edp the
+// expert data-parallel group, ep the expert-parallel one, tp and etp the tensor-parallel ones.
+typedef struct {
+    const Comm *dp, *edp, *ep, *tp, *etp;
+} GradGroups;
+
+// parts: how many parts backward can report in one pass.
+void grad_sync_init(GradSync *g, const GradGroups *groups, const TensorTable *tt, int distributed, int parts);
 void grad_sync_free(GradSync *g);
 // The element ranges this rank's optimizer steps (its shards), for optimizer_init_ranges.
 int grad_sync_shards(const GradSync *g, FlatRange *ranges);
@@ -55,7 +60,9 @@ void grad_sync_reduce(GradSync *g, TensorTable *tt);
 // each region exactly once.
 void grad_sync_part_ready(GradSync *g, TensorTable *tt, int region, int64_t begin, int64_t end);
 void grad_sync_finish(GradSync *g, TensorTable *tt);
-// L2 norm of all summed gradients of the model (every rank gets the same value).
+// L2 norm of all summed gradients of the model, each element counted once: a tensor piece
+// several tensor-parallel ranks hold counts on the first of them (every rank gets the same
+// value).
 double grad_sync_norm(const GradSync *g, const TensorTable *tt);
 // After the optimizer step: every rank holds every updated parameter of its tensors.
 void grad_sync_gather_params(GradSync *g, TensorTable *tt);

@@ -23,7 +23,7 @@ void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, 
         RouterStats *ls = &s->layers[i++];
         ls->layer = l;
         ls->dropped_tokens += r->dropped;
-        for (int e = 0; e < c->num_experts; e++) counts[e] += r->tokens_per_expert[e];
+        for (int e = 0; e < c->num_experts; e++) counts[e] += r->group_tokens_per_expert[e];  // the token group's
         ls->load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts);
         ls->dropped_frac += w * r->dropped / ((double)a->N * c->moe_router_topk);
         for (int t = 0; t < BALANCE_TYPES; t++) ls->balance[t] += w * r->balance_loss[t];
@@ -77,6 +77,8 @@ void step_losses_allreduce(StepLosses *s, const Comm *dp) {
     free(buf);
 }
 
+// The expert-bias counts of a step: each rank counted its micro-batches (the whole token
+// group's with sequence parallelism), summed over the data-parallel ranks.
 void router_state_allreduce(Model *m, const Comm *dp) {
     if (dp->size == 1) return;
     for (int l = 0; l < m->cfg.num_layers; l++)

@@ -81,6 +81,7 @@ static int64_t micro_batch_first(int64_t consumed, int mb, int B, const Comm *dp
 static void grads_ready(void *ctx, int part) {
     Trainer *t = ctx;
     ElemRange dense, experts;
+    model_sum_partial_grads(&t->model, part);  // over tensor-parallel ranks first
     model_grads_part_ranges(&t->model, part, &dense, &experts);
     grad_sync_part_ready(&t->sync, &t->model.tt, REGION_DENSE, dense.begin, dense.end);
     grad_sync_part_ready(&t->sync, &t->model.tt, REGION_EXPERT, experts.begin, experts.end);
@@ -126,6 +127,7 @@ static StepLosses train_step_micro_batches(Trainer *t) {
         grad_sync_finish(&t->sync, &t->model.tt);
         t->comm_hidden_s = t->sync.hidden_s;
     } else {
+        model_sum_all_partial_grads(&t->model);
         grad_sync_reduce(&t->sync, &t->model.tt);
     }
     t->comm_s += now_seconds() - t0;
@@ -146,15 +148,17 @@ static double evaluate(Trainer *t) {
     return total / c->eval_iters;
 }
 
-// The process groups. Data and expert parallelism are implemented; the other sizes are
-// accepted by the group code but not yet by the trainer.
+// The process groups. Data, expert, tensor and expert-tensor parallelism are implemented;
+// the other sizes are accepted by the group code but not yet by the trainer.
 static void setup_parallel(Trainer *t) {
     const Config *c = t->cfg;
     parallel_groups_init(&t->groups, c);
     const ParallelSizes *ps = &t->groups.sizes;
-    if (ps->tp > 1 || ps->cp > 1 || ps->pp > 1 || ps->etp > 1)
-        mt_die("--tensor-/--context-/--pipeline-model-parallel-size and --expert-tensor-parallel-size above 1 are "
-               "not implemented yet; use data and expert parallelism (those sizes 1)");
+    if (ps->cp > 1 || ps->pp > 1)
+        mt_die("--context-parallel-size and --pipeline-model-parallel-size above 1 are not implemented yet; use "
+               "data, tensor and expert parallelism (those sizes 1)");
+    if (ps->etp > 1 && !c->num_experts)
+        mt_die("--expert-tensor-parallel-size %d needs a MoE model (--num-experts)", ps->etp);
     if (ps->ep > 1 && !c->num_experts)
         mt_die("--expert-model-parallel-size %d needs a MoE model (--num-experts)", ps->ep);
     t->dp = &t->groups.comm[PG_DP];
@@ -221,10 +225,13 @@ static void trainer_setup(Trainer *t, Config *c) {
         c->log_jsonl[0] = 0;
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
-    model_describe(&t->model, c, &t->groups.comm[PG_EP]);
-    t->model.count_group = &t->groups.comm[PG_DP_CP];
-    grad_sync_init(&t->sync, &t->groups.comm[PG_DP_CP], &t->groups.comm[PG_EDP], &t->groups.comm[PG_EP], &t->model.tt,
-                   c->use_distributed_optimizer, c->num_layers + 2);
+    const Comm *pg = t->groups.comm;
+    ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .etp_ep = &pg[PG_ETP_EP],
+                          .count = &pg[PG_DP_CP]};
+    model_describe(&t->model, c, &groups);
+    GradGroups grad_groups = {.dp = &pg[PG_DP_CP], .edp = &pg[PG_EDP], .ep = &pg[PG_EP], .tp = &pg[PG_TP],
+                              .etp = &pg[PG_ETP]};
+    grad_sync_init(&t->sync, &grad_groups, &t->model.tt, c->use_distributed_optimizer, c->num_layers + 2);
     FlatRange shards[REGIONS];
     int n_shards = grad_sync_shards(&t->sync, shards);
     check_memory(t, shards, n_shards);  // before the large buffers exist

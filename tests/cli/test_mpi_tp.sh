@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# test_mpi_tp.sh — tensor and sequence parallelism under mpirun give the single-process run:
+# 10 steps of each layout reproduce the losses (lm and aux) and gradient norms of one
+# process within 1e-5 relative: a dense model with TP=2 with and without
+# --sequence-parallel, TP=4 with 2 kv groups (replicated kv heads), TP=2 with MLA and
+# q_lora_rank, TP=2 with OLMoE's whole-projection QK-norm and clip_qkv, untied and tied
+# embeddings, a vocabulary of 257 on TP=2 (padded to 258), MoE layers with SP: TP=2,
+# TP=2 x EP=2, TP=2 x DP=2 with the distributed optimizer, shared experts with their gate,
+# capacity with drops, every balance-loss type with z-loss and expert bias, ETP=2 x EP=2
+# (with and without TP), ETP with the distributed optimizer, 8 ranks of TP=2 x EP=4; bad tensor-parallel sizes are refused with one line naming the flags.
+# Skipped without an MPI build (a failure under CI).
+set -u
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/mpi_lib.sh"
+mpi_require mpi_tp
+# The vocabulary is padded to --make-vocab-size-divisible-by x TP: the single-process run
+# pads 257 to 512 as the layouts do (TP=2: 256 x 2, TP=4: 128 x 4).
+SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
+       --ffn-hidden-size 128 --eval-interval 0 --lr-warmup-iters 2 --log-interval 1 --mock-data-tokens 65536
+       --train-iters 10 --global-batch-size 8 --make-vocab-size-divisible-by 512)
+MOE=(--num-experts 4 --moe-ffn-hidden-size 64 --moe-router-topk 2)
+TP2=(--tensor-model-parallel-size 2 --make-vocab-size-divisible-by 256)
+TP4=(--tensor-model-parallel-size 4 --make-vocab-size-divisible-by 128)
+SP=(--sequence-parallel)
+
+if "$M" --version | grep -q sanitizers; then
+    full() { echo "skip $1: sanitizer build (run by the plain build)"; }
+else
+    full() { "${@:2}"; }
+fi
+
+# dense layers
+run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
+run_case tp2_dense_sequence_parallel 2 "${TP2[@]}" "${SP[@]}" -- --num-experts 0 --untie-embeddings-and-output-weights
+full tp4_two_kv_groups run_case tp4_two_kv_groups 4 "${TP4[@]}" "${SP[@]}" -- --num-experts 0 \
+    --group-query-attention --num-query-groups 2
+run_case tp2_mla_q_lora 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --multi-latent-attention --q-lora-rank 32 \
+    --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
+run_case tp2_olmoe_qk_norm_clip 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --qk-layernorm \
+    --qk-layernorm-scope projection --clip-qkv 0.5
+full tp2_vocab_257 run_case tp2_vocab_257 2 --tensor-model-parallel-size 2 --make-vocab-size-divisible-by 1 -- \
+    --num-experts 0 --make-vocab-size-divisible-by 2
+
+# MoE layers: tokens enter them sequence-parallel
+run_case tp2_moe 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-aux-loss-coeff 0.01
+run_case tp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
+run_case tp2_dp2_distributed_optimizer 4 "${TP2[@]}" "${SP[@]}" --use-distributed-optimizer -- "${MOE[@]}"
+run_case tp2_shared_expert_gate 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64 \
+    --moe-shared-expert-gate --moe-input-jitter-eps 0.01
+run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert-capacity-factor 0.5 \
+    --moe-token-drop-policy probs && dropped tp2_capacity_drops_tokens
+full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
+    --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 1e-3 \
+    --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
+full tp2_dp2_global_aux run_case tp2_dp2_global_aux 4 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
+    --moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 0.01
+# expert tensor parallelism: each expert's FFN split over ETP (gate/up column, down row)
+run_case etp2_ep2 4 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- "${MOE[@]}" \
+    --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
+full etp2_distributed_optimizer run_case etp2_distributed_optimizer 2 --expert-tensor-parallel-size 2 \
+    --use-distributed-optimizer -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64
+run_case tp2_etp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- \
+    "${MOE[@]}" --moe-aux-loss-coeff 0.01
+full tp2_ep4_8_ranks run_case tp2_ep4_8_ranks 8 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 4 -- \
+    "${MOE[@]}" --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.01
+
+# sizes that do not split evenly: one line naming the flags
+expect_error tp_heads "--tensor-model-parallel-size 3 does not divide --num-attention-heads 4" -- \
+    "$M" train "${SMALL[@]}" --num-experts 0 --tensor-model-parallel-size 3
+expect_error tp_moe_needs_sp "with MoE layers needs --sequence-parallel" -- \
+    "$M" train "${SMALL[@]}" "${MOE[@]}" --tensor-model-parallel-size 2
+expect_error tp_kv_heads "one must divide the other" -- \
+    "$M" train "${SMALL[@]}" --num-experts 0 --num-attention-heads 12 --group-query-attention --num-query-groups 3 \
+    --tensor-model-parallel-size 2 --hidden-size 96
