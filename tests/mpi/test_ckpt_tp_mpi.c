@@ -2,8 +2,9 @@
 // src/hf/hf_weights.c), run by tests/cli/test_mpi_tp_checkpoint.sh under mpirun -np 2 and 4.
 //
 //   test_ckpt_tp_mpi DIR   a small MoE model (one dense layer, one MoE layer, untied head,
-//                          grouped kv heads, QK-norm) whose tensor table is built by hand with
-//                          shard descriptors for a chain of layouts (TP, ETP, EP, DP, the
+//                          grouped kv heads, QK-norm) described with its layout plan (and, for
+//                          some layouts, cut by hand by tests/unit/tp_tables.h) for a chain of
+//                          layouts (TP, ETP, EP, DP, the
 //                          distributed optimizer): pieces of rows (embedding, q/k/v, gate/up,
 //                          lm_head), of columns (o_proj, down), kv pieces fewer than TP,
 //                          replicated norms and routers, experts cut over ETP on their EP rank.
@@ -60,6 +61,7 @@ static int end(void) {
 typedef struct {
     const char *name;
     int tp, ep, etp, distributed;
+    int hand_cut;  // the table cut by tp_tables.h instead of the model's own layout plan
 } Layout;
 
 typedef struct {
@@ -78,12 +80,19 @@ static void run_open(Run *r, const Config *base, const Layout *l) {
     r->cfg.expert_tensor_parallel_size = l->etp;
     r->cfg.use_distributed_optimizer = l->distributed;
     parallel_groups_init(&r->pg, &r->cfg);
-    model_describe(&r->m, &r->cfg, &r->pg.comm[PG_EP]);
-    const Comm *tp = &r->pg.comm[PG_TP], *etp = &r->pg.comm[PG_ETP];
-    TpCoords coords = {tp->size, tp->rank, etp->size, etp->rank};
-    tp_shard_table(&r->m.tt, &r->cfg, &coords);
-    grad_sync_init(&r->sync, &r->pg.comm[PG_DP_CP], &r->pg.comm[PG_EDP], &r->pg.comm[PG_EP], &r->m.tt,
-                   l->distributed, 1);
+    const Comm *pg = r->pg.comm;
+    ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .etp_ep = &pg[PG_ETP_EP],
+                          .count = &pg[PG_DP_CP]};
+    model_describe(&r->m, &r->cfg, &groups);  // the model's own pieces of each tensor
+    if (l->hand_cut) {
+        TpCoords coords = {pg[PG_TP].size, pg[PG_TP].rank, pg[PG_ETP].size, pg[PG_ETP].rank};
+        tp_shard_table(&r->m.tt, &r->cfg, &coords);
+    } else {
+        tt_allocate(&r->m.tt);
+    }
+    GradGroups grad_groups = {.dp = &pg[PG_DP_CP], .edp = &pg[PG_EDP], .ep = &pg[PG_EP], .tp = &pg[PG_TP],
+                              .etp = &pg[PG_ETP]};
+    grad_sync_init(&r->sync, &grad_groups, &r->m.tt, l->distributed, 1);
     FlatRange ranges[REGIONS];
     int n = grad_sync_shards(&r->sync, ranges);
     optimizer_init_ranges(&r->opt, ranges, n);
@@ -243,18 +252,21 @@ int main(int argc, char **argv) {
     world = comm_world();
     if (argc != 2) mt_die("usage: test_ckpt_tp_mpi DIR (a directory every rank can write)");
     static const Layout four[] = {
-        {"tp_checkpoint_tp2_etp2_ep2_distributed", 2, 2, 2, 1},  // dense dp 2 sharded, experts cut
-        {"tp_checkpoint_tp4_ep2_edp2_distributed", 4, 2, 1, 1},  // kv pieces on 2 ranks each
-        {"tp_checkpoint_tp1_ep4_dp4_distributed", 1, 4, 1, 1},   // data and expert parallel only
-        {"tp_checkpoint_tp2_etp2_edp2", 2, 1, 2, 0},             // experts cut, replicated over edp
+        {"tp_checkpoint_tp2_etp2_ep2_distributed", 2, 2, 2, 1, 0},  // dense dp 2 sharded, experts cut
+        {"tp_checkpoint_tp4_ep2_edp2_distributed", 4, 2, 1, 1, 0},  // kv pieces on 2 ranks each
+        {"tp_checkpoint_tp1_ep4_dp4_distributed", 1, 4, 1, 1, 0},   // data and expert parallel only
+        {"tp_checkpoint_tp2_etp2_edp2", 2, 1, 2, 0, 0},             // experts cut, replicated over edp
+        {"tp_checkpoint_hand_cut_tp4_ep2_distributed", 4, 2, 1, 1, 1},
+        {"tp_checkpoint_hand_cut_tp2_etp2_ep2", 2, 2, 2, 0, 1},
     };
     static const Layout two[] = {
-        {"tp_checkpoint_tp2_edp2_distributed", 2, 1, 1, 1},
-        {"tp_checkpoint_tp2_etp2", 2, 1, 2, 0},
-        {"tp_checkpoint_tp1_ep2_distributed", 1, 2, 1, 1},
+        {"tp_checkpoint_tp2_edp2_distributed", 2, 1, 1, 1, 0},
+        {"tp_checkpoint_tp2_etp2", 2, 1, 2, 0, 0},
+        {"tp_checkpoint_tp1_ep2_distributed", 1, 2, 1, 1, 0},
+        {"tp_checkpoint_hand_cut_tp2_etp2_distributed", 2, 1, 2, 1, 1},
     };
     if (world.size != 2 && world.size != 4) mt_die("run under mpirun -np 2 or 4 (this world has %d)", world.size);
-    int ok = world.size == 4 ? check_layout_chain(argv[1], four, 4) : check_layout_chain(argv[1], two, 3);
+    int ok = world.size == 4 ? check_layout_chain(argv[1], four, 6) : check_layout_chain(argv[1], two, 4);
     comm_world_finalize();
     return ok ? 0 : 1;
 }
