@@ -24,6 +24,9 @@ TP2=(--tensor-model-parallel-size 2 --make-vocab-size-divisible-by 256)
 TP4=(--tensor-model-parallel-size 4 --make-vocab-size-divisible-by 128)
 SP=(--sequence-parallel)
 
+# Under a sanitizer build (-O0, ~10x slower) the cases marked "full" run in the plain build
+# only; the others cover every code path once (SP, replicated kv heads with the sharded
+# QK-norm, MLA, TP x EP, the shared expert's gate, capacity, TP x ETP x EP).
 if "$M" --version | grep -q sanitizers; then
     full() { echo "skip $1: sanitizer build (run by the plain build)"; }
 else
@@ -31,7 +34,7 @@ else
 fi
 
 # dense layers
-run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
+full tp2_dense run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
 run_case tp2_dense_sequence_parallel 2 "${TP2[@]}" "${SP[@]}" -- --num-experts 0 --untie-embeddings-and-output-weights
 full tp4_two_kv_groups run_case tp4_two_kv_groups 4 "${TP4[@]}" "${SP[@]}" -- --num-experts 0 \
     --group-query-attention --num-query-groups 2
@@ -39,15 +42,15 @@ run_case tp4_kv2_qk_norm_projection 4 "${TP4[@]}" -- --num-experts 0 --group-que
     --num-query-groups 2 --qk-layernorm --qk-layernorm-scope projection
 run_case tp2_mla_q_lora 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --multi-latent-attention --q-lora-rank 32 \
     --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
-run_case tp2_olmoe_qk_norm_clip 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --qk-layernorm \
+full tp2_olmoe_qk_norm_clip run_case tp2_olmoe_qk_norm_clip 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --qk-layernorm \
     --qk-layernorm-scope projection --clip-qkv 0.5
 full tp2_vocab_257 run_case tp2_vocab_257 2 --tensor-model-parallel-size 2 --make-vocab-size-divisible-by 1 -- \
     --num-experts 0 --make-vocab-size-divisible-by 2
 
 # MoE layers: tokens enter them sequence-parallel
-run_case tp2_moe 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-aux-loss-coeff 0.01
+full tp2_moe run_case tp2_moe 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-aux-loss-coeff 0.01
 run_case tp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
-run_case tp2_dp2_distributed_optimizer 4 "${TP2[@]}" "${SP[@]}" --use-distributed-optimizer -- "${MOE[@]}"
+full tp2_dp2_distributed_optimizer run_case tp2_dp2_distributed_optimizer 4 "${TP2[@]}" "${SP[@]}" --use-distributed-optimizer -- "${MOE[@]}"
 run_case tp2_shared_expert_gate 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64 \
     --moe-shared-expert-gate --moe-input-jitter-eps 0.01
 run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert-capacity-factor 0.5 \
@@ -55,7 +58,7 @@ run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert
 full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 1e-3 \
     --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
-run_case tp2_global_aux 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
+full tp2_global_aux run_case tp2_global_aux 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 0.01
 # global_aux_loss counts a micro-batch step over the data-parallel ranks (test_mpi_dp.sh: DP=2
 # is one process with the step's micro-batches in one): TP=2 x DP=2 gives DP=2
@@ -72,7 +75,7 @@ tp_dp_global_aux() {
 full tp2_dp2_global_aux tp_dp_global_aux
 
 # expert tensor parallelism: each expert's FFN split over ETP (gate/up column, down row)
-run_case etp2_ep2 4 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- "${MOE[@]}" \
+full etp2_ep2 run_case etp2_ep2 4 --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- "${MOE[@]}" \
     --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
 full etp2_distributed_optimizer run_case etp2_distributed_optimizer 2 --expert-tensor-parallel-size 2 \
     --use-distributed-optimizer -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64
