@@ -1,7 +1,7 @@
 // tensor_table.h — every parameter described once, living in flat buffers.
 //
 // A TensorDesc names a parameter (its Hugging Face name), gives its global shape, how it
-// is sharded across a parallel group (none yet: replicated), where it sits in the flat
+// is sharded across a parallel group (TensorShard: which piece this rank holds), where it sits in the flat
 // buffers and how it is treated (weight decay, expert, router, init). Parameters,
 // gradients and optimizer moments are each ONE flat buffer with the same offsets, so
 // zeroing, gradient reduction, clipping, the optimizer and checkpoints are loops over

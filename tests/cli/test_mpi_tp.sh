@@ -92,3 +92,8 @@ expect_error tp_moe_needs_sp "with MoE layers needs --sequence-parallel" -- \
 expect_error tp_kv_heads "one must divide the other" -- \
     "$M" train "${SMALL[@]}" --num-experts 0 --num-attention-heads 12 --group-query-attention --num-query-groups 3 \
     --tensor-model-parallel-size 2 --hidden-size 96
+# a checkpoint keeps its padded vocabulary: one of 257 rows does not split over TP=2
+"$M" train "${SMALL[@]}" --num-experts 0 --make-vocab-size-divisible-by 1 --train-iters 2 --lr-warmup-iters 1 --save "$work/v257" \
+    >"$work/v257.log" 2>&1 || fail tp_vocab_rows_of_checkpoint "one process: $(tail -1 "$work/v257.log")"
+expect_error tp_vocab_rows_of_checkpoint "the checkpoint's vocabulary of 257 rows (padded) does not split over --tensor-model-parallel-size 2" -- \
+    "$M" train --load "$work/v257" --tensor-model-parallel-size 2
