@@ -103,6 +103,7 @@ typedef struct {
     RouterCall call;
     RouterOutput route;
     DispatchPlan plan;
+    ExpertRows expert_rows; // the rows this rank's experts computed (set by the token dispatcher)
     real *rows_in;      // (rows,H) permuted inputs
     real *row_probs;    // (rows)
     ExpertActs experts; // (rows,I) each

@@ -2,6 +2,7 @@
 // (see expert_parallel.h), and the growable buffers they compute in.
 #include "core/device.h"
 #include "moe/expert_parallel.h"
+#include "moe/token_dispatcher.h"
 
 #include <string.h>
 
@@ -220,9 +221,26 @@ static void sort_segments(real *dst, const real *src, const EpLayer *el, const E
     free(next);
 }
 
-void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, real *ffn_out) {
+// The rows this rank's experts compute, from the exchange's layer state.
+static ExpertRows layer_rows(const Model *m, EpLayer *el, const int32_t *offsets) {
+    return (ExpertRows){.rows_in = el->rows_in, .row_probs = el->row_probs, .rows_out = el->rows_out,
+                        .acts = &el->acts, .shape = local_shape(m, offsets)};
+}
+
+// The exchange's gradient buffers (scratch shared by the layers).
+static void set_backward_rows(ExpertRows *rows, struct EpBuffers *b) {
+    rows->d_rows_out = b->d_rows_out;
+    rows->d_rows_in = b->d_rows_in;
+    rows->d_row_probs = b->d_row_probs;
+    rows->scratch_gate = b->d_gate;
+    rows->scratch_up = b->d_up;
+    rows->scratch_act = b->d_act;
+}
+
+static void alltoall_dispatch(const Model *m, MoeActs *ma, const real *x, ExpertRows *rows) {
     const ExpertParallel *ep = &m->ep;
     int H = m->plan.hidden;
+    local_dispatch_rows(m, ma, x);
     EpLayer *el = ep_layer(ma, ep, m->plan.experts);
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
@@ -237,36 +255,51 @@ void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, rea
     exchange_rows(m, ma->row_probs, el->send_rows, b->exchange_probs, el->recv_rows, 1);
     sort_segments(el->rows_in, b->exchange, el, ep, H, 1);
     sort_segments(el->row_probs, b->exchange_probs, el, ep, 1, 1);
-    ExpertShape shape = local_shape(m, el->offsets);
-    experts_forward(el->rows_out, &el->acts, el->rows_in, el->row_probs, &lp->ffn_params, &shape);
-    sort_segments(b->exchange, el->rows_out, el, ep, H, 0);
-    exchange_rows(m, b->exchange, el->recv_rows, ma->rows_out, el->send_rows, H);
-    combine_forward(ffn_out, ma->rows_out, &ma->plan, H, 0);
+    *rows = layer_rows(m, el, el->offsets);
 }
 
-void ep_alltoall_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out) {
+static void alltoall_combine(const Model *m, MoeActs *ma, const ExpertRows *rows, real *out) {
     const ExpertParallel *ep = &m->ep;
     EpLayer *el = ma->ep;
     int H = m->plan.hidden;
     struct EpBuffers *b = buffers_for_rows(m, el->rows);
-    // combine backward = dispatch of the output gradient, then the same trip as the inputs
+    sort_segments(b->exchange, rows->rows_out, el, ep, H, 0);
+    exchange_rows(m, b->exchange, el->recv_rows, ma->rows_out, el->send_rows, H);
+    combine_forward(out, ma->rows_out, &ma->plan, H, 0);
+}
+
+// combine backward = dispatch of the output gradient, then the same trip as the inputs
+static void alltoall_combine_backward(const Model *m, MoeActs *ma, ModelActs *a, const real *d_out,
+                                      ExpertRows *rows) {
+    const ExpertParallel *ep = &m->ep;
+    EpLayer *el = ma->ep;
+    int H = m->plan.hidden;
+    struct EpBuffers *b = buffers_for_rows(m, el->rows);
     dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
     exchange_rows(m, a->d_rows_out, el->send_rows, b->exchange, el->recv_rows, H);
     sort_segments(b->d_rows_out, b->exchange, el, ep, H, 1);
-    ExpertShape shape = local_shape(m, el->offsets);
-    experts_backward(b->d_rows_in, b->d_row_probs, &lp->ffn_grads, b->d_rows_out, &el->acts, el->rows_in,
-                     el->row_probs, &lp->ffn_params, &shape, b->d_gate, b->d_up, b->d_act);
-    // the input and prob gradients return as the outputs did
-    sort_segments(b->exchange, b->d_rows_in, el, ep, H, 0);
+    set_backward_rows(rows, b);
+}
+
+// the input and prob gradients return as the outputs did
+static void alltoall_dispatch_backward(const Model *m, MoeActs *ma, ModelActs *a, const ExpertRows *rows) {
+    const ExpertParallel *ep = &m->ep;
+    EpLayer *el = ma->ep;
+    int H = m->plan.hidden;
+    struct EpBuffers *b = m->ep_buffers;
+    sort_segments(b->exchange, rows->d_rows_in, el, ep, H, 0);
     exchange_rows(m, b->exchange, el->recv_rows, a->d_rows_in, el->send_rows, H);
-    sort_segments(b->exchange_probs, b->d_row_probs, el, ep, 1, 0);
+    sort_segments(b->exchange_probs, rows->d_row_probs, el, ep, 1, 0);
     exchange_rows(m, b->exchange_probs, el->recv_rows, a->d_row_probs, el->send_rows, 1);
     dispatch_backward(a->d_norm, a->d_choice_probs, a->d_rows_in, a->d_row_probs, &ma->plan, H);
 }
 
+const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {"alltoall", alltoall_dispatch, alltoall_combine,
+                                                   alltoall_combine_backward, alltoall_dispatch_backward};
+
 // ---- allgather -----------------------------------------------------------------------------------
 
-void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *ffn_out) {
+static void allgather_dispatch(const Model *m, MoeActs *ma, const real *x, ExpertRows *rows) {
     const ExpertParallel *ep = &m->ep;
     const Comm *g = ep->gather;
     int P = g->size, N = ma->plan.N, k = ma->plan.k, E = m->plan.experts, H = m->plan.hidden;
@@ -284,32 +317,38 @@ void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, co
         m->ep_buffers->comm_s += now_seconds() - t0;
     }
     // keep the choices of this rank's experts: the plan gives the others no rows
-    size_t rows = 0;
+    size_t kept_rows = 0;
     for (size_t i = 0; i < choices; i++) {
         int e = el->topk_all[i];
         el->kept_all[i] = el->kept_all[i] && e >= ep->first && e < ep->first + ep->local;
-        rows += (size_t)el->kept_all[i];
+        kept_rows += (size_t)el->kept_all[i];
     }
-    layer_reserve_rows(el, rows, H, m->plan.moe_ffn);
+    layer_reserve_rows(el, kept_rows, H, m->plan.moe_ffn);
     el->plan.N = (int)tokens;
     el->plan.k = k;
     el->plan.E = E;
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
-    el->rows = (int)rows;
+    el->rows = (int)kept_rows;
     dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
-    ExpertShape shape = local_shape(m, el->plan.expert_offsets + ep->first);  // rows start at 0
-    experts_forward(el->rows_out, &el->acts, el->rows_in, el->row_probs, &lp->ffn_params, &shape);
-    combine_forward(b->tokens_all, el->rows_out, &el->plan, H, 0);  // this rank's part of every token
+    *rows = layer_rows(m, el, el->plan.expert_offsets + ep->first);  // rows start at 0
+}
+
+static void allgather_combine(const Model *m, MoeActs *ma, const ExpertRows *rows, real *out) {
+    const Comm *g = m->ep.gather;
+    EpLayer *el = ma->ep;
+    int N = ma->plan.N, H = m->plan.hidden;
+    struct EpBuffers *b = m->ep_buffers;
+    combine_forward(b->tokens_all, rows->rows_out, &el->plan, H, 0);  // this rank's part of every token
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t1 = now_seconds();
-    comm_reduce_scatter(g, b->tokens_all, ffn_out, (size_t)N * H);
+    comm_reduce_scatter(g, b->tokens_all, out, (size_t)N * H);
     m->ep_buffers->comm_s += now_seconds() - t1;
 }
 
-void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out) {
-    const ExpertParallel *ep = &m->ep;
+static void allgather_combine_backward(const Model *m, MoeActs *ma, ModelActs *a, const real *d_out,
+                                       ExpertRows *rows) {
+    const Comm *g = m->ep.gather;
     EpLayer *el = ma->ep;
-    const Comm *g = ep->gather;
     int P = g->size, N = ma->plan.N, k = ma->plan.k, H = m->plan.hidden;
     struct EpBuffers *b = buffers_for_tokens(m, (size_t)P * N, (size_t)P * N * k);
     buffers_for_rows(m, el->rows);
@@ -320,14 +359,22 @@ void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, M
         m->ep_buffers->comm_s += now_seconds() - t0;
     }
     dispatch_forward(b->d_rows_out, NULL, b->tokens_all, NULL, &el->plan, H);
-    ExpertShape shape = local_shape(m, el->plan.expert_offsets + ep->first);
-    experts_backward(b->d_rows_in, b->d_row_probs, &lp->ffn_grads, b->d_rows_out, &el->acts, el->rows_in,
-                     el->row_probs, &lp->ffn_params, &shape, b->d_gate, b->d_up, b->d_act);
+    set_backward_rows(rows, b);
+}
+
+static void allgather_dispatch_backward(const Model *m, MoeActs *ma, ModelActs *a, const ExpertRows *rows) {
+    const Comm *g = m->ep.gather;
+    EpLayer *el = ma->ep;
+    int N = ma->plan.N, k = ma->plan.k, H = m->plan.hidden;
+    struct EpBuffers *b = m->ep_buffers;
     // 0 in choices_all for other ranks' experts
-    dispatch_backward(b->tokens_all, b->choices_all, b->d_rows_in, b->d_row_probs, &el->plan, H);
+    dispatch_backward(b->tokens_all, b->choices_all, rows->d_rows_in, rows->d_row_probs, &el->plan, H);
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t1 = now_seconds();
     comm_reduce_scatter(g, b->tokens_all, a->d_norm, (size_t)N * H);
     comm_reduce_scatter(g, b->choices_all, a->d_choice_probs, (size_t)N * k);
     m->ep_buffers->comm_s += now_seconds() - t1;
 }
+
+const TokenDispatcher TOKEN_DISPATCHER_ALLGATHER = {"allgather", allgather_dispatch, allgather_combine,
+                                                    allgather_combine_backward, allgather_dispatch_backward};

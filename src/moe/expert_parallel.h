@@ -24,16 +24,8 @@
 #pragma once
 #include "model/model.h"
 
-// ma->plan and ma->rows_in / ma->row_probs are the local dispatch; ffn_out (N,H) is
-// overwritten with the combined expert outputs.
-void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, real *ffn_out);
-// ma->route and x (N,H) (the layer's expert input); ffn_out (N,H) overwritten.
-void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *ffn_out);
-
-// d_out (N,H) -> a->d_norm (N,H) overwritten and a->d_choice_probs (N,k); expert weight
-// gradients accumulate into lp->ffn_grads.
-void ep_alltoall_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out);
-void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out);
+// The two exchanges are token dispatchers (moe/token_dispatcher.h):
+// TOKEN_DISPATCHER_ALLTOALL and TOKEN_DISPATCHER_ALLGATHER, defined here.
 
 // Seconds spent in the token exchange since the last call (and restart the count).
 double ep_take_comm_seconds(const Model *m);

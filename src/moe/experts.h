@@ -33,3 +33,16 @@ void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,
                       const real *drows_out, const ExpertActs *acts, const real *rows_in,
                       const real *row_scale, const ExpertWeights *w, const ExpertShape *s,
                       real *scratch_dgate, real *scratch_dup, real *scratch_dact);
+
+// The rows a rank's experts compute in one MoE layer, as a token dispatcher hands them over
+// (moe/token_dispatcher.h): the inputs and probs, where the outputs go, the saved
+// activations and the grouping; for backward, the gradient buffers the dispatcher's
+// combine_backward fills (d_rows_out) or reads back (d_rows_in, d_row_probs).
+typedef struct {
+    const real *rows_in, *row_probs;  // (rows,H), (rows)
+    real *rows_out;                   // (rows,H)
+    ExpertActs *acts;                 // (rows,I) each
+    ExpertShape shape;
+    real *d_rows_out, *d_rows_in, *d_row_probs;   // (rows,H), (rows,H), (rows)
+    real *scratch_gate, *scratch_up, *scratch_act;  // (rows,I) each
+} ExpertRows;

@@ -4,16 +4,11 @@
 #include <string.h>
 
 #include "core/rng.h"
-#include "moe/expert_parallel.h"
+#include "moe/token_dispatcher.h"
 #include "model/layers.h"
 #include "ops/ops.h"
 
 enum { NOISE_JITTER = 1, NOISE_FORCED_LOGITS = 2 };  // random streams of a layer
-
-static ExpertShape expert_shape(const Model *m, const MoeActs *ma) {
-    return (ExpertShape){.groups = m->plan.experts, .H = m->plan.hidden, .I = m->plan.moe_ffn,
-                         .offsets = ma->plan.expert_offsets};
-}
 
 // The first token of this rank's among the micro-batch's (sequence parallelism splits them).
 static int first_local_token(const Model *m, int N_local) {
@@ -86,48 +81,26 @@ static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerAc
     vec_add(la->ffn_out, ma->shared_out, (size_t)N_local * H);
 }
 
-static int ep_allgather(const Model *m) {
-    return m->ep.gather_always || (m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER);
-}
-
-// x (N,H) -> out (N,H): the routed experts' outputs combined per token, on this rank or
-// across the expert-parallel group.
+// x (N,H) -> out (N,H): the routed experts' outputs combined per token: the dispatcher
+// moves the rows, the experts run here between its phases.
 static void routed_experts_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *out) {
-    int H = m->plan.hidden;
-    if (ep_allgather(m)) {
-        ep_allgather_forward(m, lp, ma, x, out);
-        return;
-    }
-    dispatch_plan(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity);
-    dispatch_forward(ma->rows_in, ma->row_probs, x, ma->route.topk_probs, &ma->plan, H);
-    if (m->ep.size > 1) {
-        ep_alltoall_forward(m, lp, ma, out);
-        return;
-    }
-    ExpertShape es = expert_shape(m, ma);
-    experts_forward(ma->rows_out, &ma->experts, ma->rows_in, ma->row_probs, &lp->ffn_params, &es);
-    combine_forward(out, ma->rows_out, &ma->plan, H, 0);
+    const TokenDispatcher *d = token_dispatcher_of(m);
+    ExpertRows *rows = &ma->expert_rows;
+    d->dispatch(m, ma, x, rows);
+    experts_forward(rows->rows_out, rows->acts, rows->rows_in, rows->row_probs, &lp->ffn_params, &rows->shape);
+    d->combine(m, ma, rows, out);
 }
 
 // d_out (N,H) -> a->d_norm (N,H) overwritten and a->d_choice_probs (N,k).
 static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a,
                                     const real *d_out) {
-    int H = m->plan.hidden;
-    if (ep_allgather(m)) {
-        ep_allgather_backward(m, lp, ma, a, d_out);
-        return;
-    }
-    if (m->ep.size > 1) {
-        ep_alltoall_backward(m, lp, ma, a, d_out);
-        return;
-    }
-    // combine backward = dispatch of the output gradient (probs are inside the experts)
-    dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    ExpertShape es = expert_shape(m, ma);
-    experts_backward(a->d_rows_in, a->d_row_probs, &lp->ffn_grads, a->d_rows_out, &ma->experts, ma->rows_in,
-                     ma->row_probs, &lp->ffn_params, &es, a->d_gate, a->d_up, a->d_act);
-    // dispatch backward = combine of the input-row gradients (and gather of the prob gradients)
-    dispatch_backward(a->d_norm, a->d_choice_probs, a->d_rows_in, a->d_row_probs, &ma->plan, H);
+    const TokenDispatcher *d = token_dispatcher_of(m);
+    ExpertRows *rows = &ma->expert_rows;
+    d->combine_backward(m, ma, a, d_out, rows);
+    experts_backward(rows->d_rows_in, rows->d_row_probs, &lp->ffn_grads, rows->d_rows_out, rows->acts, rows->rows_in,
+                     rows->row_probs, &lp->ffn_params, &rows->shape, rows->scratch_gate, rows->scratch_up,
+                     rows->scratch_act);
+    d->dispatch_backward(m, ma, a, rows);
 }
 
 void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {

@@ -1,0 +1,47 @@
+// token_dispatcher.c — the table of token dispatchers and the local one (every expert on
+// this rank): a permute before the experts, the reverse after.
+#include "moe/token_dispatcher.h"
+
+#include "moe/expert_parallel.h"
+
+const TokenDispatcher *token_dispatcher_of(const Model *m) {
+    const ExpertParallel *ep = &m->ep;
+    if (ep->gather_always || (ep->size > 1 && ep->dispatcher == DISPATCH_ALLGATHER)) return &TOKEN_DISPATCHER_ALLGATHER;
+    return ep->size > 1 ? &TOKEN_DISPATCHER_ALLTOALL : &TOKEN_DISPATCHER_LOCAL;
+}
+
+void local_dispatch_rows(const Model *m, MoeActs *ma, const real *x) {
+    dispatch_plan(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity);
+    dispatch_forward(ma->rows_in, ma->row_probs, x, ma->route.topk_probs, &ma->plan, m->plan.hidden);
+}
+
+static void local_dispatch(const Model *m, MoeActs *ma, const real *x, ExpertRows *rows) {
+    local_dispatch_rows(m, ma, x);
+    *rows = (ExpertRows){.rows_in = ma->rows_in, .row_probs = ma->row_probs, .rows_out = ma->rows_out,
+                         .acts = &ma->experts,
+                         .shape = {.groups = m->plan.experts, .H = m->plan.hidden, .I = m->plan.moe_ffn,
+                                   .offsets = ma->plan.expert_offsets}};
+}
+
+static void local_combine(const Model *m, MoeActs *ma, const ExpertRows *rows, real *out) {
+    combine_forward(out, rows->rows_out, &ma->plan, m->plan.hidden, 0);
+}
+
+// combine backward = dispatch of the output gradient (probs are inside the experts)
+static void local_combine_backward(const Model *m, MoeActs *ma, ModelActs *a, const real *d_out, ExpertRows *rows) {
+    dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, m->plan.hidden);
+    rows->d_rows_out = a->d_rows_out;
+    rows->d_rows_in = a->d_rows_in;
+    rows->d_row_probs = a->d_row_probs;
+    rows->scratch_gate = a->d_gate;
+    rows->scratch_up = a->d_up;
+    rows->scratch_act = a->d_act;
+}
+
+// dispatch backward = combine of the input-row gradients (and gather of the prob gradients)
+static void local_dispatch_backward(const Model *m, MoeActs *ma, ModelActs *a, const ExpertRows *rows) {
+    dispatch_backward(a->d_norm, a->d_choice_probs, rows->d_rows_in, rows->d_row_probs, &ma->plan, m->plan.hidden);
+}
+
+const TokenDispatcher TOKEN_DISPATCHER_LOCAL = {"local", local_dispatch, local_combine, local_combine_backward,
+                                                local_dispatch_backward};
