@@ -41,7 +41,7 @@ endif
 ifeq ($(HAVE_MPI),1)
 CC      := $(MPICC)
 CFLAGS  += -DMT_HAVE_MPI
-MPI_TEST := $(BUILD)/test_comm_mpi
+MPI_TEST := $(BUILD)/test_comm_mpi $(BUILD)/test_tp_mappings $(BUILD)/test_ckpt_tp_mpi
 endif
 
 # OpenMP: used when the compiler has it.
@@ -175,6 +175,17 @@ run: $(BUILD)/moetron
 
 # MPI collectives against serial references, run under mpirun by tests/cli/test_mpi_comm.sh.
 $(BUILD)/test_comm_mpi: tests/mpi/test_comm_mpi.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
+# Tensor-parallel mappings, vocab-parallel embedding and cross-entropy against unsharded
+# references, run under mpirun by tests/cli/test_mpi_tp_ops.sh.
+$(BUILD)/test_tp_mappings: tests/mpi/test_tp_mappings.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
+# Checkpoints of tensor-parallel layouts, run under mpirun by tests/cli/test_mpi_tp_checkpoint.sh.
+$(BUILD)/test_ckpt_tp_mpi: tests/mpi/test_ckpt_tp_mpi.c tests/unit/tiny_models.h tests/unit/tp_tables.h $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 

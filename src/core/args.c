@@ -563,9 +563,17 @@ static void validate_shape(Config *c) {
     if (!c->ffn_hidden_size) c->ffn_hidden_size = 4 * c->hidden_size;
     require_dimension("ffn-hidden-size", c->ffn_hidden_size);
     // padded to a multiple of --make-vocab-size-divisible-by x TP, so that each
-    // tensor-parallel rank holds the same number of rows (as Megatron-LM)
-    int m = c->make_vocab_size_divisible_by * MT_MAX(c->tensor_model_parallel_size, 1);
+    // tensor-parallel rank holds the same number of rows (as Megatron-LM); a checkpoint
+    // keeps the rows it was saved with, so that any layout resumes any other
+    int tp = MT_MAX(c->tensor_model_parallel_size, 1), m = c->make_vocab_size_divisible_by * tp;
     c->padded_vocab_size = (c->vocab_size + m - 1) / m * m;
+    if (c->checkpoint_vocab_rows >= c->vocab_size) {
+        if (c->checkpoint_vocab_rows % tp)
+            config_die("--load: the checkpoint's vocabulary of %d rows (padded) does not split over "
+                       "--tensor-model-parallel-size %d; choose a size that divides %d", c->checkpoint_vocab_rows, tp,
+                       c->checkpoint_vocab_rows);
+        c->padded_vocab_size = c->checkpoint_vocab_rows;
+    }
     c->max_positions = c->max_position_embeddings ? c->max_position_embeddings : c->seq_length;
     if (c->seq_length > c->max_positions)
         config_die("--seq-length %d exceeds --max-position-embeddings %d; lower --seq-length to at most %d",

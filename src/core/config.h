@@ -144,6 +144,7 @@ typedef struct {
     int ckpt_bf16;                 // --ckpt-dtype bf16
     int64_t max_shard_bytes;       // --max-shard-size in bytes
     // ---- from a plain Hugging Face config.json (not flags) ----
+    int checkpoint_vocab_rows;     // --load of a moetron checkpoint: its padded vocabulary (kept whatever the TP), else 0
     int hf_mtp_layers;             // DeepSeek-V3 num_nextn_predict_layers: layers after the last whose tensors are skipped
     int num_micro_batches;
     int decay_iters;               // --lr-decay-iters, or --train-iters when 0

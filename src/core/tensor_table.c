@@ -7,6 +7,16 @@ void tt_init(TensorTable *tt) { memset(tt, 0, sizeof(*tt)); }
 
 TensorShard tensor_shard_none(void) { return (TensorShard){.group = SHARD_NONE, .axis = -1, .parts = 1}; }
 
+TensorPieceRuns tensor_piece_runs(int ndim, const int64_t *shape, int axis, int parts, int index) {
+    int64_t outer = 1, inner = 1;  // elements before the axis (rows of runs), and per step of it
+    for (int i = 0; i < ndim; i++) {
+        if (parts > 1 && i < axis) outer *= shape[i];
+        else if (parts == 1 || i > axis) inner *= shape[i];
+    }
+    int64_t chunk = parts > 1 ? shape[axis] / parts * inner : inner;
+    return (TensorPieceRuns){.runs = outer, .chunk = chunk, .stride = chunk * parts, .first = chunk * index};
+}
+
 TensorId tt_add(TensorTable *tt, const char *name, int ndim, const int64_t *shape,
                 unsigned flags, InitKind init, double init_std, int layer, int expert) {
     return tt_add_shard(tt, name, ndim, shape, tensor_shard_none(), flags, init, init_std, layer, expert);

@@ -1,7 +1,7 @@
 // tensor_table.h — every parameter described once, living in flat buffers.
 //
 // A TensorDesc names a parameter (its Hugging Face name), gives its global shape, how it
-// is sharded across a parallel group (none yet: replicated), where it sits in the flat
+// is sharded across a parallel group (TensorShard: which piece this rank holds), where it sits in the flat
 // buffers and how it is treated (weight decay, expert, router, init). Parameters,
 // gradients and optimizer moments are each ONE flat buffer with the same offsets, so
 // zeroing, gradient reduction, clipping, the optimizer and checkpoints are loops over
@@ -83,6 +83,16 @@ TensorId tt_add_shard(TensorTable *tt, const char *name, int ndim, const int64_t
                       unsigned flags, InitKind init, double init_std, int layer, int expert);
 // The whole tensor on every rank.
 TensorShard tensor_shard_none(void);
+
+// Where piece `index` of a tensor cut along `axis` into `parts` lies in the global
+// row-major tensor: `runs` runs of `chunk` elements, run r from global element
+// first + r·stride. A whole tensor or a piece of axis 0 is one run (a row block); a piece
+// of axis 1 of a matrix is one run per row (a column block). The piece's own elements are
+// the runs one after the other.
+typedef struct {
+    int64_t runs, chunk, stride, first;
+} TensorPieceRuns;
+TensorPieceRuns tensor_piece_runs(int ndim, const int64_t *shape, int axis, int parts, int index);
 // A tensor of the model that another process holds (an expert of another expert-parallel
 // rank): counted for global_index, not stored here.
 void tt_skip(TensorTable *tt);

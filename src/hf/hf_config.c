@@ -229,8 +229,14 @@ void config_from_checkpoint(Config *c, const char *ckpt_dir) {
     if (section && (!flags || flags->type != JSON_OBJECT))
         mt_die("%s: the \"moetron\" section has no \"flags\" object; the checkpoint is damaged", path);
     config_values_from_file(c, path, flags ? "moetron.flags." : "");
-    if (flags) restore_moetron_flags(c, flags, path);
-    else hf_config_read_plain(c, root, path);
+    if (flags) {
+        restore_moetron_flags(c, flags, path);
+        // the rows the weights have, padded for the layout that saved them: kept on any other
+        double rows;
+        if (json_get_number(root, "vocab_size", &rows)) c->checkpoint_vocab_rows = (int)rows;
+    } else {
+        hf_config_read_plain(c, root, path);
+    }
     json_free(root);
     use_directory_tokenizer(c, ckpt_dir);
     config_validate(c);

@@ -185,21 +185,37 @@ static StTensor element_slice(const StTensor *t, int64_t first, int64_t count) {
     return slice;
 }
 
-// Read tensor `name` into out, checking it against the model tensor d; NULL when the
-// source does not hold it.
+// Elements [lo, hi) of the piece of model tensor d this rank holds (d->shard), into out:
+// the global tensor's values start at element `base` of t (0, or an expert's slice of a
+// fused tensor). A piece of rows is one byte range of the file, a piece of columns one
+// range per row; nothing else is read.
+static void read_piece_range(const WeightSource *ws, int file, const char *name, const StTensor *t, int64_t base,
+                             const TensorDesc *d, int64_t lo, int64_t hi, real *out) {
+    TensorPieceRuns pr = tensor_piece_runs(d->ndim, d->shape, d->shard.axis, d->shard.parts, d->shard.index);
+    for (int64_t e = lo; e < hi;) {
+        int64_t run = e / pr.chunk, within = e % pr.chunk, n = MT_MIN(pr.chunk - within, hi - e);
+        StTensor part = element_slice(t, base + pr.first + run * pr.stride + within, n);
+        convert_real(ws, file, name, &part, out + (e - lo));
+        e += n;
+    }
+}
+
+// Read this rank's piece of tensor `name` into out, checking the file's (global) shape
+// against the model tensor d; NULL when the source does not hold it.
 static const StTensor *ws_read_named(WeightSource *ws, const char *name, const TensorDesc *d, real *out) {
     int file;
     const StTensor *t = ws_find(ws, name, &file);
     if (!t) return NULL;
     check_shape(ws, name, t, d->ndim, d->shape);
-    convert_real(ws, file, name, t, out);
+    read_piece_range(ws, file, name, t, 0, d, 0, (int64_t)d->numel, out);
     ws_mark_used(ws, file, t);
     return t;
 }
 
 // DeepSeek-style FP8: an F8_E4M3 matrix NAME with a companion NAME_scale_inv holding one
-// factor per 128x128 block ([ceil(rows/128), ceil(cols/128)]). Multiplies out in place.
-static void apply_block_scales(WeightSource *ws, const char *name, const StTensor *t, real *out) {
+// factor per 128x128 block ([ceil(rows/128), ceil(cols/128)]). Multiplies out (the piece of
+// the model tensor d this rank holds) in place.
+static void apply_block_scales(WeightSource *ws, const char *name, const StTensor *t, const TensorDesc *d, real *out) {
     enum { BLOCK = 128 };
     if (t->dtype != ST_F8_E4M3 || t->ndim != 2) return;
     char sname[MT_NAME_MAX + 16];
@@ -212,8 +228,13 @@ static void apply_block_scales(WeightSource *ws, const char *name, const StTenso
     check_shape(ws, sname, s, 2, want);
     real *scale = mt_malloc((size_t)st_numel(s) * sizeof(real));
     convert_real(ws, file, sname, s, scale);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) out[r * cols + c] *= scale[(r / BLOCK) * want[1] + c / BLOCK];
+    // the piece: local_shape rows and columns from (row0, col0) of the matrix
+    int64_t piece_rows = d->local_shape[0], piece_cols = d->local_shape[1];
+    int64_t row0 = d->shard.axis == 0 ? d->shard.index * piece_rows : 0;
+    int64_t col0 = d->shard.axis == 1 ? d->shard.index * piece_cols : 0;
+    for (int64_t r = 0; r < piece_rows; r++)
+        for (int64_t c = 0; c < piece_cols; c++)
+            out[r * piece_cols + c] *= scale[((row0 + r) / BLOCK) * want[1] + (col0 + c) / BLOCK];
     free(scale);
     ws_mark_used(ws, file, s);
 }
@@ -251,10 +272,10 @@ static int read_fused_expert(WeightSource *ws, const Model *m, const TensorDesc 
     int64_t rows = d->shape[0], cols = d->shape[1];
     int64_t want[3] = {m->cfg.num_experts, part == 2 ? rows : 2 * rows, cols};
     check_shape(ws, fused_name, t, 3, want);
-    // The slice is contiguous: expert e, rows [part*rows, (part+1)*rows) of the middle axis.
+    // The expert's tensor is contiguous: expert e, rows [part*rows, (part+1)*rows) of the
+    // middle axis; this rank reads its piece of it.
     int64_t first = (int64_t)d->expert * want[1] * cols + (part == 1 ? rows * cols : 0);
-    StTensor slice = element_slice(t, first, rows * cols);
-    convert_real(ws, file, fused_name, &slice, out);
+    read_piece_range(ws, file, fused_name, t, first, d, 0, (int64_t)d->numel, out);
     ws_mark_used(ws, file, t);
     return 1;
 }
@@ -263,7 +284,7 @@ static int read_fused_expert(WeightSource *ws, const Model *m, const TensorDesc 
 static void ws_read_param(WeightSource *ws, const Model *m, const TensorDesc *d, real *out) {
     const StTensor *t = ws_read_named(ws, d->name, d, out);
     if (t) {
-        apply_block_scales(ws, d->name, t, out);
+        apply_block_scales(ws, d->name, t, d, out);
         return;
     }
     char fused[MT_NAME_MAX + 32] = "";
@@ -314,7 +335,7 @@ static void ws_skip_remote_experts(WeightSource *ws, const Model *m, const char 
 }
 
 // The part of tensor `name` (the model tensor d) that lies inside g's windows: each
-// window's intersection with d's elements, read from the file on its own.
+// window's intersection with the elements of d's piece, read from the file on its own.
 static const StTensor *ws_read_windows(WeightSource *ws, const char *name, const TensorDesc *d,
                                        const HfTensorGroup *g) {
     int file;
@@ -326,8 +347,7 @@ static const StTensor *ws_read_windows(WeightSource *ws, const char *name, const
         const HfWindow *win = &g->windows[w];
         int64_t from = MT_MAX(begin, win->begin), to = MT_MIN(end, win->end);
         if (to <= from) continue;
-        StTensor part = element_slice(t, from - begin, to - from);
-        convert_real(ws, file, name, &part, win->dest + (from - win->begin));
+        read_piece_range(ws, file, name, t, 0, d, from - begin, to - begin, win->dest + (from - win->begin));
     }
     ws_mark_used(ws, file, t);
     return t;

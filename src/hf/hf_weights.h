@@ -5,13 +5,17 @@
 
 // Fill every parameter of m from DIR; fatal with one line naming the file and tensor when
 // one is missing, has the wrong shape or dtype, or when a file holds a tensor m lacks.
+// The files hold whole (global) tensors; a tensor m holds a piece of (its TensorShard,
+// tensor parallelism) is read as that piece only: a block of rows is one byte range, a
+// block of columns one range per row.
 void hf_weights_load(const char *dir, Model *m);
 
 // One group of tensors in a single safetensors file keyed by the model's tensor names
 // (optimizer.safetensors): tensor "<prefix><name>" for every tensor of m's table, read into
 // dest + that tensor's offset in the flat buffers, or just its elements inside the windows.
-// A window of the flat layout: elements [begin, end) of m's parameters, stored compactly
-// at dest[0 .. end - begin) (a distributed optimizer's shard of the moments).
+// A window of the flat layout: elements [begin, end) of m's parameters (its local flat
+// buffers, pieces included), stored compactly at dest[0 .. end - begin) (a distributed
+// optimizer's shard of the moments).
 typedef struct {
     int64_t begin, end;
     real *dest;

@@ -27,6 +27,7 @@ static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Model *m, int B, int T)
     ma->route.topk_probs = arena_reals(ar, choices);
     ma->route.kept = arena_ints(ar, choices);
     ma->route.tokens_per_expert = arena_ints(ar, E);
+    ma->route.group_tokens_per_expert = arena_ints(ar, E);
     ma->route.aux_counts = arena_ints(ar, E);
     ma->route.seq_counts = arena_ints(ar, (size_t)B * E);  // every sequence: a rank's tokens may span them
     ma->route.global_counts = arena_alloc(ar, E * sizeof(double));

@@ -61,7 +61,7 @@ void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a) {
 
 // QK-norm of `heads` heads of width d per token: one RMSNorm per head, or over the whole
 // projection (--qk-layernorm-scope projection; its statistics span every TP rank's heads,
-// qk_norm_projection.c).
+// model/sharded_norm.c).
 static void qk_norm_forward(const Model *m, real *y, real *rstd, const real *x, const real *w, int N, int heads,
                             const NormShards *shards) {
     const Config *c = &m->cfg;

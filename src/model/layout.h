@@ -29,6 +29,7 @@ typedef struct {
     const Comm *tp;     // dense tensor parallel
     const Comm *ep;     // expert parallel
     const Comm *etp;    // expert tensor parallel
+    const Comm *etp_ep; // expert tensor x expert parallel (the exchange with ETP)
     const Comm *count;  // data-parallel ranks of one step (global aux counts, expert bias)
 } ModelGroups;
 

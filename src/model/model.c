@@ -222,8 +222,10 @@ static void free_ffn(ExpertWeights *w) {
     free(w->down);
 }
 
-// Which experts this process holds; dies with one line when they cannot be split evenly.
-static ExpertParallel expert_parallel_of(const Config *c, const Comm *comm) {
+// Which experts this process holds, and the group their tokens travel over; dies with one
+// line when they cannot be split evenly.
+static ExpertParallel expert_parallel_of(const Config *c, const ModelGroups *g) {
+    const Comm *comm = g ? g->ep : NULL;
     int size = comm ? comm->size : 1, E = c->num_experts;
     if (E % size)
         mt_die("--num-experts %d must be a multiple of --expert-model-parallel-size %d (each rank holds the same "
@@ -232,6 +234,8 @@ static ExpertParallel expert_parallel_of(const Config *c, const Comm *comm) {
                          .local = E / size};
     ep.first = ep.rank * ep.local;
     ep.dispatcher = strcmp(c->moe_token_dispatcher_type, "allgather") == 0 ? DISPATCH_ALLGATHER : DISPATCH_ALLTOALL;
+    ep.gather_always = g && g->etp && g->etp->size > 1;
+    ep.gather = ep.gather_always ? g->etp_ep : ep.comm;
     return ep;
 }
 
@@ -246,7 +250,7 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     layout_plan_init(&m->plan, cfg, groups);
-    m->ep = expert_parallel_of(cfg, groups ? groups->ep : NULL);
+    m->ep = expert_parallel_of(cfg, groups);
     m->count_group = groups ? groups->count : NULL;
     m->family = hf_family_choose(cfg, m->family_note);
     if (m->family != HF_MOETRON) m->family_note[0] = 0;
@@ -284,7 +288,7 @@ void model_allocate(Model *m) {
     }
     m->rope_cos_sin = device_calloc((size_t)c->max_positions * c->rope_dim, sizeof(real));
     rope_table(m->rope_cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
-    if (m->ep.size > 1) ep_buffers_new(m);
+    if (m->ep.gather) ep_buffers_new(m);
 }
 
 // The elements of a tensor's piece in the order of the global tensor: global element j

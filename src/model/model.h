@@ -57,6 +57,11 @@ typedef struct {
     int size, rank;
     int local, first;          // local experts and the first one's global index
     DispatcherType dispatcher;
+    // The group the allgather exchange runs over: the expert-parallel one, or with expert
+    // tensor parallelism the ETP x EP group (each of its ranks holds a slice of its experts'
+    // FFN, so every token's rows reach every slice; the reduce-scatter sums the slices).
+    const Comm *gather;        // NULL when the layer's experts are all here, whole
+    int gather_always;         // expert tensor parallelism: the allgather exchange whatever the dispatcher
 } ExpertParallel;
 
 typedef struct {

@@ -42,7 +42,8 @@ void vocab_scratch_alloc(VocabScratch *s, int N, int H);
 void vocab_scratch_free(VocabScratch *s);
 
 // tokens (N) global ids, table (vocab, H) this rank's rows -> out (local rows, H): rows
-// [r·N/TP, (r+1)·N/TP) of the embedding with sequence parallelism, all N without.
+// [r·N/TP, (r+1)·N/TP) of the embedding with sequence parallelism, all N without (out is
+// not one of w's buffers).
 void vocab_embedding_forward(const VocabSlice *s, VocabScratch *w, real *out, const int32_t *tokens,
                              const real *table, int N, int H);
 // d_out (local rows, H) -> dtable (vocab, H) += the gradient rows of this rank's tokens,

@@ -116,7 +116,7 @@ void ep_buffers_free(Model *m) {
 
 static struct EpBuffers *buffers_for_rows(const Model *m, size_t rows) {
     struct EpBuffers *b = m->ep_buffers;
-    size_t cap = grown(b->row_capacity, rows), H = m->cfg.hidden_size, I = m->cfg.moe_ffn;
+    size_t cap = grown(b->row_capacity, rows), H = m->plan.hidden, I = m->plan.moe_ffn;
     if (cap == b->row_capacity) return b;
     b->row_capacity = cap;
     resize(&b->exchange, cap * H);
@@ -136,7 +136,7 @@ static struct EpBuffers *buffers_for_tokens(const Model *m, size_t tokens, size_
     size_t cap = grown(b->token_capacity, tokens);
     if (cap != b->token_capacity) {
         b->token_capacity = cap;
-        resize(&b->tokens_all, cap * m->cfg.hidden_size);
+        resize(&b->tokens_all, cap * m->plan.hidden);
     }
     cap = grown(b->choice_capacity, choices);
     if (cap != b->choice_capacity) {
@@ -154,7 +154,7 @@ double ep_take_comm_seconds(const Model *m) {
 }
 
 static ExpertShape local_shape(const Model *m, const int32_t *offsets) {
-    return (ExpertShape){.groups = m->ep.local, .H = m->cfg.hidden_size, .I = m->cfg.moe_ffn, .offsets = offsets};
+    return (ExpertShape){.groups = m->ep.local, .H = m->plan.hidden, .I = m->plan.moe_ffn, .offsets = offsets};
 }
 
 // ---- alltoall ------------------------------------------------------------------------------------
@@ -222,8 +222,8 @@ static void sort_segments(real *dst, const real *src, const EpLayer *el, const E
 
 void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, real *ffn_out) {
     const ExpertParallel *ep = &m->ep;
-    int H = m->cfg.hidden_size;
-    EpLayer *el = ep_layer(ma, ep, m->cfg.num_experts);
+    int H = m->plan.hidden;
+    EpLayer *el = ep_layer(ma, ep, m->plan.experts);
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
@@ -231,7 +231,7 @@ void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, rea
         m->ep_buffers->comm_s += now_seconds() - t0;
     }
     alltoall_layout(el, &ma->plan, ep);
-    layer_reserve_rows(el, el->rows, H, m->cfg.moe_ffn);
+    layer_reserve_rows(el, el->rows, H, m->plan.moe_ffn);
     struct EpBuffers *b = buffers_for_rows(m, el->rows);
     exchange_rows(m, ma->rows_in, el->send_rows, b->exchange, el->recv_rows, H);
     exchange_rows(m, ma->row_probs, el->send_rows, b->exchange_probs, el->recv_rows, 1);
@@ -247,7 +247,7 @@ void ep_alltoall_forward(const Model *m, const LayerParams *lp, MoeActs *ma, rea
 void ep_alltoall_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out) {
     const ExpertParallel *ep = &m->ep;
     EpLayer *el = ma->ep;
-    int H = m->cfg.hidden_size;
+    int H = m->plan.hidden;
     struct EpBuffers *b = buffers_for_rows(m, el->rows);
     // combine backward = dispatch of the output gradient, then the same trip as the inputs
     dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
@@ -268,7 +268,8 @@ void ep_alltoall_backward(const Model *m, const LayerParams *lp, MoeActs *ma, Mo
 
 void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *ffn_out) {
     const ExpertParallel *ep = &m->ep;
-    int P = ep->size, N = ma->plan.N, k = ma->plan.k, E = m->cfg.num_experts, H = m->cfg.hidden_size;
+    const Comm *g = ep->gather;
+    int P = g->size, N = ma->plan.N, k = ma->plan.k, E = m->plan.experts, H = m->plan.hidden;
     size_t tokens = (size_t)P * N, choices = tokens * k;
     EpLayer *el = ep_layer(ma, ep, E);
     layer_reserve_choices(el, choices);
@@ -276,10 +277,10 @@ void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, co
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
-        comm_allgather(ep->comm, x, b->tokens_all, (size_t)N * H);
-        comm_allgather_int32(ep->comm, ma->route.topk_idx, el->topk_all, (size_t)N * k);
-        comm_allgather_int32(ep->comm, ma->route.kept, el->kept_all, (size_t)N * k);
-        comm_allgather(ep->comm, ma->route.topk_probs, el->probs_all, (size_t)N * k);
+        comm_allgather(g, x, b->tokens_all, (size_t)N * H);
+        comm_allgather_int32(g, ma->route.topk_idx, el->topk_all, (size_t)N * k);
+        comm_allgather_int32(g, ma->route.kept, el->kept_all, (size_t)N * k);
+        comm_allgather(g, ma->route.topk_probs, el->probs_all, (size_t)N * k);
         m->ep_buffers->comm_s += now_seconds() - t0;
     }
     // keep the choices of this rank's experts: the plan gives the others no rows
@@ -289,7 +290,7 @@ void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, co
         el->kept_all[i] = el->kept_all[i] && e >= ep->first && e < ep->first + ep->local;
         rows += (size_t)el->kept_all[i];
     }
-    layer_reserve_rows(el, rows, H, m->cfg.moe_ffn);
+    layer_reserve_rows(el, rows, H, m->plan.moe_ffn);
     el->plan.N = (int)tokens;
     el->plan.k = k;
     el->plan.E = E;
@@ -301,20 +302,21 @@ void ep_allgather_forward(const Model *m, const LayerParams *lp, MoeActs *ma, co
     combine_forward(b->tokens_all, el->rows_out, &el->plan, H, 0);  // this rank's part of every token
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t1 = now_seconds();
-    comm_reduce_scatter(ep->comm, b->tokens_all, ffn_out, (size_t)N * H);
+    comm_reduce_scatter(g, b->tokens_all, ffn_out, (size_t)N * H);
     m->ep_buffers->comm_s += now_seconds() - t1;
 }
 
 void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a, const real *d_out) {
     const ExpertParallel *ep = &m->ep;
     EpLayer *el = ma->ep;
-    int P = ep->size, N = ma->plan.N, k = ma->plan.k, H = m->cfg.hidden_size;
+    const Comm *g = ep->gather;
+    int P = g->size, N = ma->plan.N, k = ma->plan.k, H = m->plan.hidden;
     struct EpBuffers *b = buffers_for_tokens(m, (size_t)P * N, (size_t)P * N * k);
     buffers_for_rows(m, el->rows);
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
-        comm_allgather(ep->comm, d_out, b->tokens_all, (size_t)N * H);
+        comm_allgather(g, d_out, b->tokens_all, (size_t)N * H);
         m->ep_buffers->comm_s += now_seconds() - t0;
     }
     dispatch_forward(b->d_rows_out, NULL, b->tokens_all, NULL, &el->plan, H);
@@ -325,7 +327,7 @@ void ep_allgather_backward(const Model *m, const LayerParams *lp, MoeActs *ma, M
     dispatch_backward(b->tokens_all, b->choices_all, b->d_rows_in, b->d_row_probs, &el->plan, H);
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t1 = now_seconds();
-    comm_reduce_scatter(ep->comm, b->tokens_all, a->d_norm, (size_t)N * H);
-    comm_reduce_scatter(ep->comm, b->choices_all, a->d_choice_probs, (size_t)N * k);
+    comm_reduce_scatter(g, b->tokens_all, a->d_norm, (size_t)N * H);
+    comm_reduce_scatter(g, b->choices_all, a->d_choice_probs, (size_t)N * k);
     m->ep_buffers->comm_s += now_seconds() - t1;
 }

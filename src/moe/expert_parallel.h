@@ -13,9 +13,11 @@
 //      contiguous (one grouped GEMM), computed, sorted back and returned the same way.
 //   Backward exchanges the output gradients the same way and returns the input and prob
 //   gradients by the exact reverse.
-// allgather (--moe-token-dispatcher-type allgather):
+// allgather (--moe-token-dispatcher-type allgather, and always with expert tensor
+// parallelism, over the ETP x EP group: ExpertParallel.gather):
 //   every rank gathers the inputs and routing of the whole group, computes the rows routed
-//   to its own experts, and a reduce-scatter returns each rank the sums for its tokens.
+//   to its own experts (with ETP: its slice of their FFN), and a reduce-scatter returns each
+//   rank the sums for its tokens (over the experts and the FFN slices).
 //   Backward all-gathers the output gradient and reduce-scatters the input and prob
 //   gradients.
 // Results equal the single-process layer up to float summation order.

@@ -59,7 +59,7 @@ static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     RouterState *rs = &m->router_state[layer];
     for (int e = 0; e < m->plan.experts; e++) {
         rs->global_counts_sum[e] += ma->route.group_counts[e];
-        rs->bias_counts[e] += ma->route.tokens_per_expert[e];
+        rs->bias_counts[e] += ma->route.group_tokens_per_expert[e];  // the token group's (all of them here)
     }
     rs->global_micro_batches += ma->route.group_batches;
 }
@@ -86,7 +86,9 @@ static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerAc
     vec_add(la->ffn_out, ma->shared_out, (size_t)N_local * H);
 }
 
-static int ep_allgather(const Model *m) { return m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER; }
+static int ep_allgather(const Model *m) {
+    return m->ep.gather_always || (m->ep.size > 1 && m->ep.dispatcher == DISPATCH_ALLGATHER);
+}
 
 // x (N,H) -> out (N,H): the routed experts' outputs combined per token, on this rank or
 // across the expert-parallel group.
@@ -144,7 +146,9 @@ void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
                             .expert_bias = lp->expert_bias >= 0 ? tt_param(&m->tt, lp->expert_bias) : NULL,
                             .global_counts_before = batch->training ? rs->global_counts_sum : NULL,
                             .global_batches_before = batch->training ? rs->global_micro_batches : 0,
-                            .count_group = batch->training ? m->count_group : NULL};
+                            .count_group = batch->training ? m->count_group : NULL,
+                            .token_group = m->plan.sequence_parallel ? m->plan.tp : NULL,
+                            .token_first = first_local_token(m, N_local)};
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training) record_routing(m, layer, ma);
     ma->plan.N = N_local;

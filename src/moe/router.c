@@ -34,6 +34,37 @@ static RouteShape route_shape(const RouterConfig *rc) {
                         .group_topk = rc->group_topk};
 }
 
+// ---- the token group ---------------------------------------------------------------------------
+// With a token group of P members the micro-batch is the group's N·P tokens; member r holds
+// tokens [r·N, (r+1)·N). Without one (NULL or size 1) every helper reduces to this process's N.
+
+static int token_group_size(const RouterCall *call) {
+    return call->token_group && call->token_group->size > 1 ? call->token_group->size : 1;
+}
+
+static int split_over_group(const RouterCall *call) { return token_group_size(call) > 1; }
+
+// tokens of the micro-batch (all members)
+static int group_tokens(const RouterCall *call) { return call->N * token_group_size(call); }
+
+// sequences of the micro-batch (all members)
+static int group_sequences(const RouterCall *call) { return group_tokens(call) / call->seq_length; }
+
+// global index of this member's first token
+static int first_token(const RouterCall *call) { return split_over_group(call) ? call->token_first : 0; }
+
+// sequence of this member's token n
+static int sequence_of(const RouterCall *call, int n) { return (first_token(call) + n) / call->seq_length; }
+
+// In place: x (n) becomes its sum over the token group (rank order); nothing without one.
+static void token_group_sum_int64(const RouterCall *call, int64_t *x, size_t n) {
+    if (split_over_group(call)) comm_allreduce_sum_int64(call->token_group, x, n);
+}
+
+static void token_group_sum_double(const RouterCall *call, double *x, size_t n) {
+    if (split_over_group(call)) comm_allreduce_sum_double(call->token_group, x, n);
+}
+
 // ---- capacity -------------------------------------------------------------------------------
 
 typedef struct {
@@ -47,23 +78,56 @@ static int by_prob_then_token(const void *a, const void *b) {
     return x->choice < y->choice ? -1 : x->choice > y->choice;
 }
 
-// Keep at most `capacity` choices per expert; the rest get kept = 0 and prob 0.
-static void apply_capacity(RouterOutput *out, const RouterConfig *rc, int N, int capacity) {
-    int E = rc->E, k = rc->k;
-    Candidate *cand = mt_malloc((size_t)N * k * sizeof(Candidate));
-    for (int e = 0; e < E; e++) {
+// Of the `choices` (N·k, token order) topk_idx / topk_probs, keep at most `capacity` per
+// expert; the rest get kept = 0 (kept starts all 1) and prob 0.
+static void apply_capacity(const int32_t *topk_idx, real *topk_probs, int32_t *kept, int choices,
+                           const RouterConfig *rc, int capacity) {
+    Candidate *cand = mt_malloc((size_t)choices * sizeof(Candidate));
+    for (int e = 0; e < rc->E; e++) {
         int count = 0;
-        for (int i = 0; i < N * k; i++)  // in token order
-            if (out->topk_idx[i] == e) cand[count++] = (Candidate){i, out->topk_probs[i]};
+        for (int i = 0; i < choices; i++)  // in token order
+            if (topk_idx[i] == e) cand[count++] = (Candidate){i, topk_probs[i]};
         if (count <= capacity) continue;
         if (rc->drop_policy == DROP_PROBS) qsort(cand, count, sizeof(Candidate), by_prob_then_token);
         for (int c = capacity; c < count; c++) {
-            out->kept[cand[c].choice] = 0;
-            out->topk_probs[cand[c].choice] = 0;
-            out->dropped++;
+            kept[cand[c].choice] = 0;
+            topk_probs[cand[c].choice] = 0;
         }
     }
     free(cand);
+}
+
+// The capacity decision over the token group's N·P·k choices: every member gathers the
+// group's expert ids and probs (in token order), decides the same drops, and keeps its part.
+static void apply_group_capacity(RouterOutput *out, const RouterConfig *rc, const RouterCall *call, int capacity) {
+    size_t local = (size_t)call->N * rc->k, total = local * token_group_size(call);
+    size_t first = (size_t)first_token(call) * rc->k;
+    int32_t *idx = mt_malloc(total * sizeof(int32_t)), *kept = mt_malloc(total * sizeof(int32_t));
+    real *probs = mt_malloc(total * sizeof(real));
+    comm_allgather_int32(call->token_group, out->topk_idx, idx, local);
+    comm_allgather(call->token_group, out->topk_probs, probs, local);
+    for (size_t i = 0; i < total; i++) kept[i] = 1;
+    apply_capacity(idx, probs, kept, (int)total, rc, capacity);
+    memcpy(out->kept, kept + first, local * sizeof(int32_t));
+    memcpy(out->topk_probs, probs + first, local * sizeof(real));
+    free(idx);
+    free(kept);
+    free(probs);
+}
+
+// Capacity of the group's micro-batch, drops applied to out->kept / topk_probs (all 1 / as
+// routed before), out->capacity and out->dropped (this member's choices).
+static void capacity_limit(RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
+    size_t choices = (size_t)call->N * rc->k;
+    for (size_t i = 0; i < choices; i++) out->kept[i] = 1;
+    out->dropped = 0;
+    out->capacity = 0;
+    if (!(rc->capacity_factor > 0)) return;
+    int capacity = dispatch_capacity(group_tokens(call), rc->k, rc->E, rc->capacity_factor);
+    if (split_over_group(call)) apply_group_capacity(out, rc, call, capacity);
+    else apply_capacity(out->topk_idx, out->topk_probs, out->kept, (int)choices, rc, capacity);
+    for (size_t i = 0; i < choices; i++) out->dropped += !out->kept[i];
+    if (rc->pad_to_capacity) out->capacity = capacity;
 }
 
 // ---- forward --------------------------------------------------------------------------------
@@ -83,22 +147,33 @@ static void group_counts(RouterOutput *out, const RouterConfig *rc, const Router
     for (int e = 0; e < E; e++) out->group_counts[e] = (double)counts[e];
 }
 
+// The micro-batch's per-sequence top-k counts of ŝ and kept choices per expert, summed over
+// the token group (integers: exact) in one all-reduce.
 static void count_balance_statistics(RouterOutput *out, const real *logits, const RouterConfig *rc,
                                      const RouterCall *call) {
-    int N = call->N, E = rc->E, k = rc->k, S = call->seq_length, sequences = N / S;
-    memset(out->aux_counts, 0, E * sizeof(int32_t));
-    memset(out->seq_counts, 0, (size_t)sequences * E * sizeof(int32_t));
+    int N = call->N, E = rc->E, k = rc->k, sequences = group_sequences(call);
+    // (sequences + 1, E): the per-sequence counts, then the kept choices per expert
+    int64_t *counts = mt_calloc((size_t)(sequences + 1) * E, sizeof(int64_t));
+    int64_t *kept_counts = counts + (size_t)sequences * E;
     int32_t idx[k];
     double s[E], aux[E];
     for (int n = 0; n < N; n++) {  // top-k of ŝ (in double, as the losses use it)
         route_score_row(s, logits + (size_t)n * E, E, rc->score);
         route_aux_score_row(aux, s, E, rc->score);
         route_topk(idx, aux, NULL, E, k);
-        for (int j = 0; j < k; j++) {
-            out->aux_counts[idx[j]]++;
-            out->seq_counts[(n / S) * E + idx[j]]++;
-        }
+        for (int j = 0; j < k; j++) counts[(size_t)sequence_of(call, n) * E + idx[j]]++;
     }
+    for (int e = 0; e < E; e++) kept_counts[e] = out->tokens_per_expert[e];
+    token_group_sum_int64(call, counts, (size_t)(sequences + 1) * E);
+    memset(out->aux_counts, 0, E * sizeof(int32_t));
+    for (int b = 0; b < sequences; b++)
+        for (int e = 0; e < E; e++) {
+            out->seq_counts[b * E + e] = (int32_t)counts[(size_t)b * E + e];
+            out->aux_counts[e] += (int32_t)counts[(size_t)b * E + e];
+        }
+    if (out->group_tokens_per_expert)
+        for (int e = 0; e < E; e++) out->group_tokens_per_expert[e] = (int32_t)kept_counts[e];
+    free(counts);
     group_counts(out, rc, call);
     for (int e = 0; e < E; e++) {  // running mean over the micro-batches so far, this one included
         double before = call->global_counts_before ? call->global_counts_before[e] : 0;
@@ -106,54 +181,64 @@ static void count_balance_statistics(RouterOutput *out, const real *logits, cons
     }
 }
 
+// Σ_t ŝ[t,e] per sequence of the micro-batch (sequences, E), each summed in token order
+// here, then over the token group (a sequence split between members: their parts in rank order).
+static double *sequence_columns(const RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
+    int N = call->N, E = rc->E, sequences = group_sequences(call);
+    double *columns = mt_calloc((size_t)sequences * E, sizeof(double));
+    for (int n = 0; n < N; n++) {
+        double *column = columns + (size_t)sequence_of(call, n) * E;
+        for (int e = 0; e < E; e++) column[e] += out->aux_scores[(size_t)n * E + e];
+    }
+    token_group_sum_double(call, columns, (size_t)sequences * E);
+    return columns;
+}
+
 static void balance_loss_values(RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
-    int N = call->N, E = rc->E, k = rc->k, S = call->seq_length, sequences = N / S;
+    int N = group_tokens(call), E = rc->E, k = rc->k, S = call->seq_length, sequences = group_sequences(call);
+    double *seq_columns = sequence_columns(out, rc, call);
     double aux = 0, global = 0, seq = 0;
     for (int e = 0; e < E; e++) {
         double column = 0;
         for (int b = 0; b < sequences; b++) {
-            double seq_column = 0;
-            for (int t = 0; t < S; t++) seq_column += out->aux_scores[((size_t)b * S + t) * E + e];
+            double seq_column = seq_columns[(size_t)b * E + e];
             seq += seq_column * out->seq_counts[b * E + e];
             column += seq_column;
         }
         aux += column * out->aux_counts[e];
         global += column * out->global_counts[e];
     }
+    free(seq_columns);
     out->balance_loss[BALANCE_AUX] = aux * E / ((double)k * N * N);
     out->balance_loss[BALANCE_GLOBAL_AUX] = global * E / ((double)k * N * N);
     out->balance_loss[BALANCE_SEQ_AUX] = seq * E / ((double)k * S * S) / sequences;
 }
 
-// mean over the tokens of logsumexp(l)²
-static double z_loss_value(const real *logits, int N, int E) {
+// mean over the micro-batch's tokens (the token group's) of logsumexp(l)²
+static double z_loss_value(const real *logits, const RouterCall *call, int E) {
+    int N = call->N;
     double z = 0;
 #pragma omp parallel for schedule(static) reduction(+ : z) if (N > 64)
     for (int n = 0; n < N; n++) {
         double lse = row_lse(logits + (size_t)n * E, E);
         z += lse * lse;
     }
-    return z / N;
+    token_group_sum_double(call, &z, 1);
+    return z / group_tokens(call);
 }
 
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
     PROF_SCOPE(PROF_ROUTER);
     int N = call->N, E = rc->E, k = rc->k;
-    MT_ASSERT(N % call->seq_length == 0);
+    MT_ASSERT(group_tokens(call) % call->seq_length == 0);
+    MT_ASSERT(!split_over_group(call) || call->token_first == call->token_group->rank * N);
     // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
     RouteShape shape = route_shape(rc);
     moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,
                      &shape);
     // over the tokens (host): z-loss, capacity, counts and the balance losses
-    out->z_loss = z_loss_value(logits, N, E);
-    for (int i = 0; i < N * k; i++) out->kept[i] = 1;
-    out->dropped = 0;
-    out->capacity = 0;
-    if (rc->capacity_factor > 0) {
-        int capacity = dispatch_capacity(N, k, E, rc->capacity_factor);
-        apply_capacity(out, rc, N, capacity);
-        if (rc->pad_to_capacity) out->capacity = capacity;
-    }
+    out->z_loss = z_loss_value(logits, call, E);
+    capacity_limit(out, rc, call);
     memset(out->tokens_per_expert, 0, E * sizeof(int32_t));
     for (int i = 0; i < N * k; i++)
         if (out->kept[i]) out->tokens_per_expert[out->topk_idx[i]]++;
@@ -194,10 +279,11 @@ static void probs_backward(double *dsel, const real *dp_row, const int32_t *kept
     for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j];
 }
 
-// Gradient of the enabled balance losses with respect to ŝ of token n (already × loss scale).
+// Gradient of the enabled balance losses with respect to ŝ of this member's token n (already × loss scale).
 static void balance_grad_row(double *g, const RouterOutput *out, const RouterConfig *rc, const RouterCall *call,
                              int n, double loss_scale) {
-    int N = call->N, E = rc->E, k = rc->k, S = call->seq_length, sequences = N / S, b = n / S;
+    int N = group_tokens(call), E = rc->E, k = rc->k, S = call->seq_length, sequences = group_sequences(call);
+    int b = sequence_of(call, n);
     double aux = loss_scale * rc->balance_coeff[BALANCE_AUX] * E / ((double)k * N * N);
     double global = loss_scale * rc->balance_coeff[BALANCE_GLOBAL_AUX] * E / ((double)k * N * N);
     double seq = loss_scale * rc->balance_coeff[BALANCE_SEQ_AUX] * E / ((double)k * S * S) / sequences;
@@ -209,7 +295,7 @@ void router_backward(real *dlogits, const real *dprobs, const real *logits, cons
                      const RouterConfig *rc, const RouterCall *call, double loss_scale) {
     PROF_SCOPE(PROF_ROUTER);
     int N = call->N, E = rc->E, k = rc->k;
-    double z_factor = loss_scale * rc->z_loss_coeff * 2.0 / N;
+    double z_factor = loss_scale * rc->z_loss_coeff * 2.0 / group_tokens(call);
 #pragma omp parallel for schedule(static) if (N > 64)
     for (int n = 0; n < N; n++) {
         const real *l = logits + (size_t)n * E;

@@ -21,6 +21,14 @@
 //                 global_aux_loss: c = running mean of the counts over the micro-batches of
 //                 the global batch so far; under data parallelism the micro-batches of
 //                 every data-parallel rank so far (the counts are all-reduced per call)
+// Token group (sequence / tensor parallelism): the N·P tokens of a micro-batch split over the P
+// members of RouterCall.token_group, member r holding the contiguous tokens [r·N, (r+1)·N) of
+// the flattened b·T + t order (a chunk may start or end inside a sequence). Every statistic
+// and loss above is then the one over all N·P tokens, identical on every member and equal to
+// what one process computes on them (up to the order of the double sums, which run in rank
+// order through comm.h): N in the formulas is N·P, sequences are those of the whole
+// micro-batch, capacity is decided on all N·P·k choices (gathered: ids and probs) and the
+// counts are summed over the group; each member keeps the per-token outputs of its own N.
 // Ties are broken by the lowest expert index (and the earliest token for capacity).
 // All router arithmetic after the logits is in double. The per-token part (scores, ŝ,
 // selection, probs) runs as the moe_route_tokens op (a kernel on a GPU); capacity, counts
@@ -50,40 +58,53 @@ typedef struct {
 
 // Per-call inputs besides the logits.
 typedef struct {
-    int N;                       // tokens of this micro-batch
-    int seq_length;              // tokens per sequence (N is a multiple), for seq_aux_loss
+    int N;                       // tokens of this micro-batch here (with a token group: this member's)
+    int seq_length;              // tokens per sequence (the micro-batch's N·P is a multiple), for seq_aux_loss
     const real *expert_bias;     // (E) or NULL
     // global_aux_loss: counts summed over the earlier micro-batches of this global batch,
     // and how many there were (NULL / 0: this micro-batch alone)
     const double *global_counts_before;
     int global_batches_before;
     // global_aux_loss with data parallelism: the group whose ranks run the other
-    // micro-batches of this step (NULL: this process alone); the counts are summed over it
+    // micro-batches of this step (NULL: this process alone); the counts are summed over it.
+    // With a token group: one member of each token group (their counts are the group's).
     const Comm *count_group;
+    // The group the micro-batch's tokens are split over (NULL or size 1: all N are here);
+    // every member holds the same N and calls router_forward at the same point.
+    const Comm *token_group;
+    int token_first;             // global index of this member's first token: rank · N (0 without a group)
 } RouterCall;
 
+// N is RouterCall.N (this member's tokens), P the token group's size (1 without one).
 typedef struct {
     real *scores;                // (N,E) activation scores: softmax / sigmoid / sqrtsoftplus
     real *aux_scores;            // (N,E) ŝ for the balance losses
     int32_t *topk_idx;           // (N,k) chosen experts, in selection order
     real *topk_probs;            // (N,k) probs after scaling and dropping (0 = dropped)
     int32_t *kept;               // (N,k) 1 = the choice survived the capacity limit
-    int32_t *tokens_per_expert;  // (E) kept choices per expert
-    int32_t *aux_counts;         // (E) top-k counts of ŝ over the micro-batch
-    int32_t *seq_counts;         // (sequences, E) the same per sequence
+    int32_t *tokens_per_expert;  // (E) kept choices per expert of these N tokens (what the dispatcher sends)
+    // (E) or NULL: kept choices per expert over the token group's N·P tokens, the same on every
+    // member (tokens_per_expert without a group). The expert-bias counts: sum these over the
+    // data-parallel ranks only (one token group each), never over the token group again.
+    int32_t *group_tokens_per_expert;
+    int32_t *aux_counts;         // (E) top-k counts of ŝ over the micro-batch (all N·P tokens)
+    int32_t *seq_counts;         // (N·P/seq_length, E) the same per sequence of the micro-batch
     double *global_counts;       // (E) the counts global_aux_loss used
     double *group_counts;        // (E) aux_counts summed over the count group (global_aux_loss)
     int group_batches;           // micro-batches group_counts covers (the count group's size)
-    int capacity;                // rows per expert when padded; 0 when dropless
-    int dropped;                 // dropped choices
+    int capacity;                // rows per expert when padded (from the group's N·P); 0 when dropless
+    int dropped;                 // dropped choices of these N tokens (the group's: sum over it)
     double balance_loss[BALANCE_TYPES];  // L / coeff of each type (computed for all types)
-    double z_loss;               // mean_x logsumexp(l_x)²  (L_z / coeff)
+    double z_loss;               // mean_x logsumexp(l_x)² over all N·P tokens  (L_z / coeff)
 } RouterOutput;
 
-// logits (N,E) -> out
+// logits (N,E) -> out. Collective over call->token_group (and call->count_group with
+// global_aux_loss): every member calls it at the same point.
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call);
 // dprobs (N,k) (gradient of the probs in out) -> dlogits (N,E) overwritten, plus the
-// gradients of every enabled balance loss and the z-loss, each scaled by loss_scale.
+// gradients of every enabled balance loss and the z-loss, each scaled by loss_scale. With a
+// token group, the N rows of this member of the one-process gradient on all N·P tokens
+// (no communication: the forward's group statistics are in out).
 void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
                      const RouterConfig *rc, const RouterCall *call, double loss_scale);
 // Σ over enabled balance losses and z-loss of coeff · value: what training minimises.

@@ -23,7 +23,7 @@ void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, 
         RouterStats *ls = &s->layers[i++];
         ls->layer = l;
         ls->dropped_tokens += r->dropped;
-        for (int e = 0; e < c->num_experts; e++) counts[e] += r->tokens_per_expert[e];
+        for (int e = 0; e < c->num_experts; e++) counts[e] += r->group_tokens_per_expert[e];  // the token group's
         ls->load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts);
         ls->dropped_frac += w * r->dropped / ((double)a->N * c->moe_router_topk);
         for (int t = 0; t < BALANCE_TYPES; t++) ls->balance[t] += w * r->balance_loss[t];
@@ -77,13 +77,11 @@ void step_losses_allreduce(StepLosses *s, const Comm *dp) {
     free(buf);
 }
 
-// The expert-bias counts of a step: each rank counted its own tokens (a part of the
-// micro-batch with sequence parallelism, its micro-batches over dp).
+// The expert-bias counts of a step: each rank counted its micro-batches (the whole token
+// group's with sequence parallelism), summed over the data-parallel ranks.
 void router_state_allreduce(Model *m, const Comm *dp) {
-    for (int l = 0; l < m->cfg.num_layers; l++) {
-        if (!m->layers[l].is_moe || !m->cfg.moe_router_enable_expert_bias) continue;
-        double *counts = m->router_state[l].bias_counts;
-        if (m->plan.sequence_parallel) comm_allreduce_sum_double(m->plan.tp, counts, m->cfg.num_experts);
-        comm_allreduce_sum_double(dp, counts, m->cfg.num_experts);
-    }
+    if (dp->size == 1) return;
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        if (m->layers[l].is_moe && m->cfg.moe_router_enable_expert_bias)
+            comm_allreduce_sum_double(dp, m->router_state[l].bias_counts, m->cfg.num_experts);
 }

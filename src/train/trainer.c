@@ -148,15 +148,17 @@ static double evaluate(Trainer *t) {
     return total / c->eval_iters;
 }
 
-// The process groups. Data, expert and tensor parallelism are implemented; the other sizes
-// are accepted by the group code but not yet by the trainer.
+// The process groups. Data, expert, tensor and expert-tensor parallelism are implemented;
+// the other sizes are accepted by the group code but not yet by the trainer.
 static void setup_parallel(Trainer *t) {
     const Config *c = t->cfg;
     parallel_groups_init(&t->groups, c);
     const ParallelSizes *ps = &t->groups.sizes;
-    if (ps->cp > 1 || ps->pp > 1 || ps->etp > 1)
-        mt_die("--context-/--pipeline-model-parallel-size and --expert-tensor-parallel-size above 1 are not "
-               "implemented yet; use data, tensor and expert parallelism (those sizes 1)");
+    if (ps->cp > 1 || ps->pp > 1)
+        mt_die("--context-parallel-size and --pipeline-model-parallel-size above 1 are not implemented yet; use "
+               "data, tensor and expert parallelism (those sizes 1)");
+    if (ps->etp > 1 && !c->num_experts)
+        mt_die("--expert-tensor-parallel-size %d needs a MoE model (--num-experts)", ps->etp);
     if (ps->ep > 1 && !c->num_experts)
         mt_die("--expert-model-parallel-size %d needs a MoE model (--num-experts)", ps->ep);
     t->dp = &t->groups.comm[PG_DP];
@@ -224,7 +226,8 @@ static void trainer_setup(Trainer *t, Config *c) {
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
     const Comm *pg = t->groups.comm;
-    ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .count = &pg[PG_DP_CP]};
+    ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .etp_ep = &pg[PG_ETP_EP],
+                          .count = &pg[PG_DP_CP]};
     model_describe(&t->model, c, &groups);
     GradGroups grad_groups = {.dp = &pg[PG_DP_CP], .edp = &pg[PG_EDP], .ep = &pg[PG_EP], .tp = &pg[PG_TP],
                               .etp = &pg[PG_ETP]};

@@ -14,8 +14,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 # leak checks stay on for the single-process runs only
 MPIRUN=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" mpirun --oversubscribe --bind-to none)
 
-# step loss lm_loss aux_loss grad_norm of a JSONL log
-curve() { python3 -c 'import json,sys; [print(r["step"], *(repr(r[k]) for k in ("loss", "lm_loss", "aux_loss", "grad_norm"))) for r in map(json.loads, open(sys.argv[1])) if "loss" in r]' "$1"; }
+# step loss lm_loss grad_norm of a JSONL log: loss is lm_loss plus the router losses the run
+# trains with (their coefficients times their values), so both pin the aux losses down
+# (the logged aux_loss is the switch loss of each rank's micro-batch even when it is off)
+curve() { python3 -c 'import json,sys; [print(r["step"], *(repr(r[k]) for k in ("loss", "lm_loss", "grad_norm"))) for r in map(json.loads, open(sys.argv[1])) if "loss" in r]' "$1"; }
 
 # compare NAME A B: the same steps, loss and gradient norm within 1e-5 relative
 compare() {
