@@ -152,6 +152,73 @@ static void *grow_scratch(size_t bytes) {
     return scratch;
 }
 
+// ---- bytes sent (comm.h, "Bytes sent") ------------------------------------------------------
+
+#define MAX_COUNTED_GROUPS 32  // distinct group names; groups.c makes a dozen
+
+static struct {
+    const char *name;
+    uint64_t bytes;
+} sent[MAX_COUNTED_GROUPS];
+static int n_sent;
+
+static uint64_t *sent_counter(const char *name) {
+    for (int i = 0; i < n_sent; i++)
+        if (!strcmp(sent[i].name, name)) return &sent[i].bytes;
+    MT_ASSERT(n_sent < MAX_COUNTED_GROUPS);
+    sent[n_sent].name = name;
+    sent[n_sent].bytes = 0;
+    return &sent[n_sent++].bytes;
+}
+
+uint64_t comm_bytes_take(const char *name) {
+    uint64_t *counter = sent_counter(name), bytes = *counter;
+    *counter = 0;
+    return bytes;
+}
+
+void comm_bytes_reset(void) {
+    for (int i = 0; i < n_sent; i++) sent[i].bytes = 0;
+}
+
+static void count_sent(const Comm *g, uint64_t bytes) { *sent_counter(g->name) += bytes; }
+
+// Elements of the blocks that go to the other members (counts per group rank).
+static size_t to_others(const Comm *g, const size_t *counts) {
+    size_t total = 0;
+    for (int q = 0; q < g->size; q++)
+        if (q != g->rank) total += counts[q];
+    return total;
+}
+
+// Elements this rank sends in `op` over blocks of counts[q] elements: a reduce-scatter sends
+// every other member its block, an all-gather this rank's block to each of them, an
+// all-reduce both.
+static size_t op_elements_sent(const Comm *g, CommOp op, const size_t *counts) {
+    size_t scatter = to_others(g, counts), gather = (size_t)(g->size - 1) * counts[g->rank];
+    return op == OP_REDUCE_SCATTER ? scatter : op == OP_ALLGATHER ? gather : scatter + gather;
+}
+
+// The backend's data movements, counted.
+static void move_alltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                           const size_t *send_displs, void *recv, const size_t *recv_counts,
+                           const size_t *recv_displs) {
+    count_sent(g, (uint64_t)to_others(g, send_counts) * comm_type_size(t));
+    backend_alltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+}
+
+static void move_allgatherv(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
+                            const size_t *displs) {
+    count_sent(g, (uint64_t)op_elements_sent(g, OP_ALLGATHER, counts) * comm_type_size(t));
+    backend_allgatherv(g, t, send, recv, counts, displs);
+}
+
+static CommPending *start_counted(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
+                                  const size_t *counts) {
+    count_sent(g, (uint64_t)op_elements_sent(g, op, counts) * comm_type_size(t));
+    return backend_istart(g, op, t, send, recv, counts);
+}
+
 // ---- sums ------------------------------------------------------------------------------------
 
 // Rank g->rank receives in recv the ordered sum of block g->rank (counts[q] elements at
@@ -162,7 +229,7 @@ static void reduce_scatter_blocks(const Comm *g, CommType t, const void *send, v
     size_t es = comm_type_size(t), mine = counts[g->rank];
     char *in = grow_scratch((size_t)P * mine * es);
     size_t *recv_counts = equal_counts(g, mine), *recv_displs = prefix_displs(g, recv_counts);
-    backend_alltoallv(g, t, send, counts, displs, in, recv_counts, recv_displs);
+    move_alltoallv(g, t, send, counts, displs, in, recv_counts, recv_displs);
     const void **parts = mt_malloc((size_t)P * sizeof(void *));
     for (int q = 0; q < P; q++) parts[q] = in + (size_t)q * mine * es;
     comm_sum_in_order(t, recv, parts, P, mine);
@@ -190,7 +257,7 @@ static void allreduce_in_order(const Comm *g, CommType t, void *x, size_t n) {
         split_even(MT_MIN(ALLREDUCE_CHUNK, n - start), g->size, counts, displs);
         char *mine = chunk + displs[g->rank] * es;
         reduce_scatter_blocks(g, t, chunk, mine, counts, displs);
-        backend_allgatherv(g, t, mine, chunk, counts, displs);
+        move_allgatherv(g, t, mine, chunk, counts, displs);
     }
     free(counts);
     free(displs);
@@ -201,7 +268,13 @@ void comm_allreduce_sum_double(const Comm *g, double *x, size_t n) { allreduce_i
 
 void comm_allreduce_sum_int64(const Comm *g, int64_t *x, size_t n) {
     require_member(g, "all-reduce");
-    if (g->size > 1) backend_allreduce_int64(g, x, n);
+    if (g->size == 1) return;
+    size_t *counts = equal_counts(g, 0), *displs = equal_counts(g, 0);
+    split_even(n, g->size, counts, displs);  // counted as the sums of real numbers move
+    count_sent(g, (uint64_t)op_elements_sent(g, OP_ALLREDUCE, counts) * sizeof(int64_t));
+    free(counts);
+    free(displs);
+    backend_allreduce_int64(g, x, n);
 }
 
 // ---- data movement --------------------------------------------------------------------------
@@ -211,7 +284,7 @@ static void alltoallv_typed(const Comm *g, CommType t, const void *send, const s
                             const size_t *recv_displs) {
     require_member(g, "all-to-all");
     if (g->size > 1) {
-        backend_alltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        move_alltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
         return;
     }
     if (send_counts[0] != recv_counts[0])
@@ -253,7 +326,9 @@ void comm_bcast(const Comm *g, void *buf, size_t bytes, int root) {
     if (root < 0 || root >= g->size)
         mt_die("internal error: broadcast from rank %d on process group %s of %d (please report)", root, g->name,
                g->size);
-    if (g->size > 1) backend_bcast(g, buf, bytes, root);
+    if (g->size == 1) return;
+    if (g->rank == root) count_sent(g, (uint64_t)(g->size - 1) * bytes);
+    backend_bcast(g, buf, bytes, root);
 }
 
 void comm_barrier(const Comm *g) {
@@ -274,10 +349,10 @@ static void block_collective(const Comm *g, CommOp op, const real *send, real *r
     if (g->size == 1) {
         memmove(recv, send, counts[0] * sizeof(real));
     } else if (req) {
-        req->pending = backend_istart(g, op, CT_REAL, send, recv, counts);
+        req->pending = start_counted(g, op, CT_REAL, send, recv, counts);
     } else {
         size_t *displs = prefix_displs(g, counts);
-        if (op == OP_ALLGATHER) backend_allgatherv(g, CT_REAL, send, recv, counts, displs);
+        if (op == OP_ALLGATHER) move_allgatherv(g, CT_REAL, send, recv, counts, displs);
         else reduce_scatter_blocks(g, CT_REAL, send, recv, counts, displs);
         free(displs);
     }
@@ -300,7 +375,7 @@ static void allgather_typed(const Comm *g, CommType t, const void *send, void *r
         return;
     }
     size_t *counts = equal_counts(g, block), *displs = prefix_displs(g, counts);
-    backend_allgatherv(g, t, send, recv, counts, displs);
+    move_allgatherv(g, t, send, recv, counts, displs);
     free(counts);
     free(displs);
 }
@@ -346,7 +421,7 @@ void comm_iallreduce_sum(const Comm *g, real *x, size_t n, CommRequest *req) {
     if (g->size == 1) return;
     size_t *counts = equal_counts(g, 0), *displs = equal_counts(g, 0);
     split_even(n, g->size, counts, displs);
-    req->pending = backend_istart(g, OP_ALLREDUCE, CT_REAL, NULL, x, counts);
+    req->pending = start_counted(g, OP_ALLREDUCE, CT_REAL, NULL, x, counts);
     free(counts);
     free(displs);
 }

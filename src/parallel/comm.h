@@ -91,6 +91,28 @@ void comm_alltoall_v_int32(const Comm *g, const int32_t *send, const size_t *sen
 void comm_bcast(const Comm *g, void *buf, size_t bytes, int root);
 void comm_barrier(const Comm *g);
 
+// ---- bytes sent --------------------------------------------------------------------------
+//
+// Every collective on a group of two or more members adds to a count kept per group name
+// ("tp", "dp", ...; groups of one name add together) the bytes this rank sends to the other
+// members as comm.c moves the data (P members, es the element size, c_q the elements of
+// group rank q's block, r this rank; groups of one send nothing):
+//   all-to-all(-v), gather      Σ_{q≠r} send_counts[q]·es
+//   all-gather(-v)              (P−1)·c_r·es: its block to every other member
+//   reduce-scatter(-v)          Σ_{q≠r} c_q·es: every other member its block
+//   all-reduce of n elements    a reduce-scatter then an all-gather of the even split
+//                               (c_q = ⌈n/P⌉ for q < n mod P, else ⌊n/P⌋), per chunk of at
+//                               most 2^22 elements: (n − c_r + (P−1)·c_r)·es, which is the
+//                               ring volume 2(P−1)/P·n·es when P divides n, and n·es for
+//                               P = 2; int64 all-reduces are counted alike (es 8)
+//   broadcast                   (P−1)·bytes on the root, 0 elsewhere; barrier 0
+// A non-blocking collective counts when it starts. Collectives are issued from one thread.
+//
+// The bytes sent on groups named `name` since the last take (or reset); restarts its count.
+uint64_t comm_bytes_take(const char *name);
+// Restarts every group's count.
+void comm_bytes_reset(void);
+
 // ---- collectives (non-blocking) ---------------------------------------------------------
 
 // A collective in flight. Until comm_wait returns, its buffers belong to it (neither read

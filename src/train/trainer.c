@@ -426,6 +426,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .mem_peak_mb = peak_memory_mb(), .elapsed_s = o->elapsed_s, .step_s = o->step_s,
                     .data_wait_s = o->data_wait_s, .threads = o->threads, .grad_comm_s = t->comm_s,
                     .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(&t->model),
+                    .tp_bytes = comm_bytes_take("tp") + comm_bytes_take("kv"),
                     .skipped = o->skipped, .loss_spike = o->loss_spike,
                     .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
     metrics_log_step(&t->metrics, &r);
@@ -451,6 +452,7 @@ int train_main(Config *c) {
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         t.comm_s = t.comm_hidden_s = 0;
         ep_take_comm_seconds(&t.model);
+        comm_bytes_reset();
         StepLosses s = train_step_micro_batches(&t);
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),
                          .loss = s.lm_loss + s.aux_objective, .lr = lr_at(c, step - 1)};

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# test_mpi_tp_bytes.sh — the bytes a rank sends to its tensor-parallel ranks in a step (the
+# JSONL tp_bytes, parallel/comm.h's definition) equal the formula of docs/parallelism.md,
+# "Bytes communicated by tensor parallelism", exactly, at every step: a dense model on TP=2
+# without sequence parallelism, on TP=2 with it (untied embeddings), and on TP=4 with it.
+# Skipped without an MPI build (a failure under CI).
+set -u
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/mpi_lib.sh"
+mpi_require mpi_tp_bytes
+
+FLOAT=4 DOUBLE=8  # bytes of an element: activations and gradients, the loss statistics and norm
+
+# ar ELEMENTS P: elements rank 0 sends in an all-reduce over P ranks (an even split, rank 0's
+# block the largest: a reduce-scatter then an all-gather)
+ar() { echo $(($1 + ($2 - 2) * (($1 + $2 - 1) / $2))); }
+
+# expected_bytes P SP L H SEQ MBS MICRO_BATCHES: tp_bytes of one step of a dense model
+expected_bytes() {
+    local P=$1 sp=$2 L=$3 H=$4 N=$(($5 * $6)) M=$7
+    local X=$((N * H)) blocks per_mb step
+    if [ "$sp" = 1 ]; then
+        # each of the embedding, 2 blocks per layer and the LM head: an all-gather and a
+        # reduce-scatter of X (one forward, one backward), (P-1)/P of X each
+        blocks=$(((8 * L + 4) * (P - 1) * X / P * FLOAT))
+    else
+        # all-reduces of X: embedding and 2 per layer forward, LM head and 2 per layer backward
+        blocks=$(((4 * L + 2) * $(ar $X $P) * FLOAT))
+    fi
+    # cross-entropy: row maxima all-gathered, (sum of exponentials, target logit) all-reduced
+    per_mb=$((blocks + (P - 1) * N * FLOAT + $(ar $((2 * N)) $P) * DOUBLE))
+    step=$((M * per_mb + $(ar 1 $P) * DOUBLE))  # and the gradient norm's sum of squares
+    # with SP the norms' partial gradients: both norms of each layer, the final norm
+    [ "$sp" = 1 ] && step=$((step + (L * $(ar $((2 * H)) $P) + $(ar $H $P)) * FLOAT))
+    echo $step
+}
+
+# check NAME RANKS P SP L H SEQ MBS GBS FLAGS...: every step's tp_bytes equals the formula
+check() {
+    local name=$1 np=$2 P=$3 sp=$4 L=$5 H=$6 seq=$7 mbs=$8 gbs=$9
+    shift 9
+    local want got
+    want=$(expected_bytes "$P" "$sp" "$L" "$H" "$seq" "$mbs" $((gbs / mbs)))
+    if ! timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train --num-experts 0 --num-layers "$L" --hidden-size "$H" \
+        --seq-length "$seq" --micro-batch-size "$mbs" --global-batch-size "$gbs" --tensor-model-parallel-size "$P" \
+        --train-iters 3 --log-interval 1 --eval-interval 0 --mock-data-tokens 65536 "$@" \
+        --log-jsonl "$work/$name.jsonl" >"$work/$name.log" 2>&1; then
+        fail "$name" "run failed: $(tail -1 "$work/$name.log")"
+        return
+    fi
+    got=$(grep -o '"tp_bytes":[0-9]*' "$work/$name.jsonl" | cut -d: -f2 | sort -u | tr '\n' ' ')
+    [ "$got" = "$want " ] && ok "$name" || fail "$name" "logged tp_bytes $got, formula $want"
+}
+
+check tp2_bytes 2 2 0 2 64 32 2 8 --num-attention-heads 4 --ffn-hidden-size 128
+check tp2_sequence_parallel_bytes 2 2 1 3 32 16 2 4 --num-attention-heads 4 --ffn-hidden-size 64 \
+    --sequence-parallel --untie-embeddings-and-output-weights
+check tp4_sequence_parallel_bytes 4 4 1 1 64 32 2 4 --num-attention-heads 4 --ffn-hidden-size 128 \
+    --sequence-parallel --make-vocab-size-divisible-by 64
+# one process sends nothing
+check tp1_bytes_zero 1 1 0 1 32 16 2 4 --num-attention-heads 4 --ffn-hidden-size 64 2>/dev/null
