@@ -229,12 +229,7 @@ static ExpertRows layer_rows(const Model *m, EpLayer *el, const int32_t *offsets
 
 // The exchange's gradient buffers (scratch shared by the layers).
 static void set_backward_rows(ExpertRows *rows, struct EpBuffers *b) {
-    rows->d_rows_out = b->d_rows_out;
-    rows->d_rows_in = b->d_rows_in;
-    rows->d_row_probs = b->d_row_probs;
-    rows->scratch_gate = b->d_gate;
-    rows->scratch_up = b->d_up;
-    rows->scratch_act = b->d_act;
+    expert_rows_set_backward(rows, b->d_rows_out, b->d_rows_in, b->d_row_probs, b->d_gate, b->d_up, b->d_act);
 }
 
 static void alltoall_dispatch(const Model *m, MoeActs *ma, const real *x, ExpertRows *rows) {

@@ -10,6 +10,16 @@ const TokenDispatcher *token_dispatcher_of(const Model *m) {
     return ep->size > 1 ? &TOKEN_DISPATCHER_ALLTOALL : &TOKEN_DISPATCHER_LOCAL;
 }
 
+void expert_rows_set_backward(ExpertRows *rows, real *d_rows_out, real *d_rows_in, real *d_row_probs, real *gate,
+                              real *up, real *act) {
+    rows->d_rows_out = d_rows_out;
+    rows->d_rows_in = d_rows_in;
+    rows->d_row_probs = d_row_probs;
+    rows->scratch_gate = gate;
+    rows->scratch_up = up;
+    rows->scratch_act = act;
+}
+
 void local_dispatch_rows(const Model *m, MoeActs *ma, const real *x) {
     dispatch_plan(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity);
     dispatch_forward(ma->rows_in, ma->row_probs, x, ma->route.topk_probs, &ma->plan, m->plan.hidden);
@@ -30,12 +40,7 @@ static void local_combine(const Model *m, MoeActs *ma, const ExpertRows *rows, r
 // combine backward = dispatch of the output gradient (probs are inside the experts)
 static void local_combine_backward(const Model *m, MoeActs *ma, ModelActs *a, const real *d_out, ExpertRows *rows) {
     dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, m->plan.hidden);
-    rows->d_rows_out = a->d_rows_out;
-    rows->d_rows_in = a->d_rows_in;
-    rows->d_row_probs = a->d_row_probs;
-    rows->scratch_gate = a->d_gate;
-    rows->scratch_up = a->d_up;
-    rows->scratch_act = a->d_act;
+    expert_rows_set_backward(rows, a->d_rows_out, a->d_rows_in, a->d_row_probs, a->d_gate, a->d_up, a->d_act);
 }
 
 // dispatch backward = combine of the input-row gradients (and gather of the prob gradients)

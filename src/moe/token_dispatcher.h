@@ -29,5 +29,11 @@ extern const TokenDispatcher TOKEN_DISPATCHER_LOCAL, TOKEN_DISPATCHER_ALLTOALL, 
 // always with expert tensor parallelism).
 const TokenDispatcher *token_dispatcher_of(const Model *m);
 
+// The gradient buffers a dispatcher's combine_backward hands the experts: d_rows_out (the
+// gradient of their outputs), d_rows_in and d_row_probs (where theirs go), three scratch
+// buffers of (rows, I).
+void expert_rows_set_backward(ExpertRows *rows, real *d_rows_out, real *d_rows_in, real *d_row_probs, real *gate,
+                              real *up, real *act);
+
 // The local dispatch of ma->route into ma's rows (the first step of the alltoall one too).
 void local_dispatch_rows(const Model *m, MoeActs *ma, const real *x);
