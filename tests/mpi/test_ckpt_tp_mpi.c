@@ -26,35 +26,7 @@
 #include "../unit/tiny_models.h"
 #include "../unit/tp_tables.h"
 
-static Comm world;
-static const char *check_name;
-static int check_failures;
-
-static void begin(const char *name) {
-    check_name = name;
-    check_failures = 0;
-}
-
-static void expect(int ok, const char *fmt, ...) {
-    if (ok) return;
-    if (check_failures++ == 0) {
-        char why[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, sizeof(why), fmt, ap);
-        va_end(ap);
-        printf("FAIL %s_np%d: [rank %d] %s\n", check_name, world.size, world.rank, why);
-        fflush(stdout);
-    }
-}
-
-static int end(void) {
-    int64_t failures = check_failures;
-    comm_allreduce_sum_int64(&world, &failures, 1);
-    if (world.rank == 0 && failures == 0) printf("ok %s_np%d\n", check_name, world.size);
-    fflush(stdout);
-    return failures == 0;
-}
+#include "mpi_check.h"
 
 // ---- one layout ---------------------------------------------------------------------------------
 

@@ -15,45 +15,10 @@
 
 #include "parallel/groups.h"
 
-static Comm world;
-static const char *check_name;
-static int check_failures;
-
-static void begin(const char *name) {
-    check_name = name;
-    check_failures = 0;
-}
-
-static void expect(int ok, const char *fmt, ...) {
-    if (ok) return;
-    if (check_failures++ == 0) {
-        char why[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, sizeof(why), fmt, ap);
-        va_end(ap);
-        printf("FAIL %s_np%d: [rank %d] %s\n", check_name, world.size, world.rank, why);
-        fflush(stdout);
-    }
-}
-
-static int end(void) {
-    int64_t failures = check_failures;
-    comm_allreduce_sum_int64(&world, &failures, 1);
-    if (world.rank == 0 && failures == 0) printf("ok %s_np%d\n", check_name, world.size);
-    fflush(stdout);
-    return failures == 0;
-}
+#include "mpi_check.h"
 
 // ---- data every rank can compute for every rank ----------------------------------------------
 
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
 
 // Values of mixed sign and magnitude, so a different summation order changes the bits.
 static double value(int rank, size_t i, int salt) {

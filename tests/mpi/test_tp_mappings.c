@@ -34,47 +34,10 @@ static const double REL_TOL = 1e-5;  // largest error over the largest reference
 // by anything but the row's maximum over the whole vocabulary shows.
 static const double LOGIT_SPIKE = 100;
 
-static Comm world;
-static const char *check_name;
-static int check_failures;  // on this rank, in the check running
-static int failed_checks;   // on any rank, so far
-
-static void begin(const char *name) {
-    check_name = name;
-    check_failures = 0;
-}
-
-static void expect(int ok, const char *fmt, ...) {
-    if (ok) return;
-    if (check_failures++ == 0) {
-        char why[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, sizeof(why), fmt, ap);
-        va_end(ap);
-        printf("FAIL %s_np%d: [rank %d] %s\n", check_name, world.size, world.rank, why);
-        fflush(stdout);
-    }
-}
-
-static int end(void) {
-    int64_t failures = check_failures;
-    comm_allreduce_sum_int64(&world, &failures, 1);
-    if (world.rank == 0 && failures == 0) printf("ok %s_np%d\n", check_name, world.size);
-    fflush(stdout);
-    failed_checks += failures > 0;
-    return failures == 0;
-}
+#include "mpi_check.h"
 
 // ---- data every rank makes alike -----------------------------------------------------------
 
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
 
 // uniform in [−1, 1], the same on every rank
 static real value(size_t i, int salt) {
