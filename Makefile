@@ -41,7 +41,8 @@ endif
 ifeq ($(HAVE_MPI),1)
 CC      := $(MPICC)
 CFLAGS  += -DMT_HAVE_MPI
-MPI_TEST := $(BUILD)/test_comm_mpi $(BUILD)/test_tp_mappings $(BUILD)/test_ckpt_tp_mpi
+MPI_TEST := $(BUILD)/test_comm_mpi $(BUILD)/test_tp_mappings $(BUILD)/test_ckpt_tp_mpi $(BUILD)/test_router_group \
+            $(BUILD)/test_router_group_dbl
 endif
 
 # OpenMP: used when the compiler has it.
@@ -188,6 +189,15 @@ $(BUILD)/test_tp_mappings: tests/mpi/test_tp_mappings.c $(LIB_OBJ)
 $(BUILD)/test_ckpt_tp_mpi: tests/mpi/test_ckpt_tp_mpi.c tests/unit/tiny_models.h tests/unit/tp_tables.h $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
+# The router over a token group against the one-process router, in float and in double, run
+# under mpirun by tests/cli/test_mpi_router.sh.
+$(BUILD)/test_router_group: tests/mpi/test_router_group.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+$(BUILD)/test_router_group_dbl: tests/mpi/test_router_group.c $(DBL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMT_DOUBLE $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 # Fuzz targets (make fuzz) and their replay drivers, run by make test (tests/fuzz/fuzz.mk).
 include tests/fuzz/fuzz.mk
