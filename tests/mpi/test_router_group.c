@@ -37,35 +37,13 @@ enum { CHUNK = 10, EXPERTS = 8, MAX_WORLD = 4 };  // tokens per member; CHUNK % 
 #define DROPPING_FACTOR 0.5  // a capacity factor low enough that every capacity case drops
 #define BATCHES_BEFORE 2     // global_aux_loss: micro-batches counted before this one
 
-static Comm world;
-static char check_name[128];
-static int check_failures;
+#include "mpi_check.h"
 
-static void begin(const char *name, int tp, int dp) {
-    snprintf(check_name, sizeof(check_name), "router_group_%s_%s_tp%d_dp%d_np%d", PRECISION, name, tp, dp,
-             world.size);
-    check_failures = 0;
-}
-
-static void expect(int ok, const char *fmt, ...) {
-    if (ok) return;
-    if (check_failures++ == 0) {
-        char why[512];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, sizeof(why), fmt, ap);
-        va_end(ap);
-        printf("FAIL %s: [rank %d] %s\n", check_name, world.rank, why);
-        fflush(stdout);
-    }
-}
-
-static int end(void) {
-    int64_t failures = check_failures;
-    comm_allreduce_sum_int64(&world, &failures, 1);
-    if (world.rank == 0 && failures == 0) printf("ok %s\n", check_name);
-    fflush(stdout);
-    return failures == 0;
+// A check named by what it routes and the layout: router_group_<precision>_<name>_tp<tp>_dp<dp>.
+static void begin_router(const char *name, int tp, int dp) {
+    static char full_name[128];
+    snprintf(full_name, sizeof(full_name), "router_group_%s_%s_tp%d_dp%d", PRECISION, name, tp, dp);
+    begin(full_name);
 }
 
 static int close_to(double a, double b, double tol) { return a == b || fabs(a - b) <= tol * fmax(fabs(a), fabs(b)); }
@@ -266,7 +244,7 @@ static int check_layout(int tp, int dp) {
     Layout lay = make_layout(tp, dp);
     int ok = 1;
     for (size_t i = 0; i < sizeof(CASES) / sizeof(CASES[0]); i++) {
-        begin(CASES[i].name, tp, dp);
+        begin_router(CASES[i].name, tp, dp);
         run_case(&lay, &CASES[i], (int)i, 2 * tp);           // chunks split sequences (tp > 1)
         run_case(&lay, &CASES[i], (int)i, CHUNK * tp);       // one sequence over all members
         ok &= end();
