@@ -6,10 +6,12 @@
 #include "model/layers.h"
 #include "moe/expert_parallel.h"
 
-// Rows the experts can receive from N tokens: N·k, or E·capacity when padding to capacity.
-static size_t moe_rows(const Config *c, int N) {
-    return dispatch_max_rows(N, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor,
-                             c->moe_pad_expert_input_to_capacity);
+// Rows this rank's experts can receive from its N_local of the micro-batch's N tokens:
+// N_local·k, or E·capacity when padding to capacity (decided on all N: moe/router.h).
+static size_t moe_rows(const Config *c, int N_local, int N) {
+    if (c->moe_pad_expert_input_to_capacity)
+        return dispatch_max_rows(N, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor, 1);
+    return dispatch_max_rows(N_local, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor, 0);
 }
 
 // The routed experts on the N_local tokens of this rank; the shared expert on all N.
@@ -17,7 +19,7 @@ static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Model *m, int B, int T)
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
     int N_all = B * T, N = plan_local_tokens(p, N_all), E = p->experts, k = p->topk, H = p->hidden, I = p->moe_ffn;
-    size_t choices = (size_t)N * k, rows = moe_rows(c, N), Is = p->shared_ffn;
+    size_t choices = (size_t)N * k, rows = moe_rows(c, N, N_all), Is = p->shared_ffn;
     ma->jittered_input = c->moe_input_jitter_eps > 0 ? arena_reals(ar, (size_t)N * H) : NULL;
     ma->jitter = c->moe_input_jitter_eps > 0 ? arena_reals(ar, (size_t)N * H) : NULL;
     ma->logits = arena_reals(ar, (size_t)N * E);
@@ -133,7 +135,7 @@ static void alloc_backward_scratch(ModelActs *a, const Model *m) {
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
     AttentionWidths w = p->width;
     // FFN scratch serves dense layers (N rows of F), experts (rows of I), shared experts (N rows of Is)
-    size_t rows = c->num_experts ? moe_rows(c, N_local) : 0;
+    size_t rows = c->num_experts ? moe_rows(c, N_local, N) : 0;
     size_t ffn_scratch = MT_MAX((size_t)N * p->ffn, rows * p->moe_ffn);
     ffn_scratch = MT_MAX(ffn_scratch, (size_t)N * p->shared_ffn);
     a->d_token_loss = arena_reals(ar, N);

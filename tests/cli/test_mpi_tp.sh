@@ -55,6 +55,8 @@ run_case tp2_shared_expert_gate 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-sh
     --moe-shared-expert-gate --moe-input-jitter-eps 0.01
 run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert-capacity-factor 0.5 \
     --moe-token-drop-policy probs && dropped tp2_capacity_drops_tokens
+full tp2_capacity_padded run_case tp2_capacity_padded 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
+    --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
 full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 1e-3 \
     --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
