@@ -29,6 +29,6 @@
 
 // Seconds spent in the token exchange since the last call (and restart the count).
 double ep_take_comm_seconds(const Model *m);
-void ep_buffers_new(Model *m);  // model_build_ep, when the group has several ranks
+void ep_buffers_new(Model *m);  // model_allocate, when tokens travel between ranks (ExpertParallel.gather)
 void ep_buffers_free(Model *m);
 void ep_layer_free(MoeActs *ma);
