@@ -1,10 +1,26 @@
-// activations.c — allocation of the saved activations and backward scratch of one
-// micro-batch shape (B, T), in this rank's shapes (model/layout.h): N = B·T tokens inside
-// tensor-parallel blocks, N_local outside them; widths of this rank's heads and FFN slices.
+// activations.c — the saved activations, workspaces and staged batch of one micro-batch
+// shape (B, T) as one buffer plan (core/buffer_plan.h): every buffer a spec in this rank's
+// shapes (model/layout.h) — N = B·T tokens inside tensor-parallel blocks, N_local outside
+// them; widths of this rank's heads and FFN slices — laid out in one allocation.
 #include <string.h>
 
 #include "model/layers.h"
 #include "moe/expert_parallel.h"
+
+// Each declaration names its buffer by the field that receives it ("la->ln1").
+#define SAVED(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_SAVED)
+#define SAVED_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_SAVED)
+#define SAVED_DOUBLE(bp, field, rows, cols) buffer_double(bp, &(field), #field, rows, cols, BUF_SAVED)
+#define WORKSPACE(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_WORKSPACE)
+#define WORKSPACE_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_WORKSPACE)
+#define STAGE_IO(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
+#define STAGE_IO_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
+// A saved buffer when `own`, else an alias of `source` (a stage that is off, a layout
+// without sequence parallelism).
+#define SAVED_OR_ALIAS(bp, own, field, rows, cols, source) \
+    ((own) ? SAVED(bp, field, rows, cols) : buffer_alias(bp, &(field), &(source)))
+#define WORKSPACE_OR_ALIAS(bp, own, field, rows, cols, source) \
+    ((own) ? WORKSPACE(bp, field, rows, cols) : buffer_alias(bp, &(field), &(source)))
 
 // Rows this rank's experts can receive from its N_local of the micro-batch's N tokens:
 // N_local·k, or E·capacity when padding to capacity (decided on all N: moe/router.h).
@@ -14,165 +30,197 @@ static size_t moe_rows(const Config *c, int N_local, int N) {
     return dispatch_max_rows(N_local, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor, 0);
 }
 
-// The routed experts on the N_local tokens of this rank; the shared expert on all N.
-static void alloc_moe_acts(MoeActs *ma, Arena *ar, const Model *m, int B, int T) {
-    const Config *c = &m->cfg;
-    const LayoutPlan *p = &m->plan;
-    int N_all = B * T, N = plan_local_tokens(p, N_all), E = p->experts, k = p->topk, H = p->hidden, I = p->moe_ffn;
-    size_t choices = (size_t)N * k, rows = moe_rows(c, N, N_all), Is = p->shared_ffn;
-    ma->jittered_input = c->moe_input_jitter_eps > 0 ? arena_reals(ar, (size_t)N * H) : NULL;
-    ma->jitter = c->moe_input_jitter_eps > 0 ? arena_reals(ar, (size_t)N * H) : NULL;
-    ma->logits = arena_reals(ar, (size_t)N * E);
-    ma->route.scores = arena_reals(ar, (size_t)N * E);
-    ma->route.aux_scores = arena_reals(ar, (size_t)N * E);
-    ma->route.topk_idx = arena_ints(ar, choices);
-    ma->route.topk_probs = arena_reals(ar, choices);
-    ma->route.kept = arena_ints(ar, choices);
-    ma->route.tokens_per_expert = arena_ints(ar, E);
-    ma->route.group_tokens_per_expert = arena_ints(ar, E);
-    ma->route.aux_counts = arena_ints(ar, E);
-    ma->route.seq_counts = arena_ints(ar, (size_t)B * E);  // every sequence: a rank's tokens may span them
-    ma->route.global_counts = arena_alloc(ar, E * sizeof(double));
-    ma->route.group_counts = arena_alloc(ar, E * sizeof(double));
-    ma->plan = (DispatchPlan){.N = N, .k = k, .E = E, .rows_per_expert = arena_ints(ar, E),
-                              .expert_offsets = arena_ints(ar, E + 1), .row_of_choice = arena_ints(ar, choices),
-                              .token_of_row = arena_ints(ar, rows)};
-    if (Is) {
-        size_t full = (size_t)N_all * Is;
-        ma->shared = (ExpertActs){arena_reals(ar, full), arena_reals(ar, full), arena_reals(ar, full)};
-        ma->shared_gate = arena_reals(ar, N);
-        ma->shared_gate_full = p->sequence_parallel ? arena_reals(ar, N_all) : ma->shared_gate;
-        ma->shared_out = arena_reals(ar, (size_t)N * H);
-    }
-    ma->rows_in = arena_reals(ar, rows * H);
-    ma->row_probs = arena_reals(ar, rows);
-    ma->experts.gate = arena_reals(ar, rows * I);
-    ma->experts.up = arena_reals(ar, rows * I);
-    ma->experts.act = arena_reals(ar, rows * I);
-    ma->rows_out = arena_reals(ar, rows * H);
+static void plan_router(BufferPlan *bp, MoeActs *ma, const LayoutPlan *p, int N, int B) {
+    size_t E = p->experts, choices = (size_t)N * p->topk;
+    SAVED(bp, ma->logits, N, E);
+    SAVED(bp, ma->route.scores, N, E);
+    SAVED(bp, ma->route.aux_scores, N, E);
+    SAVED_INT32(bp, ma->route.topk_idx, choices, 1);
+    SAVED(bp, ma->route.topk_probs, choices, 1);
+    SAVED_INT32(bp, ma->route.kept, choices, 1);
+    SAVED_INT32(bp, ma->route.tokens_per_expert, E, 1);
+    SAVED_INT32(bp, ma->route.group_tokens_per_expert, E, 1);
+    SAVED_INT32(bp, ma->route.aux_counts, E, 1);
+    SAVED_INT32(bp, ma->route.seq_counts, B, E);  // every sequence: a rank's tokens may span them
+    SAVED_DOUBLE(bp, ma->route.global_counts, E, 1);
+    SAVED_DOUBLE(bp, ma->route.group_counts, E, 1);
 }
 
-static void alloc_mla_acts(MlaActs *ma, Arena *ar, const Config *c, int heads, int N) {
-    if (c->q_lora_rank) {
-        ma->q_a = arena_reals(ar, (size_t)N * c->q_lora_rank);
-        ma->q_a_norm = arena_reals(ar, (size_t)N * c->q_lora_rank);
-        ma->q_a_rstd = arena_reals(ar, N);
+// The routed experts on the N_local tokens of this rank; the shared expert on all N.
+static void plan_moe(BufferPlan *bp, MoeActs *ma, const Model *m, int B, int T) {
+    const Config *c = &m->cfg;
+    const LayoutPlan *p = &m->plan;
+    int N_all = B * T, N = plan_local_tokens(p, N_all), H = p->hidden, I = p->moe_ffn;
+    size_t choices = (size_t)N * p->topk, rows = moe_rows(c, N, N_all), Is = p->shared_ffn;
+    if (c->moe_input_jitter_eps > 0) {
+        SAVED(bp, ma->jittered_input, N, H);
+        SAVED(bp, ma->jitter, N, H);
     }
-    ma->latent = arena_reals(ar, (size_t)N * c->kv_lora_rank);
-    ma->latent_norm = arena_reals(ar, (size_t)N * c->kv_lora_rank);
-    ma->latent_rstd = arena_reals(ar, N);
-    ma->k_rope = arena_reals(ar, (size_t)N * c->qk_pos_emb_head_dim);
-    ma->kv_b = arena_reals(ar, (size_t)N * heads * (c->qk_head_dim + c->v_head_dim));
+    plan_router(bp, ma, p, N, B);
+    ma->plan = (DispatchPlan){.N = N, .k = p->topk, .E = p->experts};
+    SAVED_INT32(bp, ma->plan.rows_per_expert, p->experts, 1);
+    SAVED_INT32(bp, ma->plan.expert_offsets, p->experts + 1, 1);
+    SAVED_INT32(bp, ma->plan.row_of_choice, choices, 1);
+    SAVED_INT32(bp, ma->plan.token_of_row, rows, 1);
+    if (Is) {
+        SAVED(bp, ma->shared.gate, N_all, Is);
+        SAVED(bp, ma->shared.up, N_all, Is);
+        SAVED(bp, ma->shared.act, N_all, Is);
+        SAVED(bp, ma->shared_gate, N, 1);
+        SAVED_OR_ALIAS(bp, p->sequence_parallel, ma->shared_gate_full, N_all, 1, ma->shared_gate);
+        SAVED(bp, ma->shared_out, N, H);
+    }
+    SAVED(bp, ma->rows_in, rows, H);
+    SAVED(bp, ma->row_probs, rows, 1);
+    SAVED(bp, ma->experts.gate, rows, I);
+    SAVED(bp, ma->experts.up, rows, I);
+    SAVED(bp, ma->experts.act, rows, I);
+    SAVED(bp, ma->rows_out, rows, H);
+}
+
+static void plan_mla(BufferPlan *bp, MlaActs *ma, const Config *c, int heads, int N) {
+    if (c->q_lora_rank) {
+        SAVED(bp, ma->q_a, N, c->q_lora_rank);
+        SAVED(bp, ma->q_a_norm, N, c->q_lora_rank);
+        SAVED(bp, ma->q_a_rstd, N, 1);
+    }
+    SAVED(bp, ma->latent, N, c->kv_lora_rank);
+    SAVED(bp, ma->latent_norm, N, c->kv_lora_rank);
+    SAVED(bp, ma->latent_rstd, N, 1);
+    SAVED(bp, ma->k_rope, N, c->qk_pos_emb_head_dim);
+    SAVED(bp, ma->kv_b, N, (size_t)heads * (c->qk_head_dim + c->v_head_dim));
 }
 
 // q/k/v and the stages before them: projection -> [QK-norm] -> [clip]; a stage that is off
 // aliases the next one, so the code reads every stage regardless.
-static void alloc_qkv(LayerActs *la, Arena *ar, const Model *m, int N) {
+static void plan_qkv(BufferPlan *bp, LayerActs *la, const Model *m, int N) {
     const Config *c = &m->cfg;
     AttentionWidths w = m->plan.width;
-    la->q = arena_reals(ar, (size_t)N * w.q);
-    la->k = arena_reals(ar, (size_t)N * w.k);
-    la->v = arena_reals(ar, (size_t)N * w.v);
+    SAVED(bp, la->q, N, w.q);
+    SAVED(bp, la->k, N, w.k);
+    SAVED(bp, la->v, N, w.v);
     if (c->multi_latent_attention) {
-        alloc_mla_acts(&la->mla, ar, c, m->plan.heads, N);
+        plan_mla(bp, &la->mla, c, m->plan.heads, N);
         return;
     }
-    int clip = c->clip_qkv > 0;
-    la->q_normed = clip ? arena_reals(ar, (size_t)N * w.q) : la->q;
-    la->k_normed = clip ? arena_reals(ar, (size_t)N * w.k) : la->k;
-    la->v_raw = clip ? arena_reals(ar, (size_t)N * w.v) : la->v;
-    la->q_raw = c->qk_layernorm ? arena_reals(ar, (size_t)N * w.q) : la->q_normed;
-    la->k_raw = c->qk_layernorm ? arena_reals(ar, (size_t)N * w.k) : la->k_normed;
-    la->q_rstd = arena_reals(ar, (size_t)N * m->plan.heads);
-    la->k_rstd = arena_reals(ar, (size_t)N * m->plan.kv_heads);
+    int clip = c->clip_qkv > 0, qk_norm = c->qk_layernorm;
+    SAVED_OR_ALIAS(bp, clip, la->q_normed, N, w.q, la->q);
+    SAVED_OR_ALIAS(bp, clip, la->k_normed, N, w.k, la->k);
+    SAVED_OR_ALIAS(bp, clip, la->v_raw, N, w.v, la->v);
+    SAVED_OR_ALIAS(bp, qk_norm, la->q_raw, N, w.q, la->q_normed);
+    SAVED_OR_ALIAS(bp, qk_norm, la->k_raw, N, w.k, la->k_normed);
+    SAVED(bp, la->q_rstd, N, m->plan.heads);
+    SAVED(bp, la->k_rstd, N, m->plan.kv_heads);
 }
 
-// workspace: the (N,H) row-parallel partial sums of sequence parallelism, shared by every layer
-static void alloc_layer_acts(LayerActs *la, Arena *ar, const Model *m, int l, int B, int T, real *workspace) {
+// *workspace: the (N,H) row-parallel partial sums of sequence parallelism, shared by every layer
+static void plan_layer(BufferPlan *bp, LayerActs *la, const Model *m, int l, int B, int T, real **workspace) {
     const LayoutPlan *p = &m->plan;
     int N = B * T, N_local = plan_local_tokens(p, N), H = p->hidden, sp = p->sequence_parallel;
-    int dense_ffn = !m->layers[l].is_moe, shared_ffn = m->layers[l].is_moe && p->shared_ffn;
-    la->x_in = arena_reals(ar, (size_t)N_local * H);
-    la->ln1 = arena_reals(ar, (size_t)N_local * H);
-    la->ln1_rstd = arena_reals(ar, N_local);
-    la->ln1_full = sp ? arena_reals(ar, (size_t)N * H) : la->ln1;
-    alloc_qkv(la, ar, m, N);
-    la->att = arena_reals(ar, (size_t)N * p->width.out);
-    la->lse = arena_reals(ar, (size_t)N * p->heads);
-    la->x_mid = arena_reals(ar, (size_t)N_local * H);
-    la->attn_partial = sp ? workspace : la->x_mid;
-    la->ln2 = arena_reals(ar, (size_t)N_local * H);
-    la->ln2_rstd = arena_reals(ar, N_local);
-    la->ln2_full = sp && (dense_ffn || shared_ffn) ? arena_reals(ar, (size_t)N * H) : la->ln2;
-    la->ffn_out = arena_reals(ar, (size_t)N_local * H);
-    if (m->layers[l].is_moe) {
-        alloc_moe_acts(&la->moe, ar, m, B, T);
-        la->ffn_partial = sp ? workspace : la->moe.shared_out;
+    int is_moe = m->layers[l].is_moe, gathers_ln2 = sp && (!is_moe || p->shared_ffn);
+    buffer_plan_scope(bp, "layer %d: ", l);
+    SAVED(bp, la->x_in, N_local, H);
+    SAVED(bp, la->ln1, N_local, H);
+    SAVED(bp, la->ln1_rstd, N_local, 1);
+    SAVED_OR_ALIAS(bp, sp, la->ln1_full, N, H, la->ln1);
+    plan_qkv(bp, la, m, N);
+    SAVED(bp, la->att, N, p->width.out);
+    SAVED(bp, la->lse, N, p->heads);
+    SAVED(bp, la->x_mid, N_local, H);
+    buffer_alias(bp, &la->attn_partial, sp ? workspace : &la->x_mid);
+    SAVED(bp, la->ln2, N_local, H);
+    SAVED(bp, la->ln2_rstd, N_local, 1);
+    SAVED_OR_ALIAS(bp, gathers_ln2, la->ln2_full, N, H, la->ln2);
+    SAVED(bp, la->ffn_out, N_local, H);
+    if (is_moe) {
+        plan_moe(bp, &la->moe, m, B, T);
+        buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->moe.shared_out);
     } else {
-        size_t F = p->ffn;
-        la->mlp = (ExpertActs){arena_reals(ar, N * F), arena_reals(ar, N * F), arena_reals(ar, N * F)};
-        la->ffn_partial = sp ? workspace : la->ffn_out;
+        SAVED(bp, la->mlp.gate, N, p->ffn);
+        SAVED(bp, la->mlp.up, N, p->ffn);
+        SAVED(bp, la->mlp.act, N, p->ffn);
+        buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->ffn_out);
     }
+    buffer_plan_scope(bp, "%s", "");
 }
 
-static void alloc_mla_scratch(ModelActs *a, const Config *c, int heads) {
-    Arena *ar = &a->arena;
+static void plan_mla_scratch(BufferPlan *bp, ModelActs *a, const Config *c, int heads) {
     int N = a->N;
-    a->d_kv_b = arena_reals(ar, (size_t)N * heads * (c->qk_head_dim + c->v_head_dim));
-    a->d_latent_norm = arena_reals(ar, (size_t)N * c->kv_lora_rank);
-    a->d_latent = arena_reals(ar, (size_t)N * c->kv_lora_rank);
-    a->d_k_rope = arena_reals(ar, (size_t)N * c->qk_pos_emb_head_dim);
+    WORKSPACE(bp, a->d_kv_b, N, (size_t)heads * (c->qk_head_dim + c->v_head_dim));
+    WORKSPACE(bp, a->d_latent_norm, N, c->kv_lora_rank);
+    WORKSPACE(bp, a->d_latent, N, c->kv_lora_rank);
+    WORKSPACE(bp, a->d_k_rope, N, c->qk_pos_emb_head_dim);
     if (c->q_lora_rank) {
-        a->d_q_a_norm = arena_reals(ar, (size_t)N * c->q_lora_rank);
-        a->d_q_a = arena_reals(ar, (size_t)N * c->q_lora_rank);
+        WORKSPACE(bp, a->d_q_a_norm, N, c->q_lora_rank);
+        WORKSPACE(bp, a->d_q_a, N, c->q_lora_rank);
     }
 }
 
-static void alloc_backward_scratch(ModelActs *a, const Model *m) {
+static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const LayoutPlan *p, size_t rows) {
+    int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
+    WORKSPACE(bp, a->d_rows_in, rows, H);
+    WORKSPACE(bp, a->d_rows_out, rows, H);
+    WORKSPACE(bp, a->d_row_probs, rows, 1);
+    WORKSPACE(bp, a->d_choice_probs, N_local, p->topk);
+    WORKSPACE(bp, a->d_router_logits, N_local, p->experts);
+    WORKSPACE(bp, a->d_router_input, N_local, H);
+    WORKSPACE(bp, a->d_shared_in, N_local, H);
+    buffer_alias(bp, &a->d_shared_in_full, sp ? &a->d_norm_full : &a->d_shared_in);  // free while the shared expert runs
+    WORKSPACE(bp, a->d_shared_gate, N_local, 1);
+    WORKSPACE_OR_ALIAS(bp, sp, a->d_shared_gate_full, N, 1, a->d_shared_gate);
+}
+
+static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
-    Arena *ar = &a->arena;
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
     AttentionWidths w = p->width;
     // FFN scratch serves dense layers (N rows of F), experts (rows of I), shared experts (N rows of Is)
     size_t rows = c->num_experts ? moe_rows(c, N_local, N) : 0;
     size_t ffn_scratch = MT_MAX((size_t)N * p->ffn, rows * p->moe_ffn);
     ffn_scratch = MT_MAX(ffn_scratch, (size_t)N * p->shared_ffn);
-    a->d_token_loss = arena_reals(ar, N);
-    a->d_resid = arena_reals(ar, (size_t)N_local * H);
-    a->d_norm = arena_reals(ar, (size_t)N_local * H);
-    a->d_out_full = sp ? arena_reals(ar, (size_t)N * H) : a->d_resid;
-    a->d_norm_full = sp ? arena_reals(ar, (size_t)N * H) : a->d_norm;
-    a->d_att = arena_reals(ar, (size_t)N * w.out);
-    a->d_q = arena_reals(ar, (size_t)N * w.q);
-    a->d_k = arena_reals(ar, (size_t)N * w.k);
-    a->d_v = arena_reals(ar, (size_t)N * w.v);
-    a->d_q_raw = arena_reals(ar, (size_t)N * w.q);
-    a->d_k_raw = arena_reals(ar, (size_t)N * w.k);
-    if (c->multi_latent_attention) alloc_mla_scratch(a, c, p->heads);
-    a->d_logits = arena_reals(ar, (size_t)N * p->vocab);
-    a->d_gate = arena_reals(ar, ffn_scratch);
-    a->d_up = arena_reals(ar, ffn_scratch);
-    a->d_act = arena_reals(ar, ffn_scratch);
-    if (rows) {
-        a->d_rows_in = arena_reals(ar, rows * H);
-        a->d_rows_out = arena_reals(ar, rows * H);
-        a->d_row_probs = arena_reals(ar, rows);
-        a->d_choice_probs = arena_reals(ar, (size_t)N_local * p->topk);
-        a->d_router_logits = arena_reals(ar, (size_t)N_local * p->experts);
-        a->d_router_input = arena_reals(ar, (size_t)N_local * H);
-        a->d_shared_in = arena_reals(ar, (size_t)N_local * H);
-        a->d_shared_in_full = sp ? a->d_norm_full : a->d_shared_in;  // free while the shared expert runs
-        a->d_shared_gate = arena_reals(ar, N_local);
-        a->d_shared_gate_full = sp ? arena_reals(ar, N) : a->d_shared_gate;
-    }
+    WORKSPACE(bp, a->d_token_loss, N, 1);
+    buffer_real(bp, &a->d_resid, "a->d_resid", N_local, H, BUF_STAGE_IO);  // the gradient a stage hands back
+    WORKSPACE(bp, a->d_norm, N_local, H);
+    WORKSPACE_OR_ALIAS(bp, sp, a->d_out_full, N, H, a->d_resid);
+    WORKSPACE_OR_ALIAS(bp, sp, a->d_norm_full, N, H, a->d_norm);
+    WORKSPACE(bp, a->d_att, N, w.out);
+    WORKSPACE(bp, a->d_q, N, w.q);
+    WORKSPACE(bp, a->d_k, N, w.k);
+    WORKSPACE(bp, a->d_v, N, w.v);
+    WORKSPACE(bp, a->d_q_raw, N, w.q);
+    WORKSPACE(bp, a->d_k_raw, N, w.k);
+    if (c->multi_latent_attention) plan_mla_scratch(bp, a, c, p->heads);
+    WORKSPACE(bp, a->d_logits, N, p->vocab);
+    WORKSPACE(bp, a->d_gate, ffn_scratch, 1);
+    WORKSPACE(bp, a->d_up, ffn_scratch, 1);
+    WORKSPACE(bp, a->d_act, ffn_scratch, 1);
+    if (rows) plan_moe_scratch(bp, a, p, rows);
 }
 
-void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
+// The vocab-parallel embedding's exchange (tensor parallelism only).
+static void plan_vocab_scratch(BufferPlan *bp, VocabScratch *s, int N, int H) {
+    s->N = N;
+    s->H = H;
+    WORKSPACE(bp, s->rows, N, H);
+    WORKSPACE(bp, s->owned_rows, N, H);
+    WORKSPACE_INT32(bp, s->index, 2, N);
+}
+
+// The batch as the model reads it (acts_stage_batch) and what leaves the last block.
+static void plan_stage_io(BufferPlan *bp, ModelActs *a, int H) {
+    STAGE_IO_INT32(bp, a->input_ids, 4, a->N);
+    STAGE_IO(bp, a->input_loss_mask, a->N, 1);
+    STAGE_IO(bp, a->loss_weight, a->N, 1);
+    STAGE_IO(bp, a->x_final, a->N_local, H);
+}
+
+void acts_describe(ModelActs *a, const Model *m, int B, int T) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
     memset(a, 0, sizeof(*a));
-    arena_init(&a->arena);
+    BufferPlan *bp = &a->buffers;
+    buffer_plan_init(bp);
     a->B = B;
     a->T = T;
     a->N = B * T;
@@ -180,22 +228,24 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
     a->capacity_tokens = a->N;
     a->num_layers = c->num_layers;
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
-    real *workspace = sp ? arena_reals(&a->arena, (size_t)N * H) : NULL;
-    a->layers = arena_alloc(&a->arena, c->num_layers * sizeof(LayerActs));
-    memset(a->layers, 0, c->num_layers * sizeof(LayerActs));
-    for (int l = 0; l < c->num_layers; l++) alloc_layer_acts(&a->layers[l], &a->arena, m, l, B, T, workspace);
-    a->x_final = arena_reals(&a->arena, (size_t)N_local * H);
-    a->lnf = arena_reals(&a->arena, (size_t)N_local * H);
-    a->lnf_rstd = arena_reals(&a->arena, N_local);
-    a->lnf_full = sp ? arena_reals(&a->arena, (size_t)N * H) : a->lnf;
-    a->logits = arena_reals(&a->arena, (size_t)N * p->vocab);
-    a->token_loss = arena_reals(&a->arena, N);
-    a->token_lse = arena_reals(&a->arena, N);
-    a->loss_weight = arena_reals(&a->arena, N);
-    a->input_ids = arena_ints(&a->arena, 4 * (size_t)N);
-    a->input_loss_mask = arena_reals(&a->arena, N);
-    alloc_backward_scratch(a, m);
-    if (p->tp_size > 1) vocab_scratch_alloc(&a->vocab_scratch, N, H);
+    if (sp) buffer_real(bp, &a->sp_workspace, "row-parallel partial sums", N, H, BUF_WORKSPACE);
+    a->layers = mt_calloc(c->num_layers, sizeof(LayerActs));
+    for (int l = 0; l < c->num_layers; l++) plan_layer(bp, &a->layers[l], m, l, B, T, &a->sp_workspace);
+    plan_stage_io(bp, a, H);
+    SAVED(bp, a->lnf, N_local, H);
+    SAVED(bp, a->lnf_rstd, N_local, 1);
+    SAVED_OR_ALIAS(bp, sp, a->lnf_full, N, H, a->lnf);
+    SAVED(bp, a->logits, N, p->vocab);
+    SAVED(bp, a->token_loss, N, 1);
+    SAVED(bp, a->token_lse, N, 1);
+    plan_backward_scratch(bp, a, m);
+    if (p->tp_size > 1) plan_vocab_scratch(bp, &a->vocab_scratch, N, H);
+    buffer_plan_layout(bp);
+}
+
+void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
+    acts_describe(a, m, B, T);
+    buffer_plan_allocate(&a->buffers);
 }
 
 // Copies `count` items of src (when given) into dst and returns dst, or NULL without src.
@@ -219,6 +269,7 @@ const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
 
 void acts_free(ModelActs *a) {
     for (int l = 0; l < a->num_layers; l++) ep_layer_free(&a->layers[l].moe);
-    if (a->vocab_scratch.rows) vocab_scratch_free(&a->vocab_scratch);
-    arena_free(&a->arena);
+    free(a->layers);
+    buffer_plan_free(&a->buffers);
+    memset(a, 0, sizeof(*a));
 }

@@ -7,7 +7,7 @@
 // A forward over one micro-batch saves what backward needs in a ModelActs; backward
 // accumulates parameter gradients into the tensor table. Tokens are flattened b·T + t.
 #pragma once
-#include "core/arena.h"
+#include "core/buffer_plan.h"
 #include "core/config.h"
 #include "core/tensor_table.h"
 #include "hf/hf_family.h"
@@ -167,8 +167,9 @@ typedef struct {
     Batch input;            // the last forward's batch, its arrays copied into tensor memory
     int32_t *input_ids;     // (4, capacity_tokens) tokens, targets, positions, key_start of input
     real *input_loss_mask;  // (capacity_tokens)
-    Arena arena;
-    LayerActs *layers;
+    BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
+    LayerActs *layers;      // (num_layers), host memory
+    real *sp_workspace;     // (N,H) sequence parallelism: every layer's row-parallel partial sums
     real *x_final;          // (N_local,H) output of the last block
     real *lnf, *lnf_rstd;   // (N_local,H), (N_local)
     real *lnf_full;         // (N,H) lnf of every token (gathered with sequence parallelism), or lnf
@@ -217,6 +218,10 @@ void model_allocate(Model *m);
 void model_init_weights(Model *m, uint64_t seed);
 void model_free(Model *m);
 
+// The activations of micro-batches of B × T tokens: acts_describe declares and lays out
+// every buffer (a->buffers.bytes is what they take; nothing large is allocated),
+// acts_alloc also allocates them. acts_free ends either.
+void acts_describe(ModelActs *a, const Model *m, int B, int T);
 void acts_alloc(ModelActs *a, const Model *m, int B, int T);
 void acts_free(ModelActs *a);
 // Copies the batch's arrays into the activations' tensor memory (core/device.h), so ops

@@ -18,21 +18,6 @@ VocabSlice vocab_slice_of_plan(const LayoutPlan *p) {
                         .vocab = p->vocab};
 }
 
-void vocab_scratch_alloc(VocabScratch *s, int N, int H) {
-    s->N = N;
-    s->H = H;
-    s->rows = device_calloc((size_t)N * H, sizeof(real));
-    s->owned_rows = device_calloc((size_t)N * H, sizeof(real));
-    s->index = device_calloc(2 * (size_t)N, sizeof(int32_t));
-}
-
-void vocab_scratch_free(VocabScratch *s) {
-    device_free(s->rows);
-    device_free(s->owned_rows);
-    device_free(s->index);
-    *s = (VocabScratch){0};
-}
-
 static int whole_vocab(const VocabSlice *s) { return s->region.tp->size == 1; }
 
 static int fits(const VocabScratch *w, int N, int H) { return N <= w->N && H == w->H; }

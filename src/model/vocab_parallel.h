@@ -29,17 +29,14 @@ typedef struct {
 // The slice of the rank a layout plan describes.
 VocabSlice vocab_slice_of_plan(const LayoutPlan *p);
 
-// Tensor memory (device_calloc) the functions work in, for micro-batches of up to N tokens
-// of width H.
+// Tensor memory the functions work in, for micro-batches of up to N tokens of width H
+// (part of the activations' buffer plan: model/activations.c).
 typedef struct {
     real *rows;        // (N, H): the partial embedding sum; the gathered embedding gradient
     real *owned_rows;  // (N, H): the gradient rows of the tokens this rank holds, in token order
     int32_t *index;    // (2N): a token's row in the slice or −1; the held tokens' positions and rows
     int N, H;
 } VocabScratch;
-
-void vocab_scratch_alloc(VocabScratch *s, int N, int H);
-void vocab_scratch_free(VocabScratch *s);
 
 // tokens (N) global ids, table (vocab, H) this rank's rows -> out (local rows, H): rows
 // [r·N/TP, (r+1)·N/TP) of the embedding with sequence parallelism, all N without (out is

@@ -195,18 +195,18 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
 }
 
 // What the run will hold: parameters and gradients of this rank's tensors, the moments of
-// its optimizer shards, and the activations of one micro-batch (measured on a one-sequence
-// allocation, scaled: they grow with the tokens).
+// its optimizer shards, and the activations of one micro-batch (their buffer plan, laid
+// out without allocating).
 static void check_memory(const Trainer *t, const FlatRange *shards, int n_shards) {
     const Config *c = t->cfg;
     MemoryNeed need = {.parameters = (double)t->model.tt.total * sizeof(real),
                        .micro_batch_size = c->micro_batch_size, .seq_length = c->seq_length};
     need.gradients = need.parameters;
     for (int r = 0; r < n_shards; r++) need.optimizer += 2.0 * (shards[r].end - shards[r].begin) * sizeof(real);
-    ModelActs one_sequence;
-    acts_alloc(&one_sequence, &t->model, 1, c->seq_length);
-    need.activations = (double)one_sequence.arena.bytes * c->micro_batch_size;
-    acts_free(&one_sequence);
+    ModelActs micro_batch;
+    acts_describe(&micro_batch, &t->model, c->micro_batch_size, c->seq_length);
+    need.activations = (double)micro_batch.buffers.bytes;
+    acts_free(&micro_batch);
     memory_check_fits(&need);
 }
 
