@@ -196,6 +196,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_double(&w, "grad_comm_hidden_s", r->grad_comm_hidden_s);
     jw_kv_double(&w, "expert_comm_s", r->expert_comm_s);
     jw_kv_int(&w, "tp_bytes", (int64_t)r->tp_bytes);
+    jw_kv_int(&w, "expert_bytes", (int64_t)r->expert_bytes);
     jw_kv_int(&w, "threads", r->threads);
     if (r->skipped) jw_kv_bool(&w, "skipped", 1);
     if (r->loss_spike) jw_kv_bool(&w, "loss_spike", 1);

@@ -31,6 +31,7 @@ typedef struct {
     double grad_comm_hidden_s;     // gradient sums in flight while backward computed (not in grad_comm_s)
     double expert_comm_s;          // ... and exchanging tokens with the expert-parallel ranks
     uint64_t tp_bytes;             // bytes this rank sent to its tensor-parallel ranks (parallel/comm.h)
+    uint64_t expert_bytes;         // ... to its expert-parallel and expert-tensor-parallel ranks
     int skipped;                   // the update was skipped (non-finite loss or gradient)
     int loss_spike;                // the loss spiked against the recent mean
 } StepRecord;

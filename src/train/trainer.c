@@ -427,6 +427,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .data_wait_s = o->data_wait_s, .threads = o->threads, .grad_comm_s = t->comm_s,
                     .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(&t->model),
                     .tp_bytes = comm_bytes_take("tp") + comm_bytes_take("kv"),
+                    .expert_bytes = comm_bytes_take("ep") + comm_bytes_take("etp") + comm_bytes_take("etp_ep"),
                     .skipped = o->skipped, .loss_spike = o->loss_spike,
                     .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
     metrics_log_step(&t->metrics, &r);

@@ -2,7 +2,10 @@
 # test_mpi_tp_bytes.sh — the bytes a rank sends to its tensor-parallel ranks in a step (the
 # JSONL tp_bytes, parallel/comm.h's definition) equal the formula of docs/parallelism.md,
 # "Bytes communicated by tensor parallelism", exactly, at every step: a dense model on TP=2
-# without sequence parallelism, on TP=2 with it (untied embeddings), and on TP=4 with it.
+# without sequence parallelism, on TP=2 with it (untied embeddings), and on TP=4 with it; and
+# the bytes sent to the expert-parallel and expert-tensor-parallel ranks (expert_bytes) by the
+# allgather exchange, on ETP=2 x EP=2 (with TP=2 and SP) and on EP=2, against "Bytes
+# communicated by the allgather token exchange".
 # Skipped without an MPI build (a failure under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -59,3 +62,38 @@ check tp4_sequence_parallel_bytes 4 4 1 1 64 32 2 4 --num-attention-heads 4 --ff
     --sequence-parallel --make-vocab-size-divisible-by 64
 # one process sends nothing
 check tp1_bytes_zero 1 1 0 1 32 16 2 4 --num-attention-heads 4 --ffn-hidden-size 64 2>/dev/null
+
+# expected_expert_bytes P EP ETP L_MOE N_LOCAL H K MICRO_BATCHES: expert_bytes of one step with
+# the allgather exchange over P = ETP x EP ranks
+expected_expert_bytes() {
+    local P=$1 ep=$2 etp=$3 L=$4 N=$5 H=$6 k=$7 M=$8
+    # per MoE layer: forward all-gathers of the inputs (N,H), top-k ids, kept flags, probs
+    # (N,k) and a reduce-scatter of the outputs (N,H); backward an all-gather of the output
+    # gradient and reduce-scatters of the input and prob gradients: (P-1) blocks of each
+    local per_layer=$(((P - 1) * (4 * N * H + 4 * N * k) * FLOAT))
+    # and the gradient norm's expert sum of squares over the EP and the ETP group
+    echo $((M * L * per_layer + ($(ar 1 "$ep") + $(ar 1 "$etp")) * DOUBLE))
+}
+
+# check_expert NAME RANKS P EP ETP L_MOE N_LOCAL H K MICRO_BATCHES FLAGS...
+check_expert() {
+    local name=$1 np=$2 want got
+    want=$(expected_expert_bytes "$3" "$4" "$5" "$6" "$7" "$8" "$9" "${10}")
+    shift 10
+    if ! timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train --num-layers 2 --hidden-size 32 --num-attention-heads 4 \
+        --seq-length 16 --micro-batch-size 2 --global-batch-size 4 --num-experts 4 --moe-router-topk 2 \
+        --moe-ffn-hidden-size 48 --train-iters 3 --log-interval 1 --eval-interval 0 --mock-data-tokens 65536 "$@" \
+        --log-jsonl "$work/$name.jsonl" >"$work/$name.log" 2>&1; then
+        fail "$name" "run failed: $(tail -1 "$work/$name.log")"
+        return
+    fi
+    got=$(grep -o '"expert_bytes":[0-9]*' "$work/$name.jsonl" | cut -d: -f2 | sort -u | tr '\n' ' ')
+    [ "$got" = "$want " ] && ok "$name" || fail "$name" "logged expert_bytes $got, formula $want"
+}
+
+# 4 ranks: TP=2 (DP=2: one micro-batch of 32 tokens per rank, 16 held with SP), ETP x EP = 4
+check_expert etp2_ep2_allgather_bytes 4 4 2 2 2 16 32 2 1 --tensor-model-parallel-size 2 --sequence-parallel \
+    --expert-model-parallel-size 2 --expert-tensor-parallel-size 2
+# 2 ranks: DP=2, one micro-batch of 32 tokens each, EP = 2
+check_expert ep2_allgather_bytes 2 2 2 1 2 32 32 2 1 --expert-model-parallel-size 2 \
+    --moe-token-dispatcher-type allgather
