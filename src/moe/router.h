@@ -107,6 +107,13 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
 // (no communication: the forward's group statistics are in out).
 void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
                      const RouterConfig *rc, const RouterCall *call, double loss_scale);
+// Router bookkeeping that spans the micro-batches of one global batch (training only).
+typedef struct {
+    double *global_counts_sum;  // (E) global_aux_loss: top-k counts summed over micro-batches
+    int global_micro_batches;
+    double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
+} RouterState;
+
 // Σ over enabled balance losses and z-loss of coeff · value: what training minimises.
 double router_objective(const RouterOutput *out, const RouterConfig *rc);
 // Megatron's expert-bias rule: bias += rate · sign(mean(counts) − counts).
