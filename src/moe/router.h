@@ -98,6 +98,13 @@ typedef struct {
     double z_loss;               // mean_x logsumexp(l_x)² over all N·P tokens  (L_z / coeff)
 } RouterOutput;
 
+// Router bookkeeping that spans the micro-batches of one global batch (training only).
+typedef struct {
+    double *global_counts_sum;  // (E) global_aux_loss: top-k counts summed over micro-batches
+    int global_micro_batches;
+    double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
+} RouterState;
+
 // logits (N,E) -> out. Collective over call->token_group (and call->count_group with
 // global_aux_loss): every member calls it at the same point.
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call);
@@ -107,13 +114,6 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
 // (no communication: the forward's group statistics are in out).
 void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
                      const RouterConfig *rc, const RouterCall *call, double loss_scale);
-// Router bookkeeping that spans the micro-batches of one global batch (training only).
-typedef struct {
-    double *global_counts_sum;  // (E) global_aux_loss: top-k counts summed over micro-batches
-    int global_micro_batches;
-    double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
-} RouterState;
-
 // Σ over enabled balance losses and z-loss of coeff · value: what training minimises.
 double router_objective(const RouterOutput *out, const RouterConfig *rc);
 // Megatron's expert-bias rule: bias += rate · sign(mean(counts) − counts).
