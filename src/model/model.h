@@ -13,8 +13,8 @@
 #include "hf/hf_family.h"
 #include "model/layout.h"
 #include "model/vocab_parallel.h"
-#include "moe/dispatcher.h"
-#include "moe/experts.h"
+#include "moe/expert_parallel.h"
+#include "moe/moe_acts.h"
 #include "moe/router.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
@@ -38,31 +38,6 @@ typedef struct {
     // expert for MoE), into the parameters and into the gradients; set by model_build.
     ExpertWeights ffn_params, ffn_grads;
 } LayerParams;
-
-// Router bookkeeping that spans the micro-batches of one global batch (training only).
-typedef struct {
-    double *global_counts_sum;  // (E) global_aux_loss: top-k counts summed over micro-batches
-    int global_micro_batches;
-    double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
-} RouterState;
-
-// How tokens reach experts held by other processes (--moe-token-dispatcher-type).
-typedef enum { DISPATCH_ALLTOALL, DISPATCH_ALLGATHER } DispatcherType;
-
-// Expert parallelism: the E experts of every MoE layer are split over the members of an
-// expert-parallel group in blocks; member r holds experts [first, first + local) with
-// local = E / size. Without it (size 1) every expert is here.
-typedef struct {
-    const Comm *comm;          // the expert-parallel group; NULL on one process
-    int size, rank;
-    int local, first;          // local experts and the first one's global index
-    DispatcherType dispatcher;
-    // The group the allgather exchange runs over: the expert-parallel one, or with expert
-    // tensor parallelism the ETP x EP group (each of its ranks holds a slice of its experts'
-    // FFN, so every token's rows reach every slice; the reduce-scatter sums the slices).
-    const Comm *gather;        // NULL when the layer's experts are all here, whole
-    int gather_always;         // expert tensor parallelism: the allgather exchange whatever the dispatcher
-} ExpertParallel;
 
 typedef struct {
     Config cfg;
@@ -93,27 +68,6 @@ typedef struct {
     int training;            // router input jitter, global-aux and expert-bias bookkeeping
     uint64_t noise_seed;     // seeds jitter / forced-balance noise of this micro-batch
 } Batch;
-
-typedef struct {
-    const real *router_input;  // (N,H) ln2 itself, or jittered_input
-    real *jittered_input;      // (N,H) ln2 ⊙ jitter (allocated with --moe-input-jitter-eps)
-    real *jitter;              // (N,H) the noise factors (valid when jitter_used)
-    int jitter_used;
-    real *logits;       // (N,E) router_input·W_routerᵀ (random normal with forced balancing)
-    RouterCall call;
-    RouterOutput route;
-    DispatchPlan plan;
-    ExpertRows expert_rows; // the rows this rank's experts computed (set by the token dispatcher)
-    real *rows_in;      // (rows,H) permuted inputs
-    real *row_probs;    // (rows)
-    ExpertActs experts; // (rows,I) each
-    real *rows_out;     // (rows,H)
-    ExpertActs shared;  // (N,Is) each, shared expert
-    real *shared_gate;  // (N_local) sigmoid(ln2·w_gate)
-    real *shared_gate_full;  // (N) of every token (gathered with sequence parallelism), or shared_gate
-    real *shared_out;   // (N_local,H)
-    struct EpLayer *ep; // expert parallel: the rows this rank's experts computed (moe/expert_parallel.c)
-} MoeActs;
 
 // Multi-Latent Attention activations (per layer). rq, rkv: ranks; dn, dr, dv: no-position,
 // rotary and value widths per head; dq = dn + dr.

@@ -103,21 +103,19 @@ void ep_layer_free(MoeActs *ma) {
     ma->ep = NULL;
 }
 
-void ep_buffers_new(Model *m) { m->ep_buffers = mt_calloc(1, sizeof(struct EpBuffers)); }
+struct EpBuffers *ep_buffers_new(void) { return mt_calloc(1, sizeof(struct EpBuffers)); }
 
-void ep_buffers_free(Model *m) {
-    struct EpBuffers *b = m->ep_buffers;
+void ep_buffers_free(struct EpBuffers *b) {
     if (!b) return;
     real *owned[] = {b->exchange, b->exchange_probs, b->d_rows_out, b->d_rows_in, b->d_row_probs,
                      b->d_gate, b->d_up, b->d_act, b->tokens_all, b->choices_all};
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) device_free(owned[i]);
     free(b);
-    m->ep_buffers = NULL;
 }
 
-static struct EpBuffers *buffers_for_rows(const Model *m, size_t rows) {
-    struct EpBuffers *b = m->ep_buffers;
-    size_t cap = grown(b->row_capacity, rows), H = m->plan.hidden, I = m->plan.moe_ffn;
+static struct EpBuffers *buffers_for_rows(const MoeDispatchContext *ctx, size_t rows) {
+    struct EpBuffers *b = ctx->buffers;
+    size_t cap = grown(b->row_capacity, rows), H = ctx->hidden, I = ctx->moe_ffn;
     if (cap == b->row_capacity) return b;
     b->row_capacity = cap;
     resize(&b->exchange, cap * H);
@@ -132,12 +130,12 @@ static struct EpBuffers *buffers_for_rows(const Model *m, size_t rows) {
 }
 
 // Room for the P·N gathered tokens and their P·N·k choices.
-static struct EpBuffers *buffers_for_tokens(const Model *m, size_t tokens, size_t choices) {
-    struct EpBuffers *b = m->ep_buffers;
+static struct EpBuffers *buffers_for_tokens(const MoeDispatchContext *ctx, size_t tokens, size_t choices) {
+    struct EpBuffers *b = ctx->buffers;
     size_t cap = grown(b->token_capacity, tokens);
     if (cap != b->token_capacity) {
         b->token_capacity = cap;
-        resize(&b->tokens_all, cap * m->plan.hidden);
+        resize(&b->tokens_all, cap * ctx->hidden);
     }
     cap = grown(b->choice_capacity, choices);
     if (cap != b->choice_capacity) {
@@ -147,24 +145,24 @@ static struct EpBuffers *buffers_for_tokens(const Model *m, size_t tokens, size_
     return b;
 }
 
-double ep_take_comm_seconds(const Model *m) {
-    if (!m->ep_buffers) return 0;
-    double s = m->ep_buffers->comm_s;
-    m->ep_buffers->comm_s = 0;
+double ep_take_comm_seconds(struct EpBuffers *b) {
+    if (!b) return 0;
+    double s = b->comm_s;
+    b->comm_s = 0;
     return s;
 }
 
-static ExpertShape local_shape(const Model *m, const int32_t *offsets) {
-    return (ExpertShape){.groups = m->ep.local, .H = m->plan.hidden, .I = m->plan.moe_ffn, .offsets = offsets};
+static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *offsets) {
+    return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .offsets = offsets};
 }
 
 // ---- alltoall ------------------------------------------------------------------------------------
 
 // Rows of `width` reals: send_rows[q] rows (back to back in send) go to rank q;
 // recv_rows[q] rows from rank q land back to back in recv.
-static void exchange_rows(const Model *m, const real *send, const int32_t *send_rows, real *recv,
+static void exchange_rows(const MoeDispatchContext *ctx, const real *send, const int32_t *send_rows, real *recv,
                           const int32_t *recv_rows, int width) {
-    const Comm *g = m->ep.comm;
+    const Comm *g = ctx->ep->comm;
     int P = g->size;
     size_t *counts = mt_malloc(4 * (size_t)P * sizeof(size_t));
     size_t *send_counts = counts, *send_displs = counts + P, *recv_counts = counts + 2 * P, *recv_displs = counts + 3 * P;
@@ -180,7 +178,7 @@ static void exchange_rows(const Model *m, const real *send, const int32_t *send_
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t0 = now_seconds();
     comm_alltoall_v(g, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-    m->ep_buffers->comm_s += now_seconds() - t0;
+    ctx->buffers->comm_s += now_seconds() - t0;
     free(counts);
 }
 
@@ -222,9 +220,9 @@ static void sort_segments(real *dst, const real *src, const EpLayer *el, const E
 }
 
 // The rows this rank's experts compute, from the exchange's layer state.
-static ExpertRows layer_rows(const Model *m, EpLayer *el, const int32_t *offsets) {
+static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *offsets) {
     return (ExpertRows){.rows_in = el->rows_in, .row_probs = el->row_probs, .rows_out = el->rows_out,
-                        .acts = &el->acts, .shape = local_shape(m, offsets)};
+                        .acts = &el->acts, .shape = local_shape(ctx, offsets)};
 }
 
 // The exchange's gradient buffers (scratch shared by the layers).
@@ -232,61 +230,62 @@ static void set_backward_rows(ExpertRows *rows, struct EpBuffers *b) {
     expert_rows_set_backward(rows, b->d_rows_out, b->d_rows_in, b->d_row_probs, b->d_gate, b->d_up, b->d_act);
 }
 
-static void alltoall_dispatch(const Model *m, MoeActs *ma, const real *x, ExpertRows *rows) {
-    const ExpertParallel *ep = &m->ep;
-    int H = m->plan.hidden;
-    local_dispatch_rows(m, ma, x);
-    EpLayer *el = ep_layer(ma, ep, m->plan.experts);
+static void alltoall_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
+    const ExpertParallel *ep = ctx->ep;
+    int H = ctx->hidden;
+    local_dispatch_rows(ctx, ma, x);
+    EpLayer *el = ep_layer(ma, ep, ctx->experts);
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
         comm_alltoall_int32(ep->comm, ma->plan.rows_per_expert, el->recv_counts, ep->local);
-        m->ep_buffers->comm_s += now_seconds() - t0;
+        ctx->buffers->comm_s += now_seconds() - t0;
     }
     alltoall_layout(el, &ma->plan, ep);
-    layer_reserve_rows(el, el->rows, H, m->plan.moe_ffn);
-    struct EpBuffers *b = buffers_for_rows(m, el->rows);
-    exchange_rows(m, ma->rows_in, el->send_rows, b->exchange, el->recv_rows, H);
-    exchange_rows(m, ma->row_probs, el->send_rows, b->exchange_probs, el->recv_rows, 1);
+    layer_reserve_rows(el, el->rows, H, ctx->moe_ffn);
+    struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
+    exchange_rows(ctx, ma->rows_in, el->send_rows, b->exchange, el->recv_rows, H);
+    exchange_rows(ctx, ma->row_probs, el->send_rows, b->exchange_probs, el->recv_rows, 1);
     sort_segments(el->rows_in, b->exchange, el, ep, H, 1);
     sort_segments(el->row_probs, b->exchange_probs, el, ep, 1, 1);
-    *rows = layer_rows(m, el, el->offsets);
+    *rows = layer_rows(ctx, el, el->offsets);
 }
 
-static void alltoall_combine(const Model *m, MoeActs *ma, const ExpertRows *rows, real *out) {
-    const ExpertParallel *ep = &m->ep;
+static void alltoall_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
+    const ExpertParallel *ep = ctx->ep;
     EpLayer *el = ma->ep;
-    int H = m->plan.hidden;
-    struct EpBuffers *b = buffers_for_rows(m, el->rows);
+    int H = ctx->hidden;
+    struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
     sort_segments(b->exchange, rows->rows_out, el, ep, H, 0);
-    exchange_rows(m, b->exchange, el->recv_rows, ma->rows_out, el->send_rows, H);
+    exchange_rows(ctx, b->exchange, el->recv_rows, ma->rows_out, el->send_rows, H);
     combine_forward(out, ma->rows_out, &ma->plan, H, 0);
 }
 
 // combine backward = dispatch of the output gradient, then the same trip as the inputs
-static void alltoall_combine_backward(const Model *m, MoeActs *ma, ModelActs *a, const real *d_out,
-                                      ExpertRows *rows) {
-    const ExpertParallel *ep = &m->ep;
+static void alltoall_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
+                                      const real *d_out, ExpertRows *rows) {
+    const ExpertParallel *ep = ctx->ep;
     EpLayer *el = ma->ep;
-    int H = m->plan.hidden;
-    struct EpBuffers *b = buffers_for_rows(m, el->rows);
-    dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    exchange_rows(m, a->d_rows_out, el->send_rows, b->exchange, el->recv_rows, H);
+    int H = ctx->hidden;
+    struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
+    dispatch_forward(grads->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
+    exchange_rows(ctx, grads->d_rows_out, el->send_rows, b->exchange, el->recv_rows, H);
     sort_segments(b->d_rows_out, b->exchange, el, ep, H, 1);
     set_backward_rows(rows, b);
 }
 
 // the input and prob gradients return as the outputs did
-static void alltoall_dispatch_backward(const Model *m, MoeActs *ma, ModelActs *a, const ExpertRows *rows) {
-    const ExpertParallel *ep = &m->ep;
+static void alltoall_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
+                                       const ExpertRows *rows) {
+    const ExpertParallel *ep = ctx->ep;
     EpLayer *el = ma->ep;
-    int H = m->plan.hidden;
-    struct EpBuffers *b = m->ep_buffers;
+    int H = ctx->hidden;
+    struct EpBuffers *b = ctx->buffers;
     sort_segments(b->exchange, rows->d_rows_in, el, ep, H, 0);
-    exchange_rows(m, b->exchange, el->recv_rows, a->d_rows_in, el->send_rows, H);
+    exchange_rows(ctx, b->exchange, el->recv_rows, grads->d_rows_in, el->send_rows, H);
     sort_segments(b->exchange_probs, rows->d_row_probs, el, ep, 1, 0);
-    exchange_rows(m, b->exchange_probs, el->recv_rows, a->d_row_probs, el->send_rows, 1);
-    dispatch_backward(a->d_norm, a->d_choice_probs, a->d_rows_in, a->d_row_probs, &ma->plan, H);
+    exchange_rows(ctx, b->exchange_probs, el->recv_rows, grads->d_row_probs, el->send_rows, 1);
+    dispatch_backward(grads->d_x, grads->d_choice_probs, grads->d_rows_in, grads->d_row_probs, &ma->plan, H);
 }
 
 const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {"alltoall", alltoall_dispatch, alltoall_combine,
@@ -294,14 +293,14 @@ const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {"alltoall", alltoall_dispatch
 
 // ---- allgather -----------------------------------------------------------------------------------
 
-static void allgather_dispatch(const Model *m, MoeActs *ma, const real *x, ExpertRows *rows) {
-    const ExpertParallel *ep = &m->ep;
+static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
+    const ExpertParallel *ep = ctx->ep;
     const Comm *g = ep->gather;
-    int P = g->size, N = ma->plan.N, k = ma->plan.k, E = m->plan.experts, H = m->plan.hidden;
+    int P = g->size, N = ma->plan.N, k = ma->plan.k, E = ctx->experts, H = ctx->hidden;
     size_t tokens = (size_t)P * N, choices = tokens * k;
     EpLayer *el = ep_layer(ma, ep, E);
     layer_reserve_choices(el, choices);
-    struct EpBuffers *b = buffers_for_tokens(m, tokens, choices);
+    struct EpBuffers *b = buffers_for_tokens(ctx, tokens, choices);
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
@@ -309,7 +308,7 @@ static void allgather_dispatch(const Model *m, MoeActs *ma, const real *x, Exper
         comm_allgather_int32(g, ma->route.topk_idx, el->topk_all, (size_t)N * k);
         comm_allgather_int32(g, ma->route.kept, el->kept_all, (size_t)N * k);
         comm_allgather(g, ma->route.topk_probs, el->probs_all, (size_t)N * k);
-        m->ep_buffers->comm_s += now_seconds() - t0;
+        ctx->buffers->comm_s += now_seconds() - t0;
     }
     // keep the choices of this rank's experts: the plan gives the others no rows
     size_t kept_rows = 0;
@@ -318,57 +317,58 @@ static void allgather_dispatch(const Model *m, MoeActs *ma, const real *x, Exper
         el->kept_all[i] = el->kept_all[i] && e >= ep->first && e < ep->first + ep->local;
         kept_rows += (size_t)el->kept_all[i];
     }
-    layer_reserve_rows(el, kept_rows, H, m->plan.moe_ffn);
+    layer_reserve_rows(el, kept_rows, H, ctx->moe_ffn);
     el->plan.N = (int)tokens;
     el->plan.k = k;
     el->plan.E = E;
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
     el->rows = (int)kept_rows;
     dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
-    *rows = layer_rows(m, el, el->plan.expert_offsets + ep->first);  // rows start at 0
+    *rows = layer_rows(ctx, el, el->plan.expert_offsets + ep->first);  // rows start at 0
 }
 
-static void allgather_combine(const Model *m, MoeActs *ma, const ExpertRows *rows, real *out) {
-    const Comm *g = m->ep.gather;
+static void allgather_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
+    const Comm *g = ctx->ep->gather;
     EpLayer *el = ma->ep;
-    int N = ma->plan.N, H = m->plan.hidden;
-    struct EpBuffers *b = m->ep_buffers;
+    int N = ma->plan.N, H = ctx->hidden;
+    struct EpBuffers *b = ctx->buffers;
     combine_forward(b->tokens_all, rows->rows_out, &el->plan, H, 0);  // this rank's part of every token
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t1 = now_seconds();
     comm_reduce_scatter(g, b->tokens_all, out, (size_t)N * H);
-    m->ep_buffers->comm_s += now_seconds() - t1;
+    ctx->buffers->comm_s += now_seconds() - t1;
 }
 
-static void allgather_combine_backward(const Model *m, MoeActs *ma, ModelActs *a, const real *d_out,
-                                       ExpertRows *rows) {
-    const Comm *g = m->ep.gather;
+static void allgather_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
+                                       const real *d_out, ExpertRows *rows) {
+    const Comm *g = ctx->ep->gather;
     EpLayer *el = ma->ep;
-    int P = g->size, N = ma->plan.N, k = ma->plan.k, H = m->plan.hidden;
-    struct EpBuffers *b = buffers_for_tokens(m, (size_t)P * N, (size_t)P * N * k);
-    buffers_for_rows(m, el->rows);
+    int P = g->size, N = ma->plan.N, k = ma->plan.k, H = ctx->hidden;
+    struct EpBuffers *b = buffers_for_tokens(ctx, (size_t)P * N, (size_t)P * N * k);
+    buffers_for_rows(ctx, el->rows);
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
         comm_allgather(g, d_out, b->tokens_all, (size_t)N * H);
-        m->ep_buffers->comm_s += now_seconds() - t0;
+        ctx->buffers->comm_s += now_seconds() - t0;
     }
     dispatch_forward(b->d_rows_out, NULL, b->tokens_all, NULL, &el->plan, H);
     set_backward_rows(rows, b);
 }
 
-static void allgather_dispatch_backward(const Model *m, MoeActs *ma, ModelActs *a, const ExpertRows *rows) {
-    const Comm *g = m->ep.gather;
+static void allgather_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
+                                        const ExpertRows *rows) {
+    const Comm *g = ctx->ep->gather;
     EpLayer *el = ma->ep;
-    int N = ma->plan.N, k = ma->plan.k, H = m->plan.hidden;
-    struct EpBuffers *b = m->ep_buffers;
+    int N = ma->plan.N, k = ma->plan.k, H = ctx->hidden;
+    struct EpBuffers *b = ctx->buffers;
     // 0 in choices_all for other ranks' experts
     dispatch_backward(b->tokens_all, b->choices_all, rows->d_rows_in, rows->d_row_probs, &el->plan, H);
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t1 = now_seconds();
-    comm_reduce_scatter(g, b->tokens_all, a->d_norm, (size_t)N * H);
-    comm_reduce_scatter(g, b->choices_all, a->d_choice_probs, (size_t)N * k);
-    m->ep_buffers->comm_s += now_seconds() - t1;
+    comm_reduce_scatter(g, b->tokens_all, grads->d_x, (size_t)N * H);
+    comm_reduce_scatter(g, b->choices_all, grads->d_choice_probs, (size_t)N * k);
+    ctx->buffers->comm_s += now_seconds() - t1;
 }
 
 const TokenDispatcher TOKEN_DISPATCHER_ALLGATHER = {"allgather", allgather_dispatch, allgather_combine,

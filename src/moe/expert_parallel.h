@@ -1,5 +1,5 @@
 // expert_parallel.h — the routed experts of a MoE layer when they are split over an
-// expert-parallel group (model.h ExpertParallel): each token's rows travel to the rank
+// expert-parallel group (ExpertParallel below): each token's rows travel to the rank
 // that holds its expert and the results travel back. Routing, the dispatch plan and the
 // combine are the single-process ones; only where the expert rows are computed changes.
 //
@@ -22,13 +22,35 @@
 //   gradients.
 // Results equal the single-process layer up to float summation order.
 #pragma once
-#include "model/model.h"
+#include "moe/moe_acts.h"
+#include "parallel/comm.h"
+
+// How tokens reach experts held by other processes (--moe-token-dispatcher-type).
+typedef enum { DISPATCH_ALLTOALL, DISPATCH_ALLGATHER } DispatcherType;
+
+// Expert parallelism: the E experts of every MoE layer are split over the members of an
+// expert-parallel group in blocks; member r holds experts [first, first + local) with
+// local = E / size. Without it (size 1) every expert is here.
+typedef struct {
+    const Comm *comm;          // the expert-parallel group; NULL on one process
+    int size, rank;
+    int local, first;          // local experts and the first one's global index
+    DispatcherType dispatcher;
+    // The group the allgather exchange runs over: the expert-parallel one, or with expert
+    // tensor parallelism the ETP x EP group (each of its ranks holds a slice of its experts'
+    // FFN, so every token's rows reach every slice; the reduce-scatter sums the slices).
+    const Comm *gather;        // NULL when the layer's experts are all here, whole
+    int gather_always;         // expert tensor parallelism: the allgather exchange whatever the dispatcher
+} ExpertParallel;
 
 // The two exchanges are token dispatchers (moe/token_dispatcher.h):
 // TOKEN_DISPATCHER_ALLTOALL and TOKEN_DISPATCHER_ALLGATHER, defined here.
 
-// Seconds spent in the token exchange since the last call (and restart the count).
-double ep_take_comm_seconds(const Model *m);
-void ep_buffers_new(Model *m);  // model_allocate, when tokens travel between ranks (ExpertParallel.gather)
-void ep_buffers_free(Model *m);
+// The scratch of the token exchange, shared by the layers of a model, made when tokens
+// travel between ranks (ExpertParallel.gather).
+struct EpBuffers;
+struct EpBuffers *ep_buffers_new(void);
+void ep_buffers_free(struct EpBuffers *b);  // b may be NULL
+// Seconds b spent in the token exchange since the last call (and restart the count); 0 for NULL.
+double ep_take_comm_seconds(struct EpBuffers *b);
 void ep_layer_free(MoeActs *ma);

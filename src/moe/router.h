@@ -98,6 +98,13 @@ typedef struct {
     double z_loss;               // mean_x logsumexp(l_x)² over all N·P tokens  (L_z / coeff)
 } RouterOutput;
 
+// Router bookkeeping that spans the micro-batches of one global batch (training only).
+typedef struct {
+    double *global_counts_sum;  // (E) global_aux_loss: top-k counts summed over micro-batches
+    int global_micro_batches;
+    double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
+} RouterState;
+
 // logits (N,E) -> out. Collective over call->token_group (and call->count_group with
 // global_aux_loss): every member calls it at the same point.
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call);

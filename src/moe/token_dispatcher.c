@@ -2,10 +2,7 @@
 // this rank): a permute before the experts, the reverse after.
 #include "moe/token_dispatcher.h"
 
-#include "moe/expert_parallel.h"
-
-const TokenDispatcher *token_dispatcher_of(const Model *m) {
-    const ExpertParallel *ep = &m->ep;
+const TokenDispatcher *token_dispatcher_of(const ExpertParallel *ep) {
     if (ep->gather_always || (ep->size > 1 && ep->dispatcher == DISPATCH_ALLGATHER)) return &TOKEN_DISPATCHER_ALLGATHER;
     return ep->size > 1 ? &TOKEN_DISPATCHER_ALLTOALL : &TOKEN_DISPATCHER_LOCAL;
 }
@@ -20,32 +17,35 @@ void expert_rows_set_backward(ExpertRows *rows, real *d_rows_out, real *d_rows_i
     rows->scratch_act = act;
 }
 
-void local_dispatch_rows(const Model *m, MoeActs *ma, const real *x) {
+void local_dispatch_rows(const MoeDispatchContext *ctx, MoeActs *ma, const real *x) {
     dispatch_plan(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity);
-    dispatch_forward(ma->rows_in, ma->row_probs, x, ma->route.topk_probs, &ma->plan, m->plan.hidden);
+    dispatch_forward(ma->rows_in, ma->row_probs, x, ma->route.topk_probs, &ma->plan, ctx->hidden);
 }
 
-static void local_dispatch(const Model *m, MoeActs *ma, const real *x, ExpertRows *rows) {
-    local_dispatch_rows(m, ma, x);
+static void local_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
+    local_dispatch_rows(ctx, ma, x);
     *rows = (ExpertRows){.rows_in = ma->rows_in, .row_probs = ma->row_probs, .rows_out = ma->rows_out,
                          .acts = &ma->experts,
-                         .shape = {.groups = m->plan.experts, .H = m->plan.hidden, .I = m->plan.moe_ffn,
+                         .shape = {.groups = ctx->experts, .H = ctx->hidden, .I = ctx->moe_ffn,
                                    .offsets = ma->plan.expert_offsets}};
 }
 
-static void local_combine(const Model *m, MoeActs *ma, const ExpertRows *rows, real *out) {
-    combine_forward(out, rows->rows_out, &ma->plan, m->plan.hidden, 0);
+static void local_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
+    combine_forward(out, rows->rows_out, &ma->plan, ctx->hidden, 0);
 }
 
 // combine backward = dispatch of the output gradient (probs are inside the experts)
-static void local_combine_backward(const Model *m, MoeActs *ma, ModelActs *a, const real *d_out, ExpertRows *rows) {
-    dispatch_forward(a->d_rows_out, NULL, d_out, NULL, &ma->plan, m->plan.hidden);
-    expert_rows_set_backward(rows, a->d_rows_out, a->d_rows_in, a->d_row_probs, a->d_gate, a->d_up, a->d_act);
+static void local_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
+                                   const real *d_out, ExpertRows *rows) {
+    dispatch_forward(grads->d_rows_out, NULL, d_out, NULL, &ma->plan, ctx->hidden);
+    expert_rows_set_backward(rows, grads->d_rows_out, grads->d_rows_in, grads->d_row_probs, grads->d_gate, grads->d_up,
+                             grads->d_act);
 }
 
 // dispatch backward = combine of the input-row gradients (and gather of the prob gradients)
-static void local_dispatch_backward(const Model *m, MoeActs *ma, ModelActs *a, const ExpertRows *rows) {
-    dispatch_backward(a->d_norm, a->d_choice_probs, rows->d_rows_in, rows->d_row_probs, &ma->plan, m->plan.hidden);
+static void local_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
+                                    const ExpertRows *rows) {
+    dispatch_backward(grads->d_x, grads->d_choice_probs, rows->d_rows_in, rows->d_row_probs, &ma->plan, ctx->hidden);
 }
 
 const TokenDispatcher TOKEN_DISPATCHER_LOCAL = {"local", local_dispatch, local_combine, local_combine_backward,

@@ -425,7 +425,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .tflops = flops / 1e12, .mfu = flops / t->peak_flops,
                     .mem_peak_mb = peak_memory_mb(), .elapsed_s = o->elapsed_s, .step_s = o->step_s,
                     .data_wait_s = o->data_wait_s, .threads = o->threads, .grad_comm_s = t->comm_s,
-                    .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(&t->model),
+                    .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(t->model.ep_buffers),
                     .tp_bytes = comm_bytes_take("tp") + comm_bytes_take("kv"),
                     .expert_bytes = comm_bytes_take("ep") + comm_bytes_take("etp") + comm_bytes_take("etp_ep"),
                     .skipped = o->skipped, .loss_spike = o->loss_spike,
@@ -452,7 +452,7 @@ int train_main(Config *c) {
         thread_governor_before_step(&threads);
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         t.comm_s = t.comm_hidden_s = 0;
-        ep_take_comm_seconds(&t.model);
+        ep_take_comm_seconds(t.model.ep_buffers);
         comm_bytes_reset();
         StepLosses s = train_step_micro_batches(&t);
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),

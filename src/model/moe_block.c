@@ -1,11 +1,13 @@
-// moe_layer.c — the MoE feed-forward: router → dispatcher → experts → combine, plus the
-// shared expert every token uses.
+// moe_block.c — the model's MoE feed-forward block (moe_forward / moe_backward on a layer's
+// LayerActs): router → token dispatcher → experts → combine, composed from the pieces in
+// moe/ as mlp.c composes the dense FFN, plus the tensor-parallel shared expert every token
+// uses.
 #include <math.h>
 #include <string.h>
 
 #include "core/rng.h"
-#include "moe/token_dispatcher.h"
 #include "model/layers.h"
+#include "moe/token_dispatcher.h"
 #include "ops/ops.h"
 
 enum { NOISE_JITTER = 1, NOISE_FORCED_LOGITS = 2 };  // random streams of a layer
@@ -81,26 +83,43 @@ static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerAc
     vec_add(la->ffn_out, ma->shared_out, (size_t)N_local * H);
 }
 
+// What the token dispatcher needs of the model.
+static MoeDispatchContext dispatch_context(const Model *m) {
+    return (MoeDispatchContext){.hidden = m->plan.hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
+                                .ep = &m->ep, .buffers = m->ep_buffers};
+}
+
+// The backward scratch of a that the dispatcher fills or hands the experts; the routed
+// experts' input gradient goes to a->d_norm.
+static MoeBackwardBuffers dispatch_backward_buffers(ModelActs *a) {
+    return (MoeBackwardBuffers){.d_rows_out = a->d_rows_out, .d_rows_in = a->d_rows_in, .d_row_probs = a->d_row_probs,
+                                .d_gate = a->d_gate, .d_up = a->d_up, .d_act = a->d_act, .d_x = a->d_norm,
+                                .d_choice_probs = a->d_choice_probs};
+}
+
 // x (N,H) -> out (N,H): the routed experts' outputs combined per token: the dispatcher
 // moves the rows, the experts run here between its phases.
 static void routed_experts_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *out) {
-    const TokenDispatcher *d = token_dispatcher_of(m);
+    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
+    MoeDispatchContext ctx = dispatch_context(m);
     ExpertRows *rows = &ma->expert_rows;
-    d->dispatch(m, ma, x, rows);
+    d->dispatch(&ctx, ma, x, rows);
     experts_forward(rows->rows_out, rows->acts, rows->rows_in, rows->row_probs, &lp->ffn_params, &rows->shape);
-    d->combine(m, ma, rows, out);
+    d->combine(&ctx, ma, rows, out);
 }
 
 // d_out (N,H) -> a->d_norm (N,H) overwritten and a->d_choice_probs (N,k).
 static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a,
                                     const real *d_out) {
-    const TokenDispatcher *d = token_dispatcher_of(m);
+    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
+    MoeDispatchContext ctx = dispatch_context(m);
+    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
     ExpertRows *rows = &ma->expert_rows;
-    d->combine_backward(m, ma, a, d_out, rows);
+    d->combine_backward(&ctx, ma, &grads, d_out, rows);
     experts_backward(rows->d_rows_in, rows->d_row_probs, &lp->ffn_grads, rows->d_rows_out, rows->acts, rows->rows_in,
                      rows->row_probs, &lp->ffn_params, &rows->shape, rows->scratch_gate, rows->scratch_up,
                      rows->scratch_act);
-    d->dispatch_backward(m, ma, a, rows);
+    d->dispatch_backward(&ctx, ma, &grads, rows);
 }
 
 void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
