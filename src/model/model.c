@@ -230,12 +230,12 @@ static ExpertParallel expert_parallel_of(const Config *c, const ModelGroups *g) 
     if (E % size)
         mt_die("--num-experts %d must be a multiple of --expert-model-parallel-size %d (each rank holds the same "
                "number of experts)", E, size);
-    ExpertParallel ep = {.comm = size > 1 ? comm : NULL, .size = size, .rank = size > 1 ? comm->rank : 0,
-                         .local = E / size};
+    const Comm *etp = g && g->etp && g->etp->size > 1 ? g->etp : NULL;
+    ExpertParallel ep = {.comm = size > 1 || etp ? comm : NULL, .size = size, .rank = size > 1 ? comm->rank : 0,
+                         .local = E / size, .etp = etp};
     ep.first = ep.rank * ep.local;
     ep.dispatcher = strcmp(c->moe_token_dispatcher_type, "allgather") == 0 ? DISPATCH_ALLGATHER : DISPATCH_ALLTOALL;
-    ep.gather_always = g && g->etp && g->etp->size > 1;
-    ep.gather = ep.gather_always ? g->etp_ep : ep.comm;
+    ep.gather = etp ? g->etp_ep : ep.comm;
     return ep;
 }
 

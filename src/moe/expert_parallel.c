@@ -11,9 +11,14 @@
 
 // Per MoE layer, from forward to backward: the rows this rank's experts computed.
 typedef struct EpLayer {
-    int32_t *recv_counts;  // (P·local) alltoall: rows from rank s for local expert le, [s][le]
-    int32_t *send_rows;    // (P) alltoall: rows sent to each rank
-    int32_t *recv_rows;    // (P) alltoall: rows received from each rank
+    // alltoall: the sources of the rows computed here are S = ETP·P (EP size P) ranks, in
+    // the order [ETP rank][EP rank] (S = P without expert tensor parallelism)
+    int sources;
+    int32_t *own_counts;   // (P·local) rows this rank received from EP rank s for local expert le, [s][le]
+    int32_t *recv_counts;  // (S·local) the same of every ETP rank, [ETP rank][s][le] (own_counts without ETP)
+    int32_t *send_rows;    // (P) alltoall: rows sent to each EP rank
+    int32_t *recv_rows;    // (P) alltoall: rows received from each EP rank
+    int32_t *etp_rows;     // (ETP) rows each ETP rank received over EP
     int32_t *offsets;      // (local + 1) first row of each local expert
     int rows;              // rows computed here
     size_t row_capacity;
@@ -30,6 +35,7 @@ typedef struct EpLayer {
 struct EpBuffers {
     size_t row_capacity;
     real *exchange, *exchange_probs;  // (rows,H), (rows): rows as they travel, [source][expert]
+    real *own, *own_probs;            // (rows,H), (rows) with ETP: the rows that came over EP
     real *d_rows_out, *d_rows_in;     // (rows,H)
     real *d_row_probs;                // (rows)
     real *d_gate, *d_up, *d_act;      // (rows,I)
@@ -78,12 +84,17 @@ static void layer_reserve_choices(EpLayer *el, size_t choices) {
     resize_ints(&el->plan.row_of_choice, cap);
 }
 
+static int etp_size(const ExpertParallel *ep) { return ep->etp ? ep->etp->size : 1; }
+
 static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
     if (ma->ep) return ma->ep;
     EpLayer *el = mt_calloc(1, sizeof(EpLayer));
-    el->recv_counts = device_calloc((size_t)ep->size * ep->local, sizeof(int32_t));
+    el->sources = etp_size(ep) * ep->size;
+    el->own_counts = device_calloc((size_t)ep->size * ep->local, sizeof(int32_t));
+    el->recv_counts = device_calloc((size_t)el->sources * ep->local, sizeof(int32_t));
     el->send_rows = device_calloc(ep->size, sizeof(int32_t));
     el->recv_rows = device_calloc(ep->size, sizeof(int32_t));
+    el->etp_rows = device_calloc(etp_size(ep), sizeof(int32_t));
     el->offsets = device_calloc(ep->local + 1, sizeof(int32_t));
     el->plan.rows_per_expert = device_calloc(E, sizeof(int32_t));
     el->plan.expert_offsets = device_calloc(E + 1, sizeof(int32_t));
@@ -94,10 +105,10 @@ static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
 void ep_layer_free(MoeActs *ma) {
     EpLayer *el = ma->ep;
     if (!el) return;
-    void *owned[] = {el->recv_counts, el->send_rows, el->recv_rows, el->offsets, el->rows_in, el->row_probs,
-                     el->rows_out, el->acts.gate, el->acts.up, el->acts.act, el->topk_all, el->kept_all,
-                     el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets, el->plan.row_of_choice,
-                     el->plan.token_of_row};
+    void *owned[] = {el->own_counts, el->recv_counts, el->send_rows, el->recv_rows, el->etp_rows, el->offsets,
+                     el->rows_in, el->row_probs, el->rows_out, el->acts.gate, el->acts.up, el->acts.act,
+                     el->topk_all, el->kept_all, el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets,
+                     el->plan.row_of_choice, el->plan.token_of_row};
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) device_free(owned[i]);
     free(el);
     ma->ep = NULL;
@@ -107,8 +118,8 @@ struct EpBuffers *ep_buffers_new(void) { return mt_calloc(1, sizeof(struct EpBuf
 
 void ep_buffers_free(struct EpBuffers *b) {
     if (!b) return;
-    real *owned[] = {b->exchange, b->exchange_probs, b->d_rows_out, b->d_rows_in, b->d_row_probs,
-                     b->d_gate, b->d_up, b->d_act, b->tokens_all, b->choices_all};
+    real *owned[] = {b->exchange, b->exchange_probs, b->own, b->own_probs, b->d_rows_out, b->d_rows_in,
+                     b->d_row_probs, b->d_gate, b->d_up, b->d_act, b->tokens_all, b->choices_all};
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) device_free(owned[i]);
     free(b);
 }
@@ -120,6 +131,10 @@ static struct EpBuffers *buffers_for_rows(const MoeDispatchContext *ctx, size_t 
     b->row_capacity = cap;
     resize(&b->exchange, cap * H);
     resize(&b->exchange_probs, cap);
+    if (ctx->ep->etp) {
+        resize(&b->own, cap * H);
+        resize(&b->own_probs, cap);
+    }
     resize(&b->d_rows_out, cap * H);
     resize(&b->d_rows_in, cap * H);
     resize(&b->d_row_probs, cap);
@@ -182,33 +197,98 @@ static void exchange_rows(const MoeDispatchContext *ctx, const real *send, const
     free(counts);
 }
 
-// From the exchanged counts: rows sent to / received from each rank, and where each local
-// expert's rows start once sorted expert-major.
+// Elements of `width` per row, for the rows[q] of each rank q of a group.
+static size_t *row_counts(const int32_t *rows, int P, int width) {
+    size_t *counts = mt_malloc((size_t)P * sizeof(size_t));
+    for (int q = 0; q < P; q++) counts[q] = (size_t)rows[q] * width;
+    return counts;
+}
+
+// Expert tensor parallelism, over the ETP group (blocks of the rows each of its ranks received
+// over EP, in ETP rank order): GATHER_ROWS all-gathers them, so every slice of the experts
+// sees every row; SUM_SLICES reduce-scatters all rows' partial results into each rank's own.
+typedef enum { GATHER_ROWS, SUM_SLICES } EtpCollective;
+
+static void over_etp(const MoeDispatchContext *ctx, const EpLayer *el, EtpCollective op, const real *send,
+                     real *recv, int width) {
+    const Comm *etp = ctx->ep->etp;
+    size_t *counts = row_counts(el->etp_rows, etp->size, width);
+    PROF_SCOPE(PROF_EXPERT_COMM);
+    double t0 = now_seconds();
+    if (op == GATHER_ROWS) comm_allgather_v(etp, send, recv, counts);
+    else comm_reduce_scatter_v(etp, send, recv, counts);
+    ctx->buffers->comm_s += now_seconds() - t0;
+    free(counts);
+}
+
+// Rows in this rank's plan order -> arrived, [source][local expert] over all S sources:
+// over EP to their expert's rank, then with ETP gathered from its ETP ranks (through own).
+static void rows_to_experts(const MoeDispatchContext *ctx, const EpLayer *el, const real *send, real *arrived,
+                            real *own, int width) {
+    if (!ctx->ep->etp) {
+        exchange_rows(ctx, send, el->send_rows, arrived, el->recv_rows, width);
+        return;
+    }
+    exchange_rows(ctx, send, el->send_rows, own, el->recv_rows, width);
+    over_etp(ctx, el, GATHER_ROWS, own, arrived, width);
+}
+
+// The way back: arrived rows (with ETP partial over the FFN slices, summed on the way) ->
+// back, in this rank's plan order.
+static void rows_from_experts(const MoeDispatchContext *ctx, const EpLayer *el, const real *arrived, real *back,
+                              real *own, int width) {
+    if (!ctx->ep->etp) {
+        exchange_rows(ctx, arrived, el->recv_rows, back, el->send_rows, width);
+        return;
+    }
+    over_etp(ctx, el, SUM_SLICES, arrived, own, width);
+    exchange_rows(ctx, own, el->recv_rows, back, el->send_rows, width);
+}
+
+// This rank's rows per local expert from each EP rank (own_counts), and with ETP those of
+// its ETP ranks (recv_counts).
+static void exchange_counts(const MoeDispatchContext *ctx, EpLayer *el, const DispatchPlan *plan) {
+    const ExpertParallel *ep = ctx->ep;
+    size_t own = (size_t)ep->size * ep->local;
+    PROF_SCOPE(PROF_EXPERT_COMM);
+    double t0 = now_seconds();
+    comm_alltoall_int32(ep->comm, plan->rows_per_expert, el->own_counts, ep->local);
+    if (ep->etp) comm_allgather_int32(ep->etp, el->own_counts, el->recv_counts, own);
+    else memcpy(el->recv_counts, el->own_counts, own * sizeof(int32_t));
+    ctx->buffers->comm_s += now_seconds() - t0;
+}
+
+// From the exchanged counts: rows sent to / received from each EP rank, rows each ETP
+// rank received, and where each local expert's rows start once sorted expert-major.
 static void alltoall_layout(EpLayer *el, const DispatchPlan *plan, const ExpertParallel *ep) {
-    int P = ep->size, L = ep->local;
+    int P = ep->size, L = ep->local, S = el->sources;
     el->offsets[0] = 0;
     for (int le = 0; le < L; le++) {
         int rows = 0;
-        for (int s = 0; s < P; s++) rows += el->recv_counts[s * L + le];
+        for (int s = 0; s < S; s++) rows += el->recv_counts[s * L + le];
         el->offsets[le + 1] = el->offsets[le] + rows;
     }
     el->rows = el->offsets[L];
     for (int q = 0; q < P; q++) {
         el->send_rows[q] = plan->expert_offsets[(q + 1) * L] - plan->expert_offsets[q * L];
         el->recv_rows[q] = 0;
-        for (int le = 0; le < L; le++) el->recv_rows[q] += el->recv_counts[q * L + le];
+        for (int le = 0; le < L; le++) el->recv_rows[q] += el->own_counts[q * L + le];
+    }
+    for (int t = 0; t < S / P; t++) {
+        el->etp_rows[t] = 0;
+        for (int i = 0; i < P * L; i++) el->etp_rows[t] += el->recv_counts[t * P * L + i];
     }
 }
 
-// Received order [source s][local expert le] <-> expert-major [le][s] (to_expert_major 0:
+// Arrival order [source s][local expert le] <-> expert-major [le][s] (to_expert_major 0:
 // the reverse). Segments keep their rows' order, so the reverse is exact.
 static void sort_segments(real *dst, const real *src, const EpLayer *el, const ExpertParallel *ep, int width,
                           int to_expert_major) {
-    int P = ep->size, L = ep->local;
+    int S = el->sources, L = ep->local;
     int32_t *next = mt_malloc(L * sizeof(int32_t));
     memcpy(next, el->offsets, L * sizeof(int32_t));
     size_t arrival = 0;
-    for (int s = 0; s < P; s++)
+    for (int s = 0; s < S; s++)
         for (int le = 0; le < L; le++) {
             size_t n = (size_t)el->recv_counts[s * L + le], sorted = (size_t)next[le];
             next[le] += (int32_t)n;
@@ -235,17 +315,12 @@ static void alltoall_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const 
     int H = ctx->hidden;
     local_dispatch_rows(ctx, ma, x);
     EpLayer *el = ep_layer(ma, ep, ctx->experts);
-    {
-        PROF_SCOPE(PROF_EXPERT_COMM);
-        double t0 = now_seconds();
-        comm_alltoall_int32(ep->comm, ma->plan.rows_per_expert, el->recv_counts, ep->local);
-        ctx->buffers->comm_s += now_seconds() - t0;
-    }
+    exchange_counts(ctx, el, &ma->plan);
     alltoall_layout(el, &ma->plan, ep);
     layer_reserve_rows(el, el->rows, H, ctx->moe_ffn);
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
-    exchange_rows(ctx, ma->rows_in, el->send_rows, b->exchange, el->recv_rows, H);
-    exchange_rows(ctx, ma->row_probs, el->send_rows, b->exchange_probs, el->recv_rows, 1);
+    rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H);
+    rows_to_experts(ctx, el, ma->row_probs, b->exchange_probs, b->own_probs, 1);
     sort_segments(el->rows_in, b->exchange, el, ep, H, 1);
     sort_segments(el->row_probs, b->exchange_probs, el, ep, 1, 1);
     *rows = layer_rows(ctx, el, el->offsets);
@@ -257,7 +332,7 @@ static void alltoall_combine(const MoeDispatchContext *ctx, MoeActs *ma, const E
     int H = ctx->hidden;
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
     sort_segments(b->exchange, rows->rows_out, el, ep, H, 0);
-    exchange_rows(ctx, b->exchange, el->recv_rows, ma->rows_out, el->send_rows, H);
+    rows_from_experts(ctx, el, b->exchange, ma->rows_out, b->own, H);
     combine_forward(out, ma->rows_out, &ma->plan, H, 0);
 }
 
@@ -269,12 +344,12 @@ static void alltoall_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma
     int H = ctx->hidden;
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
     dispatch_forward(grads->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    exchange_rows(ctx, grads->d_rows_out, el->send_rows, b->exchange, el->recv_rows, H);
+    rows_to_experts(ctx, el, grads->d_rows_out, b->exchange, b->own, H);
     sort_segments(b->d_rows_out, b->exchange, el, ep, H, 1);
     set_backward_rows(rows, b);
 }
 
-// the input and prob gradients return as the outputs did
+// the input and prob gradients return as the outputs did (with ETP summed over the slices)
 static void alltoall_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
                                        const ExpertRows *rows) {
     const ExpertParallel *ep = ctx->ep;
@@ -282,9 +357,9 @@ static void alltoall_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *m
     int H = ctx->hidden;
     struct EpBuffers *b = ctx->buffers;
     sort_segments(b->exchange, rows->d_rows_in, el, ep, H, 0);
-    exchange_rows(ctx, b->exchange, el->recv_rows, grads->d_rows_in, el->send_rows, H);
+    rows_from_experts(ctx, el, b->exchange, grads->d_rows_in, b->own, H);
     sort_segments(b->exchange_probs, rows->d_row_probs, el, ep, 1, 0);
-    exchange_rows(ctx, b->exchange_probs, el->recv_rows, grads->d_row_probs, el->send_rows, 1);
+    rows_from_experts(ctx, el, b->exchange_probs, grads->d_row_probs, b->own_probs, 1);
     dispatch_backward(grads->d_x, grads->d_choice_probs, grads->d_rows_in, grads->d_row_probs, &ma->plan, H);
 }
 

@@ -9,12 +9,16 @@
 //   2. the counts go first: each rank sends rank d its rows per expert of d;
 //   3. the rows and their routing probs follow in one all-to-all-v each, arriving as
 //      [source rank][local expert];
-//   4. they are sorted to [local expert][source rank], so each local expert's rows are
+//   3b. with expert tensor parallelism (Megatron-Core's order) the ETP ranks, which hold
+//      the same experts, all-gather what each received, so the rows arrive as [ETP
+//      rank][source rank][local expert] and each rank computes its slice of their FFN;
+//      on the way back a reduce-scatter over ETP sums the slices before the all-to-all;
+//   4. they are sorted to [local expert][source], so each local expert's rows are
 //      contiguous (one grouped GEMM), computed, sorted back and returned the same way.
 //   Backward exchanges the output gradients the same way and returns the input and prob
-//   gradients by the exact reverse.
-// allgather (--moe-token-dispatcher-type allgather, and always with expert tensor
-// parallelism, over the ETP x EP group: ExpertParallel.gather):
+//   gradients by the exact reverse (summed over the ETP slices).
+// allgather (--moe-token-dispatcher-type allgather, over the ETP x EP group:
+// ExpertParallel.gather):
 //   every rank gathers the inputs and routing of the whole group, computes the rows routed
 //   to its own experts (with ETP: its slice of their FFN), and a reduce-scatter returns each
 //   rank the sums for its tokens (over the experts and the FFN slices).
@@ -32,15 +36,17 @@ typedef enum { DISPATCH_ALLTOALL, DISPATCH_ALLGATHER } DispatcherType;
 // expert-parallel group in blocks; member r holds experts [first, first + local) with
 // local = E / size. Without it (size 1) every expert is here.
 typedef struct {
-    const Comm *comm;          // the expert-parallel group; NULL on one process
+    const Comm *comm;          // the expert-parallel group; NULL when the experts are all here, whole
     int size, rank;
     int local, first;          // local experts and the first one's global index
     DispatcherType dispatcher;
+    // Expert tensor parallelism: the ranks holding the other slices of these experts' FFN
+    // (NULL without it). Every token's rows must reach every slice, and the slices' partial
+    // results are summed.
+    const Comm *etp;
     // The group the allgather exchange runs over: the expert-parallel one, or with expert
-    // tensor parallelism the ETP x EP group (each of its ranks holds a slice of its experts'
-    // FFN, so every token's rows reach every slice; the reduce-scatter sums the slices).
+    // tensor parallelism the ETP x EP group.
     const Comm *gather;        // NULL when the layer's experts are all here, whole
-    int gather_always;         // expert tensor parallelism: the allgather exchange whatever the dispatcher
 } ExpertParallel;
 
 // The two exchanges are token dispatchers (moe/token_dispatcher.h):

@@ -3,8 +3,8 @@
 #include "moe/token_dispatcher.h"
 
 const TokenDispatcher *token_dispatcher_of(const ExpertParallel *ep) {
-    if (ep->gather_always || (ep->size > 1 && ep->dispatcher == DISPATCH_ALLGATHER)) return &TOKEN_DISPATCHER_ALLGATHER;
-    return ep->size > 1 ? &TOKEN_DISPATCHER_ALLTOALL : &TOKEN_DISPATCHER_LOCAL;
+    if (!ep->comm) return &TOKEN_DISPATCHER_LOCAL;  // every expert here, whole
+    return ep->dispatcher == DISPATCH_ALLGATHER ? &TOKEN_DISPATCHER_ALLGATHER : &TOKEN_DISPATCHER_ALLTOALL;
 }
 
 void expert_rows_set_backward(ExpertRows *rows, real *d_rows_out, real *d_rows_in, real *d_row_probs, real *gate,

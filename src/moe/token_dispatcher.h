@@ -46,7 +46,7 @@ typedef struct {
 extern const TokenDispatcher TOKEN_DISPATCHER_LOCAL, TOKEN_DISPATCHER_ALLTOALL, TOKEN_DISPATCHER_ALLGATHER;
 
 // The dispatcher of an expert-parallel layout: local on one rank, else
-// --moe-token-dispatcher-type (allgather always with expert tensor parallelism).
+// --moe-token-dispatcher-type (both carry expert tensor parallelism too).
 const TokenDispatcher *token_dispatcher_of(const ExpertParallel *ep);
 
 // The gradient buffers a dispatcher's combine_backward hands the experts: d_rows_out (the

@@ -8,7 +8,8 @@
 # embeddings, a vocabulary of 257 on TP=2 (padded to 258), MoE layers with SP: TP=2,
 # TP=2 x EP=2, TP=2 x DP=2 with the distributed optimizer, shared experts with their gate,
 # capacity with drops, every balance-loss type with z-loss and expert bias, ETP=2 x EP=2
-# (with and without TP), ETP with the distributed optimizer, 8 ranks of TP=2 x EP=4; bad tensor-parallel sizes are refused with one line naming the flags.
+# (with and without TP; the alltoall exchange with its ETP gather, and the allgather one),
+# ETP=2 alone with the distributed optimizer, 8 ranks of TP=2 x EP=4; bad tensor-parallel sizes are refused with one line naming the flags.
 # Skipped without an MPI build (a failure under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -83,6 +84,8 @@ full etp2_distributed_optimizer run_case etp2_distributed_optimizer 2 --expert-t
     --use-distributed-optimizer -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64
 run_case tp2_etp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- \
     "${MOE[@]}" --moe-aux-loss-coeff 0.01
+full tp2_etp2_ep2_allgather run_case tp2_etp2_ep2_allgather 4 "${TP2[@]}" "${SP[@]}" --expert-tensor-parallel-size 2 \
+    --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather -- "${MOE[@]}" --moe-aux-loss-coeff 0.01
 full tp2_ep4_8_ranks run_case tp2_ep4_8_ranks 8 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 4 -- \
     "${MOE[@]}" --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.01
 

@@ -93,7 +93,7 @@ check_expert() {
 
 # 4 ranks: TP=2 (DP=2: one micro-batch of 32 tokens per rank, 16 held with SP), ETP x EP = 4
 check_expert etp2_ep2_allgather_bytes 4 4 2 2 2 16 32 2 1 --tensor-model-parallel-size 2 --sequence-parallel \
-    --expert-model-parallel-size 2 --expert-tensor-parallel-size 2
+    --expert-model-parallel-size 2 --expert-tensor-parallel-size 2 --moe-token-dispatcher-type allgather
 # 2 ranks: DP=2, one micro-batch of 32 tokens each, EP = 2
 check_expert ep2_allgather_bytes 2 2 2 1 2 32 32 2 1 --expert-model-parallel-size 2 \
     --moe-token-dispatcher-type allgather
