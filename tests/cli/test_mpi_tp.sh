@@ -24,14 +24,9 @@ TP2=(--tensor-model-parallel-size 2 --make-vocab-size-divisible-by 256)
 TP4=(--tensor-model-parallel-size 4 --make-vocab-size-divisible-by 128)
 SP=(--sequence-parallel)
 
-# Under a sanitizer build (-O0, ~10x slower) the cases marked "full" run in the plain build
-# only; the others cover every code path once (SP, replicated kv heads with the sharded
-# QK-norm, MLA, TP x EP, the shared expert's gate, capacity, TP x ETP x EP).
-if "$M" --version | grep -q sanitizers; then
-    full() { echo "skip $1: sanitizer build (run by the plain build)"; }
-else
-    full() { "${@:2}"; }
-fi
+# Under a sanitizer build the cases marked "full" (mpi_lib.sh) run in the plain build only;
+# the others cover every code path once (SP, replicated kv heads with the sharded QK-norm,
+# MLA, TP x EP, the shared expert's gate, capacity, TP x ETP x EP).
 
 # dense layers
 full tp2_dense run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
