@@ -26,7 +26,7 @@ SP=(--sequence-parallel)
 
 # Under a sanitizer build the cases marked "full" (mpi_lib.sh) run in the plain build only;
 # the others cover every code path once (SP, replicated kv heads with the sharded QK-norm,
-# MLA, TP x EP, the shared expert's gate, capacity, TP x ETP x EP).
+# MLA, the shared expert's gate, capacity, TP x ETP x EP: TP with EP and with ETP).
 
 # dense layers
 full tp2_dense run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
@@ -44,7 +44,7 @@ full tp2_vocab_257 run_case tp2_vocab_257 2 --tensor-model-parallel-size 2 --mak
 
 # MoE layers: tokens enter them sequence-parallel
 full tp2_moe run_case tp2_moe 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-aux-loss-coeff 0.01
-run_case tp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
+full tp2_ep2 run_case tp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
 full tp2_dp2_distributed_optimizer run_case tp2_dp2_distributed_optimizer 4 "${TP2[@]}" "${SP[@]}" --use-distributed-optimizer -- "${MOE[@]}"
 run_case tp2_shared_expert_gate 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64 \
     --moe-shared-expert-gate --moe-input-jitter-eps 0.01
