@@ -26,7 +26,8 @@ SP=(--sequence-parallel)
 
 # Under a sanitizer build the cases marked "full" (mpi_lib.sh) run in the plain build only;
 # the others cover every code path once (SP, replicated kv heads with the sharded QK-norm,
-# MLA, the shared expert's gate, capacity, TP x ETP x EP: TP with EP and with ETP).
+# MLA, the shared expert's gate, TP x ETP x EP: TP with EP and with ETP). Capacity with
+# drops stays there in test_mpi_ep.sh, and over a token group in test_mpi_router.sh.
 
 # dense layers
 full tp2_dense run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
@@ -48,8 +49,11 @@ full tp2_ep2 run_case tp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-s
 full tp2_dp2_distributed_optimizer run_case tp2_dp2_distributed_optimizer 4 "${TP2[@]}" "${SP[@]}" --use-distributed-optimizer -- "${MOE[@]}"
 run_case tp2_shared_expert_gate 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64 \
     --moe-shared-expert-gate --moe-input-jitter-eps 0.01
-run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert-capacity-factor 0.5 \
-    --moe-token-drop-policy probs && dropped tp2_capacity_drops_tokens
+capacity_drops() {
+    run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert-capacity-factor 0.5 \
+        --moe-token-drop-policy probs && dropped tp2_capacity_drops_tokens
+}
+full tp2_capacity_drops capacity_drops
 full tp2_capacity_padded run_case tp2_capacity_padded 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
 full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
