@@ -1,18 +1,57 @@
 # mpi_lib.sh — what the multi-process tests share (sourced after lib.sh, not run):
-# mpi_require NAME skips the script without an MPI build (a failure under CI); MPIRUN
-# launches oversubscribed ranks as root; curve and compare check a run against one process.
+# mpi_require NAME skips the script without an MPI build or mpirun (a failure under CI);
+# MPIRUN launches oversubscribed ranks as root; run_mpi_program runs a test program of
+# tests/mpi/ under it; curve and compare check a run against one process.
 
-# mpi_require NAME: exits the sourcing script unless moetron was built with MPI
+# mpi_library: the MPI library moetron was built with ("none" without MPI), from the
+# "mpi: ..." of its --version line
+mpi_library() { "$M" --version | sed -n 's/.*[(,] *mpi: \([^,)]*\).*/\1/p'; }
+
+# mpi_require NAME: exits the sourcing script (a skip, a failure under CI=true) unless
+# moetron was built with MPI and mpirun is found
 mpi_require() {
-    if "$M" --version | grep -q "mpi"; then return; fi
-    if [ "${CI:-}" = "true" ]; then fail "$1" "moetron was built without MPI under CI"; else echo "skip $1: no MPI build"; fi
+    local library why
+    library=$(mpi_library)
+    if [ -z "$library" ]; then
+        fail "$1" "no 'mpi: ...' in the version line '$("$M" --version 2>&1 | head -1)'"
+        exit 0
+    elif [ "$library" = none ]; then
+        why="moetron was built without MPI"
+    elif ! command -v mpirun >/dev/null; then
+        why="mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+    else
+        return 0
+    fi
+    if [ "${CI:-}" = "true" ]; then fail "$1" "$why under CI"; else echo "skip $1: $why"; fi
     exit 0
 }
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 # Open MPI's runtime leaks a few allocations at exit that LeakSanitizer cannot attribute:
 # leak checks stay on for the single-process runs only
-MPIRUN=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" mpirun --oversubscribe --bind-to none)
+NO_LEAK_CHECK=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0")
+MPIRUN=("${NO_LEAK_CHECK[@]}" mpirun --oversubscribe --bind-to none)
+
+# run_mpi_program NAME RANKS SECONDS PROGRAM ARGS...: a test program of tests/mpi/ (it
+# prints ok/FAIL per check) under mpirun for at most SECONDS; NAME fails when the program
+# is missing, when mpirun fails without a FAIL line (a crash, a hang), or when nothing was
+# checked
+run_mpi_program() {
+    local name=$1 np=$2 limit=$3 program=$4
+    shift 3
+    if [ ! -x "$program" ]; then
+        fail "$name" "$program is missing (make $(basename "$(dirname "$program")")/$(basename "$program"))"
+        return
+    fi
+    timeout "$limit" "${MPIRUN[@]}" -np "$np" "$@" >"$work/$name.out" 2>"$work/$name.err"
+    local rc=$?
+    cat "$work/$name.out"
+    if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$work/$name.out"; then
+        fail "$name" "mpirun exited with status $rc (124: over $limit s): $({ grep -m2 'moetron: error' "$work/$name.err" || tail -3 "$work/$name.err"; } | tr '\n' ' ')"
+    elif [ $rc -eq 0 ] && ! grep -q '^ok ' "$work/$name.out"; then
+        fail "$name" "no check ran: $(head -3 "$work/$name.err" | tr '\n' ' ')"
+    fi
+}
 
 # step loss lm_loss grad_norm of a JSONL log: loss is lm_loss plus the router losses the run
 # trains with (their coefficients times their values), so both pin the aux losses down

@@ -47,10 +47,10 @@ PY
 run_case ep2_alltoall 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall --
 full ep2_allgather run_case ep2_allgather 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --
 full ep4_alltoall run_case ep4_alltoall 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall --
-run_case ep4_allgather 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather --
+full ep4_allgather run_case ep4_allgather 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather --
 full ep2_dp2_alltoall run_case ep2_dp2_alltoall 4 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall --
-run_case ep2_dp2_distributed_optimizer 4 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall \
-    --use-distributed-optimizer --
+full ep2_dp2_distributed_optimizer run_case ep2_dp2_distributed_optimizer 4 --expert-model-parallel-size 2 \
+    --moe-token-dispatcher-type alltoall --use-distributed-optimizer --
 full ep4_distributed_optimizer run_case ep4_distributed_optimizer 4 --expert-model-parallel-size 4 \
     --moe-token-dispatcher-type alltoall --use-distributed-optimizer --
 full ep2_dp2_aux_loss_coeff run_case ep2_dp2_aux_loss_coeff 4 --expert-model-parallel-size 2 \
@@ -64,7 +64,8 @@ bias_case() {  # name, ranks, layout flags...
     why=$(cmp_ckpt "$ref.ck/iter_0000010/model.safetensors" "$work/$name.ck/iter_0000010/model.safetensors" bias)
     [ -z "$why" ] && ok "${name}_same_biases" || fail "${name}_same_biases" "$why"
 }
-bias_case ep2_dp2_expert_bias 4 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+# (under sanitizers EP=2 x DP=2 with expert bias is layout_change's second leg below)
+full ep2_dp2_expert_bias bias_case ep2_dp2_expert_bias 4 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 bias_case ep4_allgather_expert_bias 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather
 
 # capacity: dropped tokens with padding to capacity, and without padding (drop by probability)
@@ -78,7 +79,7 @@ full ep2_group_limited_routing run_case ep2_group_limited_routing 2 --expert-mod
     --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-router-topk 2 --moe-router-score-function sigmoid
 full ep2_z_loss_jitter run_case ep2_z_loss_jitter 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall -- \
     --moe-z-loss-coeff 1e-3 --moe-input-jitter-eps 0.01
-run_case ep2_shared_expert 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather -- \
+full ep2_shared_expert run_case ep2_shared_expert 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather -- \
     --moe-shared-expert-intermediate-size 64
 
 # checkpoints stay global across layouts: 4 steps of EP=4 (distributed optimizer), 4 of

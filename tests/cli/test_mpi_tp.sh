@@ -25,14 +25,10 @@ TP2=(--tensor-model-parallel-size 2 --make-vocab-size-divisible-by 256)
 TP4=(--tensor-model-parallel-size 4 --make-vocab-size-divisible-by 128)
 SP=(--sequence-parallel)
 
-# Under a sanitizer build (-O0, ~10x slower) the cases marked "full" run in the plain build
-# only; the others cover every code path once (SP, replicated kv heads with the sharded
-# QK-norm, MLA, TP x EP, the shared expert's gate, capacity, TP x ETP x EP).
-if "$M" --version | grep -q sanitizers; then
-    full() { echo "skip $1: sanitizer build (run by the plain build)"; }
-else
-    full() { "${@:2}"; }
-fi
+# Under a sanitizer build the cases marked "full" (mpi_lib.sh) run in the plain build only;
+# the others cover every code path once (SP, replicated kv heads with the sharded QK-norm,
+# MLA, the shared expert's gate, TP x ETP x EP: TP with EP and with ETP). Capacity with
+# drops stays there in test_mpi_ep.sh, and over a token group in test_mpi_router.sh.
 
 # dense layers
 full tp2_dense run_case tp2_dense 2 "${TP2[@]}" -- --num-experts 0
@@ -50,12 +46,15 @@ full tp2_vocab_257 run_case tp2_vocab_257 2 --tensor-model-parallel-size 2 --mak
 
 # MoE layers: tokens enter them sequence-parallel
 full tp2_moe run_case tp2_moe 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-aux-loss-coeff 0.01
-run_case tp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
+full tp2_ep2 run_case tp2_ep2 4 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
 full tp2_dp2_distributed_optimizer run_case tp2_dp2_distributed_optimizer 4 "${TP2[@]}" "${SP[@]}" --use-distributed-optimizer -- "${MOE[@]}"
 run_case tp2_shared_expert_gate 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-shared-expert-intermediate-size 64 \
     --moe-shared-expert-gate --moe-input-jitter-eps 0.01
-run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert-capacity-factor 0.5 \
-    --moe-token-drop-policy probs && dropped tp2_capacity_drops_tokens
+capacity_drops() {
+    run_case tp2_capacity_drops 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" --moe-expert-capacity-factor 0.5 \
+        --moe-token-drop-policy probs && dropped tp2_capacity_drops_tokens
+}
+full tp2_capacity_drops capacity_drops
 full tp2_capacity_padded run_case tp2_capacity_padded 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \
     --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity
 full tp2_seq_aux_z_loss_bias run_case tp2_seq_aux_z_loss_bias 2 "${TP2[@]}" "${SP[@]}" -- "${MOE[@]}" \

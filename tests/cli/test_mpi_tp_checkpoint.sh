@@ -12,26 +12,12 @@ set -u
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/mpi_lib.sh"
 mpi_require mpi_tp_checkpoint
-program=$(dirname "$M")/test_ckpt_tp_mpi
-if [ ! -x "$program" ]; then
-    fail mpi_tp_checkpoint "$program is missing (make $(basename "$(dirname "$M")")/test_ckpt_tp_mpi)"
-    exit 0
-fi
 
-layout_chain() {  # ranks: the program prints ok/FAIL per layout
-    local np=$1
+# the program prints ok/FAIL per layout, saving into a directory of its own per world size
+for np in 4 2; do
     mkdir -p "$work/np$np"
-    timeout 300 "${MPIRUN[@]}" -np "$np" "$program" "$work/np$np" >"$work/np$np.out" 2>"$work/np$np.err"
-    local rc=$?
-    cat "$work/np$np.out"
-    if [ $rc -ne 0 ] && ! grep -q '^FAIL' "$work/np$np.out"; then
-        fail "mpi_tp_checkpoint_np$np" "mpirun exited with status $rc: $(grep -m2 'moetron: error' "$work/np$np.err" | tr '\n' ' ')"
-    elif [ $rc -eq 0 ] && ! grep -q '^ok ' "$work/np$np.out"; then
-        fail "mpi_tp_checkpoint_np$np" "no check ran: $(head -3 "$work/np$np.err" | tr '\n' ' ')"
-    fi
-}
-
-for np in 4 2; do layout_chain "$np"; done
+    run_mpi_program "mpi_tp_checkpoint_np$np" "$np" 300 "$(dirname "$M")/test_ckpt_tp_mpi" "$work/np$np"
+done
 
 # Training resumes across layouts as the single run: 3 steps each of TP=2 x EP=2 with
 # sequence parallelism (4 ranks, the distributed optimizer), TP=1 x EP=2 (DP=4, the
@@ -89,8 +75,4 @@ PY
     [ -z "$why" ] && ok ${name}_same_weights || fail ${name}_same_weights "$why"
 }
 # five training runs: the plain build runs them, a sanitizer build the tables above only
-if "$M" --version | grep -q sanitizers; then
-    echo "skip tp2ep2_to_tp1_to_tp4_to_single: sanitizer build (run by the plain build)"
-else
-    tp_layout_chain
-fi
+full tp2ep2_to_tp1_to_tp4_to_single tp_layout_chain

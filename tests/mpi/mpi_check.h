@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "parallel/comm.h"
+#include "../unit/mix64.h"  // mix64: values every rank can compute for every index
 
 static Comm world;               // set by the program's main (comm_world())
 static const char *check_name;
@@ -39,13 +40,4 @@ static int end(void) {
     fflush(stdout);
     failed_checks += failures > 0;
     return failures == 0;
-}
-
-// A 64-bit mix (splitmix64's finaliser): values every rank can compute for every index.
-static inline uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
 }

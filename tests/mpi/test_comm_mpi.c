@@ -22,7 +22,7 @@
 
 // Values of mixed sign and magnitude, so a different summation order changes the bits.
 static double value(int rank, size_t i, int salt) {
-    uint64_t h = mix(((uint64_t)salt << 48) ^ ((uint64_t)rank << 32) ^ i);
+    uint64_t h = mix64(((uint64_t)salt << 48) ^ ((uint64_t)rank << 32) ^ i);
     double scale[] = {1e-3, 0.1, 1, 10, 1e3};
     return ((double)(h % 20001) - 10000.0) / 9999.0 * scale[(h >> 20) % 5];
 }

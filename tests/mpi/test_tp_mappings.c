@@ -41,7 +41,7 @@ static const double LOGIT_SPIKE = 100;
 
 // uniform in [−1, 1], the same on every rank
 static real value(size_t i, int salt) {
-    uint64_t h = mix(((uint64_t)salt << 48) ^ i);
+    uint64_t h = mix64(((uint64_t)salt << 48) ^ i);
     return (real)(((double)(h % 20001) - 10000.0) / 10000.0);
 }
 

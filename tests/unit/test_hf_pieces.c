@@ -33,7 +33,7 @@ static Fp8Tensor add_fp8(StWriter *w, const TensorDesc *d) {
     int64_t blocks[2] = {(rows + FP8_BLOCK - 1) / FP8_BLOCK, (cols + FP8_BLOCK - 1) / FP8_BLOCK};
     Fp8Tensor t = {mt_malloc((size_t)(rows * cols)), mt_malloc((size_t)(blocks[0] * blocks[1]) * sizeof(float))};
     for (int64_t i = 0; i < rows * cols; i++) {
-        uint64_t h = tp_mix((uint64_t)i + 1);
+        uint64_t h = mix64((uint64_t)i + 1);
         t.bytes[i] = (uint8_t)((h % FP8_NAN_BITS) | ((h >> 8) & 0x80));
     }
     for (int64_t b = 0; b < blocks[0] * blocks[1]; b++) t.scales[b] = (float)(1 << (b % 5)) / 4;

@@ -6,6 +6,7 @@
 
 #include "core/config.h"
 #include "core/tensor_table.h"
+#include "mix64.h"
 
 // A rank's coordinates in the tensor-parallel groups.
 typedef struct {
@@ -65,19 +66,11 @@ static inline int64_t tp_global_element(const TensorDesc *d, int64_t j) {
     return row * d->shape[1] + d->shard.index * cols + col;
 }
 
-static inline uint64_t tp_mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
 enum { TP_VALUE_RANGE = 1 << 20, TP_VALUE_SCALE = 1 << 10 };  // multiples of 2^-10: exact in float
 
 // Element e of global tensor g in buffer `buffer` (0 parameters, 1 and 2 the moments).
 static inline real tp_value(int g, int64_t e, int buffer) {
-    uint64_t h = tp_mix(((uint64_t)buffer << 56) ^ ((uint64_t)g << 36) ^ (uint64_t)e);
+    uint64_t h = mix64(((uint64_t)buffer << 56) ^ ((uint64_t)g << 36) ^ (uint64_t)e);
     double v = ((double)(h % TP_VALUE_RANGE) - TP_VALUE_RANGE / 2) / TP_VALUE_SCALE;
     return (real)(buffer == 2 ? v * v : v);
 }
