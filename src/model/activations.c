@@ -12,7 +12,6 @@
 #define SAVED_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_SAVED)
 #define SAVED_DOUBLE(bp, field, rows, cols) buffer_double(bp, &(field), #field, rows, cols, BUF_SAVED)
 #define WORKSPACE(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_WORKSPACE)
-#define WORKSPACE_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_WORKSPACE)
 #define STAGE_IO(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
 #define STAGE_IO_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
 // A saved buffer when `own`, else an alias of `source` (a stage that is off, a layout
@@ -198,15 +197,6 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) 
     if (rows) plan_moe_scratch(bp, a, p, rows);
 }
 
-// The vocab-parallel embedding's exchange (tensor parallelism only).
-static void plan_vocab_scratch(BufferPlan *bp, VocabScratch *s, int N, int H) {
-    s->N = N;
-    s->H = H;
-    WORKSPACE(bp, s->rows, N, H);
-    WORKSPACE(bp, s->owned_rows, N, H);
-    WORKSPACE_INT32(bp, s->index, 2, N);
-}
-
 // The batch as the model reads it (acts_stage_batch) and what leaves the last block.
 static void plan_stage_io(BufferPlan *bp, ModelActs *a, int H) {
     STAGE_IO_INT32(bp, a->input_ids, 4, a->N);
@@ -239,7 +229,7 @@ void acts_describe(ModelActs *a, const Model *m, int B, int T) {
     SAVED(bp, a->token_loss, N, 1);
     SAVED(bp, a->token_lse, N, 1);
     plan_backward_scratch(bp, a, m);
-    if (p->tp_size > 1) plan_vocab_scratch(bp, &a->vocab_scratch, N, H);
+    if (p->tp_size > 1) vocab_scratch_plan(bp, &a->vocab_scratch, N, H);  // the vocab-parallel embedding's
     buffer_plan_layout(bp);
 }
 

@@ -18,6 +18,14 @@ VocabSlice vocab_slice_of_plan(const LayoutPlan *p) {
                         .vocab = p->vocab};
 }
 
+void vocab_scratch_plan(BufferPlan *bp, VocabScratch *s, int N, int H) {
+    s->N = N;
+    s->H = H;
+    buffer_real(bp, &s->rows, "vocab_scratch.rows", N, H, BUF_WORKSPACE);
+    buffer_real(bp, &s->owned_rows, "vocab_scratch.owned_rows", N, H, BUF_WORKSPACE);
+    buffer_int32(bp, &s->index, "vocab_scratch.index", 2, N, BUF_WORKSPACE);
+}
+
 static int whole_vocab(const VocabSlice *s) { return s->region.tp->size == 1; }
 
 static int fits(const VocabScratch *w, int N, int H) { return N <= w->N && H == w->H; }

@@ -17,6 +17,7 @@
 // With a TP group of one the functions call the single-process ops (embedding_*,
 // cross_entropy_*) directly: bit-identical results.
 #pragma once
+#include "core/buffer_plan.h"
 #include "model/layout.h"
 #include "parallel/tp_mappings.h"
 
@@ -37,6 +38,10 @@ typedef struct {
     int32_t *index;    // (2N): a token's row in the slice or −1; the held tokens' positions and rows
     int N, H;
 } VocabScratch;
+
+// Declares s's buffers for up to N tokens of width H in bp (core/buffer_plan.h), as
+// workspaces; they are set when bp is allocated.
+void vocab_scratch_plan(BufferPlan *bp, VocabScratch *s, int N, int H);
 
 // tokens (N) global ids, table (vocab, H) this rank's rows -> out (local rows, H): rows
 // [r·N/TP, (r+1)·N/TP) of the embedding with sequence parallelism, all N without (out is

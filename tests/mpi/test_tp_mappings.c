@@ -217,6 +217,16 @@ static VocabSlice world_slice(int sequence_parallel) {
                         .vocab = rows};
 }
 
+// The vocab-parallel scratch for TOKENS tokens, in a buffer plan of its own (the model puts it
+// in its activations' plan).
+static BufferPlan vocab_scratch_of(VocabScratch *w) {
+    BufferPlan bp;
+    buffer_plan_init(&bp);
+    vocab_scratch_plan(&bp, w, TOKENS, HIDDEN);
+    buffer_plan_allocate(&bp);
+    return bp;
+}
+
 static void check_vocab_embedding(int sequence_parallel) {
     VocabSlice s = world_slice(sequence_parallel);
     RowRange rows = local_rows(sequence_parallel);
@@ -225,7 +235,7 @@ static void check_vocab_embedding(int sequence_parallel) {
     real *table = random_array((size_t)V_PAD * HIDDEN, 10), *want = zeros((size_t)TOKENS * HIDDEN);
     real *out = zeros(local);
     VocabScratch w;
-    vocab_scratch_alloc(&w, TOKENS, HIDDEN);
+    BufferPlan scratch = vocab_scratch_of(&w);
 
     begin(named("vocab_embedding_forward", sequence_parallel, 0));
     embedding_forward(want, tokens, table, TOKENS, HIDDEN);
@@ -242,7 +252,7 @@ static void check_vocab_embedding(int sequence_parallel) {
     expect_close("table gradient rows", dtable, dtable_want + first, slice);
     end();
 
-    vocab_scratch_free(&w);
+    buffer_plan_free(&scratch);
     real *mine[] = {table, want, out, d_out, dtable_want, dtable};
     for (size_t i = 0; i < sizeof(mine) / sizeof(mine[0]); i++) free(mine[i]);
     free(tokens);
@@ -281,14 +291,14 @@ static void check_vocab_cross_entropy(void) {
     begin("vocab_cross_entropy_backward");
     real *want_d = zeros((size_t)TOKENS * V_PAD), *d = random_array((size_t)TOKENS * s.vocab, 22);  // overwritten
     VocabScratch w;
-    vocab_scratch_alloc(&w, TOKENS, HIDDEN);
+    BufferPlan scratch = vocab_scratch_of(&w);
     cross_entropy_backward(want_d, logits, want_lse, targets, weight, TOKENS, V_PAD);
     vocab_cross_entropy_backward(&s, &w, d, mine, lse, targets, weight, TOKENS);
     real *want_slice = columns(want_d, TOKENS, V_PAD, s.vocab_first, s.vocab);
     expect_close("dlogits slice", d, want_slice, (size_t)TOKENS * s.vocab);
     end();
 
-    vocab_scratch_free(&w);
+    buffer_plan_free(&scratch);
     real *all[] = {logits, weight, want_loss, want_lse, loss, lse, mine, want_d, d, want_slice};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
     free(targets);
@@ -300,7 +310,7 @@ static void check_single_rank(void) {
     Comm self = comm_self("tp");
     VocabSlice s = {.region = {.tp = &self, .sequence_parallel = 1}, .vocab_first = 0, .vocab = V_PAD};
     VocabScratch w;
-    vocab_scratch_alloc(&w, TOKENS, HIDDEN);
+    BufferPlan scratch = vocab_scratch_of(&w);
     int32_t *tokens = token_ids();
     size_t rows = (size_t)TOKENS * HIDDEN, table_size = (size_t)V_PAD * HIDDEN, logit_count = (size_t)TOKENS * V_PAD;
     real *table = random_array(table_size, 30), *want = zeros(rows), *got = zeros(rows);
@@ -326,7 +336,7 @@ static void check_single_rank(void) {
     expect_same_bits("dlogits", d, d_want, logit_count);
     end();
 
-    vocab_scratch_free(&w);
+    buffer_plan_free(&scratch);
     real *all[] = {table, want, got, d_out, dt_want, dt, logits, weight, loss_want, lse_want, loss, lse, d_want, d};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
     free(tokens);
