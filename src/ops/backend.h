@@ -45,6 +45,8 @@ typedef struct OpsBackend {
                               const AttentionShape *s);
     void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
                                const real *q, const real *k, const real *v, const AttentionShape *s);
+    void (*attention_merge)(real *out, real *lse, const real *out_block, const real *lse_block,
+                            const AttentionShape *s);
     void (*swiglu_forward)(real *act, const real *gate, const real *up, const real *row_scale, int M, int I);
     void (*swiglu_backward)(real *dgate, real *dup, real *drow_scale, const real *dact, const real *gate,
                             const real *up, const real *row_scale, int M, int I);

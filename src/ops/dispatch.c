@@ -88,6 +88,10 @@ void attention_backward(real *dq, real *dk, real *dv, const real *dout, const re
     FORWARD(attention_backward, dq, dk, dv, dout, out, lse, q, k, v, s);
 }
 
+void attention_merge(real *out, real *lse, const real *out_block, const real *lse_block, const AttentionShape *s) {
+    FORWARD(attention_merge, out, lse, out_block, lse_block, s);
+}
+
 void swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M, int I) {
     FORWARD(swiglu_forward, act, gate, up, row_scale, M, I);
 }

@@ -73,26 +73,45 @@ void clamp_forward(real *y, const real *x, size_t n, real limit);
 void clamp_backward(real *d, const real *x, size_t n, real limit);
 
 // ---- causal attention, flash style: no (T×T) matrix is kept, only each row's lse -----
-// Query token t of batch b sits at position q_pos0 + t and sees keys 0 .. q_pos0 + t.
+// Positions: query t (0 ≤ t < Tq) of batch row b sits at position q_pos0 + t, key j
+// (0 ≤ j < Tk) at position k_pos0 + j. The query sees key j when
+//     key_start(b, t) ≤ k_pos0 + j ≤ q_pos0 + t,   key_start(b, t) = key_start[b·Tq + t] or 0,
+// so key_start is a position (with k_pos0 = 0, the index of the first key the query sees).
+// Every caller but context parallelism has k_pos0 = 0; a context-parallel ring gives each
+// block of keys its position and merges the blocks' results with attention_merge.
+// A query that sees no key of the block gets out = 0 and lse = −∞ and adds nothing to any
+// gradient.
 typedef struct {
     int B, Tq, Tk;       // batch, query tokens per row, key tokens per row (visible window)
     int q_pos0;          // position of the first query token (Tk − Tq in training: 0)
+    int k_pos0;          // position of key 0 of each row (0: keys are their positions)
     int heads, kv_heads; // GQA: query head h uses kv head h / (heads / kv_heads)
     int head_dim;        // width of q and k per head
     int v_head_dim;      // width of v and out per head (0 = head_dim)
     int kv_row_stride;   // rows between batch rows in k/v (Tk in training, cache capacity)
     real scale;          // usually 1/sqrt(head_dim)
-    const int32_t *key_start;  // (B·Tq) first key each query may see (NULL: 0); keys before it are masked
+    const int32_t *key_start;  // (B·Tq) position of the first key each query may see (NULL: 0)
 } AttentionShape;
 // q (B·Tq, heads, d), k (B·kv_row_stride, kv_heads, d), v (B·kv_row_stride, kv_heads, dv)
 // -> out (B·Tq, heads, dv),
-// lse (B, heads, Tq) = logsumexp of the scaled scores of each query
+// lse (B, heads, Tq) = logsumexp of the scaled scores of each query over the keys it sees
 void attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                        const AttentionShape *s);
-// dq, dk, dv accumulate (+=); deterministic: each kv head's gradients are owned by one thread
+// dq, dk, dv accumulate (+=); deterministic: each kv head's gradients are owned by one thread.
+// P = e^(scale·q·k − lse) and D = rowsum(dout ⊙ out): given the out and lse merged over
+// every key block (attention_merge), each block's call adds that block's share of dq and
+// the block's whole dk, dv, so the sums over the blocks are the unsplit gradients.
 void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
                         const real *lse, const real *q, const real *k, const real *v,
                         const AttentionShape *s);
+// Merges the result (out_block, lse_block) of the same queries over another block of keys
+// into (out, lse), shapes as attention_forward's out and lse (B, Tq, heads, v_head_dim of s):
+//     lse' = logaddexp(lse, lse_block),  out = e^(lse − lse')·out + e^(lse_block − lse')·out_block
+// A side with lse = −∞ (no key seen) has weight 0: out and lse are left as they are when
+// lse_block = −∞, and become out_block, lse_block when lse = −∞. Elementwise, so merging
+// the blocks in a fixed order gives the same bits every time.
+void attention_merge(real *out, real *lse, const real *out_block, const real *lse_block,
+                     const AttentionShape *s);
 
 // ---- SwiGLU with an optional per-row scale (the MoE routing prob) --------------------
 // gate, up (M,I), row_scale (M) or NULL -> act (M,I) = silu(gate) · up · row_scale

@@ -3,7 +3,10 @@
 // (8 query heads on 2 kv heads), head widths 1 to 256, MLA's wider queries than values
 // (192 / 128), sequence lengths around the 64-token tiles (1, 17, 64, 65, 130, 200),
 // document masks (key_start), decoding against a KV cache (Tq = 1, q_pos0 = Tk − 1,
-// kv_row_stride > Tk) and a prefill chunk after a cached prefix (q_pos0 > 0).
+// kv_row_stride > Tk), a prefill chunk after a cached prefix (q_pos0 > 0), and the key
+// blocks of a context-parallel ring (k_pos0 > 0): a diagonal block, an earlier block some of
+// whose queries' documents start after it (out = 0, lse = −∞ there), keys after some queries.
+// attention_merge on random partial results with −∞ rows on either side.
 //
 // Per case: random q, k, v, dout; forward on both backends (the device's out and lse start
 // as NaN); backward on both from the cpu's out and lse, with dq, dk, dv starting from the
@@ -16,33 +19,38 @@
 
 typedef struct {
     const char *name;
-    int B, Tq, Tk, q_pos0, kv_row_stride;
+    int B, Tq, Tk, q_pos0, k_pos0, kv_row_stride;  // k_pos0: 0 but for a ring's key blocks
     int heads, kv_heads, head_dim, v_head_dim;
     int documents;  // key_start from random document restarts (else NULL)
     int repeat;     // also check that a second run gives the same bits
 } AttentionCase;
 
 static const AttentionCase attention_cases[] = {
-    // name                                        B   Tq   Tk pos0 stride  h kv    d   dv doc rep
-    {"attention mha d64 T64",                      2,  64,  64,   0,  64,   4, 4,  64,  64, 0, 0},
-    {"attention gqa d64 T200",                     2, 200, 200,   0, 200,   8, 2,  64,  64, 0, 1},
-    {"attention mha d8 T17",                       2,  17,  17,   0,  17,   4, 4,   8,   8, 0, 0},
-    {"attention gqa d8 T200",                      2, 200, 200,   0, 200,   8, 2,   8,   8, 0, 0},
-    {"attention gqa d128 T1",                      2,   1,   1,   0,   1,   8, 2, 128, 128, 0, 0},
-    {"attention gqa d128 T17",                     2,  17,  17,   0,  17,   8, 2, 128, 128, 0, 0},
-    {"attention mha d128 T64",                     2,  64,  64,   0,  64,   4, 4, 128, 128, 0, 0},
-    {"attention mla d192/v128 T200",               2, 200, 200,   0, 200,   4, 4, 192, 128, 0, 0},
-    {"attention mla gqa d192/v128 T17",            2,  17,  17,   0,  17,   8, 2, 192, 128, 0, 0},
-    {"attention gqa d64 T200 documents",           2, 200, 200,   0, 200,   8, 2,  64,  64, 1, 1},
-    {"attention mha d8 T64 documents",             2,  64,  64,   0,  64,   4, 4,   8,   8, 1, 0},
-    {"attention mla d192/v128 T64 documents",      2,  64,  64,   0,  64,   4, 4, 192, 128, 1, 0},
-    {"attention gqa d128 decode",                  2,   1, 200, 199, 256,   8, 2, 128, 128, 0, 0},
-    {"attention gqa d64 decode documents",         2,   1,  77,  76, 128,   8, 2,  64,  64, 1, 0},
-    {"attention mla d192/v128 decode",             2,   1,  64,  63,  96,   4, 4, 192, 128, 0, 0},
-    {"attention gqa d64 chunk after 47 documents", 2,  17,  64,  47,  80,   8, 2,  64,  64, 1, 0},
-    {"attention mha d1 T65",                       1,  65,  65,   0,  65,   2, 2,   1,   1, 0, 0},
-    {"attention mha d256 T130",                    1, 130, 130,   0, 130,   2, 2, 256, 256, 0, 0},
-    {"attention gqa d96/v40 T100 documents",       1, 100, 100,   0, 100,   4, 1,  96,  40, 1, 0},
+    // name                                        B   Tq   Tk pos0 kpos0 stride  h kv    d   dv doc rep
+    {"attention mha d64 T64",                      2,  64,  64,   0,    0,    64,  4, 4,  64,  64, 0, 0},
+    {"attention gqa d64 T200",                     2, 200, 200,   0,    0,   200,  8, 2,  64,  64, 0, 1},
+    {"attention mha d8 T17",                       2,  17,  17,   0,    0,    17,  4, 4,   8,   8, 0, 0},
+    {"attention gqa d8 T200",                      2, 200, 200,   0,    0,   200,  8, 2,   8,   8, 0, 0},
+    {"attention gqa d128 T1",                      2,   1,   1,   0,    0,     1,  8, 2, 128, 128, 0, 0},
+    {"attention gqa d128 T17",                     2,  17,  17,   0,    0,    17,  8, 2, 128, 128, 0, 0},
+    {"attention mha d128 T64",                     2,  64,  64,   0,    0,    64,  4, 4, 128, 128, 0, 0},
+    {"attention mla d192/v128 T200",               2, 200, 200,   0,    0,   200,  4, 4, 192, 128, 0, 0},
+    {"attention mla gqa d192/v128 T17",            2,  17,  17,   0,    0,    17,  8, 2, 192, 128, 0, 0},
+    {"attention gqa d64 T200 documents",           2, 200, 200,   0,    0,   200,  8, 2,  64,  64, 1, 1},
+    {"attention mha d8 T64 documents",             2,  64,  64,   0,    0,    64,  4, 4,   8,   8, 1, 0},
+    {"attention mla d192/v128 T64 documents",      2,  64,  64,   0,    0,    64,  4, 4, 192, 128, 1, 0},
+    {"attention gqa d128 decode",                  2,   1, 200, 199,    0,   256,  8, 2, 128, 128, 0, 0},
+    {"attention gqa d64 decode documents",         2,   1,  77,  76,    0,   128,  8, 2,  64,  64, 1, 0},
+    {"attention mla d192/v128 decode",             2,   1,  64,  63,    0,    96,  4, 4, 192, 128, 0, 0},
+    {"attention gqa d64 chunk after 47 documents", 2,  17,  64,  47,    0,    80,  8, 2,  64,  64, 1, 0},
+    {"attention mha d1 T65",                       1,  65,  65,   0,    0,    65,  2, 2,   1,   1, 0, 0},
+    {"attention mha d256 T130",                    1, 130, 130,   0,    0,   130,  2, 2, 256, 256, 0, 0},
+    {"attention gqa d96/v40 T100 documents",       1, 100, 100,   0,    0,   100,  4, 1,  96,  40, 1, 0},
+    {"attention gqa d64 ring diagonal documents",  2,  70,  70, 140,  140,    70,  8, 2,  64,  64, 1, 1},
+    {"attention gqa d64 ring earlier documents",   2,  70,  70, 210,   70,    70,  8, 2,  64,  64, 1, 1},
+    {"attention mla d192/v128 ring earlier",       2,  65,  65, 130,   65,    65,  4, 4, 192, 128, 0, 0},
+    {"attention mha d8 ring keys after queries",   2, 100, 100,   0,   30,   100,  4, 4,   8,   8, 0, 0},
+    {"attention gqa d128 decode ring documents",   2,   1,  64, 300,  100,    64,  8, 2, 128, 128, 1, 0},
 };
 
 // key_start (B·Tq): each batch row is cut into documents at random positions (about one
@@ -87,11 +95,28 @@ static void check_same(const char *check, const char *output, int same) {
     check_compare_double(check, output, 1.0, same ? 1.0 : 2.0, 0.5);
 }
 
+// lse is −∞ for a query that sees no key, which the normwise error cannot weigh: the −∞
+// entries must be the same on both backends, and the finite ones are compared.
+static void check_compare_lse(const char *check, const float *cpu, const float *gpu_device, size_t n) {
+    float *gpu = check_random(n, 0, 1), *cpu_finite = check_host_copy(cpu, n);
+    cuda_finish();
+    cuda_memcpy_d2h(gpu, gpu_device, n * sizeof(float));
+    int same_rows = 1;
+    for (size_t i = 0; i < n; i++) {
+        int cpu_empty = cpu[i] == -INFINITY, gpu_empty = gpu[i] == -INFINITY;
+        same_rows &= cpu_empty == gpu_empty;
+        if (cpu_empty) cpu_finite[i] = 0;
+        if (gpu_empty) gpu[i] = 0;
+    }
+    check_same(check, "lse -inf rows", same_rows);
+    check_compare(check, "lse", cpu_finite, check_to_device(gpu, n), n, GPU_TOL_FP32);
+}
+
 static void check_attention_case(const AttentionCase *c) {
     AttentionSizes n = attention_sizes(c);
     float *q = check_random(n.q, -2, 2), *k = check_random(n.k, -2, 2), *v = check_random(n.v, -1, 1);
     float *dout = check_random(n.out, -1, 1);
-    AttentionShape s = {.B = c->B, .Tq = c->Tq, .Tk = c->Tk, .q_pos0 = c->q_pos0, .heads = c->heads,
+    AttentionShape s = {.B = c->B, .Tq = c->Tq, .Tk = c->Tk, .q_pos0 = c->q_pos0, .k_pos0 = c->k_pos0, .heads = c->heads,
                         .kv_heads = c->kv_heads, .head_dim = c->head_dim, .v_head_dim = c->v_head_dim,
                         .kv_row_stride = c->kv_row_stride, .scale = 1.0f / sqrtf((float)c->head_dim),
                         .key_start = c->documents ? document_starts(c) : NULL};
@@ -106,7 +131,7 @@ static void check_attention_case(const AttentionCase *c) {
     cuda_attention_forward(d_out, d_lse, d_q, d_k, d_v, &sd);
     cuda_finish();
     check_compare(c->name, "out", out, d_out, n.out, GPU_TOL_FP32);
-    check_compare(c->name, "lse", lse, d_lse, n.lse, GPU_TOL_FP32);
+    check_compare_lse(c->name, lse, d_lse, n.lse);
 
     // backward from the cpu's out and lse; gradients accumulate onto the same start
     float *dq = check_random(n.q, -1, 1), *dk = check_random(n.k, -1, 1), *dv = check_random(n.v, -1, 1);
@@ -139,9 +164,44 @@ static void check_attention_case(const AttentionCase *c) {
     check_same(c->name, "dv repeat bits", same_bits(runs[0][2], runs[1][2], n.v));
 }
 
+// ---- attention_merge -----------------------------------------------------------------------
+
+// Random partial results (out, lse) of B·Tq queries: about one row in 8 saw no key (lse = −∞,
+// out = 0), as rows of a fully masked block do.
+static void random_partial(float **out, float **lse, const AttentionShape *s, int dv) {
+    size_t rows = (size_t)s->B * s->Tq * s->heads;
+    *out = check_random(rows * dv, -1, 1), *lse = check_random(rows, -4, 4);
+    int32_t *empty = check_random_ints(rows, 0, 8);
+    for (size_t stat = 0; stat < rows; stat++) {  // stat = (b·heads + h)·Tq + t
+        if (empty[stat]) continue;
+        size_t bh = stat / s->Tq, t = stat % s->Tq, b = bh / s->heads, h = bh % s->heads;
+        (*lse)[stat] = -INFINITY;
+        memset(*out + ((b * s->Tq + t) * s->heads + h) * dv, 0, dv * sizeof(float));
+    }
+}
+
+static void check_merge_case(const char *name, int B, int Tq, int heads, int dv) {
+    AttentionShape s = {.B = B, .Tq = Tq, .heads = heads, .kv_heads = heads, .head_dim = dv};
+    float *out, *lse, *out_block, *lse_block;
+    random_partial(&out, &lse, &s, dv);
+    random_partial(&out_block, &lse_block, &s, dv);
+    size_t rows = (size_t)B * Tq * heads;
+    float *d_out = check_to_device(out, rows * dv), *d_lse = check_to_device(lse, rows);
+    float *d_out_block = check_to_device(out_block, rows * dv), *d_lse_block = check_to_device(lse_block, rows);
+    ops_cpu_backend.attention_merge(out, lse, out_block, lse_block, &s);
+    cuda_attention_merge(d_out, d_lse, d_out_block, d_lse_block, &s);
+    cuda_finish();
+    check_compare(name, "out", out, d_out, rows * dv, GPU_TOL_FP32);
+    check_compare_lse(name, lse, d_lse, rows);
+}
+
 void check_attention_ops(void) {
     for (size_t i = 0; i < sizeof(attention_cases) / sizeof(attention_cases[0]); i++) {
         check_attention_case(&attention_cases[i]);
         check_free_all();
     }
+    check_merge_case("attention_merge h8 dv128 T70", 2, 70, 8, 128);
+    check_free_all();
+    check_merge_case("attention_merge h4 dv40 T33", 3, 33, 4, 40);
+    check_free_all();
 }

@@ -41,5 +41,6 @@ extern int check_passed, check_failed;  // the counts so far
 // The families of checks, one file each (tests/gpu/check_<family>.c).
 void check_gemm_ops(void);         // gemm, grouped, grouped wgrad, linear (fp32 and bf16)
 void check_elementwise_ops(void);  // vec_*, embedding, rmsnorm, rope, clamp, swiglu, softmax, cross-entropy, adamw
-void check_attention_ops(void);    // attention forward and backward (GQA, MLA widths, masks, decode)
+void check_attention_ops(void);    // attention forward and backward (GQA, MLA widths, masks, decode,
+                                   // ring key blocks at k_pos0), attention_merge
 void check_moe_ops(void);          // router logits in double, per-token routing, permute, unpermute

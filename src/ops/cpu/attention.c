@@ -3,8 +3,9 @@
 // No (T×T) matrix is kept: queries are processed in tiles of QUERY_TILE rows against
 // the keys they may see, with the scores of one tile in a per-thread scratch; forward
 // stores only each row's logsumexp. Backward recomputes the probabilities from
-// (q, k, lse). For one tile (rows t, visible keys j):
-//   S = scale·Q Kᵀ,  P = exp(S − lse) (0 where j > position of t or j < key_start of t),  O = P V
+// (q, k, lse). Key j sits at position k_pos0 + j; for one tile (rows t, keys j < the tile's
+// key count):
+//   S = scale·Q Kᵀ,  P = exp(S − lse) (0 outside the keys [first, end) row t sees),  O = P V
 //   D_t = dO_t·O_t,  dP = dO Vᵀ,  dS = P ⊙ (dP − D) · scale
 //   dQ += dS K,  dK += dSᵀ Q,  dV += Pᵀ dO
 // The products are GEMMs on strided views (heads are interleaved in each token row).
@@ -39,9 +40,35 @@ static HeadView head_view(const AttentionShape *s, int b, int h) {
     return v;
 }
 
-// The first key query t of batch row b may see (document start with --reset-attention-mask).
-static int first_key(const AttentionShape *s, int b, int t) {
-    return s->key_start ? s->key_start[(size_t)b * s->Tq + t] : 0;
+// The keys [first, end) query t of batch row b sees: from its document's start (key_start,
+// --reset-attention-mask) to its own position, within the Tk keys; empty when first ≥ end.
+typedef struct {
+    int first, end;
+} KeyRange;
+
+static KeyRange visible_keys(const AttentionShape *s, int b, int t) {
+    int start = s->key_start ? s->key_start[(size_t)b * s->Tq + t] : 0;
+    KeyRange r = {.first = MT_MAX(start - s->k_pos0, 0), .end = MT_MIN(s->q_pos0 + t + 1 - s->k_pos0, s->Tk)};
+    return r;
+}
+
+// The keys [0, count) the score tile of queries [t0, t0 + rows) spans: up to the last row's
+// position (≤ 0: no row of the tile sees a key).
+static int tile_key_count(const AttentionShape *s, int t0, int rows) {
+    return MT_MIN(s->q_pos0 + t0 + rows - s->k_pos0, s->Tk);
+}
+
+// A bound on tile_key_count over every tile, at least 1 (the size of the score scratch).
+static int max_tile_keys(const AttentionShape *s) {
+    return MT_MAX(tile_key_count(s, 0, s->Tq), 1);
+}
+
+// Rows [t0, t0 + rows) that see no key: out = 0, lse = −∞.
+static void unseen_rows(real *out, real *lse_row, const AttentionShape *s, const HeadView *view, int t0, int rows) {
+    for (int r = 0; r < rows; r++) {
+        memset(out + view->o_offset + (size_t)(t0 + r) * view->o_stride, 0, (size_t)value_width(s) * sizeof(real));
+        lse_row[t0 + r] = -INFINITY;
+    }
 }
 
 // scores (rows, keys) = scale · Q[t0 : t0+rows] · K[0 : keys]ᵀ
@@ -55,17 +82,26 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
                         const AttentionShape *s, int b, int h) {
     HeadView view = head_view(s, b, h);
     for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
-        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = s->q_pos0 + t0 + rows;
+        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows);
+        if (keys <= 0) {
+            unseen_rows(out, lse_row, s, &view, t0, rows);
+            continue;
+        }
         tile_scores(scores, q, k, s, &view, t0, rows, keys);
-        for (int r = 0; r < rows; r++) {  // softmax over the visible keys [first, visible) of row r
+        for (int r = 0; r < rows; r++) {  // softmax over the visible keys [first, end) of row r
             real *row = scores + (size_t)r * keys;
-            int first = first_key(s, b, t0 + r), visible = s->q_pos0 + t0 + r + 1;
-            real max = row_max(row + first, visible - first);
-            for (int j = first; j < visible; j++) row[j] = real_exp(row[j] - max);
-            real sum = (real)row_sum(row + first, visible - first), inv = 1 / sum;
-            for (int j = 0; j < first; j++) row[j] = 0;
-            for (int j = first; j < visible; j++) row[j] *= inv;
-            for (int j = visible; j < keys; j++) row[j] = 0;
+            KeyRange seen = visible_keys(s, b, t0 + r);
+            if (seen.first >= seen.end) {  // a zero row of P: out = 0
+                memset(row, 0, (size_t)keys * sizeof(real));
+                lse_row[t0 + r] = -INFINITY;
+                continue;
+            }
+            real max = row_max(row + seen.first, seen.end - seen.first);
+            for (int j = seen.first; j < seen.end; j++) row[j] = real_exp(row[j] - max);
+            real sum = (real)row_sum(row + seen.first, seen.end - seen.first), inv = 1 / sum;
+            for (int j = 0; j < seen.first; j++) row[j] = 0;
+            for (int j = seen.first; j < seen.end; j++) row[j] *= inv;
+            for (int j = seen.end; j < keys; j++) row[j] = 0;
             lse_row[t0 + r] = max + (real)log((double)sum);
         }
         // O[t0 : t0+rows] = P · V[0 : keys]
@@ -77,7 +113,7 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
 void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                        const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
-    int tile_keys = s->q_pos0 + MT_MIN(QUERY_TILE, s->Tq) + s->Tq;  // bound on keys of any tile
+    int tile_keys = max_tile_keys(s);
 #pragma omp parallel
     {
         real *scores = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));
@@ -96,7 +132,8 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
     HeadView view = head_view(s, b, h);
     int d = s->head_dim, v_width = value_width(s);
     for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
-        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = s->q_pos0 + t0 + rows;
+        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows);
+        if (keys <= 0) continue;  // no row of the tile sees a key: no gradient
         const real *q_tile = q + view.q_offset + (size_t)t0 * view.q_stride;
         const real *dout_tile = dout + view.o_offset + (size_t)t0 * view.o_stride;
         tile_scores(probs, q, k, s, &view, t0, rows, keys);
@@ -108,13 +145,14 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
             const real *do_row = dout_tile + (size_t)r * view.o_stride;
             real D = 0;
             for (int i = 0; i < v_width; i++) D += do_row[i] * o_row[i];
-            int first = first_key(s, b, t0 + r), visible = s->q_pos0 + t0 + r + 1;
-            for (int j = 0; j < first; j++) p[j] = dp[j] = 0;
-            for (int j = first; j < visible; j++) {
+            KeyRange seen = visible_keys(s, b, t0 + r);
+            seen.first = MT_MIN(seen.first, keys);  // an empty range zeroes the whole row
+            for (int j = 0; j < seen.first; j++) p[j] = dp[j] = 0;
+            for (int j = seen.first; j < seen.end; j++) {
                 p[j] = real_exp(p[j] - lse_row[t0 + r]);
                 dp[j] = p[j] * (dp[j] - D) * s->scale;  // now dS
             }
-            for (int j = visible; j < keys; j++) p[j] = dp[j] = 0;
+            for (int j = MT_MAX(seen.end, seen.first); j < keys; j++) p[j] = dp[j] = 0;
         }
         // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
         cpu_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + view.k_offset, view.k_stride, 1,
@@ -129,7 +167,7 @@ void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, cons
                         const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
     int group = s->heads / s->kv_heads;
-    int tile_keys = s->q_pos0 + MT_MIN(QUERY_TILE, s->Tq) + s->Tq;
+    int tile_keys = max_tile_keys(s);
 #pragma omp parallel
     {
         real *probs = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));

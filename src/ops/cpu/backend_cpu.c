@@ -24,6 +24,7 @@ const OpsBackend ops_cpu_backend = {
     .clamp_backward = cpu_clamp_backward,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
+    .attention_merge = cpu_attention_merge,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
     .softmax_forward = cpu_softmax_forward,

@@ -44,6 +44,9 @@ void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, c
                            const AttentionShape *s);
 void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
                             const real *q, const real *k, const real *v, const AttentionShape *s);
+// attention_merge.c
+void cpu_attention_merge(real *out, real *lse, const real *out_block, const real *lse_block,
+                         const AttentionShape *s);
 // moe.c
 void cpu_moe_router_logits(real *logits, const real *x, const real *W, int N, int H, int E);
 void cpu_moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, real *topk_probs, const real *logits,

@@ -2,9 +2,9 @@
 //
 // The contract of attention_forward / attention_backward in ops.h, mirroring the cpu
 // reference (src/ops/cpu/attention.c). Query t (0 ≤ t < Tq) of batch row b sits at
-// position q_pos0 + t and sees key j when
-//     first(b, t) ≤ j ≤ q_pos0 + t  and  j < Tk,      first = key_start[b·Tq + t] or 0
-// (every caller has Tk = q_pos0 + Tq, so the j < Tk bound never hides a key the cpu sees).
+// position q_pos0 + t, key j at position k_pos0 + j, and the query sees key j when
+//     first(b, t) ≤ j ≤ q_pos0 − k_pos0 + t  and  j < Tk,
+//     first = max(key_start[b·Tq + t] (or 0) − k_pos0, 0).
 // A query that sees no key gets out = 0 and lse = −∞ and adds nothing to any gradient,
 // which is what the cpu reference computes for such a row.
 //
@@ -65,7 +65,9 @@ constexpr int MAX_WIDTH = 256;
 
 // Per-call constants, passed by value to every kernel.
 struct AttnGeom {
-    int B, Tq, Tk, q_pos0, heads, kv_heads, group, d, dv, kv_row_stride;
+    int B, Tq, Tk, heads, kv_heads, group, d, dv, kv_row_stride;
+    int q_shift;  // q_pos0 − k_pos0: query t sees the keys j ≤ t + q_shift
+    int k_pos0;
     float scale;
     const int32_t *key_start;
     size_t q_stride, o_stride, k_stride, v_stride;  // elements between consecutive token rows
@@ -73,7 +75,7 @@ struct AttnGeom {
 
 AttnGeom make_geom(const AttentionShape *s) {
     AttnGeom g;
-    g.B = s->B, g.Tq = s->Tq, g.Tk = s->Tk, g.q_pos0 = s->q_pos0;
+    g.B = s->B, g.Tq = s->Tq, g.Tk = s->Tk, g.q_shift = s->q_pos0 - s->k_pos0, g.k_pos0 = s->k_pos0;
     g.heads = s->heads, g.kv_heads = s->kv_heads, g.group = s->heads / s->kv_heads;
     g.d = s->head_dim, g.dv = s->v_head_dim ? s->v_head_dim : s->head_dim;
     g.kv_row_stride = s->kv_row_stride, g.scale = s->scale, g.key_start = s->key_start;
@@ -107,12 +109,12 @@ __device__ __forceinline__ size_t stat_offset(const AttnGeom &g, int b, int h, i
 // such a row sees nothing.
 __device__ __forceinline__ int first_key(const AttnGeom &g, int b, int t) {
     if (t >= g.Tq) return INT_MAX;
-    return g.key_start ? max(g.key_start[(size_t)b * g.Tq + t], 0) : 0;
+    return max((g.key_start ? g.key_start[(size_t)b * g.Tq + t] : 0) - g.k_pos0, 0);
 }
 
 // Whether query t (whose first visible key is `first`) sees key j.
 __device__ __forceinline__ bool sees(const AttnGeom &g, int t, int first, int j) {
-    return t < g.Tq && j < g.Tk && j >= first && j <= g.q_pos0 + t;
+    return t < g.Tq && j < g.Tk && j >= first && j <= g.q_shift + t;
 }
 
 // ---- shared memory ----------------------------------------------------------------------
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(NT) attention_forward_kernel(float *out, float
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
     load_first_keys(sm.first, g, b, t0);
     __syncthreads();
-    const int key_end = min(g.q_pos0 + t0 + rows, g.Tk);  // past the last key any row sees
+    const int key_end = min(g.q_shift + t0 + rows, g.Tk);  // past the last key any row sees (≤ 0: none)
     const float *q_tile = q + q_offset(g, b, t0, h);
     float m[RPT], l[RPT], o[RPT][WV / 16];
     zero(o);
@@ -403,7 +405,7 @@ __device__ __forceinline__ void load_query_stats(TileSmem<64, MAX_WIDTH> &sm, co
 
 // Whether query t (first visible key `first`) sees any of the keys [k0, k0 + keys).
 __device__ __forceinline__ bool sees_any(const AttnGeom &g, int t, int first, int k0, int keys) {
-    const int lo = max(first, k0), hi = min(min(g.q_pos0 + t, k0 + keys - 1), g.Tk - 1);
+    const int lo = max(first, k0), hi = min(min(g.q_shift + t, k0 + keys - 1), g.Tk - 1);
     return t < g.Tq && lo <= hi;
 }
 
@@ -453,7 +455,7 @@ __global__ void __launch_bounds__(NT) attention_dq_kernel(float *dq, const float
     const int t0 = (gridDim.x - 1 - blockIdx.x) * 64, rows = min(64, g.Tq - t0);
     load_query_stats(sm, lse, dsum, g, b, h, t0);
     __syncthreads();
-    const int key_end = min(g.q_pos0 + t0 + rows, g.Tk);
+    const int key_end = min(g.q_shift + t0 + rows, g.Tk);
     const float *q_tile = q + q_offset(g, b, t0, h), *do_tile = dout + o_offset(g, b, t0, h);
     float acc[4][WD / 16];
     zero(acc);
@@ -483,7 +485,7 @@ __global__ void __launch_bounds__(NT) attention_dkdv_kernel(float *dk, float *dv
     __shared__ TileSmem<64, MAX_WIDTH> sm;
     const int b = blockIdx.z, kvh = blockIdx.y, k0 = blockIdx.x * WALK, keys = min(WALK, g.Tk - k0);
     const float *k_tile = k + k_offset(g, b, k0, kvh), *v_tile = v + v_offset(g, b, k0, kvh);
-    const int t_begin = max(k0 - g.q_pos0, 0) / 64 * 64;  // earlier queries are before every key
+    const int t_begin = max(k0 - g.q_shift, 0) / 64 * 64;  // earlier queries are before every key
     float acc_k[4][WD / 16], acc_v[4][WV / 16];
     zero(acc_k);
     zero(acc_v);

@@ -27,6 +27,7 @@ const OpsBackend ops_cuda_backend = {
     .clamp_backward = cuda_clamp_backward,
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
+    .attention_merge = cuda_attention_merge,
     .swiglu_forward = cuda_swiglu_forward,
     .swiglu_backward = cuda_swiglu_backward,
     .softmax_forward = cuda_softmax_forward,

@@ -78,6 +78,9 @@ void cuda_attention_forward(real *out, real *lse, const real *q, const real *k, 
                             const AttentionShape *s);
 void cuda_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
                              const real *q, const real *k, const real *v, const AttentionShape *s);
+// ---- attention_merge.cu ----------------------------------------------------------------
+void cuda_attention_merge(real *out, real *lse, const real *out_block, const real *lse_block,
+                          const AttentionShape *s);
 
 // ---- the plugin (backend_cuda.c) ------------------------------------------------------
 // The cuda backend is built as $(BUILD)/libmoetron_cuda.so; src/core/device.c loads it for
