@@ -220,7 +220,8 @@ void acts_describe(ModelActs *a, const Model *m, int B, int T) {
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
     if (sp) buffer_real(bp, &a->sp_workspace, "row-parallel partial sums", N, H, BUF_WORKSPACE);
     a->layers = mt_calloc(c->num_layers, sizeof(LayerActs));
-    for (int l = 0; l < c->num_layers; l++) plan_layer(bp, &a->layers[l], m, l, B, T, &a->sp_workspace);
+    for (int l = p->first_layer; l < plan_layer_end(p); l++)  // this stage's layers
+        plan_layer(bp, &a->layers[l], m, l, B, T, &a->sp_workspace);
     plan_stage_io(bp, a, H);
     SAVED(bp, a->lnf, N_local, H);
     SAVED(bp, a->lnf_rstd, N_local, 1);

@@ -55,6 +55,9 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     p->sequence_parallel = c->sequence_parallel && p->tp_size > 1;
     p->hidden = c->hidden_size;
     p->layers = c->num_layers;
+    p->first_layer = 0;  // one pipeline stage
+    p->stage_layers = c->num_layers;
+    p->holds_embedding = p->holds_head = 1;
     p->experts = c->num_experts;
     p->topk = c->moe_router_topk;
     plan_attention(p, c);

@@ -42,6 +42,11 @@ typedef struct {
     int sequence_parallel; // --sequence-parallel with TP > 1
     // model dimensions, global
     int hidden, layers, experts, topk;
+    // The pipeline stage this rank runs: layers [first_layer, first_layer + stage_layers),
+    // the embedding when it is the first stage, the final norm and LM head when it is the
+    // last. Without pipeline parallelism (today: the trainer refuses it) one stage holds all.
+    int first_layer, stage_layers;
+    int holds_embedding, holds_head;
     // attention of this rank
     int heads, heads_first;    // query heads and the first one's global index
     int kv_heads, kv_first;    // kv heads held (1 when replicated) and the first global one
@@ -64,6 +69,9 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g);
 void layout_plan_free(LayoutPlan *p);
 // The plan of a model on one process (every width global).
 void layout_plan_single(LayoutPlan *p, const Config *c);
+
+// One past the last layer of this rank's stage.
+static inline int plan_layer_end(const LayoutPlan *p) { return p->first_layer + p->stage_layers; }
 
 // Tokens of a micro-batch of N on this rank outside the tensor-parallel matmuls: N/TP with
 // sequence parallelism, else N.

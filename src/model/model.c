@@ -260,19 +260,25 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
     // the vocabulary's rows split over TP (vocab-parallel embedding and LM head)
     int64_t embed_shape[2] = {c->padded_vocab_size, c->hidden_size};
     TensorShard vocab_rows = plan_tp_shard(&m->plan, 0, m->plan.tp_size);
-    m->embed = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
-                            c->init_method_std, -1, -1);
-    m->layers = mt_calloc(c->num_layers, sizeof(LayerParams));
+    const LayoutPlan *p = &m->plan;
+    // a tied LM head is the embedding: both on one stage
+    MT_ASSERT(c->untie_embeddings_and_output_weights || p->holds_embedding == p->holds_head);
+    m->embed = m->final_norm = m->lm_head = -1;  // on other stages
+    if (p->holds_embedding)
+        m->embed = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
+                                c->init_method_std, -1, -1);
+    m->layers = mt_calloc(c->num_layers, sizeof(LayerParams));  // indexed by global layer; this stage's built
     Builder b = {m, 0};
-    for (b.layer = 0; b.layer < c->num_layers; b.layer++) build_layer(&b, &m->layers[b.layer]);
-    int64_t norm_shape[1] = {c->hidden_size};
-    m->final_norm = tt_add_shard(&m->tt, HF_FINAL_NORM_NAME, 1, norm_shape,
-                                 plan_tp_replicated(&m->plan, m->plan.sequence_parallel), TENSOR_NORM, INIT_ONES, 0,
-                                 -1, -1);
-    m->lm_head = c->untie_embeddings_and_output_weights
-                     ? tt_add_shard(&m->tt, HF_LM_HEAD_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
-                                    c->init_method_std, -1, -1)
-                     : m->embed;
+    for (b.layer = p->first_layer; b.layer < plan_layer_end(p); b.layer++) build_layer(&b, &m->layers[b.layer]);
+    if (p->holds_head) {
+        int64_t norm_shape[1] = {c->hidden_size};
+        m->final_norm = tt_add_shard(&m->tt, HF_FINAL_NORM_NAME, 1, norm_shape,
+                                     plan_tp_replicated(p, p->sequence_parallel), TENSOR_NORM, INIT_ONES, 0, -1, -1);
+        m->lm_head = c->untie_embeddings_and_output_weights
+                         ? tt_add_shard(&m->tt, HF_LM_HEAD_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY,
+                                        INIT_NORMAL, c->init_method_std, -1, -1)
+                         : m->embed;
+    }
     tt_layout(&m->tt);
 }
 
@@ -280,7 +286,7 @@ void model_allocate(Model *m) {
     const Config *c = &m->cfg;
     tt_allocate(&m->tt);
     m->router_state = mt_calloc(c->num_layers, sizeof(RouterState));
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = m->plan.first_layer; l < plan_layer_end(&m->plan); l++) {
         bind_layer_weights(&m->tt, &m->layers[l], m->ep.local);
         if (!m->layers[l].is_moe) continue;
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
@@ -354,12 +360,14 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
     a->N_local = N_local;
     a->tokens = (TokenLayout){.B = B, .T = T, .pos0 = pos0, .positions = batch->positions,
                               .key_start = batch->key_start};
+    const LayoutPlan *p = &m->plan;
+    MT_ASSERT(p->holds_embedding && p->holds_head);  // one stage: a pipeline schedule would pass the others'
     embedding_model_forward(m, a, batch->tokens);
     memset(a->balance_loss, 0, sizeof(a->balance_loss));
     a->z_loss = a->aux_objective = 0;
     int moe_layers = 0;
     long choices = 0, dropped = 0;
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = p->first_layer; l < plan_layer_end(p); l++) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
         attention_block_forward(m, l, la, &a->tokens, kv ? &kv[l] : NULL);
@@ -377,7 +385,7 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
         } else {
             mlp_forward(m, l, la, N);
         }
-        real *x_out = l + 1 < c->num_layers ? a->layers[l + 1].x_in : a->x_final;
+        real *x_out = l + 1 < plan_layer_end(p) ? a->layers[l + 1].x_in : a->x_final;
         vec_copy(x_out, la->x_mid, (size_t)N_local * H);
         vec_add(x_out, la->ffn_out, (size_t)N_local * H);
     }
@@ -396,13 +404,14 @@ void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scal
 
 void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double loss_scale, GradsReadyFn ready,
                            void *ctx) {
-    const Config *c = &m->cfg;
-    int N_local = a->N_local, H = m->plan.hidden;
+    const LayoutPlan *p = &m->plan;
+    int N_local = a->N_local, H = p->hidden;
     MT_ASSERT(batch->B == a->input.B && batch->T == a->input.T);
+    MT_ASSERT(p->holds_embedding && p->holds_head);  // one stage, as model_forward
     batch = &a->input;  // the forward's copy, in tensor memory
     lm_head_backward(m, a, batch, loss_scale);  // sets d_resid = d(x_final)
     if (ready) ready(ctx, GRADS_HEAD);
-    for (int l = c->num_layers - 1; l >= 0; l--) {
+    for (int l = plan_layer_end(p) - 1; l >= p->first_layer; l--) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
         // x_out = x_mid + ffn(RMSNorm(x_mid)): d_resid carries d(x_out) and becomes d(x_mid)
@@ -417,16 +426,16 @@ void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double lo
     if (ready) ready(ctx, GRADS_EMBEDDING);
 }
 
-// The dense region holds embedding, layer 0 .. L-1, final norm, lm_head; the expert region
-// the experts of layer 0 .. L-1 (tt_allocate): each part is one range in each region.
+// The dense region holds embedding, the stage's layers, final norm, lm_head; the expert region
+// the experts of those layers (tt_allocate): each part is one range in each region.
 static int64_t dense_start_of_layer(const Model *m, int layer) {
-    if (layer == m->cfg.num_layers) return (int64_t)m->tt.descs[m->final_norm].offset;
+    if (layer == plan_layer_end(&m->plan)) return (int64_t)m->tt.descs[m->final_norm].offset;
     return (int64_t)m->tt.descs[m->layers[layer].input_norm].offset;
 }
 
 // First expert element of the first MoE layer at or after `layer` (the region's end if none).
 static int64_t expert_start_from_layer(const Model *m, int layer) {
-    for (int l = layer; l < m->cfg.num_layers; l++)
+    for (int l = layer; l < plan_layer_end(&m->plan); l++)
         if (m->layers[l].is_moe) return (int64_t)m->tt.descs[m->layers[l].expert_gate[0]].offset;
     return (int64_t)m->tt.total;
 }
@@ -434,9 +443,9 @@ static int64_t expert_start_from_layer(const Model *m, int layer) {
 void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts) {
     *experts = (ElemRange){0, 0};
     if (part == GRADS_EMBEDDING) {
-        *dense = (ElemRange){0, dense_start_of_layer(m, 0)};
+        *dense = (ElemRange){0, dense_start_of_layer(m, m->plan.first_layer)};
     } else if (part == GRADS_HEAD) {
-        *dense = (ElemRange){dense_start_of_layer(m, m->cfg.num_layers), (int64_t)m->tt.dense_total};
+        *dense = (ElemRange){dense_start_of_layer(m, plan_layer_end(&m->plan)), (int64_t)m->tt.dense_total};
     } else {
         *dense = (ElemRange){dense_start_of_layer(m, part), dense_start_of_layer(m, part + 1)};
         if (m->layers[part].is_moe) *experts = (ElemRange){expert_start_from_layer(m, part),
@@ -446,7 +455,7 @@ void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRan
 
 void model_end_global_batch(Model *m, int apply_bias_update) {
     const Config *c = &m->cfg;
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = m->plan.first_layer; l < plan_layer_end(&m->plan); l++) {
         const LayerParams *lp = &m->layers[l];
         RouterState *rs = &m->router_state[l];
         if (!lp->is_moe) continue;

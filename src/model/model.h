@@ -49,8 +49,8 @@ typedef struct {
     RouterConfig router;                  // the router settings of every MoE layer
     RouterState *router_state;            // (num_layers), mutable during training forwards
     TensorTable tt;
-    TensorId embed, final_norm, lm_head;  // lm_head == embed when tied
-    LayerParams *layers;                  // (num_layers)
+    TensorId embed, final_norm, lm_head;  // lm_head == embed when tied; -1 on a stage without them
+    LayerParams *layers;                  // (num_layers) by global index; the plan's stage layers built
     real *rope_cos_sin;                   // (max_positions, head_dim/2, 2)
     char (*remote_names)[MT_NAME_MAX];    // (n_remote) tensors other expert-parallel ranks hold
     int n_remote;
@@ -122,7 +122,7 @@ typedef struct {
     int32_t *input_ids;     // (4, capacity_tokens) tokens, targets, positions, key_start of input
     real *input_loss_mask;  // (capacity_tokens)
     BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
-    LayerActs *layers;      // (num_layers), host memory
+    LayerActs *layers;      // (num_layers), host memory; the plan's stage layers laid out
     real *sp_workspace;     // (N,H) sequence parallelism: every layer's row-parallel partial sums
     real *x_final;          // (N_local,H) output of the last block
     real *lnf, *lnf_rstd;   // (N_local,H), (N_local)

@@ -58,6 +58,6 @@ void model_sum_partial_grads(Model *m, int part) {
 
 void model_sum_all_partial_grads(Model *m) {
     model_sum_partial_grads(m, GRADS_HEAD);
-    for (int l = m->cfg.num_layers - 1; l >= 0; l--) model_sum_partial_grads(m, l);
+    for (int l = plan_layer_end(&m->plan) - 1; l >= m->plan.first_layer; l--) model_sum_partial_grads(m, l);
     model_sum_partial_grads(m, GRADS_EMBEDDING);
 }
