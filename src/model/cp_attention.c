@@ -28,30 +28,35 @@ static void rank_chunks(int r, int P, int chunk[CHUNKS_PER_RANK]) {
 
 // ---- local chunk <-> contiguous buffer ----------------------------------------------------
 
-// `outer` runs of 2·C rows of `width` reals; local chunk c of a run is its rows [c·C, c·C + C).
-static void copy_chunk(void *dst, const void *src, int outer, int C, size_t row_bytes, int c, int to_chunk) {
+// `outer` runs of 2·C rows of row_bytes each; local chunk c of run o starts at this row.
+static size_t local_chunk_row(int o, int C, int c) { return (size_t)o * CHUNKS_PER_RANK * C + (size_t)c * C; }
+
+// Local chunk c of every run into chunk (outer, C rows), and back.
+static void take_chunk(void *chunk, const void *local, int outer, int C, size_t row_bytes, int c) {
     size_t run = (size_t)C * row_bytes;
-    for (int o = 0; o < outer; o++) {
-        char *whole = (char *)(to_chunk ? src : dst) + ((size_t)o * CHUNKS_PER_RANK * C + (size_t)c * C) * row_bytes;
-        char *part = (char *)(to_chunk ? dst : src) + o * run;
-        if (to_chunk) memcpy(part, whole, run);
-        else memcpy(whole, part, run);
-    }
+    for (int o = 0; o < outer; o++)
+        memcpy((char *)chunk + o * run, (const char *)local + local_chunk_row(o, C, c) * row_bytes, run);
+}
+
+static void put_chunk(void *local, const void *chunk, int outer, int C, size_t row_bytes, int c) {
+    size_t run = (size_t)C * row_bytes;
+    for (int o = 0; o < outer; o++)
+        memcpy((char *)local + local_chunk_row(o, C, c) * row_bytes, (const char *)chunk + o * run, run);
 }
 
 static real *gather_tokens(const real *x, const RingAttentionShape *s, int width, int c) {  // (B, C, width)
     real *chunk = mt_malloc((size_t)s->B * s->C * width * sizeof(real));
-    copy_chunk(chunk, x, s->B, s->C, (size_t)width * sizeof(real), c, 1);
+    take_chunk(chunk, x, s->B, s->C, (size_t)width * sizeof(real), c);
     return chunk;
 }
 
 static void scatter_tokens(real *x, const real *chunk, const RingAttentionShape *s, int width, int c) {
-    copy_chunk(x, chunk, s->B, s->C, (size_t)width * sizeof(real), c, 0);
+    put_chunk(x, chunk, s->B, s->C, (size_t)width * sizeof(real), c);
 }
 
 static real *gather_lse(const real *lse, const RingAttentionShape *s, int c) {  // (B, heads, C)
     real *chunk = mt_malloc((size_t)s->B * s->heads * s->C * sizeof(real));
-    copy_chunk(chunk, lse, s->B * s->heads, s->C, sizeof(real), c, 1);
+    take_chunk(chunk, lse, s->B * s->heads, s->C, sizeof(real), c);
     return chunk;
 }
 
@@ -72,7 +77,7 @@ static void load_queries(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const r
         qc[i].q = gather_tokens(q, s, s->heads * s->head_dim, i);
         if (s->key_start) {
             qc[i].key_start = mt_malloc((size_t)s->B * s->C * sizeof(int32_t));
-            copy_chunk(qc[i].key_start, s->key_start, s->B, s->C, sizeof(int32_t), i, 1);
+            take_chunk(qc[i].key_start, s->key_start, s->B, s->C, sizeof(int32_t), i);
         }
     }
 }
@@ -82,7 +87,7 @@ static void free_queries(QueryChunk qc[CHUNKS_PER_RANK]) {
         free(qc[i].key_start), free(qc[i].q), free(qc[i].out), free(qc[i].lse), free(qc[i].dout), free(qc[i].dq);
 }
 
-// Query chunk qc against key chunk `key_chunk`, local chunk ki of the block k, v.
+// Query chunk qc against sequence chunk `key_chunk` of the block held (kv_row_stride 2·C).
 static AttentionShape block_shape(const RingAttentionShape *s, const QueryChunk *qc, int key_chunk) {
     AttentionShape a = {.B = s->B, .Tq = s->C, .Tk = s->C, .q_pos0 = qc->chunk * s->C, .k_pos0 = key_chunk * s->C,
                         .heads = s->heads, .kv_heads = s->kv_heads, .head_dim = s->head_dim,
@@ -178,7 +183,7 @@ void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q,
     run_ring(qc, cp, k, v, NULL, s, forward_block, &b);
     for (int i = 0; i < CHUNKS_PER_RANK; i++) {
         scatter_tokens(out, qc[i].out, s, s->heads * v_dim(s), i);
-        copy_chunk(lse, qc[i].lse, s->B * s->heads, s->C, sizeof(real), i, 0);
+        put_chunk(lse, qc[i].lse, s->B * s->heads, s->C, sizeof(real), i);
     }
     free(b.out), free(b.lse);
     free_queries(qc);

@@ -14,9 +14,18 @@
 
 #ifdef MT_DOUBLE
 #define RING_TOL 1e-10
+#define PRECISION "double"
 #else
 #define RING_TOL 1e-4
+#define PRECISION "float"
 #endif
+
+// Begins check `<what>_<precision>`: the two builds' lines apart.
+static void begin_named(const char *what) {
+    static char name[96];
+    snprintf(name, sizeof(name), "%s_%s", what, PRECISION);
+    begin(name);
+}
 
 typedef struct {
     const char *name;
@@ -120,7 +129,7 @@ static void run_case(const Case *c, uint64_t seed) {
 // comm_sendrecv / comm_isendrecv: rank r receives rank r−1's values, n·es bytes counted.
 static void check_ring_shift(void) {
     enum { N = 1000 };
-    begin("ring_shift");
+    begin_named("ring_shift");
     int P = world.size, prev = (world.rank - 1 + P) % P;
     real send[N], recv[N];
     for (int i = 0; i < N; i++) send[i] = (real)(world.rank * N + i);
@@ -148,7 +157,7 @@ int main(int argc, char **argv) {
     check_ring_shift();
     for (size_t i = 0; i < sizeof(CASES) / sizeof(CASES[0]); i++) {
         if (CASES[i].T % (2 * world.size)) continue;
-        begin(CASES[i].name);
+        begin_named(CASES[i].name);
         run_case(&CASES[i], 60 + i);
         end();
     }
