@@ -2,9 +2,10 @@
 // under mpirun on 2 and 4 processes. Every rank builds the same whole-sequence q, k, v and
 // dout (fixed seed), computes the reference with one attention_forward / attention_backward
 // over the whole sequence, runs the ring on its two chunks (r and 2·P−1−r) with the world as
-// the CP group, and compares out, lse, dq, dk and dv of its chunks. Built in double
-// (tolerance 1e-10) and in float (1e-4: the ring sums the blocks in another order than the
-// one-pass kernel, and float has 24 bits). Also checks comm_sendrecv and its bytes.
+// the CP group, and compares out, lse, dq, dk and dv of its chunks, |got − want| ≤
+// tol·(1 + |want|). Built in double (tol 1e-10) and in float (1e-5: the ring sums the
+// blocks in another order than the one-pass kernel, in 24 bits). Also checks comm_sendrecv
+// and its bytes.
 #include <math.h>
 #include <string.h>
 
@@ -16,7 +17,7 @@
 #define RING_TOL 1e-10
 #define PRECISION "double"
 #else
-#define RING_TOL 1e-4
+#define RING_TOL 1e-5
 #define PRECISION "float"
 #endif
 
