@@ -42,7 +42,7 @@ ifeq ($(HAVE_MPI),1)
 CC      := $(MPICC)
 CFLAGS  += -DMT_HAVE_MPI
 MPI_TEST := $(BUILD)/test_comm_mpi $(BUILD)/test_tp_mappings $(BUILD)/test_ckpt_tp_mpi $(BUILD)/test_router_group \
-            $(BUILD)/test_router_group_dbl
+            $(BUILD)/test_router_group_dbl $(BUILD)/test_cp_attention $(BUILD)/test_cp_attention_dbl
 endif
 
 # OpenMP: used when the compiler has it.
@@ -196,6 +196,15 @@ $(BUILD)/test_router_group: tests/mpi/test_router_group.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 $(BUILD)/test_router_group_dbl: tests/mpi/test_router_group.c $(DBL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMT_DOUBLE $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
+# Ring attention over a context-parallel group against one attention over the whole
+# sequence, in float and in double, run under mpirun by tests/cli/test_mpi_cp_attention.sh.
+$(BUILD)/test_cp_attention: tests/mpi/test_cp_attention.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+$(BUILD)/test_cp_attention_dbl: tests/mpi/test_cp_attention.c $(DBL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DMT_DOUBLE $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 

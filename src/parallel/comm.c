@@ -196,6 +196,7 @@ static size_t to_others(const Comm *g, const size_t *counts) {
 // all-reduce both.
 static size_t op_elements_sent(const Comm *g, CommOp op, const size_t *counts) {
     size_t scatter = to_others(g, counts), gather = (size_t)(g->size - 1) * counts[g->rank];
+    if (op == OP_SENDRECV) return counts[g->rank];  // to the next rank only
     return op == OP_REDUCE_SCATTER ? scatter : op == OP_ALLGATHER ? gather : scatter + gather;
 }
 
@@ -424,6 +425,24 @@ void comm_iallreduce_sum(const Comm *g, real *x, size_t n, CommRequest *req) {
     req->pending = start_counted(g, OP_ALLREDUCE, CT_REAL, NULL, x, counts);
     free(counts);
     free(displs);
+}
+
+void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommRequest *req) {
+    require_member(g, "ring shift");
+    req->pending = NULL;
+    if (g->size == 1) {
+        memmove(recv, send, n * sizeof(real));
+        return;
+    }
+    size_t *counts = equal_counts(g, n);
+    req->pending = start_counted(g, OP_SENDRECV, CT_REAL, send, recv, counts);
+    free(counts);
+}
+
+void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n) {
+    CommRequest req;
+    comm_isendrecv(g, send, recv, n, &req);
+    comm_wait(&req);
 }
 
 int comm_test(CommRequest *req) {

@@ -106,6 +106,7 @@ void comm_barrier(const Comm *g);
 //                               ring volume 2(P−1)/P·n·es when P divides n, and n·es for
 //                               P = 2; int64 all-reduces are counted alike (es 8)
 //   broadcast                   (P−1)·bytes on the root, 0 elsewhere; barrier 0
+//   ring shift of n elements    n·es (to the next rank)
 // A non-blocking collective counts when it starts. Collectives are issued from one thread.
 //
 // The bytes sent on groups named `name` since the last take (or reset); restarts its count.
@@ -130,6 +131,11 @@ void comm_ireduce_scatter_v(const Comm *g, const real *send, real *recv, const s
                             CommRequest *req);
 void comm_iallgather(const Comm *g, const real *send, real *recv, size_t block, CommRequest *req);
 void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t *counts, CommRequest *req);
+// The ring shift: send (n) goes to group rank (r+1) mod P, recv (n) comes from rank
+// (r−1+P) mod P; send and recv must not overlap. A group of one copies send to recv. The
+// data moves with MPI even after comm_use_nccl (host or managed memory).
+void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommRequest *req);
+void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n);  // blocking
 // 1 when the collective has completed (its results are in place), 0 while in flight.
 int comm_test(CommRequest *req);
 void comm_wait(CommRequest *req);

@@ -45,11 +45,14 @@ void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n);  // integer s
 void backend_bcast(const Comm *g, void *buf, size_t bytes, int root);
 void backend_barrier(const Comm *g);
 
-typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE } CommOp;
+typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE, OP_SENDRECV } CommOp;
 // Start a non-blocking collective over blocks of counts[q] elements (back to back):
 //   OP_REDUCE_SCATTER  send: every block, recv: the sum of block g->rank
 //   OP_ALLGATHER       send: this rank's block, recv: every block (send may be its place)
 //   OP_ALLREDUCE       recv: every block, summed in place (send unused)
+//   OP_SENDRECV        send: counts[g->rank] elements to rank (r+1) mod P, recv: as many
+//                      from rank (r−1) mod P (send and recv do not overlap); moved with MPI
+//                      in every build, NCCL path or not (host or managed memory)
 // counts is copied. backend_test returns 1 when done and then has freed the state.
 CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
                             const size_t *counts);

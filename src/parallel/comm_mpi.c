@@ -323,6 +323,14 @@ static void post(CommPending *p, int recv_from_all, int tag) {
     }
 }
 
+// The ring shift: this rank's block to the next rank, the previous rank's into recv.
+static void post_shift(CommPending *p) {
+    int n = (int)p->counts[p->rank], next = (p->rank + 1) % p->size, prev = (p->rank - 1 + p->size) % p->size;
+    MPI_Irecv(p->recv, n, mpi_type(p->type), prev, p->tag, p->comm, p->requests);
+    MPI_Isend(p->send, n, mpi_type(p->type), next, p->tag, p->comm, p->requests + 1);
+    p->nrequests = 2;
+}
+
 static void sum_my_block(CommPending *p) {
     size_t es = comm_type_size(p->type), mine = p->counts[p->rank];
     const void **parts = mt_malloc((size_t)p->size * sizeof(void *));
@@ -337,7 +345,7 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
                             const size_t *counts) {
     CommPending *p = mt_calloc(1, sizeof(*p));
 #ifdef MT_COMM_NCCL
-    NcclComm *nc = nccl_path(g);
+    NcclComm *nc = op == OP_SENDRECV ? NULL : nccl_path(g);  // ring shifts stay on MPI
     if (nc) {
         p->nccl = nccl_ops->istart(nc, g, op, t, send, recv, counts);
         return p;
@@ -363,7 +371,9 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
         at += (size_t)mpi_count(g, counts[q]);
     }
     p->requests = mt_malloc(2 * (size_t)g->size * sizeof(MPI_Request));
-    if (op == OP_ALLGATHER) {
+    if (op == OP_SENDRECV) {
+        post_shift(p);
+    } else if (op == OP_ALLGATHER) {
         char *own = p->recv + p->displs[p->rank] * es;
         if (own != p->send) memmove(own, p->send, p->counts[p->rank] * es);
         post(p, 1, p->tag);
@@ -377,7 +387,7 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
 // The current exchange has completed: sum, start the all-reduce's second exchange, or
 // finish. Returns 1 when the collective is done (and frees it).
 static int advance(CommPending *p) {
-    if (p->op != OP_ALLGATHER && p->phase == 0) {
+    if ((p->op == OP_REDUCE_SCATTER || p->op == OP_ALLREDUCE) && p->phase == 0) {
         sum_my_block(p);
         if (p->op == OP_ALLREDUCE) {
             p->phase = 1;

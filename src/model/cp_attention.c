@@ -1,0 +1,209 @@
+// cp_attention.c — ring attention over a context-parallel group (cp_attention.h).
+//
+// The K/V block a rank holds at ring step `step` is that of rank (r − step) mod P: k then v
+// of all its 2·C tokens, packed in one buffer so one shift moves both. A key chunk of the
+// block is attended in place (kv_row_stride 2·C); the query-side tensors of each local
+// chunk are copied into contiguous (B, C, …) buffers, as AttentionShape has no row stride
+// for q, out and lse.
+#include <math.h>
+#include <string.h>
+
+#include "model/cp_attention.h"
+
+enum { CHUNKS_PER_RANK = 2 };
+
+static int v_dim(const RingAttentionShape *s) { return s->v_head_dim ? s->v_head_dim : s->head_dim; }
+static size_t k_elems(const RingAttentionShape *s) {  // one block's k: (B, 2C, kv_heads, d)
+    return (size_t)s->B * CHUNKS_PER_RANK * s->C * s->kv_heads * s->head_dim;
+}
+static size_t v_elems(const RingAttentionShape *s) {
+    return (size_t)s->B * CHUNKS_PER_RANK * s->C * s->kv_heads * v_dim(s);
+}
+
+// The sequence chunks group rank r holds (Megatron-Core's load-balanced causal split).
+static void rank_chunks(int r, int P, int chunk[CHUNKS_PER_RANK]) {
+    chunk[0] = r;
+    chunk[1] = 2 * P - 1 - r;
+}
+
+// ---- local chunk <-> contiguous buffer ----------------------------------------------------
+
+// `outer` runs of 2·C rows of row_bytes each; local chunk c of run o starts at this row.
+static size_t local_chunk_row(int o, int C, int c) { return (size_t)o * CHUNKS_PER_RANK * C + (size_t)c * C; }
+
+// Local chunk c of every run into chunk (outer, C rows), and back.
+static void take_chunk(void *chunk, const void *local, int outer, int C, size_t row_bytes, int c) {
+    size_t run = (size_t)C * row_bytes;
+    for (int o = 0; o < outer; o++)
+        memcpy((char *)chunk + o * run, (const char *)local + local_chunk_row(o, C, c) * row_bytes, run);
+}
+
+static void put_chunk(void *local, const void *chunk, int outer, int C, size_t row_bytes, int c) {
+    size_t run = (size_t)C * row_bytes;
+    for (int o = 0; o < outer; o++)
+        memcpy((char *)local + local_chunk_row(o, C, c) * row_bytes, (const char *)chunk + o * run, run);
+}
+
+static real *gather_tokens(const real *x, const RingAttentionShape *s, int width, int c) {  // (B, C, width)
+    real *chunk = mt_malloc((size_t)s->B * s->C * width * sizeof(real));
+    take_chunk(chunk, x, s->B, s->C, (size_t)width * sizeof(real), c);
+    return chunk;
+}
+
+static void scatter_tokens(real *x, const real *chunk, const RingAttentionShape *s, int width, int c) {
+    put_chunk(x, chunk, s->B, s->C, (size_t)width * sizeof(real), c);
+}
+
+static real *gather_lse(const real *lse, const RingAttentionShape *s, int c) {  // (B, heads, C)
+    real *chunk = mt_malloc((size_t)s->B * s->heads * s->C * sizeof(real));
+    take_chunk(chunk, lse, s->B * s->heads, s->C, sizeof(real), c);
+    return chunk;
+}
+
+// ---- one local query chunk ---------------------------------------------------------------
+
+typedef struct {
+    int chunk;           // its chunk index in the whole sequence
+    int32_t *key_start;  // (B·C) or NULL
+    real *q, *out, *lse, *dout, *dq;
+} QueryChunk;
+
+static void load_queries(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *q, const RingAttentionShape *s) {
+    int mine[CHUNKS_PER_RANK];
+    rank_chunks(cp->rank, cp->size, mine);
+    for (int i = 0; i < CHUNKS_PER_RANK; i++) {
+        memset(&qc[i], 0, sizeof(qc[i]));
+        qc[i].chunk = mine[i];
+        qc[i].q = gather_tokens(q, s, s->heads * s->head_dim, i);
+        if (s->key_start) {
+            qc[i].key_start = mt_malloc((size_t)s->B * s->C * sizeof(int32_t));
+            take_chunk(qc[i].key_start, s->key_start, s->B, s->C, sizeof(int32_t), i);
+        }
+    }
+}
+
+static void free_queries(QueryChunk qc[CHUNKS_PER_RANK]) {
+    for (int i = 0; i < CHUNKS_PER_RANK; i++)
+        free(qc[i].key_start), free(qc[i].q), free(qc[i].out), free(qc[i].lse), free(qc[i].dout), free(qc[i].dq);
+}
+
+// Query chunk qc against sequence chunk `key_chunk` of the block held (kv_row_stride 2·C).
+static AttentionShape block_shape(const RingAttentionShape *s, const QueryChunk *qc, int key_chunk) {
+    AttentionShape a = {.B = s->B, .Tq = s->C, .Tk = s->C, .q_pos0 = qc->chunk * s->C, .k_pos0 = key_chunk * s->C,
+                        .heads = s->heads, .kv_heads = s->kv_heads, .head_dim = s->head_dim,
+                        .v_head_dim = v_dim(s), .kv_row_stride = CHUNKS_PER_RANK * s->C, .scale = s->scale,
+                        .key_start = qc->key_start};
+    return a;
+}
+
+// The key chunk of local index ki in a block of k (or v, dk, dv) rows `width` wide.
+static size_t block_chunk_offset(const RingAttentionShape *s, int ki, int width) {
+    return (size_t)ki * s->C * width;
+}
+
+// ---- the ring ------------------------------------------------------------------------------
+
+typedef void (*BlockVisit)(QueryChunk *qc, const AttentionShape *a, real *kv, real *dkdv, size_t ko, size_t vo,
+                           void *scratch);
+
+// Every block of the step at which this rank holds the K/V of rank `owner`.
+static void visit_step(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, int owner, real *kv, real *dkdv,
+                       const RingAttentionShape *s, BlockVisit visit, void *scratch) {
+    int theirs[CHUNKS_PER_RANK];
+    rank_chunks(owner, cp->size, theirs);
+    int kw = s->kv_heads * s->head_dim, vw = s->kv_heads * v_dim(s);
+    for (int qi = 0; qi < CHUNKS_PER_RANK; qi++)
+        for (int ki = 0; ki < CHUNKS_PER_RANK; ki++) {
+            if (theirs[ki] > qc[qi].chunk) continue;  // entirely in the future
+            AttentionShape a = block_shape(s, &qc[qi], theirs[ki]);
+            visit(&qc[qi], &a, kv, dkdv, block_chunk_offset(s, ki, kw), k_elems(s) + block_chunk_offset(s, ki, vw),
+                  scratch);
+        }
+}
+
+typedef struct {
+    real *out, *lse;  // one block's partial result (B, C, heads, dv), (B, heads, C)
+} BlockResult;
+
+static void forward_block(QueryChunk *qc, const AttentionShape *a, real *kv, real *dkdv, size_t ko, size_t vo,
+                          void *scratch) {
+    BlockResult *b = scratch;
+    attention_forward(b->out, b->lse, qc->q, kv + ko, kv + vo, a);
+    attention_merge(qc->out, qc->lse, b->out, b->lse, a);
+}
+
+static void backward_block(QueryChunk *qc, const AttentionShape *a, real *kv, real *dkdv, size_t ko, size_t vo,
+                           void *scratch) {
+    attention_backward(qc->dq, dkdv + ko, dkdv + vo, qc->dout, qc->out, qc->lse, qc->q, kv + ko, kv + vo, a);
+}
+
+// k then v of this rank's block, packed.
+static real *pack_kv(const real *k, const real *v, const RingAttentionShape *s) {
+    real *kv = mt_malloc((k_elems(s) + v_elems(s)) * sizeof(real));
+    memcpy(kv, k, k_elems(s) * sizeof(real));
+    memcpy(kv + k_elems(s), v, v_elems(s) * sizeof(real));
+    return kv;
+}
+
+// Visits every step's blocks as the K/V blocks come round; the transfer of the next block
+// runs during the compute. With dkdv (this rank's block's dk then dv, packed as the K/V),
+// the gradients travel with their block: after each step's compute they go to the next
+// rank, so after P steps dkdv holds this rank's block's sums again.
+static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *k, const real *v, real *dkdv,
+                     const RingAttentionShape *s, BlockVisit visit, void *scratch) {
+    size_t n = k_elems(s) + v_elems(s);
+    real *kv = pack_kv(k, v, s), *kv_next = mt_malloc(n * sizeof(real));
+    real *dkdv_next = dkdv ? mt_malloc(n * sizeof(real)) : NULL;
+    for (int step = 0; step < cp->size; step++) {
+        CommRequest shift = {NULL};
+        if (step + 1 < cp->size) comm_isendrecv(cp, kv, kv_next, n, &shift);
+        visit_step(qc, cp, (cp->rank - step + cp->size) % cp->size, kv, dkdv, s, visit, scratch);
+        if (dkdv) {
+            comm_sendrecv(cp, dkdv, dkdv_next, n);
+            memcpy(dkdv, dkdv_next, n * sizeof(real));
+        }
+        comm_wait(&shift);
+        real *held = kv;
+        kv = kv_next, kv_next = held;
+    }
+    free(kv), free(kv_next), free(dkdv_next);
+}
+
+void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q, const real *k, const real *v,
+                            const RingAttentionShape *s) {
+    size_t out_elems = (size_t)s->B * s->C * s->heads * v_dim(s), lse_elems = (size_t)s->B * s->heads * s->C;
+    QueryChunk qc[CHUNKS_PER_RANK];
+    load_queries(qc, cp, q, s);
+    for (int i = 0; i < CHUNKS_PER_RANK; i++) {
+        qc[i].out = mt_calloc(out_elems, sizeof(real));
+        qc[i].lse = mt_malloc(lse_elems * sizeof(real));
+        for (size_t j = 0; j < lse_elems; j++) qc[i].lse[j] = -INFINITY;  // nothing merged yet
+    }
+    BlockResult b = {mt_malloc(out_elems * sizeof(real)), mt_malloc(lse_elems * sizeof(real))};
+    run_ring(qc, cp, k, v, NULL, s, forward_block, &b);
+    for (int i = 0; i < CHUNKS_PER_RANK; i++) {
+        scatter_tokens(out, qc[i].out, s, s->heads * v_dim(s), i);
+        put_chunk(lse, qc[i].lse, s->B * s->heads, s->C, sizeof(real), i);
+    }
+    free(b.out), free(b.lse);
+    free_queries(qc);
+}
+
+void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const real *dout, const real *out,
+                             const real *lse, const real *q, const real *k, const real *v,
+                             const RingAttentionShape *s) {
+    int qw = s->heads * s->head_dim, ow = s->heads * v_dim(s);
+    QueryChunk qc[CHUNKS_PER_RANK];
+    load_queries(qc, cp, q, s);
+    for (int i = 0; i < CHUNKS_PER_RANK; i++) {
+        qc[i].out = gather_tokens(out, s, ow, i), qc[i].dout = gather_tokens(dout, s, ow, i);
+        qc[i].lse = gather_lse(lse, s, i), qc[i].dq = gather_tokens(dq, s, qw, i);
+    }
+    real *dkdv = pack_kv(dk, dv, s);  // accumulates onto the caller's dk, dv
+    run_ring(qc, cp, k, v, dkdv, s, backward_block, NULL);
+    memcpy(dk, dkdv, k_elems(s) * sizeof(real));
+    memcpy(dv, dkdv + k_elems(s), v_elems(s) * sizeof(real));
+    for (int i = 0; i < CHUNKS_PER_RANK; i++) scatter_tokens(dq, qc[i].dq, s, qw, i);
+    free(dkdv);
+    free_queries(qc);
+}

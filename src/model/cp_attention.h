@@ -1,0 +1,32 @@
+// cp_attention.h — ring attention over a context-parallel group (Megatron-Core semantics).
+//
+// Each sequence of T tokens is cut into 2·P chunks of C = T/(2·P) tokens (P the group's
+// size); group rank r holds chunks r and 2·P−1−r, back to back in each batch row of its
+// tensors (local token t < C is position r·C + t, local token C + t is (2·P−1−r)·C + t).
+// The K/V blocks travel around the ring (rank r sends to r+1), each rank attends its two
+// query chunks to every key chunk not entirely in their future and merges the blocks'
+// results with attention_merge in ring order; the next block's transfer overlaps the
+// compute. Backward passes K/V around again with their dK/dV, which return to their owner.
+// Deterministic: the same order of every sum on every run.
+#pragma once
+#include "ops/ops.h"
+#include "parallel/comm.h"
+
+typedef struct {
+    int B, C;                   // batch rows, tokens per chunk (each rank holds 2·C per row)
+    int heads, kv_heads;        // GQA as in AttentionShape
+    int head_dim, v_head_dim;   // v_head_dim 0 = head_dim
+    real scale;
+    const int32_t *key_start;   // (B·2C) of the local queries, positions in the whole
+                                // sequence (packed documents), or NULL
+} RingAttentionShape;
+
+// q (B, 2C, heads, d), k (B, 2C, kv_heads, d), v (B, 2C, kv_heads, dv) of this rank's chunks
+// -> out (B, 2C, heads, dv), lse (B, heads, 2C) over the whole sequence's keys.
+void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q, const real *k, const real *v,
+                            const RingAttentionShape *s);
+// Given forward's out and lse: dq, dk, dv (shapes of q, k, v) accumulate (+=) this rank's
+// chunks' gradients over the whole ring.
+void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const real *dout, const real *out,
+                             const real *lse, const real *q, const real *k, const real *v,
+                             const RingAttentionShape *s);
