@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/cp_attention.h"
+#include "model/cp_batch.h"  // cp_chunk
 
 enum { CHUNKS_PER_RANK = 2 };
 
@@ -22,8 +23,7 @@ static size_t v_elems(const RingAttentionShape *s) {
 
 // The sequence chunks group rank r holds (Megatron-Core's load-balanced causal split).
 static void rank_chunks(int r, int P, int chunk[CHUNKS_PER_RANK]) {
-    chunk[0] = r;
-    chunk[1] = 2 * P - 1 - r;
+    for (int half = 0; half < CHUNKS_PER_RANK; half++) chunk[half] = cp_chunk(P, r, half);
 }
 
 // ---- local chunk <-> contiguous buffer ----------------------------------------------------
