@@ -30,3 +30,31 @@ void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q,
 void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const real *dout, const real *out,
                              const real *lse, const real *q, const real *k, const real *v,
                              const RingAttentionShape *s);
+
+// ---- every --cp-comm-type ----------------------------------------------------------------
+// p2p        the ring above
+// a2a        all-to-all between sequence and heads (Ulysses): each rank attends heads/P of
+//            the heads over the whole sequence, then the outputs go back (heads and kv
+//            heads divisible by P)
+// allgather  every rank gathers the whole sequence's K/V and attends its own queries;
+//            backward sums dK/dV back to their owners
+// a2a+p2p    hierarchical: a2a within the inner group (consecutive CP ranks), then the
+//            ring over the outer group (--hierarchical-context-parallel-sizes inner outer)
+typedef enum { CP_COMM_P2P, CP_COMM_A2A, CP_COMM_ALLGATHER, CP_COMM_A2A_P2P, CP_COMM_TYPES } CpCommType;
+extern const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES];  // "p2p", "a2a", "allgather", "a2a+p2p"
+
+// The groups one attention layer uses. CP rank = outer_rank · inner_size + inner_rank.
+typedef struct {
+    CpCommType type;
+    const Comm *cp;     // the whole context-parallel group
+    const Comm *inner;  // a2a+p2p: the a2a group (a2a: cp itself)
+    const Comm *outer;  // a2a+p2p: the ring (p2p: cp itself)
+} CpAttention;
+
+// As ring_attention_forward / ring_attention_backward (same shapes, layouts and +=), with
+// the layer's comm type; every type gives the same results up to the order of sums.
+void cp_attention_forward(const CpAttention *g, real *out, real *lse, const real *q, const real *k, const real *v,
+                          const RingAttentionShape *s);
+void cp_attention_backward(const CpAttention *g, real *dq, real *dk, real *dv, const real *dout, const real *out,
+                           const real *lse, const real *q, const real *k, const real *v,
+                           const RingAttentionShape *s);
