@@ -110,6 +110,8 @@ static const FlagSpec FLAGS[] = {
     F("pipeline-model-parallel-size", FLAG_INT, pipeline_model_parallel_size, TR, 0, "pipeline stages the layers are split over (PP)"),
     F("expert-model-parallel-size", FLAG_INT, expert_model_parallel_size, TR, 0, "processes the experts of a layer are distributed over (EP)"),
     F("expert-tensor-parallel-size", FLAG_INT, expert_tensor_parallel_size, TR, 0, "processes each expert's tensors are split over (ETP)"),
+    F("cp-comm-type", FLAG_LIST, cp_comm_type, TR, 0, "with CP: p2p (ring attention), a2a (all-to-all over heads), allgather (gather K/V) or a2a+p2p; one value, or one per layer"),
+    F("hierarchical-context-parallel-sizes", FLAG_LIST, hierarchical_context_parallel_sizes, TR, 0, "a2a+p2p: the sizes of the inner all-to-all group and the outer ring (product: --context-parallel-size)"),
     F("moe-token-dispatcher-type", FLAG_STRING, moe_token_dispatcher_type, TR, 0, "alltoall, allgather: how tokens reach experts on other expert-parallel ranks (one process: the same)"),
     F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto)"),
     F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMMs with bf16 inputs and fp32 accumulation, fp32 master weights (--device cuda)"),
@@ -185,6 +187,7 @@ void config_defaults(Config *c) {
     strcpy(c->hf_architecture, "auto");
     strcpy(c->ckpt_dtype, "fp32");
     strcpy(c->moe_token_dispatcher_type, "alltoall");
+    strcpy(c->cp_comm_type, "p2p");
     strcpy(c->device, "auto");
     strcpy(c->max_shard_size, "5GB");
     strcpy(c->normalization, "RMSNorm");
@@ -839,6 +842,72 @@ static void validate_tensor_parallel(const Config *c) {
     if (etp > 1 && c->num_experts) require_divides("expert-tensor-parallel-size", etp, "moe-ffn-hidden-size", c->moe_ffn);
 }
 
+// --hierarchical-context-parallel-sizes: inner outer, their product the CP size (a2a+p2p).
+static void parse_hierarchical_cp_sizes(Config *c, int needed) {
+    const char *flag = "hierarchical-context-parallel-sizes";
+    c->cp_a2a_size = 1;
+    if (!c->hierarchical_context_parallel_sizes[0]) {
+        if (needed)
+            config_die("--cp-comm-type a2a+p2p needs --%s INNER OUTER (the all-to-all group and the ring; product "
+                       "--context-parallel-size %d)", flag, c->context_parallel_size);
+        return;
+    }
+    char list[sizeof(c->hierarchical_context_parallel_sizes)], *save;
+    snprintf(list, sizeof(list), "%s", c->hierarchical_context_parallel_sizes);
+    long long sizes[2], product = 1;
+    int n = 0;
+    for (char *v = strtok_r(list, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
+        if (n == 2) config_die("--%s takes two sizes (inner outer), got %s", flag, c->hierarchical_context_parallel_sizes);
+        sizes[n] = parse_integer(flag, v);
+        if (sizes[n] < 1) config_die("--%s: sizes must be positive, got %s", flag, v);
+        product *= sizes[n++];
+    }
+    if (n != 2 || product != c->context_parallel_size)
+        config_die("--%s %s: give two sizes (inner outer) whose product is --context-parallel-size %d", flag,
+                   c->hierarchical_context_parallel_sizes, c->context_parallel_size);
+    c->cp_a2a_size = (int)sizes[0];
+}
+
+// Heads this rank attends with tensor parallelism, split further by an all-to-all of `size`.
+static void require_a2a_heads(const Config *c, const char *type, int size) {
+    int tp = c->tensor_model_parallel_size, heads = c->num_attention_heads / tp;
+    int kv = c->multi_latent_attention ? heads : MT_MAX(c->kv_heads / tp, 1);
+    if (heads % size || kv % size)
+        config_die("--cp-comm-type %s splits the %d query and %d key/value heads of each tensor-parallel rank over %d "
+                   "ranks: they must divide (choose p2p or allgather, or other sizes)", type, heads, kv, size);
+}
+
+// Context parallelism (docs/parallelism.md): --cp-comm-type per layer, sequences cut into
+// 2·CP chunks, heads split by the all-to-all types.
+const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES] = {"p2p", "a2a", "allgather", "a2a+p2p"};
+
+static void validate_context_parallel(Config *c) {
+    int cp = c->context_parallel_size, n = 0, any_hierarchical = 0;
+    char list[sizeof(c->cp_comm_type)], *save;
+    snprintf(list, sizeof(list), "%s", c->cp_comm_type);
+    for (char *v = strtok_r(list, ",", &save); v; v = strtok_r(NULL, ",", &save), n++) {
+        int type = lookup(v, CP_COMM_TYPE_NAMES, CP_COMM_TYPES);
+        if (type < 0) config_die("--cp-comm-type %s: use p2p, a2a, allgather or a2a+p2p", v);
+        if (n < MT_MAX_LAYERS) c->cp_comm[n] = type;
+    }
+    if (n > 1 && n != c->num_layers)
+        config_die("--cp-comm-type has %d values for %d layers; give one, or one per layer", n, c->num_layers);
+    for (int l = 1; n == 1 && l < c->num_layers; l++) c->cp_comm[l] = c->cp_comm[0];
+    for (int l = 0; l < c->num_layers; l++) any_hierarchical |= c->cp_comm[l] == CP_COMM_A2A_P2P;
+    parse_hierarchical_cp_sizes(c, cp > 1 && any_hierarchical);
+    if (cp == 1) return;
+    if (c->seq_length % (2 * cp))
+        config_die("--seq-length %d must be a multiple of 2 x --context-parallel-size %d (each sequence is cut into "
+                   "2 x CP chunks)", c->seq_length, cp);
+    if (c->sequence_parallel && c->seq_length / cp % c->tensor_model_parallel_size)
+        config_die("--seq-length %d / --context-parallel-size %d must be a multiple of --tensor-model-parallel-size %d "
+                   "with --sequence-parallel", c->seq_length, cp, c->tensor_model_parallel_size);
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->cp_comm[l] == CP_COMM_A2A) require_a2a_heads(c, "a2a", cp);
+        if (c->cp_comm[l] == CP_COMM_A2A_P2P) require_a2a_heads(c, "a2a+p2p", c->cp_a2a_size);
+    }
+}
+
 void config_validate(Config *c) {
     naming = c;
     validate_fixed_switches(c);
@@ -849,6 +918,7 @@ void config_validate(Config *c) {
     validate_parallel(c);
     validate_training(c);
     validate_tensor_parallel(c);
+    validate_context_parallel(c);
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");
     if (c->top_k < 0) config_die("--top-k must be >= 0");

@@ -91,6 +91,8 @@ typedef struct {
     // ---- parallelism (docs/parallelism.md): group sizes; dp and edp follow from the world size ----
     int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
     int sequence_parallel;
+    char cp_comm_type[1024];       // list: p2p | a2a | allgather | a2a+p2p, one for all layers or one per layer
+    char hierarchical_context_parallel_sizes[64];  // list: inner outer (a2a+p2p)
     int expert_model_parallel_size, expert_tensor_parallel_size;
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
@@ -153,6 +155,8 @@ typedef struct {
     int drop_policy;               // DropPolicy
     int router_fp64;
     int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
+    int cp_comm[MT_MAX_LAYERS];    // per layer: its --cp-comm-type (CpCommType)
+    int cp_a2a_size;               // a2a+p2p: the inner (all-to-all) group of --hierarchical-context-parallel-sizes, else 1
     LrDecayStyle decay_style;
     WsdDecayStyle wsd_style;
     double split_fraction[3];      // train, valid, test
@@ -164,6 +168,10 @@ typedef struct {
     const char *value_key[MT_FLAG_SLOTS];    // per flag index: its key in values_file (NULL = not from it)
     unsigned command;                        // the Command running (set by config_parse_args; 0 = none)
 } Config;
+
+// --cp-comm-type: how a layer's attention runs over the context-parallel group (model/cp_attention.h).
+typedef enum { CP_COMM_P2P, CP_COMM_A2A, CP_COMM_ALLGATHER, CP_COMM_A2A_P2P, CP_COMM_TYPES } CpCommType;
+extern const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES];  // "p2p", "a2a", "allgather", "a2a+p2p"
 
 typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16 } Command;
 

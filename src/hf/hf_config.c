@@ -180,7 +180,8 @@ static int flag_values_equal(const Config *a, const Config *b, const FlagSpec *f
 static int is_launch_flag(const char *name) {
     static const char *const launch[] = {"load", "device", "bf16", "tensor-model-parallel-size", "context-parallel-size",
                                          "pipeline-model-parallel-size", "expert-model-parallel-size",
-                                         "expert-tensor-parallel-size", "adapt-threads"};
+                                         "expert-tensor-parallel-size", "cp-comm-type",
+                                         "hierarchical-context-parallel-sizes", "adapt-threads"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
         if (!strcmp(name, launch[i])) return 1;
     return 0;

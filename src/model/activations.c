@@ -22,10 +22,12 @@
     ((own) ? WORKSPACE(bp, field, rows, cols) : buffer_alias(bp, &(field), &(source)))
 
 // Rows this rank's experts can receive from its N_local of the micro-batch's N tokens:
-// N_local·k, or E·capacity when padding to capacity (decided on all N: moe/router.h).
-static size_t moe_rows(const Config *c, int N_local, int N) {
+// N_local·k, or E·capacity when padding to capacity (decided on all N of every rank that
+// shares the micro-batch: × CP with context parallelism, moe/router.h).
+static size_t moe_rows(const Config *c, const LayoutPlan *p, int N_local, int N) {
     if (c->moe_pad_expert_input_to_capacity)
-        return dispatch_max_rows(N, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor, 1);
+        return dispatch_max_rows(N * p->cp_size, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor,
+                                 1);
     return dispatch_max_rows(N_local, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor, 0);
 }
 
@@ -50,7 +52,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, const Model *m, int B, int T) 
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
     int N_all = B * T, N = plan_local_tokens(p, N_all), H = p->hidden, I = p->moe_ffn;
-    size_t choices = (size_t)N * p->topk, rows = moe_rows(c, N, N_all), Is = p->shared_ffn;
+    size_t choices = (size_t)N * p->topk, rows = moe_rows(c, p, N, N_all), Is = p->shared_ffn;
     if (c->moe_input_jitter_eps > 0) {
         SAVED(bp, ma->jittered_input, N, H);
         SAVED(bp, ma->jitter, N, H);
@@ -175,7 +177,7 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) 
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
     AttentionWidths w = p->width;
     // FFN scratch serves dense layers (N rows of F), experts (rows of I), shared experts (N rows of Is)
-    size_t rows = c->num_experts ? moe_rows(c, N_local, N) : 0;
+    size_t rows = c->num_experts ? moe_rows(c, p, N_local, N) : 0;
     size_t ffn_scratch = MT_MAX((size_t)N * p->ffn, rows * p->moe_ffn);
     ffn_scratch = MT_MAX(ffn_scratch, (size_t)N * p->shared_ffn);
     WORKSPACE(bp, a->d_token_loss, N, 1);
@@ -223,6 +225,7 @@ void acts_describe(ModelActs *a, const Model *m, int B, int T) {
     for (int l = p->first_layer; l < plan_layer_end(p); l++)  // this stage's layers
         plan_layer(bp, &a->layers[l], m, l, B, T, &a->sp_workspace);
     plan_stage_io(bp, a, H);
+    if (p->cp_size > 1) SAVED_INT32(bp, a->token_index, N_local, 1);
     SAVED(bp, a->lnf, N_local, H);
     SAVED(bp, a->lnf_rstd, N_local, 1);
     SAVED_OR_ALIAS(bp, sp, a->lnf_full, N, H, a->lnf);

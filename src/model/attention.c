@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "model/cp_attention.h"
 #include "model/layers.h"
 #include "model/sharded_norm.h"
 #include "ops/ops.h"
@@ -34,10 +35,27 @@ static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int
     memcpy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width * sizeof(real));
 }
 
-void attention_core_forward(const Model *m, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
+// With context parallelism a layer's attention spans the CP group (model/cp_attention.h):
+// this rank's T tokens of each sequence are its two chunks of T/2.
+static CpAttention layer_cp_attention(const LayoutPlan *p, int layer) {
+    return (CpAttention){.type = p->cp_comm[layer], .cp = p->cp, .inner = p->cp_inner, .outer = p->cp_outer};
+}
+
+static RingAttentionShape cp_attention_shape(const LayoutPlan *p, int B, int T, const int32_t *key_start) {
+    return (RingAttentionShape){.B = B, .C = T / 2, .heads = p->heads, .kv_heads = p->kv_heads,
+                                .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
+                                .scale = (real)(1.0 / sqrt((double)p->head_dim)), .key_start = key_start};
+}
+
+void attention_core_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
     const LayoutPlan *c = &m->plan;
     int B = tokens->B, T = tokens->T, pos0 = tokens->pos0;
-    if (kv) {
+    if (c->cp_size > 1) {
+        MT_ASSERT(!kv);  // generation runs on one process
+        CpAttention g = layer_cp_attention(c, layer);
+        RingAttentionShape s = cp_attention_shape(c, B, T, tokens->key_start);
+        cp_attention_forward(&g, la->att, la->lse, la->q, la->k, la->v, &s);
+    } else if (kv) {
         kv_cache_store(kv, la->k, la->v, T, pos0);
         AttentionShape s = attention_shape(c, 1, T, pos0 + T, pos0, kv->capacity, tokens->key_start);
         attention_forward(la->att, la->lse, la->q, kv->k, kv->v, &s);
@@ -47,12 +65,18 @@ void attention_core_forward(const Model *m, LayerActs *la, const TokenLayout *to
     }
 }
 
-void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a) {
+void attention_core_backward(const Model *m, int layer, LayerActs *la, ModelActs *a) {
     const LayoutPlan *c = &m->plan;
     AttentionWidths w = c->width;
     vec_zero(a->d_q, (size_t)a->N * w.q);
     vec_zero(a->d_k, (size_t)a->N * w.k);
     vec_zero(a->d_v, (size_t)a->N * w.v);
+    if (c->cp_size > 1) {
+        CpAttention g = layer_cp_attention(c, layer);
+        RingAttentionShape s = cp_attention_shape(c, a->B, a->T, a->tokens.key_start);
+        cp_attention_backward(&g, a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
+        return;
+    }
     AttentionShape s = attention_shape(c, a->B, a->T, a->T, 0, a->T, a->tokens.key_start);
     attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
 }
@@ -169,7 +193,7 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, const Tok
     tp_enter_forward(&region, la->ln1, la->ln1_full, N, H);
     if (c->multi_latent_attention) mla_forward(m, layer, la, tokens);
     else standard_qkv_forward(m, lp, la, tokens);
-    attention_core_forward(m, la, tokens, kv);
+    attention_core_forward(m, layer, la, tokens, kv);
     // x_mid = x_in + Σ_tp att·W_oᵀ
     linear_forward(la->attn_partial, la->att, tt_param(tt, lp->o_proj), N, m->plan.width.out, H);
     tp_exit_forward(&region, la->attn_partial, la->x_mid, N, H);
@@ -187,7 +211,7 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     vec_zero(a->d_att, (size_t)N * att_width);
     linear_backward(a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att, tt_param(tt, lp->o_proj), N,
                     att_width, H);
-    attention_core_backward(m, la, a);
+    attention_core_backward(m, layer, la, a);
     vec_zero(a->d_norm_full, (size_t)N * H);
     if (c->multi_latent_attention) mla_backward(m, layer, la, a);
     else standard_qkv_backward(m, lp, la, a);

@@ -210,8 +210,6 @@ void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const
 
 // ---- the comm types ------------------------------------------------------------------------
 
-const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES] = {"p2p", "a2a", "allgather", "a2a+p2p"};
-
 void cp_attention_forward(const CpAttention *g, real *out, real *lse, const real *q, const real *k, const real *v,
                           const RingAttentionShape *s) {
     if (g->type != CP_COMM_P2P) mt_die("--cp-comm-type %s is not implemented yet; use p2p", CP_COMM_TYPE_NAMES[g->type]);

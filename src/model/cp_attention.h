@@ -9,6 +9,7 @@
 // compute. Backward passes K/V around again with their dK/dV, which return to their owner.
 // Deterministic: the same order of every sum on every run.
 #pragma once
+#include "core/config.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 
@@ -40,8 +41,7 @@ void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const
 //            backward sums dK/dV back to their owners
 // a2a+p2p    hierarchical: a2a within the inner group (consecutive CP ranks), then the
 //            ring over the outer group (--hierarchical-context-parallel-sizes inner outer)
-typedef enum { CP_COMM_P2P, CP_COMM_A2A, CP_COMM_ALLGATHER, CP_COMM_A2A_P2P, CP_COMM_TYPES } CpCommType;
-extern const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES];  // "p2p", "a2a", "allgather", "a2a+p2p"
+// (CpCommType and its names are in core/config.h, with the flag.)
 
 // The groups one attention layer uses. CP rank = outer_rank · inner_size + inner_rank.
 typedef struct {

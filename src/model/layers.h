@@ -16,9 +16,9 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
 void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
 
 // Causal attention of the ready q, k, v of la (or against the cache when kv) -> la->att.
-void attention_core_forward(const Model *m, LayerActs *la, const TokenLayout *tokens, KvCache *kv);
+void attention_core_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv);
 // d_att -> d_q, d_k, d_v (overwritten)
-void attention_core_backward(const Model *m, LayerActs *la, ModelActs *a);
+void attention_core_backward(const Model *m, int layer, LayerActs *la, ModelActs *a);
 
 // x_in -> x_mid = x_in + o_proj(attention(rope(qknorm(q,k)), v)),  q,k,v from RMSNorm(x_in)
 void attention_block_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv);
@@ -30,6 +30,8 @@ void mlp_forward(const Model *m, int layer, LayerActs *la, int N);
 void mlp_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out);
 
 // ln2 (N,H) -> ffn_out (N,H): router, dispatch, experts, combine, shared expert
-void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch);
+// token_index: with context parallelism each of this rank's tokens' index in the micro-batch
+// (ModelActs.token_index), else NULL.
+void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index);
 // d(ffn_out) -> d_norm overwritten; router losses enter scaled by loss_scale
 void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale);

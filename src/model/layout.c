@@ -1,6 +1,7 @@
 // layout.c — the layout plan of one rank (layout.h). The sizes were validated with the
 // flags (config_validate); here they are only divided.
 #include "model/layout.h"
+#include "model/cp_batch.h"  // cp_token_index
 
 #include <string.h>
 
@@ -45,6 +46,32 @@ static void make_kv_share(LayoutPlan *p) {
     free(tp_ranks);
 }
 
+static const Comm *group_or_self(const Comm *group, Comm *self, const char *name) {
+    if (group) return group;
+    *self = comm_self(name);
+    return self;
+}
+
+static void plan_context_parallel(LayoutPlan *p, const Config *c, const ModelGroups *g) {
+    static Comm self_cp, self_inner;
+    p->cp = group_or_self(g ? g->cp : NULL, &self_cp, "cp");
+    p->cp_size = p->cp->size;
+    p->cp_rank = p->cp->rank;
+    p->cp_inner = group_or_self(g ? g->cp_inner : NULL, &self_inner, "cp_inner");
+    p->cp_outer = g && g->cp_outer ? g->cp_outer : p->cp;
+    for (int l = 0; l < c->num_layers; l++) p->cp_comm[l] = (CpCommType)c->cp_comm[l];
+    p->token_group = p->cp_size > 1 ? (p->sequence_parallel ? g->tp_cp : p->cp) : p->sequence_parallel ? p->tp : NULL;
+}
+
+void plan_token_index(const LayoutPlan *p, int32_t *index, int B, int T_local) {
+    int N_local = plan_local_tokens(p, B * T_local), first = p->sequence_parallel ? p->tp_rank * N_local : 0;
+    int T = T_local * p->cp_size;
+    for (int n = 0; n < N_local; n++) {
+        int flat = first + n, b = flat / T_local, t = flat % T_local;
+        index[n] = b * T + (p->cp_size > 1 ? cp_token_index(T, p->cp_size, p->cp_rank, t) : t);
+    }
+}
+
 void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     memset(p, 0, sizeof(*p));
     static Comm self;
@@ -53,6 +80,7 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     p->tp_size = p->tp->size;
     p->tp_rank = p->tp->rank;
     p->sequence_parallel = c->sequence_parallel && p->tp_size > 1;
+    plan_context_parallel(p, c, g);
     p->hidden = c->hidden_size;
     p->layers = c->num_layers;
     p->first_layer = 0;  // one pipeline stage

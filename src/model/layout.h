@@ -31,6 +31,9 @@ typedef struct {
     const Comm *etp;    // expert tensor parallel
     const Comm *etp_ep; // expert tensor x expert parallel (the exchange with ETP)
     const Comm *count;  // data-parallel ranks of one step (global aux counts, expert bias)
+    const Comm *cp;     // context parallel: the ranks sharing each sequence
+    const Comm *tp_cp;  // tensor x context parallel: the ranks sharing a micro-batch's tokens
+    const Comm *cp_inner, *cp_outer;  // a2a+p2p: the all-to-all groups and the rings (groups.h)
 } ModelGroups;
 
 typedef struct {
@@ -40,6 +43,14 @@ typedef struct {
     int tp_size, tp_rank;
     int etp_size, etp_rank;  // expert tensor parallel
     int sequence_parallel; // --sequence-parallel with TP > 1
+    // context parallelism (CP): each sequence of T tokens cut into 2·CP chunks, this rank
+    // holding chunks cp_rank and 2·CP−1−cp_rank (model/cp_batch.h): micro-batches of T/CP
+    const Comm *cp, *cp_inner, *cp_outer;  // size 1 without CP; inner/outer: a2a+p2p (groups.h)
+    int cp_size, cp_rank;
+    CpCommType cp_comm[MT_MAX_LAYERS];     // per layer: its --cp-comm-type
+    // The ranks a micro-batch's tokens are split over outside the tensor-parallel blocks
+    // (sequence parallelism: TP, CP: CP, both: TP x CP), or NULL when every token is here.
+    const Comm *token_group;
     // model dimensions, global
     int hidden, layers, experts, topk;
     // The pipeline stage this rank runs: layers [first_layer, first_layer + stage_layers),
@@ -78,6 +89,11 @@ static inline int plan_layer_end(const LayoutPlan *p) { return p->first_layer + 
 static inline int plan_local_tokens(const LayoutPlan *p, int N) {
     return p->sequence_parallel ? N / p->tp_size : N;
 }
+
+// The global index (b·T + t in the whole micro-batch of B sequences of T = T_local·CP) of
+// this rank's N_local tokens, increasing, into index (N_local); T_local the tokens of a
+// sequence here. Used where work must match one process token by token (router, noise).
+void plan_token_index(const LayoutPlan *p, int32_t *index, int B, int T_local);
 
 // Shards of the tensors: cut along `axis` over TP, into `parts` pieces (kv heads), with
 // partial gradients (tokens or heads split) or whole ones.

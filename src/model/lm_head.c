@@ -30,12 +30,16 @@ void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     if (!batch->targets) return;
     VocabSlice slice = vocab_slice_of_plan(&m->plan);
     vocab_cross_entropy_forward(&slice, a->token_loss, a->token_lse, a->logits, batch->targets, N);
-    double counted = 0, total = 0;
+    // (counted, total) of this rank's tokens; with context parallelism summed over the
+    // sequence's ranks: the mean over every token of the micro-batch, not a mean of means
+    double sums[2] = {0, 0};
     for (int n = 0; n < N; n++) {
         double w = batch->loss_mask ? batch->loss_mask[n] : 1;
-        counted += w;
-        total += w * a->token_loss[n];
+        sums[0] += w;
+        sums[1] += w * a->token_loss[n];
     }
+    if (m->plan.cp_size > 1) comm_allreduce_sum_double(m->plan.cp, sums, 2);
+    double counted = sums[0], total = sums[1];
     for (int n = 0; n < N; n++)
         a->loss_weight[n] = counted > 0 ? (real)((batch->loss_mask ? batch->loss_mask[n] : 1) / counted) : 0;
     a->lm_loss = counted > 0 ? total / counted : 0;

@@ -362,6 +362,7 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
                               .key_start = batch->key_start};
     const LayoutPlan *p = &m->plan;
     MT_ASSERT(p->holds_embedding && p->holds_head);  // one stage: a pipeline schedule would pass the others'
+    if (p->cp_size > 1) plan_token_index(p, a->token_index, B, T);
     embedding_model_forward(m, a, batch->tokens);
     memset(a->balance_loss, 0, sizeof(a->balance_loss));
     a->z_loss = a->aux_objective = 0;
@@ -374,7 +375,7 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
         rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H,
                         (real)c->norm_epsilon);
         if (lp->is_moe) {
-            moe_forward(m, l, la, batch);
+            moe_forward(m, l, la, batch, p->cp_size > 1 ? a->token_index : NULL);
             const RouterOutput *r = &la->moe.route;
             for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] += r->balance_loss[t];
             a->z_loss += r->z_loss;

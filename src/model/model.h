@@ -117,6 +117,8 @@ typedef struct {
     int B, T, N;            // shape of the last forward
     int N_local;            // tokens this rank holds outside tensor-parallel blocks (layout.h)
     TokenLayout tokens;     // positions and visible keys of the last forward's tokens
+    int32_t *token_index;   // (N_local) with context parallelism: each token's index in the
+                            // whole micro-batch (plan_token_index), else unused
     int capacity_tokens;    // B·T the buffers were allocated for
     Batch input;            // the last forward's batch, its arrays copied into tensor memory
     int32_t *input_ids;     // (4, capacity_tokens) tokens, targets, positions, key_start of input

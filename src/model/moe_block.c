@@ -17,28 +17,53 @@ static int first_local_token(const Model *m, int N_local) {
     return m->plan.sequence_parallel ? m->plan.tp_rank * N_local : 0;
 }
 
-// A layer's noise stream, moved past the draws of the tokens before this rank's (each
-// token draws `per_token` values), so that every layout draws the same value per token.
-static Rng layer_noise(const Model *m, const Batch *batch, int layer, int stream, int N_local, size_t per_token) {
+// A layer's noise stream over the micro-batch's tokens in order, each token drawing
+// `per_token` values, so that every layout draws the same values for a token: this rank
+// skips the draws of the tokens that are not its own.
+typedef struct {
     Rng rng;
-    rng_seed_stream(&rng, batch->noise_seed, (uint64_t)layer * 16 + stream);
-    size_t skipped = (size_t)first_local_token(m, N_local) * per_token;
-    for (size_t i = 0; i < skipped; i++) stream == NOISE_JITTER ? rng_uniform(&rng) : rng_normal(&rng);
-    return rng;
+    int stream;
+    size_t per_token;
+    const int32_t *token_index;  // (N_local) with context parallelism: this rank's tokens, else NULL
+} LayerNoise;
+
+static double noise_draw(LayerNoise *z) { return z->stream == NOISE_JITTER ? rng_uniform(&z->rng) : rng_normal(&z->rng); }
+
+static void noise_skip_tokens(LayerNoise *z, size_t tokens) {
+    for (size_t i = 0; i < tokens * z->per_token; i++) noise_draw(z);
+}
+
+static LayerNoise layer_noise(const Model *m, const Batch *batch, int layer, int stream, int N_local,
+                              size_t per_token, const int32_t *token_index) {
+    LayerNoise z = {.stream = stream, .per_token = per_token, .token_index = token_index};
+    rng_seed_stream(&z.rng, batch->noise_seed, (uint64_t)layer * 16 + stream);
+    if (!token_index) noise_skip_tokens(&z, (size_t)first_local_token(m, N_local));
+    return z;
+}
+
+// Before the draws of this rank's token n: skip the other ranks' tokens since token n−1.
+static void noise_at_token(LayerNoise *z, int n) {
+    if (!z->token_index) return;
+    int previous_end = n ? z->token_index[n - 1] + 1 : 0;
+    noise_skip_tokens(z, (size_t)(z->token_index[n] - previous_end));
 }
 
 // router_input = ln2, or ln2 · U(1−eps, 1+eps) elementwise while training with jitter
-static void router_input(const Model *m, int layer, LayerActs *la, const Batch *batch, int N) {
+static void router_input(const Model *m, int layer, LayerActs *la, const Batch *batch, int N,
+                         const int32_t *token_index) {
     MoeActs *ma = &la->moe;
-    size_t n = (size_t)N * m->plan.hidden;
+    int H = m->plan.hidden;
     double eps = m->cfg.moe_input_jitter_eps;
     ma->jitter_used = batch->training && eps > 0;
     ma->router_input = la->ln2;
     if (!ma->jitter_used) return;
-    Rng rng = layer_noise(m, batch, layer, NOISE_JITTER, N, m->plan.hidden);
-    for (size_t i = 0; i < n; i++) {
-        ma->jitter[i] = (real)(1 - eps + 2 * eps * rng_uniform(&rng));
-        ma->jittered_input[i] = la->ln2[i] * ma->jitter[i];
+    LayerNoise z = layer_noise(m, batch, layer, NOISE_JITTER, N, H, token_index);
+    for (int n = 0; n < N; n++) {
+        noise_at_token(&z, n);
+        for (size_t i = (size_t)n * H; i < (size_t)(n + 1) * H; i++) {
+            ma->jitter[i] = (real)(1 - eps + 2 * eps * noise_draw(&z));
+            ma->jittered_input[i] = la->ln2[i] * ma->jitter[i];
+        }
     }
     ma->router_input = ma->jittered_input;
 }
@@ -122,25 +147,29 @@ static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeAc
     d->dispatch_backward(&ctx, ma, &grads, rows);
 }
 
-void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch) {
+void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
     int N = batch->B * batch->T, N_local = plan_local_tokens(&m->plan, N), E = m->plan.experts;
-    router_input(m, layer, la, batch, N_local);
+    router_input(m, layer, la, batch, N_local, token_index);
     router_logits(m, lp, ma, N_local);
     if (c->moe_router_force_load_balancing) {  // random logits; gradients pass straight through
-        Rng rng = layer_noise(m, batch, layer, NOISE_FORCED_LOGITS, N_local, (size_t)E);
-        for (size_t i = 0; i < (size_t)N_local * E; i++) ma->logits[i] = (real)rng_normal(&rng);
+        LayerNoise z = layer_noise(m, batch, layer, NOISE_FORCED_LOGITS, N_local, (size_t)E, token_index);
+        for (int n = 0; n < N_local; n++) {
+            noise_at_token(&z, n);
+            for (size_t i = (size_t)n * E; i < (size_t)(n + 1) * E; i++) ma->logits[i] = (real)noise_draw(&z);
+        }
     }
     const RouterState *rs = &m->router_state[layer];
-    ma->call = (RouterCall){.N = N_local, .seq_length = batch->T,
+    // a sequence's T tokens are T/CP here with context parallelism
+    ma->call = (RouterCall){.N = N_local, .seq_length = batch->T * m->plan.cp_size,
                             .expert_bias = lp->expert_bias >= 0 ? tt_param(&m->tt, lp->expert_bias) : NULL,
                             .global_counts_before = batch->training ? rs->global_counts_sum : NULL,
                             .global_batches_before = batch->training ? rs->global_micro_batches : 0,
                             .count_group = batch->training ? m->count_group : NULL,
-                            .token_group = m->plan.sequence_parallel ? m->plan.tp : NULL,
-                            .token_first = first_local_token(m, N_local)};
+                            .token_group = m->plan.token_group,
+                            .token_first = first_local_token(m, N_local), .token_index = token_index};
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training) record_routing(m, layer, ma);
     ma->plan.N = N_local;

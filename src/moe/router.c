@@ -53,8 +53,13 @@ static int group_sequences(const RouterCall *call) { return group_tokens(call) /
 // global index of this member's first token
 static int first_token(const RouterCall *call) { return split_over_group(call) ? call->token_first : 0; }
 
+// index in the whole micro-batch of this member's token n
+static int global_token(const RouterCall *call, int n) {
+    return call->token_index ? call->token_index[n] : first_token(call) + n;
+}
+
 // sequence of this member's token n
-static int sequence_of(const RouterCall *call, int n) { return (first_token(call) + n) / call->seq_length; }
+static int sequence_of(const RouterCall *call, int n) { return global_token(call, n) / call->seq_length; }
 
 // In place: x (n) becomes its sum over the token group (rank order); nothing without one.
 static void token_group_sum_int64(const RouterCall *call, int64_t *x, size_t n) {
@@ -97,19 +102,40 @@ static void apply_capacity(const int32_t *topk_idx, real *topk_probs, int32_t *k
     free(cand);
 }
 
+// Rows of k values gathered in member order (member m's N rows, its tokens `index`
+// (N·P) name) into token order, in place through `scratch` (N·P·k).
+static void gathered_to_token_order(void *rows, void *scratch, const int32_t *index, int tokens, int k,
+                                    size_t size) {
+    size_t row = (size_t)k * size;
+    for (int i = 0; i < tokens; i++) memcpy((char *)scratch + (size_t)index[i] * row, (char *)rows + i * row, row);
+    memcpy(rows, scratch, (size_t)tokens * row);
+}
+
 // The capacity decision over the token group's N·P·k choices: every member gathers the
-// group's expert ids and probs (in token order), decides the same drops, and keeps its part.
+// group's expert ids and probs (into token order), decides the same drops, and keeps its part.
 static void apply_group_capacity(RouterOutput *out, const RouterConfig *rc, const RouterCall *call, int capacity) {
-    size_t local = (size_t)call->N * rc->k, total = local * token_group_size(call);
-    size_t first = (size_t)first_token(call) * rc->k;
+    int k = rc->k, tokens = group_tokens(call);
+    size_t local = (size_t)call->N * k, total = (size_t)tokens * k;
     int32_t *idx = mt_malloc(total * sizeof(int32_t)), *kept = mt_malloc(total * sizeof(int32_t));
     real *probs = mt_malloc(total * sizeof(real));
     comm_allgather_int32(call->token_group, out->topk_idx, idx, local);
     comm_allgather(call->token_group, out->topk_probs, probs, local);
+    if (call->token_index) {  // members' tokens interleave in the micro-batch
+        int32_t *index = mt_malloc((size_t)tokens * sizeof(int32_t));
+        void *scratch = mt_malloc(total * MT_MAX(sizeof(int32_t), sizeof(real)));
+        comm_allgather_int32(call->token_group, call->token_index, index, (size_t)call->N);
+        gathered_to_token_order(idx, scratch, index, tokens, k, sizeof(int32_t));
+        gathered_to_token_order(probs, scratch, index, tokens, k, sizeof(real));
+        free(scratch);
+        free(index);
+    }
     for (size_t i = 0; i < total; i++) kept[i] = 1;
     apply_capacity(idx, probs, kept, (int)total, rc, capacity);
-    memcpy(out->kept, kept + first, local * sizeof(int32_t));
-    memcpy(out->topk_probs, probs + first, local * sizeof(real));
+    for (int n = 0; n < call->N; n++) {
+        size_t from = (size_t)global_token(call, n) * k, to = (size_t)n * k;
+        memcpy(out->kept + to, kept + from, k * sizeof(int32_t));
+        memcpy(out->topk_probs + to, probs + from, k * sizeof(real));
+    }
     free(idx);
     free(kept);
     free(probs);
@@ -231,7 +257,7 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
     PROF_SCOPE(PROF_ROUTER);
     int N = call->N, E = rc->E, k = rc->k;
     MT_ASSERT(group_tokens(call) % call->seq_length == 0);
-    MT_ASSERT(!split_over_group(call) || call->token_first == call->token_group->rank * N);
+    MT_ASSERT(!split_over_group(call) || call->token_index || call->token_first == call->token_group->rank * N);
     // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
     RouteShape shape = route_shape(rc);
     moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,

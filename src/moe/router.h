@@ -21,9 +21,10 @@
 //                 global_aux_loss: c = running mean of the counts over the micro-batches of
 //                 the global batch so far; under data parallelism the micro-batches of
 //                 every data-parallel rank so far (the counts are all-reduced per call)
-// Token group (sequence / tensor parallelism): the N·P tokens of a micro-batch split over the P
-// members of RouterCall.token_group, member r holding the contiguous tokens [r·N, (r+1)·N) of
-// the flattened b·T + t order (a chunk may start or end inside a sequence). Every statistic
+// Token group (sequence / tensor / context parallelism): the N·P tokens of a micro-batch split
+// over the P members of RouterCall.token_group, member r holding the contiguous tokens
+// [r·N, (r+1)·N) of the flattened b·T + t order (a chunk may start or end inside a sequence),
+// or with context parallelism the tokens RouterCall.token_index names. Every statistic
 // and loss above is then the one over all N·P tokens, identical on every member and equal to
 // what one process computes on them (up to the order of the double sums, which run in rank
 // order through comm.h): N in the formulas is N·P, sequences are those of the whole
@@ -73,6 +74,10 @@ typedef struct {
     // every member holds the same N and calls router_forward at the same point.
     const Comm *token_group;
     int token_first;             // global index of this member's first token: rank · N (0 without a group)
+    // Context parallelism: the member's tokens are not one contiguous run; token_index (N)
+    // holds the global index (b·T + t of the whole micro-batch, increasing) of each one
+    // instead (token_first unused). NULL: token_first + n.
+    const int32_t *token_index;
 } RouterCall;
 
 // N is RouterCall.N (this member's tokens), P the token group's size (1 without one).

@@ -20,6 +20,7 @@ static const struct {
     [PG_EDP] = {"edp", 1, 1u << D_DP},
     [PG_ETP_EP] = {"etp_ep", 1, 1u << D_TP | 1u << D_EP},
     [PG_EMP] = {"emp", 1, 1u << D_TP | 1u << D_EP | 1u << D_PP},
+    [PG_TP_CP] = {"tp_cp", 0, 1u << D_TP | 1u << D_CP},
 };
 
 static void require_size(const char *flag, int value) {
@@ -103,6 +104,30 @@ int group_index_of(const ParallelSizes *s, GroupKind kind, int rank) {
     return index;
 }
 
+// The world ranks of this rank's CP group, learnt by gathering them.
+static int *cp_world_ranks(const Comm *cp) {
+    int64_t mine = comm_world_rank(), *gathered = mt_malloc((size_t)cp->size * sizeof(int64_t));
+    comm_allgather_int64(cp, &mine, gathered, 1);
+    int *ranks = mt_malloc((size_t)cp->size * sizeof(int));
+    for (int i = 0; i < cp->size; i++) ranks[i] = (int)gathered[i];
+    free(gathered);
+    return ranks;
+}
+
+// The inner groups (consecutive CP ranks) and outer ones (every inner-th) of size `inner`.
+// Collective over the world: every rank makes one of each.
+static void make_cp_hierarchy(ParallelGroups *pg, int inner) {
+    const Comm *cp = &pg->comm[PG_CP];
+    int outer = cp->size / inner, *ranks = cp_world_ranks(cp), *members = mt_malloc((size_t)cp->size * sizeof(int));
+    int inner_rank = cp->rank % inner, outer_rank = cp->rank / inner;
+    for (int i = 0; i < inner; i++) members[i] = ranks[outer_rank * inner + i];
+    pg->cp_inner = comm_group("cp_inner", members, inner);
+    for (int o = 0; o < outer; o++) members[o] = ranks[o * inner + inner_rank];
+    pg->cp_outer = comm_group("cp_outer", members, outer);
+    free(members);
+    free(ranks);
+}
+
 void parallel_groups_init(ParallelGroups *pg, const Config *c) {
     parallel_sizes_init(&pg->sizes, comm_world_size(), c->tensor_model_parallel_size, c->context_parallel_size,
                         c->pipeline_model_parallel_size, c->expert_model_parallel_size,
@@ -113,8 +138,11 @@ void parallel_groups_init(ParallelGroups *pg, const Config *c) {
         pg->comm[k] = comm_group(KINDS[k].name, ranks, group_size(&pg->sizes, k));
     }
     free(ranks);
+    make_cp_hierarchy(pg, c->cp_a2a_size > 0 ? c->cp_a2a_size : 1);
 }
 
 void parallel_groups_free(ParallelGroups *pg) {
     for (int k = 0; k < PG_COUNT; k++) comm_free(&pg->comm[k]);
+    comm_free(&pg->cp_inner);
+    comm_free(&pg->cp_outer);
 }

@@ -26,6 +26,8 @@ typedef enum {
     PG_EDP,     // expert data parallel: expert gradients        expert "dp"
     PG_ETP_EP,  // expert tensor and expert parallel             expert "tp-ep"
     PG_EMP,     // expert model parallel (expert grad norms)     expert "tp-ep-pp"
+    PG_TP_CP,   // tensor x context parallel: a micro-batch's     "tp-cp"
+                // tokens (the router's token group)
     PG_COUNT
 } GroupKind;
 
@@ -52,6 +54,11 @@ int group_index_of(const ParallelSizes *s, GroupKind kind, int rank);
 typedef struct {
     ParallelSizes sizes;
     Comm comm[PG_COUNT];
+    // --hierarchical-context-parallel-sizes inner outer: the CP group cut into consecutive
+    // groups of `inner` CP ranks (the all-to-all of a2a+p2p) and the rings across them
+    // (CP rank = outer_rank · inner + inner_rank, as Megatron-Core's hierarchical groups);
+    // without it cp_inner is this process alone and cp_outer the CP group.
+    Comm cp_inner, cp_outer;
 } ParallelGroups;
 
 // The sizes from --tensor-model-parallel-size, --context-parallel-size,

@@ -17,6 +17,7 @@
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "hf/hf_config.h"
+#include "model/cp_batch.h"
 #include "model/model.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
@@ -65,6 +66,32 @@ static Batch batch_of(const DataBatch *db, int L) {
     return b;
 }
 
+// The part of a micro-batch this rank computes: with context parallelism its two chunks
+// of each sequence (model/cp_batch.h; freed with the slice), else all of it.
+typedef struct {
+    Batch batch;
+    CpBatch cp;
+    int sliced;
+} RankBatch;
+
+static void rank_batch_of(RankBatch *r, const Trainer *t, const Batch *full) {
+    const Comm *cp = &t->groups.comm[PG_CP];
+    r->sliced = cp->size > 1;
+    r->batch = *full;
+    if (!r->sliced) return;
+    cp_batch_slice(&r->cp, full, cp->size, cp->rank);
+    r->batch = r->cp.batch;
+    r->batch.training = full->training;
+    r->batch.noise_seed = full->noise_seed;
+}
+
+static void rank_batch_free(RankBatch *r) {
+    if (r->sliced) cp_batch_free(&r->cp);
+}
+
+// Tokens of a sequence this rank holds: seq_length / CP.
+static int rank_seq_length(const Trainer *t) { return t->cfg->seq_length / t->groups.sizes.cp; }
+
 // Seeds the router noise of one micro-batch from the run seed and its sample position.
 static uint64_t noise_seed(const Config *c, int64_t first_sample) {
     return (uint64_t)c->seed * 0x9E3779B97F4A7C15ULL ^ (uint64_t)first_sample * 0xBF58476D1CE4E5B9ULL;
@@ -108,14 +135,17 @@ static StepLosses train_step_micro_batches(Trainer *t) {
             PROF_SCOPE(PROF_DATA);
             db = prefetch_get(&t->prefetch, first, next);
         }
-        Batch batch = batch_of(db, L);
-        batch.training = 1;
-        batch.noise_seed = noise_seed(c, first);
-        model_forward(&t->model, &t->acts, &batch, NULL, 0);
+        Batch full = batch_of(db, L);
+        full.training = 1;
+        full.noise_seed = noise_seed(c, first);
+        RankBatch rank;
+        rank_batch_of(&rank, t, &full);
+        model_forward(&t->model, &t->acts, &rank.batch, NULL, 0);
         if (t->sync.overlap && mb + 1 == M)  // the gradients' sums start as backward completes them
-            model_backward_notify(&t->model, &t->acts, &batch, weight, grads_ready, t);
+            model_backward_notify(&t->model, &t->acts, &rank.batch, weight, grads_ready, t);
         else
-            model_backward(&t->model, &t->acts, &batch, weight);
+            model_backward(&t->model, &t->acts, &rank.batch, weight);
+        rank_batch_free(&rank);
         s.lm_loss += t->acts.lm_loss * weight;
         s.aux_objective += t->acts.aux_objective * weight;
         accumulate_router_stats(&s, &t->model, &t->acts, weight);
@@ -142,21 +172,24 @@ static double evaluate(Trainer *t) {
     double total = 0;
     for (int i = 0; i < c->eval_iters; i++) {
         dataset_batch(&t->data, DATA_VALID, (int64_t)i * B, &t->eval_batch);
-        Batch batch = batch_of(&t->eval_batch, L);
-        total += model_forward(&t->model, &t->acts, &batch, NULL, 0);
+        Batch full = batch_of(&t->eval_batch, L);
+        RankBatch rank;
+        rank_batch_of(&rank, t, &full);
+        total += model_forward(&t->model, &t->acts, &rank.batch, NULL, 0);
+        rank_batch_free(&rank);
     }
     return total / c->eval_iters;
 }
 
-// The process groups. Data, expert, tensor and expert-tensor parallelism are implemented;
-// the other sizes are accepted by the group code but not yet by the trainer.
+// The process groups. Data, context, expert, tensor and expert-tensor parallelism are
+// implemented; pipeline stages are accepted by the group code but not yet by the trainer.
 static void setup_parallel(Trainer *t) {
     const Config *c = t->cfg;
     parallel_groups_init(&t->groups, c);
     const ParallelSizes *ps = &t->groups.sizes;
-    if (ps->cp > 1 || ps->pp > 1)
-        mt_die("--context-parallel-size and --pipeline-model-parallel-size above 1 are not implemented yet; use "
-               "data, tensor and expert parallelism (those sizes 1)");
+    if (ps->pp > 1)
+        mt_die("--pipeline-model-parallel-size above 1 is not implemented yet; use data, tensor, context and expert "
+               "parallelism (that size 1)");
     if (ps->etp > 1 && !c->num_experts)
         mt_die("--expert-tensor-parallel-size %d needs a MoE model (--num-experts)", ps->etp);
     if (ps->ep > 1 && !c->num_experts)
@@ -204,7 +237,7 @@ static void check_memory(const Trainer *t, const FlatRange *shards, int n_shards
     need.gradients = need.parameters;
     for (int r = 0; r < n_shards; r++) need.optimizer += 2.0 * (shards[r].end - shards[r].begin) * sizeof(real);
     ModelActs micro_batch;
-    acts_describe(&micro_batch, &t->model, c->micro_batch_size, c->seq_length);
+    acts_describe(&micro_batch, &t->model, c->micro_batch_size, rank_seq_length(t));
     need.activations = (double)micro_batch.buffers.bytes;
     acts_free(&micro_batch);
     memory_check_fits(&need);
@@ -226,8 +259,10 @@ static void trainer_setup(Trainer *t, Config *c) {
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
     const Comm *pg = t->groups.comm;
+    // global_aux_loss counts: one rank of each micro-batch's (its TP x CP token group's) per data-parallel rank
     ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .etp_ep = &pg[PG_ETP_EP],
-                          .count = &pg[PG_DP_CP]};
+                          .count = &pg[PG_DP], .cp = &pg[PG_CP], .tp_cp = &pg[PG_TP_CP],
+                          .cp_inner = &t->groups.cp_inner, .cp_outer = &t->groups.cp_outer};
     model_describe(&t->model, c, &groups);
     GradGroups grad_groups = {.dp = &pg[PG_DP_CP], .edp = &pg[PG_EDP], .ep = &pg[PG_EP], .tp = &pg[PG_TP],
                               .etp = &pg[PG_ETP]};
@@ -247,7 +282,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     // --save created, proved writable and locked once everything else has been checked, so
     // that a run refused at start-up leaves no directory behind; rank 0 writes
     if (c->save[0] && comm_world_rank() == 0) checkpoint_claim_save_dir(c->save);
-    acts_alloc(&t->acts, &t->model, c->micro_batch_size, c->seq_length);
+    acts_alloc(&t->acts, &t->model, c->micro_batch_size, rank_seq_length(t));
     prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
     t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
