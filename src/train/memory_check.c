@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "core/common.h"
 #include "core/device.h"
@@ -28,21 +29,44 @@ int memory_processes_on_node(void) {
     return 1;
 }
 
+double memory_process_limit_bytes(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_DATA, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return -1;
+    return (double)limit.rlim_cur;
+}
+
+static const double GiB = 1024.0 * 1024 * 1024;
+
+static double need_per_process(const MemoryNeed *need) {
+    return need->parameters + need->gradients + need->optimizer + need->activations;
+}
+
+static void die_short(const MemoryNeed *need, const char *shared, double available, const char *what) {
+    mt_die("the run needs about %.2f GiB per process (parameters %.2f, gradients %.2f, AdamW moments %.2f, "
+           "activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are available (%s); "
+           "lower --micro-batch-size or --seq-length, shrink the model, or spread it over more processes with "
+           "--use-distributed-optimizer / --expert-model-parallel-size / --context-parallel-size",
+           need_per_process(need) / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
+           need->activations / GiB, need->micro_batch_size, need->seq_length, shared, available / GiB, what);
+}
+
 void memory_check_fits(const MemoryNeed *need) {
     int on_gpu = device_active() == DEVICE_CUDA;  // one GPU per process: its free memory
+    double per_process = need_per_process(need), limit = on_gpu ? -1 : memory_process_limit_bytes();
+    if (limit >= 0 && per_process > limit) die_short(need, "", limit, "this process's data limit, ulimit -d");
     double available = on_gpu ? device_memory_free_bytes() : memory_available_bytes();
     if (available < 0) return;  // not Linux: nothing to compare with
-    const double GiB = 1024.0 * 1024 * 1024;
-    double per_process = need->parameters + need->gradients + need->optimizer + need->activations;
     int processes = on_gpu ? 1 : memory_processes_on_node();
     if (per_process * processes <= available) return;
     char shared[96] = "";
     if (processes > 1) snprintf(shared, sizeof(shared), " and %d processes share this machine,", processes);
-    mt_die("the run needs about %.2f GiB per process (parameters %.2f, gradients %.2f, AdamW moments %.2f, "
-           "activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are available (%s); "
-           "lower --micro-batch-size or --seq-length, shrink the model, or spread it over more processes with "
-           "--use-distributed-optimizer / --expert-model-parallel-size",
-           per_process / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
-           need->activations / GiB, need->micro_batch_size, need->seq_length, shared, available / GiB,
-           on_gpu ? "free on the GPU" : "MemAvailable");
+    die_short(need, shared, available, on_gpu ? "free on the GPU" : "MemAvailable");
+}
+
+void memory_need_print(const MemoryNeed *need) {
+    const double MiB = 1024.0 * 1024;
+    printf("memory: per process %.1f MiB (parameters %.1f, gradients %.1f, AdamW moments %.1f, activations %.1f "
+           "for micro-batches of %d x %d tokens)\n",
+           need_per_process(need) / MiB, need->parameters / MiB, need->gradients / MiB, need->optimizer / MiB,
+           need->activations / MiB, need->micro_batch_size, need->seq_length);
 }

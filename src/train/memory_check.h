@@ -6,12 +6,18 @@
 
 typedef struct {
     double parameters, gradients, optimizer, activations;  // bytes of this process
-    int micro_batch_size, seq_length;                      // for the message
+    int micro_batch_size, seq_length;                      // this rank's micro-batches (T/CP with context parallelism)
 } MemoryNeed;
 
 // MemAvailable of /proc/meminfo in bytes; -1 when unknown.
 double memory_available_bytes(void);
 // How many processes of this run share the machine (the launcher's local size; 1 without one).
 int memory_processes_on_node(void);
-// Dies with one line when need × processes on this machine exceeds the available memory.
+// The data-segment limit of this process (RLIMIT_DATA: ulimit -d, prlimit --data, a job
+// scheduler's per-process budget) in bytes; -1 when unlimited.
+double memory_process_limit_bytes(void);
+// Dies with one line when need × processes on this machine exceeds the available memory,
+// or need exceeds this process's limit.
 void memory_check_fits(const MemoryNeed *need);
+// The line a run prints of what one process holds: "memory: per process ... GiB (...)".
+void memory_need_print(const MemoryNeed *need);

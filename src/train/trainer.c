@@ -55,6 +55,7 @@ typedef struct {
     double comm_hidden_s;       // gradient sums in flight behind backward, this step
     Metrics metrics;
     double peak_flops, flops_per_token;
+    MemoryNeed memory_need;     // what this process holds (check_memory)
     RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
     int64_t *layer_counts;      // (num_layers, num_experts) kept tokens per expert this step
 } Trainer;
@@ -230,10 +231,10 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
 // What the run will hold: parameters and gradients of this rank's tensors, the moments of
 // its optimizer shards, and the activations of one micro-batch (their buffer plan, laid
 // out without allocating).
-static void check_memory(const Trainer *t, const FlatRange *shards, int n_shards) {
+static void check_memory(Trainer *t, const FlatRange *shards, int n_shards) {
     const Config *c = t->cfg;
     MemoryNeed need = {.parameters = (double)t->model.tt.total * sizeof(real),
-                       .micro_batch_size = c->micro_batch_size, .seq_length = c->seq_length};
+                       .micro_batch_size = c->micro_batch_size, .seq_length = rank_seq_length(t)};
     need.gradients = need.parameters;
     for (int r = 0; r < n_shards; r++) need.optimizer += 2.0 * (shards[r].end - shards[r].begin) * sizeof(real);
     ModelActs micro_batch;
@@ -241,6 +242,7 @@ static void check_memory(const Trainer *t, const FlatRange *shards, int n_shards
     need.activations = (double)micro_batch.buffers.bytes;
     acts_free(&micro_batch);
     memory_check_fits(&need);
+    t->memory_need = need;  // reported with the banner
 }
 
 static void trainer_setup(Trainer *t, Config *c) {
@@ -344,6 +346,7 @@ static void print_banner(const Trainer *t) {
            c->train_iters, t->peak_flops / 1e12, device_active() == DEVICE_CUDA ? "device" : "gemm",
            device_active() == DEVICE_CUDA ? device_description() : mt_gemm_backend(), c->bf16 ? ", bf16 GEMMs" : "");
     print_layout(&t->groups.sizes);
+    memory_need_print(&t->memory_need);
     if (t->model.family_note[0])
         printf("note: checkpoints use moetron's own model_type (transformers cannot load them): %s\n",
                t->model.family_note);
