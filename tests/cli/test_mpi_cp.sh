@@ -24,8 +24,8 @@ CP2=(--context-parallel-size 2)
 CP4=(--context-parallel-size 4)
 
 # Under a sanitizer build the cases marked "full" (mpi_lib.sh) run in the plain build only;
-# the others take every code path once (each comm type, TP x CP, EP over CP, the router's
-# token group with interleaved tokens, packed documents).
+# the others take every code path once (each comm type, TP x CP, the router's token group
+# with interleaved tokens and its capacity gather, jitter, packed documents).
 
 # dense layers, each comm type
 run_case cp2_dense_p2p 2 "${CP2[@]}" -- --num-experts 0
@@ -42,7 +42,7 @@ full cp4_per_layer_types run_case cp4_per_layer_types 4 "${CP4[@]}" --cp-comm-ty
 # attention kinds
 full cp2_gqa_qk_norm run_case cp2_gqa_qk_norm 2 "${CP2[@]}" -- --num-experts 0 --group-query-attention \
     --num-query-groups 2 --qk-layernorm
-run_case cp2_mla 2 "${CP2[@]}" -- "${MOE[@]}" --multi-latent-attention --q-lora-rank 32 --kv-lora-rank 32 \
+full cp2_mla run_case cp2_mla 2 "${CP2[@]}" -- "${MOE[@]}" --multi-latent-attention --q-lora-rank 32 --kv-lora-rank 32 \
     --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
 full cp2_mla_a2a run_case cp2_mla_a2a 2 "${CP2[@]}" --cp-comm-type a2a -- "${MOE[@]}" --multi-latent-attention \
     --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
@@ -66,7 +66,7 @@ full cp2_capacity_padded run_case cp2_capacity_padded 2 "${CP2[@]}" -- "${MOE[@]
 # 256 x TP=2): TP x CP (the router's token group both), EP over CP and over CP x DP
 run_case cp2_tp2_sp 4 "${CP2[@]}" --tensor-model-parallel-size 2 --sequence-parallel --make-vocab-size-divisible-by 256 -- "${MOE[@]}" \
     --moe-router-load-balancing-type seq_aux_loss --moe-expert-capacity-factor 1.0
-run_case cp2_ep2 2 "${CP2[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
+full cp2_ep2 run_case cp2_ep2 2 "${CP2[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
 full cp2_dp2_ep4_distributed_optimizer run_case cp2_dp2_ep4_distributed_optimizer 4 "${CP2[@]}" \
     --expert-model-parallel-size 4 --use-distributed-optimizer -- "${MOE[@]}"
 # global_aux_loss counts over the data-parallel ranks (one member of each CP group): DP=2 reference
@@ -80,7 +80,7 @@ cp_dp_global_aux() {
     curve "$work/ga_cp2.jsonl" >"$work/ga_cp2.b"
     compare cp2_dp2_global_aux "$work/ga_dp2.a" "$work/ga_cp2.b"
 }
-cp_dp_global_aux
+full cp2_dp2_global_aux cp_dp_global_aux
 
 # packed documents: EOD-separated documents of 5 to 40 words, so that sequences hold an odd
 # or even number of them and they cross the chunk boundaries
@@ -122,7 +122,7 @@ cp_checkpoint_chain() {
     curve "$log" >"$work/cp_chain.b"
     compare $name "$ref.a" "$work/cp_chain.b"
 }
-cp_checkpoint_chain
+full cp_checkpoint_chain cp_checkpoint_chain
 
 # bad sizes: one line naming the flags
 expect_error cp_seq_length "--seq-length 36 must be a multiple of 2 x --context-parallel-size 4" -- \
