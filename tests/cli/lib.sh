@@ -7,6 +7,20 @@ trap 'rm -rf "$work"' EXIT
 ok() { echo "ok $1"; }
 fail() { echo "FAIL $1: $2"; }
 
+# make_corpus FILE SEED PARAGRAPHS MIN MAX: paragraphs of MIN to MAX generated English-like
+# words, each a document once prepared with --append-eod
+make_corpus() {
+    python3 - "$@" <<'PY'
+import random, sys
+path, seed, paragraphs, low, high = sys.argv[1], *map(int, sys.argv[2:6])
+rng = random.Random(seed)
+words = "the a cat dog sat ran on under mat tree big small red blue quickly slowly and then".split()
+with open(path, "w") as f:
+    for p in range(paragraphs):
+        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(low, high))) + ".\n\n")
+PY
+}
+
 # expect_error NAME PATTERN -- command...: non-zero exit, exactly one stderr line
 # "moetron: error: ..." matching PATTERN, nothing half-written to stdout. Returns 1 on failure.
 expect_error() {

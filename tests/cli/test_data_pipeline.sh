@@ -9,19 +9,8 @@ MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-experts 4 -
        --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --eval-interval 5 --eval-iters 2
        --lr-warmup-iters 2 --log-interval 1 --vocab-size 320)
 
-make_corpus() {  # paragraphs of generated English-like text
-    python3 - "$1" <<'PY'
-import random, sys
-rng = random.Random(5)
-words = "the a cat dog sat ran on under mat tree big small red blue quickly slowly and then".split()
-with open(sys.argv[1], "w") as f:
-    for p in range(400):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) + ".\n\n")
-PY
-}
-
 test_prepare_train_generate() {
-    make_corpus "$work/corpus.txt" || { fail pipeline "python3 failed"; return; }
+    make_corpus "$work/corpus.txt" 5 400 5 40 || { fail pipeline "python3 failed"; return; }
     "$M" prepare --input "$work/corpus.txt" --vocab-size 320 --append-eod --output-prefix "$work/c" \
         >"$work/prep.log" 2>&1 || { fail pipeline_prepare "$(tail -2 "$work/prep.log")"; return; }
     ok pipeline_prepare

@@ -82,17 +82,10 @@ cp_dp_global_aux() {
 }
 full cp2_dp2_global_aux cp_dp_global_aux
 
-# packed documents: EOD-separated documents of 5 to 40 words, so that sequences hold an odd
+# packed documents: EOD-separated documents of 3 to 30 words, so that sequences hold an odd
 # or even number of them and they cross the chunk boundaries
 packed_documents() {
-    python3 - "$work/docs.txt" <<'PY'
-import random, sys
-rng = random.Random(11)
-words = "the a cat dog sat ran on under mat tree big small red blue quickly slowly and then".split()
-with open(sys.argv[1], "w") as f:
-    for p in range(300):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(3, 30))) + ".\n\n")
-PY
+    make_corpus "$work/docs.txt" 11 300 3 30 || { fail cp_packed_documents "python3 failed"; return; }
     "$M" prepare --input "$work/docs.txt" --vocab-size 320 --append-eod --output-prefix "$work/docs" \
         >"$work/docs_prep.log" 2>&1 || { fail cp_packed_documents "prepare: $(tail -1 "$work/docs_prep.log")"; return; }
     local DOCS=(--data-path "$work/docs_text_document" --tokenizer-model "$work/docs_tokenizer.json" --eod-mask-loss
