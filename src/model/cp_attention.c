@@ -169,8 +169,32 @@ static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real 
     free(kv), free(kv_next), free(dkdv_next);
 }
 
-void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q, const real *k, const real *v,
-                            const RingAttentionShape *s) {
+// The K/V of every rank gathered at once (--cp-comm-type allgather), visited in the ring's
+// order (so the merges, and the results, are the ring's). With dkdv each block's dk/dv
+// are summed here and reduce-scattered back to their owners, onto dkdv.
+static void run_allgather(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *k, const real *v, real *dkdv,
+                          const RingAttentionShape *s, BlockVisit visit, void *scratch) {
+    size_t n = k_elems(s) + v_elems(s);
+    real *mine = pack_kv(k, v, s), *all = mt_malloc((size_t)cp->size * n * sizeof(real));
+    comm_allgather(cp, mine, all, n);
+    real *d_all = dkdv ? mt_calloc((size_t)cp->size * n, sizeof(real)) : NULL;
+    for (int step = 0; step < cp->size; step++) {
+        int owner = (cp->rank - step + cp->size) % cp->size;
+        visit_step(qc, cp, owner, all + owner * n, d_all ? d_all + owner * n : NULL, s, visit, scratch);
+    }
+    if (dkdv) {  // mine: this rank's block's sums over every rank
+        comm_reduce_scatter(cp, d_all, mine, n);
+        vec_add(dkdv, mine, n);
+    }
+    free(mine), free(all), free(d_all);
+}
+
+// How the K/V blocks reach every rank: the ring, or one all-gather.
+typedef void (*KvExchange)(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *k, const real *v, real *dkdv,
+                           const RingAttentionShape *s, BlockVisit visit, void *scratch);
+
+static void group_attention_forward(KvExchange exchange, const Comm *cp, real *out, real *lse, const real *q,
+                                    const real *k, const real *v, const RingAttentionShape *s) {
     size_t out_elems = (size_t)s->B * s->C * s->heads * v_dim(s), lse_elems = (size_t)s->B * s->heads * s->C;
     QueryChunk qc[CHUNKS_PER_RANK];
     load_queries(qc, cp, q, s);
@@ -180,7 +204,7 @@ void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q,
         for (size_t j = 0; j < lse_elems; j++) qc[i].lse[j] = -INFINITY;  // nothing merged yet
     }
     BlockResult b = {mt_malloc(out_elems * sizeof(real)), mt_malloc(lse_elems * sizeof(real))};
-    run_ring(qc, cp, k, v, NULL, s, forward_block, &b);
+    exchange(qc, cp, k, v, NULL, s, forward_block, &b);
     for (int i = 0; i < CHUNKS_PER_RANK; i++) {
         scatter_tokens(out, qc[i].out, s, s->heads * v_dim(s), i);
         put_chunk(lse, qc[i].lse, s->B * s->heads, s->C, sizeof(real), i);
@@ -189,9 +213,9 @@ void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q,
     free_queries(qc);
 }
 
-void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const real *dout, const real *out,
-                             const real *lse, const real *q, const real *k, const real *v,
-                             const RingAttentionShape *s) {
+static void group_attention_backward(KvExchange exchange, const Comm *cp, real *dq, real *dk, real *dv,
+                                     const real *dout, const real *out, const real *lse, const real *q,
+                                     const real *k, const real *v, const RingAttentionShape *s) {
     int qw = s->heads * s->head_dim, ow = s->heads * v_dim(s);
     QueryChunk qc[CHUNKS_PER_RANK];
     load_queries(qc, cp, q, s);
@@ -200,7 +224,7 @@ void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const
         qc[i].lse = gather_lse(lse, s, i), qc[i].dq = gather_tokens(dq, s, qw, i);
     }
     real *dkdv = pack_kv(dk, dv, s);  // accumulates onto the caller's dk, dv
-    run_ring(qc, cp, k, v, dkdv, s, backward_block, NULL);
+    exchange(qc, cp, k, v, dkdv, s, backward_block, NULL);
     memcpy(dk, dkdv, k_elems(s) * sizeof(real));
     memcpy(dv, dkdv + k_elems(s), v_elems(s) * sizeof(real));
     for (int i = 0; i < CHUNKS_PER_RANK; i++) scatter_tokens(dq, qc[i].dq, s, qw, i);
@@ -208,17 +232,49 @@ void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const
     free_queries(qc);
 }
 
+void ring_attention_forward(const Comm *cp, real *out, real *lse, const real *q, const real *k, const real *v,
+                            const RingAttentionShape *s) {
+    group_attention_forward(run_ring, cp, out, lse, q, k, v, s);
+}
+
+void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const real *dout, const real *out,
+                             const real *lse, const real *q, const real *k, const real *v,
+                             const RingAttentionShape *s) {
+    group_attention_backward(run_ring, cp, dq, dk, dv, dout, out, lse, q, k, v, s);
+}
+
 // ---- the comm types ------------------------------------------------------------------------
+
+static int is_all_to_all(const CpAttention *g) { return g->type == CP_COMM_A2A || g->type == CP_COMM_A2A_P2P; }
+
+// The all-to-all and ring groups of a2a (the whole CP group, then a ring of one) and a2a+p2p.
+static void all_to_all_groups(const CpAttention *g, const Comm **inner, const Comm **outer) {
+    static Comm self;
+    self = comm_self("cp_self");
+    *inner = g->type == CP_COMM_A2A ? g->cp : g->inner;
+    *outer = g->type == CP_COMM_A2A ? &self : g->outer;
+}
 
 void cp_attention_forward(const CpAttention *g, real *out, real *lse, const real *q, const real *k, const real *v,
                           const RingAttentionShape *s) {
-    if (g->type != CP_COMM_P2P) mt_die("--cp-comm-type %s is not implemented yet; use p2p", CP_COMM_TYPE_NAMES[g->type]);
-    ring_attention_forward(g->cp, out, lse, q, k, v, s);
+    if (is_all_to_all(g)) {
+        const Comm *inner, *outer;
+        all_to_all_groups(g, &inner, &outer);
+        a2a_attention_forward(inner, outer, out, lse, q, k, v, s);
+        return;
+    }
+    group_attention_forward(g->type == CP_COMM_ALLGATHER ? run_allgather : run_ring, g->cp, out, lse, q, k, v, s);
 }
 
 void cp_attention_backward(const CpAttention *g, real *dq, real *dk, real *dv, const real *dout, const real *out,
                            const real *lse, const real *q, const real *k, const real *v,
                            const RingAttentionShape *s) {
-    if (g->type != CP_COMM_P2P) mt_die("--cp-comm-type %s is not implemented yet; use p2p", CP_COMM_TYPE_NAMES[g->type]);
-    ring_attention_backward(g->cp, dq, dk, dv, dout, out, lse, q, k, v, s);
+    if (is_all_to_all(g)) {
+        const Comm *inner, *outer;
+        all_to_all_groups(g, &inner, &outer);
+        a2a_attention_backward(inner, outer, dq, dk, dv, dout, out, lse, q, k, v, s);
+        return;
+    }
+    group_attention_backward(g->type == CP_COMM_ALLGATHER ? run_allgather : run_ring, g->cp, dq, dk, dv, dout, out,
+                             lse, q, k, v, s);
 }

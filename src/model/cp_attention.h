@@ -51,6 +51,15 @@ typedef struct {
     const Comm *outer;  // a2a+p2p: the ring (p2p: cp itself)
 } CpAttention;
 
+// a2a and a2a+p2p (model/cp_a2a.c): the all-to-all over `inner` (heads and kv heads
+// divisible by its size), then the ring over `outer` (a group of one for plain a2a); the
+// shapes and contract of ring_attention_forward / _backward over the whole CP group.
+void a2a_attention_forward(const Comm *inner, const Comm *outer, real *out, real *lse, const real *q,
+                           const real *k, const real *v, const RingAttentionShape *s);
+void a2a_attention_backward(const Comm *inner, const Comm *outer, real *dq, real *dk, real *dv, const real *dout,
+                            const real *out, const real *lse, const real *q, const real *k, const real *v,
+                            const RingAttentionShape *s);
+
 // As ring_attention_forward / ring_attention_backward (same shapes, layouts and +=), with
 // the layer's comm type; every type gives the same results up to the order of sums.
 void cp_attention_forward(const CpAttention *g, real *out, real *lse, const real *q, const real *k, const real *v,
