@@ -1,11 +1,14 @@
-// test_cp_attention.c — ring attention over a context-parallel group (model/cp_attention.h)
-// under mpirun on 2 and 4 processes. Every rank builds the same whole-sequence q, k, v and
-// dout (fixed seed), computes the reference with one attention_forward / attention_backward
-// over the whole sequence, runs the ring on its two chunks (r and 2·P−1−r) with the world as
-// the CP group, and compares out, lse, dq, dk and dv of its chunks, |got − want| ≤
-// tol·(1 + |want|). Built in double (tol 1e-10) and in float (1e-5: the ring sums the
-// blocks in another order than the one-pass kernel, in 24 bits). Also checks comm_sendrecv
-// and its bytes.
+// test_cp_attention.c — attention over a context-parallel group (model/cp_attention.h) by
+// every --cp-comm-type, under mpirun on 2 and 4 processes. Every rank builds the same
+// whole-sequence q, k, v and dout (fixed seed), computes the reference with one
+// attention_forward / attention_backward over the whole sequence, runs cp_attention_forward
+// (twice: reruns must agree bit for bit) and _backward on its two chunks (r and 2·P−1−r)
+// with the world as the CP group — p2p, allgather, a2a where the heads split over the
+// world, and on 4 ranks a2a+p2p with inner groups {0,1}, {2,3} — and compares out, lse, dq,
+// dk and dv of its chunks, |got − want| ≤ tol·(1 + |want|). Checks are named
+// <type>_<case>_<precision>. Built in double (tol 1e-10) and in float (1e-5: the blocks
+// are summed in another order than the one-pass kernel, in 24 bits). Also checks
+// comm_sendrecv and its bytes.
 #include <math.h>
 #include <string.h>
 
@@ -39,6 +42,7 @@ static const Case CASES[] = {
     {"gqa_narrow_values_documents", 2, 24, 4, 2, 4, 6, 1},
     {"mqa_documents", 2, 48, 4, 1, 8, 3, 1},
     {"long_chunks_documents", 2, 560, 4, 2, 8, 5, 1},
+    {"wide_heads_documents", 2, 48, 8, 4, 4, 3, 1},  // a2a on 4 ranks
 };
 
 static real *normal(Rng *rng, size_t n) {
@@ -85,7 +89,20 @@ static void expect_close(const char *what, const real *got, const real *want, si
     }
 }
 
-static void run_case(const Case *c, uint64_t seed) {
+// Runs cp_attention_forward twice (the reruns must agree bit for bit) and backward once.
+static void run_group_attention(const CpAttention *g, real *out, real *lse, real *dq, real *dk, real *dv,
+                                const real *dout, const real *q, const real *k, const real *v,
+                                const RingAttentionShape *s, size_t out_elems, size_t lse_elems) {
+    cp_attention_forward(g, out, lse, q, k, v, s);
+    real *again = mt_malloc(out_elems * sizeof(real)), *again_lse = mt_malloc(lse_elems * sizeof(real));
+    cp_attention_forward(g, again, again_lse, q, k, v, s);
+    expect(!memcmp(again, out, out_elems * sizeof(real)) && !memcmp(again_lse, lse, lse_elems * sizeof(real)),
+           "a rerun of forward differs");
+    free(again), free(again_lse);
+    cp_attention_backward(g, dq, dk, dv, dout, out, lse, q, k, v, s);
+}
+
+static void run_case(const Case *c, const CpAttention *g, uint64_t seed) {
     int P = world.size, C = c->T / (2 * P), B = c->B, T = c->T;
     int qw = c->heads * c->head_dim, kw = c->kv_heads * c->head_dim, vw = c->kv_heads * c->v_head_dim;
     int ow = c->heads * c->v_head_dim;
@@ -111,8 +128,7 @@ static void run_case(const Case *c, uint64_t seed) {
     real *rdq = mt_calloc(local * qw, rs), *rdk = mt_calloc(local * kw, rs), *rdv = mt_calloc(local * vw, rs);
     RingAttentionShape s = {.B = B, .C = C, .heads = c->heads, .kv_heads = c->kv_heads, .head_dim = c->head_dim,
                             .v_head_dim = c->v_head_dim, .scale = whole.scale, .key_start = lks};
-    ring_attention_forward(&world, rout, rlse, lq, lk, lv, &s);
-    ring_attention_backward(&world, rdq, rdk, rdv, ldout, rout, rlse, lq, lk, lv, &s);
+    run_group_attention(g, rout, rlse, rdq, rdk, rdv, ldout, lq, lk, lv, &s, local * ow, local * c->heads);
 
     real *want_out = local_of(out, B, T, C, ow * rs), *want_lse = local_of(lse, B * c->heads, T, C, rs);
     real *want_dq = local_of(dq, B, T, C, qw * rs), *want_dk = local_of(dk, B, T, C, kw * rs);
@@ -150,18 +166,44 @@ static void check_ring_shift(void) {
     end();
 }
 
+// Whether a case's heads split over an all-to-all of `size` ranks.
+static int heads_split(const Case *c, int size) { return c->heads % size == 0 && c->kv_heads % size == 0; }
+
+// Every comm type the case and the world allow, over the world as the CP group; a2a+p2p
+// on 4 ranks with inner groups {0,1}, {2,3} and rings {0,2}, {1,3}.
+static void run_every_type(const Case *c, uint64_t seed, const Comm *inner, const Comm *outer) {
+    CpAttention types[] = {{CP_COMM_P2P, &world, NULL, NULL}, {CP_COMM_ALLGATHER, &world, NULL, NULL},
+                           {CP_COMM_A2A, &world, NULL, NULL}, {CP_COMM_A2A_P2P, &world, inner, outer}};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        CpAttention *g = &types[t];
+        if (g->type == CP_COMM_A2A && !heads_split(c, world.size)) continue;
+        if (g->type == CP_COMM_A2A_P2P && (!inner || !heads_split(c, inner->size))) continue;
+        char name[64];
+        snprintf(name, sizeof(name), "%s_%s", CP_COMM_TYPE_NAMES[g->type], c->name);
+        begin_named(name);
+        run_case(c, g, seed);
+        end();
+    }
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     comm_world_init(&argc, &argv);
     world = comm_world();
     if (world.size < 2) mt_die("run under mpirun -np 2 or 4 (this world has %d)", world.size);
     check_ring_shift();
+    Comm inner = {0}, outer = {0};
+    int hierarchical = world.size == 4;
+    if (hierarchical) {
+        int r = world.rank, inner_ranks[2] = {r / 2 * 2, r / 2 * 2 + 1}, outer_ranks[2] = {r % 2, r % 2 + 2};
+        inner = comm_group("cp_inner", inner_ranks, 2);
+        outer = comm_group("cp_outer", outer_ranks, 2);
+    }
     for (size_t i = 0; i < sizeof(CASES) / sizeof(CASES[0]); i++) {
         if (CASES[i].T % (2 * world.size)) continue;
-        begin_named(CASES[i].name);
-        run_case(&CASES[i], 60 + i);
-        end();
+        run_every_type(&CASES[i], 60 + i, hierarchical ? &inner : NULL, hierarchical ? &outer : NULL);
     }
+    if (hierarchical) comm_free(&inner), comm_free(&outer);
     int ok = failed_checks == 0;
     comm_world_finalize();
     return ok ? 0 : 1;
