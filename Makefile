@@ -234,6 +234,10 @@ test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe
 $(BUILD)/bench_gemm: bench/bench_gemm.c $(LIB_OBJ)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
+# Ring attention's K/V transfer against its compute, under mpirun (bench/RESULTS.md).
+$(BUILD)/bench_cp_ring: bench/bench_cp_ring.c $(LIB_OBJ)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
 bench: $(BUILD)/moetron $(BUILD)/bench_gemm
 	./$(BUILD)/bench_gemm
 	bash bench/train_throughput.sh ./$(BUILD)/moetron

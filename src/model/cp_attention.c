@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/cp_attention.h"
+#include "core/timer.h"
 #include "model/cp_batch.h"  // cp_chunk
 
 enum { CHUNKS_PER_RANK = 2 };
@@ -107,8 +108,10 @@ typedef void (*BlockVisit)(QueryChunk *qc, const AttentionShape *a, real *kv, re
                            void *scratch);
 
 // Every block of the step at which this rank holds the K/V of rank `owner`.
+// `progress` (or NULL): the transfer in flight, given a chance to move between blocks (MPI
+// progresses a transfer only inside its calls).
 static void visit_step(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, int owner, real *kv, real *dkdv,
-                       const RingAttentionShape *s, BlockVisit visit, void *scratch) {
+                       const RingAttentionShape *s, BlockVisit visit, void *scratch, CommRequest *progress) {
     int theirs[CHUNKS_PER_RANK];
     rank_chunks(owner, cp->size, theirs);
     int kw = s->kv_heads * s->head_dim, vw = s->kv_heads * v_dim(s);
@@ -118,7 +121,16 @@ static void visit_step(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, int owner
             AttentionShape a = block_shape(s, &qc[qi], theirs[ki]);
             visit(&qc[qi], &a, kv, dkdv, block_chunk_offset(s, ki, kw), k_elems(s) + block_chunk_offset(s, ki, vw),
                   scratch);
+            if (progress) comm_test(progress);
         }
+}
+
+static CpRingTimes ring_times;  // since the last cp_ring_take_times
+
+CpRingTimes cp_ring_take_times(void) {
+    CpRingTimes t = ring_times;
+    memset(&ring_times, 0, sizeof(ring_times));
+    return t;
 }
 
 typedef struct {
@@ -157,12 +169,19 @@ static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real 
     for (int step = 0; step < cp->size; step++) {
         CommRequest shift = {NULL};
         if (step + 1 < cp->size) comm_isendrecv(cp, kv, kv_next, n, &shift);
-        visit_step(qc, cp, (cp->rank - step + cp->size) % cp->size, kv, dkdv, s, visit, scratch);
+        double t0 = now_seconds();
+        visit_step(qc, cp, (cp->rank - step + cp->size) % cp->size, kv, dkdv, s, visit, scratch, &shift);
+        double t1 = now_seconds();
         if (dkdv) {
             comm_sendrecv(cp, dkdv, dkdv_next, n);
             memcpy(dkdv, dkdv_next, n * sizeof(real));
         }
+        double t2 = now_seconds();
         comm_wait(&shift);
+        ring_times.compute_s += t1 - t0;
+        ring_times.dkdv_s += t2 - t1;
+        ring_times.kv_wait_s += now_seconds() - t2;
+        ring_times.kv_shifts += step + 1 < cp->size;
         real *held = kv;
         kv = kv_next, kv_next = held;
     }
@@ -180,7 +199,7 @@ static void run_allgather(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const 
     real *d_all = dkdv ? mt_calloc((size_t)cp->size * n, sizeof(real)) : NULL;
     for (int step = 0; step < cp->size; step++) {
         int owner = (cp->rank - step + cp->size) % cp->size;
-        visit_step(qc, cp, owner, all + owner * n, d_all ? d_all + owner * n : NULL, s, visit, scratch);
+        visit_step(qc, cp, owner, all + owner * n, d_all ? d_all + owner * n : NULL, s, visit, scratch, NULL);
     }
     if (dkdv) {  // mine: this rank's block's sums over every rank
         comm_reduce_scatter(cp, d_all, mine, n);

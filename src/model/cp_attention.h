@@ -32,6 +32,15 @@ void ring_attention_backward(const Comm *cp, real *dq, real *dk, real *dv, const
                              const real *lse, const real *q, const real *k, const real *v,
                              const RingAttentionShape *s);
 
+// Where the ring's time went since the last call (this process): the blocks' compute, the
+// waits for K/V shifts not finished by then (what overlap did not hide) and the backward's
+// dK/dV shifts (blocking); kv_shifts counts the K/V shifts.
+typedef struct {
+    double compute_s, kv_wait_s, dkdv_s;
+    long kv_shifts;
+} CpRingTimes;
+CpRingTimes cp_ring_take_times(void);
+
 // ---- every --cp-comm-type ----------------------------------------------------------------
 // p2p        the ring above
 // a2a        all-to-all between sequence and heads (Ulysses): each rank attends heads/P of
