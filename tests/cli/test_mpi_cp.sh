@@ -6,7 +6,8 @@
 # the TP x CP ranks of a micro-batch. Cases: CP=2 and CP=4 with each --cp-comm-type (p2p,
 # a2a, allgather, a2a+p2p, one per layer), CP=2 x TP=2 with sequence parallelism, CP=2 x
 # EP=2 (EP over the CP ranks) and CP=2 x DP=2 x EP=4 (EP over CP x DP) with the distributed
-# optimizer, MLA with its shared rotary key, GQA with per-head QK-norm, packed documents
+# optimizer, MLA with its shared rotary key, GQA with per-head and (with TP) per-projection
+# QK-norm and clip, packed documents
 # (--reset-position-ids --reset-attention-mask --eod-mask-loss, documents crossing chunks),
 # every balance loss (aux, seq_aux, global_aux with DP) with z-loss, expert bias, jitter and
 # capacity dropping by position; reruns are bit-identical; checkpoints of CP layouts resume in others; bad CP sizes
@@ -79,6 +80,9 @@ full cp2_capacity_padded run_case cp2_capacity_padded 2 "${CP2[@]}" -- "${MOE[@]
 # 256 x TP=2): TP x CP (the router's token group both), EP over CP and over CP x DP
 run_case cp2_tp2_sp 4 "${CP2[@]}" --tensor-model-parallel-size 2 --sequence-parallel --make-vocab-size-divisible-by 256 -- "${MOE[@]}" \
     --moe-router-load-balancing-type seq_aux_loss --moe-expert-capacity-factor 1.0
+full cp2_tp2_olmoe_qk_norm_allgather run_case cp2_tp2_olmoe_qk_norm_allgather 4 "${CP2[@]}" \
+    --tensor-model-parallel-size 2 --sequence-parallel --make-vocab-size-divisible-by 256 --cp-comm-type allgather -- \
+    "${MOE[@]}" --qk-layernorm --qk-layernorm-scope projection --clip-qkv 0.5 --group-query-attention --num-query-groups 2
 full cp2_ep2 run_case cp2_ep2 2 "${CP2[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
 full cp2_dp2_ep4_distributed_optimizer run_case cp2_dp2_ep4_distributed_optimizer 4 "${CP2[@]}" \
     --expert-model-parallel-size 4 --use-distributed-optimizer -- "${MOE[@]}"
