@@ -68,27 +68,22 @@ static Batch batch_of(const DataBatch *db, int L) {
 }
 
 // The part of a micro-batch this rank computes: with context parallelism its two chunks
-// of each sequence (model/cp_batch.h; freed with the slice), else all of it.
+// of each sequence (model/cp_batch.h; cp holds them, freed with it), else all of it.
 typedef struct {
     Batch batch;
-    CpBatch cp;
-    int sliced;
+    CpBatch cp;  // all NULL without context parallelism
 } RankBatch;
 
 static void rank_batch_of(RankBatch *r, const Trainer *t, const Batch *full) {
     const Comm *cp = &t->groups.comm[PG_CP];
-    r->sliced = cp->size > 1;
+    memset(r, 0, sizeof(*r));
     r->batch = *full;
-    if (!r->sliced) return;
-    cp_batch_slice(&r->cp, full, cp->size, cp->rank);
+    if (cp->size == 1) return;
+    cp_batch_slice(&r->cp, full, cp->size, cp->rank);  // keeps the batch's other fields
     r->batch = r->cp.batch;
-    r->batch.training = full->training;
-    r->batch.noise_seed = full->noise_seed;
 }
 
-static void rank_batch_free(RankBatch *r) {
-    if (r->sliced) cp_batch_free(&r->cp);
-}
+static void rank_batch_free(RankBatch *r) { cp_batch_free(&r->cp); }
 
 // Tokens of a sequence this rank holds: seq_length / CP.
 static int rank_seq_length(const Trainer *t) { return t->cfg->seq_length / t->groups.sizes.cp; }
