@@ -14,6 +14,7 @@
 
 #include "core/common.h"
 #include "core/config.h"
+#include "parallel/pipeline_layout.h"
 
 #define ALL (CMD_TRAIN | CMD_GENERATE | CMD_FORWARD)
 #define DT (CMD_TRAIN | CMD_DATA)  // training data: train and `moetron data`
@@ -108,6 +109,14 @@ static const FlagSpec FLAGS[] = {
     F("sequence-parallel", FLAG_BOOL, sequence_parallel, TR, 0, "with TP: norms, residuals and the router work on 1/TP of the tokens (all-gather before, reduce-scatter after each tensor-parallel block); needed for MoE layers with TP"),
     F("context-parallel-size", FLAG_INT, context_parallel_size, TR, 0, "processes a sequence is split over (CP)"),
     F("pipeline-model-parallel-size", FLAG_INT, pipeline_model_parallel_size, TR, 0, "pipeline stages the layers are split over (PP)"),
+    F("pipeline-model-parallel-layout", FLAG_STRING, pipeline_model_parallel_layout, TR, 0, "the layers of each pipeline stage in Megatron's syntax: E embedding, t decoder layer, L loss, | between stages, (..)*n and x*n repeat, e.g. \"E|(tt|)*3,tL\"; PP x virtual stages"),
+    F("decoder-first-pipeline-num-layers", FLAG_INT, decoder_first_pipeline_num_layers, TR, 0, "decoder layers on the first pipeline rank (the rest even over the others)"),
+    F("decoder-last-pipeline-num-layers", FLAG_INT, decoder_last_pipeline_num_layers, TR, 0, "decoder layers on the last pipeline rank (the rest even over the others)"),
+    F("account-for-embedding-in-pipeline-split", FLAG_BOOL, account_for_embedding_in_pipeline_split, TR, 0, "the embedding counts as a layer of the first stage in the even split"),
+    F("account-for-loss-in-pipeline-split", FLAG_BOOL, account_for_loss_in_pipeline_split, TR, 0, "the LM head and loss count as a layer of the last stage in the even split"),
+    F("num-layers-per-virtual-pipeline-stage", FLAG_INT, num_layers_per_virtual_pipeline_stage, TR, 0, "interleaved 1F1B: layers of each virtual stage (model chunk)"),
+    F("num-virtual-stages-per-pipeline-rank", FLAG_INT, num_virtual_stages_per_pipeline_rank, TR, 0, "interleaved 1F1B: model chunks of each pipeline rank"),
+    F("microbatch-group-size-per-virtual-pipeline-stage", FLAG_INT, microbatch_group_size_per_vp_stage, TR, 0, "interleaved 1F1B: micro-batches run through one chunk before the next (0 = PP)"),
     F("expert-model-parallel-size", FLAG_INT, expert_model_parallel_size, TR, 0, "processes the experts of a layer are distributed over (EP)"),
     F("expert-tensor-parallel-size", FLAG_INT, expert_tensor_parallel_size, TR, 0, "processes each expert's tensors are split over (ETP)"),
     F("cp-comm-type", FLAG_LIST, cp_comm_type, TR, 0, "with CP: p2p (ring attention), a2a (all-to-all over heads), allgather (gather K/V) or a2a+p2p; one value, or one per layer"),
@@ -226,6 +235,7 @@ void config_defaults(Config *c) {
     c->eval_iters = 8;
     c->tensor_model_parallel_size = c->context_parallel_size = c->pipeline_model_parallel_size = 1;
     c->expert_model_parallel_size = c->expert_tensor_parallel_size = 1;
+    c->decoder_first_pipeline_num_layers = c->decoder_last_pipeline_num_layers = -1;
     strcpy(c->split, "969,30,1");
     c->mock_data_tokens = 1 << 22;
     c->log_interval = 1;
@@ -720,6 +730,19 @@ static int64_t parse_size(const char *flag, const char *text) {
     config_die("--%s %s: expected a size like 5GB, 500MB or a number of bytes", flag, text);
 }
 
+// The pipeline placement (parallel/pipeline_layout.h) and the schedule's counts.
+static void validate_pipeline(const Config *c) {
+    require_range("num-layers-per-virtual-pipeline-stage", c->num_layers_per_virtual_pipeline_stage, 0, MT_MAX_LAYERS);
+    require_range("num-virtual-stages-per-pipeline-rank", c->num_virtual_stages_per_pipeline_rank, 0, MT_MAX_LAYERS);
+    require_range("microbatch-group-size-per-virtual-pipeline-stage", c->microbatch_group_size_per_vp_stage, 0,
+                  1 << 24);
+    require_range("decoder-first-pipeline-num-layers", c->decoder_first_pipeline_num_layers, -1, c->num_layers);
+    require_range("decoder-last-pipeline-num-layers", c->decoder_last_pipeline_num_layers, -1, c->num_layers);
+    PipelineLayout layout;
+    char err[512];
+    if (pipeline_layout_make(&layout, c, err, sizeof(err))) config_die("%s", err);
+}
+
 static void validate_parallel(const Config *c) {
     static const char *const devices[] = {"cpu", "cuda", "auto"};
     if (lookup(c->device, devices, 3) < 0) config_die("--device %s: use cpu, cuda or auto", c->device);
@@ -919,6 +942,7 @@ void config_validate(Config *c) {
     validate_training(c);
     validate_tensor_parallel(c);
     validate_context_parallel(c);
+    validate_pipeline(c);
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");
     if (c->top_k < 0) config_die("--top-k must be >= 0");

@@ -91,6 +91,12 @@ typedef struct {
     // ---- parallelism (docs/parallelism.md): group sizes; dp and edp follow from the world size ----
     int tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size;
     int sequence_parallel;
+    // pipeline placement and schedule (model/pipeline_layout.h, train/pp_schedule.h)
+    char pipeline_model_parallel_layout[1024];  // Megatron's layout string, "" = counted split
+    int decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers;  // -1 = even split
+    int account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split;
+    int num_layers_per_virtual_pipeline_stage, num_virtual_stages_per_pipeline_rank;  // 0 = not given
+    int microbatch_group_size_per_vp_stage;  // interleaved schedule's micro-batch groups (0 = PP)
     char cp_comm_type[1024];       // list: p2p | a2a | allgather | a2a+p2p, one for all layers or one per layer
     char hierarchical_context_parallel_sizes[64];  // list: inner outer (a2a+p2p)
     int expert_model_parallel_size, expert_tensor_parallel_size;

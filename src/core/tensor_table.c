@@ -54,6 +54,14 @@ TensorId tt_add_shard(TensorTable *tt, const char *name, int ndim, const int64_t
 
 void tt_skip(TensorTable *tt) { tt->described++; }
 
+void tt_mark_copy(TensorTable *tt, TensorId id, int global_index) {
+    TensorDesc *d = &tt->descs[id];
+    MT_ASSERT(id == tt->count - 1 && d->global_index == tt->described - 1 && global_index < d->global_index);
+    d->global_index = global_index;
+    d->flags |= TENSOR_COPY;
+    tt->described--;
+}
+
 void tt_layout(TensorTable *tt) {
     tt->total = 0;
     for (int expert_region = 0; expert_region < 2; expert_region++) {

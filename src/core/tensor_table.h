@@ -23,6 +23,7 @@ typedef enum {
     TENSOR_ROUTER = 1 << 2,  // router weight
     TENSOR_NORM = 1 << 3,    // RMSNorm weight
     TENSOR_NOT_TRAINED = 1 << 4,  // state kept with the weights but never stepped by the optimizer
+    TENSOR_COPY = 1 << 5,    // a second copy of a tensor another pipeline stage holds (the tied LM head)
 } TensorFlags;
 
 typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } InitKind;
@@ -96,6 +97,9 @@ TensorPieceRuns tensor_piece_runs(int ndim, const int64_t *shape, int axis, int 
 // A tensor of the model that another process holds (an expert of another expert-parallel
 // rank): counted for global_index, not stored here.
 void tt_skip(TensorTable *tt);
+// Makes the tensor just added (id) a copy of the model's tensor global_index (described
+// earlier): it takes that index and is not counted again (TENSOR_COPY).
+void tt_mark_copy(TensorTable *tt, TensorId id, int global_index);
 void tt_layout(TensorTable *tt);    // offsets (dense region first) and totals, nothing allocated
 void tt_allocate(TensorTable *tt);  // the layout, then params and grads zeroed
 void tt_free(TensorTable *tt);

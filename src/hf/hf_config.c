@@ -181,7 +181,12 @@ static int is_launch_flag(const char *name) {
     static const char *const launch[] = {"load", "device", "bf16", "tensor-model-parallel-size", "context-parallel-size",
                                          "pipeline-model-parallel-size", "expert-model-parallel-size",
                                          "expert-tensor-parallel-size", "cp-comm-type",
-                                         "hierarchical-context-parallel-sizes", "adapt-threads"};
+                                         "hierarchical-context-parallel-sizes", "adapt-threads",
+                                         "pipeline-model-parallel-layout", "decoder-first-pipeline-num-layers",
+                                         "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split",
+                                         "account-for-loss-in-pipeline-split", "num-layers-per-virtual-pipeline-stage",
+                                         "num-virtual-stages-per-pipeline-rank",
+                                         "microbatch-group-size-per-virtual-pipeline-stage"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
         if (!strcmp(name, launch[i])) return 1;
     return 0;

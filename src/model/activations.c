@@ -171,7 +171,7 @@ static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const LayoutPlan *p, 
     WORKSPACE_OR_ALIAS(bp, sp, a->d_shared_gate_full, N, 1, a->d_shared_gate);
 }
 
-static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) {
+static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, int holds_head) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
@@ -180,7 +180,7 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) 
     size_t rows = c->num_experts ? moe_rows(c, p, N_local, N) : 0;
     size_t ffn_scratch = MT_MAX((size_t)N * p->ffn, rows * p->moe_ffn);
     ffn_scratch = MT_MAX(ffn_scratch, (size_t)N * p->shared_ffn);
-    WORKSPACE(bp, a->d_token_loss, N, 1);
+    if (holds_head) WORKSPACE(bp, a->d_token_loss, N, 1);
     buffer_real(bp, &a->d_resid, "a->d_resid", N_local, H, BUF_STAGE_IO);  // the gradient a stage hands back
     WORKSPACE(bp, a->d_norm, N_local, H);
     WORKSPACE_OR_ALIAS(bp, sp, a->d_out_full, N, H, a->d_resid);
@@ -192,7 +192,7 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) 
     WORKSPACE(bp, a->d_q_raw, N, w.q);
     WORKSPACE(bp, a->d_k_raw, N, w.k);
     if (c->multi_latent_attention) plan_mla_scratch(bp, a, c, p->heads);
-    WORKSPACE(bp, a->d_logits, N, p->vocab);
+    if (holds_head) WORKSPACE(bp, a->d_logits, N, p->vocab);
     WORKSPACE(bp, a->d_gate, ffn_scratch, 1);
     WORKSPACE(bp, a->d_up, ffn_scratch, 1);
     WORKSPACE(bp, a->d_act, ffn_scratch, 1);
@@ -200,17 +200,32 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) 
 }
 
 // The batch as the model reads it (acts_stage_batch) and what leaves the last block.
-static void plan_stage_io(BufferPlan *bp, ModelActs *a, int H) {
+static void plan_stage_io(BufferPlan *bp, ModelActs *a, int H, int holds_head) {
     STAGE_IO_INT32(bp, a->input_ids, 4, a->N);
     STAGE_IO(bp, a->input_loss_mask, a->N, 1);
-    STAGE_IO(bp, a->loss_weight, a->N, 1);
+    if (holds_head) STAGE_IO(bp, a->loss_weight, a->N, 1);
     STAGE_IO(bp, a->x_final, a->N_local, H);
 }
 
-void acts_describe(ModelActs *a, const Model *m, int B, int T) {
+// The final norm, logits and per-token loss (the chunk holding the LM head).
+static void plan_head(BufferPlan *bp, ModelActs *a, const LayoutPlan *p) {
+    int N = a->N, N_local = a->N_local, H = p->hidden;
+    SAVED(bp, a->lnf, N_local, H);
+    SAVED(bp, a->lnf_rstd, N_local, 1);
+    SAVED_OR_ALIAS(bp, p->sequence_parallel, a->lnf_full, N, H, a->lnf);
+    SAVED(bp, a->logits, N, p->vocab);
+    SAVED(bp, a->token_loss, N, 1);
+    SAVED(bp, a->token_lse, N, 1);
+}
+
+void acts_describe(ModelActs *a, const Model *m, int B, int T) { acts_describe_chunk(a, m, 0, B, T); }
+
+void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
+    const StageChunk *k = &p->chunk[chunk];
     memset(a, 0, sizeof(*a));
+    a->chunk = chunk;
     BufferPlan *bp = &a->buffers;
     buffer_plan_init(bp);
     a->B = B;
@@ -222,23 +237,22 @@ void acts_describe(ModelActs *a, const Model *m, int B, int T) {
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
     if (sp) buffer_real(bp, &a->sp_workspace, "row-parallel partial sums", N, H, BUF_WORKSPACE);
     a->layers = mt_calloc(c->num_layers, sizeof(LayerActs));
-    for (int l = p->first_layer; l < plan_layer_end(p); l++)  // this stage's layers
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++)  // this chunk's layers
         plan_layer(bp, &a->layers[l], m, l, B, T, &a->sp_workspace);
-    plan_stage_io(bp, a, H);
+    plan_stage_io(bp, a, H, k->holds_head);
+    buffer_alias(bp, &a->x_entry, k->layers ? &a->layers[k->first_layer].x_in : &a->x_final);
     if (p->cp_size > 1) SAVED_INT32(bp, a->token_index, N_local, 1);
-    SAVED(bp, a->lnf, N_local, H);
-    SAVED(bp, a->lnf_rstd, N_local, 1);
-    SAVED_OR_ALIAS(bp, sp, a->lnf_full, N, H, a->lnf);
-    SAVED(bp, a->logits, N, p->vocab);
-    SAVED(bp, a->token_loss, N, 1);
-    SAVED(bp, a->token_lse, N, 1);
-    plan_backward_scratch(bp, a, m);
-    if (p->tp_size > 1) vocab_scratch_plan(bp, &a->vocab_scratch, N, H);  // the vocab-parallel embedding's
+    if (k->holds_head) plan_head(bp, a, p);
+    plan_backward_scratch(bp, a, m, k->holds_head);
+    if (p->tp_size > 1 && (k->holds_embedding || k->holds_head))  // the vocab-parallel embedding's and loss's
+        vocab_scratch_plan(bp, &a->vocab_scratch, N, H);
     buffer_plan_layout(bp);
 }
 
-void acts_alloc(ModelActs *a, const Model *m, int B, int T) {
-    acts_describe(a, m, B, T);
+void acts_alloc(ModelActs *a, const Model *m, int B, int T) { acts_alloc_chunk(a, m, 0, B, T); }
+
+void acts_alloc_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) {
+    acts_describe_chunk(a, m, chunk, B, T);
     buffer_plan_allocate(&a->buffers);
 }
 

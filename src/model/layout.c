@@ -2,6 +2,7 @@
 // flags (config_validate); here they are only divided.
 #include "model/layout.h"
 #include "model/cp_batch.h"  // cp_token_index
+#include "parallel/pipeline_layout.h"
 
 #include <string.h>
 
@@ -72,6 +73,38 @@ void plan_token_index(const LayoutPlan *p, int32_t *index, int B, int T_local) {
     }
 }
 
+// The chunks of this rank: its virtual stages of the placement (one stage without PP).
+static void plan_pipeline(LayoutPlan *p, const Config *c, const ModelGroups *g) {
+    p->pp_size = g && g->pp ? g->pp->size : 1;
+    p->pp_rank = g && g->pp ? g->pp->rank : 0;
+    if (p->pp_size == 1) {
+        p->chunks = 1;
+        p->chunk = mt_calloc(1, sizeof(StageChunk));
+        *p->chunk = (StageChunk){.layers = c->num_layers, .holds_embedding = 1, .holds_head = 1};
+        p->holds_embedding = p->holds_head = 1;
+        return;
+    }
+    PipelineLayout layout;
+    char err[512];
+    if (pipeline_layout_make(&layout, c, err, sizeof(err))) mt_die("%s", err);
+    MT_ASSERT(layout.pp == p->pp_size);
+    p->chunks = layout.vp;
+    p->chunk = mt_calloc((size_t)p->chunks, sizeof(StageChunk));
+    for (int k = 0; k < p->chunks; k++) {
+        int s = pipeline_virtual_stage(&layout, p->pp_rank, k);
+        p->chunk[k] = (StageChunk){.virtual_stage = s, .first_layer = layout.first_layer[s], .layers = layout.layers[s],
+                                   .holds_embedding = s == 0, .holds_head = s == layout.stages - 1};
+        p->holds_embedding |= p->chunk[k].holds_embedding;
+        p->holds_head |= p->chunk[k].holds_head;
+    }
+}
+
+int plan_layer_chunk(const LayoutPlan *p, int layer) {
+    for (int k = 0; k < p->chunks; k++)
+        if (layer >= p->chunk[k].first_layer && layer < chunk_layer_end(&p->chunk[k])) return k;
+    return -1;
+}
+
 void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     memset(p, 0, sizeof(*p));
     static Comm self;
@@ -83,9 +116,7 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     plan_context_parallel(p, c, g);
     p->hidden = c->hidden_size;
     p->layers = c->num_layers;
-    p->first_layer = 0;  // one pipeline stage
-    p->stage_layers = c->num_layers;
-    p->holds_embedding = p->holds_head = 1;
+    plan_pipeline(p, c, g);
     p->experts = c->num_experts;
     p->topk = c->moe_router_topk;
     plan_attention(p, c);
@@ -104,6 +135,7 @@ void layout_plan_single(LayoutPlan *p, const Config *c) { layout_plan_init(p, c,
 
 void layout_plan_free(LayoutPlan *p) {
     if (p->kv_share.size > 1) comm_free(&p->kv_share);
+    free(p->chunk);
     memset(p, 0, sizeof(*p));
 }
 

@@ -34,7 +34,16 @@ typedef struct {
     const Comm *cp;     // context parallel: the ranks sharing each sequence
     const Comm *tp_cp;  // tensor x context parallel: the ranks sharing a micro-batch's tokens
     const Comm *cp_inner, *cp_outer;  // a2a+p2p: the all-to-all groups and the rings (groups.h)
+    const Comm *pp;     // pipeline stages (NULL or size 1: this rank runs the whole model)
 } ModelGroups;
+
+// A model chunk: one virtual pipeline stage this rank runs (parallel/pipeline_layout.h).
+typedef struct {
+    int virtual_stage;            // its index among the pp·v stages
+    int first_layer, layers;      // decoder layers [first_layer, first_layer + layers)
+    int holds_embedding;          // virtual stage 0: the token embedding first
+    int holds_head;               // the last virtual stage: final norm, LM head, loss
+} StageChunk;
 
 typedef struct {
     // groups
@@ -53,11 +62,12 @@ typedef struct {
     const Comm *token_group;
     // model dimensions, global
     int hidden, layers, experts, topk;
-    // The pipeline stage this rank runs: layers [first_layer, first_layer + stage_layers),
-    // the embedding when it is the first stage, the final norm and LM head when it is the
-    // last. Without pipeline parallelism (today: the trainer refuses it) one stage holds all.
-    int first_layer, stage_layers;
-    int holds_embedding, holds_head;
+    // pipeline parallelism (PP): the model chunks this rank runs, in increasing layer order
+    // (chunk c is virtual stage c·pp + pp_rank); one chunk holding everything without PP
+    int pp_size, pp_rank;
+    int chunks;
+    StageChunk *chunk;              // (chunks)
+    int holds_embedding, holds_head;  // some chunk holds the embedding / the LM head
     // attention of this rank
     int heads, heads_first;    // query heads and the first one's global index
     int kv_heads, kv_first;    // kv heads held (1 when replicated) and the first global one
@@ -81,8 +91,12 @@ void layout_plan_free(LayoutPlan *p);
 // The plan of a model on one process (every width global).
 void layout_plan_single(LayoutPlan *p, const Config *c);
 
-// One past the last layer of this rank's stage.
-static inline int plan_layer_end(const LayoutPlan *p) { return p->first_layer + p->stage_layers; }
+// One past the last layer of a chunk.
+static inline int chunk_layer_end(const StageChunk *k) { return k->first_layer + k->layers; }
+
+// The chunk of this rank that runs decoder layer `layer`, or -1 (another stage's).
+int plan_layer_chunk(const LayoutPlan *p, int layer);
+static inline int plan_holds_layer(const LayoutPlan *p, int layer) { return plan_layer_chunk(p, layer) >= 0; }
 
 // Tokens of a micro-batch of N on this rank outside the tensor-parallel matmuls: N/TP with
 // sequence parallelism, else N.

@@ -8,7 +8,7 @@
 
 void embedding_model_forward(const Model *m, ModelActs *a, const int32_t *tokens) {
     VocabSlice slice = vocab_slice_of_plan(&m->plan);
-    vocab_embedding_forward(&slice, &a->vocab_scratch, a->layers[0].x_in, tokens, tt_param(&m->tt, m->embed), a->N,
+    vocab_embedding_forward(&slice, &a->vocab_scratch, a->x_entry, tokens, tt_param(&m->tt, m->embed), a->N,
                             m->plan.hidden);
 }
 

@@ -6,7 +6,7 @@
 #pragma once
 #include "model/model.h"
 
-// tokens (N) -> a->layers[0].x_in (N_local,H)
+// tokens (N) -> a->x_entry (N_local,H)
 void embedding_model_forward(const Model *m, ModelActs *a, const int32_t *tokens);
 // a->d_resid (N_local,H) -> the embedding's gradient (+=)
 void embedding_model_backward(Model *m, ModelActs *a, const int32_t *tokens);

@@ -19,10 +19,20 @@ typedef struct {
     int layer;
 } Builder;
 
+// A tensor another process holds (another pipeline stage's, another expert-parallel rank's
+// expert): named for the loader, counted for global_index, not stored here.
+static TensorId add_remote(Model *m, const char *name) {
+    m->remote_names = mt_realloc(m->remote_names, (size_t)(m->n_remote + 1) * sizeof(*m->remote_names));
+    snprintf(m->remote_names[m->n_remote++], MT_NAME_MAX, "%s", name);
+    tt_skip(&m->tt);
+    return -1;
+}
+
 static TensorId add_layer_shard(Builder *b, LayerPart part, int expert, int64_t rows, int64_t cols,
                                 TensorShard shard, unsigned flags, InitKind init, double std) {
     char name[MT_NAME_MAX];
     hf_layer_tensor_name(name, b->m->family, b->layer, part, expert);
+    if (!plan_holds_layer(&b->m->plan, b->layer)) return add_remote(b->m, name);  // another stage's layer
     int64_t shape[2] = {rows, cols};
     return tt_add_shard(&b->m->tt, name, cols ? 2 : 1, shape, shard, flags, init, std, b->layer, expert);
 }
@@ -143,9 +153,9 @@ static void build_experts(Builder *b, LayerPart part, int64_t rows, int64_t cols
                                                     INIT_NORMAL, std);
             continue;
         }
-        m->remote_names = mt_realloc(m->remote_names, (size_t)(m->n_remote + 1) * sizeof(*m->remote_names));
-        hf_layer_tensor_name(m->remote_names[m->n_remote++], m->family, b->layer, part, e);
-        tt_skip(&m->tt);
+        char name[MT_NAME_MAX];
+        hf_layer_tensor_name(name, m->family, b->layer, part, e);
+        add_remote(m, name);
     }
 }
 
@@ -261,23 +271,35 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
     int64_t embed_shape[2] = {c->padded_vocab_size, c->hidden_size};
     TensorShard vocab_rows = plan_tp_shard(&m->plan, 0, m->plan.tp_size);
     const LayoutPlan *p = &m->plan;
-    // a tied LM head is the embedding: both on one stage
-    MT_ASSERT(c->untie_embeddings_and_output_weights || p->holds_embedding == p->holds_head);
+    int tied = !c->untie_embeddings_and_output_weights, embed_index = m->tt.described;
     m->embed = m->final_norm = m->lm_head = -1;  // on other stages
     if (p->holds_embedding)
         m->embed = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
                                 c->init_method_std, -1, -1);
-    m->layers = mt_calloc(c->num_layers, sizeof(LayerParams));  // indexed by global layer; this stage's built
+    else if (tied && p->holds_head)
+        tt_skip(&m->tt);  // the last stage's copy below reads it
+    else
+        add_remote(m, HF_EMBED_NAME);
+    m->layers = mt_calloc(c->num_layers, sizeof(LayerParams));  // indexed by global layer; this rank's stored
     Builder b = {m, 0};
-    for (b.layer = p->first_layer; b.layer < plan_layer_end(p); b.layer++) build_layer(&b, &m->layers[b.layer]);
-    if (p->holds_head) {
-        int64_t norm_shape[1] = {c->hidden_size};
-        m->final_norm = tt_add_shard(&m->tt, HF_FINAL_NORM_NAME, 1, norm_shape,
-                                     plan_tp_replicated(p, p->sequence_parallel), TENSOR_NORM, INIT_ONES, 0, -1, -1);
-        m->lm_head = c->untie_embeddings_and_output_weights
-                         ? tt_add_shard(&m->tt, HF_LM_HEAD_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY,
-                                        INIT_NORMAL, c->init_method_std, -1, -1)
-                         : m->embed;
+    for (b.layer = 0; b.layer < c->num_layers; b.layer++) build_layer(&b, &m->layers[b.layer]);
+    int64_t norm_shape[1] = {c->hidden_size};
+    m->final_norm = p->holds_head ? tt_add_shard(&m->tt, HF_FINAL_NORM_NAME, 1, norm_shape,
+                                                 plan_tp_replicated(p, p->sequence_parallel), TENSOR_NORM, INIT_ONES, 0,
+                                                 -1, -1)
+                                  : add_remote(m, HF_FINAL_NORM_NAME);
+    if (!tied) {
+        m->lm_head = p->holds_head ? tt_add_shard(&m->tt, HF_LM_HEAD_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY,
+                                                  INIT_NORMAL, c->init_method_std, -1, -1)
+                                   : add_remote(m, HF_LM_HEAD_NAME);
+    } else if (p->holds_head && !p->holds_embedding) {
+        // a tied LM head on the last pipeline stage: a copy of the first stage's embedding,
+        // kept equal by summing the two copies' gradients (model_sum_tied_grads)
+        m->lm_head = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
+                                  c->init_method_std, -1, -1);
+        tt_mark_copy(&m->tt, m->lm_head, embed_index);
+    } else if (p->holds_head) {
+        m->lm_head = m->embed;
     }
     tt_layout(&m->tt);
 }
@@ -286,7 +308,8 @@ void model_allocate(Model *m) {
     const Config *c = &m->cfg;
     tt_allocate(&m->tt);
     m->router_state = mt_calloc(c->num_layers, sizeof(RouterState));
-    for (int l = m->plan.first_layer; l < plan_layer_end(&m->plan); l++) {
+    for (int l = 0; l < c->num_layers; l++) {
+        if (!plan_holds_layer(&m->plan, l)) continue;
         bind_layer_weights(&m->tt, &m->layers[l], m->ep.local);
         if (!m->layers[l].is_moe) continue;
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
@@ -350,25 +373,30 @@ void model_free(Model *m) {
 
 // ---- forward and backward ------------------------------------------------------------------
 
-double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
+int model_moe_layers(const Config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_layers; l++) n += c->moe_layer[l];
+    return n;
+}
+
+void model_stage_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
     const Config *c = &m->cfg;
+    const LayoutPlan *p = &m->plan;
+    const StageChunk *k = &p->chunk[a->chunk];
     batch = acts_stage_batch(a, batch);
-    int B = batch->B, T = batch->T, N = B * T, H = m->plan.hidden, N_local = plan_local_tokens(&m->plan, N);
+    int B = batch->B, T = batch->T, N = B * T, H = p->hidden, N_local = plan_local_tokens(p, N);
     a->B = B;
     a->T = T;
     a->N = N;
     a->N_local = N_local;
     a->tokens = (TokenLayout){.B = B, .T = T, .pos0 = pos0, .positions = batch->positions,
                               .key_start = batch->key_start};
-    const LayoutPlan *p = &m->plan;
-    MT_ASSERT(p->holds_embedding && p->holds_head);  // one stage: a pipeline schedule would pass the others'
     if (p->cp_size > 1) plan_token_index(p, a->token_index, B, T);
-    embedding_model_forward(m, a, batch->tokens);
+    if (k->holds_embedding) embedding_model_forward(m, a, batch->tokens);  // else x_entry holds the previous stage's
     memset(a->balance_loss, 0, sizeof(a->balance_loss));
     a->z_loss = a->aux_objective = 0;
-    int moe_layers = 0;
-    long choices = 0, dropped = 0;
-    for (int l = p->first_layer; l < plan_layer_end(p); l++) {
+    long dropped = 0;
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
         attention_block_forward(m, l, la, &a->tokens, kv ? &kv[l] : NULL);
@@ -380,22 +408,28 @@ double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *
             for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] += r->balance_loss[t];
             a->z_loss += r->z_loss;
             a->aux_objective += router_objective(r, &m->router);
-            choices += (long)N_local * c->moe_router_topk;
             dropped += r->dropped;
-            moe_layers++;
         } else {
             mlp_forward(m, l, la, N);
         }
-        real *x_out = l + 1 < plan_layer_end(p) ? a->layers[l + 1].x_in : a->x_final;
+        real *x_out = l + 1 < chunk_layer_end(k) ? a->layers[l + 1].x_in : a->x_final;
         vec_copy(x_out, la->x_mid, (size_t)N_local * H);
         vec_add(x_out, la->ffn_out, (size_t)N_local * H);
     }
+    // shares of the means over every MoE layer of the model: the stages' shares add up
+    int moe_layers = model_moe_layers(c);
     if (moe_layers) {
         for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] /= moe_layers;
         a->z_loss /= moe_layers;
     }
-    a->dropped_frac = choices ? (double)dropped / choices : 0;
-    lm_head_forward(m, a, batch);
+    a->dropped_frac = moe_layers ? (double)dropped / ((double)N_local * c->moe_router_topk * moe_layers) : 0;
+    a->lm_loss = 0;
+    if (k->holds_head) lm_head_forward(m, a, batch);  // else x_final goes to the next stage
+}
+
+double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
+    MT_ASSERT(m->plan.chunks == 1 && m->plan.holds_embedding && m->plan.holds_head);  // the whole model here
+    model_stage_forward(m, a, batch, kv, pos0);
     return a->lm_loss;
 }
 
@@ -405,14 +439,21 @@ void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scal
 
 void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double loss_scale, GradsReadyFn ready,
                            void *ctx) {
-    const LayoutPlan *p = &m->plan;
-    int N_local = a->N_local, H = p->hidden;
     MT_ASSERT(batch->B == a->input.B && batch->T == a->input.T);
-    MT_ASSERT(p->holds_embedding && p->holds_head);  // one stage, as model_forward
-    batch = &a->input;  // the forward's copy, in tensor memory
-    lm_head_backward(m, a, batch, loss_scale);  // sets d_resid = d(x_final)
-    if (ready) ready(ctx, GRADS_HEAD);
-    for (int l = plan_layer_end(p) - 1; l >= p->first_layer; l--) {
+    MT_ASSERT(m->plan.chunks == 1 && m->plan.holds_embedding && m->plan.holds_head);  // as model_forward
+    model_stage_backward(m, a, loss_scale, ready, ctx);
+}
+
+void model_stage_backward(Model *m, ModelActs *a, double loss_scale, GradsReadyFn ready, void *ctx) {
+    const LayoutPlan *p = &m->plan;
+    const StageChunk *k = &p->chunk[a->chunk];
+    int N_local = a->N_local, H = p->hidden;
+    const Batch *batch = &a->input;  // the forward's copy, in tensor memory
+    if (k->holds_head) {
+        lm_head_backward(m, a, batch, loss_scale);  // sets d_resid = d(x_final)
+        if (ready) ready(ctx, GRADS_HEAD);
+    }  // else d_resid holds d(x_final) from the next stage
+    for (int l = chunk_layer_end(k) - 1; l >= k->first_layer; l--) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
         // x_out = x_mid + ffn(RMSNorm(x_mid)): d_resid carries d(x_out) and becomes d(x_mid)
@@ -423,43 +464,44 @@ void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double lo
         attention_block_backward(m, l, la, a);  // d(x_mid) -> d(x_in)
         if (ready) ready(ctx, l);
     }
-    embedding_model_backward(m, a, batch->tokens);
-    if (ready) ready(ctx, GRADS_EMBEDDING);
+    if (k->holds_embedding) {
+        embedding_model_backward(m, a, batch->tokens);
+        if (ready) ready(ctx, GRADS_EMBEDDING);
+    }  // else d_resid is d(x_entry), for the previous stage
 }
 
-// The dense region holds embedding, the stage's layers, final norm, lm_head; the expert region
-// the experts of those layers (tt_allocate): each part is one range in each region.
-static int64_t dense_start_of_layer(const Model *m, int layer) {
-    if (layer == plan_layer_end(&m->plan)) return (int64_t)m->tt.descs[m->final_norm].offset;
-    return (int64_t)m->tt.descs[m->layers[layer].input_norm].offset;
+int model_part_has_tensor(const Model *m, int part, TensorId id) {
+    const TensorDesc *d = &m->tt.descs[id];
+    if (part >= 0) return d->layer == part;
+    if (part == GRADS_EMBEDDING) return id == m->embed;
+    return d->layer < 0 && id != m->embed;  // GRADS_HEAD: final norm, the LM head (untied, or the tied copy)
 }
 
-// First expert element of the first MoE layer at or after `layer` (the region's end if none).
-static int64_t expert_start_from_layer(const Model *m, int layer) {
-    for (int l = layer; l < plan_layer_end(&m->plan); l++)
-        if (m->layers[l].is_moe) return (int64_t)m->tt.descs[m->layers[l].expert_gate[0]].offset;
-    return (int64_t)m->tt.total;
+// The elements of a part in one region: its tensors lie together (tt_layout keeps the order
+// they were described in), so the span from the first to the last is theirs alone.
+static ElemRange part_range(const Model *m, int part, int experts) {
+    ElemRange r = {0, 0};
+    for (int i = 0; i < m->tt.count; i++) {
+        const TensorDesc *d = &m->tt.descs[i];
+        if (!!(d->flags & TENSOR_EXPERT) != experts || !model_part_has_tensor(m, part, i)) continue;
+        int64_t begin = (int64_t)d->offset, end = begin + (int64_t)d->numel;
+        if (r.end == r.begin) r = (ElemRange){begin, end};
+        r.begin = MT_MIN(r.begin, begin), r.end = MT_MAX(r.end, end);
+    }
+    return r;
 }
 
 void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts) {
-    *experts = (ElemRange){0, 0};
-    if (part == GRADS_EMBEDDING) {
-        *dense = (ElemRange){0, dense_start_of_layer(m, m->plan.first_layer)};
-    } else if (part == GRADS_HEAD) {
-        *dense = (ElemRange){dense_start_of_layer(m, plan_layer_end(&m->plan)), (int64_t)m->tt.dense_total};
-    } else {
-        *dense = (ElemRange){dense_start_of_layer(m, part), dense_start_of_layer(m, part + 1)};
-        if (m->layers[part].is_moe) *experts = (ElemRange){expert_start_from_layer(m, part),
-                                                           expert_start_from_layer(m, part + 1)};
-    }
+    *dense = part_range(m, part, 0);
+    *experts = part_range(m, part, 1);
 }
 
 void model_end_global_batch(Model *m, int apply_bias_update) {
     const Config *c = &m->cfg;
-    for (int l = m->plan.first_layer; l < plan_layer_end(&m->plan); l++) {
+    for (int l = 0; l < c->num_layers; l++) {
         const LayerParams *lp = &m->layers[l];
         RouterState *rs = &m->router_state[l];
-        if (!lp->is_moe) continue;
+        if (!lp->is_moe || !plan_holds_layer(&m->plan, l)) continue;
         if (c->moe_router_enable_expert_bias && apply_bias_update)
             expert_bias_update(tt_param(&m->tt, lp->expert_bias), rs->bias_counts, c->num_experts,
                                c->moe_router_bias_update_rate);

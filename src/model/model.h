@@ -114,6 +114,7 @@ void kv_caches_free(KvCache *kv, const Model *m);
 
 typedef struct {
     int num_layers;
+    int chunk;              // the model chunk (LayoutPlan.chunk) these activations are for
     int B, T, N;            // shape of the last forward
     int N_local;            // tokens this rank holds outside tensor-parallel blocks (layout.h)
     TokenLayout tokens;     // positions and visible keys of the last forward's tokens
@@ -126,6 +127,8 @@ typedef struct {
     BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
     LayerActs *layers;      // (num_layers), host memory; the plan's stage layers laid out
     real *sp_workspace;     // (N,H) sequence parallelism: every layer's row-parallel partial sums
+    real *x_entry;          // (N_local,H) input of the chunk's first block (x_final without blocks):
+                            // the embedding's output, or what the previous pipeline stage sent
     real *x_final;          // (N_local,H) output of the last block
     real *lnf, *lnf_rstd;   // (N_local,H), (N_local)
     real *lnf_full;         // (N,H) lnf of every token (gathered with sequence parallelism), or lnf
@@ -176,15 +179,33 @@ void model_free(Model *m);
 
 // The activations of micro-batches of B × T tokens: acts_describe declares and lays out
 // every buffer (a->buffers.bytes is what they take; nothing large is allocated),
-// acts_alloc also allocates them. acts_free ends either.
+// acts_alloc also allocates them. acts_free ends either. The _chunk forms are for one model
+// chunk of a pipeline rank (its layers only, the head's buffers only where it is); the plain
+// ones for chunk 0.
 void acts_describe(ModelActs *a, const Model *m, int B, int T);
 void acts_alloc(ModelActs *a, const Model *m, int B, int T);
+void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T);
+void acts_alloc_chunk(ModelActs *a, const Model *m, int chunk, int B, int T);
 void acts_free(ModelActs *a);
 // Copies the batch's arrays into the activations' tensor memory (core/device.h), so ops
 // can read them whatever memory the caller's batch is in; returns that copy (a->input).
 const Batch *acts_stage_batch(ModelActs *a, const Batch *batch);
 
-// Forward one micro-batch. With batch->targets: returns the lm loss and sets a->lm_loss,
+// The forward of one model chunk (a->chunk) over one micro-batch: from the tokens when the
+// chunk holds the embedding, else from a->x_entry (the previous stage's output, put there by
+// the caller); to the loss (a->lm_loss, with targets) when it holds the head, else to
+// a->x_final. The router losses of a->balance_loss, z_loss, dropped_frac are the chunk's
+// shares of the means over every MoE layer of the model; aux_objective its layers' sum.
+void model_stage_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0);
+// Its backward: from the loss when the chunk holds the head, else from a->d_resid (the next
+// stage's gradient of x_final, put there by the caller); leaves d(x_entry) in a->d_resid
+// when it does not hold the embedding. ready as model_backward_notify's.
+typedef void (*GradsReadyFn)(void *ctx, int part);
+void model_stage_backward(Model *m, ModelActs *a, double loss_scale, GradsReadyFn ready, void *ctx);
+// MoE layers of the whole model.
+int model_moe_layers(const Config *c);
+
+// Forward one micro-batch through the whole model (one chunk holding it all). With batch->targets: returns the lm loss and sets a->lm_loss,
 // a->aux_loss. kv (per layer, or NULL) switches to cached generation: the B·T tokens sit
 // at positions pos0.. and attend to the cache.
 double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0);
@@ -195,7 +216,6 @@ void model_backward(Model *m, ModelActs *a, const Batch *batch, double loss_scal
 // them: the head (final norm and, untied, lm_head), each layer from the last, then the
 // embedding (with the tied LM head).
 typedef enum { GRADS_HEAD = -1, GRADS_EMBEDDING = -2 } GradsPart;  // or a layer index
-typedef void (*GradsReadyFn)(void *ctx, int part);
 // model_backward, calling ready(ctx, part) as each part's gradients are complete.
 void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double loss_scale, GradsReadyFn ready,
                            void *ctx);
@@ -205,6 +225,9 @@ typedef struct {
     int64_t begin, end;
 } ElemRange;
 void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRange *experts);
+// Whether tensor id belongs to a part (GRADS_HEAD: final norm and LM head, the tied copy
+// included; GRADS_EMBEDDING: the embedding; else the layer's).
+int model_part_has_tensor(const Model *m, int part, TensorId id);
 
 // Tensor parallelism: sum over their holders the gradients each TP rank computes only part
 // of (TensorShard.grad_partial) in one part, or in all (model/tp_grads.c). Before the

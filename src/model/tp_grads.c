@@ -7,14 +7,6 @@
 
 #include <string.h>
 
-// Whether tensor d belongs to a part of model_backward_notify's order.
-static int in_part(const Model *m, TensorId id, int part) {
-    const TensorDesc *d = &m->tt.descs[id];
-    if (part >= 0) return d->layer == part;
-    if (part == GRADS_EMBEDDING) return id == m->embed;
-    return d->layer < 0 && id != m->embed;  // GRADS_HEAD: final norm, untied LM head
-}
-
 // The group summing tensor d's partial gradients.
 static const Comm *holders(const Model *m, const TensorDesc *d) {
     return d->shard.parts == 1 ? m->plan.tp : &m->plan.kv_share;
@@ -22,7 +14,7 @@ static const Comm *holders(const Model *m, const TensorDesc *d) {
 
 static int summed_in(const Model *m, TensorId id, int part, const Comm *group) {
     const TensorDesc *d = &m->tt.descs[id];
-    return d->shard.grad_partial && in_part(m, id, part) && holders(m, d) == group;
+    return d->shard.grad_partial && model_part_has_tensor(m, part, id) && holders(m, d) == group;
 }
 
 // Sums the partial gradients of one part's tensors that `group` holds, packed into one
@@ -58,6 +50,7 @@ void model_sum_partial_grads(Model *m, int part) {
 
 void model_sum_all_partial_grads(Model *m) {
     model_sum_partial_grads(m, GRADS_HEAD);
-    for (int l = plan_layer_end(&m->plan) - 1; l >= m->plan.first_layer; l--) model_sum_partial_grads(m, l);
+    for (int l = m->cfg.num_layers - 1; l >= 0; l--)
+        if (plan_holds_layer(&m->plan, l)) model_sum_partial_grads(m, l);
     model_sum_partial_grads(m, GRADS_EMBEDDING);
 }

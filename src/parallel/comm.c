@@ -439,6 +439,23 @@ void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommR
     free(counts);
 }
 
+static void start_point(const Comm *g, int send, real *buf, size_t n, int peer, int tag, CommRequest *req) {
+    require_member(g, send ? "send" : "receive");
+    if (peer < 0 || peer >= g->size || peer == g->rank || tag < 0 || tag >= COMM_MAX_TAG)
+        mt_die("internal error: process group %s: a %s of rank %d with peer %d, tag %d (please report)", g->name,
+               send ? "send" : "receive", g->rank, peer, tag);
+    if (send) count_sent(g, (uint64_t)n * sizeof(real));
+    req->pending = backend_ipoint(g, send, CT_REAL, buf, n, peer, tag);
+}
+
+void comm_isend(const Comm *g, const real *buf, size_t n, int peer, int tag, CommRequest *req) {
+    start_point(g, 1, (real *)buf, n, peer, tag, req);
+}
+
+void comm_irecv(const Comm *g, real *buf, size_t n, int peer, int tag, CommRequest *req) {
+    start_point(g, 0, buf, n, peer, tag, req);
+}
+
 void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n) {
     CommRequest req;
     comm_isendrecv(g, send, recv, n, &req);

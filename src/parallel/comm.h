@@ -107,6 +107,7 @@ void comm_barrier(const Comm *g);
 //                               P = 2; int64 all-reduces are counted alike (es 8)
 //   broadcast                   (P−1)·bytes on the root, 0 elsewhere; barrier 0
 //   ring shift of n elements    n·es (to the next rank)
+//   send of n elements          n·es (receives count nothing)
 // A non-blocking collective counts when it starts. Collectives are issued from one thread.
 //
 // The bytes sent on groups named `name` since the last take (or reset); restarts its count.
@@ -136,6 +137,13 @@ void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t
 // data moves with MPI even after comm_use_nccl (host or managed memory).
 void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommRequest *req);
 void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n);  // blocking
+// Point to point: n elements of buf to group rank `peer`, or from it into buf, matched with
+// the peer's call of the other kind by tag (0 <= tag < COMM_MAX_TAG; messages of one tag
+// between two ranks arrive in the order they were sent); the sizes must agree. Moved with MPI
+// in every build, NCCL path or not. A send counts n elements when it starts.
+#define COMM_MAX_TAG (1 << 13)
+void comm_isend(const Comm *g, const real *buf, size_t n, int peer, int tag, CommRequest *req);
+void comm_irecv(const Comm *g, real *buf, size_t n, int peer, int tag, CommRequest *req);
 // 1 when the collective has completed (its results are in place), 0 while in flight.
 int comm_test(CommRequest *req);
 void comm_wait(CommRequest *req);

@@ -358,8 +358,9 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
     p->group = g->name;
     p->size = g->size;
     p->rank = g->rank;
-    // Two tags per request (an all-reduce's two exchanges), the same on every member.
-    p->tag = (int)(2 * (g->impl->sequence++ % (unsigned)(tag_limit / 2)));
+    // Two tags per request (an all-reduce's two exchanges), the same on every member; the
+    // tags from COMM_MAX_TAG up are the point-to-point ones' (backend_ipoint)
+    p->tag = COMM_MAX_TAG + (int)(2 * (g->impl->sequence++ % (unsigned)((tag_limit - COMM_MAX_TAG) / 2)));
     p->send = op == OP_ALLREDUCE ? recv : send;
     p->recv = recv;
     p->counts = mt_malloc(2 * (size_t)g->size * sizeof(size_t));
@@ -381,6 +382,24 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
         p->in = mt_malloc((size_t)g->size * p->counts[g->rank] * es + 1);
         post(p, 0, p->tag);
     }
+    return p;
+}
+
+CommPending *backend_ipoint(const Comm *g, int send, CommType t, void *buf, size_t n, int peer, int tag) {
+    MT_ASSERT(tag >= 0 && tag < COMM_MAX_TAG && peer >= 0 && peer < g->size && peer != g->rank);
+    CommPending *p = mt_calloc(1, sizeof(*p));
+    p->op = send ? OP_SEND : OP_RECV;
+    p->type = t;
+    p->comm = g->impl->p2p;
+    p->group = g->name;
+    p->size = g->size;
+    p->rank = g->rank;
+    p->tag = tag;
+    p->requests = mt_malloc(sizeof(MPI_Request));
+    p->nrequests = 1;
+    int count = mpi_count(g, n);
+    if (send) MPI_Isend(buf, count, mpi_type(t), peer, tag, p->comm, p->requests);
+    else MPI_Irecv(buf, count, mpi_type(t), peer, tag, p->comm, p->requests);
     return p;
 }
 

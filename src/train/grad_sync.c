@@ -28,6 +28,8 @@ void grad_sync_init(GradSync *g, const GradGroups *groups, const TensorTable *tt
     g->ep = groups->ep;
     g->tp = groups->tp;
     g->etp = groups->etp;
+    g->pp = groups->pp;
+    for (int i = 0; i < tt->count; i++) g->has_copies |= !!(tt->descs[i].flags & TENSOR_COPY);
     g->distributed = g->region[REGION_DENSE].sharded || g->region[REGION_EXPERT].sharded;
     g->overlap = dp->size > 1 || edp->size > 1;
     g->max_pending = REGIONS * parts;
@@ -105,6 +107,7 @@ void grad_sync_finish(GradSync *g, TensorTable *tt) {
 // piece (pieces of a group of `size` ranks each sit on size/parts consecutive ranks).
 static int counts_piece(const GradSync *g, const TensorDesc *d) {
     const TensorShard *s = &d->shard;
+    if (d->flags & TENSOR_COPY) return 0;
     if (s->group == SHARD_NONE) return 1;
     const Comm *group = s->group == SHARD_TP ? g->tp : g->etp;
     return group->rank % (group->size / s->parts) == 0;
@@ -113,7 +116,7 @@ static int counts_piece(const GradSync *g, const TensorDesc *d) {
 // Σ of squares over [range) of the tensors this rank counts; the whole range at once when
 // no tensor is split (the one-process sum, bit for bit).
 static double counted_sum_squares(const GradSync *g, const TensorTable *tt, FlatRange range) {
-    if (g->tp->size == 1 && g->etp->size == 1) return grad_sum_squares(tt, range.begin, range.end);
+    if (g->tp->size == 1 && g->etp->size == 1 && !g->has_copies) return grad_sum_squares(tt, range.begin, range.end);
     double sum = 0;
     for (int i = 0; i < tt->count; i++) {
         const TensorDesc *d = &tt->descs[i];
@@ -135,6 +138,7 @@ double grad_sync_norm(const GradSync *g, const TensorTable *tt) {
     comm_allreduce_sum_double(g->tp, &sum[REGION_DENSE], 1);
     comm_allreduce_sum_double(g->ep, &sum[REGION_EXPERT], 1);
     comm_allreduce_sum_double(g->etp, &sum[REGION_EXPERT], 1);
+    if (g->pp) comm_allreduce_sum_double(g->pp, sum, REGIONS);
     return sqrt(sum[REGION_DENSE] + sum[REGION_EXPERT]);
 }
 

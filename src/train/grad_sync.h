@@ -32,6 +32,8 @@ typedef struct {
     GradRegion region[REGIONS];
     const Comm *ep;        // expert-parallel group: different experts, so their norms add up
     const Comm *tp, *etp;  // tensor-parallel groups: pieces of tensors, so their norms add up
+    const Comm *pp;        // pipeline stages: different layers, so their norms add up
+    int has_copies;        // the table holds a copy of another stage's tensor (TENSOR_COPY)
     int distributed;       // some region is sharded
     int overlap;           // more than one rank: sums start during the last backward
     CommRequest *pending;  // (max_pending) sums in flight
@@ -43,7 +45,7 @@ typedef struct {
 // The groups of one rank's gradients: dp the dense data-parallel group (dp × cp), edp the
 // expert data-parallel group, ep the expert-parallel one, tp and etp the tensor-parallel ones.
 typedef struct {
-    const Comm *dp, *edp, *ep, *tp, *etp;
+    const Comm *dp, *edp, *ep, *tp, *etp, *pp;  // pp may be NULL (one stage)
 } GradGroups;
 
 // parts: how many parts backward can report in one pass.
@@ -61,8 +63,8 @@ void grad_sync_reduce(GradSync *g, TensorTable *tt);
 void grad_sync_part_ready(GradSync *g, TensorTable *tt, int region, int64_t begin, int64_t end);
 void grad_sync_finish(GradSync *g, TensorTable *tt);
 // L2 norm of all summed gradients of the model, each element counted once: a tensor piece
-// several tensor-parallel ranks hold counts on the first of them (every rank gets the same
-// value).
+// several tensor-parallel ranks hold counts on the first of them, a tied LM head's copy on
+// the last pipeline stage not at all (every rank gets the same value).
 double grad_sync_norm(const GradSync *g, const TensorTable *tt);
 // After the optimizer step: every rank holds every updated parameter of its tensors.
 void grad_sync_gather_params(GradSync *g, TensorTable *tt);

@@ -14,14 +14,15 @@ static double imbalance_of(const int32_t *counts, int E) {
 
 void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, double w) {
     const Config *c = &m->cfg;
-    int i = 0, moe_layers = 0;
-    for (int l = 0; l < c->num_layers; l++) moe_layers += m->layers[l].is_moe;
+    const StageChunk *k = &m->plan.chunk[a->chunk];
+    int i = 0, moe_layers = model_moe_layers(c);
     for (int l = 0; l < c->num_layers; l++) {
         if (!m->layers[l].is_moe) continue;
-        const RouterOutput *r = &a->layers[l].moe.route;
         int64_t *counts = s->counts + (size_t)i * c->num_experts;
-        RouterStats *ls = &s->layers[i++];
+        RouterStats *ls = &s->layers[i++];  // indexed over the whole model's MoE layers
         ls->layer = l;
+        if (l < k->first_layer || l >= chunk_layer_end(k)) continue;  // another chunk's or stage's
+        const RouterOutput *r = &a->layers[l].moe.route;
         ls->dropped_tokens += r->dropped;
         for (int e = 0; e < c->num_experts; e++) counts[e] += r->group_tokens_per_expert[e];  // the token group's
         ls->load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts);
@@ -82,6 +83,6 @@ void step_losses_allreduce(StepLosses *s, const Comm *dp) {
 void router_state_allreduce(Model *m, const Comm *dp) {
     if (dp->size == 1) return;
     for (int l = 0; l < m->cfg.num_layers; l++)
-        if (m->layers[l].is_moe && m->cfg.moe_router_enable_expert_bias)
+        if (m->layers[l].is_moe && m->cfg.moe_router_enable_expert_bias && plan_holds_layer(&m->plan, l))
             comm_allreduce_sum_double(dp, m->router_state[l].bias_counts, m->cfg.num_experts);
 }

@@ -16,7 +16,8 @@ typedef struct {
 // Add this micro-batch's router statistics, weighted by w, per MoE layer and overall.
 void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, double w);
 // Sum the step's losses and statistics over the group (each rank weighted its
-// micro-batches by 1 / (micro-batches of all ranks)); every rank gets the totals.
+// micro-batches by 1 / (micro-batches of all ranks)), the data-parallel ranks or the
+// pipeline stages (each its own layers' shares, the last its loss); every rank gets the totals.
 void step_losses_allreduce(StepLosses *s, const Comm *dp);
 // Sum the expert-bias token counts of this global batch over the group, before the update.
 void router_state_allreduce(Model *m, const Comm *dp);

@@ -34,6 +34,7 @@
 #include "train/memory_check.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/pipeline.h"
 #include "train/run_control.h"
 #include "train/thread_governor.h"
 #include "tokenizer/run_tokenizer.h"
@@ -45,7 +46,8 @@ typedef struct {
     TrainerState state;
     Dataset data;
     RunTokenizer *tokenizer;  // read once at start-up; NULL: byte-level
-    ModelActs acts;
+    Pipeline pipeline;          // the schedule of a step and the activations it keeps
+    Comm tied_embedding;        // PP with a tied LM head: the first and last stage (size 0 elsewhere)
     Prefetcher prefetch;        // training micro-batches, read ahead on a thread
     DataBatch eval_batch;       // validation micro-batches
     ParallelGroups groups;      // every process group of the layout
@@ -58,6 +60,12 @@ typedef struct {
     MemoryNeed memory_need;     // what this process holds (check_memory)
     RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
     int64_t *layer_counts;      // (num_layers, num_experts) kept tokens per expert this step
+    // the step's micro-batches (train_step_micro_batches)
+    struct RankBatch *step_batches;  // (micro-batches per rank) this rank's part of each, as fetched
+    DataBatch *step_data;       // (micro-batches per rank) copies of them with PP (chunks revisit them)
+    int fetched;                // micro-batches of the step fetched so far
+    StepLosses *step_losses;
+    double parameters, active_parameters;  // of the whole model
 } Trainer;
 
 // The model's view of a micro-batch of data.
@@ -69,7 +77,7 @@ static Batch batch_of(const DataBatch *db, int L) {
 
 // The part of a micro-batch this rank computes: with context parallelism its two chunks
 // of each sequence (model/cp_batch.h; cp holds them, freed with it), else all of it.
-typedef struct {
+typedef struct RankBatch {
     Batch batch;
     CpBatch cp;  // all NULL without context parallelism
 } RankBatch;
@@ -100,9 +108,17 @@ static int64_t micro_batch_first(int64_t consumed, int mb, int B, const Comm *dp
     return consumed + ((int64_t)mb * dp->size + dp->rank) * B;
 }
 
-// Backward finished the gradients of a part: start summing them over the data-parallel group.
-static void grads_ready(void *ctx, int part) {
-    Trainer *t = ctx;
+// With PP and a tied LM head the embedding's gradient is the sum of the first stage's
+// (embedding) and the last stage's (LM head copy): those parts wait for the schedule's end.
+static int tied_part(const Trainer *t, int part) {
+    const LayoutPlan *p = &t->model.plan;
+    if (t->tied_embedding.size < 2) return 0;
+    return (part == GRADS_EMBEDDING && p->holds_embedding) || (part == GRADS_HEAD && p->holds_head);
+}
+
+// A part's gradients are complete: sum them over tensor-parallel ranks, then start their
+// sum over the data-parallel group.
+static void start_part_sums(Trainer *t, int part) {
     ElemRange dense, experts;
     model_sum_partial_grads(&t->model, part);  // over tensor-parallel ranks first
     model_grads_part_ranges(&t->model, part, &dense, &experts);
@@ -110,54 +126,111 @@ static void grads_ready(void *ctx, int part) {
     grad_sync_part_ready(&t->sync, &t->model.tt, REGION_EXPERT, experts.begin, experts.end);
 }
 
-static StepLosses train_step_micro_batches(Trainer *t) {
+// Backward finished the gradients of a part (during each chunk's last backward).
+static void grads_ready(void *ctx, int part) {
+    Trainer *t = ctx;
+    if (!tied_part(t, part)) start_part_sums(t, part);
+}
+
+// The two copies of a tied embedding get the sum of their gradients (before the data-
+// parallel sums, so both stages then sum the same values).
+static void sum_tied_embedding(Trainer *t) {
+    if (t->tied_embedding.size < 2) return;
+    const Model *m = &t->model;
+    TensorId id = m->plan.holds_embedding ? m->embed : m->lm_head;
+    comm_allreduce_sum(&t->tied_embedding, tt_grad(&m->tt, id), m->tt.descs[id].numel);
+}
+
+// The copy of a fetched micro-batch that outlives the prefetcher's next one.
+static void copy_data_batch(DataBatch *dst, const DataBatch *src) {
+    size_t n = (size_t)src->B * src->L;
+    memcpy(dst->tokens, src->tokens, n * sizeof(int32_t));
+    memcpy(dst->targets, src->targets, n * sizeof(int32_t));
+    memcpy(dst->loss_mask, src->loss_mask, n * sizeof(real));
+    if (src->positions) memcpy(dst->positions, src->positions, n * sizeof(int32_t));
+    if (src->key_start) memcpy(dst->key_start, src->key_start, n * sizeof(int32_t));
+    if (!src->positions) dst->positions = NULL;
+    if (!src->key_start) dst->key_start = NULL;
+}
+
+// The schedule's micro-batch mb of this rank: fetched in order the first time (the next
+// one read ahead), kept until the step ends.
+static const Batch *step_batch(void *ctx, int mb) {
+    Trainer *t = ctx;
     const Config *c = t->cfg;
-    StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts, .num_experts = c->num_experts};
-    for (int l = 0; l < c->num_layers; l++) s.moe_layers += t->model.layers[l].is_moe;
-    int M = c->num_micro_batches / t->dp->size, B = c->micro_batch_size, L = c->seq_length;
-    double weight = 1.0 / c->num_micro_batches;  // every micro-batch of every rank counts alike
-    memset(t->layer_stats, 0, c->num_layers * sizeof(RouterStats));
-    memset(t->layer_counts, 0, (size_t)c->num_layers * MT_MAX(c->num_experts, 1) * sizeof(int64_t));
-    vec_zero(t->model.tt.grads, t->model.tt.total);
-    int64_t consumed = t->state.consumed_train_samples;
-    for (int mb = 0; mb < M; mb++) {
-        int64_t first = micro_batch_first(consumed, mb, B, t->dp);
-        int last_step = t->state.iteration + 1 >= c->train_iters;
-        int64_t next = mb + 1 < M ? micro_batch_first(consumed, mb + 1, B, t->dp)
-                       : last_step ? -1
-                                   : micro_batch_first(consumed + c->global_batch_size, 0, B, t->dp);
-        const DataBatch *db;
-        {
-            PROF_SCOPE(PROF_DATA);
-            db = prefetch_get(&t->prefetch, first, next);
-        }
-        Batch full = batch_of(db, L);
-        full.training = 1;
-        full.noise_seed = noise_seed(c, first);
-        RankBatch rank;
-        rank_batch_of(&rank, t, &full);
-        model_forward(&t->model, &t->acts, &rank.batch, NULL, 0);
-        if (t->sync.overlap && mb + 1 == M)  // the gradients' sums start as backward completes them
-            model_backward_notify(&t->model, &t->acts, &rank.batch, weight, grads_ready, t);
-        else
-            model_backward(&t->model, &t->acts, &rank.batch, weight);
-        rank_batch_free(&rank);
-        s.lm_loss += t->acts.lm_loss * weight;
-        s.aux_objective += t->acts.aux_objective * weight;
-        accumulate_router_stats(&s, &t->model, &t->acts, weight);
+    if (mb < t->fetched) return &t->step_batches[mb].batch;
+    MT_ASSERT(mb == t->fetched);
+    int M = c->num_micro_batches / t->dp->size, B = c->micro_batch_size;
+    int64_t consumed = t->state.consumed_train_samples, first = micro_batch_first(consumed, mb, B, t->dp);
+    int last_step = t->state.iteration + 1 >= c->train_iters;
+    int64_t next = mb + 1 < M ? micro_batch_first(consumed, mb + 1, B, t->dp)
+                   : last_step ? -1
+                               : micro_batch_first(consumed + c->global_batch_size, 0, B, t->dp);
+    const DataBatch *db;
+    {
+        PROF_SCOPE(PROF_DATA);
+        db = prefetch_get(&t->prefetch, first, next);
     }
-    t->state.consumed_train_samples += c->global_batch_size;
-    PROF_SCOPE(PROF_GRAD_SYNC);
-    double t0 = now_seconds();
+    if (t->step_data) {
+        copy_data_batch(&t->step_data[mb], db);
+        db = &t->step_data[mb];
+    }
+    Batch full = batch_of(db, c->seq_length);
+    full.training = 1;
+    full.noise_seed = noise_seed(c, first);
+    rank_batch_of(&t->step_batches[t->fetched++], t, &full);
+    return &t->step_batches[mb].batch;
+}
+
+static void forward_done(void *ctx, const ModelActs *a, int mb) {
+    Trainer *t = ctx;
+    double weight = 1.0 / t->cfg->num_micro_batches;  // every micro-batch of every rank counts alike
+    StepLosses *s = t->step_losses;
+    s->lm_loss += a->lm_loss * weight;  // 0 on chunks without the head
+    s->aux_objective += a->aux_objective * weight;
+    accumulate_router_stats(s, &t->model, a, weight);
+}
+
+// After the schedule: the gradients' sums over tensor-parallel, tied-embedding and data-
+// parallel ranks (those started during backward finish here).
+static void sum_step_grads(Trainer *t) {
     if (t->sync.overlap) {  // only the part not hidden behind backward
+        for (int part = GRADS_EMBEDDING; part <= GRADS_HEAD; part++)
+            if (tied_part(t, part)) {
+                model_sum_partial_grads(&t->model, part);
+                sum_tied_embedding(t);
+                start_part_sums(t, part);
+            }
         grad_sync_finish(&t->sync, &t->model.tt);
         t->comm_hidden_s = t->sync.hidden_s;
     } else {
         model_sum_all_partial_grads(&t->model);
+        sum_tied_embedding(t);
         grad_sync_reduce(&t->sync, &t->model.tt);
     }
+}
+
+static StepLosses train_step_micro_batches(Trainer *t) {
+    const Config *c = t->cfg;
+    StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts, .num_experts = c->num_experts,
+                    .moe_layers = model_moe_layers(c)};
+    memset(t->layer_stats, 0, c->num_layers * sizeof(RouterStats));
+    memset(t->layer_counts, 0, (size_t)c->num_layers * MT_MAX(c->num_experts, 1) * sizeof(int64_t));
+    vec_zero(t->model.tt.grads, t->model.tt.total);
+    t->step_losses = &s;
+    t->fetched = 0;
+    PipelineStep step = {.batch = step_batch, .forward_done = forward_done,
+                         .grads_ready = t->sync.overlap ? grads_ready : NULL, .ctx = t,
+                         .loss_scale = 1.0 / c->num_micro_batches};
+    pipeline_run(&t->pipeline, &step);
+    for (int mb = 0; mb < t->fetched; mb++) rank_batch_free(&t->step_batches[mb]);
+    t->state.consumed_train_samples += c->global_batch_size;
+    PROF_SCOPE(PROF_GRAD_SYNC);
+    double t0 = now_seconds();
+    sum_step_grads(t);
     t->comm_s += now_seconds() - t0;
     step_losses_allreduce(&s, t->dp);
+    step_losses_allreduce(&s, &t->groups.comm[PG_PP]);  // each stage's layers and the last stage's loss
     router_state_allreduce(&t->model, t->dp);
     return s;
 }
@@ -171,21 +244,18 @@ static double evaluate(Trainer *t) {
         Batch full = batch_of(&t->eval_batch, L);
         RankBatch rank;
         rank_batch_of(&rank, t, &full);
-        total += model_forward(&t->model, &t->acts, &rank.batch, NULL, 0);
+        total += pipeline_forward_only(&t->pipeline, &rank.batch);
         rank_batch_free(&rank);
     }
+    comm_allreduce_sum_double(&t->groups.comm[PG_PP], &total, 1);  // the last stage's
     return total / c->eval_iters;
 }
 
-// The process groups. Data, context, expert, tensor and expert-tensor parallelism are
-// implemented; pipeline stages are accepted by the group code but not yet by the trainer.
+// The process groups of the layout (parallel/groups.h).
 static void setup_parallel(Trainer *t) {
     const Config *c = t->cfg;
     parallel_groups_init(&t->groups, c);
     const ParallelSizes *ps = &t->groups.sizes;
-    if (ps->pp > 1)
-        mt_die("--pipeline-model-parallel-size above 1 is not implemented yet; use data, tensor, context and expert "
-               "parallelism (that size 1)");
     if (ps->etp > 1 && !c->num_experts)
         mt_die("--expert-tensor-parallel-size %d needs a MoE model (--num-experts)", ps->etp);
     if (ps->ep > 1 && !c->num_experts)
@@ -224,20 +294,60 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
 }
 
 // What the run will hold: parameters and gradients of this rank's tensors, the moments of
-// its optimizer shards, and the activations of one micro-batch (their buffer plan, laid
-// out without allocating).
+// its optimizer shards, and the activations its schedule keeps (their buffer plans, laid
+// out without allocating: one micro-batch's per chunk without PP).
 static void check_memory(Trainer *t, const FlatRange *shards, int n_shards) {
     const Config *c = t->cfg;
     MemoryNeed need = {.parameters = (double)t->model.tt.total * sizeof(real),
                        .micro_batch_size = c->micro_batch_size, .seq_length = rank_seq_length(t)};
     need.gradients = need.parameters;
     for (int r = 0; r < n_shards; r++) need.optimizer += 2.0 * (shards[r].end - shards[r].begin) * sizeof(real);
-    ModelActs micro_batch;
-    acts_describe(&micro_batch, &t->model, c->micro_batch_size, rank_seq_length(t));
-    need.activations = (double)micro_batch.buffers.bytes;
-    acts_free(&micro_batch);
+    need.activations = pipeline_activation_bytes(&t->pipeline);
     memory_check_fits(&need);
     t->memory_need = need;  // reported with the banner
+}
+
+// The whole model's parameters and those one token uses (experts of every expert-parallel
+// rank, layers of every pipeline stage; the tied LM head's copy once).
+static void count_parameters(Trainer *t) {
+    const Config *c = t->cfg;
+    double counts[2] = {0, 0};
+    for (int i = 0; i < t->model.tt.count; i++) {
+        const TensorDesc *d = &t->model.tt.descs[i];
+        if (d->flags & TENSOR_COPY) continue;
+        double n = d->flags & TENSOR_EXPERT ? (double)d->numel * t->model.ep.size : (double)d->numel;
+        counts[0] += n;
+        counts[1] += d->flags & TENSOR_EXPERT ? n * c->moe_router_topk / c->num_experts : n;
+    }
+    comm_allreduce_sum_double(&t->groups.comm[PG_PP], counts, 2);
+    t->parameters = counts[0], t->active_parameters = counts[1];
+}
+
+// The first and last pipeline stage of this rank's pipeline, when they hold the two copies
+// of a tied embedding. Collective over the world.
+static void make_tied_embedding_group(Trainer *t) {
+    const Comm *pp = &t->groups.comm[PG_PP];
+    t->tied_embedding = (Comm){.name = "embd"};
+    if (pp->size == 1 || t->cfg->untie_embeddings_and_output_weights) return;  // the same answer on every rank
+    int64_t me = comm_world_rank(), *stages = mt_malloc((size_t)pp->size * sizeof(int64_t));
+    comm_allgather_int64(pp, &me, stages, 1);
+    int ends[2] = {(int)stages[0], (int)stages[pp->size - 1]};  // the middle stages stay out
+    t->tied_embedding = comm_group("embd", ends, 2);
+    free(stages);
+}
+
+// The schedule of a step (and, with PP, room for its micro-batches).
+static void setup_pipeline(Trainer *t) {
+    const Config *c = t->cfg;
+    const Comm *pp = &t->groups.comm[PG_PP];
+    int M = c->num_micro_batches / t->dp->size;
+    pipeline_init(&t->pipeline, &t->model, pp, M, c->microbatch_group_size_per_vp_stage, c->micro_batch_size,
+                  rank_seq_length(t));
+    make_tied_embedding_group(t);
+    t->step_batches = mt_calloc((size_t)M, sizeof(RankBatch));
+    if (pp->size == 1) return;
+    t->step_data = mt_calloc((size_t)M, sizeof(DataBatch));
+    for (int mb = 0; mb < M; mb++) data_batch_alloc(&t->step_data[mb], c, c->micro_batch_size);
 }
 
 static void trainer_setup(Trainer *t, Config *c) {
@@ -259,10 +369,12 @@ static void trainer_setup(Trainer *t, Config *c) {
     // global_aux_loss counts: one rank of each micro-batch's (its TP x CP token group's) per data-parallel rank
     ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .etp_ep = &pg[PG_ETP_EP],
                           .count = &pg[PG_DP], .cp = &pg[PG_CP], .tp_cp = &pg[PG_TP_CP],
-                          .cp_inner = &t->groups.cp_inner, .cp_outer = &t->groups.cp_outer};
+                          .cp_inner = &t->groups.cp_inner, .cp_outer = &t->groups.cp_outer, .pp = &pg[PG_PP]};
     model_describe(&t->model, c, &groups);
+    count_parameters(t);
+    setup_pipeline(t);
     GradGroups grad_groups = {.dp = &pg[PG_DP_CP], .edp = &pg[PG_EDP], .ep = &pg[PG_EP], .tp = &pg[PG_TP],
-                              .etp = &pg[PG_ETP]};
+                              .etp = &pg[PG_ETP], .pp = &pg[PG_PP]};
     grad_sync_init(&t->sync, &grad_groups, &t->model.tt, c->use_distributed_optimizer, c->num_layers + 2);
     FlatRange shards[REGIONS];
     int n_shards = grad_sync_shards(&t->sync, shards);
@@ -279,7 +391,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     // --save created, proved writable and locked once everything else has been checked, so
     // that a run refused at start-up leaves no directory behind; rank 0 writes
     if (c->save[0] && comm_world_rank() == 0) checkpoint_claim_save_dir(c->save);
-    acts_alloc(&t->acts, &t->model, c->micro_batch_size, rank_seq_length(t));
+    pipeline_allocate(&t->pipeline);
     prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
     t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
@@ -295,7 +407,12 @@ static void trainer_free(Trainer *t) {
     free(t->layer_counts);
     prefetch_stop(&t->prefetch);
     data_batch_free(&t->eval_batch);
-    acts_free(&t->acts);
+    for (int mb = 0; t->step_data && mb < t->pipeline.schedule.micro_batches; mb++)
+        data_batch_free(&t->step_data[mb]);
+    pipeline_free(&t->pipeline);
+    free(t->step_data);
+    free(t->step_batches);
+    comm_free(&t->tied_embedding);
     dataset_free(&t->data);
     run_tokenizer_free(t->tokenizer);
     parallel_groups_free(&t->groups);
@@ -323,17 +440,10 @@ static void print_layout(const ParallelSizes *ps) {
 
 static void print_banner(const Trainer *t) {
     const Config *c = t->cfg;
-    size_t active = 0, total = 0;  // of the whole model (experts of every expert-parallel rank)
-    for (int i = 0; i < t->model.tt.count; i++) {
-        const TensorDesc *d = &t->model.tt.descs[i];
-        size_t n = d->flags & TENSOR_EXPERT ? d->numel * t->model.ep.size : d->numel;
-        total += n;
-        active += d->flags & TENSOR_EXPERT ? n * c->moe_router_topk / c->num_experts : n;
-    }
     printf("moetron train: %s family, %d layers, hidden %d, %d experts top-%d, %.2fM parameters (%.2fM active), "
            "%s\n",
            hf_model_type(t->model.family), c->num_layers, c->hidden_size, c->num_experts, c->moe_router_topk,
-           total / 1e6, active / 1e6, t->data.source);
+           t->parameters / 1e6, t->active_parameters / 1e6, t->data.source);
     if (t->data.reading[0]) printf("data: %s\n", t->data.reading);
     printf("batch %d sequences x %d tokens (%d micro-batches of %d); %ld of %d steps done; MFU peak %.3f TFLOP/s "
            "(%s: %s%s)\n",
@@ -447,8 +557,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
     const Config *c = t->cfg;
     double tokens_per_step = (double)c->global_batch_size * c->seq_length;
     double flops = tokens_per_step * t->flops_per_token / o->step_s;
-    int moe_layers = 0;
-    for (int l = 0; l < c->num_layers; l++) moe_layers += t->model.layers[l].is_moe;
+    int moe_layers = model_moe_layers(c);
     StepRecord r = {.step = o->step, .loss = o->loss, .lm_loss = s->lm_loss, .router = s->router,
                     .balance_coeff = c->balance_coeff, .z_loss_coeff = c->moe_z_loss_coeff,
                     .layers = c->moe_per_layer_logging ? s->layers : NULL,
