@@ -197,7 +197,6 @@ static void sum_step_grads(Trainer *t) {
     if (t->sync.overlap) {  // only the part not hidden behind backward
         for (int part = GRADS_EMBEDDING; part <= GRADS_HEAD; part++)
             if (tied_part(t, part)) {
-                model_sum_partial_grads(&t->model, part);
                 sum_tied_embedding(t);
                 start_part_sums(t, part);
             }
