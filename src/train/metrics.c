@@ -167,6 +167,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     printf(" | grad %.3f | lr %.3e | %7.0f tok/s | %.3f TFLOP/s | imbalance %.2f", r->grad_norm, r->lr,
            r->tokens_per_s, r->tflops, r->router.load_imbalance);
     if (r->router.dropped_frac > 0) printf(" | dropped %.3f", r->router.dropped_frac);
+    if (r->pipeline) printf(" | bubble %.0f%% (ideal %.0f%%)", 100 * r->pp_bubble, 100 * r->pp_bubble_ideal);
     if (r->data_wait_s > 0.01 * r->step_s) printf(" | waited %.0f ms for data", 1e3 * r->data_wait_s);
     if (r->skipped) printf(" | skipped");
     if (r->loss_spike) printf(" | loss spike");
@@ -195,6 +196,11 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_double(&w, "grad_comm_s", r->grad_comm_s);
     jw_kv_double(&w, "grad_comm_hidden_s", r->grad_comm_hidden_s);
     jw_kv_double(&w, "expert_comm_s", r->expert_comm_s);
+    if (r->pipeline) {
+        jw_kv_double(&w, "pp_bubble_s", r->pp_bubble_s);
+        jw_kv_double(&w, "pp_bubble", r->pp_bubble);
+        jw_kv_double(&w, "pp_bubble_ideal", r->pp_bubble_ideal);
+    }
     jw_kv_int(&w, "tp_bytes", (int64_t)r->tp_bytes);
     jw_kv_int(&w, "expert_bytes", (int64_t)r->expert_bytes);
     jw_kv_int(&w, "threads", r->threads);

@@ -30,6 +30,9 @@ typedef struct {
     double grad_comm_s;            // ... and in the data-parallel gradient / parameter collectives
     double grad_comm_hidden_s;     // gradient sums in flight while backward computed (not in grad_comm_s)
     double expert_comm_s;          // ... and exchanging tokens with the expert-parallel ranks
+    int pipeline;                  // pipeline parallelism: the bubble below is reported
+    double pp_bubble_s;            // seconds a pipeline rank waited for its neighbours (mean over stages)
+    double pp_bubble, pp_bubble_ideal;  // that share of the schedule's time, and (p−1)/(v·m+p−1)
     uint64_t tp_bytes;             // bytes this rank sent to its tensor-parallel ranks (parallel/comm.h)
     uint64_t expert_bytes;         // ... to its expert-parallel and expert-tensor-parallel ranks
     int skipped;                   // the update was skipped (non-finite loss or gradient)

@@ -55,6 +55,7 @@ typedef struct {
     GradSync sync;              // gradient reduction / distributed optimizer over dp and edp
     double comm_s;              // time in gradient / parameter collectives, this step
     double comm_hidden_s;       // gradient sums in flight behind backward, this step
+    double bubble_s, bubble;    // the pipeline's waits this step (mean over stages) and their share
     Metrics metrics;
     double peak_flops, flops_per_token;
     MemoryNeed memory_need;     // what this process holds (check_memory)
@@ -182,8 +183,18 @@ static const Batch *step_batch(void *ctx, int mb) {
     return &t->step_batches[mb].batch;
 }
 
+// MOETRON_TEST_FAIL_MID_SCHEDULE=R (for tests/cli/test_mpi_pp.sh): world rank R fails in
+// the middle of the second step's schedule, after the forward of its micro-batch 1, while
+// its pipeline neighbours wait for it.
+static void fail_mid_schedule_for_test(const Trainer *t, int mb) {
+    const char *v = getenv("MOETRON_TEST_FAIL_MID_SCHEDULE");
+    if (v && atoi(v) == comm_world_rank() && t->state.iteration == 1 && mb == 1)
+        mt_die("failing in the middle of the pipeline schedule (MOETRON_TEST_FAIL_MID_SCHEDULE)");
+}
+
 static void forward_done(void *ctx, const ModelActs *a, int mb) {
     Trainer *t = ctx;
+    fail_mid_schedule_for_test(t, mb);
     double weight = 1.0 / t->cfg->num_micro_batches;  // every micro-batch of every rank counts alike
     StepLosses *s = t->step_losses;
     s->lm_loss += a->lm_loss * weight;  // 0 on chunks without the head
@@ -209,6 +220,16 @@ static void sum_step_grads(Trainer *t) {
     }
 }
 
+// The pipeline bubble of the step: each stage's waits for its neighbours, as a mean over
+// the stages and as their share of the schedule's time.
+static void measure_bubble(Trainer *t) {
+    double times[2] = {t->pipeline.waited_s, t->pipeline.step_s};
+    const Comm *pp = &t->groups.comm[PG_PP];
+    comm_allreduce_sum_double(pp, times, 2);
+    t->bubble_s = times[0] / pp->size;
+    t->bubble = times[1] > 0 ? times[0] / times[1] : 0;
+}
+
 static StepLosses train_step_micro_batches(Trainer *t) {
     const Config *c = t->cfg;
     StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts, .num_experts = c->num_experts,
@@ -228,6 +249,7 @@ static StepLosses train_step_micro_batches(Trainer *t) {
     double t0 = now_seconds();
     sum_step_grads(t);
     t->comm_s += now_seconds() - t0;
+    measure_bubble(t);
     step_losses_allreduce(&s, t->dp);
     step_losses_allreduce(&s, &t->groups.comm[PG_PP]);  // each stage's layers and the last stage's loss
     router_state_allreduce(&t->model, t->dp);
@@ -567,6 +589,8 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .mem_peak_mb = peak_memory_mb(), .elapsed_s = o->elapsed_s, .step_s = o->step_s,
                     .data_wait_s = o->data_wait_s, .threads = o->threads, .grad_comm_s = t->comm_s,
                     .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(t->model.ep_buffers),
+                    .pipeline = t->groups.sizes.pp > 1, .pp_bubble_s = t->bubble_s, .pp_bubble = t->bubble,
+                    .pp_bubble_ideal = pp_schedule_ideal_bubble(&t->pipeline.schedule),
                     .tp_bytes = comm_bytes_take("tp") + comm_bytes_take("kv"),
                     .expert_bytes = comm_bytes_take("ep") + comm_bytes_take("etp") + comm_bytes_take("etp_ep"),
                     .skipped = o->skipped, .loss_spike = o->loss_spike,
