@@ -424,6 +424,46 @@ static void check_nonblocking(void) {
     end();
 }
 
+// Point to point: every rank sends two messages of each tag to the next rank and one to the
+// previous (a large one and small ones, posted in an order that differs from the receives'),
+// while a non-blocking all-reduce on the same group is in flight: each lands by its tag, the
+// two of one tag in the order they were sent.
+static void check_point_to_point(void) {
+    begin("comm_point_to_point");
+    int P = world.size, me = world.rank, next = (me + 1) % P, prev = (me + P - 1) % P;
+    size_t big = 300007, small = 17, where = 0;
+    real *ar = mt_malloc(big * sizeof(real)), *ar_want = mt_malloc(big * sizeof(real));
+    int *members = identity_ranks(P);
+    fill(ar, big, me, 60);
+    serial_sum(ar_want, big, members, P, 60, 0);
+    real *out_big = mt_malloc(big * sizeof(real)), *in_big = mt_malloc(big * sizeof(real));
+    real out_small[2][17], in_small[2][17], out_back[17], in_back[17];
+    fill(out_big, big, me, 61);
+    for (int i = 0; i < 2; i++) fill(out_small[i], small, me, 62 + i);
+    fill(out_back, small, me, 64);
+    CommRequest ar_req, sends[4], recvs[4];
+    comm_iallreduce_sum(&world, ar, big, &ar_req);
+    comm_isend(&world, out_small[0], small, next, 7, &sends[0]);
+    comm_isend(&world, out_big, big, next, 3, &sends[1]);
+    comm_isend(&world, out_small[1], small, next, 7, &sends[2]);
+    comm_isend(&world, out_back, small, prev, COMM_MAX_TAG - 1, &sends[3]);
+    comm_irecv(&world, in_back, small, next, COMM_MAX_TAG - 1, &recvs[0]);
+    comm_irecv(&world, in_big, big, prev, 3, &recvs[1]);
+    comm_irecv(&world, in_small[0], small, prev, 7, &recvs[2]);
+    comm_irecv(&world, in_small[1], small, prev, 7, &recvs[3]);
+    for (int i = 3; i >= 0; i--) comm_wait(&recvs[i]);
+    for (int i = 0; i < 4; i++) comm_wait(&sends[i]);
+    comm_wait(&ar_req);
+    for (size_t i = 0; i < big; i++) expect(in_big[i] == (real)value(prev, i, 61), "large message element %zu", i);
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < small; i++)
+            expect(in_small[k][i] == (real)value(prev, i, 62 + k), "message %d of tag 7, element %zu", k, i);
+    for (size_t i = 0; i < small; i++) expect(in_back[i] == (real)value(next, i, 64), "backward message element %zu", i);
+    expect(same_bits(ar, ar_want, big, &where), "all-reduce in flight with them, element %zu", where);
+    free(ar), free(ar_want), free(members), free(out_big), free(in_big);
+    end();
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     comm_world_init(&argc, &argv);
@@ -443,7 +483,7 @@ int main(int argc, char **argv) {
         int ok = 1;
         void (*checks[])(void) = {check_allreduce, check_repeatable, check_allreduce_types, check_reduce_scatter,
                                   check_allgather, check_gather, check_alltoall, check_bcast_barrier, check_subgroups,
-                                  check_parallel_groups, check_nonblocking};
+                                  check_parallel_groups, check_nonblocking, check_point_to_point};
         for (size_t i = 0; i < sizeof(checks) / sizeof(checks[0]); i++) {
             checks[i]();
             ok &= check_failures == 0;
