@@ -439,6 +439,18 @@ void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommR
     free(counts);
 }
 
+void comm_ialltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
+                      real *recv, const size_t *recv_counts, const size_t *recv_displs, CommRequest *req) {
+    req->pending = NULL;
+    if (g->size == 1) {
+        alltoallv_typed(g, CT_REAL, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        return;
+    }
+    require_member(g, "all-to-all");
+    count_sent(g, (uint64_t)to_others(g, send_counts) * sizeof(real));
+    req->pending = backend_ialltoallv(g, CT_REAL, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+}
+
 static void start_point(const Comm *g, int send, real *buf, size_t n, int peer, int tag, CommRequest *req) {
     require_member(g, send ? "send" : "receive");
     if (peer < 0 || peer >= g->size || peer == g->rank || tag < 0 || tag >= COMM_MAX_TAG)

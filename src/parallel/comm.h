@@ -137,6 +137,10 @@ void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t
 // data moves with MPI even after comm_use_nccl (host or managed memory).
 void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommRequest *req);
 void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n);  // blocking
+// comm_alltoall_v in flight (its counts are read at the call). After comm_use_nccl it moves
+// the data at once with NCCL (blocking; the request is complete on return).
+void comm_ialltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
+                      real *recv, const size_t *recv_counts, const size_t *recv_displs, CommRequest *req);
 // Point to point: n elements of buf to group rank `peer`, or from it into buf, matched with
 // the peer's call of the other kind by tag (0 <= tag < COMM_MAX_TAG; messages of one tag
 // between two ranks arrive in the order they were sent); the sizes must agree. Moved with MPI

@@ -45,7 +45,7 @@ void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n);  // integer s
 void backend_bcast(const Comm *g, void *buf, size_t bytes, int root);
 void backend_barrier(const Comm *g);
 
-typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE, OP_SENDRECV, OP_SEND, OP_RECV } CommOp;
+typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE, OP_SENDRECV, OP_SEND, OP_RECV, OP_ALLTOALLV } CommOp;
 // Start a non-blocking collective over blocks of counts[q] elements (back to back):
 //   OP_REDUCE_SCATTER  send: every block, recv: the sum of block g->rank
 //   OP_ALLGATHER       send: this rank's block, recv: every block (send may be its place)
@@ -56,6 +56,11 @@ typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE, OP_SENDRECV, OP_SE
 // counts is copied. backend_test returns 1 when done and then has freed the state.
 CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
                             const size_t *counts);
+// A non-blocking all-to-all-v (counts and displacements as backend_alltoallv's, copied);
+// NULL when it is complete at once (on the NCCL path it runs blocking).
+CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                                const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                const size_t *recv_displs);
 // Point to point: n elements of t to (send) or from group rank peer, matched by tag
 // (0 <= tag < COMM_MAX_TAG, a tag space of its own); always over MPI.
 CommPending *backend_ipoint(const Comm *g, int send, CommType t, void *buf, size_t n, int peer, int tag);

@@ -35,6 +35,12 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
     no_groups_of_two();
     return NULL;
 }
+CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                                const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                const size_t *recv_displs) {
+    no_groups_of_two();
+    return NULL;
+}
 CommPending *backend_ipoint(const Comm *g, int send, CommType t, void *buf, size_t n, int peer, int tag) {
     no_groups_of_two();
     return NULL;

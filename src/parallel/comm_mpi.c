@@ -288,6 +288,14 @@ void backend_barrier(const Comm *g) {
 
 // ---- non-blocking --------------------------------------------------------------------------
 
+// The tag of the next non-blocking collective of g, the same on every member (two per
+// collective: an all-reduce's two exchanges); the tags from COMM_MAX_TAG up are the
+// collectives', those below the point-to-point ones' (backend_ipoint).
+static int next_collective_tag(const Comm *g) {
+    return COMM_MAX_TAG + (int)(2 * (g->impl->sequence++ % (unsigned)((tag_limit - COMM_MAX_TAG) / 2)));
+}
+
+
 struct CommPending {
     CommOp op;
     CommType type;
@@ -358,9 +366,7 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
     p->group = g->name;
     p->size = g->size;
     p->rank = g->rank;
-    // Two tags per request (an all-reduce's two exchanges), the same on every member; the
-    // tags from COMM_MAX_TAG up are the point-to-point ones' (backend_ipoint)
-    p->tag = COMM_MAX_TAG + (int)(2 * (g->impl->sequence++ % (unsigned)((tag_limit - COMM_MAX_TAG) / 2)));
+    p->tag = next_collective_tag(g);
     p->send = op == OP_ALLREDUCE ? recv : send;
     p->recv = recv;
     p->counts = mt_malloc(2 * (size_t)g->size * sizeof(size_t));
@@ -381,6 +387,37 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
     } else {
         p->in = mt_malloc((size_t)g->size * p->counts[g->rank] * es + 1);
         post(p, 0, p->tag);
+    }
+    return p;
+}
+
+CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                                const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                const size_t *recv_displs) {
+#ifdef MT_COMM_NCCL
+    if (nccl_path(g)) {
+        backend_alltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        return NULL;
+    }
+#endif
+    size_t es = comm_type_size(t);
+    CommPending *p = mt_calloc(1, sizeof(*p));
+    p->op = OP_ALLTOALLV;
+    p->type = t;
+    p->comm = g->impl->p2p;
+    p->group = g->name;
+    p->size = g->size;
+    p->rank = g->rank;
+    p->tag = next_collective_tag(g);
+    p->requests = mt_malloc(2 * (size_t)g->size * sizeof(MPI_Request));
+    memcpy((char *)recv + recv_displs[g->rank] * es, (const char *)send + send_displs[g->rank] * es,
+           recv_counts[g->rank] * es);
+    for (int q = 0; q < g->size; q++) {
+        if (q == g->rank) continue;
+        MPI_Irecv((char *)recv + recv_displs[q] * es, mpi_count(g, recv_counts[q]), mpi_type(t), q, p->tag, p->comm,
+                  p->requests + p->nrequests++);
+        MPI_Isend((const char *)send + send_displs[q] * es, mpi_count(g, send_counts[q]), mpi_type(t), q, p->tag,
+                  p->comm, p->requests + p->nrequests++);
     }
     return p;
 }

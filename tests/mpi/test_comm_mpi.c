@@ -268,6 +268,17 @@ static void check_alltoall(void) {
         }
         expect(rv[rd[q] - 1] == 0 && rvi[rd[q] - 1] == 0, "-v wrote into the gap before block %d", q);
     }
+    // the non-blocking form, twice in flight at once with a blocking all-to-all between
+    real *rv2 = mt_calloc(rat, sizeof(real)), *rv3 = mt_calloc(rat, sizeof(real));
+    CommRequest first, second;
+    comm_ialltoall_v(&world, sv, sc, sd, rv2, rc, rd, &first);
+    comm_ialltoall_v(&world, sv, sc, sd, rv3, rc, rd, &second);
+    comm_alltoall(&world, s, r, block);
+    comm_wait(&second);
+    comm_wait(&first);
+    for (size_t i = 0; i < rat; i++)
+        expect(rv2[i] == rv[i] && rv3[i] == rv[i], "non-blocking -v element %zu differs from the blocking one", i);
+    free(rv2), free(rv3);
     free(s), free(r), free(si), free(ri), free(sc), free(sv), free(rv), free(svi), free(rvi);
     end();
 }
