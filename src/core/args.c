@@ -117,6 +117,9 @@ static const FlagSpec FLAGS[] = {
     F("num-layers-per-virtual-pipeline-stage", FLAG_INT, num_layers_per_virtual_pipeline_stage, TR, 0, "interleaved 1F1B: layers of each virtual stage (model chunk)"),
     F("num-virtual-stages-per-pipeline-rank", FLAG_INT, num_virtual_stages_per_pipeline_rank, TR, 0, "interleaved 1F1B: model chunks of each pipeline rank"),
     F("microbatch-group-size-per-virtual-pipeline-stage", FLAG_INT, microbatch_group_size_per_vp_stage, TR, 0, "interleaved 1F1B: micro-batches run through one chunk before the next (0 = PP)"),
+    F("moe-shared-expert-overlap", FLAG_BOOL, moe_shared_expert_overlap, TR, 0, "compute the shared expert while the routed tokens travel to and from the experts (alltoall dispatcher; results unchanged)"),
+    F("overlap-moe-expert-parallel-comm", FLAG_BOOL, overlap_moe_expert_parallel_comm, TR, 0, "run each steady-state forward and backward of the 1F1B schedule together, one micro-batch's token exchanges in flight while the other computes (EP above 1, alltoall dispatcher; with PP needs virtual stages; results unchanged)"),
+    F("delay-wgrad-compute", FLAG_BOOL, delay_wgrad_compute, TR, 0, "with --overlap-moe-expert-parallel-comm: the experts' weight gradients while their input gradients travel back"),
     F("expert-model-parallel-size", FLAG_INT, expert_model_parallel_size, TR, 0, "processes the experts of a layer are distributed over (EP)"),
     F("expert-tensor-parallel-size", FLAG_INT, expert_tensor_parallel_size, TR, 0, "processes each expert's tensors are split over (ETP)"),
     F("cp-comm-type", FLAG_LIST, cp_comm_type, TR, 0, "with CP: p2p (ring attention), a2a (all-to-all over heads), allgather (gather K/V) or a2a+p2p; one value, or one per layer"),
@@ -743,6 +746,27 @@ static void validate_pipeline(const Config *c) {
     if (pipeline_layout_make(&layout, c, err, sizeof(err))) config_die("%s", err);
 }
 
+// The expert-parallel overlaps: Megatron-Core's conditions.
+static void validate_comm_overlap(const Config *c) {
+    int alltoall = !strcmp(c->moe_token_dispatcher_type, "alltoall");
+    if (c->moe_shared_expert_overlap && (!c->moe_shared_expert_intermediate_size || !alltoall))
+        config_die("--moe-shared-expert-overlap needs a shared expert (--moe-shared-expert-intermediate-size) and "
+                   "--moe-token-dispatcher-type alltoall");
+    if (c->delay_wgrad_compute && !c->overlap_moe_expert_parallel_comm)
+        config_die("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm");
+    if (!c->overlap_moe_expert_parallel_comm) return;
+    if (c->expert_model_parallel_size < 2 || !alltoall)
+        config_die("--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size above 1 and "
+                   "--moe-token-dispatcher-type alltoall");
+    if (c->moe_shared_expert_overlap)
+        config_die("--overlap-moe-expert-parallel-comm and --moe-shared-expert-overlap exclude each other; drop one");
+    PipelineLayout layout;
+    char err[512];
+    if (c->pipeline_model_parallel_size > 1 && !pipeline_layout_make(&layout, c, err, sizeof(err)) && layout.vp == 1)
+        config_die("--overlap-moe-expert-parallel-comm with --pipeline-model-parallel-size %d needs virtual pipeline "
+                   "stages (--num-virtual-stages-per-pipeline-rank)", c->pipeline_model_parallel_size);
+}
+
 static void validate_parallel(const Config *c) {
     static const char *const devices[] = {"cpu", "cuda", "auto"};
     if (lookup(c->device, devices, 3) < 0) config_die("--device %s: use cpu, cuda or auto", c->device);
@@ -943,6 +967,7 @@ void config_validate(Config *c) {
     validate_tensor_parallel(c);
     validate_context_parallel(c);
     validate_pipeline(c);
+    validate_comm_overlap(c);
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");
     if (c->top_k < 0) config_die("--top-k must be >= 0");

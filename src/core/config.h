@@ -97,6 +97,10 @@ typedef struct {
     int account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split;
     int num_layers_per_virtual_pipeline_stage, num_virtual_stages_per_pipeline_rank;  // 0 = not given
     int microbatch_group_size_per_vp_stage;  // interleaved schedule's micro-batch groups (0 = PP)
+    // expert-parallel communication hidden behind compute (docs/parallelism.md)
+    int moe_shared_expert_overlap;         // the shared expert computes while routed rows travel
+    int overlap_moe_expert_parallel_comm;  // one micro-batch's exchanges behind another's compute
+    int delay_wgrad_compute;               // experts' weight gradients while their input gradients travel
     char cp_comm_type[1024];       // list: p2p | a2a | allgather | a2a+p2p, one for all layers or one per layer
     char hierarchical_context_parallel_sizes[64];  // list: inner outer (a2a+p2p)
     int expert_model_parallel_size, expert_tensor_parallel_size;

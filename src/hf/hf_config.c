@@ -186,7 +186,9 @@ static int is_launch_flag(const char *name) {
                                          "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split",
                                          "account-for-loss-in-pipeline-split", "num-layers-per-virtual-pipeline-stage",
                                          "num-virtual-stages-per-pipeline-rank",
-                                         "microbatch-group-size-per-virtual-pipeline-stage"};
+                                         "microbatch-group-size-per-virtual-pipeline-stage",
+                                         "moe-shared-expert-overlap", "overlap-moe-expert-parallel-comm",
+                                         "delay-wgrad-compute"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
         if (!strcmp(name, launch[i])) return 1;
     return 0;

@@ -317,7 +317,7 @@ void model_allocate(Model *m) {
     }
     m->rope_cos_sin = device_calloc((size_t)c->max_positions * c->rope_dim, sizeof(real));
     rope_table(m->rope_cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
-    if (m->ep.gather) m->ep_buffers = ep_buffers_new();
+    for (int pass = 0; pass < PASS_KINDS && m->ep.gather; pass++) m->ep_buffers[pass] = ep_buffers_new();
 }
 
 // The elements of a tensor's piece in the order of the global tensor: global element j
@@ -363,8 +363,10 @@ void model_free(Model *m) {
     }
     free(m->layers);
     free(m->remote_names);
-    ep_buffers_free(m->ep_buffers);
-    m->ep_buffers = NULL;
+    for (int pass = 0; pass < PASS_KINDS; pass++) {
+        ep_buffers_free(m->ep_buffers[pass]);
+        m->ep_buffers[pass] = NULL;
+    }
     free(m->router_state);
     device_free(m->rope_cos_sin);
     tt_free(&m->tt);

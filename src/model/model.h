@@ -19,6 +19,9 @@
 #include "ops/ops.h"
 #include "parallel/comm.h"
 
+// The two kinds of pass over a model chunk.
+typedef enum { PASS_FORWARD, PASS_BACKWARD, PASS_KINDS } PassKind;
+
 typedef struct {
     TensorId input_norm, q_proj, k_proj, v_proj, o_proj;  // q_proj -1 with MLA and --q-lora-rank; k/v -1 with MLA
     TensorId q_norm, k_norm;           // -1 without --qk-layernorm (per head, or whole projection)
@@ -54,7 +57,8 @@ typedef struct {
     real *rope_cos_sin;                   // (max_positions, head_dim/2, 2)
     char (*remote_names)[MT_NAME_MAX];    // (n_remote) tensors other expert-parallel ranks hold
     int n_remote;
-    struct EpBuffers *ep_buffers;         // scratch of the token exchange (expert parallel only)
+    struct EpBuffers *ep_buffers[PASS_KINDS];  // scratch of the token exchange (expert parallel only),
+                                               // one per pass kind: a forward and a backward may overlap
 } Model;
 
 // ---- one micro-batch ------------------------------------------------------------------

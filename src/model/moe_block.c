@@ -86,32 +86,11 @@ static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     rs->global_micro_batches += ma->route.group_batches;
 }
 
-// The shared expert: a dense SwiGLU on every token (tensor parallel as the dense FFN:
-// gate/up column-parallel on ln2_full, down row-parallel), its output scaled per token by
-// σ(ln2·w_gate) with --moe-shared-expert-gate (computed on this rank's tokens, gathered).
-static void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N) {
-    MoeActs *ma = &la->moe;
-    TpRegion region = model_tp_region(m);
-    int H = m->plan.hidden, N_local = plan_local_tokens(&m->plan, N);
-    int32_t offsets[2] = {0, N};
-    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
-    real *gate = NULL;
-    if (lp->shared_expert_gate >= 0) {  // σ(x·w_gate) scales the whole shared output
-        linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
-        for (int n = 0; n < N_local; n++) ma->shared_gate[n] = 1 / (1 + real_exp(-ma->shared_gate[n]));
-        tp_enter_forward(&region, ma->shared_gate, ma->shared_gate_full, N, 1);
-        gate = ma->shared_gate_full;
-    }
-    tp_enter_forward(&region, la->ln2, la->ln2_full, N, H);
-    experts_forward(la->ffn_partial, &ma->shared, la->ln2_full, gate, &lp->shared_params, &shape);
-    tp_exit_forward(&region, la->ffn_partial, ma->shared_out, N, H);
-    vec_add(la->ffn_out, ma->shared_out, (size_t)N_local * H);
-}
-
-// What the token dispatcher needs of the model.
-static MoeDispatchContext dispatch_context(const Model *m) {
+// What the token dispatcher needs of the model, in a forward or a backward pass (each kind
+// its own exchange scratch: the combined schedule overlaps a forward with a backward).
+static MoeDispatchContext dispatch_context(const Model *m, PassKind pass) {
     return (MoeDispatchContext){.hidden = m->plan.hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
-                                .ep = &m->ep, .buffers = m->ep_buffers};
+                                .ep = &m->ep, .buffers = m->ep_buffers[pass]};
 }
 
 // The backward scratch of a that the dispatcher fills or hands the experts; the routed
@@ -122,32 +101,12 @@ static MoeBackwardBuffers dispatch_backward_buffers(ModelActs *a) {
                                 .d_choice_probs = a->d_choice_probs};
 }
 
-// x (N,H) -> out (N,H): the routed experts' outputs combined per token: the dispatcher
-// moves the rows, the experts run here between its phases.
-static void routed_experts_forward(const Model *m, const LayerParams *lp, MoeActs *ma, const real *x, real *out) {
-    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
-    MoeDispatchContext ctx = dispatch_context(m);
-    ExpertRows *rows = &ma->expert_rows;
-    d->dispatch(&ctx, ma, x, rows);
-    experts_forward(rows->rows_out, rows->acts, rows->rows_in, rows->row_probs, &lp->ffn_params, &rows->shape);
-    d->combine(&ctx, ma, rows, out);
+// --moe-shared-expert-overlap: the shared expert computes while the routed rows travel.
+static int shared_overlapped(const Model *m, const LayerParams *lp) {
+    return m->cfg.moe_shared_expert_overlap && lp->shared_gate >= 0;
 }
 
-// d_out (N,H) -> a->d_norm (N,H) overwritten and a->d_choice_probs (N,k).
-static void routed_experts_backward(const Model *m, const LayerParams *lp, MoeActs *ma, ModelActs *a,
-                                    const real *d_out) {
-    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
-    MoeDispatchContext ctx = dispatch_context(m);
-    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
-    ExpertRows *rows = &ma->expert_rows;
-    d->combine_backward(&ctx, ma, &grads, d_out, rows);
-    experts_backward(rows->d_rows_in, rows->d_row_probs, &lp->ffn_grads, rows->d_rows_out, rows->acts, rows->rows_in,
-                     rows->row_probs, &lp->ffn_params, &rows->shape, rows->scratch_gate, rows->scratch_up,
-                     rows->scratch_act);
-    d->dispatch_backward(&ctx, ma, &grads, rows);
-}
-
-void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index) {
+void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
@@ -173,38 +132,76 @@ void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, c
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training) record_routing(m, layer, ma);
     ma->plan.N = N_local;
-    routed_experts_forward(m, lp, ma, la->ln2, la->ffn_out);
-    if (lp->shared_gate >= 0) shared_expert_forward(m, lp, la, N);
+    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, la->ln2, &ma->expert_rows);
+    if (shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
 }
 
-// Shared expert backward: adds its input gradient into a->d_norm (this rank's tokens).
-static void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a, const real *d_out) {
+void moe_forward_experts(const Model *m, int layer, LayerActs *la) {
+    const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
-    TpRegion region = model_tp_region(m);
-    int N = a->N, N_local = a->N_local, H = m->plan.hidden;
-    int32_t offsets[2] = {0, N};
-    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
-    int gated = lp->shared_expert_gate >= 0;
-    tp_exit_backward(&region, d_out, a->d_out_full, N, H);
-    experts_backward(a->d_shared_in_full, gated ? a->d_shared_gate_full : NULL, &lp->shared_grads, a->d_out_full,
-                     &ma->shared, la->ln2_full, gated ? ma->shared_gate_full : NULL, &lp->shared_params, &shape,
-                     a->d_gate, a->d_up, a->d_act);
-    tp_enter_backward(&region, a->d_shared_in_full, a->d_shared_in, N, H);
-    vec_add(a->d_norm, a->d_shared_in, (size_t)N_local * H);
-    if (!gated) return;
-    // each rank's columns make part of the gate's gradient: summed over TP, this rank's tokens kept
-    tp_enter_backward(&region, a->d_shared_gate_full, a->d_shared_gate, N, 1);
-    // gate g = σ(z), z = x·w: dz = dg·g(1−g)
-    for (int n = 0; n < N_local; n++) a->d_shared_gate[n] *= ma->shared_gate[n] * (1 - ma->shared_gate[n]);
-    linear_backward(a->d_norm, tt_grad(&m->tt, lp->shared_expert_gate), a->d_shared_gate, la->ln2,
-                    tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
+    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
+    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    ExpertRows *rows = &ma->expert_rows;
+    if (d->dispatch_finish) d->dispatch_finish(&ctx, ma, rows);
+    experts_forward(rows->rows_out, rows->acts, rows->rows_in, rows->row_probs, &lp->ffn_params, &rows->shape);
+    d->combine(&ctx, ma, rows, la->ffn_out);
 }
 
-void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale) {
+void moe_forward_end(const Model *m, int layer, LayerActs *la, int N) {
+    const LayerParams *lp = &m->layers[layer];
+    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
+    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    if (d->combine_finish) d->combine_finish(&ctx, &la->moe, la->ffn_out);
+    if (lp->shared_gate < 0) return;
+    if (!shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
+    vec_add(la->ffn_out, la->moe.shared_out, (size_t)plan_local_tokens(&m->plan, N) * m->plan.hidden);
+}
+
+void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index) {
+    moe_forward_begin(m, layer, la, batch, token_index);
+    moe_forward_experts(m, layer, la);
+    moe_forward_end(m, layer, la, batch->B * batch->T);
+}
+
+void moe_backward_begin(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out) {
+    const LayerParams *lp = &m->layers[layer];
+    MoeDispatchContext ctx = dispatch_context(m, PASS_BACKWARD);
+    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
+    token_dispatcher_of(&m->ep)->combine_backward(&ctx, &la->moe, &grads, d_out, &la->moe.expert_rows);
+    if (shared_overlapped(m, lp)) shared_expert_backward(m, lp, la, a, d_out);
+}
+
+// The routed experts' data gradients, then (--delay-wgrad-compute: while the input
+// gradients travel back) their weight gradients.
+void moe_backward_experts(Model *m, int layer, LayerActs *la, ModelActs *a) {
+    const LayerParams *lp = &m->layers[layer];
+    MoeActs *ma = &la->moe;
+    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
+    MoeDispatchContext ctx = dispatch_context(m, PASS_BACKWARD);
+    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
+    ExpertRows *rows = &ma->expert_rows;
+    if (d->combine_backward_finish) d->combine_backward_finish(&ctx, ma, rows);
+    experts_backward_data(rows->d_rows_in, rows->d_row_probs, rows->d_rows_out, rows->acts, rows->row_probs,
+                          &lp->ffn_params, &rows->shape, rows->scratch_gate, rows->scratch_up, rows->scratch_act);
+    int delayed = m->cfg.delay_wgrad_compute;
+    if (!delayed)
+        experts_backward_weights(&lp->ffn_grads, rows->d_rows_out, rows->acts, rows->rows_in, &rows->shape,
+                                 rows->scratch_gate, rows->scratch_up);
+    d->dispatch_backward(&ctx, ma, &grads, rows);
+    if (delayed)
+        experts_backward_weights(&lp->ffn_grads, rows->d_rows_out, rows->acts, rows->rows_in, &rows->shape,
+                                 rows->scratch_gate, rows->scratch_up);
+}
+
+void moe_backward_end(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale) {
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
     int N = a->N_local, H = m->plan.hidden, E = m->plan.experts;
-    routed_experts_backward(m, lp, ma, a, d_out);
+    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
+    MoeDispatchContext ctx = dispatch_context(m, PASS_BACKWARD);
+    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
+    if (d->dispatch_backward_finish) d->dispatch_backward_finish(&ctx, ma, &grads);
     // router: probs → logits → (router input, W_router); with forced balancing the random
     // logits pass their gradient straight through to the real ones
     router_backward(a->d_router_logits, a->d_choice_probs, ma->logits, &ma->route, &m->router, &ma->call, loss_scale);
@@ -218,5 +215,13 @@ void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
         for (size_t i = 0; i < (size_t)N * H; i++) a->d_router_input[i] *= ma->jitter[i];
         vec_add(a->d_norm, a->d_router_input, (size_t)N * H);
     }
-    if (lp->shared_gate >= 0) shared_expert_backward(m, lp, la, a, d_out);
+    if (lp->shared_gate < 0) return;
+    if (!shared_overlapped(m, lp)) shared_expert_backward(m, lp, la, a, d_out);
+    shared_expert_backward_add(m, lp, la, a);
+}
+
+void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale) {
+    moe_backward_begin(m, layer, la, a, d_out);
+    moe_backward_experts(m, layer, la, a);
+    moe_backward_end(m, layer, la, a, d_out, loss_scale);
 }

@@ -29,6 +29,9 @@ typedef struct EpLayer {
     int32_t *topk_all, *kept_all;  // (P·N·k)
     real *probs_all;               // (P·N·k)
     DispatchPlan plan;             // row_of_choice (P·N·k), token_of_row (rows)
+    // alltoall: the exchanges of the phase in flight (rows, probs) and when they started
+    CommRequest inflight[2];
+    double started;
 } EpLayer;
 
 // Scratch shared by the layers (not needed after the call that fills it).
@@ -42,7 +45,8 @@ struct EpBuffers {
     size_t token_capacity, choice_capacity;
     real *tokens_all;                 // (P·N,H) allgather: gathered inputs / partial sums
     real *choices_all;                // (P·N·k) allgather: prob gradients of every choice
-    double comm_s;
+    double comm_s;                    // in the exchanges' calls and waits (exposed)
+    double hidden_s;                  // exchanges in flight while the caller computed other work
 };
 
 // ---- buffers -----------------------------------------------------------------------------------
@@ -167,6 +171,13 @@ double ep_take_comm_seconds(struct EpBuffers *b) {
     return s;
 }
 
+double ep_take_hidden_seconds(struct EpBuffers *b) {
+    if (!b) return 0;
+    double s = b->hidden_s;
+    b->hidden_s = 0;
+    return s;
+}
+
 static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *offsets) {
     return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .offsets = offsets};
 }
@@ -174,9 +185,10 @@ static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *off
 // ---- alltoall ------------------------------------------------------------------------------------
 
 // Rows of `width` reals: send_rows[q] rows (back to back in send) go to rank q;
-// recv_rows[q] rows from rank q land back to back in recv.
+// recv_rows[q] rows from rank q land back to back in recv. In flight in *req when given,
+// else complete on return.
 static void exchange_rows(const MoeDispatchContext *ctx, const real *send, const int32_t *send_rows, real *recv,
-                          const int32_t *recv_rows, int width) {
+                          const int32_t *recv_rows, int width, CommRequest *req) {
     const Comm *g = ctx->ep->comm;
     int P = g->size;
     size_t *counts = mt_malloc(4 * (size_t)P * sizeof(size_t));
@@ -192,9 +204,23 @@ static void exchange_rows(const MoeDispatchContext *ctx, const real *send, const
     }
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t0 = now_seconds();
-    comm_alltoall_v(g, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    if (req) comm_ialltoall_v(g, send, send_counts, send_displs, recv, recv_counts, recv_displs, req);
+    else comm_alltoall_v(g, send, send_counts, send_displs, recv, recv_counts, recv_displs);
     ctx->buffers->comm_s += now_seconds() - t0;
     free(counts);
+}
+
+// The phase's exchanges have been started (in flight from now).
+static void mark_started(EpLayer *el) { el->started = now_seconds(); }
+
+// Waits for the phase's exchanges: the time since they started counts as hidden, the wait
+// as exposed.
+static void finish_exchanges(const MoeDispatchContext *ctx, EpLayer *el) {
+    PROF_SCOPE(PROF_EXPERT_COMM);
+    double t0 = now_seconds();
+    ctx->buffers->hidden_s += t0 - el->started;
+    for (int i = 0; i < 2; i++) comm_wait(&el->inflight[i]);
+    ctx->buffers->comm_s += now_seconds() - t0;
 }
 
 // Elements of `width` per row, for the rows[q] of each rank q of a group.
@@ -222,27 +248,28 @@ static void over_etp(const MoeDispatchContext *ctx, const EpLayer *el, EtpCollec
 }
 
 // Rows in this rank's plan order -> arrived, [source][local expert] over all S sources:
-// over EP to their expert's rank, then with ETP gathered from its ETP ranks (through own).
+// over EP to their expert's rank (in flight in *req), then with ETP gathered from its ETP
+// ranks (through own; then complete on return).
 static void rows_to_experts(const MoeDispatchContext *ctx, const EpLayer *el, const real *send, real *arrived,
-                            real *own, int width) {
+                            real *own, int width, CommRequest *req) {
     if (!ctx->ep->etp) {
-        exchange_rows(ctx, send, el->send_rows, arrived, el->recv_rows, width);
+        exchange_rows(ctx, send, el->send_rows, arrived, el->recv_rows, width, req);
         return;
     }
-    exchange_rows(ctx, send, el->send_rows, own, el->recv_rows, width);
+    exchange_rows(ctx, send, el->send_rows, own, el->recv_rows, width, NULL);
     over_etp(ctx, el, GATHER_ROWS, own, arrived, width);
 }
 
 // The way back: arrived rows (with ETP partial over the FFN slices, summed on the way) ->
-// back, in this rank's plan order.
+// back, in this rank's plan order (in flight in *req).
 static void rows_from_experts(const MoeDispatchContext *ctx, const EpLayer *el, const real *arrived, real *back,
-                              real *own, int width) {
+                              real *own, int width, CommRequest *req) {
     if (!ctx->ep->etp) {
-        exchange_rows(ctx, arrived, el->recv_rows, back, el->send_rows, width);
+        exchange_rows(ctx, arrived, el->recv_rows, back, el->send_rows, width, req);
         return;
     }
     over_etp(ctx, el, SUM_SLICES, arrived, own, width);
-    exchange_rows(ctx, own, el->recv_rows, back, el->send_rows, width);
+    exchange_rows(ctx, own, el->recv_rows, back, el->send_rows, width, req);
 }
 
 // This rank's rows per local expert from each EP rank (own_counts), and with ETP those of
@@ -319,33 +346,49 @@ static void alltoall_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const 
     alltoall_layout(el, &ma->plan, ep);
     layer_reserve_rows(el, el->rows, H, ctx->moe_ffn);
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
-    rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H);
-    rows_to_experts(ctx, el, ma->row_probs, b->exchange_probs, b->own_probs, 1);
-    sort_segments(el->rows_in, b->exchange, el, ep, H, 1);
-    sort_segments(el->row_probs, b->exchange_probs, el, ep, 1, 1);
+    rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H, &el->inflight[0]);
+    rows_to_experts(ctx, el, ma->row_probs, b->exchange_probs, b->own_probs, 1, &el->inflight[1]);
+    mark_started(el);
+}
+
+static void alltoall_dispatch_finish(const MoeDispatchContext *ctx, MoeActs *ma, ExpertRows *rows) {
+    EpLayer *el = ma->ep;
+    struct EpBuffers *b = ctx->buffers;
+    finish_exchanges(ctx, el);
+    sort_segments(el->rows_in, b->exchange, el, ctx->ep, ctx->hidden, 1);
+    sort_segments(el->row_probs, b->exchange_probs, el, ctx->ep, 1, 1);
     *rows = layer_rows(ctx, el, el->offsets);
 }
 
 static void alltoall_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
-    const ExpertParallel *ep = ctx->ep;
     EpLayer *el = ma->ep;
     int H = ctx->hidden;
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
-    sort_segments(b->exchange, rows->rows_out, el, ep, H, 0);
-    rows_from_experts(ctx, el, b->exchange, ma->rows_out, b->own, H);
-    combine_forward(out, ma->rows_out, &ma->plan, H, 0);
+    sort_segments(b->exchange, rows->rows_out, el, ctx->ep, H, 0);
+    rows_from_experts(ctx, el, b->exchange, ma->rows_out, b->own, H, &el->inflight[0]);
+    mark_started(el);
+}
+
+static void alltoall_combine_finish(const MoeDispatchContext *ctx, MoeActs *ma, real *out) {
+    finish_exchanges(ctx, ma->ep);
+    combine_forward(out, ma->rows_out, &ma->plan, ctx->hidden, 0);
 }
 
 // combine backward = dispatch of the output gradient, then the same trip as the inputs
 static void alltoall_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
                                       const real *d_out, ExpertRows *rows) {
-    const ExpertParallel *ep = ctx->ep;
     EpLayer *el = ma->ep;
     int H = ctx->hidden;
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
     dispatch_forward(grads->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    rows_to_experts(ctx, el, grads->d_rows_out, b->exchange, b->own, H);
-    sort_segments(b->d_rows_out, b->exchange, el, ep, H, 1);
+    rows_to_experts(ctx, el, grads->d_rows_out, b->exchange, b->own, H, &el->inflight[0]);
+    mark_started(el);
+}
+
+static void alltoall_combine_backward_finish(const MoeDispatchContext *ctx, MoeActs *ma, ExpertRows *rows) {
+    struct EpBuffers *b = ctx->buffers;
+    finish_exchanges(ctx, ma->ep);
+    sort_segments(b->d_rows_out, b->exchange, ma->ep, ctx->ep, ctx->hidden, 1);
     set_backward_rows(rows, b);
 }
 
@@ -357,14 +400,23 @@ static void alltoall_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *m
     int H = ctx->hidden;
     struct EpBuffers *b = ctx->buffers;
     sort_segments(b->exchange, rows->d_rows_in, el, ep, H, 0);
-    rows_from_experts(ctx, el, b->exchange, grads->d_rows_in, b->own, H);
+    rows_from_experts(ctx, el, b->exchange, grads->d_rows_in, b->own, H, &el->inflight[0]);
     sort_segments(b->exchange_probs, rows->d_row_probs, el, ep, 1, 0);
-    rows_from_experts(ctx, el, b->exchange_probs, grads->d_row_probs, b->own_probs, 1);
-    dispatch_backward(grads->d_x, grads->d_choice_probs, grads->d_rows_in, grads->d_row_probs, &ma->plan, H);
+    rows_from_experts(ctx, el, b->exchange_probs, grads->d_row_probs, b->own_probs, 1, &el->inflight[1]);
+    mark_started(el);
 }
 
-const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {"alltoall", alltoall_dispatch, alltoall_combine,
-                                                   alltoall_combine_backward, alltoall_dispatch_backward};
+static void alltoall_dispatch_backward_finish(const MoeDispatchContext *ctx, MoeActs *ma,
+                                              const MoeBackwardBuffers *grads) {
+    finish_exchanges(ctx, ma->ep);
+    dispatch_backward(grads->d_x, grads->d_choice_probs, grads->d_rows_in, grads->d_row_probs, &ma->plan, ctx->hidden);
+}
+
+const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {
+    .name = "alltoall", .dispatch = alltoall_dispatch, .dispatch_finish = alltoall_dispatch_finish,
+    .combine = alltoall_combine, .combine_finish = alltoall_combine_finish,
+    .combine_backward = alltoall_combine_backward, .combine_backward_finish = alltoall_combine_backward_finish,
+    .dispatch_backward = alltoall_dispatch_backward, .dispatch_backward_finish = alltoall_dispatch_backward_finish};
 
 // ---- allgather -----------------------------------------------------------------------------------
 
@@ -446,5 +498,7 @@ static void allgather_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *
     ctx->buffers->comm_s += now_seconds() - t1;
 }
 
-const TokenDispatcher TOKEN_DISPATCHER_ALLGATHER = {"allgather", allgather_dispatch, allgather_combine,
-                                                    allgather_combine_backward, allgather_dispatch_backward};
+const TokenDispatcher TOKEN_DISPATCHER_ALLGATHER = {.name = "allgather", .dispatch = allgather_dispatch,
+                                                    .combine = allgather_combine,
+                                                    .combine_backward = allgather_combine_backward,
+                                                    .dispatch_backward = allgather_dispatch_backward};

@@ -59,4 +59,7 @@ struct EpBuffers *ep_buffers_new(void);
 void ep_buffers_free(struct EpBuffers *b);  // b may be NULL
 // Seconds b spent in the token exchange since the last call (and restart the count); 0 for NULL.
 double ep_take_comm_seconds(struct EpBuffers *b);
+// Seconds b's exchanges were in flight while the caller computed other work, since the last
+// call (and restart the count); 0 for NULL.
+double ep_take_hidden_seconds(struct EpBuffers *b);
 void ep_layer_free(MoeActs *ma);

@@ -33,6 +33,16 @@ void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,
                       const real *drows_out, const ExpertActs *acts, const real *rows_in,
                       const real *row_scale, const ExpertWeights *w, const ExpertShape *s,
                       real *scratch_dgate, real *scratch_dup, real *scratch_dact);
+// experts_backward in two halves (--delay-wgrad-compute runs the second while the input
+// gradients travel): the data gradients (drows_in, drow_scale; scratch_dgate and
+// scratch_dup keep what the second half reads), then the weight gradients into dw. The same
+// values as experts_backward, bit for bit.
+void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_out, const ExpertActs *acts,
+                           const real *row_scale, const ExpertWeights *w, const ExpertShape *s,
+                           real *scratch_dgate, real *scratch_dup, real *scratch_dact);
+void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, const ExpertActs *acts,
+                              const real *rows_in, const ExpertShape *s, const real *scratch_dgate,
+                              const real *scratch_dup);
 
 // The rows a rank's experts compute in one MoE layer, as a token dispatcher hands them over
 // (moe/token_dispatcher.h): the inputs and probs, where the outputs go, the saved

@@ -48,5 +48,6 @@ static void local_dispatch_backward(const MoeDispatchContext *ctx, MoeActs *ma, 
     dispatch_backward(grads->d_x, grads->d_choice_probs, rows->d_rows_in, rows->d_row_probs, &ma->plan, ctx->hidden);
 }
 
-const TokenDispatcher TOKEN_DISPATCHER_LOCAL = {"local", local_dispatch, local_combine, local_combine_backward,
-                                                local_dispatch_backward};
+const TokenDispatcher TOKEN_DISPATCHER_LOCAL = {.name = "local", .dispatch = local_dispatch,
+                                                .combine = local_combine, .combine_backward = local_combine_backward,
+                                                .dispatch_backward = local_dispatch_backward};

@@ -16,7 +16,8 @@
 typedef struct {
     int hidden, experts, moe_ffn;  // H, E (all of them) and I (each expert's FFN on this rank)
     const ExpertParallel *ep;
-    struct EpBuffers *buffers;     // the exchange's scratch (expert parallelism), or NULL
+    struct EpBuffers *buffers;     // the exchange's scratch (expert parallelism), or NULL: one
+                                   // set per pass kind (a forward and a backward may overlap)
 } MoeDispatchContext;
 
 // The backward buffers of the caller a dispatcher fills or hands the experts (rows: the
@@ -29,18 +30,27 @@ typedef struct {
     real *d_choice_probs;          // (N,k) the gradient of the routing probs
 } MoeBackwardBuffers;
 
+// Each phase in two halves: the first computes and starts the exchange, the second (NULL:
+// none, the first did it all) waits for it and completes the phase; between them the caller
+// may compute other work while the rows travel (the alltoall dispatcher without expert
+// tensor parallelism leaves its all-to-alls in flight). A phase's results are those of the
+// second half's return; the two halves of one phase are called with the same arguments.
 typedef struct {
     const char *name;
     // x (N,H), ma->route -> rows (the rows this rank's experts compute)
     void (*dispatch)(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows);
+    void (*dispatch_finish)(const MoeDispatchContext *ctx, MoeActs *ma, ExpertRows *rows);
     // rows->rows_out -> out (N,H) overwritten
     void (*combine)(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out);
+    void (*combine_finish)(const MoeDispatchContext *ctx, MoeActs *ma, real *out);
     // d_out (N,H) -> rows->d_rows_out (and the gradient buffers of rows set)
     void (*combine_backward)(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
                              const real *d_out, ExpertRows *rows);
+    void (*combine_backward_finish)(const MoeDispatchContext *ctx, MoeActs *ma, ExpertRows *rows);
     // rows->d_rows_in, rows->d_row_probs -> grads->d_x (N,H) overwritten, grads->d_choice_probs (N,k)
     void (*dispatch_backward)(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
                               const ExpertRows *rows);
+    void (*dispatch_backward_finish)(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads);
 } TokenDispatcher;
 
 extern const TokenDispatcher TOKEN_DISPATCHER_LOCAL, TOKEN_DISPATCHER_ALLTOALL, TOKEN_DISPATCHER_ALLGATHER;

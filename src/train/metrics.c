@@ -196,6 +196,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_double(&w, "grad_comm_s", r->grad_comm_s);
     jw_kv_double(&w, "grad_comm_hidden_s", r->grad_comm_hidden_s);
     jw_kv_double(&w, "expert_comm_s", r->expert_comm_s);
+    jw_kv_double(&w, "expert_comm_hidden_s", r->expert_comm_hidden_s);
     if (r->pipeline) {
         jw_kv_double(&w, "pp_bubble_s", r->pp_bubble_s);
         jw_kv_double(&w, "pp_bubble", r->pp_bubble);

@@ -29,7 +29,8 @@ typedef struct {
     int threads;                   // OpenMP threads the step computed with (train/thread_governor.h)
     double grad_comm_s;            // ... and in the data-parallel gradient / parameter collectives
     double grad_comm_hidden_s;     // gradient sums in flight while backward computed (not in grad_comm_s)
-    double expert_comm_s;          // ... and exchanging tokens with the expert-parallel ranks
+    double expert_comm_s;          // ... and exchanging tokens with the expert-parallel ranks (exposed)
+    double expert_comm_hidden_s;   // token exchanges in flight while other work computed (not in expert_comm_s)
     int pipeline;                  // pipeline parallelism: the bubble below is reported
     double pp_bubble_s;            // seconds a pipeline rank waited for its neighbours (mean over stages)
     double pp_bubble, pp_bubble_ideal;  // that share of the schedule's time, and (p−1)/(v·m+p−1)

@@ -574,6 +574,13 @@ typedef struct {
     int skipped, loss_spike, threads;
 } StepOutcome;
 
+// The seconds of both passes' token exchanges since the last call (take: exposed or hidden).
+static double expert_comm_seconds(Model *m, double (*take)(struct EpBuffers *)) {
+    double s = 0;
+    for (int pass = 0; pass < PASS_KINDS; pass++) s += take(m->ep_buffers[pass]);
+    return s;
+}
+
 static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
     const Config *c = t->cfg;
     double tokens_per_step = (double)c->global_batch_size * c->seq_length;
@@ -588,7 +595,8 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .tflops = flops / 1e12, .mfu = flops / t->peak_flops,
                     .mem_peak_mb = peak_memory_mb(), .elapsed_s = o->elapsed_s, .step_s = o->step_s,
                     .data_wait_s = o->data_wait_s, .threads = o->threads, .grad_comm_s = t->comm_s,
-                    .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = ep_take_comm_seconds(t->model.ep_buffers),
+                    .grad_comm_hidden_s = t->comm_hidden_s, .expert_comm_s = expert_comm_seconds(&t->model, ep_take_comm_seconds),
+                    .expert_comm_hidden_s = expert_comm_seconds(&t->model, ep_take_hidden_seconds),
                     .pipeline = t->groups.sizes.pp > 1, .pp_bubble_s = t->bubble_s, .pp_bubble = t->bubble,
                     .pp_bubble_ideal = pp_schedule_ideal_bubble(&t->pipeline.schedule),
                     .tp_bytes = comm_bytes_take("tp") + comm_bytes_take("kv"),
@@ -617,7 +625,8 @@ int train_main(Config *c) {
         thread_governor_before_step(&threads);
         double t0 = now_seconds(), waited0 = t.prefetch.waited_s;
         t.comm_s = t.comm_hidden_s = 0;
-        ep_take_comm_seconds(t.model.ep_buffers);
+        expert_comm_seconds(&t.model, ep_take_comm_seconds);
+        expert_comm_seconds(&t.model, ep_take_hidden_seconds);
         comm_bytes_reset();
         StepLosses s = train_step_micro_batches(&t);
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),

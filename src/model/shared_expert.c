@@ -1,0 +1,52 @@
+// shared_expert.c — the shared expert of a MoE layer: a dense SwiGLU on every token (tensor
+// parallel as the dense FFN: gate/up column-parallel on ln2_full, down row-parallel), its
+// output scaled per token by σ(ln2·w_gate) with --moe-shared-expert-gate (computed on this
+// rank's tokens, gathered). Its output and input gradient are computed apart from adding
+// them in, so that --moe-shared-expert-overlap can compute them while routed rows travel.
+#include "model/layers.h"
+#include "ops/ops.h"
+
+void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N) {
+    MoeActs *ma = &la->moe;
+    TpRegion region = model_tp_region(m);
+    int H = m->plan.hidden, N_local = plan_local_tokens(&m->plan, N);
+    int32_t offsets[2] = {0, N};
+    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
+    real *gate = NULL;
+    if (lp->shared_expert_gate >= 0) {  // σ(x·w_gate) scales the whole shared output
+        linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
+        for (int n = 0; n < N_local; n++) ma->shared_gate[n] = 1 / (1 + real_exp(-ma->shared_gate[n]));
+        tp_enter_forward(&region, ma->shared_gate, ma->shared_gate_full, N, 1);
+        gate = ma->shared_gate_full;
+    }
+    tp_enter_forward(&region, la->ln2, la->ln2_full, N, H);
+    experts_forward(la->ffn_partial, &ma->shared, la->ln2_full, gate, &lp->shared_params, &shape);
+    tp_exit_forward(&region, la->ffn_partial, ma->shared_out, N, H);
+}
+
+void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a, const real *d_out) {
+    MoeActs *ma = &la->moe;
+    TpRegion region = model_tp_region(m);
+    int N = a->N, N_local = a->N_local, H = m->plan.hidden;
+    int32_t offsets[2] = {0, N};
+    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
+    int gated = lp->shared_expert_gate >= 0;
+    tp_exit_backward(&region, d_out, a->d_out_full, N, H);
+    experts_backward(a->d_shared_in_full, gated ? a->d_shared_gate_full : NULL, &lp->shared_grads, a->d_out_full,
+                     &ma->shared, la->ln2_full, gated ? ma->shared_gate_full : NULL, &lp->shared_params, &shape,
+                     a->d_gate, a->d_up, a->d_act);
+    tp_enter_backward(&region, a->d_shared_in_full, a->d_shared_in, N, H);
+    if (!gated) return;
+    // each rank's columns make part of the gate's gradient: summed over TP, this rank's tokens kept
+    tp_enter_backward(&region, a->d_shared_gate_full, a->d_shared_gate, N, 1);
+    // gate g = σ(z), z = x·w: dz = dg·g(1−g)
+    for (int n = 0; n < N_local; n++) a->d_shared_gate[n] *= ma->shared_gate[n] * (1 - ma->shared_gate[n]);
+}
+
+void shared_expert_backward_add(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a) {
+    int N_local = a->N_local, H = m->plan.hidden;
+    vec_add(a->d_norm, a->d_shared_in, (size_t)N_local * H);
+    if (lp->shared_expert_gate < 0) return;
+    linear_backward(a->d_norm, tt_grad(&m->tt, lp->shared_expert_gate), a->d_shared_gate, la->ln2,
+                    tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
+}
