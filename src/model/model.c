@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "model/layers.h"
 #include "model/lm_head.h"
+#include "model/stage_pass.h"
 #include "moe/expert_parallel.h"
 #include "ops/ops.h"
 
@@ -382,51 +383,9 @@ int model_moe_layers(const Config *c) {
 }
 
 void model_stage_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
-    const Config *c = &m->cfg;
-    const LayoutPlan *p = &m->plan;
-    const StageChunk *k = &p->chunk[a->chunk];
-    batch = acts_stage_batch(a, batch);
-    int B = batch->B, T = batch->T, N = B * T, H = p->hidden, N_local = plan_local_tokens(p, N);
-    a->B = B;
-    a->T = T;
-    a->N = N;
-    a->N_local = N_local;
-    a->tokens = (TokenLayout){.B = B, .T = T, .pos0 = pos0, .positions = batch->positions,
-                              .key_start = batch->key_start};
-    if (p->cp_size > 1) plan_token_index(p, a->token_index, B, T);
-    if (k->holds_embedding) embedding_model_forward(m, a, batch->tokens);  // else x_entry holds the previous stage's
-    memset(a->balance_loss, 0, sizeof(a->balance_loss));
-    a->z_loss = a->aux_objective = 0;
-    long dropped = 0;
-    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
-        LayerActs *la = &a->layers[l];
-        const LayerParams *lp = &m->layers[l];
-        attention_block_forward(m, l, la, &a->tokens, kv ? &kv[l] : NULL);
-        rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H,
-                        (real)c->norm_epsilon);
-        if (lp->is_moe) {
-            moe_forward(m, l, la, batch, p->cp_size > 1 ? a->token_index : NULL);
-            const RouterOutput *r = &la->moe.route;
-            for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] += r->balance_loss[t];
-            a->z_loss += r->z_loss;
-            a->aux_objective += router_objective(r, &m->router);
-            dropped += r->dropped;
-        } else {
-            mlp_forward(m, l, la, N);
-        }
-        real *x_out = l + 1 < chunk_layer_end(k) ? a->layers[l + 1].x_in : a->x_final;
-        vec_copy(x_out, la->x_mid, (size_t)N_local * H);
-        vec_add(x_out, la->ffn_out, (size_t)N_local * H);
-    }
-    // shares of the means over every MoE layer of the model: the stages' shares add up
-    int moe_layers = model_moe_layers(c);
-    if (moe_layers) {
-        for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] /= moe_layers;
-        a->z_loss /= moe_layers;
-    }
-    a->dropped_frac = moe_layers ? (double)dropped / ((double)N_local * c->moe_router_topk * moe_layers) : 0;
-    a->lm_loss = 0;
-    if (k->holds_head) lm_head_forward(m, a, batch);  // else x_final goes to the next stage
+    StagePass pass;
+    stage_pass_forward(&pass, m, a, batch, kv, pos0);
+    while (stage_pass_advance(&pass)) continue;
 }
 
 double model_forward(const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
@@ -447,29 +406,9 @@ void model_backward_notify(Model *m, ModelActs *a, const Batch *batch, double lo
 }
 
 void model_stage_backward(Model *m, ModelActs *a, double loss_scale, GradsReadyFn ready, void *ctx) {
-    const LayoutPlan *p = &m->plan;
-    const StageChunk *k = &p->chunk[a->chunk];
-    int N_local = a->N_local, H = p->hidden;
-    const Batch *batch = &a->input;  // the forward's copy, in tensor memory
-    if (k->holds_head) {
-        lm_head_backward(m, a, batch, loss_scale);  // sets d_resid = d(x_final)
-        if (ready) ready(ctx, GRADS_HEAD);
-    }  // else d_resid holds d(x_final) from the next stage
-    for (int l = chunk_layer_end(k) - 1; l >= k->first_layer; l--) {
-        LayerActs *la = &a->layers[l];
-        const LayerParams *lp = &m->layers[l];
-        // x_out = x_mid + ffn(RMSNorm(x_mid)): d_resid carries d(x_out) and becomes d(x_mid)
-        if (lp->is_moe) moe_backward(m, l, la, a, a->d_resid, loss_scale);
-        else mlp_backward(m, l, la, a, a->d_resid);
-        rmsnorm_backward(a->d_resid, tt_grad(&m->tt, lp->post_attn_norm), a->d_norm, la->x_mid,
-                         tt_param(&m->tt, lp->post_attn_norm), la->ln2_rstd, N_local, H);
-        attention_block_backward(m, l, la, a);  // d(x_mid) -> d(x_in)
-        if (ready) ready(ctx, l);
-    }
-    if (k->holds_embedding) {
-        embedding_model_backward(m, a, batch->tokens);
-        if (ready) ready(ctx, GRADS_EMBEDDING);
-    }  // else d_resid is d(x_entry), for the previous stage
+    StagePass pass;
+    stage_pass_backward(&pass, m, a, loss_scale, ready, ctx);
+    while (stage_pass_advance(&pass)) continue;
 }
 
 int model_part_has_tensor(const Model *m, int part, TensorId id) {

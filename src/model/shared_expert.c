@@ -3,6 +3,8 @@
 // output scaled per token by σ(ln2·w_gate) with --moe-shared-expert-gate (computed on this
 // rank's tokens, gathered). Its output and input gradient are computed apart from adding
 // them in, so that --moe-shared-expert-overlap can compute them while routed rows travel.
+#include <math.h>
+
 #include "model/layers.h"
 #include "ops/ops.h"
 
