@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/timer.h"
+#include "model/stage_pass.h"
 
 enum { TO_NEXT_STAGE, TO_PREVIOUS_STAGE };  // the two directions of a message
 
@@ -18,13 +19,15 @@ static int message_tag(const Pipeline *pl, int micro_batch, int to, int directio
 
 static size_t hidden_elements(const ModelActs *a, const Model *m) { return (size_t)a->N_local * m->plan.hidden; }
 
-void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, int group, int B, int T) {
+void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, int group, int combined, int B,
+                   int T) {
     memset(pl, 0, sizeof(*pl));
     pl->model = m;
     pl->pp = pp;
     pl->B = B, pl->T = T;
     char err[512];
-    if (pp_schedule_make(&pl->schedule, pp->size, pp->rank, m->plan.chunks, micro_batches, group, err, sizeof(err)))
+    if (pp_schedule_make(&pl->schedule, pp->size, pp->rank, m->plan.chunks, micro_batches, group, combined, err,
+                         sizeof(err)))
         mt_die("%s", err);
     int chunks = m->plan.chunks;
     pl->slots = mt_calloc((size_t)chunks, sizeof(int));
@@ -96,37 +99,87 @@ static void set_shape(ModelActs *a, const Model *m, const Batch *b) {
     a->N_local = plan_local_tokens(&m->plan, a->N);
 }
 
-static void run_forward(Pipeline *pl, const PipelineStep *step, int chunk, int mb) {
+// Before a forward: its slot free again, its batch, the previous stage's output.
+static ModelActs *forward_prepare(Pipeline *pl, const PipelineStep *step, int chunk, int mb, const Batch **batch) {
     const StageChunk *k = &pl->model->plan.chunk[chunk];
     int slot = mb % pl->slots[chunk];
     ModelActs *a = &pl->acts[chunk][slot];
     wait_counted(pl, &pl->sent_out[chunk][slot]);  // x_final is this slot's again
-    const Batch *batch = step->batch(step->ctx, mb);
-    set_shape(a, pl->model, batch);
+    *batch = step->batch(step->ctx, mb);
+    set_shape(a, pl->model, *batch);
     if (!k->holds_embedding) receive_input(pl, a, k, mb);
-    model_stage_forward(pl->model, a, batch, NULL, 0);
+    return a;
+}
+
+// After a forward: its output on its way to the next stage, its losses counted.
+static void forward_finish(Pipeline *pl, const PipelineStep *step, int chunk, int mb, ModelActs *a) {
+    const StageChunk *k = &pl->model->plan.chunk[chunk];
     if (!k->holds_head)
         comm_isend(pl->pp, a->x_final, hidden_elements(a, pl->model), next_rank(pl),
-                   message_tag(pl, mb, k->virtual_stage + 1, TO_NEXT_STAGE), &pl->sent_out[chunk][slot]);
+                   message_tag(pl, mb, k->virtual_stage + 1, TO_NEXT_STAGE), &pl->sent_out[chunk][mb % pl->slots[chunk]]);
     if (step->forward_done) step->forward_done(step->ctx, a, mb);
 }
 
-static void run_backward(Pipeline *pl, const PipelineStep *step, int chunk, int mb) {
+// Before a backward: its slot's gradient buffer free again, the next stage's gradient.
+static ModelActs *backward_prepare(Pipeline *pl, int chunk, int mb) {
     const StageChunk *k = &pl->model->plan.chunk[chunk];
     int slot = mb % pl->slots[chunk];
     ModelActs *a = &pl->acts[chunk][slot];
     wait_counted(pl, &pl->sent_grad[chunk][slot]);  // d_resid is this slot's again
-    if (!k->holds_head) {  // the next stage's gradient of this chunk's output
+    if (!k->holds_head) {
         CommRequest req;
         comm_irecv(pl->pp, a->d_resid, hidden_elements(a, pl->model), next_rank(pl),
                    message_tag(pl, mb, k->virtual_stage, TO_PREVIOUS_STAGE), &req);
         wait_counted(pl, &req);
     }
-    int last = mb == pl->schedule.micro_batches - 1;  // the chunk's gradients become final
-    model_stage_backward(pl->model, a, step->loss_scale, last ? step->grads_ready : NULL, step->ctx);
+    return a;
+}
+
+// After a backward: the input's gradient on its way to the previous stage.
+static void backward_finish(Pipeline *pl, int chunk, int mb, ModelActs *a) {
+    const StageChunk *k = &pl->model->plan.chunk[chunk];
     if (!k->holds_embedding)
         comm_isend(pl->pp, a->d_resid, hidden_elements(a, pl->model), prev_rank(pl),
-                   message_tag(pl, mb, k->virtual_stage - 1, TO_PREVIOUS_STAGE), &pl->sent_grad[chunk][slot]);
+                   message_tag(pl, mb, k->virtual_stage - 1, TO_PREVIOUS_STAGE),
+                   &pl->sent_grad[chunk][mb % pl->slots[chunk]]);
+}
+
+// The backward's pass; during each chunk's last backward its gradients become final.
+static void backward_pass(Pipeline *pl, const PipelineStep *step, StagePass *pass, int chunk, int mb, ModelActs *a) {
+    int last = mb == pl->schedule.micro_batches - 1;
+    stage_pass_backward(pass, pl->model, a, step->loss_scale, last ? step->grads_ready : NULL, step->ctx);
+}
+
+static void run_forward(Pipeline *pl, const PipelineStep *step, const PpStep *st) {
+    const Batch *batch;
+    ModelActs *a = forward_prepare(pl, step, st->chunk, st->micro_batch, &batch);
+    model_stage_forward(pl->model, a, batch, NULL, 0);
+    forward_finish(pl, step, st->chunk, st->micro_batch, a);
+}
+
+static void run_backward(Pipeline *pl, const PipelineStep *step, const PpStep *st) {
+    ModelActs *a = backward_prepare(pl, st->chunk, st->micro_batch);
+    StagePass pass;
+    backward_pass(pl, step, &pass, st->chunk, st->micro_batch, a);
+    while (stage_pass_advance(&pass)) continue;
+    backward_finish(pl, st->chunk, st->micro_batch, a);
+}
+
+// A forward and a backward together: their steps alternate, so that each one's token
+// exchanges travel while the other computes.
+static void run_combined(Pipeline *pl, const PipelineStep *step, const PpStep *fs, const PpStep *bs) {
+    const Batch *batch;
+    ModelActs *fa = forward_prepare(pl, step, fs->chunk, fs->micro_batch, &batch);
+    ModelActs *ba = backward_prepare(pl, bs->chunk, bs->micro_batch);
+    StagePass forward, backward;
+    stage_pass_forward(&forward, pl->model, fa, batch, NULL, 0);
+    backward_pass(pl, step, &backward, bs->chunk, bs->micro_batch, ba);
+    for (int more = 1; more;) {
+        more = stage_pass_advance(&forward);
+        more |= stage_pass_advance(&backward);
+    }
+    forward_finish(pl, step, fs->chunk, fs->micro_batch, fa);
+    backward_finish(pl, bs->chunk, bs->micro_batch, ba);
 }
 
 static void wait_all_sends(Pipeline *pl) {
@@ -143,8 +196,9 @@ void pipeline_run(Pipeline *pl, const PipelineStep *step) {
     const PpSchedule *s = &pl->schedule;
     for (int i = 0; i < s->n; i++) {
         const PpStep *st = &s->steps[i];
-        if (st->kind == PP_FORWARD) run_forward(pl, step, st->chunk, st->micro_batch);
-        else run_backward(pl, step, st->chunk, st->micro_batch);
+        if (pp_schedule_pair_at(s, i)) run_combined(pl, step, st, &s->steps[++i]);
+        else if (st->kind == PP_FORWARD) run_forward(pl, step, st);
+        else run_backward(pl, step, st);
     }
     wait_all_sends(pl);
     pl->step_s = now_seconds() - t0;

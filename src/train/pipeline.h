@@ -43,9 +43,11 @@ typedef struct {
     double step_s;             // ... and the step's schedule in all
 } Pipeline;
 
-// The schedule of `micro_batches` per step; dies with one line naming the flags when
-// Megatron refuses it. Nothing large is allocated until pipeline_allocate.
-void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, int group, int B, int T);
+// The schedule of `micro_batches` per step (combined: the combined 1F1B one, whose paired
+// forward and backward run together); dies with one line naming the flags when Megatron
+// refuses it. Nothing large is allocated until pipeline_allocate.
+void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, int group, int combined, int B,
+                   int T);
 // Bytes of every activation set the schedule keeps (for the memory estimate).
 double pipeline_activation_bytes(const Pipeline *pl);
 void pipeline_allocate(Pipeline *pl);

@@ -71,15 +71,20 @@ static void count_in_flight(PpSchedule *s) {
     free(now);
 }
 
-int pp_schedule_make(PpSchedule *s, int pp, int rank, int chunks, int micro_batches, int group, char *err,
-                     size_t err_size) {
+int pp_schedule_make(PpSchedule *s, int pp, int rank, int chunks, int micro_batches, int group, int combined,
+                     char *err, size_t err_size) {
     memset(s, 0, sizeof(*s));
     int m = micro_batches, total = m * chunks;
     s->pp = pp, s->rank = rank, s->chunks = chunks, s->micro_batches = m, s->group = group ? group : pp;
+    s->combined = combined;
     if (chunks > 1 && check_interleaved(pp, m, s->group, err, err_size)) return 1;
+    if (combined && pp > 1 && chunks == 1)
+        return refuse(err, err_size, "--overlap-moe-expert-parallel-comm with --pipeline-model-parallel-size %d needs "
+                      "virtual pipeline stages (%d per rank now)", pp, chunks);
     if (pp == 1) s->warmup = 0;
     else if (chunks == 1) s->warmup = pp - rank - 1;
     else s->warmup = (pp - rank - 1) * 2 + (chunks - 1) * s->group;
+    s->warmup += combined;
     if (s->warmup > total) s->warmup = total;
     s->steps = mt_malloc((size_t)2 * total * sizeof(PpStep));
     s->in_flight = mt_calloc((size_t)chunks, sizeof(int));
@@ -98,6 +103,11 @@ void pp_schedule_free(PpSchedule *s) {
     free(s->steps);
     free(s->in_flight);
     memset(s, 0, sizeof(*s));
+}
+
+int pp_schedule_pair_at(const PpSchedule *s, int i) {
+    int steady = s->n - 2 * s->warmup;  // after the warm-up forwards, before the cool-down backwards
+    return s->combined && i >= s->warmup && i < s->warmup + steady && (i - s->warmup) % 2 == 0;
 }
 
 double pp_schedule_ideal_bubble(const PpSchedule *s) {

@@ -362,8 +362,8 @@ static void setup_pipeline(Trainer *t) {
     const Config *c = t->cfg;
     const Comm *pp = &t->groups.comm[PG_PP];
     int M = c->num_micro_batches / t->dp->size;
-    pipeline_init(&t->pipeline, &t->model, pp, M, c->microbatch_group_size_per_vp_stage, c->micro_batch_size,
-                  rank_seq_length(t));
+    pipeline_init(&t->pipeline, &t->model, pp, M, c->microbatch_group_size_per_vp_stage,
+                  c->overlap_moe_expert_parallel_comm, c->micro_batch_size, rank_seq_length(t));
     make_tied_embedding_group(t);
     t->step_batches = mt_calloc((size_t)M, sizeof(RankBatch));
     if (pp->size == 1) return;

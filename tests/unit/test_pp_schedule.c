@@ -71,6 +71,24 @@ static const Case GOLDEN[] = {
 };
 #define CASES ((int)(sizeof(GOLDEN) / sizeof(GOLDEN[0])))
 
+// The combined 1F1B schedule (--overlap-moe-expert-parallel-comm), printed by the script
+// above with CASES = [(2, 2, 4, None), (4, 2, 8, None), (2, 3, 6, None), (2, 2, 2, None)], the
+// virtual size always v and overlap_moe_expert_parallel_comm=True passed to
+// get_pp_rank_microbatches.
+static const Case GOLDEN_COMBINED[] = {
+    {2, 2, 4, 0, 0, "1 1 2 2 1 1 -2 2 -2 2 -1 -1 -2 -2 -1 -1"},
+    {2, 2, 4, 0, 1, "1 1 2 2 -2 1 -2 1 -1 2 -1 2 -2 -2 -1 -1"},
+    {4, 2, 8, 0, 0, "1 1 1 1 2 2 2 2 1 1 1 1 -2 2 -2 2 -2 2 -2 2 -1 -1 -1 -1 -2 -2 -2 -2 -1 -1 -1 -1"},
+    {4, 2, 8, 0, 1, "1 1 1 1 2 2 2 2 1 1 -2 1 -2 1 -2 2 -2 2 -1 2 -1 2 -1 -1 -2 -2 -2 -2 -1 -1 -1 -1"},
+    {4, 2, 8, 0, 2, "1 1 1 1 2 2 2 2 -2 1 -2 1 -2 1 -2 1 -1 2 -1 2 -1 2 -1 2 -2 -2 -2 -2 -1 -1 -1 -1"},
+    {4, 2, 8, 0, 3, "1 1 1 1 2 2 -2 2 -2 2 -2 1 -2 1 -1 1 -1 1 -1 2 -1 2 -2 2 -2 2 -2 -2 -1 -1 -1 -1"},
+    {2, 3, 6, 0, 0, "1 1 2 2 3 3 1 1 -3 2 -3 2 -2 3 -2 3 -1 1 -1 1 -3 2 -3 2 -2 3 -2 3 -1 -1 -3 -3 -2 -2 -1 -1"},
+    {2, 3, 6, 0, 1, "1 1 2 2 3 3 -3 1 -3 1 -2 2 -2 2 -1 3 -1 3 -3 1 -3 1 -2 2 -2 2 -1 3 -1 3 -3 -3 -2 -2 -1 -1"},
+    {2, 2, 2, 0, 0, "1 1 2 2 -2 -2 -1 -1"},
+    {2, 2, 2, 0, 1, "1 1 2 2 -2 -2 -1 -1"},
+};
+#define COMBINED_CASES ((int)(sizeof(GOLDEN_COMBINED) / sizeof(GOLDEN_COMBINED[0])))
+
 // The schedule written as Megatron's order list.
 static void order_of(const PpSchedule *s, char *out, size_t n) {
     size_t at = 0;
@@ -87,7 +105,7 @@ static void test_orders_match_megatron(void) {
         const Case *g = &GOLDEN[c];
         PpSchedule s;
         char err[512], got[4096];
-        int refused = pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, err, sizeof(err));
+        int refused = pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, 0, err, sizeof(err));
         CHECK(!refused, "pp %d v %d m %d refused: %s", g->pp, g->chunks, g->micro_batches, err);
         if (refused) continue;
         order_of(&s, got, sizeof(got));
@@ -95,6 +113,43 @@ static void test_orders_match_megatron(void) {
               g->chunks, g->micro_batches, g->group, g->rank, got, g->order);
         pp_schedule_free(&s);
     }
+}
+
+static void test_combined_orders_match_megatron(void) {
+    for (int c = 0; c < COMBINED_CASES; c++) {
+        const Case *g = &GOLDEN_COMBINED[c];
+        PpSchedule s;
+        char err[512], got[4096];
+        int refused = pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, 1, err, sizeof(err));
+        CHECK(!refused, "pp %d v %d m %d refused: %s", g->pp, g->chunks, g->micro_batches, err);
+        if (refused) continue;
+        order_of(&s, got, sizeof(got));
+        CHECK(strcmp(got, g->order) == 0, "combined pp %d v %d m %d rank %d:\n got      %s\n megatron %s", g->pp,
+              g->chunks, g->micro_batches, g->rank, got, g->order);
+        // each pair that runs together: a forward and the backward after it, of other micro-batches
+        for (int i = 0; i < s.n; i++)
+            if (pp_schedule_pair_at(&s, i))
+                CHECK(s.steps[i].micro_batch != s.steps[i + 1].micro_batch ||
+                          s.steps[i].chunk != s.steps[i + 1].chunk, "step %d pairs a micro-batch with itself", i);
+        pp_schedule_free(&s);
+    }
+}
+
+// Without a pipeline the combined schedule is Megatron's combined_1f1b_schedule_for_no_pipelining:
+// the first forward alone, then each backward together with the next forward, the last
+// backward alone; 1F1B with one chunk is refused (Megatron asks for virtual stages).
+static void test_combined_without_pipeline(void) {
+    PpSchedule s;
+    char err[512], got[256];
+    CHECK(pp_schedule_make(&s, 1, 0, 1, 4, 0, 1, err, sizeof(err)) == 0, "refused: %s", err);
+    order_of(&s, got, sizeof(got));
+    CHECK(strcmp(got, "1 1 -1 1 -1 1 -1 -1") == 0, "got %s", got);
+    int pairs = 0;
+    for (int i = 0; i < s.n; i++) pairs += pp_schedule_pair_at(&s, i);
+    CHECK(pairs == 3, "%d pairs run together, not 3", pairs);
+    pp_schedule_free(&s);
+    CHECK(pp_schedule_make(&s, 2, 0, 1, 4, 0, 1, err, sizeof(err)) == 1 && strstr(err, "virtual pipeline stages"),
+          "PP 2 without virtual stages: %s", err);
 }
 
 // Every (micro-batch, chunk) runs forward once and backward once, after its forward; per
@@ -105,7 +160,7 @@ static void test_each_micro_batch_once_in_order(void) {
         const Case *g = &GOLDEN[c];
         PpSchedule s;
         char err[512];
-        if (pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, err, sizeof(err))) continue;
+        if (pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, 0, err, sizeof(err))) continue;
         int next_forward[8] = {0}, next_backward[8] = {0}, now[8] = {0}, most[8] = {0};
         CHECK(s.n == 2 * g->micro_batches * g->chunks, "%d steps", s.n);
         for (int i = 0; i < s.n; i++) {
@@ -130,29 +185,31 @@ static void test_each_micro_batch_once_in_order(void) {
 static void test_interleaved_refusals(void) {
     PpSchedule s;
     char err[512];
-    CHECK(pp_schedule_make(&s, 2, 0, 2, 5, 0, err, sizeof(err)) == 1 && strstr(err, "--global-batch-size"),
+    CHECK(pp_schedule_make(&s, 2, 0, 2, 5, 0, 0, err, sizeof(err)) == 1 && strstr(err, "--global-batch-size"),
           "m 5 over groups of 2 leaves 1 < pp: %s", err);
-    CHECK(pp_schedule_make(&s, 4, 0, 2, 3, 0, err, sizeof(err)) == 1 &&
+    CHECK(pp_schedule_make(&s, 4, 0, 2, 3, 0, 0, err, sizeof(err)) == 1 &&
               strstr(err, "--microbatch-group-size-per-virtual-pipeline-stage"),
           "m 3 < group 4: %s", err);
-    CHECK(pp_schedule_make(&s, 2, 0, 2, 4, 1, err, sizeof(err)) == 1, "group 1 < pp 2");
-    CHECK(pp_schedule_make(&s, 2, 1, 1, 3, 0, err, sizeof(err)) == 0, "1F1B takes any micro-batch count");
+    CHECK(pp_schedule_make(&s, 2, 0, 2, 4, 1, 0, err, sizeof(err)) == 1, "group 1 < pp 2");
+    CHECK(pp_schedule_make(&s, 2, 1, 1, 3, 0, 0, err, sizeof(err)) == 0, "1F1B takes any micro-batch count");
     pp_schedule_free(&s);
 }
 
 static void test_ideal_bubble(void) {
     PpSchedule s;
     char err[512];
-    pp_schedule_make(&s, 4, 0, 1, 8, 0, err, sizeof(err));
+    pp_schedule_make(&s, 4, 0, 1, 8, 0, 0, err, sizeof(err));
     CHECK_CLOSE(pp_schedule_ideal_bubble(&s), 3.0 / 11.0, 1e-12, 0, "pp 4 m 8");
     pp_schedule_free(&s);
-    pp_schedule_make(&s, 4, 0, 2, 8, 0, err, sizeof(err));
+    pp_schedule_make(&s, 4, 0, 2, 8, 0, 0, err, sizeof(err));
     CHECK_CLOSE(pp_schedule_ideal_bubble(&s), 3.0 / 19.0, 1e-12, 0, "pp 4 v 2 m 8");
     pp_schedule_free(&s);
 }
 
 int main(void) {
     RUN(test_orders_match_megatron);
+    RUN(test_combined_orders_match_megatron);
+    RUN(test_combined_without_pipeline);
     RUN(test_each_micro_batch_once_in_order);
     RUN(test_interleaved_refusals);
     RUN(test_ideal_bubble);
