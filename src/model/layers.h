@@ -35,13 +35,15 @@ void mlp_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
 void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index);
 // d(ffn_out) -> d_norm overwritten; router losses enter scaled by loss_scale
 void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale);
-// Each in three phases, split where the token exchange is in flight (the caller may run
-// other work between them; moe_forward / moe_backward are the three in a row):
-//   forward:  begin (router, dispatch started) | experts (dispatch done, experts, combine
-//             started) | end (combine done, shared expert added)
+// Each in phases, split where the token exchange is in flight (the caller may run other
+// work between them; moe_forward / moe_backward are the phases in a row):
+//   forward:  begin (router, the counts' exchange started) | exchange (the rows' started) |
+//             experts (dispatch done, experts, combine started) | end (combine done, shared
+//             expert added)
 //   backward: begin (combine backward started) | experts (its rows arrived, the experts'
 //             gradients, dispatch backward started) | end (the router's and shared expert's)
 void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index);
+void moe_forward_exchange(const Model *m, int layer, LayerActs *la);
 void moe_forward_experts(const Model *m, int layer, LayerActs *la);
 void moe_forward_end(const Model *m, int layer, LayerActs *la, int N);
 void moe_backward_begin(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out);

@@ -137,6 +137,12 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
     if (shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
 }
 
+void moe_forward_exchange(const Model *m, int layer, LayerActs *la) {
+    const TokenDispatcher *d = token_dispatcher_of(&m->ep);
+    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    if (d->dispatch_exchange) d->dispatch_exchange(&ctx, &la->moe);
+}
+
 void moe_forward_experts(const Model *m, int layer, LayerActs *la) {
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
@@ -160,6 +166,7 @@ void moe_forward_end(const Model *m, int layer, LayerActs *la, int N) {
 
 void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index) {
     moe_forward_begin(m, layer, la, batch, token_index);
+    moe_forward_exchange(m, layer, la);
     moe_forward_experts(m, layer, la);
     moe_forward_end(m, layer, la, batch->B * batch->T);
 }

@@ -6,8 +6,8 @@
 #include "model/lm_head.h"
 #include "ops/ops.h"
 
-// The phases of a MoE layer in a pass (model/layers.h).
-enum { PHASE_BEGIN, PHASE_EXPERTS, PHASE_END };
+// The phases of a MoE layer in a pass (model/layers.h; PHASE_EXCHANGE: forward only).
+enum { PHASE_BEGIN, PHASE_EXCHANGE, PHASE_EXPERTS, PHASE_END };
 
 void stage_pass_forward(StagePass *s, const Model *m, ModelActs *a, const Batch *batch, KvCache *kv, int pos0) {
     // the forward writes only a and the router's bookkeeping (RouterState, behind a pointer)
@@ -99,6 +99,11 @@ static int forward_advance(StagePass *s) {
                 continue;
             }
             moe_forward_begin(m, l, la, s->batch, m->plan.cp_size > 1 ? a->token_index : NULL);
+            s->phase = PHASE_EXCHANGE;
+            return 1;
+        }
+        if (s->phase == PHASE_EXCHANGE) {
+            moe_forward_exchange(m, l, la);
             s->phase = PHASE_EXPERTS;
             return 1;
         }

@@ -272,14 +272,22 @@ static void rows_from_experts(const MoeDispatchContext *ctx, const EpLayer *el, 
     exchange_rows(ctx, own, el->recv_rows, back, el->send_rows, width, req);
 }
 
-// This rank's rows per local expert from each EP rank (own_counts), and with ETP those of
-// its ETP ranks (recv_counts).
-static void exchange_counts(const MoeDispatchContext *ctx, EpLayer *el, const DispatchPlan *plan) {
-    const ExpertParallel *ep = ctx->ep;
-    size_t own = (size_t)ep->size * ep->local;
+// This rank's rows per local expert from each EP rank (own_counts) start on their way;
+// once they are here, with ETP those of its ETP ranks (recv_counts) are gathered.
+static void start_counts(const MoeDispatchContext *ctx, EpLayer *el, const DispatchPlan *plan) {
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t0 = now_seconds();
-    comm_alltoall_int32(ep->comm, plan->rows_per_expert, el->own_counts, ep->local);
+    comm_ialltoall_int32(ctx->ep->comm, plan->rows_per_expert, el->own_counts, ctx->ep->local, &el->inflight[0]);
+    ctx->buffers->comm_s += now_seconds() - t0;
+    mark_started(el);
+}
+
+static void finish_counts(const MoeDispatchContext *ctx, EpLayer *el) {
+    const ExpertParallel *ep = ctx->ep;
+    size_t own = (size_t)ep->size * ep->local;
+    finish_exchanges(ctx, el);
+    PROF_SCOPE(PROF_EXPERT_COMM);
+    double t0 = now_seconds();
     if (ep->etp) comm_allgather_int32(ep->etp, el->own_counts, el->recv_counts, own);
     else memcpy(el->recv_counts, el->own_counts, own * sizeof(int32_t));
     ctx->buffers->comm_s += now_seconds() - t0;
@@ -338,11 +346,16 @@ static void set_backward_rows(ExpertRows *rows, struct EpBuffers *b) {
 }
 
 static void alltoall_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
+    local_dispatch_rows(ctx, ma, x);
+    start_counts(ctx, ep_layer(ma, ctx->ep, ctx->experts), &ma->plan);
+}
+
+// The counts are here: the rows and probs start for their experts.
+static void alltoall_dispatch_exchange(const MoeDispatchContext *ctx, MoeActs *ma) {
     const ExpertParallel *ep = ctx->ep;
     int H = ctx->hidden;
-    local_dispatch_rows(ctx, ma, x);
-    EpLayer *el = ep_layer(ma, ep, ctx->experts);
-    exchange_counts(ctx, el, &ma->plan);
+    EpLayer *el = ma->ep;
+    finish_counts(ctx, el);
     alltoall_layout(el, &ma->plan, ep);
     layer_reserve_rows(el, el->rows, H, ctx->moe_ffn);
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
@@ -413,7 +426,8 @@ static void alltoall_dispatch_backward_finish(const MoeDispatchContext *ctx, Moe
 }
 
 const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {
-    .name = "alltoall", .dispatch = alltoall_dispatch, .dispatch_finish = alltoall_dispatch_finish,
+    .name = "alltoall", .dispatch = alltoall_dispatch, .dispatch_exchange = alltoall_dispatch_exchange,
+    .dispatch_finish = alltoall_dispatch_finish,
     .combine = alltoall_combine, .combine_finish = alltoall_combine_finish,
     .combine_backward = alltoall_combine_backward, .combine_backward_finish = alltoall_combine_backward_finish,
     .dispatch_backward = alltoall_dispatch_backward, .dispatch_backward_finish = alltoall_dispatch_backward_finish};

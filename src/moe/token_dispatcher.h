@@ -39,6 +39,9 @@ typedef struct {
     const char *name;
     // x (N,H), ma->route -> rows (the rows this rank's experts compute)
     void (*dispatch)(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows);
+    // (NULL: none) a middle step: the alltoall dispatcher's first half leaves the counts in
+    // flight, this one waits for them and starts the rows
+    void (*dispatch_exchange)(const MoeDispatchContext *ctx, MoeActs *ma);
     void (*dispatch_finish)(const MoeDispatchContext *ctx, MoeActs *ma, ExpertRows *rows);
     // rows->rows_out -> out (N,H) overwritten
     void (*combine)(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out);

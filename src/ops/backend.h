@@ -77,3 +77,6 @@ extern const OpsBackend ops_cuda_backend;
 
 // The backend every ops.h / gemm.h call goes to from now on (cpu until set).
 void ops_select(const OpsBackend *b);
+// fn (or NULL) runs after each op, on the calling thread: the trainer lets communication in
+// flight progress there (comm_progress).
+void ops_set_between_ops(void (*fn)(void));

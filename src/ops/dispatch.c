@@ -5,10 +5,14 @@
 
 static const OpsBackend *active = &ops_cpu_backend;
 
+static void (*between_ops)(void);
+
 void ops_select(const OpsBackend *b) { active = b; }
+void ops_set_between_ops(void (*fn)(void)) { between_ops = fn; }
 
 static inline void finished(void) {
     if (active->finish) active->finish();
+    if (between_ops) between_ops();
 }
 
 // Calls active->op(args...) and completes it.

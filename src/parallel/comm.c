@@ -439,16 +439,30 @@ void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommR
     free(counts);
 }
 
-void comm_ialltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
-                      real *recv, const size_t *recv_counts, const size_t *recv_displs, CommRequest *req) {
+static void ialltoallv_typed(const Comm *g, CommType t, const void *send, const size_t *send_counts,
+                             const size_t *send_displs, void *recv, const size_t *recv_counts,
+                             const size_t *recv_displs, CommRequest *req) {
     req->pending = NULL;
     if (g->size == 1) {
-        alltoallv_typed(g, CT_REAL, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        alltoallv_typed(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
         return;
     }
     require_member(g, "all-to-all");
-    count_sent(g, (uint64_t)to_others(g, send_counts) * sizeof(real));
-    req->pending = backend_ialltoallv(g, CT_REAL, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    count_sent(g, (uint64_t)to_others(g, send_counts) * comm_type_size(t));
+    req->pending = backend_ialltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+}
+
+void comm_ialltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
+                      real *recv, const size_t *recv_counts, const size_t *recv_displs, CommRequest *req) {
+    ialltoallv_typed(g, CT_REAL, send, send_counts, send_displs, recv, recv_counts, recv_displs, req);
+}
+
+void comm_ialltoall_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block, CommRequest *req) {
+    require_member(g, "all-to-all");
+    size_t *counts = equal_counts(g, block), *displs = prefix_displs(g, counts);
+    ialltoallv_typed(g, CT_INT32, send, counts, displs, recv, counts, displs, req);
+    free(counts);
+    free(displs);
 }
 
 static void start_point(const Comm *g, int send, real *buf, size_t n, int peer, int tag, CommRequest *req) {
@@ -473,6 +487,8 @@ void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n) {
     comm_isendrecv(g, send, recv, n, &req);
     comm_wait(&req);
 }
+
+void comm_progress(void) { backend_progress(); }
 
 int comm_test(CommRequest *req) {
     if (req->pending && backend_test(req->pending)) req->pending = NULL;

@@ -141,6 +141,8 @@ void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n);  // b
 // the data at once with NCCL (blocking; the request is complete on return).
 void comm_ialltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
                       real *recv, const size_t *recv_counts, const size_t *recv_displs, CommRequest *req);
+// comm_alltoall_int32 in flight, the same way.
+void comm_ialltoall_int32(const Comm *g, const int32_t *send, int32_t *recv, size_t block, CommRequest *req);
 // Point to point: n elements of buf to group rank `peer`, or from it into buf, matched with
 // the peer's call of the other kind by tag (0 <= tag < COMM_MAX_TAG; messages of one tag
 // between two ranks arrive in the order they were sent); the sizes must agree. Moved with MPI
@@ -148,6 +150,10 @@ void comm_ialltoall_v(const Comm *g, const real *send, const size_t *send_counts
 #define COMM_MAX_TAG (1 << 13)
 void comm_isend(const Comm *g, const real *buf, size_t n, int peer, int tag, CommRequest *req);
 void comm_irecv(const Comm *g, real *buf, size_t n, int peer, int tag, CommRequest *req);
+// Moves every non-blocking transfer of this process on without completing any (MPI moves
+// data mostly inside MPI calls): called between pieces of compute (ops_set_between_ops), so
+// that transfers in flight progress while the process computes. Cheap when none is.
+void comm_progress(void);
 // 1 when the collective has completed (its results are in place), 0 while in flight.
 int comm_test(CommRequest *req);
 void comm_wait(CommRequest *req);

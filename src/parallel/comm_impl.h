@@ -65,6 +65,7 @@ CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, con
 // (0 <= tag < COMM_MAX_TAG, a tag space of its own); always over MPI.
 CommPending *backend_ipoint(const Comm *g, int send, CommType t, void *buf, size_t n, int peer, int tag);
 int backend_test(CommPending *p);
+void backend_progress(void);  // comm_progress
 void backend_wait(CommPending *p);  // until done; frees the state
 
 // ---- the NCCL data path (comm_nccl.c, comm_sum.cu) ----------------------------------------

@@ -313,6 +313,27 @@ struct CommPending {
 #endif
 };
 
+// The transfers in flight on MPI (comm_progress tests them), in no order.
+static CommPending **live;
+static int n_live, live_capacity;
+
+static CommPending *track(CommPending *p) {
+    if (n_live == live_capacity) {
+        live_capacity = live_capacity ? 2 * live_capacity : 16;
+        live = mt_realloc(live, (size_t)live_capacity * sizeof(*live));
+    }
+    live[n_live++] = p;
+    return p;
+}
+
+static void untrack(CommPending *p) {
+    for (int i = 0; i < n_live; i++)
+        if (live[i] == p) {
+            live[i] = live[--n_live];
+            return;
+        }
+}
+
 static void post(CommPending *p, int recv_from_all, int tag) {
     size_t es = comm_type_size(p->type), mine = p->counts[p->rank];
     MPI_Datatype dt = mpi_type(p->type);
@@ -388,7 +409,7 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
         p->in = mt_malloc((size_t)g->size * p->counts[g->rank] * es + 1);
         post(p, 0, p->tag);
     }
-    return p;
+    return track(p);
 }
 
 CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, const size_t *send_counts,
@@ -419,7 +440,7 @@ CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, con
         MPI_Isend((const char *)send + send_displs[q] * es, mpi_count(g, send_counts[q]), mpi_type(t), q, p->tag,
                   p->comm, p->requests + p->nrequests++);
     }
-    return p;
+    return track(p);
 }
 
 CommPending *backend_ipoint(const Comm *g, int send, CommType t, void *buf, size_t n, int peer, int tag) {
@@ -437,7 +458,16 @@ CommPending *backend_ipoint(const Comm *g, int send, CommType t, void *buf, size
     int count = mpi_count(g, n);
     if (send) MPI_Isend(buf, count, mpi_type(t), peer, tag, p->comm, p->requests);
     else MPI_Irecv(buf, count, mpi_type(t), peer, tag, p->comm, p->requests);
-    return p;
+    return track(p);
+}
+
+// Testing a request lets MPI move every transfer on; completed requests become null and a
+// later test or wait finishes the collective (advance).
+void backend_progress(void) {
+    for (int i = 0; i < n_live; i++) {
+        int done;
+        MPI_Testall(live[i]->nrequests, live[i]->requests, &done, MPI_STATUSES_IGNORE);
+    }
 }
 
 // The current exchange has completed: sum, start the all-reduce's second exchange, or
@@ -451,6 +481,7 @@ static int advance(CommPending *p) {
             return 0;
         }
     }
+    untrack(p);
     free(p->in);
     free(p->counts);
     free(p->requests);

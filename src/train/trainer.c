@@ -19,6 +19,7 @@
 #include "hf/hf_config.h"
 #include "model/cp_batch.h"
 #include "model/model.h"
+#include "ops/backend.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
@@ -381,7 +382,10 @@ static void trainer_setup(Trainer *t, Config *c) {
     }
     t->tokenizer = run_tokenizer_open(c);  // before any work: checkpoints carry what is read here
     setup_parallel(t);
-    if (comm_world_size() > 1) watchdog_start(60 * c->distributed_timeout_minutes);
+    if (comm_world_size() > 1) {
+        watchdog_start(60 * c->distributed_timeout_minutes);
+        ops_set_between_ops(comm_progress);  // transfers in flight move on while the ops compute
+    }
     if (comm_world_rank() != 0) {  // one process reports and saves; every rank computes the same
         c->log_jsonl[0] = 0;
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
