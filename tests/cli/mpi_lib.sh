@@ -104,6 +104,29 @@ run_case() {
     compare "$name" "$ref.a" "$work/$name.b"
 }
 
+# identical NAME A B: runs A and B (case names of run_case) logged the same losses and
+# gradient norms bit for bit
+identical() {
+    if [ -n "$(losses "$work/$2.jsonl")" ] && [ "$(losses "$work/$2.jsonl")" = "$(losses "$work/$3.jsonl")" ]; then
+        ok "$1"
+    else
+        fail "$1" "$(diff <(losses "$work/$2.jsonl") <(losses "$work/$3.jsonl") | head -2 | tr '\n' ' ')"
+    fi
+}
+
+# rerun_identical NAME CASE RANKS LAYOUT-FLAGS... -- FLAGS...: the layout of run_case CASE
+# (the same arguments) run again logs the same losses bit for bit
+rerun_identical() {
+    local name=$1 case=$2 np=$3 layout=()
+    shift 3
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do layout+=("$1"); shift; done
+    shift
+    timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" "$@" "${layout[@]}" \
+        --log-jsonl "$work/$case.rerun.jsonl" >"$work/$case.rerun.log" 2>&1 ||
+        { fail "$name" "$(tail -2 "$work/$case.rerun.log" | tr '\n' ' ')"; return; }
+    identical "$name" "$case.rerun" "$case"
+}
+
 # dropped NAME: the reference run of the last run_case dropped tokens (so that capacity is
 # really exercised)
 dropped() {

@@ -51,18 +51,7 @@ full cp2_mla_a2a run_case cp2_mla_a2a 2 "${CP2[@]}" --cp-comm-type a2a -- "${MOE
 # MoE: the router's statistics over the micro-batch's interleaved chunks
 run_case cp2_moe_aux_z_loss 2 "${CP2[@]}" -- "${MOE[@]}" --moe-z-loss-coeff 1e-3
 # a rerun of the same layout is bit-identical (every sum in a fixed order)
-rerun_identical() {
-    timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${SMALL[@]}" "${MOE[@]}" --moe-z-loss-coeff 1e-3 "${CP2[@]}" \
-        --log-jsonl "$work/cp2_rerun.jsonl" >"$work/cp2_rerun.log" 2>&1 ||
-        { fail cp2_rerun_bit_identical "$(tail -2 "$work/cp2_rerun.log" | tr '\n' ' ')"; return; }
-    if [ -n "$(losses "$work/cp2_rerun.jsonl")" ] &&
-        [ "$(losses "$work/cp2_rerun.jsonl")" = "$(losses "$work/cp2_moe_aux_z_loss.jsonl")" ]; then
-        ok cp2_rerun_bit_identical
-    else
-        fail cp2_rerun_bit_identical "$(diff <(losses "$work/cp2_rerun.jsonl") <(losses "$work/cp2_moe_aux_z_loss.jsonl") | head -2 | tr '\n' ' ')"
-    fi
-}
-rerun_identical
+rerun_identical cp2_rerun_bit_identical cp2_moe_aux_z_loss 2 "${CP2[@]}" -- "${MOE[@]}" --moe-z-loss-coeff 1e-3
 run_case cp4_seq_aux_bias_jitter 4 "${CP4[@]}" -- "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss \
     --moe-z-loss-coeff 1e-3 --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
     --moe-router-bias-update-rate 0.01 --moe-input-jitter-eps 0.01

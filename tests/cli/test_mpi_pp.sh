@@ -8,7 +8,10 @@
 # (sequence parallel), PP x EP, PP x CP, 8 ranks PP x TP x EP x DP with the distributed
 # optimizer; micro-batch counts not a multiple of PP; DeepSeek-style first dense layers;
 # every balance loss with z-loss, and expert bias; the gradient sums overlapped with
-# backward (DP) and not. Also: a rerun is bit-identical; a checkpoint of PP=2 x EP=2 resumes
+# backward (DP) and not. Expert-parallel overlap: --moe-shared-expert-overlap and the
+# combined 1F1B schedule (--overlap-moe-expert-parallel-comm, --delay-wgrad-compute; EP, PP
+# with virtual stages, TP, ETP, CP) each give the run without them bit for bit, and report the
+# exchanges' hidden time. Also: a rerun is bit-identical; a checkpoint of PP=2 x EP=2 resumes
 # under PP=4 and then in one process, continuing as the single run; each step reports the
 # measured and the ideal bubble; a rank failing mid-schedule ends every rank with its
 # message; bad placements and schedules are refused with one line naming the flags.
@@ -69,18 +72,36 @@ full pp2_interleaved_dp2 run_case pp2_interleaved_dp2 4 "${PP2[@]}" --num-virtua
     "${MOE[@]}" --global-batch-size 16
 
 # a rerun of the same layout is bit-identical (every sum in a fixed order)
-rerun_identical() {
-    timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${SMALL[@]}" "${MOE[@]}" "${PP2[@]}" \
-        --log-jsonl "$work/pp2_rerun.jsonl" >"$work/pp2_rerun.log" 2>&1 ||
-        { fail pp2_rerun_bit_identical "$(tail -2 "$work/pp2_rerun.log" | tr '\n' ' ')"; return; }
-    if [ -n "$(losses "$work/pp2_rerun.jsonl")" ] &&
-        [ "$(losses "$work/pp2_rerun.jsonl")" = "$(losses "$work/pp2_1f1b.jsonl")" ]; then
-        ok pp2_rerun_bit_identical
-    else
-        fail pp2_rerun_bit_identical "$(diff <(losses "$work/pp2_rerun.jsonl") <(losses "$work/pp2_1f1b.jsonl") | head -2 | tr '\n' ' ')"
-    fi
+rerun_identical pp2_rerun_bit_identical pp2_1f1b 2 "${PP2[@]}" -- "${MOE[@]}"
+
+# expert-parallel communication hidden behind compute: each overlap gives the run without
+# it bit for bit (and so the single-process run within 1e-5)
+SHARED=(--moe-shared-expert-intermediate-size 64 --moe-shared-expert-gate)
+EP2=(--expert-model-parallel-size 2)
+COMBINED=(--overlap-moe-expert-parallel-comm --delay-wgrad-compute)
+run_case ep2_shared 2 "${EP2[@]}" -- "${MOE[@]}" "${SHARED[@]}"
+run_case ep2_shared_overlap 2 "${EP2[@]}" --moe-shared-expert-overlap -- "${MOE[@]}" "${SHARED[@]}"
+identical ep2_shared_overlap_bit_identical ep2_shared ep2_shared_overlap
+run_case ep2_combined 2 "${EP2[@]}" "${COMBINED[@]}" -- "${MOE[@]}" "${SHARED[@]}"
+identical ep2_combined_bit_identical ep2_shared ep2_combined
+full ep2_combined_no_delay run_case ep2_combined_no_delay 2 "${EP2[@]}" --overlap-moe-expert-parallel-comm -- \
+    "${MOE[@]}" "${SHARED[@]}" --moe-z-loss-coeff 1e-3 --moe-router-load-balancing-type seq_aux_loss
+run_case pp2_vp2_ep2 4 "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 "${EP2[@]}" -- "${MOE[@]}"
+run_case pp2_vp2_ep2_combined 4 "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 "${EP2[@]}" "${COMBINED[@]}" -- \
+    "${MOE[@]}"
+identical pp2_vp2_ep2_combined_bit_identical pp2_vp2_ep2 pp2_vp2_ep2_combined
+full tp2_ep2_shared run_case tp2_ep2_shared 4 "${TP2[@]}" "${EP2[@]}" -- "${MOE[@]}" "${SHARED[@]}"
+full tp2_ep2_shared_overlap run_case tp2_ep2_shared_overlap 4 "${TP2[@]}" "${EP2[@]}" --moe-shared-expert-overlap -- \
+    "${MOE[@]}" "${SHARED[@]}"
+full tp2_ep2_combined run_case tp2_ep2_combined 4 "${TP2[@]}" "${EP2[@]}" "${COMBINED[@]}" -- "${MOE[@]}" "${SHARED[@]}"
+full etp2_ep2_combined run_case etp2_ep2_combined 4 "${EP2[@]}" --expert-tensor-parallel-size 2 "${COMBINED[@]}" -- \
+    "${MOE[@]}"
+full cp2_ep2_combined run_case cp2_ep2_combined 4 --context-parallel-size 2 "${EP2[@]}" "${COMBINED[@]}" -- "${MOE[@]}"
+hidden_reported() {  # the combined run reports exchanges in flight behind the other pass's compute
+    python3 -c 'import json,sys; r=[x for x in map(json.loads, open(sys.argv[1])) if "loss" in x]; sys.exit(not (r and all(x["expert_comm_hidden_s"] > 0 for x in r)))' \
+        "$work/ep2_combined.jsonl" && ok ep_comm_hidden_reported || fail ep_comm_hidden_reported "expert_comm_hidden_s missing or 0"
 }
-rerun_identical
+hidden_reported
 
 # every step reports the bubble: measured (a share of the step) and the ideal (p-1)/(v·m+p-1)
 bubble_reported() {
@@ -149,6 +170,16 @@ expect_error pp_two_virtual_flags "give at most one of --num-layers-per-virtual-
     "$M" train "${SMALL[@]}" "${PP2[@]}" --num-layers-per-virtual-pipeline-stage 1 --num-virtual-stages-per-pipeline-rank 2
 expect_error pp_virtual_without_pp "virtual pipeline stages (2 per rank) need --pipeline-model-parallel-size above 1" -- \
     "$M" train "${SMALL[@]}" --num-virtual-stages-per-pipeline-rank 2
+expect_error overlap_needs_ep "--overlap-moe-expert-parallel-comm needs --expert-model-parallel-size above 1" -- \
+    "$M" train "${SMALL[@]}" "${MOE[@]}" --overlap-moe-expert-parallel-comm
+expect_error overlap_needs_virtual "needs virtual pipeline stages (--num-virtual-stages-per-pipeline-rank)" -- \
+    "$M" train "${SMALL[@]}" "${MOE[@]}" "${PP2[@]}" "${EP2[@]}" --overlap-moe-expert-parallel-comm
+expect_error overlap_not_with_shared "--overlap-moe-expert-parallel-comm and --moe-shared-expert-overlap exclude each other" -- \
+    "$M" train "${SMALL[@]}" "${MOE[@]}" "${SHARED[@]}" "${EP2[@]}" --overlap-moe-expert-parallel-comm --moe-shared-expert-overlap
+expect_error delay_needs_overlap "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm" -- \
+    "$M" train "${SMALL[@]}" "${MOE[@]}" --delay-wgrad-compute
+expect_error shared_overlap_needs_shared "--moe-shared-expert-overlap needs a shared expert" -- \
+    "$M" train "${SMALL[@]}" "${MOE[@]}" --moe-shared-expert-overlap
 interleaved_refused() {  # the schedule's counts are known once the ranks are: every rank says why
     timeout 300 "${MPIRUN[@]}" -np 2 "$M" train "${SMALL[@]}" "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 \
         --global-batch-size 10 >"$work/pp_interleaved_refused.log" 2>&1
