@@ -313,6 +313,17 @@ struct CommPending {
 #endif
 };
 
+// What every non-blocking transfer of g records: it runs on g's duplicate communicator.
+static void describe_pending(CommPending *p, const Comm *g, CommOp op, CommType t, int tag) {
+    p->op = op;
+    p->type = t;
+    p->comm = g->impl->p2p;
+    p->group = g->name;
+    p->size = g->size;
+    p->rank = g->rank;
+    p->tag = tag;
+}
+
 // The transfers in flight on MPI (comm_progress tests them), in no order.
 static CommPending **live;
 static int n_live, live_capacity;
@@ -381,13 +392,7 @@ CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *se
     }
 #endif
     size_t es = comm_type_size(t);
-    p->op = op;
-    p->type = t;
-    p->comm = g->impl->p2p;
-    p->group = g->name;
-    p->size = g->size;
-    p->rank = g->rank;
-    p->tag = next_collective_tag(g);
+    describe_pending(p, g, op, t, next_collective_tag(g));
     p->send = op == OP_ALLREDUCE ? recv : send;
     p->recv = recv;
     p->counts = mt_malloc(2 * (size_t)g->size * sizeof(size_t));
@@ -423,13 +428,7 @@ CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, con
 #endif
     size_t es = comm_type_size(t);
     CommPending *p = mt_calloc(1, sizeof(*p));
-    p->op = OP_ALLTOALLV;
-    p->type = t;
-    p->comm = g->impl->p2p;
-    p->group = g->name;
-    p->size = g->size;
-    p->rank = g->rank;
-    p->tag = next_collective_tag(g);
+    describe_pending(p, g, OP_ALLTOALLV, t, next_collective_tag(g));
     p->requests = mt_malloc(2 * (size_t)g->size * sizeof(MPI_Request));
     memcpy((char *)recv + recv_displs[g->rank] * es, (const char *)send + send_displs[g->rank] * es,
            recv_counts[g->rank] * es);
@@ -446,13 +445,7 @@ CommPending *backend_ialltoallv(const Comm *g, CommType t, const void *send, con
 CommPending *backend_ipoint(const Comm *g, int send, CommType t, void *buf, size_t n, int peer, int tag) {
     MT_ASSERT(tag >= 0 && tag < COMM_MAX_TAG && peer >= 0 && peer < g->size && peer != g->rank);
     CommPending *p = mt_calloc(1, sizeof(*p));
-    p->op = send ? OP_SEND : OP_RECV;
-    p->type = t;
-    p->comm = g->impl->p2p;
-    p->group = g->name;
-    p->size = g->size;
-    p->rank = g->rank;
-    p->tag = tag;
+    describe_pending(p, g, send ? OP_SEND : OP_RECV, t, tag);
     p->requests = mt_malloc(sizeof(MPI_Request));
     p->nrequests = 1;
     int count = mpi_count(g, n);

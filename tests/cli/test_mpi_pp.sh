@@ -5,7 +5,7 @@
 # (by --num-virtual-stages-per-pipeline-rank and --num-layers-per-virtual-pipeline-stage);
 # an uneven --pipeline-model-parallel-layout; --decoder-first/last-pipeline-num-layers;
 # --account-for-embedding/loss-in-pipeline-split; tied and untied embeddings; PP x TP
-# (sequence parallel), PP x EP, PP x CP, 8 ranks PP x TP x EP x DP with the distributed
+# (sequence parallel), PP x EP, PP x ETP x EP, PP x CP, 8 ranks PP x TP x EP x DP with the distributed
 # optimizer; micro-batch counts not a multiple of PP; DeepSeek-style first dense layers;
 # every balance loss with z-loss, and expert bias; the gradient sums overlapped with
 # backward (DP) and not. Expert-parallel overlap: --moe-shared-expert-overlap and the
@@ -66,6 +66,8 @@ run_case pp2_all_balance_losses_bias 2 "${PP2[@]}" -- "${MOE[@]}" \
 run_case pp2_tp2 4 "${PP2[@]}" "${TP2[@]}" -- "${MOE[@]}"
 run_case pp2_ep2 4 "${PP2[@]}" --expert-model-parallel-size 2 -- "${MOE[@]}"
 full pp2_cp2 run_case pp2_cp2 4 "${PP2[@]}" --context-parallel-size 2 -- "${MOE[@]}"
+full pp2_etp2_ep2 run_case pp2_etp2_ep2 8 "${PP2[@]}" --expert-tensor-parallel-size 2 --expert-model-parallel-size 2 -- \
+    "${MOE[@]}"
 full pp2_tp2_ep2_dp2 run_case pp2_tp2_ep2_dp2 8 "${PP2[@]}" "${TP2[@]}" --expert-model-parallel-size 2 \
     --use-distributed-optimizer -- "${MOE[@]}"
 full pp2_interleaved_dp2 run_case pp2_interleaved_dp2 4 "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 -- \

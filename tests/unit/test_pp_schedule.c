@@ -100,40 +100,32 @@ static void order_of(const PpSchedule *s, char *out, size_t n) {
     }
 }
 
-static void test_orders_match_megatron(void) {
-    for (int c = 0; c < CASES; c++) {
-        const Case *g = &GOLDEN[c];
+// Each case's schedule (combined or not) has Megatron's order; in a combined one each
+// pair that runs together is a forward and the backward after it, of another micro-batch.
+static void check_orders(const Case *cases, int n, int combined) {
+    for (int c = 0; c < n; c++) {
+        const Case *g = &cases[c];
         PpSchedule s;
         char err[512], got[4096];
-        int refused = pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, 0, err, sizeof(err));
+        int refused = pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, combined, err,
+                                       sizeof(err));
         CHECK(!refused, "pp %d v %d m %d refused: %s", g->pp, g->chunks, g->micro_batches, err);
         if (refused) continue;
         order_of(&s, got, sizeof(got));
-        CHECK(strcmp(got, g->order) == 0, "pp %d v %d m %d group %d rank %d:\n got      %s\n megatron %s", g->pp,
-              g->chunks, g->micro_batches, g->group, g->rank, got, g->order);
+        CHECK(strcmp(got, g->order) == 0, "%s pp %d v %d m %d group %d rank %d:\n got      %s\n megatron %s",
+              combined ? "combined" : "", g->pp, g->chunks, g->micro_batches, g->group, g->rank, got, g->order);
+        for (int i = 0; i < s.n; i++)
+            if (pp_schedule_pair_at(&s, i))
+                CHECK(s.steps[i].kind == PP_FORWARD && s.steps[i + 1].kind == PP_BACKWARD &&
+                          (s.steps[i].micro_batch != s.steps[i + 1].micro_batch ||
+                           s.steps[i].chunk != s.steps[i + 1].chunk),
+                      "step %d is not a forward paired with another micro-batch's backward", i);
         pp_schedule_free(&s);
     }
 }
 
-static void test_combined_orders_match_megatron(void) {
-    for (int c = 0; c < COMBINED_CASES; c++) {
-        const Case *g = &GOLDEN_COMBINED[c];
-        PpSchedule s;
-        char err[512], got[4096];
-        int refused = pp_schedule_make(&s, g->pp, g->rank, g->chunks, g->micro_batches, g->group, 1, err, sizeof(err));
-        CHECK(!refused, "pp %d v %d m %d refused: %s", g->pp, g->chunks, g->micro_batches, err);
-        if (refused) continue;
-        order_of(&s, got, sizeof(got));
-        CHECK(strcmp(got, g->order) == 0, "combined pp %d v %d m %d rank %d:\n got      %s\n megatron %s", g->pp,
-              g->chunks, g->micro_batches, g->rank, got, g->order);
-        // each pair that runs together: a forward and the backward after it, of other micro-batches
-        for (int i = 0; i < s.n; i++)
-            if (pp_schedule_pair_at(&s, i))
-                CHECK(s.steps[i].micro_batch != s.steps[i + 1].micro_batch ||
-                          s.steps[i].chunk != s.steps[i + 1].chunk, "step %d pairs a micro-batch with itself", i);
-        pp_schedule_free(&s);
-    }
-}
+static void test_orders_match_megatron(void) { check_orders(GOLDEN, CASES, 0); }
+static void test_combined_orders_match_megatron(void) { check_orders(GOLDEN_COMBINED, COMBINED_CASES, 1); }
 
 // Without a pipeline the combined schedule is Megatron's combined_1f1b_schedule_for_no_pipelining:
 // the first forward alone, then each backward together with the next forward, the last
