@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/ep_overlap.sh [moetron [RUNS [STEPS]]] — how much of the expert-parallel token
 # exchange the overlaps hide: the coarse bench model (bench/configs/coarse.flags) with a
-# shared expert of 1024, EP=2 on 2 ranks x 1 thread, micro-batches of 2 sequences, 8 of them
+# shared expert of 1024, EP=2 on 2 ranks x 1 thread, micro-batches of 2 sequences, 4 of them
 # per rank and step, run
 #   blocking   every all-to-all waited for where it starts
 #   shared     --moe-shared-expert-overlap
@@ -22,7 +22,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MOETRON_DEVICE=
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 read -r -a FLAGS <<<"$(grep -v '^#' "$root/bench/configs/coarse.flags" | tr '\n' ' ')"
-FLAGS+=(--micro-batch-size 2 --global-batch-size 32 --train-iters "$STEPS" --lr-warmup-iters 1 --eval-interval 0
+FLAGS+=(--micro-batch-size 2 --global-batch-size 16 --train-iters "$STEPS" --lr-warmup-iters 1 --eval-interval 0
         --log-interval 1 --expert-model-parallel-size 2 --moe-shared-expert-intermediate-size 1024)
 MPI2=(env OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to core -np 2)
 
