@@ -3,6 +3,10 @@
 // the call returns, because the model's own loops read op outputs right after.
 #include "ops/backend.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 static const OpsBackend *active = &ops_cpu_backend;
 
 static void (*between_ops)(void);
@@ -12,6 +16,9 @@ void ops_set_between_ops(void (*fn)(void)) { between_ops = fn; }
 
 static inline void finished(void) {
     if (active->finish) active->finish();
+#ifdef _OPENMP
+    if (omp_in_parallel()) return;  // the hook runs on the thread that calls MPI only
+#endif
     if (between_ops) between_ops();
 }
 
