@@ -7,7 +7,7 @@
 # --account-for-embedding/loss-in-pipeline-split; tied and untied embeddings; PP x TP
 # (sequence parallel), PP x EP, PP x ETP x EP, PP x CP, 8 ranks PP x TP x EP x DP with the distributed
 # optimizer; micro-batch counts not a multiple of PP; DeepSeek-style first dense layers;
-# every balance loss with z-loss, and expert bias; the gradient sums overlapped with
+# every balance loss with z-loss, and expert bias (1F1B and interleaved); the gradient sums overlapped with
 # backward (DP) and not. Expert-parallel overlap: --moe-shared-expert-overlap and the
 # combined 1F1B schedule (--overlap-moe-expert-parallel-comm, --delay-wgrad-compute; EP, PP
 # with virtual stages, TP, ETP, CP) each give the run without them bit for bit, and report the
@@ -58,6 +58,11 @@ full pp2_first_dense_layers run_case pp2_first_dense_layers 2 "${PP2[@]}" -- "${
 # (one data-parallel rank: global_aux_loss sums each micro-batch's counts over the DP ranks,
 # so a DP layout differs from one process by design, as Megatron's)
 run_case pp2_all_balance_losses_bias 2 "${PP2[@]}" -- "${MOE[@]}" \
+    --moe-router-load-balancing-type aux_loss seq_aux_loss global_aux_loss --moe-aux-loss-coeff 0.01 0.02 0.005 \
+    --moe-z-loss-coeff 1e-3 --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
+    --moe-router-bias-update-rate 0.01
+full pp2_interleaved_all_balance_losses_bias run_case pp2_interleaved_all_balance_losses_bias 2 "${PP2[@]}" \
+    --num-virtual-stages-per-pipeline-rank 2 -- "${MOE[@]}" \
     --moe-router-load-balancing-type aux_loss seq_aux_loss global_aux_loss --moe-aux-loss-coeff 0.01 0.02 0.005 \
     --moe-z-loss-coeff 1e-3 --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
     --moe-router-bias-update-rate 0.01
