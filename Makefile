@@ -15,7 +15,7 @@ PYTHON  ?= python3
 BUILD   ?= build
 
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wno-sign-compare
-OPT     := -O3 -march=native
+OPT     := -O3 -march=native -g  # -g: strict memory names the line of a host access
 ifdef DEBUG
 OPT     := -O0 -g
 endif
@@ -211,15 +211,16 @@ $(BUILD)/test_cp_attention_dbl: tests/mpi/test_cp_attention.c $(DBL_OBJ)
 # Fuzz targets (make fuzz) and their replay drivers, run by make test (tests/fuzz/fuzz.mk).
 include tests/fuzz/fuzz.mk
 
-# The cuda op checks (tests/gpu/): built with every CUDA build, so they compile and link
-# wherever nvcc is; make check-gpu runs them, with the training checks, on a GPU machine.
-ifeq ($(HAVE_CUDA),1)
-GPU_CHECK := $(BUILD)/check_gpu_ops
-$(GPU_CHECK): $(sort $(wildcard tests/gpu/*.c)) tests/gpu/gpu_check.h $(LIB_OBJ) $(PLUGIN_OBJ)
+# The op checks (tests/gpu/): every op of a backend against the cpu backend through the
+# op table; make test runs them for the cpu backend, make check-gpu for cuda (built with
+# every CUDA build, so they compile and link wherever nvcc is).
+OP_CHECK := $(BUILD)/test_backend_ops
+$(OP_CHECK): $(sort $(wildcard tests/gpu/*.c)) tests/gpu/op_check.h $(LIB_OBJ) $(PLUGIN_OBJ)
 	$(CC) $(CFLAGS) -Itests/gpu $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS) $(PLUGIN_LIBS)
 
+ifeq ($(HAVE_CUDA),1)
 .PHONY: check-gpu
-check-gpu: $(BUILD)/moetron $(CUDA_PLUGIN) $(GPU_CHECK) $(MPI_TEST)
+check-gpu: $(BUILD)/moetron $(CUDA_PLUGIN) $(OP_CHECK) $(MPI_TEST)
 	@bash tests/gpu/check_gpu.sh $(BUILD)
 else
 .PHONY: check-gpu
@@ -227,7 +228,7 @@ check-gpu:
 	$(error make check-gpu needs the cuda backend: install the CUDA toolkit (nvcc in CUDA_HOME=$(CUDA_HOME)) and build without NO_CUDA=1 or SANITIZE=1)
 endif
 
-test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST) $(FUZZ_REPLAY) $(CUDA_PLUGIN) $(GPU_CHECK)
+test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST) $(FUZZ_REPLAY) $(CUDA_PLUGIN) $(OP_CHECK)
 	@bash tests/run.sh $(BUILD)
 
 # Throughput measurements (bench/RESULTS.md records their output).

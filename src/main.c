@@ -51,8 +51,8 @@ static int has_help_flag(int argc, char **argv) {
 static void use_device(const Config *c) {
     const char *from_env = getenv("MOETRON_DEVICE");
     int use_env = !config_flag_given(c, "device") && from_env && from_env[0];
-    if (use_env && strcmp(from_env, "cpu") && strcmp(from_env, "cuda") && strcmp(from_env, "auto"))
-        mt_die("MOETRON_DEVICE=%s: use cpu, cuda or auto (or unset it)", from_env);
+    if (use_env && !device_name_known(from_env))
+        mt_die("MOETRON_DEVICE=%s: use %s (or unset it)", from_env, DEVICE_NAMES);
     device_select(device_parse(use_env ? from_env : c->device), c->bf16);
 #ifdef MT_COMM_NCCL
     if (device_active() == DEVICE_CUDA) comm_use_nccl(device_local_rank());

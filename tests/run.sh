@@ -35,6 +35,9 @@ for program in "$bin"/tests/test_*; do
     [ -x "$program" ] || continue
     run_program "$(basename "$program")" "$program"
 done
+# Every op of the op list through the checks' table, the cpu backend under test
+# (make check-gpu runs the same checks for cuda).
+run_program test_backend_ops "$bin/test_backend_ops" cpu
 # Every fuzz target on its seeds (and damaged copies of them) and its kept crashing inputs.
 for replay in "$bin"/fuzz/replay_*; do
     [ -x "$replay" ] || continue

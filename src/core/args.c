@@ -14,6 +14,7 @@
 
 #include "core/common.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "parallel/pipeline_layout.h"
 
 #define ALL (CMD_TRAIN | CMD_GENERATE | CMD_FORWARD)
@@ -125,7 +126,7 @@ static const FlagSpec FLAGS[] = {
     F("cp-comm-type", FLAG_LIST, cp_comm_type, TR, 0, "with CP: p2p (ring attention), a2a (all-to-all over heads), allgather (gather K/V) or a2a+p2p; one value, or one per layer"),
     F("hierarchical-context-parallel-sizes", FLAG_LIST, hierarchical_context_parallel_sizes, TR, 0, "a2a+p2p: the sizes of the inner all-to-all group and the outer ring (product: --context-parallel-size)"),
     F("moe-token-dispatcher-type", FLAG_STRING, moe_token_dispatcher_type, TR, 0, "alltoall, allgather: how tokens reach experts on other expert-parallel ranks (one process: the same)"),
-    F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto)"),
+    F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto); cpu-strict: the cpu with tensor memory closed to host code outside ops (a check for developers)"),
     F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMMs with bf16 inputs and fp32 accumulation, fp32 master weights (--device cuda)"),
     F("adapt-threads", FLAG_BOOL, adapt_threads, TR, 0, "use fewer OpenMP threads while other programs compete for the cores, and more again when they stop (timed steps, an occasional probe step; results do not change; --no-adapt-threads: always OpenMP's count)"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
@@ -768,8 +769,7 @@ static void validate_comm_overlap(const Config *c) {
 }
 
 static void validate_parallel(const Config *c) {
-    static const char *const devices[] = {"cpu", "cuda", "auto"};
-    if (lookup(c->device, devices, 3) < 0) config_die("--device %s: use cpu, cuda or auto", c->device);
+    if (!device_name_known(c->device)) config_die("--device %s: use %s", c->device, DEVICE_NAMES);
     static const char *const dispatchers[] = {"alltoall", "allgather"};
     if (lookup(c->moe_token_dispatcher_type, dispatchers, 2) < 0)
         config_die("--moe-token-dispatcher-type %s: use alltoall or allgather", c->moe_token_dispatcher_type);

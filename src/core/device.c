@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "core/strict_memory.h"
 #include "ops/backend.h"
 #if defined(MT_HAVE_CUDA) && !defined(MT_DOUBLE)
 #define DEVICE_HAS_CUDA 1
@@ -88,10 +89,15 @@ int device_cuda_count(void) {
 #endif
 }
 
+int device_name_known(const char *name) {
+    return !strcmp(name, "cpu") || !strcmp(name, "cuda") || !strcmp(name, "auto") || !strcmp(name, "cpu-strict");
+}
+
 DeviceKind device_parse(const char *name) {
     if (strcmp(name, "cpu") == 0) return DEVICE_CPU;
+    if (strcmp(name, "cpu-strict") == 0) return DEVICE_CPU_STRICT;
     if (strcmp(name, "auto") == 0) return device_cuda_count() > 0 ? DEVICE_CUDA : DEVICE_CPU;
-    if (strcmp(name, "cuda") != 0) mt_die("--device %s: use cpu, cuda or auto", name);
+    if (strcmp(name, "cuda") != 0) mt_die("--device %s: use %s", name, DEVICE_NAMES);
     if (!device_cuda_built())
         mt_die("--device cuda: this moetron was built without CUDA (install the CUDA toolkit so make finds nvcc, "
                "and build without NO_CUDA=1), or use --device cpu");
@@ -127,6 +133,7 @@ void device_select(DeviceKind kind, int bf16) {
         return;
     }
 #endif
+    if (kind == DEVICE_CPU_STRICT) strict_memory_enable();
     ops_select(&ops_cpu_backend);
 }
 
@@ -140,7 +147,7 @@ const char *device_description(void) {
         return text;
     }
 #endif
-    return "cpu";
+    return active == DEVICE_CPU_STRICT ? "cpu (strict memory)" : "cpu";
 }
 
 void *device_calloc(size_t count, size_t size) {
@@ -149,6 +156,7 @@ void *device_calloc(size_t count, size_t size) {
 #if DEVICE_HAS_CUDA
     if (active == DEVICE_CUDA) return require_plugin()->malloc_managed(count * size);
 #endif
+    if (active == DEVICE_CPU_STRICT) return strict_alloc(count * size);
     return mt_calloc(count ? count : 1, size ? size : 1);
 }
 
@@ -161,7 +169,44 @@ void device_free(void *p) {
         return;
     }
 #endif
-    free(p);
+    if (active == DEVICE_CPU_STRICT) strict_free(p);
+    else free(p);
+}
+
+void device_access_begin(void) {
+    if (active == DEVICE_CPU_STRICT) strict_open();
+}
+
+void device_access_end(void) {
+    if (active == DEVICE_CPU_STRICT) strict_close();
+}
+
+void device_upload(void *dst, const void *host, size_t bytes) {
+    if (!bytes) return;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->finish();
+        memcpy(dst, host, bytes);  // managed memory until the plugin owns device memory
+        return;
+    }
+#endif
+    device_access_begin();
+    memcpy(dst, host, bytes);
+    device_access_end();
+}
+
+void device_download(void *host, const void *src, size_t bytes) {
+    if (!bytes) return;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->finish();
+        memcpy(host, src, bytes);
+        return;
+    }
+#endif
+    device_access_begin();
+    memcpy(host, src, bytes);
+    device_access_end();
 }
 
 double device_memory_free_bytes(void) {

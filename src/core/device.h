@@ -9,16 +9,22 @@
 #pragma once
 #include <stddef.h>
 
-typedef enum { DEVICE_CPU, DEVICE_CUDA } DeviceKind;
+// DEVICE_CPU_STRICT: the cpu backend with tensor memory closed to host code outside ops,
+// communication and the copies below (src/core/strict_memory.h): a host access is a crash
+// naming the place. It proves on the CPU what the GPU requires.
+typedef enum { DEVICE_CPU, DEVICE_CUDA, DEVICE_CPU_STRICT } DeviceKind;
 
 // Whether this binary was built with the cuda backend, and how many GPUs it sees
 // (0 when built without it, or when no driver or device answers).
 int device_cuda_built(void);
 int device_cuda_count(void);
 
-// "cpu", "cuda" or "auto" (cuda when built with it and a GPU is visible, else cpu);
+// "cpu", "cuda", "cpu-strict" or "auto" (cuda when built with it and a GPU is visible, else cpu);
 // anything else, or "cuda" where it cannot run, ends the run naming --device.
 DeviceKind device_parse(const char *name);
+// Whether name is one of DEVICE_NAMES (whether or not it can run here).
+#define DEVICE_NAMES "cpu, cuda, auto or cpu-strict"
+int device_name_known(const char *name);
 
 // Selects the device before any tensor memory is allocated. Under a launcher, local rank
 // r (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, ...) uses GPU r mod the GPUs visible.
@@ -38,3 +44,13 @@ void *device_calloc(size_t count, size_t size);
 void device_free(void *p);
 // Bytes free on the GPU in use; -1 on the cpu (see train/memory_check.c for host memory).
 double device_memory_free_bytes(void);
+
+// Explicit copies between host memory and tensor memory: the only way host code reads
+// or writes tensors (checkpoints, initial values, a micro-batch's tokens, the scalars a
+// step reports). Complete on return.
+void device_upload(void *dst, const void *host, size_t bytes);
+void device_download(void *host, const void *src, size_t bytes);
+// Brackets code that reaches tensor memory outside ops (communication: the MPI calls on
+// tensor buffers, which a GPU build does through NCCL on device memory). Nest.
+void device_access_begin(void);
+void device_access_end(void);

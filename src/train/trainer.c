@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "ops/backend.h"
 #include "ops/gemm.h"
+#include "ops/op_profile.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
@@ -547,6 +548,7 @@ static void profile_step_done(StepProfile *p, long step, long first_step, long l
     if (!p->on) return;
     if (step == first_step && last_step > first_step) {  // warm-up: start counting from the next step
         prof_reset();
+        op_profile_reset();
         return;
     }
     p->seconds += step_time;
@@ -557,6 +559,7 @@ static void profile_print(const StepProfile *p) {
     if (!p->on || p->steps == 0) return;
     printf("profile: %ld steps, %.3f s (--profile; the first step is warm-up)\n", p->steps, p->seconds);
     prof_print(p->seconds);
+    op_profile_print(p->seconds);
 }
 
 // Applies the step's gradients unless the step is skipped (a non-finite loss or norm):

@@ -1,5 +1,5 @@
-// check_attention.c — the cuda attention (src/ops/cuda/attention.cu) against the cpu
-// reference, forward and backward, on the shapes the model uses: multi-head and grouped
+// check_attention.c — the attention ops of the backend under test against the cpu
+// reference (op_check.h), forward and backward, on the shapes the model uses: multi-head and grouped
 // (8 query heads on 2 kv heads), head widths 1 to 256, MLA's wider queries than values
 // (192 / 128), sequence lengths around the 64-token tiles (1, 17, 64, 65, 130, 200),
 // document masks (key_start), decoding against a KV cache (Tq = 1, q_pos0 = Tk − 1,
@@ -11,11 +11,11 @@
 // Per case: random q, k, v, dout; forward on both backends (the device's out and lse start
 // as NaN); backward on both from the cpu's out and lse, with dq, dk, dv starting from the
 // same random values (backward accumulates; the kv-cache rows past Tk must stay as they
-// were). Two cases also run the cuda ops twice and require the same bits.
+// were). Two cases also run the ops under test twice and require the same bits.
 #include <math.h>
 #include <string.h>
 
-#include "gpu_check.h"
+#include "op_check.h"
 
 typedef struct {
     const char *name;
@@ -85,8 +85,8 @@ static AttentionSizes attention_sizes(const AttentionCase *c) {
 // 1 when the n floats at device pointers a and b are the same bits (copied to host).
 static int same_bits(const float *a, const float *b, size_t n) {
     float *ha = check_random(n, 0, 1), *hb = check_random(n, 0, 1);
-    cuda_memcpy_d2h(ha, a, n * sizeof(float));
-    cuda_memcpy_d2h(hb, b, n * sizeof(float));
+    check_download(ha, a, n * sizeof(float));
+    check_download(hb, b, n * sizeof(float));
     return memcmp(ha, hb, n * sizeof(float)) == 0;
 }
 
@@ -99,8 +99,8 @@ static void check_same(const char *check, const char *output, int same) {
 // entries must be the same on both backends, and the finite ones are compared.
 static void check_compare_lse(const char *check, const float *cpu, const float *gpu_device, size_t n) {
     float *gpu = check_random(n, 0, 1), *cpu_finite = check_host_copy(cpu, n);
-    cuda_finish();
-    cuda_memcpy_d2h(gpu, gpu_device, n * sizeof(float));
+    check_finish();
+    check_download(gpu, gpu_device, n * sizeof(float));
     int same_rows = 1;
     for (size_t i = 0; i < n; i++) {
         int cpu_empty = cpu[i] == -INFINITY, gpu_empty = gpu[i] == -INFINITY;
@@ -109,7 +109,7 @@ static void check_compare_lse(const char *check, const float *cpu, const float *
         if (gpu_empty) gpu[i] = 0;
     }
     check_same(check, "lse -inf rows", same_rows);
-    check_compare(check, "lse", cpu_finite, check_to_device(gpu, n), n, GPU_TOL_FP32);
+    check_compare(check, "lse", cpu_finite, check_to_device(gpu, n), n, TOL_FP32);
 }
 
 static void check_attention_case(const AttentionCase *c) {
@@ -128,9 +128,9 @@ static void check_attention_case(const AttentionCase *c) {
     float *out = check_random(n.out, 0, 1), *lse = check_random(n.lse, 0, 1);  // overwritten
     ops_cpu_backend.attention_forward(out, lse, q, k, v, &s);
     float *d_out = check_device_nan(n.out), *d_lse = check_device_nan(n.lse);
-    cuda_attention_forward(d_out, d_lse, d_q, d_k, d_v, &sd);
-    cuda_finish();
-    check_compare(c->name, "out", out, d_out, n.out, GPU_TOL_FP32);
+    under()->attention_forward(d_out, d_lse, d_q, d_k, d_v, &sd);
+    check_finish();
+    check_compare(c->name, "out", out, d_out, n.out, TOL_FP32);
     check_compare_lse(c->name, lse, d_lse, n.lse);
 
     // backward from the cpu's out and lse; gradients accumulate onto the same start
@@ -139,25 +139,25 @@ static void check_attention_case(const AttentionCase *c) {
     float *d_dout = check_to_device(dout, n.out), *d_out_cpu = check_to_device(out, n.out);
     float *d_lse_cpu = check_to_device(lse, n.lse);
     ops_cpu_backend.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &s);
-    cuda_attention_backward(d_dq, d_dk, d_dv, d_dout, d_out_cpu, d_lse_cpu, d_q, d_k, d_v, &sd);
-    cuda_finish();
-    check_compare(c->name, "dq", dq, d_dq, n.q, GPU_TOL_FP32);
-    check_compare(c->name, "dk", dk, d_dk, n.k, GPU_TOL_FP32);
-    check_compare(c->name, "dv", dv, d_dv, n.v, GPU_TOL_FP32);
+    under()->attention_backward(d_dq, d_dk, d_dv, d_dout, d_out_cpu, d_lse_cpu, d_q, d_k, d_v, &sd);
+    check_finish();
+    check_compare(c->name, "dq", dq, d_dq, n.q, TOL_FP32);
+    check_compare(c->name, "dk", dk, d_dk, n.k, TOL_FP32);
+    check_compare(c->name, "dv", dv, d_dv, n.v, TOL_FP32);
     if (!c->repeat) return;
 
     // the same ops again from the same start: the same bits
     float *d_out2 = check_device_nan(n.out), *d_lse2 = check_device_nan(n.lse);
-    cuda_attention_forward(d_out2, d_lse2, d_q, d_k, d_v, &sd);
+    under()->attention_forward(d_out2, d_lse2, d_q, d_k, d_v, &sd);
     float *dq0 = check_random(n.q, -1, 1), *dk0 = check_random(n.k, -1, 1), *dv0 = check_random(n.v, -1, 1);
     float *runs[2][3];
     for (int run = 0; run < 2; run++) {
         runs[run][0] = check_to_device(dq0, n.q), runs[run][1] = check_to_device(dk0, n.k);
         runs[run][2] = check_to_device(dv0, n.v);
-        cuda_attention_backward(runs[run][0], runs[run][1], runs[run][2], d_dout, d_out_cpu, d_lse_cpu, d_q, d_k,
+        under()->attention_backward(runs[run][0], runs[run][1], runs[run][2], d_dout, d_out_cpu, d_lse_cpu, d_q, d_k,
                                 d_v, &sd);
     }
-    cuda_finish();
+    check_finish();
     check_same(c->name, "out repeat bits", same_bits(d_out, d_out2, n.out) && same_bits(d_lse, d_lse2, n.lse));
     check_same(c->name, "dq repeat bits", same_bits(runs[0][0], runs[1][0], n.q));
     check_same(c->name, "dk repeat bits", same_bits(runs[0][1], runs[1][1], n.k));
@@ -189,9 +189,9 @@ static void check_merge_case(const char *name, int B, int Tq, int heads, int dv)
     float *d_out = check_to_device(out, rows * dv), *d_lse = check_to_device(lse, rows);
     float *d_out_block = check_to_device(out_block, rows * dv), *d_lse_block = check_to_device(lse_block, rows);
     ops_cpu_backend.attention_merge(out, lse, out_block, lse_block, &s);
-    cuda_attention_merge(d_out, d_lse, d_out_block, d_lse_block, &s);
-    cuda_finish();
-    check_compare(name, "out", out, d_out, rows * dv, GPU_TOL_FP32);
+    under()->attention_merge(d_out, d_lse, d_out_block, d_lse_block, &s);
+    check_finish();
+    check_compare(name, "out", out, d_out, rows * dv, TOL_FP32);
     check_compare_lse(name, lse, d_lse, rows);
 }
 

@@ -1,15 +1,15 @@
-// check_elementwise.c — the cuda backend's vector, embedding, RMSNorm, RoPE, clamp,
-// SwiGLU, softmax, cross-entropy and AdamW ops against the cpu backend (gpu_check.h).
+// check_elementwise.c — the backend under test's vector, embedding, RMSNorm, RoPE, clamp,
+// SwiGLU, softmax, cross-entropy and AdamW ops against the cpu backend (op_check.h).
 //
-// Every case: random host inputs; device copies made before the cpu op runs (so in-place
+// Every case: random host inputs; copies made before the cpu op runs (so in-place
 // and accumulated (+=) outputs start from the same values on both); outputs the op
-// overwrites start as NaN on the device; each output compared at GPU_TOL_FP32. Sizes are
+// overwrites start as NaN under test; each output compared at TOL_FP32. Sizes are
 // odd on purpose (1, 3, 257 rows; 1, 7, 64, 4097 columns) to hit partial warps, partial
 // tiles and the tails of the strided loops.
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu_check.h"
+#include "op_check.h"
 
 static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
 
@@ -33,17 +33,17 @@ static void check_vectors(size_t n) {
     cpu()->vec_scale(scaled, 0.37f, n);
     double cpu_ss = cpu()->vec_sum_squares(x, n);
 
-    cuda_vec_copy(d_copy, d_x, n);
-    cuda_vec_zero(d_zero, n);
-    cuda_vec_add(d_y, d_x, n);
-    cuda_vec_scale(d_scaled, 0.37f, n);
-    double gpu_ss = cuda_vec_sum_squares(d_x, n);
+    under()->vec_copy(d_copy, d_x, n);
+    under()->vec_zero(d_zero, n);
+    under()->vec_add(d_y, d_x, n);
+    under()->vec_scale(d_scaled, 0.37f, n);
+    double gpu_ss = under()->vec_sum_squares(d_x, n);
 
-    check_compare(name, "vec_copy", copy, d_copy, n, GPU_TOL_FP32);
-    check_compare(name, "vec_zero", zero, d_zero, n, GPU_TOL_FP32);
-    check_compare(name, "vec_add", y, d_y, n, GPU_TOL_FP32);
-    check_compare(name, "vec_scale", scaled, d_scaled, n, GPU_TOL_FP32);
-    check_compare_double(name, "vec_sum_squares", cpu_ss, gpu_ss, GPU_TOL_FP32);
+    check_compare(name, "vec_copy", copy, d_copy, n, TOL_FP32);
+    check_compare(name, "vec_zero", zero, d_zero, n, TOL_FP32);
+    check_compare(name, "vec_add", y, d_y, n, TOL_FP32);
+    check_compare(name, "vec_scale", scaled, d_scaled, n, TOL_FP32);
+    check_compare_double(name, "vec_sum_squares", cpu_ss, gpu_ss, TOL_FP32);
     check_free_all();
 }
 
@@ -59,13 +59,13 @@ static void check_clamp(size_t n) {
     cpu()->clamp_forward(y, x, n, limit);
     cpu()->clamp_backward(d, x, n, limit);
 
-    cuda_clamp_forward(d_y, d_x, n, limit);
-    cuda_clamp_forward(d_inplace, d_inplace, n, limit);  // y == x
-    cuda_clamp_backward(d_d, d_x, n, limit);
+    under()->clamp_forward(d_y, d_x, n, limit);
+    under()->clamp_forward(d_inplace, d_inplace, n, limit);  // y == x
+    under()->clamp_backward(d_d, d_x, n, limit);
 
-    check_compare(name, "y", y, d_y, n, GPU_TOL_FP32);
-    check_compare(name, "y in place", y, d_inplace, n, GPU_TOL_FP32);
-    check_compare(name, "d", d, d_d, n, GPU_TOL_FP32);
+    check_compare(name, "y", y, d_y, n, TOL_FP32);
+    check_compare(name, "y in place", y, d_inplace, n, TOL_FP32);
+    check_compare(name, "d", d, d_d, n, TOL_FP32);
     check_free_all();
 }
 
@@ -85,11 +85,11 @@ static void check_embedding(int N, int C, int V) {
     cpu()->embedding_forward(out, tokens, table, N, C);
     cpu()->embedding_backward(dtable, dout, tokens, N, C);
 
-    cuda_embedding_forward(d_out, d_tokens, d_table, N, C);
-    cuda_embedding_backward(d_dtable, d_dout, d_tokens, N, C);
+    under()->embedding_forward(d_out, d_tokens, d_table, N, C);
+    under()->embedding_backward(d_dtable, d_dout, d_tokens, N, C);
 
-    check_compare(name, "out", out, d_out, nc, GPU_TOL_FP32);
-    check_compare(name, "dtable", dtable, d_dtable, vc, GPU_TOL_FP32);
+    check_compare(name, "out", out, d_out, nc, TOL_FP32);
+    check_compare(name, "dtable", dtable, d_dtable, vc, TOL_FP32);
     check_free_all();
 }
 
@@ -110,14 +110,14 @@ static void check_rmsnorm(int N, int C) {
     cpu()->rmsnorm_forward(y, rstd, x, w, N, C, eps);
     cpu()->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
 
-    cuda_rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, eps);
+    under()->rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, eps);
     // the backward reads the cpu's rstd, so that it is checked on its own
-    cuda_rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, check_to_device(rstd, (size_t)N), N, C);
+    under()->rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, check_to_device(rstd, (size_t)N), N, C);
 
-    check_compare(name, "y", y, d_y, nc, GPU_TOL_FP32);
-    check_compare(name, "rstd", rstd, d_rstd, (size_t)N, GPU_TOL_FP32);
-    check_compare(name, "dx", dx, d_dx, nc, GPU_TOL_FP32);
-    check_compare(name, "dw", dw, d_dw, (size_t)C, GPU_TOL_FP32);
+    check_compare(name, "y", y, d_y, nc, TOL_FP32);
+    check_compare(name, "rstd", rstd, d_rstd, (size_t)N, TOL_FP32);
+    check_compare(name, "dx", dx, d_dx, nc, TOL_FP32);
+    check_compare(name, "dw", dw, d_dw, (size_t)C, TOL_FP32);
     check_free_all();
 }
 
@@ -135,11 +135,11 @@ static void check_softmax(int N, int C) {
     cpu()->softmax_forward(y, x, N, C);
     cpu()->softmax_backward(dx, y, dy, N, C);
 
-    cuda_softmax_forward(d_y, d_x, N, C);
-    cuda_softmax_backward(d_dx, check_to_device(y, nc), d_dy, N, C);
+    under()->softmax_forward(d_y, d_x, N, C);
+    under()->softmax_backward(d_dx, check_to_device(y, nc), d_dy, N, C);
 
-    check_compare(name, "y", y, d_y, nc, GPU_TOL_FP32);
-    check_compare(name, "dx", dx, d_dx, nc, GPU_TOL_FP32);
+    check_compare(name, "y", y, d_y, nc, TOL_FP32);
+    check_compare(name, "dx", dx, d_dx, nc, TOL_FP32);
     check_free_all();
 }
 
@@ -162,13 +162,13 @@ static void check_swiglu(int M, int I, int scaled, int want_ds) {
     cpu()->swiglu_forward(act, gate, up, row_scale, M, I);
     cpu()->swiglu_backward(dgate, dup, ds, dact, gate, up, row_scale, M, I);
 
-    cuda_swiglu_forward(d_act, d_gate, d_up, d_row_scale, M, I);
-    cuda_swiglu_backward(d_dgate, d_dup, d_ds, d_dact, d_gate, d_up, d_row_scale, M, I);
+    under()->swiglu_forward(d_act, d_gate, d_up, d_row_scale, M, I);
+    under()->swiglu_backward(d_dgate, d_dup, d_ds, d_dact, d_gate, d_up, d_row_scale, M, I);
 
-    check_compare(name, "act", act, d_act, mi, GPU_TOL_FP32);
-    check_compare(name, "dgate", dgate, d_dgate, mi, GPU_TOL_FP32);
-    check_compare(name, "dup", dup, d_dup, mi, GPU_TOL_FP32);
-    if (want_ds) check_compare(name, "drow_scale", ds, d_ds, (size_t)M, GPU_TOL_FP32);
+    check_compare(name, "act", act, d_act, mi, TOL_FP32);
+    check_compare(name, "dgate", dgate, d_dgate, mi, TOL_FP32);
+    check_compare(name, "dup", dup, d_dup, mi, TOL_FP32);
+    if (want_ds) check_compare(name, "drow_scale", ds, d_ds, (size_t)M, TOL_FP32);
     check_free_all();
 }
 
@@ -197,12 +197,12 @@ static void check_rope(const char *layout_name, RopeLayout l, int B, int T, int 
 
     cpu()->rope_forward(x, cos_sin, &host, &l);
     cpu()->rope_backward(dx, cos_sin, &host, &l);
-    cuda_rope_forward(d_x, d_cos_sin, &device, &l);
-    cuda_rope_backward(d_dx, d_cos_sin, &device, &l);
+    under()->rope_forward(d_x, d_cos_sin, &device, &l);
+    under()->rope_backward(d_dx, d_cos_sin, &device, &l);
 
     // the whole rows: elements outside the rotated pairs must come back unchanged
-    check_compare(name, "x", x, d_x, n, GPU_TOL_FP32);
-    check_compare(name, "dx", dx, d_dx, n, GPU_TOL_FP32);
+    check_compare(name, "x", x, d_x, n, TOL_FP32);
+    check_compare(name, "dx", dx, d_dx, n, TOL_FP32);
     check_free_all();
 }
 
@@ -245,13 +245,13 @@ static void check_cross_entropy(int N, int V) {
     cpu()->cross_entropy_forward(losses, lse, logits, targets, N, V);
     cpu()->cross_entropy_backward(dlogits, logits, lse, targets, weight, N, V);
 
-    cuda_cross_entropy_forward(d_losses, d_lse, d_logits, d_targets, N, V);
+    under()->cross_entropy_forward(d_losses, d_lse, d_logits, d_targets, N, V);
     // the backward reads the cpu's lse, so that it is checked on its own
-    cuda_cross_entropy_backward(d_dlogits, d_logits, check_to_device(lse, (size_t)N), d_targets, d_weight, N, V);
+    under()->cross_entropy_backward(d_dlogits, d_logits, check_to_device(lse, (size_t)N), d_targets, d_weight, N, V);
 
-    check_compare(name, "losses", losses, d_losses, (size_t)N, GPU_TOL_FP32);
-    check_compare(name, "lse", lse, d_lse, (size_t)N, GPU_TOL_FP32);
-    check_compare(name, "dlogits", dlogits, d_dlogits, nv, GPU_TOL_FP32);
+    check_compare(name, "losses", losses, d_losses, (size_t)N, TOL_FP32);
+    check_compare(name, "lse", lse, d_lse, (size_t)N, TOL_FP32);
+    check_compare(name, "dlogits", dlogits, d_dlogits, nv, TOL_FP32);
     check_free_all();
 }
 
@@ -267,11 +267,11 @@ static void check_adamw(size_t n, int decay, long step) {
     float *d_m = check_to_device(m, n), *d_v = check_to_device(v, n);
 
     cpu()->adamw_update(p, g, m, v, n, decay, &h);
-    cuda_adamw_update(d_p, d_g, d_m, d_v, n, decay, &h);
+    under()->adamw_update(d_p, d_g, d_m, d_v, n, decay, &h);
 
-    check_compare(name, "p", p, d_p, n, GPU_TOL_FP32);
-    check_compare(name, "m", m, d_m, n, GPU_TOL_FP32);
-    check_compare(name, "v", v, d_v, n, GPU_TOL_FP32);
+    check_compare(name, "p", p, d_p, n, TOL_FP32);
+    check_compare(name, "m", m, d_m, n, TOL_FP32);
+    check_compare(name, "v", v, d_v, n, TOL_FP32);
     check_free_all();
 }
 

@@ -1,7 +1,7 @@
-// check_gemm.c — the op checks of the cuda GEMMs (tests/gpu/gpu_check.h): cuda_gemm,
-// cuda_gemm_grouped, cuda_gemm_grouped_wgrad and cuda_linear_forward / _backward against
-// the cpu backend, first in fp32 (GPU_TOL_FP32), then with bf16 GEMM inputs
-// (cuda_set_gemm_bf16(1), GPU_TOL_BF16).
+// check_gemm.c — the op checks of the GEMMs (tests/gpu/op_check.h): gemm, gemm_grouped,
+// gemm_grouped_wgrad and linear_forward / _backward of the backend under test against
+// the cpu backend, first in fp32 (TOL_FP32), then, where the backend has them, with bf16
+// GEMM inputs (check_set_bf16(1), TOL_BF16).
 //
 // What the cases cover (gemm.h / ops.h contracts):
 //   * all four trans_a / trans_b combinations, odd sizes (1, 7, 33, 130), tight and padded
@@ -20,7 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu_check.h"
+#include "op_check.h"
 
 // The precision pass the checks run in: its name for the check lines and its tolerance.
 typedef struct {
@@ -100,8 +100,8 @@ static void check_gemm_case(const GemmCase *c, const Pass *p) {
     if (c->beta == 0) fill_nan(C, c->M, c->N, ldc);
     float *dC = to_device(C, c->M, ldc);
     ops_cpu_backend.gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C, ldc);
-    cuda_gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, dA, lda, dB, ldb, c->beta, dC, ldc);
-    cuda_finish();
+    under()->gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, dA, lda, dB, ldb, c->beta, dC, ldc);
+    check_finish();
     char name[128];
     gemm_case_name(name, sizeof(name), unread ? "gemm (A, B unread)" : "gemm", c, p);
     check_compare(name, "C", C, dC, (size_t)c->M * ldc, p->tol);
@@ -112,8 +112,8 @@ static void check_gemm_case(const GemmCase *c, const Pass *p) {
 static void check_gemm_empty(int M, int N, const Pass *p) {
     float *C = random_matrix(7, 33), *dC = to_device(C, 7, 33);
     ops_cpu_backend.gemm(0, 0, M, N, 5, 1.0f, NULL, 5, NULL, 33, 0.0f, C, 33);
-    cuda_gemm(0, 0, M, N, 5, 1.0f, NULL, 5, NULL, 33, 0.0f, dC, 33);
-    cuda_finish();
+    under()->gemm(0, 0, M, N, 5, 1.0f, NULL, 5, NULL, 33, 0.0f, dC, 33);
+    check_finish();
     char name[96];
     snprintf(name, sizeof(name), "gemm M=%d N=%d (no-op) [%s]", M, N, p->name);
     check_compare(name, "C", C, dC, 7 * 33, p->tol);
@@ -231,9 +231,9 @@ static void check_grouped_case(const GroupedCase *c, const Pass *p) {
     float *dC = to_device(C, e->total + TAIL_ROWS, ldc);
     ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, A, a_off, lda, B,
                                  ldb, c->beta, C, c_off, ldc);
-    cuda_gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, dA, a_off, lda, dB, ldb,
+    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, dA, a_off, lda, dB, ldb,
                       c->beta, dC, c_off, ldc);
-    cuda_finish();
+    check_finish();
     char name[128];
     snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d ld+%d alpha=%g beta=%g [%s]",
              trans_name(c->trans_a, c->trans_b), e->count, c->N, c->K, c->pad, c->alpha, c->beta, p->name);
@@ -280,8 +280,8 @@ static void check_wgrad_case(int out, int in, float alpha, const Pass *p) {
     }
     float *d_dY = to_device(dY, e.total, out), *d_X = to_device(X, e.total, in);
     ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, dY, dy_off, X, x_off, W);
-    cuda_gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, d_dY, dy_off, d_X, x_off, dW);
-    cuda_finish();
+    under()->gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, d_dY, dy_off, d_X, x_off, dW);
+    check_finish();
     for (int g = 0; g < e.count; g++) {
         char name[128], output[32];
         snprintf(name, sizeof(name), "gemm_grouped_wgrad out=%d in=%d alpha=%g [%s]", out, in, alpha, p->name);
@@ -305,8 +305,8 @@ static void check_linear_forward(int N, int in, int out, const Pass *p) {
     float *x = random_matrix(N, in), *W = random_matrix(out, in), *y = random_matrix(N, out);
     float *dx = to_device(x, N, in), *dW = to_device(W, out, in), *dy = check_device_nan((size_t)N * out);
     ops_cpu_backend.linear_forward(y, x, W, N, in, out);
-    cuda_linear_forward(dy, dx, dW, N, in, out);
-    cuda_finish();
+    under()->linear_forward(dy, dx, dW, N, in, out);
+    check_finish();
     char name[96];
     snprintf(name, sizeof(name), "linear_forward N=%d in=%d out=%d [%s]", N, in, out, p->name);
     check_compare(name, "y", y, dy, (size_t)N * out, p->tol);
@@ -320,8 +320,8 @@ static void check_linear_backward(int N, int in, int out, int with_dx, const Pas
     float *d_x = to_device(x, N, in), *d_W = to_device(W, out, in), *d_dy = to_device(dy, N, out);
     float *d_gx = to_device(gx, N, in), *d_gW = to_device(gW, out, in);
     ops_cpu_backend.linear_backward(with_dx ? gx : NULL, gW, dy, x, W, N, in, out);
-    cuda_linear_backward(with_dx ? d_gx : NULL, d_gW, d_dy, d_x, d_W, N, in, out);
-    cuda_finish();
+    under()->linear_backward(with_dx ? d_gx : NULL, d_gW, d_dy, d_x, d_W, N, in, out);
+    check_finish();
     char name[96];
     snprintf(name, sizeof(name), "linear_backward N=%d in=%d out=%d%s [%s]", N, in, out, with_dx ? "" : " dx=NULL",
              p->name);
@@ -344,7 +344,7 @@ static void check_linear_all(const Pass *p) {
 // A device result copied into a host buffer (freed by check_free_all).
 static float *from_device(const float *dev, size_t n) {
     float *h = check_random(n, 0.0f, 1.0f);
-    cuda_memcpy_d2h(h, dev, n * sizeof(float));
+    check_download(h, dev, n * sizeof(float));
     return h;
 }
 
@@ -366,15 +366,15 @@ static void check_bf16_in_effect(void) {
     float *A = random_matrix(S, S), *B = random_matrix(S, S);
     float *dA = to_device(A, S, S), *dB = to_device(B, S, S);
     float *d32 = check_device_nan(S * S), *d16 = check_device_nan(S * S);
-    cuda_gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d32, S);
-    cuda_set_gemm_bf16(1);
-    cuda_gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d16, S);
-    cuda_set_gemm_bf16(0);
-    cuda_finish();
+    under()->gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d32, S);
+    check_set_bf16(1);
+    under()->gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d16, S);
+    check_set_bf16(0);
+    check_finish();
     double diff = normwise_diff(from_device(d16, S * S), from_device(d32, S * S), S * S);
     char name[96];
-    snprintf(name, sizeof(name), "gemm bf16 differs from fp32 (normwise %.2e > %.0e)", diff, GPU_TOL_FP32);
-    check_compare_double(name, "bf16 in effect", 1.0, diff > GPU_TOL_FP32 ? 1.0 : 0.0, 0.5);
+    snprintf(name, sizeof(name), "gemm bf16 differs from fp32 (normwise %.2e > %.0e)", diff, TOL_FP32);
+    check_compare_double(name, "bf16 in effect", 1.0, diff > TOL_FP32 ? 1.0 : 0.0, 0.5);
     check_free_all();
 }
 
@@ -385,8 +385,8 @@ static void check_repeatable(const Pass *p) {
     float *A = random_matrix(M, K), *B = random_matrix(N, K);
     float *dA = to_device(A, M, K), *dB = to_device(B, N, K);
     float *c1 = check_device_nan(M * N), *c2 = check_device_nan(M * N);
-    cuda_gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c1, N);
-    cuda_gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c2, N);
+    under()->gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c1, N);
+    under()->gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c2, N);
     Experts e = experts_few();
     size_t offsets[MAX_EXPERTS], out_offsets[MAX_EXPERTS];
     const float *Bs[MAX_EXPERTS];
@@ -397,9 +397,9 @@ static void check_repeatable(const Pass *p) {
     }
     size_t ng = (size_t)e.total * N;
     float *g1 = check_device_nan(ng), *g2 = check_device_nan(ng);
-    cuda_gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g1, out_offsets, N);
-    cuda_gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g2, out_offsets, N);
-    cuda_finish();
+    under()->gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g1, out_offsets, N);
+    under()->gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g2, out_offsets, N);
+    check_finish();
     int same_gemm = memcmp(from_device(c1, M * N), from_device(c2, M * N), sizeof(float) * M * N) == 0;
     int same_grouped = memcmp(from_device(g1, ng), from_device(g2, ng), sizeof(float) * ng) == 0;
     char name[96];
@@ -421,11 +421,11 @@ static void check_pass(const Pass *p) {
 }
 
 void check_gemm_ops(void) {
-    const Pass fp32 = {"fp32", GPU_TOL_FP32}, bf16 = {"bf16", GPU_TOL_BF16};
-    cuda_set_gemm_bf16(0);
+    const Pass fp32 = {"fp32", TOL_FP32}, bf16 = {"bf16", TOL_BF16};
     check_pass(&fp32);
-    cuda_set_gemm_bf16(1);
+    if (!check_has_bf16()) return;
+    check_set_bf16(1);
     check_pass(&bf16);
-    cuda_set_gemm_bf16(0);
+    check_set_bf16(0);
     check_bf16_in_effect();
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # check_gpu.sh BUILD [RESULTS] — the cuda backend's checks on a GPU machine (make check-gpu):
-#   1. every op against the cpu backend on random inputs (BUILD/check_gpu_ops);
+#   1. every op against the cpu backend on random inputs (BUILD/test_backend_ops cuda);
 #   2. 50 training steps on the GPU against the same 50 on the cpu, fp32 and --bf16, for a
 #      Mixtral-style and a DeepSeek-V3-style model: loss curves within 1e-3 (fp32) and
 #      3e-2 (bf16) relative at every step;
@@ -28,7 +28,7 @@ fi
 nvidia-smi -L
 
 # ---- 1. ops -------------------------------------------------------------------------------
-if "$BUILD/check_gpu_ops" > "$WORK/ops.log" 2>&1; then ok "ops: $(tail -1 "$WORK/ops.log")"
+if "$BUILD/test_backend_ops" cuda > "$WORK/ops.log" 2>&1; then ok "ops: $(tail -1 "$WORK/ops.log")"
 else grep FAIL "$WORK/ops.log" | head -20; fail ops "$(tail -1 "$WORK/ops.log")"; fi
 
 # ---- 2. training on the GPU against the cpu -----------------------------------------------------

@@ -1,11 +1,11 @@
-// check_moe.c — the cuda backend's MoE ops against the cpu backend (gpu_check.h): the
+// check_moe.c — the backend under test's MoE ops against the cpu backend (op_check.h): the
 // router GEMM in double, the per-token routing, permute and unpermute.
 //
 // Exact (tolerance 0) where the kernels promise the cpu's bits: router logits (products of
 // floats are exact in double and are summed in the cpu's order), permute (copies),
 // unpermute (the cpu's float additions in its order) and the chosen experts (integers,
 // check_compare_ints). Routing's scores and probs may differ from the cpu's in the last
-// bits of exp/log: GPU_TOL_FP32. Plans come from dispatch_plan on random routings with
+// bits of exp/log: TOL_FP32. Plans come from dispatch_plan on random routings with
 // dropped choices and padding rows; routing cases include exact ties (logits on a coarse
 // grid) for the lowest-index rule, group-limited selection, and an expert count large
 // enough to need more than 48 KiB of shared memory per block.
@@ -13,9 +13,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu_check.h"
+#include "op_check.h"
 #include "moe/dispatcher.h"
-#include "ops/cuda/cuda_moe.h"
 
 static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
 
@@ -32,7 +31,7 @@ static void check_router_logits(int N, int H, int E) {
     float *d_x = check_to_device(x, nh), *d_W = check_to_device(W, eh), *d_logits = check_device_nan(ne);
     float *logits = check_random(ne, 0, 1);
     cpu()->moe_router_logits(logits, x, W, N, H, E);
-    cuda_moe_router_logits(d_logits, d_x, d_W, N, H, E);
+    under()->moe_router_logits(d_logits, d_x, d_W, N, H, E);
     check_compare(name, "logits", logits, d_logits, ne, EXACT);
     check_free_all();
 }
@@ -61,12 +60,12 @@ static void check_route(const RouteCase *c) {
     float *scores = check_random(ne, 0, 1), *aux = check_random(ne, 0, 1), *probs = check_random(nk, 0, 1);
     int32_t *idx = check_random_ints(nk, 0, 1);
     cpu()->moe_route_tokens(scores, aux, idx, probs, logits, bias, c->N, r);
-    cuda_moe_route_tokens(d_scores, d_aux, d_idx, d_probs, d_logits, d_bias, c->N, r);
+    under()->moe_route_tokens(d_scores, d_aux, d_idx, d_probs, d_logits, d_bias, c->N, r);
 
-    check_compare(name, "scores", scores, d_scores, ne, GPU_TOL_FP32);
-    check_compare(name, "aux_scores", aux, d_aux, ne, GPU_TOL_FP32);
+    check_compare(name, "scores", scores, d_scores, ne, TOL_FP32);
+    check_compare(name, "aux_scores", aux, d_aux, ne, TOL_FP32);
     check_compare_ints(name, "topk_idx", idx, d_idx, nk);
-    check_compare(name, "topk_probs", probs, d_probs, nk, GPU_TOL_FP32);
+    check_compare(name, "topk_probs", probs, d_probs, nk, TOL_FP32);
     check_free_all();
 }
 
@@ -150,10 +149,10 @@ static void check_permute(const PlanCase *c) {
     cpu()->moe_unpermute(out, gathered, y, y_values, plan.row_of_choice, N, k, H, 0);
     cpu()->moe_unpermute(acc, NULL, y, NULL, plan.row_of_choice, N, k, H, 1);
 
-    cuda_moe_permute(d_rows, d_row_values, d_x, d_choice_values, d_token_of_row, d_row_of_choice, R, k, H);
-    cuda_moe_unpermute(d_out, d_gathered, d_y, d_y_values, d_row_of_choice, N, k, H, 0);
-    cuda_moe_unpermute(d_acc, NULL, d_y, NULL, d_row_of_choice, N, k, H, 1);
-    cuda_moe_unpermute(NULL, d_gathered_alone, NULL, d_y_values, d_row_of_choice, N, k, H, 0);
+    under()->moe_permute(d_rows, d_row_values, d_x, d_choice_values, d_token_of_row, d_row_of_choice, R, k, H);
+    under()->moe_unpermute(d_out, d_gathered, d_y, d_y_values, d_row_of_choice, N, k, H, 0);
+    under()->moe_unpermute(d_acc, NULL, d_y, NULL, d_row_of_choice, N, k, H, 1);
+    under()->moe_unpermute(NULL, d_gathered_alone, NULL, d_y_values, d_row_of_choice, N, k, H, 0);
 
     check_compare(name, "rows", rows, d_rows, rh, EXACT);
     check_compare(name, "row_values", row_values, d_row_values, (size_t)R, EXACT);

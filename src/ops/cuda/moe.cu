@@ -8,7 +8,7 @@
 //   * permute copies bits; unpermute adds a token's rows in choice order in float;
 //   * routing runs the formulas of ops/moe_route.h in double, the sums in expert order.
 #include "ops/cuda/block_reduce.cuh"
-#include "ops/cuda/cuda_moe.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/moe_route.h"
 
 constexpr unsigned FULL_WARP = 0xffffffffu;

@@ -1,0 +1,113 @@
+// op_list.h — every operation a compute backend provides, declared once.
+//
+// MT_OPS(OP) expands OP(ret, api, name, params, args) for each op, in one fixed order:
+//   ret     the result type (void, or double for the one op that returns a scalar)
+//   api     the function the model calls (ops.h / gemm.h, which document its contract)
+//   name    the op's name: the backend table's field (backend.h), the backends'
+//           functions cpu_<name> / cuda_<name>, the op checks' and the profile's key
+//   params  the parenthesised parameter list, args the same names as arguments
+// From this list come the backend table (backend.h), the dispatch wrappers
+// (dispatch.c), the backends' prototypes and tables (cpu_ops.h, backend_cpu.c,
+// cuda_ops.h, backend_cuda.c), the op ids and names below, and the op checks' table
+// (tests/gpu/): a backend that lacks an op does not link, and an op without a check
+// fails the check program.
+#pragma once
+#include "ops/ops.h"
+
+#define MT_OPS(OP)                                                                                                    \
+    OP(void, mt_gemm, gemm,                                                                                          \
+       (int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda, const real *B, int ldb,  \
+        real beta, real *C, int ldc),                                                                                \
+       (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
+    OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
+       (int trans_a, int trans_b, int groups, const int *rows, int N, int K, real alpha, const real *A,             \
+        const size_t *a_offsets, int lda, const real *const *B_ptrs, int ldb, real beta, real *C,                   \
+        const size_t *c_offsets, int ldc),                                                                           \
+       (trans_a, trans_b, groups, rows, N, K, alpha, A, a_offsets, lda, B_ptrs, ldb, beta, C, c_offsets, ldc))      \
+    OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
+       (int groups, const int *rows, int out, int in, real alpha, const real *dY, const size_t *dy_offsets,         \
+        const real *X, const size_t *x_offsets, real *const *W_ptrs),                                               \
+       (groups, rows, out, in, alpha, dY, dy_offsets, X, x_offsets, W_ptrs))                                         \
+    OP(void, linear_forward, linear_forward, (real *y, const real *x, const real *W, int N, int in, int out),      \
+       (y, x, W, N, in, out))                                                                                        \
+    OP(void, linear_backward, linear_backward,                                                                       \
+       (real *dx, real *dW, const real *dy, const real *x, const real *W, int N, int in, int out),                \
+       (dx, dW, dy, x, W, N, in, out))                                                                               \
+    OP(void, vec_copy, vec_copy, (real *dst, const real *src, size_t n), (dst, src, n))                             \
+    OP(void, vec_zero, vec_zero, (real *x, size_t n), (x, n))                                                       \
+    OP(void, vec_add, vec_add, (real *y, const real *x, size_t n), (y, x, n))                                       \
+    OP(void, vec_scale, vec_scale, (real *x, real s, size_t n), (x, s, n))                                          \
+    OP(double, vec_sum_squares, vec_sum_squares, (const real *x, size_t n), (x, n))                                  \
+    OP(void, embedding_forward, embedding_forward,                                                                   \
+       (real *out, const int32_t *tokens, const real *table, int N, int C), (out, tokens, table, N, C))            \
+    OP(void, embedding_backward, embedding_backward,                                                                 \
+       (real *dtable, const real *dout, const int32_t *tokens, int N, int C), (dtable, dout, tokens, N, C))        \
+    OP(void, rmsnorm_forward, rmsnorm_forward,                                                                       \
+       (real *y, real *rstd, const real *x, const real *w, int N, int C, real eps), (y, rstd, x, w, N, C, eps))  \
+    OP(void, rmsnorm_backward, rmsnorm_backward,                                                                     \
+       (real *dx, real *dw, const real *dy, const real *x, const real *w, const real *rstd, int N, int C),       \
+       (dx, dw, dy, x, w, rstd, N, C))                                                                               \
+    OP(void, rope_forward, rope_forward, (real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l), \
+       (x, cos_sin, t, l))                                                                                           \
+    OP(void, rope_backward, rope_backward,                                                                           \
+       (real *dx, const real *cos_sin, const TokenLayout *t, const RopeLayout *l), (dx, cos_sin, t, l))            \
+    OP(void, clamp_forward, clamp_forward, (real *y, const real *x, size_t n, real limit), (y, x, n, limit))       \
+    OP(void, clamp_backward, clamp_backward, (real *d, const real *x, size_t n, real limit), (d, x, n, limit))     \
+    OP(void, attention_forward, attention_forward,                                                                   \
+       (real *out, real *lse, const real *q, const real *k, const real *v, const AttentionShape *s),             \
+       (out, lse, q, k, v, s))                                                                                       \
+    OP(void, attention_backward, attention_backward,                                                                 \
+       (real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse, const real *q,        \
+        const real *k, const real *v, const AttentionShape *s),                                                      \
+       (dq, dk, dv, dout, out, lse, q, k, v, s))                                                                     \
+    OP(void, attention_merge, attention_merge,                                                                       \
+       (real *out, real *lse, const real *out_block, const real *lse_block, const AttentionShape *s),            \
+       (out, lse, out_block, lse_block, s))                                                                          \
+    OP(void, swiglu_forward, swiglu_forward,                                                                         \
+       (real *act, const real *gate, const real *up, const real *row_scale, int M, int I),                        \
+       (act, gate, up, row_scale, M, I))                                                                             \
+    OP(void, swiglu_backward, swiglu_backward,                                                                       \
+       (real *dgate, real *dup, real *drow_scale, const real *dact, const real *gate, const real *up,           \
+        const real *row_scale, int M, int I),                                                                        \
+       (dgate, dup, drow_scale, dact, gate, up, row_scale, M, I))                                                    \
+    OP(void, softmax_forward, softmax_forward, (real *y, const real *x, int N, int C), (y, x, N, C))               \
+    OP(void, softmax_backward, softmax_backward, (real *dx, const real *y, const real *dy, int N, int C),          \
+       (dx, y, dy, N, C))                                                                                            \
+    OP(void, cross_entropy_forward, cross_entropy_forward,                                                           \
+       (real *losses, real *lse, const real *logits, const int32_t *targets, int N, int V),                      \
+       (losses, lse, logits, targets, N, V))                                                                         \
+    OP(void, cross_entropy_backward, cross_entropy_backward,                                                         \
+       (real *dlogits, const real *logits, const real *lse, const int32_t *targets, const real *weight, int N,    \
+        int V),                                                                                                      \
+       (dlogits, logits, lse, targets, weight, N, V))                                                                \
+    OP(void, adamw_update, adamw_update,                                                                             \
+       (real *p, const real *g, real *m, real *v, size_t n, int decay, const AdamWStep *h),                       \
+       (p, g, m, v, n, decay, h))                                                                                    \
+    OP(void, moe_router_logits, moe_router_logits, (real *logits, const real *x, const real *W, int N, int H, int E), \
+       (logits, x, W, N, H, E))                                                                                      \
+    OP(void, moe_route_tokens, moe_route_tokens,                                                                     \
+       (real *scores, real *aux_scores, int32_t *topk_idx, real *topk_probs, const real *logits,               \
+        const real *expert_bias, int N, const RouteShape *r),                                                        \
+       (scores, aux_scores, topk_idx, topk_probs, logits, expert_bias, N, r))                                        \
+    OP(void, moe_permute, moe_permute,                                                                               \
+       (real *rows, real *row_values, const real *x, const real *choice_values, const int32_t *token_of_row,     \
+        const int32_t *row_of_choice, int R, int k, int H),                                                          \
+       (rows, row_values, x, choice_values, token_of_row, row_of_choice, R, k, H))                                   \
+    OP(void, moe_unpermute, moe_unpermute,                                                                           \
+       (real *out, real *choice_values, const real *rows, const real *row_values, const int32_t *row_of_choice,  \
+        int N, int k, int H, int accumulate),                                                                        \
+       (out, choice_values, rows, row_values, row_of_choice, N, k, H, accumulate))
+
+// OP_<name>: the op's index in the list; OPS_COUNT of them.
+#define MT_OP_ID(ret, api, name, params, args) OP_##name,
+typedef enum { MT_OPS(MT_OP_ID) OPS_COUNT } OpId;
+#undef MT_OP_ID
+
+// "gemm", "vec_copy", ...: the op's name (its index in the list).
+const char *op_name(OpId op);
+
+// A backend's prototypes and table entries: each backend file expands MT_OPS with these.
+#define MT_OP_PROTO_CPU(ret, api, name, params, args) ret cpu_##name params;
+#define MT_OP_ENTRY_CPU(ret, api, name, params, args) .name = cpu_##name,
+#define MT_OP_PROTO_CUDA(ret, api, name, params, args) ret cuda_##name params;
+#define MT_OP_ENTRY_CUDA(ret, api, name, params, args) .name = cuda_##name,
