@@ -6,9 +6,9 @@
 #   blocking   every all-to-all waited for where it starts
 #   shared     --moe-shared-expert-overlap
 #   combined   --overlap-moe-expert-parallel-comm --delay-wgrad-compute
-# (ROUTINGS="balanced routed" by default) once with balanced routing (--moe-router-force-load-balancing: the exchange itself) and
-# once as the model routes (load imbalance between the two ranks' experts shows up as waiting
-# in the exchange too). Each layout runs RUNS times (default 2) for STEPS steps (default 8);
+# for each of ROUTINGS (default "balanced routed"): balanced routing
+# (--moe-router-force-load-balancing: the exchange itself), and as the model routes (load
+# imbalance between the two ranks' experts shows up as waiting in the exchange too). Each layout runs RUNS times (default 2) for STEPS steps (default 8);
 # per run the medians over steps 2.. of expert_comm_s (the exposed exchange), of
 # expert_comm_hidden_s and of tokens/s, then the median over runs. "hidden" is
 # 1 − exposed / exposed of the blocking run: the share of the blocking exchange time the

@@ -81,7 +81,8 @@ static int symbolize(void *const *frames, int n) {
     for (int i = 2; i < n; i++) {  // 0: this handler's caller chain starts after the signal frame
         Dl_info where;
         if (!dladdr(frames[i], &where) || where.dli_fbase != self.dli_fbase) continue;
-        uintptr_t off = (uintptr_t)frames[i] - (uintptr_t)self.dli_fbase - 1;  // inside the call
+        // frame 2 is the faulting instruction itself; the others are return addresses (−1: inside the call)
+        uintptr_t off = (uintptr_t)frames[i] - (uintptr_t)self.dli_fbase - (i > 2);
         char *d = offsets[i] + sizeof(offsets[0]);
         *--d = 0;
         do {

@@ -4,6 +4,7 @@
 // them; widths of this rank's heads and FFN slices — laid out in one allocation.
 #include <string.h>
 
+#include "core/device.h"
 #include "model/layers.h"
 #include "moe/expert_parallel.h"
 
@@ -259,7 +260,7 @@ void acts_alloc_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) {
 // Copies `count` items of src (when given) into dst and returns dst, or NULL without src.
 static const void *staged(void *dst, const void *src, size_t count, size_t size) {
     if (!src) return NULL;
-    memcpy(dst, src, count * size);
+    device_upload(dst, src, count * size);
     return dst;
 }
 

@@ -316,8 +316,12 @@ void model_allocate(Model *m) {
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
         m->router_state[l].bias_counts = mt_calloc(c->num_experts, sizeof(double));
     }
-    m->rope_cos_sin = device_calloc((size_t)c->max_positions * c->rope_dim, sizeof(real));
-    rope_table(m->rope_cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
+    size_t table = (size_t)c->max_positions * c->rope_dim;
+    real *cos_sin = mt_malloc(table * sizeof(real));  // computed on the host, then copied
+    rope_table(cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
+    m->rope_cos_sin = device_calloc(table, sizeof(real));
+    device_upload(m->rope_cos_sin, cos_sin, table * sizeof(real));
+    free(cos_sin);
     for (int pass = 0; pass < PASS_KINDS && m->ep.gather; pass++) m->ep_buffers[pass] = ep_buffers_new();
 }
 
@@ -337,7 +341,7 @@ static int64_t piece_element(const TensorDesc *d, int64_t j) {
 void model_init_weights(Model *m, uint64_t seed) {
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
-        real *p = tt_param(&m->tt, i);
+        real *p = mt_malloc((d->numel ? d->numel : 1) * sizeof(real));  // host staging, then copied
         Rng rng;  // one stream per tensor: a tensor's values do not depend on the others or the layout
         rng_seed_stream(&rng, seed, (uint64_t)d->global_index + 1);
         int64_t global_numel = (int64_t)d->numel * d->shard.parts;
@@ -346,6 +350,8 @@ void model_init_weights(Model *m, uint64_t seed) {
             int64_t local = piece_element(d, j);
             if (local >= 0) p[local] = v;
         }
+        device_upload(tt_param(&m->tt, i), p, d->numel * sizeof(real));
+        free(p);
     }
 }
 

@@ -248,7 +248,11 @@ double measure_gemm_ceiling_flops(void) {
     real *a = device_calloc(size * size, sizeof(real));
     real *b = device_calloc(size * size, sizeof(real));
     real *c = device_calloc(size * size, sizeof(real));
-    for (size_t i = 0; i < size * size; i++) a[i] = b[i] = (real)((i % 7) * 0.1);
+    real *values = mt_malloc(size * size * sizeof(real));
+    for (size_t i = 0; i < size * size; i++) values[i] = (real)((i % 7) * 0.1);
+    device_upload(a, values, size * size * sizeof(real));
+    device_upload(b, values, size * size * sizeof(real));
+    free(values);
     int n = (int)size;
     mt_gemm(0, 0, n, n, n, 1, a, n, b, n, 0, c, n);  // warm up
     double best = INFINITY;
