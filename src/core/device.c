@@ -181,33 +181,23 @@ void device_access_end(void) {
     if (active == DEVICE_CPU_STRICT) strict_close();
 }
 
-void device_upload(void *dst, const void *host, size_t bytes) {
+// Either direction: memcpy once the device's queued ops are done, with access opened.
+static void copy_bytes(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
 #if DEVICE_HAS_CUDA
     if (active == DEVICE_CUDA) {
         require_plugin()->finish();
-        memcpy(dst, host, bytes);  // managed memory until the plugin owns device memory
+        memcpy(dst, src, bytes);  // managed memory until the plugin owns device memory
         return;
     }
 #endif
     device_access_begin();
-    memcpy(dst, host, bytes);
+    memcpy(dst, src, bytes);
     device_access_end();
 }
 
-void device_download(void *host, const void *src, size_t bytes) {
-    if (!bytes) return;
-#if DEVICE_HAS_CUDA
-    if (active == DEVICE_CUDA) {
-        require_plugin()->finish();
-        memcpy(host, src, bytes);
-        return;
-    }
-#endif
-    device_access_begin();
-    memcpy(host, src, bytes);
-    device_access_end();
-}
+void device_upload(void *dst, const void *host, size_t bytes) { copy_bytes(dst, host, bytes); }
+void device_download(void *host, const void *src, size_t bytes) { copy_bytes(host, src, bytes); }
 
 double device_memory_free_bytes(void) {
 #if DEVICE_HAS_CUDA
