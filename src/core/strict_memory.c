@@ -7,8 +7,10 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <ucontext.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +27,9 @@ static struct {
     StrictBlock *blocks;
     size_t count, capacity;
     int open_depth;  // strict_open calls not yet closed
+    int survey;      // MOETRON_STRICT_SURVEY=1: report each place once and go on
+    void *seen[256];  // survey: faulting instructions already reported
+    int seen_count;
 } g;
 
 static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
@@ -106,12 +111,50 @@ static int symbolize(void *const *frames, int n) {
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+enum { X86_TRAP_FLAG = 0x100 };  // EFLAGS.TF: trap after the next instruction
+static const StrictBlock *survey_open_block;  // opened for one instruction
+
+// Survey mode: names the place once (its innermost frames), opens the block for the one
+// faulting instruction (single-stepped with the trap flag; on_step closes it again) and
+// lets the access proceed, so one run lists every place.
+static void survey_fault(const StrictBlock *b, void *context) {
+    void *frames[MAX_FRAMES];
+    int n = backtrace(frames, MAX_FRAMES);
+    int known = 0;
+    for (int i = 0; i < g.seen_count && n > 2; i++) known |= g.seen[i] == frames[2];
+    if (!known && n > 2) {
+        if (g.seen_count < (int)(sizeof(g.seen) / sizeof(g.seen[0]))) g.seen[g.seen_count++] = frames[2];
+        say("strict survey: host access at\n");
+        if (!symbolize(frames, n < 6 ? n : 6)) backtrace_symbols_fd(frames, n, STDERR_FILENO);
+    }
+    protect(b, PROT_READ | PROT_WRITE);
+#if defined(__x86_64__)
+    ((ucontext_t *)context)->uc_mcontext.gregs[REG_EFL] |= X86_TRAP_FLAG;
+    survey_open_block = b;
+#endif
+}
+
+static void on_step(int sig, siginfo_t *info, void *context) {
+    (void)sig, (void)info;
+#if defined(__x86_64__)
+    ((ucontext_t *)context)->uc_mcontext.gregs[REG_EFL] &= ~X86_TRAP_FLAG;
+    if (survey_open_block && g.open_depth == 0) protect(survey_open_block, PROT_NONE);
+    survey_open_block = NULL;
+#else
+    (void)context;
+#endif
+}
+
 static void on_fault(int sig, siginfo_t *info, void *context) {
     (void)context;
     const StrictBlock *b = block_of(info->si_addr);
     if (!b) {  // not ours: the default action (a plain crash)
         signal(sig, SIG_DFL);
         raise(sig);
+        return;
+    }
+    if (g.survey) {
+        survey_fault(b, context);
         return;
     }
     say("error: strict memory (--device cpu-strict): host code touched tensor memory outside an op");
@@ -134,6 +177,12 @@ void strict_memory_enable(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, NULL);
     sigaction(SIGBUS, &sa, NULL);
+    const char *survey = getenv("MOETRON_STRICT_SURVEY");
+    g.survey = survey && strcmp(survey, "1") == 0;
+    if (g.survey) {
+        sa.sa_sigaction = on_step;
+        sigaction(SIGTRAP, &sa, NULL);
+    }
     g.enabled = 1;
 }
 

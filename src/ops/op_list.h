@@ -13,8 +13,17 @@
 // fails the check program.
 #pragma once
 #include "ops/ops.h"
+#include "ops/ops_dispatch.h"
+#include "ops/ops_loss.h"
+#include "ops/ops_parallel.h"
+#include "ops/ops_router.h"
+#include "ops/ops_state.h"
 
-#define MT_OPS(OP)                                                                                                    \
+// The whole list: the core ops below, then each area's ops (declared in ops_<area>.h).
+#define MT_OPS(OP) MT_OPS_CORE(OP) MT_OPS_LOSS(OP) MT_OPS_ROUTER(OP) MT_OPS_DISPATCH(OP) MT_OPS_PARALLEL(OP) MT_OPS_STATE(OP)
+
+// Core: GEMMs, vectors, norms, attention, activations, optimizer, per-token routing.
+#define MT_OPS_CORE(OP)                                                                                                    \
     OP(void, mt_gemm, gemm,                                                                                          \
        (int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda, const real *B, int ldb,  \
         real beta, real *C, int ldc),                                                                                \
@@ -97,6 +106,21 @@
        (real *out, real *choice_values, const real *rows, const real *row_values, const int32_t *row_of_choice,  \
         int N, int k, int H, int accumulate),                                                                        \
        (out, choice_values, rows, row_values, row_of_choice, N, k, H, accumulate))
+
+// Loss: the LM head's loss sums and weights, vocab-parallel cross-entropy (ops_loss.h).
+#define MT_OPS_LOSS(OP)
+
+// Router: capacity, counts, balancing statistics and losses, router backward (ops_router.h).
+#define MT_OPS_ROUTER(OP)
+
+// Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
+#define MT_OPS_DISPATCH(OP)
+
+// Parallel: tensor/context-parallel gathers, slices and sums (ops_parallel.h).
+#define MT_OPS_PARALLEL(OP)
+
+// State: checkpoints, generation (KV cache, sampling), optimizer bookkeeping (ops_state.h).
+#define MT_OPS_STATE(OP)
 
 // OP_<name>: the op's index in the list; OPS_COUNT of them.
 #define MT_OP_ID(ret, api, name, params, args) OP_##name,

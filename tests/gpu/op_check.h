@@ -80,3 +80,8 @@ void check_elementwise_ops(void);  // vec_*, embedding, rmsnorm, rope, clamp, sw
 void check_attention_ops(void);    // attention forward and backward (GQA, MLA widths, masks, decode,
                                    // ring key blocks at k_pos0), attention_merge
 void check_moe_ops(void);          // router logits in double, per-token routing, permute, unpermute
+void check_loss_ops(void);       // LM head loss sums and weights, vocab-parallel cross-entropy
+void check_router_ops(void);     // router capacity, counts, balancing statistics and losses, router backward
+void check_dispatch_ops(void);   // dispatch plan, expert row grouping, EP exchange layouts
+void check_parallel_ops(void);   // tensor/context-parallel gathers, slices, partial sums
+void check_state_ops(void);      // checkpoint staging, KV cache, sampling, optimizer bookkeeping

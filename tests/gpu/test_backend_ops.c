@@ -46,6 +46,11 @@ int main(int argc, char **argv) {
     check_elementwise_ops();
     check_attention_ops();
     check_moe_ops();
+    check_loss_ops();
+    check_router_ops();
+    check_dispatch_ops();
+    check_parallel_ops();
+    check_state_ops();
     check_uncovered_ops();
     printf("%d passed, %d failed\n", check_passed, check_failed);
     if (check_failed) return 1;
