@@ -47,7 +47,10 @@ double device_memory_free_bytes(void);
 
 // Explicit copies between host memory and tensor memory: the only way host code reads
 // or writes tensors (checkpoints, initial values, a micro-batch's tokens, the scalars a
-// step reports). Complete on return.
+// step reports). device_upload returns once the host bytes are taken (the host buffer
+// may be reused; on the GPU they reach the device in queue order, through pinned staging);
+// device_download returns with the bytes in host memory — on the GPU it waits for the ops
+// queued before it, so a step's downloads are its synchronisation points (docs/gpu.md).
 void device_upload(void *dst, const void *host, size_t bytes);
 void device_download(void *host, const void *src, size_t bytes);
 // Brackets code that reaches tensor memory outside ops (communication: the MPI calls on
