@@ -108,7 +108,13 @@
        (out, choice_values, rows, row_values, row_of_choice, N, k, H, accumulate))
 
 // Loss: the LM head's loss sums and weights, vocab-parallel cross-entropy (ops_loss.h).
-#define MT_OPS_LOSS(OP)
+#define MT_OPS_LOSS(OP)                                                                                                    \
+    OP(void, lm_loss_sums, lm_loss_sums, (double *sums, const real *token_loss, const real *loss_mask, int N),     \
+       (sums, token_loss, loss_mask, N))                                                                             \
+    OP(void, lm_loss_weights, lm_loss_weights, (real *weight, const real *loss_mask, double counted, int N),      \
+       (weight, loss_mask, counted, N))                                                                              \
+    OP(void, vec_scale_double, vec_scale_double, (real *dst, const real *src, double scale, size_t n),            \
+       (dst, src, scale, n))
 
 // Router: capacity, counts, balancing statistics and losses, router backward (ops_router.h).
 #define MT_OPS_ROUTER(OP)
