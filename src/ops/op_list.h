@@ -108,7 +108,29 @@
        (out, choice_values, rows, row_values, row_of_choice, N, k, H, accumulate))
 
 // Loss: the LM head's loss sums and weights, vocab-parallel cross-entropy (ops_loss.h).
-#define MT_OPS_LOSS(OP)
+#define MT_OPS_LOSS(OP)                                                                                                    \
+    OP(void, lm_loss_sums, lm_loss_sums, (double *sums, const real *token_loss, const real *loss_mask, int N),     \
+       (sums, token_loss, loss_mask, N))                                                                             \
+    OP(void, lm_loss_weights, lm_loss_weights, (real *weight, const real *loss_mask, double counted, int N),      \
+       (weight, loss_mask, counted, N))                                                                              \
+    OP(void, vec_scale_double, vec_scale_double, (real *dst, const real *src, double scale, size_t n),            \
+       (dst, src, scale, n))                                                                                         \
+    OP(void, vocab_slice_rows, vocab_slice_rows,                                                                     \
+       (int32_t *rows, const int32_t *tokens, int first, int vocab, int32_t missing, int N),                      \
+       (rows, tokens, first, vocab, missing, N))                                                                     \
+    OP(void, vocab_embedding_grad, vocab_embedding_grad,                                                             \
+       (real *dtable, const real *dout, const int32_t *rows, int N, int C), (dtable, dout, rows, N, C))            \
+    OP(void, vocab_row_max, vocab_row_max, (real *maxima, const real *logits, int N, int V), (maxima, logits, N, V)) \
+    OP(void, vocab_row_stats, vocab_row_stats,                                                                       \
+       (double *stats, real *maxima, const real *every, const real *logits, const int32_t *targets, int first,    \
+        int P, int N, int V),                                                                                        \
+       (stats, maxima, every, logits, targets, first, P, N, V))                                                      \
+    OP(void, vocab_ce_finish, vocab_ce_finish,                                                                       \
+       (real *losses, real *lse, const real *maxima, const double *stats, int N), (losses, lse, maxima, stats, N)) \
+    OP(void, vocab_ce_foreign_targets, vocab_ce_foreign_targets,                                                     \
+       (real *dlogits, const real *logits, const real *lse, const int32_t *targets, const real *weight, int first, \
+        int N, int V),                                                                                               \
+       (dlogits, logits, lse, targets, weight, first, N, V))
 
 // Router: capacity, counts, balancing statistics and losses, router backward (ops_router.h).
 #define MT_OPS_ROUTER(OP)
