@@ -31,6 +31,7 @@ void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *k
         plan->rows_per_expert[e] = capacity > 0 ? capacity : tokens[e];
         plan->expert_offsets[e + 1] = plan->expert_offsets[e] + plan->rows_per_expert[e];
     }
+    plan->rows = plan->expert_offsets[E];
     // Counting sort: walking (token, choice) in order keeps token order within an expert.
     int32_t *next_row = mt_malloc(E * sizeof(int32_t));
     memcpy(next_row, plan->expert_offsets, E * sizeof(int32_t));
@@ -55,7 +56,7 @@ void dispatch_forward(real *rows, real *row_values, const real *x, const real *c
                       const DispatchPlan *plan, int H) {
     PROF_SCOPE(PROF_DISPATCH);
     moe_permute(rows, row_values, x, choice_values, plan->token_of_row, plan->row_of_choice,
-                plan->expert_offsets[plan->E], plan->k, H);
+                plan->rows, plan->k, H);
 }
 
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate) {

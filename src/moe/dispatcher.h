@@ -17,6 +17,7 @@ typedef struct {
     int32_t *expert_offsets;     // (E+1) first row of each expert; [E] = total rows
     int32_t *row_of_choice;      // (N·k) row that holds token n's j-th choice; -1 when dropped
     int32_t *token_of_row;       // (rows) the token a row came from; -1 for padding
+    int rows;                    // rows of the plan (padding included): a host integer
 } DispatchPlan;
 
 // Rows an expert keeps under a capacity factor (0 = dropless: returns 0): ceil(k·N/E · factor),

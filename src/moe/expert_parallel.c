@@ -20,6 +20,7 @@ typedef struct EpLayer {
     int32_t *recv_rows;    // (P) alltoall: rows received from each EP rank
     int32_t *etp_rows;     // (ETP) rows each ETP rank received over EP
     int32_t *offsets;      // (local + 1) first row of each local expert
+    int32_t *counts;       // (local) rows of each local expert
     int rows;              // rows computed here
     size_t row_capacity;
     real *rows_in, *row_probs, *rows_out;  // (rows,H), (rows), (rows,H)
@@ -100,6 +101,7 @@ static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
     el->recv_rows = device_calloc(ep->size, sizeof(int32_t));
     el->etp_rows = device_calloc(etp_size(ep), sizeof(int32_t));
     el->offsets = device_calloc(ep->local + 1, sizeof(int32_t));
+    el->counts = device_calloc(ep->local, sizeof(int32_t));
     el->plan.rows_per_expert = device_calloc(E, sizeof(int32_t));
     el->plan.expert_offsets = device_calloc(E + 1, sizeof(int32_t));
     ma->ep = el;
@@ -109,7 +111,7 @@ static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
 void ep_layer_free(MoeActs *ma) {
     EpLayer *el = ma->ep;
     if (!el) return;
-    void *owned[] = {el->own_counts, el->recv_counts, el->send_rows, el->recv_rows, el->etp_rows, el->offsets,
+    void *owned[] = {el->own_counts, el->recv_counts, el->send_rows, el->recv_rows, el->etp_rows, el->offsets, el->counts,
                      el->rows_in, el->row_probs, el->rows_out, el->acts.gate, el->acts.up, el->acts.act,
                      el->topk_all, el->kept_all, el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets,
                      el->plan.row_of_choice, el->plan.token_of_row};
@@ -178,8 +180,10 @@ double ep_take_hidden_seconds(struct EpBuffers *b) {
     return s;
 }
 
-static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *offsets) {
-    return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .offsets = offsets};
+// counts (local) of this rank's experts, `rows` in all
+static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *counts, int rows) {
+    return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .counts = counts,
+                         .rows = rows};
 }
 
 // ---- alltoall ------------------------------------------------------------------------------------
@@ -302,6 +306,7 @@ static void alltoall_layout(EpLayer *el, const DispatchPlan *plan, const ExpertP
         int rows = 0;
         for (int s = 0; s < S; s++) rows += el->recv_counts[s * L + le];
         el->offsets[le + 1] = el->offsets[le] + rows;
+        el->counts[le] = rows;
     }
     el->rows = el->offsets[L];
     for (int q = 0; q < P; q++) {
@@ -335,9 +340,9 @@ static void sort_segments(real *dst, const real *src, const EpLayer *el, const E
 }
 
 // The rows this rank's experts compute, from the exchange's layer state.
-static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *offsets) {
+static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *counts) {
     return (ExpertRows){.rows_in = el->rows_in, .row_probs = el->row_probs, .rows_out = el->rows_out,
-                        .acts = &el->acts, .shape = local_shape(ctx, offsets)};
+                        .acts = &el->acts, .shape = local_shape(ctx, counts, el->rows)};
 }
 
 // The exchange's gradient buffers (scratch shared by the layers).
@@ -370,7 +375,7 @@ static void alltoall_dispatch_finish(const MoeDispatchContext *ctx, MoeActs *ma,
     finish_exchanges(ctx, el);
     sort_segments(el->rows_in, b->exchange, el, ctx->ep, ctx->hidden, 1);
     sort_segments(el->row_probs, b->exchange_probs, el, ctx->ep, 1, 1);
-    *rows = layer_rows(ctx, el, el->offsets);
+    *rows = layer_rows(ctx, el, el->counts);
 }
 
 static void alltoall_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
@@ -465,7 +470,7 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
     el->rows = (int)kept_rows;
     dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
-    *rows = layer_rows(ctx, el, el->plan.expert_offsets + ep->first);  // rows start at 0
+    *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first);  // rows start at 0
 }
 
 static void allgather_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {

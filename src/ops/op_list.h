@@ -29,14 +29,13 @@
         real beta, real *C, int ldc),                                                                                \
        (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
     OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
-       (int trans_a, int trans_b, int groups, const int *rows, int N, int K, real alpha, const real *A,             \
-        const size_t *a_offsets, int lda, const real *const *B_ptrs, int ldb, real beta, real *C,                   \
-        const size_t *c_offsets, int ldc),                                                                           \
-       (trans_a, trans_b, groups, rows, N, K, alpha, A, a_offsets, lda, B_ptrs, ldb, beta, C, c_offsets, ldc))      \
+       (int trans_a, int trans_b, int groups, const int32_t *counts, int N, int K, real alpha, const real *A,       \
+        int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc),                             \
+       (trans_a, trans_b, groups, counts, N, K, alpha, A, lda, B, b_stride, ldb, beta, C, ldc))                     \
     OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
-       (int groups, const int *rows, int out, int in, real alpha, const real *dY, const size_t *dy_offsets,         \
-        const real *X, const size_t *x_offsets, real *const *W_ptrs),                                               \
-       (groups, rows, out, in, alpha, dY, dy_offsets, X, x_offsets, W_ptrs))                                         \
+       (int groups, const int32_t *counts, int out, int in, real alpha, const real *dY, const real *X, real *W,     \
+        size_t w_stride),                                                                                            \
+       (groups, counts, out, in, alpha, dY, X, W, w_stride))                                                         \
     OP(void, linear_forward, linear_forward, (real *y, const real *x, const real *W, int N, int in, int out),      \
        (y, x, W, N, in, out))                                                                                        \
     OP(void, linear_backward, linear_backward,                                                                       \
