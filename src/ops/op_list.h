@@ -113,7 +113,21 @@
 #define MT_OPS_ROUTER(OP)
 
 // Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
-#define MT_OPS_DISPATCH(OP)
+#define MT_OPS_DISPATCH(OP)                                                                                              \
+    OP(void, moe_dispatch_plan, moe_dispatch_plan,                                                                   \
+       (int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice, int32_t *token_of_row,            \
+        const int32_t *topk_idx, const int32_t *kept, int N, int k, int E, int capacity),                            \
+       (rows_per_expert, expert_offsets, row_of_choice, token_of_row, topk_idx, kept, N, k, E, capacity))            \
+    OP(void, moe_keep_local_choices, moe_keep_local_choices,                                                         \
+       (int32_t *kept, const int32_t *topk_idx, size_t n, int first, int local), (kept, topk_idx, n, first, local)) \
+    OP(void, moe_ep_layout, moe_ep_layout,                                                                           \
+       (int32_t *counts, int32_t *offsets, int32_t *sizes, const int32_t *own_counts, const int32_t *recv_counts,    \
+        const int32_t *expert_offsets, int P, int L, int S),                                                         \
+       (counts, offsets, sizes, own_counts, recv_counts, expert_offsets, P, L, S))                                   \
+    OP(void, moe_sort_segments, moe_sort_segments,                                                                   \
+       (real *dst, const real *src, const int32_t *recv_counts, const int32_t *offsets, int S, int L, int width,    \
+        int to_expert_major),                                                                                        \
+       (dst, src, recv_counts, offsets, S, L, width, to_expert_major))
 
 // Parallel: tensor/context-parallel gathers, slices and sums (ops_parallel.h).
 #define MT_OPS_PARALLEL(OP)
