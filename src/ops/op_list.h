@@ -29,14 +29,13 @@
         real beta, real *C, int ldc),                                                                                \
        (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
     OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
-       (int trans_a, int trans_b, int groups, const int *rows, int N, int K, real alpha, const real *A,             \
-        const size_t *a_offsets, int lda, const real *const *B_ptrs, int ldb, real beta, real *C,                   \
-        const size_t *c_offsets, int ldc),                                                                           \
-       (trans_a, trans_b, groups, rows, N, K, alpha, A, a_offsets, lda, B_ptrs, ldb, beta, C, c_offsets, ldc))      \
+       (int trans_a, int trans_b, int groups, const int32_t *counts, int N, int K, real alpha, const real *A,       \
+        int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc),                             \
+       (trans_a, trans_b, groups, counts, N, K, alpha, A, lda, B, b_stride, ldb, beta, C, ldc))                     \
     OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
-       (int groups, const int *rows, int out, int in, real alpha, const real *dY, const size_t *dy_offsets,         \
-        const real *X, const size_t *x_offsets, real *const *W_ptrs),                                               \
-       (groups, rows, out, in, alpha, dY, dy_offsets, X, x_offsets, W_ptrs))                                         \
+       (int groups, const int32_t *counts, int out, int in, real alpha, const real *dY, const real *X, real *W,     \
+        size_t w_stride),                                                                                            \
+       (groups, counts, out, in, alpha, dY, X, W, w_stride))                                                         \
     OP(void, linear_forward, linear_forward, (real *y, const real *x, const real *W, int N, int in, int out),      \
        (y, x, W, N, in, out))                                                                                        \
     OP(void, linear_backward, linear_backward,                                                                       \
@@ -136,7 +135,21 @@
 #define MT_OPS_ROUTER(OP)
 
 // Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
-#define MT_OPS_DISPATCH(OP)
+#define MT_OPS_DISPATCH(OP)                                                                                              \
+    OP(void, moe_dispatch_plan, moe_dispatch_plan,                                                                   \
+       (int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice, int32_t *token_of_row,            \
+        const int32_t *topk_idx, const int32_t *kept, int N, int k, int E, int capacity),                            \
+       (rows_per_expert, expert_offsets, row_of_choice, token_of_row, topk_idx, kept, N, k, E, capacity))            \
+    OP(void, moe_keep_local_choices, moe_keep_local_choices,                                                         \
+       (int32_t *kept, const int32_t *topk_idx, size_t n, int first, int local), (kept, topk_idx, n, first, local)) \
+    OP(void, moe_ep_layout, moe_ep_layout,                                                                           \
+       (int32_t *counts, int32_t *offsets, int32_t *sizes, const int32_t *own_counts, const int32_t *recv_counts,    \
+        const int32_t *expert_offsets, int P, int L, int S),                                                         \
+       (counts, offsets, sizes, own_counts, recv_counts, expert_offsets, P, L, S))                                   \
+    OP(void, moe_sort_segments, moe_sort_segments,                                                                   \
+       (real *dst, const real *src, const int32_t *recv_counts, const int32_t *offsets, int S, int L, int width,    \
+        int to_expert_major),                                                                                        \
+       (dst, src, recv_counts, offsets, S, L, width, to_expert_major))
 
 // Parallel: tensor/context-parallel gathers, slices and sums (ops_parallel.h).
 #define MT_OPS_PARALLEL(OP)

@@ -25,7 +25,11 @@
 // 0 and NaN in C); beta == 0 with K > 0 is cuBLAS's own: its contract is that C need not
 // hold valid values when beta == 0.
 //
-// Grouped GEMMs (one problem per non-empty expert, groups with rows[g] == 0 skipped):
+// Grouped GEMMs (one problem per non-empty expert, groups with counts[g] == 0 skipped):
+//   * the rows per group are tensor memory (gemm.h) and cuBLAS takes each problem's m or k
+//     on the host: the call first copies the `groups` counts into a pinned host block
+//     (one cudaMemcpyAsync on the stream, then a stream synchronize) and builds the problems
+//     from them: one small device→host copy per grouped call;
 //   * fp32: one cublasGemmGroupedBatchedEx call, one cuBLAS group of group_size 1 per
 //     problem (each has its own m or k and its own pointers). Its shape, ld and scalar
 //     arrays are host arrays; its A/B/C pointer arrays must be in device memory: they are
@@ -235,46 +239,72 @@ static void batch_run(int count, float alpha, float beta) {
 
 // ---- grouped GEMMs ------------------------------------------------------------------------------
 
-// For g with rows[g] > 0: C_g[rows[g], N] = alpha·op(A + a_offsets[g])·op(B_ptrs[g]) + beta·C_g,
-// C_g = C + c_offsets[g] (gemm.h). Every problem shares N, K, the flags and the lds; only
-// M = rows[g] and the pointers differ.
-void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K, real alpha,
-                       const real *A, const size_t *a_offsets, int lda, const real *const *B_ptrs, int ldb,
-                       real beta, real *C, const size_t *c_offsets, int ldc) {
+// The rows of each group, copied from tensor memory into a pinned host block (grown on demand)
+// once the stream's earlier work (which may write them) is done.
+static const int32_t *counts_on_host(const int32_t *counts, int groups) {
+    static int32_t *host;
+    static int cap;
+    if (groups > cap) {
+        if (host) CUDA_CHECK(cudaFreeHost(host));
+        cap = MT_MAX(groups, MT_MAX(2 * cap, 64));
+        CUDA_CHECK(cudaMallocHost((void **)&host, (size_t)cap * sizeof(int32_t)));
+    }
+    if (groups == 0) return host;
+    CUDA_CHECK(cudaMemcpyAsync(host, counts, (size_t)groups * sizeof(int32_t), cudaMemcpyDefault, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    return host;
+}
+
+// For g with M_g = counts[g] > 0: C_g[M_g, N] = alpha·op(A_g)·op(B + g·b_stride) + beta·C_g, the
+// groups' rows back to back from row 0 (gemm.h). Every problem shares N, K, the flags and the
+// lds; only M = M_g and the pointers differ.
+void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, int N, int K, real alpha,
+                       const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc) {
     MT_ASSERT(groups >= 0 && N >= 0 && K >= 0);
-    if (N == 0) return;
+    if (N == 0 || groups == 0) return;
+    const int32_t *rows = counts_on_host(counts, groups);
     int count = 0;
+    size_t first = 0;
     batch_reserve(groups);
     for (int g = 0; g < groups; g++) {
-        MT_ASSERT(rows[g] >= 0);
-        if (rows[g] == 0) continue;
+        int m = rows[g];
+        MT_ASSERT(m >= 0);
+        size_t at = first;
+        first += (size_t)m;
+        if (m == 0) continue;
         MT_ASSERT(ldc >= N);
+        float *C_g = C + at * ldc;
         if (K == 0 || alpha == 0) {  // C_g = beta·C_g, A and B unread
-            scale_c(rows[g], N, beta, C + c_offsets[g], ldc);
+            scale_c(m, N, beta, C_g, ldc);
             continue;
         }
-        check_lds(trans_a, trans_b, rows[g], N, K, lda, ldb, ldc);
-        batch.gemm[count++] =
-            col_gemm(trans_a, trans_b, rows[g], N, K, A + a_offsets[g], lda, B_ptrs[g], ldb, C + c_offsets[g], ldc);
+        check_lds(trans_a, trans_b, m, N, K, lda, ldb, ldc);
+        batch.gemm[count++] = col_gemm(trans_a, trans_b, m, N, K, A + at * (trans_a ? 1 : (size_t)lda), lda,
+                                       B + (size_t)g * b_stride, ldb, C_g, ldc);
     }
     batch_run(count, alpha, beta);
 }
 
-// For g with rows[g] > 0: W_g[out,in] += alpha·dY_gᵀ[out, rows[g]]·X_g[rows[g], in], i.e. the
-// row-major gemm (trans_a = 1, trans_b = 0, M = out, N = in, K = rows[g], beta = 1) with
-// dY_g [rows[g], out] (ld out), X_g [rows[g], in] (ld in), W_g [out, in] (ld in). Here K
+// For g with M_g = counts[g] > 0: W_g[out,in] += alpha·dY_gᵀ[out, M_g]·X_g[M_g, in], i.e. the
+// row-major gemm (trans_a = 1, trans_b = 0, M = out, N = in, K = M_g, beta = 1) with dY_g
+// [M_g, out] (ld out), X_g [M_g, in] (ld in), W_g = W + g·w_stride [out, in] (ld in). Here K
 // differs between problems.
-void cuda_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha, const real *dY,
-                             const size_t *dy_offsets, const real *X, const size_t *x_offsets, real *const *W_ptrs) {
+void cuda_gemm_grouped_wgrad(int groups, const int32_t *counts, int out, int in, real alpha, const real *dY,
+                             const real *X, real *W, size_t w_stride) {
     MT_ASSERT(groups >= 0 && out >= 0 && in >= 0);
-    if (out == 0 || in == 0 || alpha == 0) return;  // W_g = 1·W_g
+    if (out == 0 || in == 0 || alpha == 0 || groups == 0) return;  // W_g = 1·W_g
+    const int32_t *rows = counts_on_host(counts, groups);
     int count = 0;
+    size_t first = 0;
     batch_reserve(groups);
     for (int g = 0; g < groups; g++) {
-        MT_ASSERT(rows[g] >= 0);
-        if (rows[g] == 0) continue;
+        int m = rows[g];
+        MT_ASSERT(m >= 0);
+        size_t at = first;
+        first += (size_t)m;
+        if (m == 0) continue;
         batch.gemm[count++] =
-            col_gemm(1, 0, out, in, rows[g], dY + dy_offsets[g], out, X + x_offsets[g], in, W_ptrs[g], in);
+            col_gemm(1, 0, out, in, m, dY + at * out, out, X + at * in, in, W + (size_t)g * w_stride, in);
     }
     batch_run(count, alpha, 1.0f);
 }
