@@ -554,7 +554,7 @@ static void check_experts(int with_scale) {
         dgate[g] = alloc_copy(dgate0[g], nw), dup[g] = alloc_copy(dup0[g], nw);
         ddown[g] = alloc_copy(ddown0[g], nw);
     }
-    ExpertsCtx c = {{XG, XH, XI, offsets}, {gate, up, down},
+    ExpertsCtx c = {{XG, XH, XI, offsets, NULL, 0}, {gate, up, down},
                     {mt_malloc(rows * XI * sizeof(real)), mt_malloc(rows * XI * sizeof(real)),
                      mt_malloc(rows * XI * sizeof(real))},
                     mt_malloc(rows * XH * sizeof(real)), alloc_normal(&rng, rows * XH, 1),
@@ -620,7 +620,7 @@ static void check_dispatch(const char *what, const int32_t *topk, const int32_t 
     rng_seed(&rng, seed);
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
     for (int r = 0; r < DMAXROWS; r++) token_of_row[r] = -7;  // sentinel: untouched
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0};  // rows: set by the plan
     dispatch_plan(&plan, topk, kept, capacity);
     // expected: kept choices per expert, rows per expert, offsets
     int kept_count[DE] = {0}, want_offsets[DE + 1] = {0};
@@ -741,7 +741,7 @@ static void test_dispatch_dropped(void) {
     check_dispatch("dropped", DISPATCH_TOPK, DISPATCH_KEPT, 0, 95);
     // token 4 lost both choices: combine gives it zero, and accumulate leaves it as it was
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0};  // rows: set by the plan
     dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 0);
     CHECK(offsets[DE] == 10, "dropped plan has %d rows, expected 10", offsets[DE]);
     real rows[DMAXROWS * DH], out[DN * DH];
@@ -758,7 +758,7 @@ static void test_dispatch_padded(void) {
     check_dispatch("padded, dropless, capacity 5", DISPATCH_TOPK, NULL, 5, 97);
     // the padded layout spelled out: expert e owns rows 3e..3e+2; expert 3 is all padding
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0};  // rows: set by the plan
     dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 3);
     static const int32_t want_tokens[15] = {0, 3, 5, 0, 1, 6, 3, 5, -1, -1, -1, -1, 2, 6, -1};
     static const int32_t want_rows[DNK] = {0, 3, 4, -1, -1, 12, 6, 1, -1, -1, 2, 7, 5, 13};
