@@ -3,9 +3,10 @@
 // device_select picks the op backend (src/ops/backend.h) and the kind of memory that
 // model tensors live in. Tensor memory — parameters, gradients, optimizer moments,
 // activations, the KV cache, exchange buffers: whatever an op reads or writes — comes
-// from device_calloc: host memory on the cpu, CUDA managed memory on a GPU, which both
-// the GPU's kernels and the host code around them (router, dispatcher bookkeeping,
-// checkpoints) can address. Everything else stays in ordinary host memory.
+// from device_calloc: host memory on the cpu, device memory of the GPU's stream-ordered
+// pool on a GPU (never managed memory). Host code reaches it only through ops, collectives
+// and the explicit copies below; --device cpu-strict proves that on the CPU. Everything
+// else stays in ordinary host memory.
 #pragma once
 #include <stddef.h>
 
