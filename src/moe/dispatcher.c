@@ -25,13 +25,23 @@ void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *k
     int E = plan->E;
     moe_dispatch_plan(plan->rows_per_expert, plan->expert_offsets, plan->row_of_choice, plan->token_of_row, topk_idx,
                       kept, plan->N, plan->k, E, capacity);
-    if (capacity > 0) {
+    if (!plan->host_rows_per_expert) plan->host_rows_per_expert = mt_calloc(E, sizeof(int32_t));
+    int32_t *host_rows = plan->host_rows_per_expert;
+    if (capacity > 0) {  // padded: every expert has capacity rows, nothing to ask the device
+        for (int e = 0; e < E; e++) host_rows[e] = capacity;
         plan->rows = E * capacity;
         return;
     }
-    int32_t rows;  // the layer pass's one download of the plan: its rows (4 bytes)
-    device_download(&rows, plan->expert_offsets + E, sizeof(rows));
+    // the layer pass's one download of the plan: each expert's rows (4·E bytes)
+    device_download(host_rows, plan->rows_per_expert, (size_t)E * sizeof(int32_t));
+    int rows = 0;
+    for (int e = 0; e < E; e++) rows += host_rows[e];
     plan->rows = rows;
+}
+
+void dispatch_plan_free(DispatchPlan *plan) {
+    free(plan->host_rows_per_expert);
+    plan->host_rows_per_expert = NULL;
 }
 
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,

@@ -16,12 +16,13 @@ typedef struct EpLayer {
     int32_t *own_counts;   // (P·local) rows this rank received from EP rank s for local expert le, [s][le]
     int32_t *recv_counts;  // (S·local) the same of every ETP rank, [ETP rank][s][le] (own_counts without ETP)
     int32_t *offsets;      // (local + 1) first row of each local expert
-    int32_t *counts;       // (local) rows of each local expert
-    int32_t *sizes;        // (2P + ETP + 1) the exchange's sizes (moe_ep_layout), downloaded into host_sizes:
+    int32_t *sizes;        // (2P + ETP + 1) the exchange's sizes (moe_ep_layout), then in the same block
+    int32_t *counts;       // (local) rows of each local expert; both downloaded at once into host_sizes:
     int32_t *host_sizes;   // host memory, and in it:
     int32_t *send_rows;    //   (P) alltoall: rows sent to each EP rank
     int32_t *recv_rows;    //   (P) alltoall: rows received from each EP rank
     int32_t *etp_rows;     //   (ETP) rows each ETP rank received over EP
+    int32_t *host_counts;  //   (local) counts, for the grouped GEMMs' problem sizes
     int rows;              // rows computed here
     size_t row_capacity;
     real *rows_in, *row_probs, *rows_out;  // (rows,H), (rows), (rows,H)
@@ -101,13 +102,14 @@ static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
     el->sources = etp_size(ep) * ep->size;
     el->own_counts = device_calloc((size_t)ep->size * ep->local, sizeof(int32_t));
     el->recv_counts = ep->etp ? device_calloc((size_t)el->sources * ep->local, sizeof(int32_t)) : el->own_counts;
-    el->sizes = device_calloc(sizes_count(ep), sizeof(int32_t));
-    el->host_sizes = mt_calloc(sizes_count(ep), sizeof(int32_t));
+    el->sizes = device_calloc(sizes_count(ep) + ep->local, sizeof(int32_t));
+    el->counts = el->sizes + sizes_count(ep);
+    el->host_sizes = mt_calloc(sizes_count(ep) + ep->local, sizeof(int32_t));
     el->send_rows = el->host_sizes;
     el->recv_rows = el->host_sizes + ep->size;
     el->etp_rows = el->host_sizes + 2 * ep->size;
+    el->host_counts = el->host_sizes + sizes_count(ep);
     el->offsets = device_calloc(ep->local + 1, sizeof(int32_t));
-    el->counts = device_calloc(ep->local, sizeof(int32_t));
     el->plan.rows_per_expert = device_calloc(E, sizeof(int32_t));
     el->plan.expert_offsets = device_calloc(E + 1, sizeof(int32_t));
     ma->ep = el;
@@ -119,7 +121,8 @@ void ep_layer_free(MoeActs *ma) {
     if (!el) return;
     if (el->recv_counts != el->own_counts) device_free(el->recv_counts);
     free(el->host_sizes);
-    void *owned[] = {el->own_counts, el->sizes, el->offsets, el->counts,
+    dispatch_plan_free(&el->plan);
+    void *owned[] = {el->own_counts, el->sizes, el->offsets,
                      el->rows_in, el->row_probs, el->rows_out, el->acts.gate, el->acts.up, el->acts.act,
                      el->topk_all, el->kept_all, el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets,
                      el->plan.row_of_choice, el->plan.token_of_row};
@@ -188,10 +191,11 @@ double ep_take_hidden_seconds(struct EpBuffers *b) {
     return s;
 }
 
-// counts (local) of this rank's experts, `rows` in all
-static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *counts, int rows) {
+// counts (local) of this rank's experts in tensor memory and host_counts the same in host memory, `rows` in all
+static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *counts, const int32_t *host_counts,
+                               int rows) {
     return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .counts = counts,
-                         .rows = rows};
+                         .host_counts = host_counts, .rows = rows};
 }
 
 // ---- alltoall ------------------------------------------------------------------------------------
@@ -310,7 +314,7 @@ static void finish_counts(const MoeDispatchContext *ctx, EpLayer *el) {
 static void alltoall_layout(EpLayer *el, const DispatchPlan *plan, const ExpertParallel *ep) {
     moe_ep_layout(el->counts, el->offsets, el->sizes, el->own_counts, el->recv_counts, plan->expert_offsets, ep->size,
                   ep->local, el->sources);
-    device_download(el->host_sizes, el->sizes, sizes_count(ep) * sizeof(int32_t));
+    device_download(el->host_sizes, el->sizes, (sizes_count(ep) + ep->local) * sizeof(int32_t));
     el->rows = el->host_sizes[sizes_count(ep) - 1];
 }
 
@@ -322,9 +326,10 @@ static void sort_segments(real *dst, const real *src, const EpLayer *el, const E
 }
 
 // The rows this rank's experts compute, from the exchange's layer state.
-static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *counts) {
+static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *counts,
+                             const int32_t *host_counts) {
     return (ExpertRows){.rows_in = el->rows_in, .row_probs = el->row_probs, .rows_out = el->rows_out,
-                        .acts = &el->acts, .shape = local_shape(ctx, counts, el->rows)};
+                        .acts = &el->acts, .shape = local_shape(ctx, counts, host_counts, el->rows)};
 }
 
 // The exchange's gradient buffers (scratch shared by the layers).
@@ -357,7 +362,7 @@ static void alltoall_dispatch_finish(const MoeDispatchContext *ctx, MoeActs *ma,
     finish_exchanges(ctx, el);
     sort_segments(el->rows_in, b->exchange, el, ctx->ep, ctx->hidden, 1);
     sort_segments(el->row_probs, b->exchange_probs, el, ctx->ep, 1, 1);
-    *rows = layer_rows(ctx, el, el->counts);
+    *rows = layer_rows(ctx, el, el->counts, el->host_counts);
 }
 
 static void alltoall_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
@@ -447,7 +452,8 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     el->rows = el->plan.rows;
     layer_reserve_rows(el, (size_t)el->rows, H, ctx->moe_ffn);
     dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
-    *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first);  // rows start at 0
+    *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first,  // rows start at 0
+                       el->plan.host_rows_per_expert + ep->first);
 }
 
 static void allgather_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {

@@ -28,7 +28,7 @@ static void project(const ExpertShape *s, int trans_b, int N, int K, const real 
     if (s->counts) {
         size_t stride;
         const real *B = weight_block(W, s->groups, &stride);
-        mt_gemm_grouped(0, trans_b, s->groups, s->counts, N, K, 1, A, K, B, stride, ldb, beta, C, N);
+        mt_gemm_grouped(0, trans_b, s->groups, s->counts, s->host_counts, N, K, 1, A, K, B, stride, ldb, beta, C, N);
         return;
     }
     for (int g = 0; g < s->groups; g++) {
@@ -43,7 +43,7 @@ static void project_wgrad(const ExpertShape *s, int out, int in, const real *dY,
     if (s->counts) {
         size_t stride;
         real *base = weight_block(W, s->groups, &stride);
-        mt_gemm_grouped_wgrad(s->groups, s->counts, out, in, 1, dY, X, base, stride);
+        mt_gemm_grouped_wgrad(s->groups, s->counts, s->host_counts, out, in, 1, dY, X, base, stride);
         return;
     }
     for (int g = 0; g < s->groups; g++) {

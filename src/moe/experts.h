@@ -25,6 +25,8 @@ typedef struct {
     int groups, H, I;
     const int32_t *offsets;  // (groups+1) host row ranges (counts NULL)
     const int32_t *counts;   // (groups) tensor memory: rows of each group, or NULL
+    const int32_t *host_counts;  // (groups) host memory: the same counts as downloaded with the
+                                 // layer pass's dispatch sizes, or NULL (mt_gemm_grouped)
     int rows;                // with counts: the rows of all groups
 } ExpertShape;
 

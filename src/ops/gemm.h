@@ -41,12 +41,17 @@ void mt_gemm_force_portable(int on);
 // weight, the experts' weights of one kind being one block; C_g = C + r_g·ldc; lda/ldb/ldc
 // as in mt_gemm with M = M_g. counts (groups, each ≥ 0) is tensor memory, read inside the
 // op. Groups with M_g == 0 are skipped (their B_g is not read, their C_g not touched).
-void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, int N, int K, real alpha,
-                     const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc);
+// host_counts: NULL, or host memory holding the same values as counts (the copy the caller
+// downloaded with its layer pass's sizes): a backend that sets up its problems on the host
+// (cuBLAS) reads it instead of copying counts back and waiting for them.
+void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
+                     int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
+                     real *C, int ldc);
 
 // Grouped weight gradient, the groups' rows back to back as in mt_gemm_grouped. For g with M_g > 0:
 //   W_g[out, in] += alpha * dY_g^T[out, M_g] · X_g[M_g, in]
 // where dY_g = dY + r_g·out is [M_g, out] (ld = out), X_g = X + r_g·in is [M_g, in]
-// (ld = in) and W_g = W + g·w_stride is [out, in] (ld = in). counts (groups): tensor memory.
-void mt_gemm_grouped_wgrad(int groups, const int32_t *counts, int out, int in, real alpha, const real *dY,
-                           const real *X, real *W, size_t w_stride);
+// (ld = in) and W_g = W + g·w_stride is [out, in] (ld = in). counts (groups): tensor memory;
+// host_counts as in mt_gemm_grouped.
+void mt_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha,
+                           const real *dY, const real *X, real *W, size_t w_stride);

@@ -29,13 +29,13 @@
         real beta, real *C, int ldc),                                                                                \
        (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
     OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
-       (int trans_a, int trans_b, int groups, const int32_t *counts, int N, int K, real alpha, const real *A,       \
-        int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc),                             \
-       (trans_a, trans_b, groups, counts, N, K, alpha, A, lda, B, b_stride, ldb, beta, C, ldc))                     \
+       (int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N, int K,      \
+        real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc),  \
+       (trans_a, trans_b, groups, counts, host_counts, N, K, alpha, A, lda, B, b_stride, ldb, beta, C, ldc))        \
     OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
-       (int groups, const int32_t *counts, int out, int in, real alpha, const real *dY, const real *X, real *W,     \
-        size_t w_stride),                                                                                            \
-       (groups, counts, out, in, alpha, dY, X, W, w_stride))                                                         \
+       (int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha, const real *dY, \
+        const real *X, real *W, size_t w_stride),                                                                    \
+       (groups, counts, host_counts, out, in, alpha, dY, X, W, w_stride))                                            \
     OP(void, linear_forward, linear_forward, (real *y, const real *x, const real *W, int N, int in, int out),      \
        (y, x, W, N, in, out))                                                                                        \
     OP(void, linear_backward, linear_backward,                                                                       \

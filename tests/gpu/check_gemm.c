@@ -225,10 +225,11 @@ static void check_grouped_case(const GroupedCase *c, const Pass *p) {
     float *C = random_matrix(e->total + TAIL_ROWS, ldc);
     if (c->beta == 0) fill_nan(C, e->total, c->N, ldc);
     float *dC = to_device(C, e->total + TAIL_ROWS, ldc);
-    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, A, lda, B, stride,
+    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, NULL, c->N, c->K, c->alpha, A, lda, B, stride,
                                  ldb, c->beta, C, ldc);
-    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, d_counts, c->N, c->K, c->alpha, dA, lda, dB, stride, ldb,
-                          c->beta, dC, ldc);
+    // the caller's host copy of the counts (as the experts pass it)
+    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, d_counts, e->rows, c->N, c->K, c->alpha, dA, lda, dB,
+                          stride, ldb, c->beta, dC, ldc);
     check_finish();
     char name[128];
     snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d ld+%d alpha=%g beta=%g [%s]",
@@ -272,8 +273,9 @@ static void check_wgrad_case(int out, int in, float alpha, const Pass *p) {
     float *dY = random_matrix(e.total, out), *X = random_matrix(e.total, in);
     float *d_dY = to_device(dY, e.total, out), *d_X = to_device(X, e.total, in);
     int32_t *d_counts = check_ints_to_device(e.rows, (size_t)e.count);
-    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, dY, X, W, stride);
-    under()->gemm_grouped_wgrad(e.count, d_counts, out, in, alpha, d_dY, d_X, dW, stride);
+    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, NULL, out, in, alpha, dY, X, W, stride);
+    // the counts read by the backend from tensor memory
+    under()->gemm_grouped_wgrad(e.count, d_counts, NULL, out, in, alpha, d_dY, d_X, dW, stride);
     check_finish();
     float *got = from_device(dW, (size_t)e.count * stride);
     for (int g = 0; g < e.count; g++) {
@@ -385,8 +387,9 @@ static void check_repeatable(const Pass *p) {
     int32_t *d_counts = check_ints_to_device(e.rows, (size_t)e.count);
     size_t ng = (size_t)e.total * N;
     float *g1 = check_device_nan(ng), *g2 = check_device_nan(ng);
-    under()->gemm_grouped(0, 1, e.count, d_counts, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g1, N);
-    under()->gemm_grouped(0, 1, e.count, d_counts, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g2, N);
+    // once reading the counts from tensor memory, once from the host copy: the same bits
+    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g1, N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g2, N);
     check_finish();
     int same_gemm = memcmp(from_device(c1, M * N), from_device(c2, M * N), sizeof(float) * M * N) == 0;
     int same_grouped = memcmp(from_device(g1, ng), from_device(g2, ng), sizeof(float) * ng) == 0;

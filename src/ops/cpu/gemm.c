@@ -440,8 +440,10 @@ void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const r
     gemm_portable(&p);
 }
 
-void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, int N, int K, real alpha,
-                      const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc) {
+// host_counts is not needed here: the cpu reads counts itself.
+void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
+                      int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
+                      real *C, int ldc) {
     size_t first = 0;  // the group's first row
     for (int g = 0; g < groups; g++) {
         int rows = counts[g];
@@ -453,8 +455,8 @@ void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *count
     }
 }
 
-void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, int out, int in, real alpha, const real *dY,
-                            const real *X, real *W, size_t w_stride) {
+void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
+                            real alpha, const real *dY, const real *X, real *W, size_t w_stride) {
     size_t first = 0;
     for (int g = 0; g < groups; g++) {
         int rows = counts[g];
