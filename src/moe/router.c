@@ -13,21 +13,6 @@ const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES] = {"aux_loss", "seq_aux_loss
 // The score functions, top-k, group limit and probs are in ops/moe_route.h (shared with
 // the moe_route_tokens op); here: what the statistics and the backward add.
 
-// d score / d logit for the elementwise score functions, given the score s
-static double score_slope(ScoreFunction f, double logit, double s) {
-    if (f == SCORE_SIGMOID) return s * (1 - s);
-    double dsoftplus = logit > 20 ? 1 : route_sigmoid(logit);
-    return s > 0 ? dsoftplus / (2 * s) : 0;
-}
-
-// logsumexp of one token's logits (E), in double
-static double row_lse(const real *l, int E) {
-    double max = l[0], sum = 0;
-    for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
-    for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
-    return max + log(sum);
-}
-
 static RouteShape route_shape(const RouterConfig *rc) {
     return (RouteShape){.E = rc->E, .k = rc->k, .score = rc->score, .pre_softmax = rc->pre_softmax,
                         .topk_scaling = rc->topk_scaling, .num_groups = rc->num_groups,
@@ -246,7 +231,7 @@ static double z_loss_value(const real *logits, const RouterCall *call, int E) {
     double z = 0;
 #pragma omp parallel for schedule(static) reduction(+ : z) if (N > 64)
     for (int n = 0; n < N; n++) {
-        double lse = row_lse(logits + (size_t)n * E, E);
+        double lse = route_row_lse(logits + (size_t)n * E, E);
         z += lse * lse;
     }
     token_group_sum_double(call, &z, 1);
@@ -280,84 +265,23 @@ double router_objective(const RouterOutput *out, const RouterConfig *rc) {
 
 // ---- backward -------------------------------------------------------------------------------
 
-// d(probs)/d(selected scores or logits): accumulate into dsel (E) for the selected experts.
-static void probs_backward(double *dsel, const real *dp_row, const int32_t *kept, const int32_t *idx,
-                           const real *l, const double *s, const RouterConfig *rc) {
-    int k = rc->k;
-    double scale = rc->topk_scaling > 0 ? rc->topk_scaling : 1, dp[k];
-    for (int j = 0; j < k; j++) dp[j] = kept[j] ? scale * dp_row[j] : 0;  // dropped probs are 0
-    if (rc->score == SCORE_SOFTMAX && !rc->pre_softmax) {  // q = softmax of the selected logits
-        double q[k], max = l[idx[0]], sum = 0, dot = 0;
-        for (int j = 1; j < k; j++) max = l[idx[j]] > max ? l[idx[j]] : max;
-        for (int j = 0; j < k; j++) sum += (q[j] = exp((double)l[idx[j]] - max));
-        for (int j = 0; j < k; j++) dot += (q[j] /= sum) * dp[j];
-        for (int j = 0; j < k; j++) dsel[idx[j]] += q[j] * (dp[j] - dot);  // into the logits directly
-        return;
-    }
-    if (rc->score != SCORE_SOFTMAX && k > 1) {  // p_j = u_j / (U + eps)
-        double U = 0, dot = 0;
-        for (int j = 0; j < k; j++) U += s[idx[j]];
-        double norm = U + ROUTE_NORMALIZE_EPS;
-        for (int j = 0; j < k; j++) dot += dp[j] * s[idx[j]];
-        for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j] / norm - dot / (norm * norm);
-        return;
-    }
-    for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j];
-}
-
-// Gradient of the enabled balance losses with respect to ŝ of this member's token n (already × loss scale).
-static void balance_grad_row(double *g, const RouterOutput *out, const RouterConfig *rc, const RouterCall *call,
-                             int n, double loss_scale) {
+// The factors of the router backward (each × loss_scale) and where this member's tokens lie.
+static RouterGradShape grad_shape(const RouterConfig *rc, const RouterCall *call, double loss_scale) {
     int N = group_tokens(call), E = rc->E, k = rc->k, S = call->seq_length, sequences = group_sequences(call);
-    int b = sequence_of(call, n);
-    double aux = loss_scale * rc->balance_coeff[BALANCE_AUX] * E / ((double)k * N * N);
-    double global = loss_scale * rc->balance_coeff[BALANCE_GLOBAL_AUX] * E / ((double)k * N * N);
-    double seq = loss_scale * rc->balance_coeff[BALANCE_SEQ_AUX] * E / ((double)k * S * S) / sequences;
-    for (int e = 0; e < E; e++)
-        g[e] = aux * out->aux_counts[e] + global * out->global_counts[e] + seq * out->seq_counts[b * E + e];
+    return (RouterGradShape){
+        .route = route_shape(rc), .seq_length = S, .token_first = first_token(call),
+        .aux = loss_scale * rc->balance_coeff[BALANCE_AUX] * E / ((double)k * N * N),
+        .global = loss_scale * rc->balance_coeff[BALANCE_GLOBAL_AUX] * E / ((double)k * N * N),
+        .seq = loss_scale * rc->balance_coeff[BALANCE_SEQ_AUX] * E / ((double)k * S * S) / sequences,
+        .z_factor = loss_scale * rc->z_loss_coeff * 2.0 / group_tokens(call)};
 }
 
 void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
                      const RouterConfig *rc, const RouterCall *call, double loss_scale) {
     PROF_SCOPE(PROF_ROUTER);
-    int N = call->N, E = rc->E, k = rc->k;
-    double z_factor = loss_scale * rc->z_loss_coeff * 2.0 / group_tokens(call);
-#pragma omp parallel for schedule(static) if (N > 64)
-    for (int n = 0; n < N; n++) {
-        const real *l = logits + (size_t)n * E;
-        const int32_t *idx = out->topk_idx + (size_t)n * k;
-        double s[E], dl[E], ds[E], g[E];
-        route_score_row(s, l, E, rc->score);
-        for (int e = 0; e < E; e++) dl[e] = ds[e] = 0;
-        // probs: softmax-post lands on the logits, the others on the scores
-        int post = rc->score == SCORE_SOFTMAX && !rc->pre_softmax;
-        probs_backward(post ? dl : ds, dprobs + (size_t)n * k, out->kept + (size_t)n * k, idx, l, s, rc);
-        // balance losses: gradient on ŝ, then onto the scores
-        balance_grad_row(g, out, rc, call, n, loss_scale);
-        if (rc->score == SCORE_SOFTMAX) {
-            for (int e = 0; e < E; e++) ds[e] += g[e];  // ŝ = s
-        } else {                                        // ŝ = s / (Σ s + eps)
-            double sum = 0, dot = 0;
-            for (int e = 0; e < E; e++) sum += s[e];
-            double norm = sum + ROUTE_NORMALIZE_EPS;
-            for (int e = 0; e < E; e++) dot += g[e] * s[e];
-            for (int e = 0; e < E; e++) ds[e] += g[e] / norm - dot / (norm * norm);
-        }
-        // scores onto the logits
-        if (rc->score == SCORE_SOFTMAX) {
-            double dot = 0;
-            for (int e = 0; e < E; e++) dot += s[e] * ds[e];
-            for (int e = 0; e < E; e++) dl[e] += s[e] * (ds[e] - dot);
-        } else {
-            for (int e = 0; e < E; e++) dl[e] += ds[e] * score_slope(rc->score, l[e], s[e]);
-        }
-        // z-loss: d/dl (lse²) = 2·lse·softmax(l)
-        if (z_factor != 0) {
-            double lse = row_lse(l, E);
-            for (int e = 0; e < E; e++) dl[e] += z_factor * lse * exp((double)l[e] - lse);
-        }
-        for (int e = 0; e < E; e++) dlogits[(size_t)n * E + e] = (real)dl[e];
-    }
+    RouterGradShape g = grad_shape(rc, call, loss_scale);
+    moe_router_backward(dlogits, dprobs, logits, out->topk_idx, out->kept, out->aux_counts, out->global_counts,
+                        out->seq_counts, call->token_index, call->N, &g);
 }
 
 void expert_bias_update(real *bias, const double *counts, int E, double rate) {

@@ -111,7 +111,12 @@
 #define MT_OPS_LOSS(OP)
 
 // Router: capacity, counts, balancing statistics and losses, router backward (ops_router.h).
-#define MT_OPS_ROUTER(OP)
+#define MT_OPS_ROUTER(OP)                                                                                                  \
+    OP(void, moe_router_backward, moe_router_backward,                                                               \
+       (real *dlogits, const real *dprobs, const real *logits, const int32_t *topk_idx, const int32_t *kept,       \
+        const int32_t *aux_counts, const double *global_counts, const int32_t *seq_counts,                         \
+        const int32_t *token_index, int N, const RouterGradShape *g),                                               \
+       (dlogits, dprobs, logits, topk_idx, kept, aux_counts, global_counts, seq_counts, token_index, N, g))
 
 // Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
 #define MT_OPS_DISPATCH(OP)
