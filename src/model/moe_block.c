@@ -79,9 +79,12 @@ static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, in
 // Router bookkeeping across the micro-batches of a global batch (training only).
 static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     RouterState *rs = &m->router_state[layer];
-    for (int e = 0; e < m->plan.experts; e++) {
-        rs->global_counts_sum[e] += ma->route.group_counts[e];
-        rs->bias_counts[e] += ma->route.group_tokens_per_expert[e];  // the token group's (all of them here)
+    int E = m->plan.experts;
+    const double *group_counts = router_host_group_counts(&ma->route, E);
+    const double *group_tokens = router_host_group_tokens_per_expert(&ma->route, E);  // the token group's
+    for (int e = 0; e < E; e++) {
+        rs->global_counts_sum[e] += group_counts[e];
+        rs->bias_counts[e] += group_tokens[e];
     }
     rs->global_micro_batches += ma->route.group_batches;
 }

@@ -202,3 +202,24 @@ ROUTE_FN void route_backward_token(double *dl, const real *l, const real *dp_row
 ROUTE_FN int route_sequence_of(const int32_t *token_index, int token_first, int seq_length, int n) {
     return (token_index ? token_index[n] : token_first + n) / seq_length;
 }
+
+// report's balance losses (REPORT_AUX, _SEQ_AUX, _GLOBAL_AUX) from the per-sequence columns of ŝ
+// (sequences, E), the counts and the global counts; sums over e, then b, in order.
+ROUTE_FN void route_balance_losses(double *report, const double *columns, const int32_t *seq_counts,
+                                    const int32_t *aux_counts, const double *global_counts, const RouterLossShape *s) {
+    int N = s->tokens, E = s->E, k = s->k, S = s->seq_length, sequences = s->sequences;
+    double aux = 0, global = 0, seq = 0;
+    for (int e = 0; e < E; e++) {
+        double column = 0;
+        for (int b = 0; b < sequences; b++) {
+            double seq_column = columns[(size_t)b * E + e];
+            seq += seq_column * seq_counts[(size_t)b * E + e];
+            column += seq_column;
+        }
+        aux += column * aux_counts[e];
+        global += column * global_counts[e];
+    }
+    report[REPORT_AUX] = aux * E / ((double)k * N * N);
+    report[REPORT_GLOBAL_AUX] = global * E / ((double)k * N * N);
+    report[REPORT_SEQ_AUX] = seq * E / ((double)k * S * S) / sequences;
+}
