@@ -135,7 +135,11 @@
         const double *z, const int64_t *dropped, const int32_t *tokens_per_expert,                                 \
         const int32_t *group_tokens_per_expert, const RouterLossShape *s),                                          \
        (report, group_counts, global_counts, group_counts64, before, columns, seq_counts, aux_counts, z, dropped,   \
-        tokens_per_expert, group_tokens_per_expert, s))
+        tokens_per_expert, group_tokens_per_expert, s))                                                             \
+    OP(void, moe_scale_by, moe_scale_by, (real *y, const real *x, const real *scale, size_t n), (y, x, scale, n))  \
+    OP(void, moe_gate_sigmoid, moe_gate_sigmoid, (real *gate, size_t n), (gate, n))                                \
+    OP(void, moe_gate_sigmoid_backward, moe_gate_sigmoid_backward, (real *dgate, const real *gate, size_t n),      \
+       (dgate, gate, n))
 
 // Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
 #define MT_OPS_DISPATCH(OP)

@@ -82,3 +82,12 @@ void moe_router_losses(double *report, double *group_counts, double *global_coun
                        const int32_t *aux_counts, const double *z, const int64_t *dropped,
                        const int32_t *tokens_per_expert, const int32_t *group_tokens_per_expert,
                        const RouterLossShape *s);
+
+// ---- router input jitter, shared-expert gate -----------------------------------------------------
+
+// y (n) = x ⊙ scale elementwise (y may be x): the jittered router input, its gradient.
+void moe_scale_by(real *y, const real *x, const real *scale, size_t n);
+// gate (n) = σ(gate) in place: the shared expert's gate from its logits, 1 / (1 + e^−z).
+void moe_gate_sigmoid(real *gate, size_t n);
+// dgate (n) *= gate ⊙ (1 − gate): the gradient through the gate's σ (gate: its output).
+void moe_gate_sigmoid_backward(real *dgate, const real *gate, size_t n);

@@ -234,7 +234,33 @@ static void check_totals_and_losses(int E, int sequences, int with_before) {
     check_free_all();
 }
 
+// ---- jitter product, shared-expert gate ---------------------------------------------------------
+
+static void check_elementwise(size_t n) {
+    char name[96];
+    snprintf(name, sizeof(name), "moe_scale_by/gate n=%zu", n);
+    float *x = check_random(n, -3, 3), *scale = check_random(n, 0.9f, 1.1f), *gate = check_random(n, -6, 6);
+    float *dgate = check_random(n, -1, 1), *y = check_random(n, 0, 1);
+    float *d_y = check_device_nan(n), *d_gate = check_to_device(gate, n), *d_dgate = check_to_device(dgate, n);
+    float *d_x = check_to_device(x, n), *d_scale = check_to_device(scale, n);
+    cpu()->moe_scale_by(y, x, scale, n);
+    under()->moe_scale_by(d_y, d_x, d_scale, n);
+    check_compare(name, "y", y, d_y, n, 0.0);
+    under()->moe_scale_by(d_x, d_x, d_scale, n);  // in place
+    check_compare(name, "y in place", y, d_x, n, 0.0);
+    cpu()->moe_gate_sigmoid(gate, n);
+    under()->moe_gate_sigmoid(d_gate, n);
+    check_compare(name, "gate", gate, d_gate, n, TOL_FP32);
+    float *d_gate_cpu = check_to_device(gate, n);  // the cpu's gate, so only the backward is compared
+    cpu()->moe_gate_sigmoid_backward(dgate, gate, n);
+    under()->moe_gate_sigmoid_backward(d_dgate, d_gate_cpu, n);
+    check_compare(name, "dgate", dgate, d_dgate, n, TOL_FP32);
+    check_free_all();
+}
+
 void check_router_ops(void) {
+    check_elementwise(1);
+    check_elementwise(1000);
     for (int i = 0; i < COUNT(BACKWARDS); i++) check_backward(&BACKWARDS[i]);
     for (int i = 0; i < COUNT(CAPACITIES); i++) check_capacity(&CAPACITIES[i]);
     for (int i = 0; i < COUNT(STATS); i++) check_statistics(&STATS[i]);

@@ -134,3 +134,17 @@ void cpu_moe_router_losses(double *report, double *group_counts, double *global_
         rows[2 * E + e] = group_counts[e];
     }
 }
+
+// ---- router input jitter, shared-expert gate -----------------------------------------------------
+
+void cpu_moe_scale_by(real *y, const real *x, const real *scale, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = x[i] * scale[i];
+}
+
+void cpu_moe_gate_sigmoid(real *gate, size_t n) {
+    for (size_t i = 0; i < n; i++) gate[i] = 1 / (1 + real_exp(-gate[i]));
+}
+
+void cpu_moe_gate_sigmoid_backward(real *dgate, const real *gate, size_t n) {
+    for (size_t i = 0; i < n; i++) dgate[i] *= gate[i] * (1 - gate[i]);
+}
