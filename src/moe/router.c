@@ -238,11 +238,8 @@ void router_backward(real *dlogits, const real *dprobs, const real *logits, cons
 }
 
 void expert_bias_update(real *bias, const double *counts, int E, double rate) {
-    double mean = 0;
-    for (int e = 0; e < E; e++) mean += counts[e];
-    mean /= E;
-    for (int e = 0; e < E; e++) {
-        double offset = mean - counts[e];
-        bias[e] += (real)(rate * ((offset > 0) - (offset < 0)));
-    }
+    double *device_counts = device_calloc((size_t)E, sizeof(double));  // host counts, uploaded
+    device_upload(device_counts, counts, (size_t)E * sizeof(double));
+    moe_expert_bias_update(bias, device_counts, E, rate);
+    device_free(device_counts);
 }

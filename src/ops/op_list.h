@@ -139,7 +139,9 @@
     OP(void, moe_scale_by, moe_scale_by, (real *y, const real *x, const real *scale, size_t n), (y, x, scale, n))  \
     OP(void, moe_gate_sigmoid, moe_gate_sigmoid, (real *gate, size_t n), (gate, n))                                \
     OP(void, moe_gate_sigmoid_backward, moe_gate_sigmoid_backward, (real *dgate, const real *gate, size_t n),      \
-       (dgate, gate, n))
+       (dgate, gate, n))                                                                                             \
+    OP(void, moe_expert_bias_update, moe_expert_bias_update, (real *bias, const double *counts, int E, double rate), \
+       (bias, counts, E, rate))
 
 // Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
 #define MT_OPS_DISPATCH(OP)

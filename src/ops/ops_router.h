@@ -91,3 +91,7 @@ void moe_scale_by(real *y, const real *x, const real *scale, size_t n);
 void moe_gate_sigmoid(real *gate, size_t n);
 // dgate (n) *= gate ⊙ (1 − gate): the gradient through the gate's σ (gate: its output).
 void moe_gate_sigmoid_backward(real *dgate, const real *gate, size_t n);
+
+// bias (E) += rate · sign(mean(counts) − counts) (Megatron's expert-bias rule); counts (E):
+// kept tokens per expert of the step, the mean summed in expert order.
+void moe_expert_bias_update(real *bias, const double *counts, int E, double rate);

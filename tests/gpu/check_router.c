@@ -258,7 +258,21 @@ static void check_elementwise(size_t n) {
     check_free_all();
 }
 
+static void check_expert_bias(int E) {
+    char name[96];
+    snprintf(name, sizeof(name), "moe_expert_bias_update E=%d", E);
+    float *bias = check_random((size_t)E, -0.1f, 0.1f), *d_bias = check_to_device(bias, (size_t)E);
+    double *counts = host_doubles((size_t)E);
+    for (int e = 0; e < E; e++) counts[e] = (double)((e * 7) % 5);
+    cpu()->moe_expert_bias_update(bias, counts, E, 0.001);
+    under()->moe_expert_bias_update(d_bias, check_device_bytes(counts, E * sizeof(double)), E, 0.001);
+    check_compare(name, "bias", bias, d_bias, (size_t)E, 0.0);
+    check_free_all();
+}
+
 void check_router_ops(void) {
+    check_expert_bias(4);
+    check_expert_bias(64);
     check_elementwise(1);
     check_elementwise(1000);
     for (int i = 0; i < COUNT(BACKWARDS); i++) check_backward(&BACKWARDS[i]);

@@ -148,3 +148,15 @@ void cpu_moe_gate_sigmoid(real *gate, size_t n) {
 void cpu_moe_gate_sigmoid_backward(real *dgate, const real *gate, size_t n) {
     for (size_t i = 0; i < n; i++) dgate[i] *= gate[i] * (1 - gate[i]);
 }
+
+// ---- expert bias ------------------------------------------------------------------------------
+
+void cpu_moe_expert_bias_update(real *bias, const double *counts, int E, double rate) {
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += counts[e];
+    mean /= E;
+    for (int e = 0; e < E; e++) {
+        double offset = mean - counts[e];
+        bias[e] += (real)(rate * ((offset > 0) - (offset < 0)));
+    }
+}

@@ -37,3 +37,20 @@ void cuda_moe_gate_sigmoid_backward(real *dgate, const real *gate, size_t n) {
     gate_sigmoid_backward_kernel<<<cuda_blocks(n, GATE_THREADS), GATE_THREADS, 0, cuda_stream()>>>(dgate, gate, n);
     CUDA_CHECK_LAUNCH();
 }
+
+// bias += rate · sign(mean − counts): one thread per expert, each summing the mean in expert order
+__global__ void expert_bias_kernel(float *bias, const double *counts, int E, double rate) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    double mean = 0;
+    for (int i = 0; i < E; i++) mean += counts[i];
+    mean /= E;
+    double offset = mean - counts[e];
+    bias[e] += (float)(rate * ((offset > 0) - (offset < 0)));
+}
+
+void cuda_moe_expert_bias_update(real *bias, const double *counts, int E, double rate) {
+    if (E <= 0) return;
+    expert_bias_kernel<<<(unsigned)((E + 127) / 128), 128, 0, cuda_stream()>>>(bias, counts, E, rate);
+    CUDA_CHECK_LAUNCH();
+}
