@@ -132,7 +132,37 @@
        (dlogits, logits, lse, targets, weight, first, N, V))
 
 // Router: capacity, counts, balancing statistics and losses, router backward (ops_router.h).
-#define MT_OPS_ROUTER(OP)
+#define MT_OPS_ROUTER(OP)                                                                                                  \
+    OP(void, moe_router_backward, moe_router_backward,                                                               \
+       (real *dlogits, const real *dprobs, const real *logits, const int32_t *topk_idx, const int32_t *kept,       \
+        const int32_t *aux_counts, const double *global_counts, const int32_t *seq_counts,                         \
+        const int32_t *token_index, int N, const RouterGradShape *g),                                               \
+       (dlogits, dprobs, logits, topk_idx, kept, aux_counts, global_counts, seq_counts, token_index, N, g))         \
+    OP(void, moe_router_capacity, moe_router_capacity,                                                               \
+       (real *topk_probs, int32_t *kept, const int32_t *topk_idx, int choices, int E, int capacity, int by_position), \
+       (topk_probs, kept, topk_idx, choices, E, capacity, by_position))                                              \
+    OP(void, moe_router_statistics, moe_router_statistics,                                                           \
+       (double *z, int64_t *counts, double *columns, int32_t *tokens_per_expert, int64_t *dropped,                  \
+        const real *logits, const real *aux_scores, const int32_t *topk_idx, const int32_t *kept,                  \
+        const int32_t *token_index, int N, const RouterStatShape *s),                                               \
+       (z, counts, columns, tokens_per_expert, dropped, logits, aux_scores, topk_idx, kept, token_index, N, s))      \
+    OP(void, moe_router_count_totals, moe_router_count_totals,                                                       \
+       (int32_t *seq_counts, int32_t *aux_counts, int32_t *group_tokens_per_expert, int64_t *group_counts64,        \
+        const int64_t *counts, int sequences, int E),                                                                \
+       (seq_counts, aux_counts, group_tokens_per_expert, group_counts64, counts, sequences, E))                      \
+    OP(void, moe_router_losses, moe_router_losses,                                                                   \
+       (double *report, double *group_counts, double *global_counts, const int64_t *group_counts64,                \
+        const double *before, const double *columns, const int32_t *seq_counts, const int32_t *aux_counts,         \
+        const double *z, const int64_t *dropped, const int32_t *tokens_per_expert,                                 \
+        const int32_t *group_tokens_per_expert, const RouterLossShape *s),                                          \
+       (report, group_counts, global_counts, group_counts64, before, columns, seq_counts, aux_counts, z, dropped,   \
+        tokens_per_expert, group_tokens_per_expert, s))                                                             \
+    OP(void, moe_scale_by, moe_scale_by, (real *y, const real *x, const real *scale, size_t n), (y, x, scale, n))  \
+    OP(void, moe_gate_sigmoid, moe_gate_sigmoid, (real *gate, size_t n), (gate, n))                                \
+    OP(void, moe_gate_sigmoid_backward, moe_gate_sigmoid_backward, (real *dgate, const real *gate, size_t n),      \
+       (dgate, gate, n))                                                                                             \
+    OP(void, moe_expert_bias_update, moe_expert_bias_update, (real *bias, const double *counts, int E, double rate), \
+       (bias, counts, E, rate))
 
 // Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
 #define MT_OPS_DISPATCH(OP)                                                                                              \
