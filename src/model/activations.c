@@ -280,6 +280,7 @@ void acts_free(ModelActs *a) {
     for (int l = 0; l < a->num_layers; l++) {
         ep_layer_free(&a->layers[l].moe);
         dispatch_plan_free(&a->layers[l].moe.plan);
+        free(a->layers[l].moe.route.report);  // host memory: the router's downloaded report
     }
     free(a->layers);
     buffer_plan_free(&a->buffers);
