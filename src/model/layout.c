@@ -1,6 +1,8 @@
 // layout.c — the layout plan of one rank (layout.h). The sizes were validated with the
 // flags (config_validate); here they are only divided.
 #include "model/layout.h"
+
+#include "core/device.h"
 #include "model/cp_batch.h"  // cp_token_index
 #include "parallel/pipeline_layout.h"
 
@@ -67,10 +69,13 @@ static void plan_context_parallel(LayoutPlan *p, const Config *c, const ModelGro
 void plan_token_index(const LayoutPlan *p, int32_t *index, int B, int T_local) {
     int N_local = plan_local_tokens(p, B * T_local), first = p->sequence_parallel ? p->tp_rank * N_local : 0;
     int T = T_local * p->cp_size;
+    int32_t *host = mt_malloc((size_t)MT_MAX(N_local, 1) * sizeof(int32_t));  // index is tensor memory
     for (int n = 0; n < N_local; n++) {
         int flat = first + n, b = flat / T_local, t = flat % T_local;
-        index[n] = b * T + (p->cp_size > 1 ? cp_token_index(T, p->cp_size, p->cp_rank, t) : t);
+        host[n] = b * T + (p->cp_size > 1 ? cp_token_index(T, p->cp_size, p->cp_rank, t) : t);
     }
+    device_upload(index, host, (size_t)N_local * sizeof(int32_t));
+    free(host);
 }
 
 // The chunks of this rank: its virtual stages of the placement (one stage without PP).

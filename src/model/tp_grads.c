@@ -7,6 +7,9 @@
 
 #include <string.h>
 
+#include "core/device.h"
+#include "ops/ops.h"
+
 // The group summing tensor d's partial gradients.
 static const Comm *holders(const Model *m, const TensorDesc *d) {
     return d->shard.parts == 1 ? m->plan.tp : &m->plan.kv_share;
@@ -26,20 +29,20 @@ static void sum_over(Model *m, int part, const Comm *group) {
         if (summed_in(m, i, part, group))
             total += tt->descs[i].numel;
     if (!total) return;
-    real *packed = mt_malloc(total * sizeof(real)), *at = packed;
+    real *packed = device_calloc(total, sizeof(real)), *at = packed;  // tensor memory
     for (int i = 0; i < tt->count; i++)
         if (summed_in(m, i, part, group)) {
-            memcpy(at, tt_grad(tt, i), tt->descs[i].numel * sizeof(real));
+            vec_copy(at, tt_grad(tt, i), tt->descs[i].numel);
             at += tt->descs[i].numel;
         }
     comm_allreduce_sum(group, packed, total);
     at = packed;
     for (int i = 0; i < tt->count; i++)
         if (summed_in(m, i, part, group)) {
-            memcpy(tt_grad(tt, i), at, tt->descs[i].numel * sizeof(real));
+            vec_copy(tt_grad(tt, i), at, tt->descs[i].numel);
             at += tt->descs[i].numel;
         }
-    free(packed);
+    device_free(packed);
 }
 
 void model_sum_partial_grads(Model *m, int part) {

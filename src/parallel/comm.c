@@ -14,6 +14,19 @@
 #include <string.h>
 
 #include "parallel/comm_impl.h"
+#include "core/device.h"
+
+// Every data movement and ordered sum below runs with tensor memory open (strict mode,
+// src/core/strict_memory.h), as an op does: the collectives are the host code allowed to
+// read and write it. MPI may move the data of a non-blocking collective inside any MPI
+// call, so each backend call that can progress one (test, wait, progress, barrier) is
+// bracketed too.
+#define WITH_TENSORS(stmt)     \
+    do {                       \
+        device_access_begin(); \
+        stmt;                  \
+        device_access_end();   \
+    } while (0)
 
 #define ALLREDUCE_CHUNK ((size_t)1 << 22)
 
@@ -205,19 +218,21 @@ static void move_alltoallv(const Comm *g, CommType t, const void *send, const si
                            const size_t *send_displs, void *recv, const size_t *recv_counts,
                            const size_t *recv_displs) {
     count_sent(g, (uint64_t)to_others(g, send_counts) * comm_type_size(t));
-    backend_alltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    WITH_TENSORS(backend_alltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs));
 }
 
 static void move_allgatherv(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
                             const size_t *displs) {
     count_sent(g, (uint64_t)op_elements_sent(g, OP_ALLGATHER, counts) * comm_type_size(t));
-    backend_allgatherv(g, t, send, recv, counts, displs);
+    WITH_TENSORS(backend_allgatherv(g, t, send, recv, counts, displs));
 }
 
 static CommPending *start_counted(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
                                   const size_t *counts) {
     count_sent(g, (uint64_t)op_elements_sent(g, op, counts) * comm_type_size(t));
-    return backend_istart(g, op, t, send, recv, counts);
+    CommPending *p;
+    WITH_TENSORS(p = backend_istart(g, op, t, send, recv, counts));
+    return p;
 }
 
 // ---- sums ------------------------------------------------------------------------------------
@@ -233,7 +248,7 @@ static void reduce_scatter_blocks(const Comm *g, CommType t, const void *send, v
     move_alltoallv(g, t, send, counts, displs, in, recv_counts, recv_displs);
     const void **parts = mt_malloc((size_t)P * sizeof(void *));
     for (int q = 0; q < P; q++) parts[q] = in + (size_t)q * mine * es;
-    comm_sum_in_order(t, recv, parts, P, mine);
+    WITH_TENSORS(comm_sum_in_order(t, recv, parts, P, mine));
     free(parts);
     free(recv_counts);
     free(recv_displs);
@@ -275,7 +290,7 @@ void comm_allreduce_sum_int64(const Comm *g, int64_t *x, size_t n) {
     count_sent(g, (uint64_t)op_elements_sent(g, OP_ALLREDUCE, counts) * sizeof(int64_t));
     free(counts);
     free(displs);
-    backend_allreduce_int64(g, x, n);
+    WITH_TENSORS(backend_allreduce_int64(g, x, n));
 }
 
 // ---- data movement --------------------------------------------------------------------------
@@ -292,7 +307,8 @@ static void alltoallv_typed(const Comm *g, CommType t, const void *send, const s
         mt_die("internal error: all-to-all on process group %s sends %zu elements to itself but receives %zu "
                "(please report)", g->name, send_counts[0], recv_counts[0]);
     size_t es = comm_type_size(t);
-    memmove((char *)recv + recv_displs[0] * es, (const char *)send + send_displs[0] * es, send_counts[0] * es);
+    WITH_TENSORS(memmove((char *)recv + recv_displs[0] * es, (const char *)send + send_displs[0] * es,
+                         send_counts[0] * es));
 }
 
 void comm_alltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
@@ -329,12 +345,12 @@ void comm_bcast(const Comm *g, void *buf, size_t bytes, int root) {
                g->size);
     if (g->size == 1) return;
     if (g->rank == root) count_sent(g, (uint64_t)(g->size - 1) * bytes);
-    backend_bcast(g, buf, bytes, root);
+    WITH_TENSORS(backend_bcast(g, buf, bytes, root));
 }
 
 void comm_barrier(const Comm *g) {
     require_member(g, "barrier");
-    if (g->size > 1) backend_barrier(g);
+    if (g->size > 1) WITH_TENSORS(backend_barrier(g));
 }
 
 // ---- reduce-scatter and all-gather, blocking and not -----------------------------------------
@@ -348,7 +364,7 @@ static void block_collective(const Comm *g, CommOp op, const real *send, real *r
     if (equal) counts = equal;
     if (req) req->pending = NULL;
     if (g->size == 1) {
-        memmove(recv, send, counts[0] * sizeof(real));
+        WITH_TENSORS(memmove(recv, send, counts[0] * sizeof(real)));
     } else if (req) {
         req->pending = start_counted(g, op, CT_REAL, send, recv, counts);
     } else {
@@ -372,7 +388,7 @@ void comm_allgather(const Comm *g, const real *send, real *recv, size_t block) {
 static void allgather_typed(const Comm *g, CommType t, const void *send, void *recv, size_t block) {
     require_member(g, "all-gather");
     if (g->size == 1) {
-        memmove(recv, send, block * comm_type_size(t));
+        WITH_TENSORS(memmove(recv, send, block * comm_type_size(t)));
         return;
     }
     size_t *counts = equal_counts(g, block), *displs = prefix_displs(g, counts);
@@ -431,7 +447,7 @@ void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommR
     require_member(g, "ring shift");
     req->pending = NULL;
     if (g->size == 1) {
-        memmove(recv, send, n * sizeof(real));
+        WITH_TENSORS(memmove(recv, send, n * sizeof(real)));
         return;
     }
     size_t *counts = equal_counts(g, n);
@@ -449,7 +465,8 @@ static void ialltoallv_typed(const Comm *g, CommType t, const void *send, const 
     }
     require_member(g, "all-to-all");
     count_sent(g, (uint64_t)to_others(g, send_counts) * comm_type_size(t));
-    req->pending = backend_ialltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    WITH_TENSORS(req->pending =
+                     backend_ialltoallv(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs));
 }
 
 void comm_ialltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
@@ -471,7 +488,7 @@ static void start_point(const Comm *g, int send, real *buf, size_t n, int peer, 
         mt_die("internal error: process group %s: a %s of rank %d with peer %d, tag %d (please report)", g->name,
                send ? "send" : "receive", g->rank, peer, tag);
     if (send) count_sent(g, (uint64_t)n * sizeof(real));
-    req->pending = backend_ipoint(g, send, CT_REAL, buf, n, peer, tag);
+    WITH_TENSORS(req->pending = backend_ipoint(g, send, CT_REAL, buf, n, peer, tag));
 }
 
 void comm_isend(const Comm *g, const real *buf, size_t n, int peer, int tag, CommRequest *req) {
@@ -488,14 +505,16 @@ void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n) {
     comm_wait(&req);
 }
 
-void comm_progress(void) { backend_progress(); }
+void comm_progress(void) { WITH_TENSORS(backend_progress()); }
 
 int comm_test(CommRequest *req) {
-    if (req->pending && backend_test(req->pending)) req->pending = NULL;
+    int done = 0;
+    if (req->pending) WITH_TENSORS(done = backend_test(req->pending));
+    if (done) req->pending = NULL;
     return req->pending == NULL;
 }
 
 void comm_wait(CommRequest *req) {
-    if (req->pending) backend_wait(req->pending);
+    if (req->pending) WITH_TENSORS(backend_wait(req->pending));
     req->pending = NULL;
 }

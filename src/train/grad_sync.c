@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/timer.h"
+#include "ops/ops.h"
 
 static void region_init(GradRegion *r, const Comm *comm, FlatRange range, int distributed) {
     r->comm = comm;
@@ -59,7 +60,7 @@ void grad_sync_reduce(GradSync *g, TensorTable *tt) {
             continue;
         }
         comm_reduce_scatter_v(r->comm, grads, r->buffer, r->counts);
-        memcpy(tt->grads + r->shard.begin, r->buffer, (size_t)(r->shard.end - r->shard.begin) * sizeof(real));
+        vec_copy(tt->grads + r->shard.begin, r->buffer, (size_t)(r->shard.end - r->shard.begin));
     }
 }
 
@@ -99,7 +100,7 @@ void grad_sync_finish(GradSync *g, TensorTable *tt) {
     for (int i = 0; i < REGIONS; i++) {
         const GradRegion *r = &g->region[i];
         if (r->sharded)
-            memcpy(tt->grads + r->shard.begin, r->buffer, (size_t)(r->shard.end - r->shard.begin) * sizeof(real));
+            vec_copy(tt->grads + r->shard.begin, r->buffer, (size_t)(r->shard.end - r->shard.begin));
     }
 }
 
@@ -146,7 +147,7 @@ void grad_sync_gather_params(GradSync *g, TensorTable *tt) {
     for (int i = 0; i < REGIONS; i++) {
         GradRegion *r = &g->region[i];
         if (!r->sharded) continue;
-        memcpy(r->buffer, tt->params + r->shard.begin, (size_t)(r->shard.end - r->shard.begin) * sizeof(real));
+        vec_copy(r->buffer, tt->params + r->shard.begin, (size_t)(r->shard.end - r->shard.begin));
         comm_allgather_v(r->comm, r->buffer, tt->params + r->range.begin, r->counts);
     }
 }
