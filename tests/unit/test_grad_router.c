@@ -49,6 +49,7 @@ static void out_alloc(RouterOutput *o, int N, int E, int k, int sequences) {
 static void out_free(RouterOutput *o) {
     free(o->scores), free(o->aux_scores), free(o->topk_idx), free(o->topk_probs), free(o->kept);
     free(o->tokens_per_expert), free(o->aux_counts), free(o->seq_counts), free(o->global_counts), free(o->group_counts);
+    free(o->report);  // host memory router_forward allocated
 }
 
 static RouterConfig config(int E, int k, ScoreFunction score, int pre_softmax) {
