@@ -161,6 +161,7 @@ static void check_permute(const PlanCase *c) {
     check_compare(name, "choice_values", gathered, d_gathered, nk, EXACT);
     check_compare(name, "choice_values alone", gathered, d_gathered_alone, nk, EXACT);
     check_free_all();
+    dispatch_plan_free(&plan);
 }
 
 static const PlanCase PLANS[] = {
