@@ -241,6 +241,11 @@ static CommPending *start_counted(const Comm *g, CommOp op, CommType t, const vo
 // send + displs[q]); recv may be that block of send.
 static void reduce_scatter_blocks(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
                                   const size_t *displs) {
+    if (backend_sums_on_device(g)) {  // the blocks are back to back (displs their prefix sums)
+        CommRequest req = {.pending = start_counted(g, OP_REDUCE_SCATTER, t, send, recv, counts)};
+        comm_wait(&req);
+        return;
+    }
     int P = g->size;
     size_t es = comm_type_size(t), mine = counts[g->rank];
     char *in = grow_scratch((size_t)P * mine * es);

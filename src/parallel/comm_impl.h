@@ -44,6 +44,10 @@ void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv,
 void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n);  // integer sums are exact in any order
 void backend_bcast(const Comm *g, void *buf, size_t bytes, int root);
 void backend_barrier(const Comm *g);
+// 1 when g's float sums must run where the data is (the NCCL path: tensor memory is device
+// memory, so the host cannot add the blocks): comm.c then does its blocking reduce-scatters
+// and all-reduces as a non-blocking start and a wait, whose sum is a device kernel.
+int backend_sums_on_device(const Comm *g);
 
 typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE, OP_SENDRECV, OP_SEND, OP_RECV, OP_ALLTOALLV } CommOp;
 // Start a non-blocking collective over blocks of counts[q] elements (back to back):

@@ -251,6 +251,14 @@ void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv,
     free(c);
 }
 
+int backend_sums_on_device(const Comm *g) {
+#ifdef MT_COMM_NCCL
+    return nccl_path(g) != NULL;
+#else
+    return 0;
+#endif
+}
+
 void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) {
 #ifdef MT_COMM_NCCL
     NcclComm *nc = nccl_path(g);

@@ -19,10 +19,10 @@
 //     reduce-scatter queues the exchange of the blocks into a device scratch, then the
 //     kernel that adds them in rank order (comm_sum.cu, the bits of comm_sum_in_order),
 //     and an all-reduce its all-gather after that; everything is queued at the start, so
-//     comm_test is one cudaEventQuery. The blocking reduce-scatter and all-reduce stay in
-//     comm.c: an all-to-all here, the sum on the host (host scratch, then managed memory
-//     written by the host: pages migrate, slower than the non-blocking path).
-//   - Memory. Device and managed buffers are used in place. Buffers the GPU cannot address
+//     comm_test is one cudaEventQuery. The blocking reduce-scatter and all-reduce are the
+//     same start and a wait (comm.c asks backend_sums_on_device): tensor memory is device
+//     memory, and no sum of it runs on the host.
+//   - Memory. Device buffers (tensor memory) are used in place. Buffers the GPU cannot address
 //     (plain host memory, as in tests/mpi/test_comm_mpi.c) go through device copies: the
 //     inputs are copied in when the collective is queued, the outputs copied back block by
 //     block when it is done. Scratch comes from a memory pool of this process, allocated
@@ -108,13 +108,7 @@ static void check_async_errors(void) {
 static void path_start(int local_rank) {
     cuda_init(local_rank);  // nothing when the cuda backend has started already
     cuda_ok(cudaGetDevice(&nccl.device), "cudaGetDevice", "world");
-    int concurrent = 0, least, greatest;
-    cuda_ok(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, nccl.device),
-            "cudaDeviceGetAttribute", "world");
-    // comm.c sums on the host in managed memory while collectives may run on the GPU
-    if (!concurrent)
-        mt_die("the NCCL collectives need a GPU whose managed memory the host may use while kernels run "
-               "(Linux, Pascal or newer); set MOETRON_NCCL=0 to move the data with MPI");
+    int least, greatest;
     // communication first when both streams have kernels waiting: the transfers overlap
     cuda_ok(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange", "world");
     cuda_ok(cudaStreamCreateWithPriority(&nccl.stream, cudaStreamNonBlocking, greatest),
