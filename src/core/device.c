@@ -154,7 +154,7 @@ void *device_calloc(size_t count, size_t size) {
     if (count && size > (size_t)-1 / count) mt_die("out of memory: a tensor of %zu x %zu bytes", count, size);
     live_blocks++;
 #if DEVICE_HAS_CUDA
-    if (active == DEVICE_CUDA) return require_plugin()->malloc_managed(count * size);
+    if (active == DEVICE_CUDA) return require_plugin()->malloc_zeroed(count * size);
 #endif
     if (active == DEVICE_CPU_STRICT) return strict_alloc(count * size);
     return mt_calloc(count ? count : 1, size ? size : 1);
@@ -181,23 +181,34 @@ void device_access_end(void) {
     if (active == DEVICE_CPU_STRICT) strict_close();
 }
 
-// Either direction: memcpy once the device's queued ops are done, with access opened.
+// A host copy with tensor memory opened (the cpu devices).
 static void copy_bytes(void *dst, const void *src, size_t bytes) {
-    if (!bytes) return;
-#if DEVICE_HAS_CUDA
-    if (active == DEVICE_CUDA) {
-        require_plugin()->finish();
-        memcpy(dst, src, bytes);  // managed memory until the plugin owns device memory
-        return;
-    }
-#endif
     device_access_begin();
     memcpy(dst, src, bytes);
     device_access_end();
 }
 
-void device_upload(void *dst, const void *host, size_t bytes) { copy_bytes(dst, host, bytes); }
-void device_download(void *host, const void *src, size_t bytes) { copy_bytes(host, src, bytes); }
+void device_upload(void *dst, const void *host, size_t bytes) {
+    if (!bytes) return;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->upload(dst, host, bytes);  // staged: the host buffer is free again
+        return;
+    }
+#endif
+    copy_bytes(dst, host, bytes);
+}
+
+void device_download(void *host, const void *src, size_t bytes) {
+    if (!bytes) return;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->download(host, src, bytes);  // waits for the ops queued before it
+        return;
+    }
+#endif
+    copy_bytes(host, src, bytes);
+}
 
 double device_memory_free_bytes(void) {
 #if DEVICE_HAS_CUDA

@@ -3,9 +3,10 @@
 // device_select picks the op backend (src/ops/backend.h) and the kind of memory that
 // model tensors live in. Tensor memory — parameters, gradients, optimizer moments,
 // activations, the KV cache, exchange buffers: whatever an op reads or writes — comes
-// from device_calloc: host memory on the cpu, CUDA managed memory on a GPU, which both
-// the GPU's kernels and the host code around them (router, dispatcher bookkeeping,
-// checkpoints) can address. Everything else stays in ordinary host memory.
+// from device_calloc: host memory on the cpu, device memory of the GPU's stream-ordered
+// pool on a GPU (never managed memory). Host code reaches it only through ops, collectives
+// and the explicit copies below; --device cpu-strict proves that on the CPU. Everything
+// else stays in ordinary host memory.
 #pragma once
 #include <stddef.h>
 
@@ -47,7 +48,10 @@ double device_memory_free_bytes(void);
 
 // Explicit copies between host memory and tensor memory: the only way host code reads
 // or writes tensors (checkpoints, initial values, a micro-batch's tokens, the scalars a
-// step reports). Complete on return.
+// step reports). device_upload returns once the host bytes are taken (the host buffer
+// may be reused; on the GPU they reach the device in queue order, through pinned staging);
+// device_download returns with the bytes in host memory — on the GPU it waits for the ops
+// queued before it, so a step's downloads are its synchronisation points (docs/gpu.md).
 void device_upload(void *dst, const void *host, size_t bytes);
 void device_download(void *host, const void *src, size_t bytes);
 // Brackets code that reaches tensor memory outside ops (communication: the MPI calls on

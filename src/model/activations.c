@@ -277,7 +277,11 @@ const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
 }
 
 void acts_free(ModelActs *a) {
-    for (int l = 0; l < a->num_layers; l++) ep_layer_free(&a->layers[l].moe);
+    for (int l = 0; l < a->num_layers; l++) {
+        ep_layer_free(&a->layers[l].moe);
+        dispatch_plan_free(&a->layers[l].moe.plan);
+        free(a->layers[l].moe.route.report);  // host memory: the router's downloaded report
+    }
     free(a->layers);
     buffer_plan_free(&a->buffers);
     memset(a, 0, sizeof(*a));

@@ -4,7 +4,17 @@
 
 #include "model/layers.h"
 #include "model/vocab_parallel.h"
+#include "core/device.h"
 #include "ops/ops.h"
+#include "ops/ops_loss.h"
+
+// The (counted, total) pair lm_loss_sums writes: one tensor block of two doubles for the
+// process, made on first use (the head's forward runs one micro-batch at a time).
+static double *loss_sums_block(void) {
+    static double *block;
+    if (!block) block = device_calloc(2, sizeof(double));
+    return block;
+}
 
 void embedding_model_forward(const Model *m, ModelActs *a, const int32_t *tokens) {
     VocabSlice slice = vocab_slice_of_plan(&m->plan);
@@ -32,16 +42,12 @@ void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     vocab_cross_entropy_forward(&slice, a->token_loss, a->token_lse, a->logits, batch->targets, N);
     // (counted, total) of this rank's tokens; with context parallelism summed over the
     // sequence's ranks: the mean over every token of the micro-batch, not a mean of means
-    double sums[2] = {0, 0};
-    for (int n = 0; n < N; n++) {
-        double w = batch->loss_mask ? batch->loss_mask[n] : 1;
-        sums[0] += w;
-        sums[1] += w * a->token_loss[n];
-    }
+    double sums[2];
+    lm_loss_sums(loss_sums_block(), a->token_loss, batch->loss_mask, N);
+    device_download(sums, loss_sums_block(), sizeof(sums));  // once per micro-batch: 16 bytes
     if (m->plan.cp_size > 1) comm_allreduce_sum_double(m->plan.cp, sums, 2);
     double counted = sums[0], total = sums[1];
-    for (int n = 0; n < N; n++)
-        a->loss_weight[n] = counted > 0 ? (real)((batch->loss_mask ? batch->loss_mask[n] : 1) / counted) : 0;
+    lm_loss_weights(a->loss_weight, batch->loss_mask, counted, N);
     a->lm_loss = counted > 0 ? total / counted : 0;
 }
 
@@ -50,7 +56,7 @@ void lm_head_backward(Model *m, ModelActs *a, const Batch *batch, double loss_sc
     TpRegion region = model_tp_region(m);
     VocabSlice slice = vocab_slice_of_plan(&m->plan);
     MT_ASSERT(batch->targets);
-    for (int n = 0; n < N; n++) a->d_token_loss[n] = (real)(a->loss_weight[n] * loss_scale);
+    vec_scale_double(a->d_token_loss, a->loss_weight, loss_scale, (size_t)N);
     vocab_cross_entropy_backward(&slice, &a->vocab_scratch, a->d_logits, a->logits, a->token_lse, batch->targets,
                                  a->d_token_loss, N);
     // logits = lnf·W_headᵀ: d_lnf = Σ_tp d_logits·W_head, dW_head += d_logitsᵀ·lnf

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/rng.h"
 #include "model/layers.h"
 #include "moe/token_dispatcher.h"
@@ -58,14 +59,31 @@ static void router_input(const Model *m, int layer, LayerActs *la, const Batch *
     ma->router_input = la->ln2;
     if (!ma->jitter_used) return;
     LayerNoise z = layer_noise(m, batch, layer, NOISE_JITTER, N, H, token_index);
+    real *jitter = mt_malloc((size_t)N * H * sizeof(real));  // drawn here, uploaded in one copy
     for (int n = 0; n < N; n++) {
         noise_at_token(&z, n);
-        for (size_t i = (size_t)n * H; i < (size_t)(n + 1) * H; i++) {
-            ma->jitter[i] = (real)(1 - eps + 2 * eps * noise_draw(&z));
-            ma->jittered_input[i] = la->ln2[i] * ma->jitter[i];
-        }
+        for (size_t i = (size_t)n * H; i < (size_t)(n + 1) * H; i++)
+            jitter[i] = (real)(1 - eps + 2 * eps * noise_draw(&z));
     }
+    device_upload(ma->jitter, jitter, (size_t)N * H * sizeof(real));
+    free(jitter);
+    moe_scale_by(ma->jittered_input, la->ln2, ma->jitter, (size_t)N * H);
     ma->router_input = ma->jittered_input;
+}
+
+// --moe-router-force-load-balancing: logits (N,E) replaced by normal draws of the layer's
+// stream (host draws, uploaded in one copy); gradients pass straight through.
+static void forced_logits(const Model *m, int layer, MoeActs *ma, const Batch *batch, int N,
+                          const int32_t *token_index) {
+    int E = m->plan.experts;
+    LayerNoise z = layer_noise(m, batch, layer, NOISE_FORCED_LOGITS, N, (size_t)E, token_index);
+    real *logits = mt_malloc((size_t)N * E * sizeof(real));
+    for (int n = 0; n < N; n++) {
+        noise_at_token(&z, n);
+        for (size_t i = (size_t)n * E; i < (size_t)(n + 1) * E; i++) logits[i] = (real)noise_draw(&z);
+    }
+    device_upload(ma->logits, logits, (size_t)N * E * sizeof(real));
+    free(logits);
 }
 
 // logits (N,E) = router_input · W_routerᵀ in the router dtype
@@ -79,9 +97,12 @@ static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, in
 // Router bookkeeping across the micro-batches of a global batch (training only).
 static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     RouterState *rs = &m->router_state[layer];
-    for (int e = 0; e < m->plan.experts; e++) {
-        rs->global_counts_sum[e] += ma->route.group_counts[e];
-        rs->bias_counts[e] += ma->route.group_tokens_per_expert[e];  // the token group's (all of them here)
+    int E = m->plan.experts;
+    const double *group_counts = router_host_group_counts(&ma->route, E);
+    const double *group_tokens = router_host_group_tokens_per_expert(&ma->route, E);  // the token group's
+    for (int e = 0; e < E; e++) {
+        rs->global_counts_sum[e] += group_counts[e];
+        rs->bias_counts[e] += group_tokens[e];
     }
     rs->global_micro_batches += ma->route.group_batches;
 }
@@ -110,16 +131,10 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
-    int N = batch->B * batch->T, N_local = plan_local_tokens(&m->plan, N), E = m->plan.experts;
+    int N = batch->B * batch->T, N_local = plan_local_tokens(&m->plan, N);
     router_input(m, layer, la, batch, N_local, token_index);
     router_logits(m, lp, ma, N_local);
-    if (c->moe_router_force_load_balancing) {  // random logits; gradients pass straight through
-        LayerNoise z = layer_noise(m, batch, layer, NOISE_FORCED_LOGITS, N_local, (size_t)E, token_index);
-        for (int n = 0; n < N_local; n++) {
-            noise_at_token(&z, n);
-            for (size_t i = (size_t)n * E; i < (size_t)(n + 1) * E; i++) ma->logits[i] = (real)noise_draw(&z);
-        }
-    }
+    if (c->moe_router_force_load_balancing) forced_logits(m, layer, ma, batch, N_local, token_index);
     const RouterState *rs = &m->router_state[layer];
     // a sequence's T tokens are T/CP here with context parallelism
     ma->call = (RouterCall){.N = N_local, .seq_length = batch->T * m->plan.cp_size,
@@ -219,7 +234,7 @@ void moe_backward_end(Model *m, int layer, LayerActs *la, ModelActs *a, const re
         vec_zero(a->d_router_input, (size_t)N * H);
         linear_backward(a->d_router_input, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,
                         tt_param(&m->tt, lp->router), N, H, E);
-        for (size_t i = 0; i < (size_t)N * H; i++) a->d_router_input[i] *= ma->jitter[i];
+        moe_scale_by(a->d_router_input, a->d_router_input, ma->jitter, (size_t)N * H);
         vec_add(a->d_norm, a->d_router_input, (size_t)N * H);
     }
     if (lp->shared_gate < 0) return;

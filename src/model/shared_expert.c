@@ -17,7 +17,7 @@ void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la,
     real *gate = NULL;
     if (lp->shared_expert_gate >= 0) {  // σ(x·w_gate) scales the whole shared output
         linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
-        for (int n = 0; n < N_local; n++) ma->shared_gate[n] = 1 / (1 + real_exp(-ma->shared_gate[n]));
+        moe_gate_sigmoid(ma->shared_gate, (size_t)N_local);
         tp_enter_forward(&region, ma->shared_gate, ma->shared_gate_full, N, 1);
         gate = ma->shared_gate_full;
     }
@@ -42,7 +42,7 @@ void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, Mode
     // each rank's columns make part of the gate's gradient: summed over TP, this rank's tokens kept
     tp_enter_backward(&region, a->d_shared_gate_full, a->d_shared_gate, N, 1);
     // gate g = σ(z), z = x·w: dz = dg·g(1−g)
-    for (int n = 0; n < N_local; n++) a->d_shared_gate[n] *= ma->shared_gate[n] * (1 - ma->shared_gate[n]);
+    moe_gate_sigmoid_backward(a->d_shared_gate, ma->shared_gate, (size_t)N_local);
 }
 
 void shared_expert_backward_add(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a) {

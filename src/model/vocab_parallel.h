@@ -34,8 +34,7 @@ VocabSlice vocab_slice_of_plan(const LayoutPlan *p);
 // (part of the activations' buffer plan: model/activations.c).
 typedef struct {
     real *rows;        // (N, H): the partial embedding sum; the gathered embedding gradient
-    real *owned_rows;  // (N, H): the gradient rows of the tokens this rank holds, in token order
-    int32_t *index;    // (2N): a token's row in the slice or −1; the held tokens' positions and rows
+    int32_t *index;    // (N): each token's row in the slice (−1, or 0 for a target, where another rank holds it)
     int N, H;
 } VocabScratch;
 

@@ -1,10 +1,11 @@
 #include "moe/dispatcher.h"
 
 #include <math.h>
-#include <string.h>
 
+#include "core/device.h"
 #include "core/profile.h"
 #include "ops/ops.h"
+#include "ops/ops_dispatch.h"
 
 int dispatch_capacity(int N, int k, int E, double capacity_factor) {
     if (!(capacity_factor > 0)) return 0;
@@ -21,41 +22,33 @@ size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to
 
 void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity) {
     PROF_SCOPE(PROF_DISPATCH);
-    int N = plan->N, k = plan->k, E = plan->E;
-    int32_t *tokens = mt_calloc(E, sizeof(int32_t));
-    for (int i = 0; i < N * k; i++)
-        if (!kept || kept[i]) tokens[topk_idx[i]]++;
-    plan->expert_offsets[0] = 0;
-    for (int e = 0; e < E; e++) {
-        MT_ASSERT(capacity == 0 || tokens[e] <= capacity);
-        plan->rows_per_expert[e] = capacity > 0 ? capacity : tokens[e];
-        plan->expert_offsets[e + 1] = plan->expert_offsets[e] + plan->rows_per_expert[e];
+    int E = plan->E;
+    moe_dispatch_plan(plan->rows_per_expert, plan->expert_offsets, plan->row_of_choice, plan->token_of_row, topk_idx,
+                      kept, plan->N, plan->k, E, capacity);
+    if (!plan->host_rows_per_expert) plan->host_rows_per_expert = mt_calloc(E, sizeof(int32_t));
+    int32_t *host_rows = plan->host_rows_per_expert;
+    if (capacity > 0) {  // padded: every expert has capacity rows, nothing to ask the device
+        for (int e = 0; e < E; e++) host_rows[e] = capacity;
+        plan->rows = E * capacity;
+        return;
     }
-    // Counting sort: walking (token, choice) in order keeps token order within an expert.
-    int32_t *next_row = mt_malloc(E * sizeof(int32_t));
-    memcpy(next_row, plan->expert_offsets, E * sizeof(int32_t));
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < k; j++) {
-            int i = n * k + j;
-            if (kept && !kept[i]) {
-                plan->row_of_choice[i] = -1;
-                continue;
-            }
-            int row = next_row[topk_idx[i]]++;
-            plan->row_of_choice[i] = row;
-            plan->token_of_row[row] = n;
-        }
-    for (int e = 0; e < E; e++)  // padding rows
-        for (int row = next_row[e]; row < plan->expert_offsets[e + 1]; row++) plan->token_of_row[row] = -1;
-    free(next_row);
-    free(tokens);
+    // the layer pass's one download of the plan: each expert's rows (4·E bytes)
+    device_download(host_rows, plan->rows_per_expert, (size_t)E * sizeof(int32_t));
+    int rows = 0;
+    for (int e = 0; e < E; e++) rows += host_rows[e];
+    plan->rows = rows;
+}
+
+void dispatch_plan_free(DispatchPlan *plan) {
+    free(plan->host_rows_per_expert);
+    plan->host_rows_per_expert = NULL;
 }
 
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,
                       const DispatchPlan *plan, int H) {
     PROF_SCOPE(PROF_DISPATCH);
     moe_permute(rows, row_values, x, choice_values, plan->token_of_row, plan->row_of_choice,
-                plan->expert_offsets[plan->E], plan->k, H);
+                plan->rows, plan->k, H);
 }
 
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate) {

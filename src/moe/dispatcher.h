@@ -17,6 +17,9 @@ typedef struct {
     int32_t *expert_offsets;     // (E+1) first row of each expert; [E] = total rows
     int32_t *row_of_choice;      // (N·k) row that holds token n's j-th choice; -1 when dropped
     int32_t *token_of_row;       // (rows) the token a row came from; -1 for padding
+    int rows;                    // rows of the plan (padding included): a host integer
+    int32_t *host_rows_per_expert;  // (E) host memory: rows_per_expert, the layer pass's one
+                                    // download of the plan (dispatch_plan allocates it)
 } DispatchPlan;
 
 // Rows an expert keeps under a capacity factor (0 = dropless: returns 0): ceil(k·N/E · factor),
@@ -27,8 +30,11 @@ size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to
 
 // topk_idx (N,k), kept (N,k) or NULL (all kept), capacity > 0 to pad every expert to it
 void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity);
-// The data movement runs as ops (moe_permute / moe_unpermute in ops.h, kernels on a GPU);
-// the plan above is host bookkeeping.
+// Frees the plan's host memory (host_rows_per_expert); its tensor memory is the caller's.
+void dispatch_plan_free(DispatchPlan *plan);
+// The plan is the moe_dispatch_plan op (ops_dispatch.h); without capacity padding its rows
+// come back to the host in one 4-byte download (plan->rows). The data movement runs as ops
+// too (moe_permute / moe_unpermute in ops.h, kernels on a GPU).
 // x (N,H) -> rows (rows,H);  per-choice values (N,k) -> per-row values (rows) when non-NULL
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,
                       const DispatchPlan *plan, int H);

@@ -4,10 +4,9 @@
 #include "moe/expert_parallel.h"
 #include "moe/token_dispatcher.h"
 
-#include <string.h>
-
 #include "core/profile.h"
 #include "core/timer.h"
+#include "ops/ops_dispatch.h"
 
 // Per MoE layer, from forward to backward: the rows this rank's experts computed.
 typedef struct EpLayer {
@@ -16,10 +15,14 @@ typedef struct EpLayer {
     int sources;
     int32_t *own_counts;   // (P·local) rows this rank received from EP rank s for local expert le, [s][le]
     int32_t *recv_counts;  // (S·local) the same of every ETP rank, [ETP rank][s][le] (own_counts without ETP)
-    int32_t *send_rows;    // (P) alltoall: rows sent to each EP rank
-    int32_t *recv_rows;    // (P) alltoall: rows received from each EP rank
-    int32_t *etp_rows;     // (ETP) rows each ETP rank received over EP
     int32_t *offsets;      // (local + 1) first row of each local expert
+    int32_t *sizes;        // (2P + ETP + 1) the exchange's sizes (moe_ep_layout), then in the same block
+    int32_t *counts;       // (local) rows of each local expert; both downloaded at once into host_sizes:
+    int32_t *host_sizes;   // host memory, and in it:
+    int32_t *send_rows;    //   (P) alltoall: rows sent to each EP rank
+    int32_t *recv_rows;    //   (P) alltoall: rows received from each EP rank
+    int32_t *etp_rows;     //   (ETP) rows each ETP rank received over EP
+    int32_t *host_counts;  //   (local) counts, for the grouped GEMMs' problem sizes
     int rows;              // rows computed here
     size_t row_capacity;
     real *rows_in, *row_probs, *rows_out;  // (rows,H), (rows), (rows,H)
@@ -75,7 +78,6 @@ static void layer_reserve_rows(EpLayer *el, size_t rows, int H, int I) {
     resize(&el->acts.gate, cap * I);
     resize(&el->acts.up, cap * I);
     resize(&el->acts.act, cap * I);
-    resize_ints(&el->plan.token_of_row, cap);
 }
 
 static void layer_reserve_choices(EpLayer *el, size_t choices) {
@@ -86,19 +88,27 @@ static void layer_reserve_choices(EpLayer *el, size_t choices) {
     resize_ints(&el->kept_all, cap);
     resize(&el->probs_all, cap);
     resize_ints(&el->plan.row_of_choice, cap);
+    resize_ints(&el->plan.token_of_row, cap);  // a plan of these choices has at most as many rows
 }
 
 static int etp_size(const ExpertParallel *ep) { return ep->etp ? ep->etp->size : 1; }
+
+// Ints of the exchange's sizes: rows to and from each EP rank, of each ETP rank, all rows.
+static size_t sizes_count(const ExpertParallel *ep) { return 2 * (size_t)ep->size + etp_size(ep) + 1; }
 
 static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
     if (ma->ep) return ma->ep;
     EpLayer *el = mt_calloc(1, sizeof(EpLayer));
     el->sources = etp_size(ep) * ep->size;
     el->own_counts = device_calloc((size_t)ep->size * ep->local, sizeof(int32_t));
-    el->recv_counts = device_calloc((size_t)el->sources * ep->local, sizeof(int32_t));
-    el->send_rows = device_calloc(ep->size, sizeof(int32_t));
-    el->recv_rows = device_calloc(ep->size, sizeof(int32_t));
-    el->etp_rows = device_calloc(etp_size(ep), sizeof(int32_t));
+    el->recv_counts = ep->etp ? device_calloc((size_t)el->sources * ep->local, sizeof(int32_t)) : el->own_counts;
+    el->sizes = device_calloc(sizes_count(ep) + ep->local, sizeof(int32_t));
+    el->counts = el->sizes + sizes_count(ep);
+    el->host_sizes = mt_calloc(sizes_count(ep) + ep->local, sizeof(int32_t));
+    el->send_rows = el->host_sizes;
+    el->recv_rows = el->host_sizes + ep->size;
+    el->etp_rows = el->host_sizes + 2 * ep->size;
+    el->host_counts = el->host_sizes + sizes_count(ep);
     el->offsets = device_calloc(ep->local + 1, sizeof(int32_t));
     el->plan.rows_per_expert = device_calloc(E, sizeof(int32_t));
     el->plan.expert_offsets = device_calloc(E + 1, sizeof(int32_t));
@@ -109,7 +119,10 @@ static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
 void ep_layer_free(MoeActs *ma) {
     EpLayer *el = ma->ep;
     if (!el) return;
-    void *owned[] = {el->own_counts, el->recv_counts, el->send_rows, el->recv_rows, el->etp_rows, el->offsets,
+    if (el->recv_counts != el->own_counts) device_free(el->recv_counts);
+    free(el->host_sizes);
+    dispatch_plan_free(&el->plan);
+    void *owned[] = {el->own_counts, el->sizes, el->offsets,
                      el->rows_in, el->row_probs, el->rows_out, el->acts.gate, el->acts.up, el->acts.act,
                      el->topk_all, el->kept_all, el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets,
                      el->plan.row_of_choice, el->plan.token_of_row};
@@ -178,8 +191,11 @@ double ep_take_hidden_seconds(struct EpBuffers *b) {
     return s;
 }
 
-static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *offsets) {
-    return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .offsets = offsets};
+// counts (local) of this rank's experts in tensor memory and host_counts the same in host memory, `rows` in all
+static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *counts, const int32_t *host_counts,
+                               int rows) {
+    return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .counts = counts,
+                         .host_counts = host_counts, .rows = rows};
 }
 
 // ---- alltoall ------------------------------------------------------------------------------------
@@ -288,56 +304,32 @@ static void finish_counts(const MoeDispatchContext *ctx, EpLayer *el) {
     finish_exchanges(ctx, el);
     PROF_SCOPE(PROF_EXPERT_COMM);
     double t0 = now_seconds();
-    if (ep->etp) comm_allgather_int32(ep->etp, el->own_counts, el->recv_counts, own);
-    else memcpy(el->recv_counts, el->own_counts, own * sizeof(int32_t));
+    if (ep->etp) comm_allgather_int32(ep->etp, el->own_counts, el->recv_counts, own);  // else the same block
     ctx->buffers->comm_s += now_seconds() - t0;
 }
 
-// From the exchanged counts: rows sent to / received from each EP rank, rows each ETP
-// rank received, and where each local expert's rows start once sorted expert-major.
+// From the exchanged counts (an op): rows sent to / received from each EP rank, rows each
+// ETP rank received, and each local expert's rows and first row once sorted expert-major;
+// the sizes come to the host in the layer pass's one download of them.
 static void alltoall_layout(EpLayer *el, const DispatchPlan *plan, const ExpertParallel *ep) {
-    int P = ep->size, L = ep->local, S = el->sources;
-    el->offsets[0] = 0;
-    for (int le = 0; le < L; le++) {
-        int rows = 0;
-        for (int s = 0; s < S; s++) rows += el->recv_counts[s * L + le];
-        el->offsets[le + 1] = el->offsets[le] + rows;
-    }
-    el->rows = el->offsets[L];
-    for (int q = 0; q < P; q++) {
-        el->send_rows[q] = plan->expert_offsets[(q + 1) * L] - plan->expert_offsets[q * L];
-        el->recv_rows[q] = 0;
-        for (int le = 0; le < L; le++) el->recv_rows[q] += el->own_counts[q * L + le];
-    }
-    for (int t = 0; t < S / P; t++) {
-        el->etp_rows[t] = 0;
-        for (int i = 0; i < P * L; i++) el->etp_rows[t] += el->recv_counts[t * P * L + i];
-    }
+    moe_ep_layout(el->counts, el->offsets, el->sizes, el->own_counts, el->recv_counts, plan->expert_offsets, ep->size,
+                  ep->local, el->sources);
+    device_download(el->host_sizes, el->sizes, (sizes_count(ep) + ep->local) * sizeof(int32_t));
+    el->rows = el->host_sizes[sizes_count(ep) - 1];
 }
 
 // Arrival order [source s][local expert le] <-> expert-major [le][s] (to_expert_major 0:
 // the reverse). Segments keep their rows' order, so the reverse is exact.
 static void sort_segments(real *dst, const real *src, const EpLayer *el, const ExpertParallel *ep, int width,
                           int to_expert_major) {
-    int S = el->sources, L = ep->local;
-    int32_t *next = mt_malloc(L * sizeof(int32_t));
-    memcpy(next, el->offsets, L * sizeof(int32_t));
-    size_t arrival = 0;
-    for (int s = 0; s < S; s++)
-        for (int le = 0; le < L; le++) {
-            size_t n = (size_t)el->recv_counts[s * L + le], sorted = (size_t)next[le];
-            next[le] += (int32_t)n;
-            size_t from = to_expert_major ? arrival : sorted, to = to_expert_major ? sorted : arrival;
-            memcpy(dst + to * width, src + from * width, n * width * sizeof(real));
-            arrival += n;
-        }
-    free(next);
+    moe_sort_segments(dst, src, el->recv_counts, el->offsets, el->sources, ep->local, width, to_expert_major);
 }
 
 // The rows this rank's experts compute, from the exchange's layer state.
-static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *offsets) {
+static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *counts,
+                             const int32_t *host_counts) {
     return (ExpertRows){.rows_in = el->rows_in, .row_probs = el->row_probs, .rows_out = el->rows_out,
-                        .acts = &el->acts, .shape = local_shape(ctx, offsets)};
+                        .acts = &el->acts, .shape = local_shape(ctx, counts, host_counts, el->rows)};
 }
 
 // The exchange's gradient buffers (scratch shared by the layers).
@@ -370,7 +362,7 @@ static void alltoall_dispatch_finish(const MoeDispatchContext *ctx, MoeActs *ma,
     finish_exchanges(ctx, el);
     sort_segments(el->rows_in, b->exchange, el, ctx->ep, ctx->hidden, 1);
     sort_segments(el->row_probs, b->exchange_probs, el, ctx->ep, 1, 1);
-    *rows = layer_rows(ctx, el, el->offsets);
+    *rows = layer_rows(ctx, el, el->counts, el->host_counts);
 }
 
 static void alltoall_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
@@ -452,20 +444,16 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
         ctx->buffers->comm_s += now_seconds() - t0;
     }
     // keep the choices of this rank's experts: the plan gives the others no rows
-    size_t kept_rows = 0;
-    for (size_t i = 0; i < choices; i++) {
-        int e = el->topk_all[i];
-        el->kept_all[i] = el->kept_all[i] && e >= ep->first && e < ep->first + ep->local;
-        kept_rows += (size_t)el->kept_all[i];
-    }
-    layer_reserve_rows(el, kept_rows, H, ctx->moe_ffn);
+    moe_keep_local_choices(el->kept_all, el->topk_all, choices, ep->first, ep->local);
     el->plan.N = (int)tokens;
     el->plan.k = k;
     el->plan.E = E;
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
-    el->rows = (int)kept_rows;
+    el->rows = el->plan.rows;
+    layer_reserve_rows(el, (size_t)el->rows, H, ctx->moe_ffn);
     dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
-    *rows = layer_rows(ctx, el, el->plan.expert_offsets + ep->first);  // rows start at 0
+    *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first,  // rows start at 0
+                       el->plan.host_rows_per_expert + ep->first);
 }
 
 static void allgather_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {

@@ -1,81 +1,98 @@
 #include "moe/experts.h"
 
-#include <stdlib.h>
-
 #include "ops/ops.h"
 
-// The grouped-GEMM description of an ExpertShape: rows per group and where each group's
-// rows start in a buffer H wide and in one I wide.
+// The row range all groups cover (host integers): first .. first + total.
 typedef struct {
-    int *rows;
-    size_t *at_h, *at_i;
-    int first, total;  // the row range all groups cover: first .. first + total
-} GroupRows;
+    int first, total;
+} RowSpan;
 
-static GroupRows group_rows(const ExpertShape *s) {
-    GroupRows g = {mt_malloc((size_t)s->groups * sizeof(int)), mt_malloc((size_t)s->groups * sizeof(size_t)),
-                   mt_malloc((size_t)s->groups * sizeof(size_t)), s->offsets[0],
-                   s->offsets[s->groups] - s->offsets[0]};
-    for (int e = 0; e < s->groups; e++) {
-        g.rows[e] = s->offsets[e + 1] - s->offsets[e];
-        g.at_h[e] = (size_t)s->offsets[e] * s->H;
-        g.at_i[e] = (size_t)s->offsets[e] * s->I;
+static RowSpan row_span(const ExpertShape *s) {
+    if (s->counts) return (RowSpan){0, s->rows};
+    return (RowSpan){s->offsets[0], s->offsets[s->groups] - s->offsets[0]};
+}
+
+// The groups' weights of one kind as one block: the first group's and the stride between groups.
+static real *weight_block(real *const *w, int groups, size_t *stride) {
+    *stride = groups > 1 ? (size_t)(w[1] - w[0]) : 0;
+    for (int g = 0; g < groups; g++) MT_ASSERT(w[g] == w[0] + (size_t)g * *stride);
+    return w[0];
+}
+
+// C_g[rows_g, N] = A_g[rows_g, K]·op(W_g) + beta·C_g per group (op: ᵀ with trans_b; lda K, ldc N,
+// W_g [K,N] or with trans_b [N,K]): one grouped GEMM over counts, or with host offsets one
+// GEMM per non-empty group.
+static void project(const ExpertShape *s, int trans_b, int N, int K, const real *A, real *const *W, real beta,
+                    real *C) {
+    int ldb = trans_b ? K : N;
+    if (s->counts) {
+        size_t stride;
+        const real *B = weight_block(W, s->groups, &stride);
+        mt_gemm_grouped(0, trans_b, s->groups, s->counts, s->host_counts, N, K, 1, A, K, B, stride, ldb, beta, C, N);
+        return;
     }
-    return g;
+    for (int g = 0; g < s->groups; g++) {
+        size_t at = (size_t)s->offsets[g];
+        int rows = s->offsets[g + 1] - s->offsets[g];
+        if (rows > 0) mt_gemm(0, trans_b, rows, N, K, 1, A + at * K, K, W[g], ldb, beta, C + at * N, N);
+    }
 }
 
-static void group_rows_free(GroupRows *g) {
-    free(g->rows);
-    free(g->at_h);
-    free(g->at_i);
+// W_g[out, in] += dY_gᵀ·X_g per group, dY_g (rows_g, out) and X_g (rows_g, in), as project.
+static void project_wgrad(const ExpertShape *s, int out, int in, const real *dY, const real *X, real *const *W) {
+    if (s->counts) {
+        size_t stride;
+        real *base = weight_block(W, s->groups, &stride);
+        mt_gemm_grouped_wgrad(s->groups, s->counts, s->host_counts, out, in, 1, dY, X, base, stride);
+        return;
+    }
+    for (int g = 0; g < s->groups; g++) {
+        size_t at = (size_t)s->offsets[g];
+        int rows = s->offsets[g + 1] - s->offsets[g];
+        if (rows > 0) mt_gemm(1, 0, out, in, rows, 1, dY + at * out, out, X + at * in, in, 1, W[g], in);
+    }
 }
-
-static const real *const *weights(real *const *w) { return (const real *const *)w; }
 
 void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s) {
-    int H = s->H, I = s->I, E = s->groups;
-    GroupRows g = group_rows(s);
-    size_t first_i = (size_t)g.first * I;
+    int H = s->H, I = s->I;
+    RowSpan r = row_span(s);
+    size_t first_i = (size_t)r.first * I;
     // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
-    mt_gemm_grouped(0, 1, E, g.rows, I, H, 1, rows_in, g.at_h, H, weights(w->gate), H, 0, acts->gate, g.at_i, I);
-    mt_gemm_grouped(0, 1, E, g.rows, I, H, 1, rows_in, g.at_h, H, weights(w->up), H, 0, acts->up, g.at_i, I);
+    project(s, 1, I, H, rows_in, w->gate, 0, acts->gate);
+    project(s, 1, I, H, rows_in, w->up, 0, acts->up);
     swiglu_forward(acts->act + first_i, acts->gate + first_i, acts->up + first_i,
-                   row_scale ? row_scale + g.first : NULL, g.total, I);
+                   row_scale ? row_scale + r.first : NULL, r.total, I);
     // out = act·W_downᵀ: (rows,I) x (H,I)ᵀ
-    mt_gemm_grouped(0, 1, E, g.rows, H, I, 1, acts->act, g.at_i, I, weights(w->down), I, 0, rows_out, g.at_h, H);
-    group_rows_free(&g);
+    project(s, 1, H, I, acts->act, w->down, 0, rows_out);
 }
 
 void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_out, const ExpertActs *acts,
                            const real *row_scale, const ExpertWeights *w, const ExpertShape *s,
                            real *scratch_dgate, real *scratch_dup, real *scratch_dact) {
-    int H = s->H, I = s->I, E = s->groups;
-    GroupRows g = group_rows(s);
-    size_t first_i = (size_t)g.first * I, first_h = (size_t)g.first * H;
+    int H = s->H, I = s->I;
+    RowSpan r = row_span(s);
+    size_t first_i = (size_t)r.first * I, first_h = (size_t)r.first * H;
     // down projection: dact = dy·W_down (rows,H) x (H,I)
-    vec_zero(scratch_dact + first_i, (size_t)g.total * I);
-    mt_gemm_grouped(0, 0, E, g.rows, I, H, 1, drows_out, g.at_h, H, weights(w->down), I, 1, scratch_dact, g.at_i, I);
-    swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + g.first : NULL,
+    vec_zero(scratch_dact + first_i, (size_t)r.total * I);
+    project(s, 0, I, H, drows_out, w->down, 1, scratch_dact);
+    swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + r.first : NULL,
                     scratch_dact + first_i, acts->gate + first_i, acts->up + first_i,
-                    row_scale ? row_scale + g.first : NULL, g.total, I);
+                    row_scale ? row_scale + r.first : NULL, r.total, I);
     // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
-    vec_zero(drows_in + first_h, (size_t)g.total * H);
-    mt_gemm_grouped(0, 0, E, g.rows, H, I, 1, scratch_dgate, g.at_i, I, weights(w->gate), H, 1, drows_in, g.at_h, H);
-    mt_gemm_grouped(0, 0, E, g.rows, H, I, 1, scratch_dup, g.at_i, I, weights(w->up), H, 1, drows_in, g.at_h, H);
-    group_rows_free(&g);
+    vec_zero(drows_in + first_h, (size_t)r.total * H);
+    project(s, 0, H, I, scratch_dgate, w->gate, 1, drows_in);
+    project(s, 0, H, I, scratch_dup, w->up, 1, drows_in);
 }
 
 void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, const ExpertActs *acts,
                               const real *rows_in, const ExpertShape *s, const real *scratch_dgate,
                               const real *scratch_dup) {
-    int H = s->H, I = s->I, E = s->groups;
-    GroupRows g = group_rows(s);
+    int H = s->H, I = s->I;
     // dW_down += dyᵀ·act, dW_gate += dgateᵀ·x, dW_up += dupᵀ·x
-    mt_gemm_grouped_wgrad(E, g.rows, H, I, 1, drows_out, g.at_h, acts->act, g.at_i, dw->down);
-    mt_gemm_grouped_wgrad(E, g.rows, I, H, 1, scratch_dgate, g.at_i, rows_in, g.at_h, dw->gate);
-    mt_gemm_grouped_wgrad(E, g.rows, I, H, 1, scratch_dup, g.at_i, rows_in, g.at_h, dw->up);
-    group_rows_free(&g);
+    project_wgrad(s, H, I, drows_out, acts->act, dw->down);
+    project_wgrad(s, I, H, scratch_dgate, rows_in, dw->gate);
+    project_wgrad(s, I, H, scratch_dup, rows_in, dw->up);
 }
 
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,

@@ -1,7 +1,7 @@
 // experts.h — SwiGLU experts over expert-major rows: per projection, one GEMM per
 // expert over that expert's contiguous rows (a grouped GEMM).
 //
-// Expert e owns rows offsets[e] .. offsets[e+1] of the permuted input and computes
+// Expert e owns its contiguous rows of the permuted input (ExpertShape) and computes
 //   gate = x·W_gateᵀ, up = x·W_upᵀ        (rows, I)
 //   act  = silu(gate) · up · p             p = routing prob of the row (1 for dense)
 //   out  = act·W_downᵀ                     (rows, H)
@@ -14,9 +14,20 @@ typedef struct {
     real **gate, **up, **down;  // per group: (I,H), (I,H), (H,I)
 } ExpertWeights;
 
+// The rows of a call, in one of two forms:
+//   * routed experts: counts (groups) in tensor memory, the rows of each group, the groups
+//     back to back from row 0, `rows` of them in all (a host integer: the host sizes the
+//     activations by it, never reads counts);
+//     The weights of one kind (ExpertWeights) must be one block: group g's at a fixed stride.
+//   * a shape the host knows (counts NULL: a dense FFN, tests): group g owns rows
+//     offsets[g] .. offsets[g+1] (host memory), one GEMM per group.
 typedef struct {
     int groups, H, I;
-    const int32_t *offsets;  // (groups+1) row ranges
+    const int32_t *offsets;  // (groups+1) host row ranges (counts NULL)
+    const int32_t *counts;   // (groups) tensor memory: rows of each group, or NULL
+    const int32_t *host_counts;  // (groups) host memory: the same counts as downloaded with the
+                                 // layer pass's dispatch sizes, or NULL (mt_gemm_grouped)
+    int rows;                // with counts: the rows of all groups
 } ExpertShape;
 
 typedef struct {

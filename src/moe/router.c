@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/profile.h"
 #include "moe/dispatcher.h"
 #include "ops/moe_route.h"
@@ -12,21 +13,6 @@ const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES] = {"aux_loss", "seq_aux_loss
 // ---- per-token arithmetic ------------------------------------------------------------------
 // The score functions, top-k, group limit and probs are in ops/moe_route.h (shared with
 // the moe_route_tokens op); here: what the statistics and the backward add.
-
-// d score / d logit for the elementwise score functions, given the score s
-static double score_slope(ScoreFunction f, double logit, double s) {
-    if (f == SCORE_SIGMOID) return s * (1 - s);
-    double dsoftplus = logit > 20 ? 1 : route_sigmoid(logit);
-    return s > 0 ? dsoftplus / (2 * s) : 0;
-}
-
-// logsumexp of one token's logits (E), in double
-static double row_lse(const real *l, int E) {
-    double max = l[0], sum = 0;
-    for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
-    for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
-    return max + log(sum);
-}
 
 static RouteShape route_shape(const RouterConfig *rc) {
     return (RouteShape){.E = rc->E, .k = rc->k, .score = rc->score, .pre_softmax = rc->pre_softmax,
@@ -58,49 +44,53 @@ static int global_token(const RouterCall *call, int n) {
     return call->token_index ? call->token_index[n] : first_token(call) + n;
 }
 
-// sequence of this member's token n
-static int sequence_of(const RouterCall *call, int n) { return global_token(call, n) / call->seq_length; }
-
-// In place: x (n) becomes its sum over the token group (rank order); nothing without one.
-static void token_group_sum_int64(const RouterCall *call, int64_t *x, size_t n) {
-    if (split_over_group(call)) comm_allreduce_sum_int64(call->token_group, x, n);
+// In place: x (n, tensor memory) becomes its sum over the group g (rank order); nothing when
+// g is NULL or alone. A collective: it may reach tensor memory.
+static void group_sum_int64(const Comm *g, int64_t *x, size_t n) {
+    if (!g || g->size <= 1) return;
+    device_access_begin();
+    comm_allreduce_sum_int64(g, x, n);
+    device_access_end();
 }
 
-static void token_group_sum_double(const RouterCall *call, double *x, size_t n) {
-    if (split_over_group(call)) comm_allreduce_sum_double(call->token_group, x, n);
+static void group_sum_double(const Comm *g, double *x, size_t n) {
+    if (!g || g->size <= 1) return;
+    device_access_begin();
+    comm_allreduce_sum_double(g, x, n);
+    device_access_end();
+}
+
+// ---- the scratch of one call ---------------------------------------------------------------------
+// Tensor memory for the statistics between the ops and the collectives, and the report the
+// host downloads (8-byte words, one block).
+typedef struct {
+    int64_t *counts;          // (sequences + 1, E): per-sequence top-k counts of ŝ, then kept choices
+    int64_t *group_counts64;  // (E) aux counts, summed over the count group
+    int64_t *dropped;         // (1)
+    double *columns;          // (sequences, E) Σ ŝ per sequence
+    double *z;                // (1) Σ lse²
+    double *before;           // (E) global_counts_before, uploaded
+    double *report;           // ROUTER_REPORT_DOUBLES(E), ops_router.h
+    void *block;
+} RouterWork;
+
+static RouterWork router_work(int E, int sequences) {
+    size_t se = (size_t)sequences * E;
+    size_t words = (se + E) + E + 1 + se + 1 + E + ROUTER_REPORT_DOUBLES(E);
+    RouterWork w = {.block = device_calloc(words, sizeof(double))};
+    int64_t *i = w.block;
+    w.counts = i, i += se + E;
+    w.group_counts64 = i, i += E;
+    w.dropped = i, i += 1;
+    double *d = (double *)i;
+    w.columns = d, d += se;
+    w.z = d, d += 1;
+    w.before = d, d += E;
+    w.report = d;
+    return w;
 }
 
 // ---- capacity -------------------------------------------------------------------------------
-
-typedef struct {
-    int choice;  // n·k + j
-    real prob;
-} Candidate;
-
-static int by_prob_then_token(const void *a, const void *b) {
-    const Candidate *x = a, *y = b;
-    if (x->prob != y->prob) return x->prob > y->prob ? -1 : 1;
-    return x->choice < y->choice ? -1 : x->choice > y->choice;
-}
-
-// Of the `choices` (N·k, token order) topk_idx / topk_probs, keep at most `capacity` per
-// expert; the rest get kept = 0 (kept starts all 1) and prob 0.
-static void apply_capacity(const int32_t *topk_idx, real *topk_probs, int32_t *kept, int choices,
-                           const RouterConfig *rc, int capacity) {
-    Candidate *cand = mt_malloc((size_t)choices * sizeof(Candidate));
-    for (int e = 0; e < rc->E; e++) {
-        int count = 0;
-        for (int i = 0; i < choices; i++)  // in token order
-            if (topk_idx[i] == e) cand[count++] = (Candidate){i, topk_probs[i]};
-        if (count <= capacity) continue;
-        if (rc->drop_policy == DROP_PROBS) qsort(cand, count, sizeof(Candidate), by_prob_then_token);
-        for (int c = capacity; c < count; c++) {
-            kept[cand[c].choice] = 0;
-            topk_probs[cand[c].choice] = 0;
-        }
-    }
-    free(cand);
-}
 
 // Rows of k values gathered in member order (member m's N rows, its tokens `index`
 // (N·P) name) into token order, in place through `scratch` (N·P·k).
@@ -113,13 +103,16 @@ static void gathered_to_token_order(void *rows, void *scratch, const int32_t *in
 
 // The capacity decision over the token group's N·P·k choices: every member gathers the
 // group's expert ids and probs (into token order), decides the same drops, and keeps its part.
+// (The reordering and the copy back are host code still: issue 19.)
 static void apply_group_capacity(RouterOutput *out, const RouterConfig *rc, const RouterCall *call, int capacity) {
     int k = rc->k, tokens = group_tokens(call);
     size_t local = (size_t)call->N * k, total = (size_t)tokens * k;
-    int32_t *idx = mt_malloc(total * sizeof(int32_t)), *kept = mt_malloc(total * sizeof(int32_t));
-    real *probs = mt_malloc(total * sizeof(real));
+    int32_t *idx = device_calloc(total, sizeof(int32_t)), *kept = device_calloc(total, sizeof(int32_t));
+    real *probs = device_calloc(total, sizeof(real));
+    device_access_begin();
     comm_allgather_int32(call->token_group, out->topk_idx, idx, local);
     comm_allgather(call->token_group, out->topk_probs, probs, local);
+    device_access_end();
     if (call->token_index) {  // members' tokens interleave in the micro-batch
         int32_t *index = mt_malloc((size_t)tokens * sizeof(int32_t));
         void *scratch = mt_malloc(total * MT_MAX(sizeof(int32_t), sizeof(real)));
@@ -129,147 +122,92 @@ static void apply_group_capacity(RouterOutput *out, const RouterConfig *rc, cons
         free(scratch);
         free(index);
     }
-    for (size_t i = 0; i < total; i++) kept[i] = 1;
-    apply_capacity(idx, probs, kept, (int)total, rc, capacity);
+    moe_router_capacity(probs, kept, idx, (int)total, rc->E, capacity, rc->drop_policy == DROP_POSITION);
     for (int n = 0; n < call->N; n++) {
         size_t from = (size_t)global_token(call, n) * k, to = (size_t)n * k;
         memcpy(out->kept + to, kept + from, k * sizeof(int32_t));
         memcpy(out->topk_probs + to, probs + from, k * sizeof(real));
     }
-    free(idx);
-    free(kept);
-    free(probs);
+    device_free(idx);
+    device_free(kept);
+    device_free(probs);
 }
 
 // Capacity of the group's micro-batch, drops applied to out->kept / topk_probs (all 1 / as
-// routed before), out->capacity and out->dropped (this member's choices).
+// routed before) and out->capacity.
 static void capacity_limit(RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
-    size_t choices = (size_t)call->N * rc->k;
-    for (size_t i = 0; i < choices; i++) out->kept[i] = 1;
-    out->dropped = 0;
-    out->capacity = 0;
-    if (!(rc->capacity_factor > 0)) return;
-    int capacity = dispatch_capacity(group_tokens(call), rc->k, rc->E, rc->capacity_factor);
-    if (split_over_group(call)) apply_group_capacity(out, rc, call, capacity);
-    else apply_capacity(out->topk_idx, out->topk_probs, out->kept, (int)choices, rc, capacity);
-    for (size_t i = 0; i < choices; i++) out->dropped += !out->kept[i];
-    if (rc->pad_to_capacity) out->capacity = capacity;
+    int choices = call->N * rc->k, limited = rc->capacity_factor > 0;
+    int capacity = limited ? dispatch_capacity(group_tokens(call), rc->k, rc->E, rc->capacity_factor) : -1;
+    out->capacity = limited && rc->pad_to_capacity ? capacity : 0;
+    if (limited && split_over_group(call)) apply_group_capacity(out, rc, call, capacity);
+    else moe_router_capacity(out->topk_probs, out->kept, out->topk_idx, choices, rc->E, capacity,
+                             rc->drop_policy == DROP_POSITION);
 }
 
 // ---- forward --------------------------------------------------------------------------------
 
+// Per-token statistics of this member (an op), summed over the token group: z, the
+// per-sequence counts with the kept choices, the per-sequence columns of ŝ (integers: exact;
+// the doubles in rank order); then their totals (an op).
+static void count_statistics(RouterWork *w, RouterOutput *out, const real *logits, const RouterConfig *rc,
+                             const RouterCall *call) {
+    int E = rc->E, sequences = group_sequences(call);
+    const Comm *tg = split_over_group(call) ? call->token_group : NULL;
+    RouterStatShape shape = {.E = E, .k = rc->k, .score = rc->score, .sequences = sequences,
+                             .seq_length = call->seq_length, .token_first = first_token(call)};
+    moe_router_statistics(w->z, w->counts, w->columns, out->tokens_per_expert, w->dropped, logits, out->aux_scores,
+                          out->topk_idx, out->kept, call->token_index, call->N, &shape);
+    group_sum_double(tg, w->z, 1);
+    group_sum_int64(tg, w->counts, (size_t)(sequences + 1) * E);
+    moe_router_count_totals(out->seq_counts, out->aux_counts, out->group_tokens_per_expert, w->group_counts64,
+                            w->counts, sequences, E);
+    group_sum_double(tg, w->columns, (size_t)sequences * E);
+}
+
 // This micro-batch's counts, summed over the data-parallel ranks running the others of the
-// step when global_aux_loss needs them (integer sums: exact in any order).
-static void group_counts(RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
+// step when global_aux_loss needs them (integer sums: exact in any order); then global
+// counts, losses and the report (an op), downloaded into out.
+static void router_losses(RouterWork *w, RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
     int E = rc->E;
     const Comm *g = call->count_group;
     out->group_batches = 1;
-    int64_t counts[E];
-    for (int e = 0; e < E; e++) counts[e] = out->aux_counts[e];
     if (g && g->size > 1 && rc->balance_coeff[BALANCE_GLOBAL_AUX] > 0) {
-        comm_allreduce_sum_int64(g, counts, E);
+        group_sum_int64(g, w->group_counts64, E);
         out->group_batches = g->size;
     }
-    for (int e = 0; e < E; e++) out->group_counts[e] = (double)counts[e];
-}
-
-// The micro-batch's per-sequence top-k counts of ŝ and kept choices per expert, summed over
-// the token group (integers: exact) in one all-reduce.
-static void count_balance_statistics(RouterOutput *out, const real *logits, const RouterConfig *rc,
-                                     const RouterCall *call) {
-    int N = call->N, E = rc->E, k = rc->k, sequences = group_sequences(call);
-    // (sequences + 1, E): the per-sequence counts, then the kept choices per expert
-    int64_t *counts = mt_calloc((size_t)(sequences + 1) * E, sizeof(int64_t));
-    int64_t *kept_counts = counts + (size_t)sequences * E;
-    int32_t idx[k];
-    double s[E], aux[E];
-    for (int n = 0; n < N; n++) {  // top-k of ŝ (in double, as the losses use it)
-        route_score_row(s, logits + (size_t)n * E, E, rc->score);
-        route_aux_score_row(aux, s, E, rc->score);
-        route_topk(idx, aux, NULL, E, k);
-        for (int j = 0; j < k; j++) counts[(size_t)sequence_of(call, n) * E + idx[j]]++;
+    const double *before = NULL;
+    if (call->global_counts_before) {
+        device_upload(w->before, call->global_counts_before, E * sizeof(double));
+        before = w->before;
     }
-    for (int e = 0; e < E; e++) kept_counts[e] = out->tokens_per_expert[e];
-    token_group_sum_int64(call, counts, (size_t)(sequences + 1) * E);
-    memset(out->aux_counts, 0, E * sizeof(int32_t));
-    for (int b = 0; b < sequences; b++)
-        for (int e = 0; e < E; e++) {
-            out->seq_counts[b * E + e] = (int32_t)counts[(size_t)b * E + e];
-            out->aux_counts[e] += (int32_t)counts[(size_t)b * E + e];
-        }
-    if (out->group_tokens_per_expert)
-        for (int e = 0; e < E; e++) out->group_tokens_per_expert[e] = (int32_t)kept_counts[e];
-    free(counts);
-    group_counts(out, rc, call);
-    for (int e = 0; e < E; e++) {  // running mean over the micro-batches so far, this one included
-        double before = call->global_counts_before ? call->global_counts_before[e] : 0;
-        out->global_counts[e] = (before + out->group_counts[e]) / (call->global_batches_before + out->group_batches);
-    }
-}
-
-// Σ_t ŝ[t,e] per sequence of the micro-batch (sequences, E), each summed in token order
-// here, then over the token group (a sequence split between members: their parts in rank order).
-static double *sequence_columns(const RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
-    int N = call->N, E = rc->E, sequences = group_sequences(call);
-    double *columns = mt_calloc((size_t)sequences * E, sizeof(double));
-    for (int n = 0; n < N; n++) {
-        double *column = columns + (size_t)sequence_of(call, n) * E;
-        for (int e = 0; e < E; e++) column[e] += out->aux_scores[(size_t)n * E + e];
-    }
-    token_group_sum_double(call, columns, (size_t)sequences * E);
-    return columns;
-}
-
-static void balance_loss_values(RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
-    int N = group_tokens(call), E = rc->E, k = rc->k, S = call->seq_length, sequences = group_sequences(call);
-    double *seq_columns = sequence_columns(out, rc, call);
-    double aux = 0, global = 0, seq = 0;
-    for (int e = 0; e < E; e++) {
-        double column = 0;
-        for (int b = 0; b < sequences; b++) {
-            double seq_column = seq_columns[(size_t)b * E + e];
-            seq += seq_column * out->seq_counts[b * E + e];
-            column += seq_column;
-        }
-        aux += column * out->aux_counts[e];
-        global += column * out->global_counts[e];
-    }
-    free(seq_columns);
-    out->balance_loss[BALANCE_AUX] = aux * E / ((double)k * N * N);
-    out->balance_loss[BALANCE_GLOBAL_AUX] = global * E / ((double)k * N * N);
-    out->balance_loss[BALANCE_SEQ_AUX] = seq * E / ((double)k * S * S) / sequences;
-}
-
-// mean over the micro-batch's tokens (the token group's) of logsumexp(l)²
-static double z_loss_value(const real *logits, const RouterCall *call, int E) {
-    int N = call->N;
-    double z = 0;
-#pragma omp parallel for schedule(static) reduction(+ : z) if (N > 64)
-    for (int n = 0; n < N; n++) {
-        double lse = row_lse(logits + (size_t)n * E, E);
-        z += lse * lse;
-    }
-    token_group_sum_double(call, &z, 1);
-    return z / group_tokens(call);
+    RouterLossShape shape = {.E = E, .k = rc->k, .tokens = group_tokens(call), .seq_length = call->seq_length,
+                             .sequences = group_sequences(call),
+                             .batches = call->global_batches_before + out->group_batches};
+    moe_router_losses(w->report, out->group_counts, out->global_counts, w->group_counts64, before, w->columns,
+                      out->seq_counts, out->aux_counts, w->z, w->dropped, out->tokens_per_expert,
+                      out->group_tokens_per_expert, &shape);
+    if (!out->report) out->report = mt_malloc(ROUTER_REPORT_DOUBLES(E) * sizeof(double));
+    device_download(out->report, w->report, ROUTER_REPORT_DOUBLES(E) * sizeof(double));
+    for (int t = 0; t < BALANCE_TYPES; t++) out->balance_loss[t] = out->report[REPORT_AUX + t];
+    out->z_loss = out->report[REPORT_Z_LOSS];
+    out->dropped = (int)out->report[REPORT_DROPPED];
 }
 
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
     PROF_SCOPE(PROF_ROUTER);
-    int N = call->N, E = rc->E, k = rc->k;
+    int N = call->N;
     MT_ASSERT(group_tokens(call) % call->seq_length == 0);
     MT_ASSERT(!split_over_group(call) || call->token_index || call->token_first == call->token_group->rank * N);
     // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
     RouteShape shape = route_shape(rc);
     moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,
                      &shape);
-    // over the tokens (host): z-loss, capacity, counts and the balance losses
-    out->z_loss = z_loss_value(logits, call, E);
+    // over the tokens (ops and collectives): capacity, counts, z-loss and the balance losses
+    RouterWork w = router_work(rc->E, group_sequences(call));
     capacity_limit(out, rc, call);
-    memset(out->tokens_per_expert, 0, E * sizeof(int32_t));
-    for (int i = 0; i < N * k; i++)
-        if (out->kept[i]) out->tokens_per_expert[out->topk_idx[i]]++;
-    count_balance_statistics(out, logits, rc, call);
-    balance_loss_values(out, rc, call);
+    count_statistics(&w, out, logits, rc, call);
+    router_losses(&w, out, rc, call);
+    device_free(w.block);
 }
 
 double router_objective(const RouterOutput *out, const RouterConfig *rc) {
@@ -280,92 +218,28 @@ double router_objective(const RouterOutput *out, const RouterConfig *rc) {
 
 // ---- backward -------------------------------------------------------------------------------
 
-// d(probs)/d(selected scores or logits): accumulate into dsel (E) for the selected experts.
-static void probs_backward(double *dsel, const real *dp_row, const int32_t *kept, const int32_t *idx,
-                           const real *l, const double *s, const RouterConfig *rc) {
-    int k = rc->k;
-    double scale = rc->topk_scaling > 0 ? rc->topk_scaling : 1, dp[k];
-    for (int j = 0; j < k; j++) dp[j] = kept[j] ? scale * dp_row[j] : 0;  // dropped probs are 0
-    if (rc->score == SCORE_SOFTMAX && !rc->pre_softmax) {  // q = softmax of the selected logits
-        double q[k], max = l[idx[0]], sum = 0, dot = 0;
-        for (int j = 1; j < k; j++) max = l[idx[j]] > max ? l[idx[j]] : max;
-        for (int j = 0; j < k; j++) sum += (q[j] = exp((double)l[idx[j]] - max));
-        for (int j = 0; j < k; j++) dot += (q[j] /= sum) * dp[j];
-        for (int j = 0; j < k; j++) dsel[idx[j]] += q[j] * (dp[j] - dot);  // into the logits directly
-        return;
-    }
-    if (rc->score != SCORE_SOFTMAX && k > 1) {  // p_j = u_j / (U + eps)
-        double U = 0, dot = 0;
-        for (int j = 0; j < k; j++) U += s[idx[j]];
-        double norm = U + ROUTE_NORMALIZE_EPS;
-        for (int j = 0; j < k; j++) dot += dp[j] * s[idx[j]];
-        for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j] / norm - dot / (norm * norm);
-        return;
-    }
-    for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j];
-}
-
-// Gradient of the enabled balance losses with respect to ŝ of this member's token n (already × loss scale).
-static void balance_grad_row(double *g, const RouterOutput *out, const RouterConfig *rc, const RouterCall *call,
-                             int n, double loss_scale) {
+// The factors of the router backward (each × loss_scale) and where this member's tokens lie.
+static RouterGradShape grad_shape(const RouterConfig *rc, const RouterCall *call, double loss_scale) {
     int N = group_tokens(call), E = rc->E, k = rc->k, S = call->seq_length, sequences = group_sequences(call);
-    int b = sequence_of(call, n);
-    double aux = loss_scale * rc->balance_coeff[BALANCE_AUX] * E / ((double)k * N * N);
-    double global = loss_scale * rc->balance_coeff[BALANCE_GLOBAL_AUX] * E / ((double)k * N * N);
-    double seq = loss_scale * rc->balance_coeff[BALANCE_SEQ_AUX] * E / ((double)k * S * S) / sequences;
-    for (int e = 0; e < E; e++)
-        g[e] = aux * out->aux_counts[e] + global * out->global_counts[e] + seq * out->seq_counts[b * E + e];
+    return (RouterGradShape){
+        .route = route_shape(rc), .seq_length = S, .token_first = first_token(call),
+        .aux = loss_scale * rc->balance_coeff[BALANCE_AUX] * E / ((double)k * N * N),
+        .global = loss_scale * rc->balance_coeff[BALANCE_GLOBAL_AUX] * E / ((double)k * N * N),
+        .seq = loss_scale * rc->balance_coeff[BALANCE_SEQ_AUX] * E / ((double)k * S * S) / sequences,
+        .z_factor = loss_scale * rc->z_loss_coeff * 2.0 / group_tokens(call)};
 }
 
 void router_backward(real *dlogits, const real *dprobs, const real *logits, const RouterOutput *out,
                      const RouterConfig *rc, const RouterCall *call, double loss_scale) {
     PROF_SCOPE(PROF_ROUTER);
-    int N = call->N, E = rc->E, k = rc->k;
-    double z_factor = loss_scale * rc->z_loss_coeff * 2.0 / group_tokens(call);
-#pragma omp parallel for schedule(static) if (N > 64)
-    for (int n = 0; n < N; n++) {
-        const real *l = logits + (size_t)n * E;
-        const int32_t *idx = out->topk_idx + (size_t)n * k;
-        double s[E], dl[E], ds[E], g[E];
-        route_score_row(s, l, E, rc->score);
-        for (int e = 0; e < E; e++) dl[e] = ds[e] = 0;
-        // probs: softmax-post lands on the logits, the others on the scores
-        int post = rc->score == SCORE_SOFTMAX && !rc->pre_softmax;
-        probs_backward(post ? dl : ds, dprobs + (size_t)n * k, out->kept + (size_t)n * k, idx, l, s, rc);
-        // balance losses: gradient on ŝ, then onto the scores
-        balance_grad_row(g, out, rc, call, n, loss_scale);
-        if (rc->score == SCORE_SOFTMAX) {
-            for (int e = 0; e < E; e++) ds[e] += g[e];  // ŝ = s
-        } else {                                        // ŝ = s / (Σ s + eps)
-            double sum = 0, dot = 0;
-            for (int e = 0; e < E; e++) sum += s[e];
-            double norm = sum + ROUTE_NORMALIZE_EPS;
-            for (int e = 0; e < E; e++) dot += g[e] * s[e];
-            for (int e = 0; e < E; e++) ds[e] += g[e] / norm - dot / (norm * norm);
-        }
-        // scores onto the logits
-        if (rc->score == SCORE_SOFTMAX) {
-            double dot = 0;
-            for (int e = 0; e < E; e++) dot += s[e] * ds[e];
-            for (int e = 0; e < E; e++) dl[e] += s[e] * (ds[e] - dot);
-        } else {
-            for (int e = 0; e < E; e++) dl[e] += ds[e] * score_slope(rc->score, l[e], s[e]);
-        }
-        // z-loss: d/dl (lse²) = 2·lse·softmax(l)
-        if (z_factor != 0) {
-            double lse = row_lse(l, E);
-            for (int e = 0; e < E; e++) dl[e] += z_factor * lse * exp((double)l[e] - lse);
-        }
-        for (int e = 0; e < E; e++) dlogits[(size_t)n * E + e] = (real)dl[e];
-    }
+    RouterGradShape g = grad_shape(rc, call, loss_scale);
+    moe_router_backward(dlogits, dprobs, logits, out->topk_idx, out->kept, out->aux_counts, out->global_counts,
+                        out->seq_counts, call->token_index, call->N, &g);
 }
 
 void expert_bias_update(real *bias, const double *counts, int E, double rate) {
-    double mean = 0;
-    for (int e = 0; e < E; e++) mean += counts[e];
-    mean /= E;
-    for (int e = 0; e < E; e++) {
-        double offset = mean - counts[e];
-        bias[e] += (real)(rate * ((offset > 0) - (offset < 0)));
-    }
+    double *device_counts = device_calloc((size_t)E, sizeof(double));  // host counts, uploaded
+    device_upload(device_counts, counts, (size_t)E * sizeof(double));
+    moe_expert_bias_update(bias, device_counts, E, rate);
+    device_free(device_counts);
 }

@@ -33,10 +33,13 @@
 // Ties are broken by the lowest expert index (and the earliest token for capacity).
 // All router arithmetic after the logits is in double. The per-token part (scores, ŝ,
 // selection, probs) runs as the moe_route_tokens op (a kernel on a GPU); capacity, counts
-// and losses, which need the whole micro-batch, are host code here.
+// and losses, which need the whole micro-batch, are the ops of ops_router.h with the token
+// group's sums between them; the scalars and counts the host needs come back in one
+// download per call (RouterOutput.report).
 #pragma once
 #include "core/common.h"
 #include "ops/ops.h"  // ScoreFunction, RouteShape, moe_route_tokens
+#include "ops/ops_router.h"
 #include "parallel/comm.h"
 
 typedef enum { BALANCE_AUX, BALANCE_SEQ_AUX, BALANCE_GLOBAL_AUX, BALANCE_TYPES } BalanceType;
@@ -101,7 +104,20 @@ typedef struct {
     int dropped;                 // dropped choices of these N tokens (the group's: sum over it)
     double balance_loss[BALANCE_TYPES];  // L / coeff of each type (computed for all types)
     double z_loss;               // mean_x logsumexp(l_x)² over all N·P tokens  (L_z / coeff)
+    // Host memory (allocated by the first router_forward): the call's report, downloaded in
+    // one copy (layout: ops_router.h); the host's copies of the counts are read through it.
+    double *report;
 } RouterOutput;
+
+// Host copies (E each) of the last router_forward's tokens_per_expert, group_tokens_per_expert
+// and group_counts (integers as doubles).
+static inline const double *router_host_tokens_per_expert(const RouterOutput *o) { return o->report + REPORT_FIXED; }
+static inline const double *router_host_group_tokens_per_expert(const RouterOutput *o, int E) {
+    return o->report + REPORT_FIXED + E;
+}
+static inline const double *router_host_group_counts(const RouterOutput *o, int E) {
+    return o->report + REPORT_FIXED + 2 * (size_t)E;
+}
 
 // Router bookkeeping that spans the micro-batches of one global batch (training only).
 typedef struct {

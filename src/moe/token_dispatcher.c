@@ -27,7 +27,8 @@ static void local_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const rea
     *rows = (ExpertRows){.rows_in = ma->rows_in, .row_probs = ma->row_probs, .rows_out = ma->rows_out,
                          .acts = &ma->experts,
                          .shape = {.groups = ctx->experts, .H = ctx->hidden, .I = ctx->moe_ffn,
-                                   .offsets = ma->plan.expert_offsets}};
+                                   .counts = ma->plan.rows_per_expert,
+                                   .host_counts = ma->plan.host_rows_per_expert, .rows = ma->plan.rows}};
 }
 
 static void local_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {

@@ -33,20 +33,25 @@ const char *mt_gemm_backend(void);
 // for tests and benchmarks.
 void mt_gemm_force_portable(int on);
 
-// Grouped GEMM, one group per expert. For g in [0, groups) with rows[g] > 0:
-//   C_g[rows[g], N] = alpha * op(A_g) · op(B_g) + beta * C_g
-// where A_g = A + a_offsets[g], B_g = B_ptrs[g] (the expert's own [K,N] or, with
-// trans_b, [N,K] weight), C_g = C + c_offsets[g]; lda/ldb/ldc as in mt_gemm with
-// M = rows[g]. Groups with rows[g] == 0 are skipped (their C_g is not touched).
-void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K,
-                     real alpha, const real *A, const size_t *a_offsets, int lda,
-                     const real *const *B_ptrs, int ldb, real beta, real *C,
-                     const size_t *c_offsets, int ldc);
+// Grouped GEMM, one group per expert, the groups' rows back to back: group g has
+// M_g = counts[g] rows, starting at row r_g = counts[0] + … + counts[g−1]. For g with M_g > 0:
+//   C_g[M_g, N] = alpha * op(A_g) · op(B_g) + beta * C_g
+// where A_g = A + r_g·lda (A_g [M_g, K]), or with trans_a A + r_g (A_g [K, M_g], columns
+// r_g.. of A); B_g = B + g·b_stride, the expert's own [K,N] (or, with trans_b, [N,K])
+// weight, the experts' weights of one kind being one block; C_g = C + r_g·ldc; lda/ldb/ldc
+// as in mt_gemm with M = M_g. counts (groups, each ≥ 0) is tensor memory, read inside the
+// op. Groups with M_g == 0 are skipped (their B_g is not read, their C_g not touched).
+// host_counts: NULL, or host memory holding the same values as counts (the copy the caller
+// downloaded with its layer pass's sizes): a backend that sets up its problems on the host
+// (cuBLAS) reads it instead of copying counts back and waiting for them.
+void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
+                     int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
+                     real *C, int ldc);
 
-// Grouped weight gradient. For g in [0, groups) with rows[g] > 0:
-//   W_g[out, in] += alpha * dY_g^T[out, rows[g]] · X_g[rows[g], in]
-// where dY_g = dY + dy_offsets[g] is [rows[g], out] (ld = out), X_g = X + x_offsets[g]
-// is [rows[g], in] (ld = in) and W_g = W_ptrs[g] is [out, in] (ld = in).
-void mt_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha,
-                           const real *dY, const size_t *dy_offsets, const real *X,
-                           const size_t *x_offsets, real *const *W_ptrs);
+// Grouped weight gradient, the groups' rows back to back as in mt_gemm_grouped. For g with M_g > 0:
+//   W_g[out, in] += alpha * dY_g^T[out, M_g] · X_g[M_g, in]
+// where dY_g = dY + r_g·out is [M_g, out] (ld = out), X_g = X + r_g·in is [M_g, in]
+// (ld = in) and W_g = W + g·w_stride is [out, in] (ld = in). counts (groups): tensor memory;
+// host_counts as in mt_gemm_grouped.
+void mt_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha,
+                           const real *dY, const real *X, real *W, size_t w_stride);

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "ops/ops.h"
+#include "ops/ops_router.h"
 
 #ifdef __CUDACC__
 #define ROUTE_FN static inline __host__ __device__
@@ -109,4 +110,116 @@ ROUTE_FN double route_select_value(const RouteShape *r, const real *logits, cons
                                    int e) {
     if (r->score == SCORE_SOFTMAX) return r->pre_softmax ? s[e] : logits[e];
     return s[e] + (bias ? bias[e] : 0);
+}
+
+// ---- router statistics and backward ------------------------------------------------------------
+
+// logsumexp of one token's logits (E), in double
+ROUTE_FN double route_row_lse(const real *l, int E) {
+    double max = l[0], sum = 0;
+    for (int e = 1; e < E; e++) max = l[e] > max ? l[e] : max;
+    for (int e = 0; e < E; e++) sum += exp((double)l[e] - max);
+    return max + log(sum);
+}
+
+// d score / d logit for the elementwise score functions, given the score s
+ROUTE_FN double route_score_slope(ScoreFunction f, double logit, double s) {
+    if (f == SCORE_SIGMOID) return s * (1 - s);
+    double dsoftplus = logit > 20 ? 1 : route_sigmoid(logit);
+    return s > 0 ? dsoftplus / (2 * s) : 0;
+}
+
+// d(probs)/d(selected scores or logits) of one token: accumulate into dsel (E) for the
+// selected experts idx (k); dp_row (k) the probs' gradient, kept (k) 0 for dropped choices,
+// l (E) the logits, s (E) the scores. Scratch: dp (k), q (k).
+ROUTE_FN void route_probs_backward(double *dsel, const real *dp_row, const int32_t *kept, const int32_t *idx,
+                                   const real *l, const double *s, const RouteShape *r, double *dp, double *q) {
+    int k = r->k;
+    double scale = r->topk_scaling > 0 ? r->topk_scaling : 1;
+    for (int j = 0; j < k; j++) dp[j] = kept[j] ? scale * dp_row[j] : 0;  // dropped probs are 0
+    if (r->score == SCORE_SOFTMAX && !r->pre_softmax) {  // q = softmax of the selected logits
+        double max = l[idx[0]], sum = 0, dot = 0;
+        for (int j = 1; j < k; j++) max = l[idx[j]] > max ? l[idx[j]] : max;
+        for (int j = 0; j < k; j++) sum += (q[j] = exp((double)l[idx[j]] - max));
+        for (int j = 0; j < k; j++) dot += (q[j] /= sum) * dp[j];
+        for (int j = 0; j < k; j++) dsel[idx[j]] += q[j] * (dp[j] - dot);  // into the logits directly
+        return;
+    }
+    if (r->score != SCORE_SOFTMAX && k > 1) {  // p_j = u_j / (U + eps)
+        double U = 0, dot = 0;
+        for (int j = 0; j < k; j++) U += s[idx[j]];
+        double norm = U + ROUTE_NORMALIZE_EPS;
+        for (int j = 0; j < k; j++) dot += dp[j] * s[idx[j]];
+        for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j] / norm - dot / (norm * norm);
+        return;
+    }
+    for (int j = 0; j < k; j++) dsel[idx[j]] += dp[j];
+}
+
+// dl (E) = d(objective)/d(logits) of one token (contract: ops_router.h moe_router_backward):
+// the probs' gradient dp_row (k), the balance losses' gradient on ŝ from the counts, the
+// z-loss. seq_counts_row (E): the counts of the token's sequence.
+// Scratch: s, ds, g (E each), dp, q (k each).
+ROUTE_FN void route_backward_token(double *dl, const real *l, const real *dp_row, const int32_t *kept,
+                                   const int32_t *idx, const int32_t *aux_counts, const double *global_counts,
+                                   const int32_t *seq_counts_row, const RouterGradShape *g, double *s, double *ds,
+                                   double *grad, double *dp, double *q) {
+    const RouteShape *r = &g->route;
+    int E = r->E;
+    route_score_row(s, l, E, r->score);
+    for (int e = 0; e < E; e++) dl[e] = ds[e] = 0;
+    // probs: softmax-post lands on the logits, the others on the scores
+    int post = r->score == SCORE_SOFTMAX && !r->pre_softmax;
+    route_probs_backward(post ? dl : ds, dp_row, kept, idx, l, s, r, dp, q);
+    // balance losses: gradient on ŝ, then onto the scores
+    for (int e = 0; e < E; e++)
+        grad[e] = g->aux * aux_counts[e] + g->global * global_counts[e] + g->seq * seq_counts_row[e];
+    if (r->score == SCORE_SOFTMAX) {
+        for (int e = 0; e < E; e++) ds[e] += grad[e];  // ŝ = s
+    } else {                                           // ŝ = s / (Σ s + eps)
+        double sum = 0, dot = 0;
+        for (int e = 0; e < E; e++) sum += s[e];
+        double norm = sum + ROUTE_NORMALIZE_EPS;
+        for (int e = 0; e < E; e++) dot += grad[e] * s[e];
+        for (int e = 0; e < E; e++) ds[e] += grad[e] / norm - dot / (norm * norm);
+    }
+    // scores onto the logits
+    if (r->score == SCORE_SOFTMAX) {
+        double dot = 0;
+        for (int e = 0; e < E; e++) dot += s[e] * ds[e];
+        for (int e = 0; e < E; e++) dl[e] += s[e] * (ds[e] - dot);
+    } else {
+        for (int e = 0; e < E; e++) dl[e] += ds[e] * route_score_slope(r->score, l[e], s[e]);
+    }
+    // z-loss: d/dl (lse²) = 2·lse·softmax(l)
+    if (g->z_factor != 0) {
+        double lse = route_row_lse(l, E);
+        for (int e = 0; e < E; e++) dl[e] += g->z_factor * lse * exp((double)l[e] - lse);
+    }
+}
+
+// The sequence of this member's token n: its global index (token_index[n], or token_first + n) / seq_length.
+ROUTE_FN int route_sequence_of(const int32_t *token_index, int token_first, int seq_length, int n) {
+    return (token_index ? token_index[n] : token_first + n) / seq_length;
+}
+
+// report's balance losses (REPORT_AUX, _SEQ_AUX, _GLOBAL_AUX) from the per-sequence columns of ŝ
+// (sequences, E), the counts and the global counts; sums over e, then b, in order.
+ROUTE_FN void route_balance_losses(double *report, const double *columns, const int32_t *seq_counts,
+                                    const int32_t *aux_counts, const double *global_counts, const RouterLossShape *s) {
+    int N = s->tokens, E = s->E, k = s->k, S = s->seq_length, sequences = s->sequences;
+    double aux = 0, global = 0, seq = 0;
+    for (int e = 0; e < E; e++) {
+        double column = 0;
+        for (int b = 0; b < sequences; b++) {
+            double seq_column = columns[(size_t)b * E + e];
+            seq += seq_column * seq_counts[(size_t)b * E + e];
+            column += seq_column;
+        }
+        aux += column * aux_counts[e];
+        global += column * global_counts[e];
+    }
+    report[REPORT_AUX] = aux * E / ((double)k * N * N);
+    report[REPORT_GLOBAL_AUX] = global * E / ((double)k * N * N);
+    report[REPORT_SEQ_AUX] = seq * E / ((double)k * S * S) / sequences;
 }

@@ -29,14 +29,13 @@
         real beta, real *C, int ldc),                                                                                \
        (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
     OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
-       (int trans_a, int trans_b, int groups, const int *rows, int N, int K, real alpha, const real *A,             \
-        const size_t *a_offsets, int lda, const real *const *B_ptrs, int ldb, real beta, real *C,                   \
-        const size_t *c_offsets, int ldc),                                                                           \
-       (trans_a, trans_b, groups, rows, N, K, alpha, A, a_offsets, lda, B_ptrs, ldb, beta, C, c_offsets, ldc))      \
+       (int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N, int K,      \
+        real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc),  \
+       (trans_a, trans_b, groups, counts, host_counts, N, K, alpha, A, lda, B, b_stride, ldb, beta, C, ldc))        \
     OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
-       (int groups, const int *rows, int out, int in, real alpha, const real *dY, const size_t *dy_offsets,         \
-        const real *X, const size_t *x_offsets, real *const *W_ptrs),                                               \
-       (groups, rows, out, in, alpha, dY, dy_offsets, X, x_offsets, W_ptrs))                                         \
+       (int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha, const real *dY, \
+        const real *X, real *W, size_t w_stride),                                                                    \
+       (groups, counts, host_counts, out, in, alpha, dY, X, W, w_stride))                                            \
     OP(void, linear_forward, linear_forward, (real *y, const real *x, const real *W, int N, int in, int out),      \
        (y, x, W, N, in, out))                                                                                        \
     OP(void, linear_backward, linear_backward,                                                                       \
@@ -108,13 +107,79 @@
        (out, choice_values, rows, row_values, row_of_choice, N, k, H, accumulate))
 
 // Loss: the LM head's loss sums and weights, vocab-parallel cross-entropy (ops_loss.h).
-#define MT_OPS_LOSS(OP)
+#define MT_OPS_LOSS(OP)                                                                                                    \
+    OP(void, lm_loss_sums, lm_loss_sums, (double *sums, const real *token_loss, const real *loss_mask, int N),     \
+       (sums, token_loss, loss_mask, N))                                                                             \
+    OP(void, lm_loss_weights, lm_loss_weights, (real *weight, const real *loss_mask, double counted, int N),      \
+       (weight, loss_mask, counted, N))                                                                              \
+    OP(void, vec_scale_double, vec_scale_double, (real *dst, const real *src, double scale, size_t n),            \
+       (dst, src, scale, n))                                                                                         \
+    OP(void, vocab_slice_rows, vocab_slice_rows,                                                                     \
+       (int32_t *rows, const int32_t *tokens, int first, int vocab, int32_t missing, int N),                      \
+       (rows, tokens, first, vocab, missing, N))                                                                     \
+    OP(void, vocab_embedding_grad, vocab_embedding_grad,                                                             \
+       (real *dtable, const real *dout, const int32_t *rows, int N, int C), (dtable, dout, rows, N, C))            \
+    OP(void, vocab_row_max, vocab_row_max, (real *maxima, const real *logits, int N, int V), (maxima, logits, N, V)) \
+    OP(void, vocab_row_stats, vocab_row_stats,                                                                       \
+       (double *stats, real *maxima, const real *every, const real *logits, const int32_t *targets, int first,    \
+        int P, int N, int V),                                                                                        \
+       (stats, maxima, every, logits, targets, first, P, N, V))                                                      \
+    OP(void, vocab_ce_finish, vocab_ce_finish,                                                                       \
+       (real *losses, real *lse, const real *maxima, const double *stats, int N), (losses, lse, maxima, stats, N)) \
+    OP(void, vocab_ce_foreign_targets, vocab_ce_foreign_targets,                                                     \
+       (real *dlogits, const real *logits, const real *lse, const int32_t *targets, const real *weight, int first, \
+        int N, int V),                                                                                               \
+       (dlogits, logits, lse, targets, weight, first, N, V))
 
 // Router: capacity, counts, balancing statistics and losses, router backward (ops_router.h).
-#define MT_OPS_ROUTER(OP)
+#define MT_OPS_ROUTER(OP)                                                                                                  \
+    OP(void, moe_router_backward, moe_router_backward,                                                               \
+       (real *dlogits, const real *dprobs, const real *logits, const int32_t *topk_idx, const int32_t *kept,       \
+        const int32_t *aux_counts, const double *global_counts, const int32_t *seq_counts,                         \
+        const int32_t *token_index, int N, const RouterGradShape *g),                                               \
+       (dlogits, dprobs, logits, topk_idx, kept, aux_counts, global_counts, seq_counts, token_index, N, g))         \
+    OP(void, moe_router_capacity, moe_router_capacity,                                                               \
+       (real *topk_probs, int32_t *kept, const int32_t *topk_idx, int choices, int E, int capacity, int by_position), \
+       (topk_probs, kept, topk_idx, choices, E, capacity, by_position))                                              \
+    OP(void, moe_router_statistics, moe_router_statistics,                                                           \
+       (double *z, int64_t *counts, double *columns, int32_t *tokens_per_expert, int64_t *dropped,                  \
+        const real *logits, const real *aux_scores, const int32_t *topk_idx, const int32_t *kept,                  \
+        const int32_t *token_index, int N, const RouterStatShape *s),                                               \
+       (z, counts, columns, tokens_per_expert, dropped, logits, aux_scores, topk_idx, kept, token_index, N, s))      \
+    OP(void, moe_router_count_totals, moe_router_count_totals,                                                       \
+       (int32_t *seq_counts, int32_t *aux_counts, int32_t *group_tokens_per_expert, int64_t *group_counts64,        \
+        const int64_t *counts, int sequences, int E),                                                                \
+       (seq_counts, aux_counts, group_tokens_per_expert, group_counts64, counts, sequences, E))                      \
+    OP(void, moe_router_losses, moe_router_losses,                                                                   \
+       (double *report, double *group_counts, double *global_counts, const int64_t *group_counts64,                \
+        const double *before, const double *columns, const int32_t *seq_counts, const int32_t *aux_counts,         \
+        const double *z, const int64_t *dropped, const int32_t *tokens_per_expert,                                 \
+        const int32_t *group_tokens_per_expert, const RouterLossShape *s),                                          \
+       (report, group_counts, global_counts, group_counts64, before, columns, seq_counts, aux_counts, z, dropped,   \
+        tokens_per_expert, group_tokens_per_expert, s))                                                             \
+    OP(void, moe_scale_by, moe_scale_by, (real *y, const real *x, const real *scale, size_t n), (y, x, scale, n))  \
+    OP(void, moe_gate_sigmoid, moe_gate_sigmoid, (real *gate, size_t n), (gate, n))                                \
+    OP(void, moe_gate_sigmoid_backward, moe_gate_sigmoid_backward, (real *dgate, const real *gate, size_t n),      \
+       (dgate, gate, n))                                                                                             \
+    OP(void, moe_expert_bias_update, moe_expert_bias_update, (real *bias, const double *counts, int E, double rate), \
+       (bias, counts, E, rate))
 
 // Dispatch: the dispatch plan, expert row grouping, EP exchange layouts (ops_dispatch.h).
-#define MT_OPS_DISPATCH(OP)
+#define MT_OPS_DISPATCH(OP)                                                                                              \
+    OP(void, moe_dispatch_plan, moe_dispatch_plan,                                                                   \
+       (int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice, int32_t *token_of_row,            \
+        const int32_t *topk_idx, const int32_t *kept, int N, int k, int E, int capacity),                            \
+       (rows_per_expert, expert_offsets, row_of_choice, token_of_row, topk_idx, kept, N, k, E, capacity))            \
+    OP(void, moe_keep_local_choices, moe_keep_local_choices,                                                         \
+       (int32_t *kept, const int32_t *topk_idx, size_t n, int first, int local), (kept, topk_idx, n, first, local)) \
+    OP(void, moe_ep_layout, moe_ep_layout,                                                                           \
+       (int32_t *counts, int32_t *offsets, int32_t *sizes, const int32_t *own_counts, const int32_t *recv_counts,    \
+        const int32_t *expert_offsets, int P, int L, int S),                                                         \
+       (counts, offsets, sizes, own_counts, recv_counts, expert_offsets, P, L, S))                                   \
+    OP(void, moe_sort_segments, moe_sort_segments,                                                                   \
+       (real *dst, const real *src, const int32_t *recv_counts, const int32_t *offsets, int S, int L, int width,    \
+        int to_expert_major),                                                                                        \
+       (dst, src, recv_counts, offsets, S, L, width, to_expert_major))
 
 // Parallel: tensor/context-parallel gathers, slices and sums (ops_parallel.h).
 #define MT_OPS_PARALLEL(OP)

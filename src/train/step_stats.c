@@ -3,7 +3,7 @@
 #include <string.h>
 
 // max / mean kept tokens per expert
-static double imbalance_of(const int32_t *counts, int E) {
+static double imbalance_of(const double *counts, int E) {
     double max = 0, sum = 0;
     for (int e = 0; e < E; e++) {
         sum += counts[e];
@@ -24,12 +24,14 @@ void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, 
         if (l < k->first_layer || l >= chunk_layer_end(k)) continue;  // another chunk's or stage's
         const RouterOutput *r = &a->layers[l].moe.route;
         ls->dropped_tokens += r->dropped;
-        for (int e = 0; e < c->num_experts; e++) counts[e] += r->group_tokens_per_expert[e];  // the token group's
-        ls->load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts);
+        const double *group_tokens = router_host_group_tokens_per_expert(r, c->num_experts);  // the token group's
+        const double *tokens = router_host_tokens_per_expert(r);
+        for (int e = 0; e < c->num_experts; e++) counts[e] += (int64_t)group_tokens[e];
+        ls->load_imbalance += w * imbalance_of(tokens, c->num_experts);
         ls->dropped_frac += w * r->dropped / ((double)a->N * c->moe_router_topk);
         for (int t = 0; t < BALANCE_TYPES; t++) ls->balance[t] += w * r->balance_loss[t];
         ls->z_loss += w * r->z_loss;
-        s->router.load_imbalance += w * imbalance_of(r->tokens_per_expert, c->num_experts) / moe_layers;
+        s->router.load_imbalance += w * imbalance_of(tokens, c->num_experts) / moe_layers;
     }
     for (int t = 0; t < BALANCE_TYPES; t++) s->router.balance[t] += w * a->balance_loss[t];
     s->router.z_loss += w * a->z_loss;

@@ -156,7 +156,8 @@ enum { MAX_EXPERTS = 160, TAIL_ROWS = 2 };
 // The experts of a grouped call: their rows and where each starts in the stacked activations.
 typedef struct {
     int count, total;
-    int rows[MAX_EXPERTS], start[MAX_EXPERTS];
+    int32_t rows[MAX_EXPERTS];
+    int start[MAX_EXPERTS];
 } Experts;
 
 static Experts experts_from(const int *rows, int count) {
@@ -188,30 +189,25 @@ typedef struct {
     const Experts *e;
 } GroupedCase;
 
-// The stacked A of a grouped GEMM and each expert's offset into it. Without trans_a, A is
-// [total, K] and expert g's rows start at row start[g]; with trans_a it is [K, total] and
-// expert g's A_g [K, rows[g]] starts at column start[g]. Every ld gets the case's padding.
-// `unread`: A is all NaN (K == 0: every offset 0, so no pointer goes past the buffer).
-static float *grouped_a(const GroupedCase *c, int unread, int *lda, size_t *off) {
+// The stacked A of a grouped GEMM: without trans_a [total, K] (expert g's rows from row
+// start[g]), with trans_a [K, total] (expert g's A_g [K, rows[g]] from column start[g]).
+// Every ld gets the case's padding. `unread`: A is all NaN.
+static float *grouped_a(const GroupedCase *c, int unread, int *lda) {
     const Experts *e = c->e;
     *lda = (c->trans_a ? e->total : c->K) + c->pad;
     int rows = c->trans_a ? c->K : e->total;
-    for (int g = 0; g < e->count; g++)
-        off[g] = c->K == 0 ? 0 : c->trans_a ? (size_t)e->start[g] : (size_t)e->start[g] * *lda;
-    return unread ? nan_matrix(rows, *lda) : random_matrix(rows, *lda);
+    return unread ? nan_matrix(MT_MAX(rows, 1), *lda) : random_matrix(rows, *lda);
 }
 
-// Each non-empty expert's B_g ([K,N] or, with trans_b, [N,K]) on the host and the device;
-// empty experts (and every expert when K == 0) get NULL, which must not be read.
-static int grouped_b(const GroupedCase *c, int unread, const float **B, const float **dB) {
-    int ld = (c->trans_b ? c->K : c->N) + c->pad, rows = c->trans_b ? c->N : c->K;
-    for (int g = 0; g < c->e->count; g++) {
-        B[g] = dB[g] = NULL;
-        if (c->e->rows[g] == 0 || c->K == 0) continue;
-        float *h = unread ? nan_matrix(rows, ld) : random_matrix(rows, ld);
-        B[g] = h;
-        dB[g] = to_device(h, rows, ld);
-    }
+// The experts' B_g ([K,N] or, with trans_b, [N,K]) as one block of count·stride, on the host
+// and the device; empty experts' (and every expert's when K == 0) are NaN, which must not be read.
+static int grouped_b(const GroupedCase *c, int unread, size_t *stride, float **B, float **dB) {
+    int ld = (c->trans_b ? c->K : c->N) + c->pad, rows = c->trans_b ? c->N : c->K, n = c->e->count;
+    *stride = (size_t)rows * ld;
+    *B = random_matrix(MT_MAX(n * rows, 1), ld);
+    for (int g = 0; g < n; g++)
+        if (unread || c->e->rows[g] == 0) fill_nan(*B + g * *stride, rows, ld, ld);
+    *dB = to_device(*B, MT_MAX(n * rows, 1), ld);
     return ld;
 }
 
@@ -220,19 +216,20 @@ static int grouped_b(const GroupedCase *c, int unread, const float **B, const fl
 static void check_grouped_case(const GroupedCase *c, const Pass *p) {
     const Experts *e = c->e;
     int lda, ldc = c->N + c->pad, unread = c->K == 0 || c->alpha == 0;
-    size_t a_off[MAX_EXPERTS], c_off[MAX_EXPERTS];
-    const float *B[MAX_EXPERTS], *dB[MAX_EXPERTS];
-    float *A = grouped_a(c, unread, &lda, a_off);
-    float *dA = to_device(A, c->trans_a ? c->K : e->total, lda);
-    int ldb = grouped_b(c, unread, B, dB);
-    for (int g = 0; g < e->count; g++) c_off[g] = (size_t)e->start[g] * ldc;
+    size_t stride;
+    float *B, *dB;
+    float *A = grouped_a(c, unread, &lda);
+    float *dA = to_device(A, MT_MAX(c->trans_a ? c->K : e->total, 1), lda);
+    int ldb = grouped_b(c, unread, &stride, &B, &dB);
+    int32_t *d_counts = check_ints_to_device(e->rows, (size_t)e->count);
     float *C = random_matrix(e->total + TAIL_ROWS, ldc);
     if (c->beta == 0) fill_nan(C, e->total, c->N, ldc);
     float *dC = to_device(C, e->total + TAIL_ROWS, ldc);
-    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, A, a_off, lda, B,
-                                 ldb, c->beta, C, c_off, ldc);
-    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, c->N, c->K, c->alpha, dA, a_off, lda, dB, ldb,
-                      c->beta, dC, c_off, ldc);
+    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, NULL, c->N, c->K, c->alpha, A, lda, B, stride,
+                                 ldb, c->beta, C, ldc);
+    // the caller's host copy of the counts (as the experts pass it)
+    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, d_counts, e->rows, c->N, c->K, c->alpha, dA, lda, dB,
+                          stride, ldb, c->beta, dC, ldc);
     check_finish();
     char name[128];
     snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d ld+%d alpha=%g beta=%g [%s]",
@@ -262,31 +259,30 @@ static void check_grouped_all(const Pass *p) {
     for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++) check_grouped_case(&more[i], p);
 }
 
+static float *from_device(const float *dev, size_t n);
+
 // ---- grouped weight gradient -------------------------------------------------------------------------
 
 // W_g[out,in] += alpha·dY_gᵀ·X_g for every expert, K = rows[g] differing between experts;
-// dY [total, out], X [total, in] stacked by expert; every W_g (the empty experts' too, which
-// must not change) starts from the same random values on both sides.
+// dY [total, out], X [total, in] stacked by expert; the W_g one block (the empty experts' too,
+// which must not change) start from the same random values on both sides.
 static void check_wgrad_case(int out, int in, float alpha, const Pass *p) {
     Experts e = experts_few();
-    size_t dy_off[MAX_EXPERTS], x_off[MAX_EXPERTS];
-    float *W[MAX_EXPERTS], *dW[MAX_EXPERTS];
+    size_t stride = (size_t)out * in;
+    float *W = random_matrix(e.count * out, in), *dW = to_device(W, e.count * out, in);
     float *dY = random_matrix(e.total, out), *X = random_matrix(e.total, in);
-    for (int g = 0; g < e.count; g++) {
-        dy_off[g] = (size_t)e.start[g] * out;
-        x_off[g] = (size_t)e.start[g] * in;
-        W[g] = random_matrix(out, in);
-        dW[g] = to_device(W[g], out, in);
-    }
     float *d_dY = to_device(dY, e.total, out), *d_X = to_device(X, e.total, in);
-    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, dY, dy_off, X, x_off, W);
-    under()->gemm_grouped_wgrad(e.count, e.rows, out, in, alpha, d_dY, dy_off, d_X, x_off, dW);
+    int32_t *d_counts = check_ints_to_device(e.rows, (size_t)e.count);
+    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, NULL, out, in, alpha, dY, X, W, stride);
+    // the counts read by the backend from tensor memory
+    under()->gemm_grouped_wgrad(e.count, d_counts, NULL, out, in, alpha, d_dY, d_X, dW, stride);
     check_finish();
+    float *got = from_device(dW, (size_t)e.count * stride);
     for (int g = 0; g < e.count; g++) {
         char name[128], output[32];
         snprintf(name, sizeof(name), "gemm_grouped_wgrad out=%d in=%d alpha=%g [%s]", out, in, alpha, p->name);
         snprintf(output, sizeof(output), "W[%d] (rows %d)", g, e.rows[g]);
-        check_compare(name, output, W[g], dW[g], (size_t)out * in, p->tol);
+        check_compare(name, output, W + g * stride, got + g * stride, stride, p->tol);
     }
     check_free_all();
 }
@@ -387,18 +383,13 @@ static void check_repeatable(const Pass *p) {
     float *c1 = check_device_nan(M * N), *c2 = check_device_nan(M * N);
     under()->gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c1, N);
     under()->gemm(0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, c2, N);
-    Experts e = experts_few();
-    size_t offsets[MAX_EXPERTS], out_offsets[MAX_EXPERTS];
-    const float *Bs[MAX_EXPERTS];
-    for (int g = 0; g < e.count; g++) {
-        offsets[g] = (size_t)e.start[g] * K;  // A as [total, K] (total < M rows)
-        out_offsets[g] = (size_t)e.start[g] * N;
-        Bs[g] = dB;
-    }
+    Experts e = experts_few();  // A as [total, K] (total < M rows), every expert B
+    int32_t *d_counts = check_ints_to_device(e.rows, (size_t)e.count);
     size_t ng = (size_t)e.total * N;
     float *g1 = check_device_nan(ng), *g2 = check_device_nan(ng);
-    under()->gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g1, out_offsets, N);
-    under()->gemm_grouped(0, 1, e.count, e.rows, N, K, 1.0f, dA, offsets, K, Bs, K, 0.0f, g2, out_offsets, N);
+    // once reading the counts from tensor memory, once from the host copy: the same bits
+    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g1, N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g2, N);
     check_finish();
     int same_gemm = memcmp(from_device(c1, M * N), from_device(c2, M * N), sizeof(float) * M * N) == 0;
     int same_grouped = memcmp(from_device(g1, ng), from_device(g2, ng), sizeof(float) * ng) == 0;

@@ -278,84 +278,70 @@ static void test_backends_agree(void) {
     free(A), free(B), free(C1), free(C2);
 }
 
-// mt_gemm_grouped: per-expert weights, row offsets into A and C, an empty group;
-// rows of C between groups stay untouched.
+// mt_gemm_grouped: the experts' weights one block, groups back to back in A and C, an empty
+// group; the rows of C past the groups stay untouched.
 static void test_grouped(void) {
-    enum { G = 5, N = 37, K = 70 };
-    const int rows[G] = {5, 0, 17, 1, 40};
+    enum { G = 5, N = 37, K = 70, TAIL = 2 };
+    const int32_t rows[G] = {5, 0, 17, 1, 40};
     for (int b = 0; b < backend_count(); b++) {
         select_backend(b);
         for (int tb = 0; tb < 2; tb++) {
-            size_t a_off[G], c_off[G], a_total = 0, c_total = 0;
-            for (int g = 0; g < G; g++) {  // A packed tightly; C with a 2-row gap per group
-                a_off[g] = a_total * K;
-                c_off[g] = (c_total + 2) * N;
-                a_total += rows[g];
-                c_total += rows[g] + 2;
-            }
-            real *A = mt_malloc(a_total * K * sizeof(real));
-            real *C = mt_malloc(c_total * N * sizeof(real));
-            real *C0 = mt_malloc(c_total * N * sizeof(real)), *W[G];
-            fill_random(A, a_total * K, 9);
-            fill_random(C, c_total * N, 10);
-            memcpy(C0, C, c_total * N * sizeof(real));
+            size_t first[G], total = 0, stride = (size_t)K * N;
             for (int g = 0; g < G; g++) {
-                W[g] = mt_malloc((size_t)K * N * sizeof(real));
-                fill_random(W[g], (size_t)K * N, 20 + g);
+                first[g] = total;
+                total += rows[g];
             }
+            real *A = mt_malloc(total * K * sizeof(real));
+            real *C = mt_malloc((total + TAIL) * N * sizeof(real));
+            real *C0 = mt_malloc((total + TAIL) * N * sizeof(real)), *W = mt_malloc(G * stride * sizeof(real));
+            fill_random(A, total * K, 9);
+            fill_random(C, (total + TAIL) * N, 10);
+            memcpy(C0, C, (total + TAIL) * N * sizeof(real));
+            for (int g = 0; g < G; g++) fill_random(W + g * stride, stride, 20 + g);
             int ldb = tb ? K : N;
-            mt_gemm_grouped(0, tb, G, rows, N, K, (real)1.5, A, a_off, K, (const real *const *)W,
-                            ldb, (real)0.5, C, c_off, N);
+            mt_gemm_grouped(0, tb, G, rows, NULL, N, K, (real)1.5, A, K, W, stride, ldb, (real)0.5, C, N);
             double *ref = mt_malloc((size_t)40 * N * sizeof(double));
             double *scale = mt_malloc((size_t)40 * N * sizeof(double));
             for (int g = 0; g < G; g++) {
-                ref_gemm(0, tb, rows[g], N, K, 1.5, A + a_off[g], K, W[g], ldb, 0.5, C0 + c_off[g],
-                         N, ref, scale);
-                count_bad(C + c_off[g], N, ref, scale, rows[g], N, "grouped");
-                size_t gap = c_off[g] - 2 * N;
-                CHECK(memcmp(C + gap, C0 + gap, 2 * N * sizeof(real)) == 0,
-                      "grouped wrote rows outside group %d", g);
+                ref_gemm(0, tb, rows[g], N, K, 1.5, A + first[g] * K, K, W + g * stride, ldb, 0.5,
+                         C0 + first[g] * N, N, ref, scale);
+                count_bad(C + first[g] * N, N, ref, scale, rows[g], N, "grouped");
             }
-            for (int g = 0; g < G; g++) free(W[g]);
-            free(A), free(C), free(C0), free(ref), free(scale);
+            CHECK(memcmp(C + total * N, C0 + total * N, TAIL * N * sizeof(real)) == 0,
+                  "grouped wrote rows past the groups");
+            free(W), free(A), free(C), free(C0), free(ref), free(scale);
         }
     }
     mt_gemm_force_portable(0);
 }
 
-// mt_gemm_grouped_wgrad: W_g[out, in] += alpha * dY_g^T X_g per group.
+// mt_gemm_grouped_wgrad: W_g[out, in] += alpha * dY_g^T X_g per group, the W_g one block.
 static void test_grouped_wgrad(void) {
     enum { G = 4, OUT = 24, IN = 53 };
-    const int rows[G] = {3, 0, 300, 31};
+    const int32_t rows[G] = {3, 0, 300, 31};
     for (int b = 0; b < backend_count(); b++) {
         select_backend(b);
-        size_t dy_off[G], x_off[G], total = 0;
+        size_t first[G], total = 0, stride = OUT * IN;
         for (int g = 0; g < G; g++) {
-            dy_off[g] = total * OUT;
-            x_off[g] = total * IN;
+            first[g] = total;
             total += rows[g];
         }
         real *dY = mt_malloc(total * OUT * sizeof(real)), *X = mt_malloc(total * IN * sizeof(real));
-        real *W[G], *W0[G];
+        real *W = mt_malloc(G * stride * sizeof(real)), *W0 = mt_malloc(G * stride * sizeof(real));
         fill_random(dY, total * OUT, 31);
         fill_random(X, total * IN, 32);
-        for (int g = 0; g < G; g++) {
-            W[g] = mt_malloc(OUT * IN * sizeof(real));
-            W0[g] = mt_malloc(OUT * IN * sizeof(real));
-            fill_random(W[g], OUT * IN, 40 + g);
-            memcpy(W0[g], W[g], OUT * IN * sizeof(real));
-        }
-        mt_gemm_grouped_wgrad(G, rows, OUT, IN, (real)-0.5, dY, dy_off, X, x_off, W);
+        for (int g = 0; g < G; g++) fill_random(W + g * stride, stride, 40 + g);
+        memcpy(W0, W, G * stride * sizeof(real));
+        mt_gemm_grouped_wgrad(G, rows, NULL, OUT, IN, (real)-0.5, dY, X, W, stride);
         double ref[OUT * IN], scale[OUT * IN];
         for (int g = 0; g < G; g++) {
-            ref_gemm(1, 0, OUT, IN, rows[g], -0.5, dY + dy_off[g], OUT, X + x_off[g], IN, 1, W0[g],
-                     IN, ref, scale);
-            count_bad(W[g], IN, ref, scale, OUT, IN, "grouped_wgrad");
+            ref_gemm(1, 0, OUT, IN, rows[g], -0.5, dY + first[g] * OUT, OUT, X + first[g] * IN, IN, 1,
+                     W0 + g * stride, IN, ref, scale);
+            count_bad(W + g * stride, IN, ref, scale, OUT, IN, "grouped_wgrad");
             if (rows[g] == 0)
-                CHECK(memcmp(W[g], W0[g], OUT * IN * sizeof(real)) == 0, "empty group changed W");
-            free(W[g]), free(W0[g]);
+                CHECK(memcmp(W + g * stride, W0 + g * stride, OUT * IN * sizeof(real)) == 0, "empty group changed W");
         }
-        free(dY), free(X);
+        free(W), free(W0), free(dY), free(X);
     }
     mt_gemm_force_portable(0);
 }

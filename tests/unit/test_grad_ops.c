@@ -554,7 +554,7 @@ static void check_experts(int with_scale) {
         dgate[g] = alloc_copy(dgate0[g], nw), dup[g] = alloc_copy(dup0[g], nw);
         ddown[g] = alloc_copy(ddown0[g], nw);
     }
-    ExpertsCtx c = {{XG, XH, XI, offsets}, {gate, up, down},
+    ExpertsCtx c = {{XG, XH, XI, offsets, NULL, NULL, 0}, {gate, up, down},
                     {mt_malloc(rows * XI * sizeof(real)), mt_malloc(rows * XI * sizeof(real)),
                      mt_malloc(rows * XI * sizeof(real))},
                     mt_malloc(rows * XH * sizeof(real)), alloc_normal(&rng, rows * XH, 1),
@@ -620,7 +620,7 @@ static void check_dispatch(const char *what, const int32_t *topk, const int32_t 
     rng_seed(&rng, seed);
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
     for (int r = 0; r < DMAXROWS; r++) token_of_row[r] = -7;  // sentinel: untouched
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL};  // rows: set by the plan
     dispatch_plan(&plan, topk, kept, capacity);
     // expected: kept choices per expert, rows per expert, offsets
     int kept_count[DE] = {0}, want_offsets[DE + 1] = {0};
@@ -636,6 +636,10 @@ static void check_dispatch(const char *what, const int32_t *topk, const int32_t 
               want_offsets[e]);
     int total = want_offsets[DE];
     CHECK(total <= DMAXROWS, "%s: %d rows", what, total);
+    CHECK(plan.rows == total, "%s: plan.rows = %d, expected %d", what, plan.rows, total);
+    for (int e = 0; e < DE; e++)  // the host copy the grouped GEMMs take their problem sizes from
+        CHECK(plan.host_rows_per_expert[e] == rpe[e], "%s: host_rows_per_expert[%d] = %d, expected %d", what, e,
+              plan.host_rows_per_expert[e], rpe[e]);
     if (capacity > 0) CHECK(total == DE * capacity, "%s: padded plan has %d rows, expected %d", what, total, DE * capacity);
     // row of a kept choice: its expert's first row + the kept choices of that expert before it
     // (token order); dropped choices have row -1
@@ -714,6 +718,7 @@ static void check_dispatch(const char *what, const int32_t *topk, const int32_t 
                   h, (double)acc[n * DH + h], (double)s);
         }
     free(x), free(rows), free(cv), free(rv), free(cv2), free(y), free(out), free(z), free(dz), free(acc), free(acc0);
+    dispatch_plan_free(&plan);
 }
 
 // A fixed routing: expert counts 4, 4, 3, 0, 3.
@@ -741,7 +746,7 @@ static void test_dispatch_dropped(void) {
     check_dispatch("dropped", DISPATCH_TOPK, DISPATCH_KEPT, 0, 95);
     // token 4 lost both choices: combine gives it zero, and accumulate leaves it as it was
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL};  // rows: set by the plan
     dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 0);
     CHECK(offsets[DE] == 10, "dropped plan has %d rows, expected 10", offsets[DE]);
     real rows[DMAXROWS * DH], out[DN * DH];
@@ -751,6 +756,7 @@ static void test_dispatch_dropped(void) {
     for (int h = 0; h < DH; h++) CHECK(out[4 * DH + h] == -5, "fully dropped token 4 changed by accumulate");
     combine_forward(out, rows, &plan, DH, 0);
     for (int h = 0; h < DH; h++) CHECK(out[4 * DH + h] == 0, "fully dropped token 4 not zero");
+    dispatch_plan_free(&plan);
 }
 
 static void test_dispatch_padded(void) {
@@ -758,7 +764,7 @@ static void test_dispatch_padded(void) {
     check_dispatch("padded, dropless, capacity 5", DISPATCH_TOPK, NULL, 5, 97);
     // the padded layout spelled out: expert e owns rows 3e..3e+2; expert 3 is all padding
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row};
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL};  // rows: set by the plan
     dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 3);
     static const int32_t want_tokens[15] = {0, 3, 5, 0, 1, 6, 3, 5, -1, -1, -1, -1, 2, 6, -1};
     static const int32_t want_rows[DNK] = {0, 3, 4, -1, -1, 12, 6, 1, -1, -1, 2, 7, 5, 13};
@@ -768,6 +774,7 @@ static void test_dispatch_padded(void) {
     for (int i = 0; i < DNK; i++)
         CHECK(row_of_choice[i] == want_rows[i], "padded row_of_choice[%d] = %d, expected %d", i, row_of_choice[i],
               want_rows[i]);
+    dispatch_plan_free(&plan);
 }
 
 static void test_dispatch_max_rows(void) {

@@ -440,24 +440,31 @@ void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const r
     gemm_portable(&p);
 }
 
-void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K,
-                     real alpha, const real *A, const size_t *a_offsets, int lda,
-                     const real *const *B_ptrs, int ldb, real beta, real *C,
-                     const size_t *c_offsets, int ldc) {
+// host_counts is not needed here: the cpu reads counts itself.
+void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
+                      int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
+                      real *C, int ldc) {
+    size_t first = 0;  // the group's first row
     for (int g = 0; g < groups; g++) {
-        if (rows[g] == 0) continue;
-        cpu_gemm(trans_a, trans_b, rows[g], N, K, alpha, A + a_offsets[g], lda, B_ptrs[g], ldb,
-                beta, C + c_offsets[g], ldc);
+        int rows = counts[g];
+        MT_ASSERT(rows >= 0);
+        if (rows > 0)
+            cpu_gemm(trans_a, trans_b, rows, N, K, alpha, A + first * (trans_a ? 1 : (size_t)lda), lda,
+                     B + (size_t)g * b_stride, ldb, beta, C + first * ldc, ldc);
+        first += (size_t)rows;
     }
 }
 
-void cpu_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha,
-                           const real *dY, const size_t *dy_offsets, const real *X,
-                           const size_t *x_offsets, real *const *W_ptrs) {
+void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
+                            real alpha, const real *dY, const real *X, real *W, size_t w_stride) {
+    size_t first = 0;
     for (int g = 0; g < groups; g++) {
-        if (rows[g] == 0) continue;
+        int rows = counts[g];
+        MT_ASSERT(rows >= 0);
         // W_g[out, in] += alpha * (dY_g[rows, out])^T · X_g[rows, in]
-        cpu_gemm(1, 0, out, in, rows[g], alpha, dY + dy_offsets[g], out, X + x_offsets[g], in,
-                (real)1, W_ptrs[g], in);
+        if (rows > 0)
+            cpu_gemm(1, 0, out, in, rows, alpha, dY + first * out, out, X + first * in, in, (real)1,
+                     W + (size_t)g * w_stride, in);
+        first += (size_t)rows;
     }
 }

@@ -4,10 +4,14 @@
 #include "ops/backend.h"
 #include "ops/cuda/cuda_ops.h"
 
+static const BackendTimer cuda_timer = {
+    .mark = cuda_timer_mark, .seconds = cuda_timer_seconds, .reset = cuda_timer_reset};
+
 const OpsBackend ops_cuda_backend = {
     .name = "cuda",
     MT_OPS(MT_OP_ENTRY_CUDA)  // .gemm = cuda_gemm, ... for every op of op_list.h
     .finish = cuda_finish,
+    .timer = &cuda_timer,
 };
 
 const CudaPlugin moetron_cuda_plugin = {
@@ -17,8 +21,10 @@ const CudaPlugin moetron_cuda_plugin = {
     .set_gemm_bf16 = cuda_set_gemm_bf16,
     .device_name = cuda_device_name,
     .memory_free_bytes = cuda_memory_free_bytes,
-    .malloc_managed = cuda_malloc_managed,
+    .malloc_zeroed = cuda_malloc_zeroed,
     .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
     .ops = &ops_cuda_backend,
 };
 #endif

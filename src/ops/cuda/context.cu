@@ -1,6 +1,8 @@
 // context.cu — the cuda backend's device, stream, cuBLAS handle and memory.
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ops/cuda/cuda_internal.h"
 
@@ -79,30 +81,115 @@ double cuda_memory_free_bytes(void) {
     return (double)free_bytes;
 }
 
-void *cuda_malloc_managed(size_t bytes) {
-    void *p = NULL;
-    if (bytes == 0) bytes = 1;
-    cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
-    if (e != cudaSuccess)
-        mt_die("out of GPU memory: cudaMallocManaged of %.1f MiB failed (%s); use a smaller model, "
-               "--micro-batch-size or more GPUs", bytes / 1048576.0, cudaGetErrorString(e));
-    CUDA_CHECK(cudaMemset(p, 0, bytes));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    return p;
+// Device memory comes from the device's default memory pool, allocated and freed in the
+// stream's order (cudaMallocAsync / cudaFreeAsync): a free never waits for the device,
+// and the pool keeps what it was given (release threshold: all of it), so buffers that
+// grow or are rebuilt reuse memory without going back to the driver.
+static void keep_pool_memory(void) {
+    static int done;
+    if (done) return;
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ctx.device));
+    uint64_t keep_all = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    done = 1;
 }
 
 void *cuda_malloc(size_t bytes) {
+    require_ready();
+    keep_pool_memory();
     void *p = NULL;
     if (bytes == 0) bytes = 1;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = cudaMallocAsync(&p, bytes, ctx.stream);
     if (e != cudaSuccess)
-        mt_die("out of GPU memory: cudaMalloc of %.1f MiB failed (%s)", bytes / 1048576.0, cudaGetErrorString(e));
+        mt_die("out of GPU memory: %.1f MiB of device memory could not be had (%s); use a smaller model, "
+               "--micro-batch-size or more GPUs",
+               bytes / 1048576.0, cudaGetErrorString(e));
+    return p;
+}
+
+void *cuda_malloc_zeroed(size_t bytes) {
+    void *p = cuda_malloc(bytes);
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes ? bytes : 1, ctx.stream));
     return p;
 }
 
 void cuda_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));  // cudaFree waits for the work using p
+    if (p) CUDA_CHECK(cudaFreeAsync(p, cuda_stream()));
 }
+
+// ---- host staging: pinned memory between host buffers and device memory -------------------
+//
+// A ring of pinned slots, each with the event of its last copy. An upload copies the host
+// bytes into a slot and queues the slot's copy to the device on the stream, so the caller
+// may reuse its buffer on return and the device sees the bytes in stream order; a slot is
+// written again only after its event. A download queues the copy into a slot, waits for it
+// (the step's synchronisation point) and copies the slot out.
+enum { STAGING_SLOTS = 8, STAGING_SLOT_BYTES = 4 << 20 };
+
+static struct {
+    char *slot[STAGING_SLOTS];
+    cudaEvent_t done[STAGING_SLOTS];
+    int next;
+} staging;
+
+static int staging_take(void) {
+    require_ready();
+    int i = staging.next;
+    staging.next = (i + 1) % STAGING_SLOTS;
+    if (!staging.slot[i]) {
+        CUDA_CHECK(cudaMallocHost((void **)&staging.slot[i], STAGING_SLOT_BYTES));
+        CUDA_CHECK(cudaEventCreateWithFlags(&staging.done[i], cudaEventDisableTiming));
+    } else {
+        CUDA_CHECK(cudaEventSynchronize(staging.done[i]));
+    }
+    return i;
+}
+
+void cuda_upload(void *dst, const void *host, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += STAGING_SLOT_BYTES) {
+        size_t n = bytes - at < (size_t)STAGING_SLOT_BYTES ? bytes - at : (size_t)STAGING_SLOT_BYTES;
+        int i = staging_take();
+        memcpy(staging.slot[i], (const char *)host + at, n);
+        CUDA_CHECK(cudaMemcpyAsync((char *)dst + at, staging.slot[i], n, cudaMemcpyHostToDevice, ctx.stream));
+        CUDA_CHECK(cudaEventRecord(staging.done[i], ctx.stream));
+    }
+}
+
+void cuda_download(void *host, const void *src, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += STAGING_SLOT_BYTES) {
+        size_t n = bytes - at < (size_t)STAGING_SLOT_BYTES ? bytes - at : (size_t)STAGING_SLOT_BYTES;
+        int i = staging_take();
+        CUDA_CHECK(cudaMemcpyAsync(staging.slot[i], (const char *)src + at, n, cudaMemcpyDeviceToHost, ctx.stream));
+        CUDA_CHECK(cudaEventRecord(staging.done[i], ctx.stream));
+        CUDA_CHECK(cudaEventSynchronize(staging.done[i]));
+        memcpy((char *)host + at, staging.slot[i], n);
+    }
+}
+
+// ---- op timing: events on the stream (--profile) -------------------------------------------
+enum { TIMER_MARKS = 8192 };
+static struct {
+    cudaEvent_t mark[TIMER_MARKS];
+    int used;
+} timer;
+
+int cuda_timer_mark(void) {
+    if (timer.used == TIMER_MARKS) return -1;
+    int i = timer.used++;
+    if (!timer.mark[i]) CUDA_CHECK(cudaEventCreate(&timer.mark[i]));
+    CUDA_CHECK(cudaEventRecord(timer.mark[i], cuda_stream()));
+    return i;
+}
+
+double cuda_timer_seconds(int from, int to) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventSynchronize(timer.mark[to]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, timer.mark[from], timer.mark[to]));
+    return ms / 1e3;
+}
+
+void cuda_timer_reset(void) { timer.used = 0; }
 
 // Copies and fills run on the backend's stream and wait for it, so they are ordered
 // after the ops queued before them.

@@ -1,10 +1,10 @@
 // cuda_ops.h — the cuda backend: every op of ops.h / gemm.h over device (or managed)
 // memory, float storage. Each cuda_X has the signature and contract of X in ops.h or
 // gemm.h (src/ops/backend.h lists them); the differences a caller sees:
-//   * pointers are device-accessible (src/core/device.h allocates managed memory for the
-//     model), except the grouped GEMMs' per-group rows/offsets/pointer arrays (host);
-//   * ops are queued on the backend's stream (cuda_stream()); cuda_finish() waits for
-//     them. Results are deterministic: no atomics feed a result, every reduction runs in
+//   * pointers are device memory (src/core/device.h allocates it through the plugin);
+//     host-side parameters come by value or in small structs read at launch;
+//   * ops are queued on the backend's stream (cuda_stream()) and return at once; a
+//     download (cuda_download) or cuda_finish() waits for them. Results are deterministic: no atomics feed a result, every reduction runs in
 //     a fixed order, so two runs give the same bits;
 //   * GEMMs compute in fp32, or with bf16 inputs and fp32 accumulation after
 //     cuda_set_gemm_bf16(1) (--bf16).
@@ -25,12 +25,23 @@ void cuda_finish(void);                  // waits for the stream
 void cuda_set_gemm_bf16(int on);         // GEMM inputs rounded to bf16, fp32 accumulation
 const char *cuda_device_name(void);      // after cuda_init
 double cuda_memory_free_bytes(void);     // free memory of the device, after cuda_init
-// Device memory: cuda_malloc_managed returns zeroed managed memory (host code can read
-// and write it after cuda_finish); cuda_free releases it (NULL is ignored).
-void *cuda_malloc_managed(size_t bytes);
-void cuda_free(void *p);
-// Plain device memory and copies, for the op checks and the backend's own scratch.
+// Device memory (never managed memory), from a stream-ordered pool: cuda_malloc's bytes
+// are unset, cuda_malloc_zeroed's zero in stream order; cuda_free returns a block in
+// stream order (NULL is ignored). Host code cannot address it: it goes through copies.
 void *cuda_malloc(size_t bytes);
+void *cuda_malloc_zeroed(size_t bytes);
+void cuda_free(void *p);
+// The model's copies, through pinned staging (context.cu): cuda_upload returns once the
+// host bytes are staged (the device gets them in stream order), cuda_download once the
+// bytes are in host memory — it waits for the ops queued before it (a sync point).
+void cuda_upload(void *dst, const void *host, size_t bytes);
+void cuda_download(void *host, const void *src, size_t bytes);
+// Events on the stream for --profile: a mark's index (-1 when all are in use), the
+// seconds between two marks (waits for the later), and all marks free again.
+int cuda_timer_mark(void);
+double cuda_timer_seconds(int from, int to);
+void cuda_timer_reset(void);
+// Blocking copies and fills for the op checks and the backend's own scratch.
 void cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
 void cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
 void cuda_memset(void *dst, int byte, size_t bytes);
@@ -53,8 +64,10 @@ typedef struct CudaPlugin {
     void (*set_gemm_bf16)(int on);
     const char *(*device_name)(void);
     double (*memory_free_bytes)(void);
-    void *(*malloc_managed)(size_t bytes);
+    void *(*malloc_zeroed)(size_t bytes);
     void (*free)(void *p);
+    void (*upload)(void *dst, const void *host, size_t bytes);
+    void (*download)(void *host, const void *src, size_t bytes);
     const OpsBackend *ops;
 } CudaPlugin;
 #define CUDA_PLUGIN_SYMBOL "moetron_cuda_plugin"

@@ -25,14 +25,18 @@
 // 0 and NaN in C); beta == 0 with K > 0 is cuBLAS's own: its contract is that C need not
 // hold valid values when beta == 0.
 //
-// Grouped GEMMs (one problem per non-empty expert, groups with rows[g] == 0 skipped):
+// Grouped GEMMs (one problem per non-empty expert, groups with counts[g] == 0 skipped):
+//   * the rows per group are tensor memory (gemm.h) and cuBLAS takes each problem's m or k
+//     on the host: the caller's host_counts (the copy its layer pass downloaded with the
+//     dispatch sizes) give them without waiting; without host_counts the call copies the
+//     counts into a pinned host block (one cudaMemcpyAsync, then a stream synchronize);
 //   * fp32: one cublasGemmGroupedBatchedEx call, one cuBLAS group of group_size 1 per
 //     problem (each has its own m or k and its own pointers). Its shape, ld and scalar
 //     arrays are host arrays; its A/B/C pointer arrays must be in device memory: they are
 //     written to a pinned host staging block and copied with one cudaMemcpyAsync on the
 //     stream into a device block (both grown on demand), so the GEMM that reads them is
-//     ordered after the copy. An event recorded after the copy guards the staging block:
-//     the next grouped call waits on it before writing there again.
+//     ordered after the copy. The blocks are a ring of slots, each guarded by an event
+//     recorded after its copy: a call waits only for its slot's copy of many calls ago.
 //   * bf16: one cublasGemmEx per problem. The grouped API's table of supported types has no
 //     CUBLAS_COMPUTE_32F_FAST_16BF (fp32 data: 32F, 32F_PEDANTIC, 32F_FAST_TF32), and
 //     cublasGemmEx sees each pointer, so it has no alignment demand on rows that start at
@@ -160,44 +164,59 @@ static void batch_reserve(int count) {
 
 // ---- device pointer arrays of cublasGemmGroupedBatchedEx ------------------------------------
 
-// 3·cap pointers on each side: [A' of every problem | B' ... | C' ...], packed by the
-// call's count. `copied` is recorded on the stream after the last copy out of `host`.
+// A ring of POINTER_SLOTS slots, each 3·cap pointers on each side: [A' of every problem |
+// B' ... | C' ...], packed by the call's count. A slot's `copied` is recorded on the stream
+// after the copy out of its host block; a call waits only for the copy of its own slot,
+// queued POINTER_SLOTS grouped calls earlier (long done in practice), never for the GEMMs
+// just queued — so a grouped call does not stall the host.
+enum { POINTER_SLOTS = 16 };
 static struct {
-    void **host;    // pinned staging
-    void **device;  // what cuBLAS reads
-    size_t cap;     // problems
-    cudaEvent_t copied;
+    void **host[POINTER_SLOTS];    // pinned staging
+    void **device[POINTER_SLOTS];  // what cuBLAS reads
+    cudaEvent_t copied[POINTER_SLOTS];
+    size_t cap;  // problems per slot
+    int next;    // the slot the next call uses
 } ptrs;
 
-// Staging room for `count` problems' pointers that is free to write: the previous copy out
-// of it has finished, and both blocks hold at least 3·count pointers.
-static void **pointers_staging(int count) {
-    if (ptrs.copied) CUDA_CHECK(cudaEventSynchronize(ptrs.copied));
-    else CUDA_CHECK(cudaEventCreateWithFlags(&ptrs.copied, cudaEventDisableTiming));
-    if ((size_t)count <= ptrs.cap) return ptrs.host;
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));  // no queued GEMM still reads the old device block
-    if (ptrs.host) CUDA_CHECK(cudaFreeHost(ptrs.host));
-    if (ptrs.device) CUDA_CHECK(cudaFree(ptrs.device));
+// Every slot with room for at least `count` problems (rare: the first calls and growth).
+static void pointers_grow(int count) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));  // no queued GEMM still reads an old device block
     size_t cap = MT_MAX((size_t)count, MT_MAX(2 * ptrs.cap, (size_t)64));
-    CUDA_CHECK(cudaMallocHost((void **)&ptrs.host, 3 * cap * sizeof(void *)));
-    CUDA_CHECK(cudaMalloc((void **)&ptrs.device, 3 * cap * sizeof(void *)));
+    for (int s = 0; s < POINTER_SLOTS; s++) {
+        if (ptrs.host[s]) CUDA_CHECK(cudaFreeHost(ptrs.host[s]));
+        if (ptrs.device[s]) CUDA_CHECK(cudaFree(ptrs.device[s]));
+        if (!ptrs.copied[s]) CUDA_CHECK(cudaEventCreateWithFlags(&ptrs.copied[s], cudaEventDisableTiming));
+        CUDA_CHECK(cudaMallocHost((void **)&ptrs.host[s], 3 * cap * sizeof(void *)));
+        CUDA_CHECK(cudaMalloc((void **)&ptrs.device[s], 3 * cap * sizeof(void *)));
+        CUDA_CHECK(cudaEventRecord(ptrs.copied[s], cuda_stream()));
+    }
     ptrs.cap = cap;
-    return ptrs.host;
 }
 
-// Queues the copy of the 3·count staged pointers to the device block and returns that block.
-static void **pointers_upload(int count) {
+// The slot for the next `count` problems' pointers, free to write: its previous copy has
+// finished, and it holds at least 3·count pointers on each side.
+static int pointers_slot(int count) {
+    if ((size_t)count > ptrs.cap) pointers_grow(count);
+    int s = ptrs.next;
+    ptrs.next = (ptrs.next + 1) % POINTER_SLOTS;
+    CUDA_CHECK(cudaEventSynchronize(ptrs.copied[s]));
+    return s;
+}
+
+// Queues the copy of slot s's 3·count staged pointers to its device block and returns that block.
+static void **pointers_upload(int s, int count) {
     size_t bytes = 3 * (size_t)count * sizeof(void *);
-    CUDA_CHECK(cudaMemcpyAsync(ptrs.device, ptrs.host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
-    CUDA_CHECK(cudaEventRecord(ptrs.copied, cuda_stream()));
-    return ptrs.device;
+    CUDA_CHECK(cudaMemcpyAsync(ptrs.device[s], ptrs.host[s], bytes, cudaMemcpyHostToDevice, cuda_stream()));
+    CUDA_CHECK(cudaEventRecord(ptrs.copied[s], cuda_stream()));
+    return ptrs.device[s];
 }
 
 // ---- running the gathered problems ----------------------------------------------------------
 
 // batch.gemm[0, count) in one cublasGemmGroupedBatchedEx (fp32 only, see the top of the file).
 static void batch_run_grouped(int count, float alpha, float beta) {
-    void **staged = pointers_staging(count);
+    int slot = pointers_slot(count);
+    void **staged = ptrs.host[slot];
     for (int i = 0; i < count; i++) {
         const ColGemm *g = &batch.gemm[i];
         batch.ta[i] = g->ta;
@@ -215,7 +234,7 @@ static void batch_run_grouped(int count, float alpha, float beta) {
         staged[count + i] = (void *)g->B;
         staged[2 * count + i] = g->C;
     }
-    void **dev = pointers_upload(count);
+    void **dev = pointers_upload(slot, count);
     CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cuda_cublas(), batch.ta, batch.tb, batch.m, batch.n, batch.k, batch.alpha,
                                             (const void *const *)dev, CUDA_R_32F, batch.lda,
                                             (const void *const *)(dev + count), CUDA_R_32F, batch.ldb, batch.beta,
@@ -235,46 +254,73 @@ static void batch_run(int count, float alpha, float beta) {
 
 // ---- grouped GEMMs ------------------------------------------------------------------------------
 
-// For g with rows[g] > 0: C_g[rows[g], N] = alpha·op(A + a_offsets[g])·op(B_ptrs[g]) + beta·C_g,
-// C_g = C + c_offsets[g] (gemm.h). Every problem shares N, K, the flags and the lds; only
-// M = rows[g] and the pointers differ.
-void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int *rows, int N, int K, real alpha,
-                       const real *A, const size_t *a_offsets, int lda, const real *const *B_ptrs, int ldb,
-                       real beta, real *C, const size_t *c_offsets, int ldc) {
+// The rows of each group, copied from tensor memory into a pinned host block (grown on demand)
+// once the stream's earlier work (which may write them) is done.
+static const int32_t *counts_on_host(const int32_t *counts, int groups) {
+    static int32_t *host;
+    static int cap;
+    if (groups > cap) {
+        if (host) CUDA_CHECK(cudaFreeHost(host));
+        cap = MT_MAX(groups, MT_MAX(2 * cap, 64));
+        CUDA_CHECK(cudaMallocHost((void **)&host, (size_t)cap * sizeof(int32_t)));
+    }
+    if (groups == 0) return host;
+    CUDA_CHECK(cudaMemcpyAsync(host, counts, (size_t)groups * sizeof(int32_t), cudaMemcpyDefault, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    return host;
+}
+
+// For g with M_g = counts[g] > 0: C_g[M_g, N] = alpha·op(A_g)·op(B + g·b_stride) + beta·C_g, the
+// groups' rows back to back from row 0 (gemm.h). Every problem shares N, K, the flags and the
+// lds; only M = M_g and the pointers differ.
+void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
+                       int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
+                       real *C, int ldc) {
     MT_ASSERT(groups >= 0 && N >= 0 && K >= 0);
-    if (N == 0) return;
+    if (N == 0 || groups == 0) return;
+    const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
     int count = 0;
+    size_t first = 0;
     batch_reserve(groups);
     for (int g = 0; g < groups; g++) {
-        MT_ASSERT(rows[g] >= 0);
-        if (rows[g] == 0) continue;
+        int m = rows[g];
+        MT_ASSERT(m >= 0);
+        size_t at = first;
+        first += (size_t)m;
+        if (m == 0) continue;
         MT_ASSERT(ldc >= N);
+        float *C_g = C + at * ldc;
         if (K == 0 || alpha == 0) {  // C_g = beta·C_g, A and B unread
-            scale_c(rows[g], N, beta, C + c_offsets[g], ldc);
+            scale_c(m, N, beta, C_g, ldc);
             continue;
         }
-        check_lds(trans_a, trans_b, rows[g], N, K, lda, ldb, ldc);
-        batch.gemm[count++] =
-            col_gemm(trans_a, trans_b, rows[g], N, K, A + a_offsets[g], lda, B_ptrs[g], ldb, C + c_offsets[g], ldc);
+        check_lds(trans_a, trans_b, m, N, K, lda, ldb, ldc);
+        batch.gemm[count++] = col_gemm(trans_a, trans_b, m, N, K, A + at * (trans_a ? 1 : (size_t)lda), lda,
+                                       B + (size_t)g * b_stride, ldb, C_g, ldc);
     }
     batch_run(count, alpha, beta);
 }
 
-// For g with rows[g] > 0: W_g[out,in] += alpha·dY_gᵀ[out, rows[g]]·X_g[rows[g], in], i.e. the
-// row-major gemm (trans_a = 1, trans_b = 0, M = out, N = in, K = rows[g], beta = 1) with
-// dY_g [rows[g], out] (ld out), X_g [rows[g], in] (ld in), W_g [out, in] (ld in). Here K
+// For g with M_g = counts[g] > 0: W_g[out,in] += alpha·dY_gᵀ[out, M_g]·X_g[M_g, in], i.e. the
+// row-major gemm (trans_a = 1, trans_b = 0, M = out, N = in, K = M_g, beta = 1) with dY_g
+// [M_g, out] (ld out), X_g [M_g, in] (ld in), W_g = W + g·w_stride [out, in] (ld in). Here K
 // differs between problems.
-void cuda_gemm_grouped_wgrad(int groups, const int *rows, int out, int in, real alpha, const real *dY,
-                             const size_t *dy_offsets, const real *X, const size_t *x_offsets, real *const *W_ptrs) {
+void cuda_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
+                             real alpha, const real *dY, const real *X, real *W, size_t w_stride) {
     MT_ASSERT(groups >= 0 && out >= 0 && in >= 0);
-    if (out == 0 || in == 0 || alpha == 0) return;  // W_g = 1·W_g
+    if (out == 0 || in == 0 || alpha == 0 || groups == 0) return;  // W_g = 1·W_g
+    const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
     int count = 0;
+    size_t first = 0;
     batch_reserve(groups);
     for (int g = 0; g < groups; g++) {
-        MT_ASSERT(rows[g] >= 0);
-        if (rows[g] == 0) continue;
+        int m = rows[g];
+        MT_ASSERT(m >= 0);
+        size_t at = first;
+        first += (size_t)m;
+        if (m == 0) continue;
         batch.gemm[count++] =
-            col_gemm(1, 0, out, in, rows[g], dY + dy_offsets[g], out, X + x_offsets[g], in, W_ptrs[g], in);
+            col_gemm(1, 0, out, in, m, dY + at * out, out, X + at * in, in, W + (size_t)g * w_stride, in);
     }
     batch_run(count, alpha, 1.0f);
 }

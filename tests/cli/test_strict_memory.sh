@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# test_strict_memory.sh — no host code touches tensor memory outside ops, communication and
+# explicit copies (issue: device-resident execution). Under --device cpu-strict every tensor
+# block is closed to host code except while an op, a collective or a copy runs; a host access
+# ends the run naming the place. For every model family and MoE feature this trains with
+# evaluation and a checkpoint, resumes from it and generates from it (sampled and greedy);
+# dense, EP, DP with the distributed optimizer, TP with sequence parallelism, PP and CP run
+# under mpirun the same way. Every strict run gives the same losses and gradient norms as
+# the plain cpu run, bit for bit, and generates the same text.
+set -u
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/mpi_lib.sh"
+export OMPI_MCA_btl_vader_single_copy_mechanism=none  # MPI's own kernel copies bypass page protection
+
+TINY=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
+      --global-batch-size 4 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 --ffn-hidden-size 64
+      --eval-interval 2 --eval-iters 1 --lr-warmup-iters 1 --mock-data-tokens 16384)
+MLA=(--multi-latent-attention --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 8 --v-head-dim 12)
+# name | flags: every family and MoE feature
+CASES=(
+    "dense|--num-experts 0"
+    "mixtral_aux_z_jitter|--hf-architecture mixtral --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01"
+    "qwen3_seq_global|--hf-architecture qwen3_moe --qk-layernorm --moe-router-load-balancing-type seq_aux_loss,global_aux_loss --moe-aux-loss-coeff 0.01,0.001"
+    "olmoe_clip_presoftmax|--hf-architecture olmoe --qk-layernorm --qk-layernorm-scope projection --clip-qkv 0.9 --moe-router-pre-softmax --untie-embeddings-and-output-weights"
+    "capacity_probs_drop|--moe-expert-capacity-factor 1.0"
+    "capacity_position_padded|--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position --moe-pad-expert-input-to-capacity"
+    "deepseek_mla_bias_groups|--hf-architecture deepseek_v3 ${MLA[*]} --q-lora-rank 16 --rotary-interleaved --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5 --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-shared-expert-intermediate-size 64 --moe-layer-freq [0,1]"
+    "shared_gate_forced_fp64|--moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-router-force-load-balancing --moe-router-dtype fp64 --moe-router-score-function sqrtsoftplus"
+)
+# name | ranks | flags: the parallel layouts
+MPI_CASES=(
+    "ep2_alltoall|2|--expert-model-parallel-size 2 --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01"
+    "ep2_allgather_capacity|2|--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --moe-expert-capacity-factor 1.0"
+    "ep2_shared_overlap|2|--expert-model-parallel-size 2 --moe-shared-expert-intermediate-size 32 --moe-shared-expert-overlap"
+    "dp2_dense_distopt|2|--num-experts 0 --use-distributed-optimizer"
+    "tp2_sp|2|--tensor-model-parallel-size 2 --sequence-parallel"
+    "pp2|2|--pipeline-model-parallel-size 2"
+    "cp2|2|--context-parallel-size 2"
+)
+
+# steps FILE: per-step numbers of a JSONL log without the timings
+steps() { python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if "loss" in d: print(d["step"], d["loss"], d["lm_loss"], d["aux_loss"], d["z_loss"], d["grad_norm"])
+PY
+}
+
+# strict_case NAME LAUNCH... -- FLAGS...: train (eval, save) strict and plain, same numbers;
+# resume strict; generate strict and plain, same text
+strict_case() {
+    local name=$1
+    shift
+    local launch=() flags=()
+    while [ "$1" != "--" ]; do launch+=("$1"); shift; done
+    shift
+    flags=("$@")
+    local d="$work/$name"
+    mkdir -p "$d"
+    if ! MOETRON_DEVICE=cpu-strict "${launch[@]}" "$M" train "${TINY[@]}" "${flags[@]}" --train-iters 2 \
+        --save "$d/strict" --log-jsonl "$d/strict.jsonl" >"$d/train.log" 2>&1; then
+        fail "strict_$name" "strict training failed: $(grep -m1 -A3 'error' "$d/train.log" | tr '\n' ' ' | head -c 600)"
+        return
+    fi
+    MOETRON_DEVICE=cpu "${launch[@]}" "$M" train "${TINY[@]}" "${flags[@]}" --train-iters 2 \
+        --log-jsonl "$d/plain.jsonl" >"$d/plain.log" 2>&1
+    if ! cmp -s <(steps "$d/strict.jsonl") <(steps "$d/plain.jsonl") || [ -z "$(steps "$d/strict.jsonl")" ]; then
+        fail "strict_$name" "strict and plain runs differ: $(diff <(steps "$d/strict.jsonl") <(steps "$d/plain.jsonl") | head -4 | tr '\n' ' ')"
+        return
+    fi
+    if ! MOETRON_DEVICE=cpu-strict "${launch[@]}" "$M" train "${TINY[@]}" "${flags[@]}" --train-iters 3 \
+        --load "$d/strict" --save "$d/strict" >"$d/resume.log" 2>&1; then
+        fail "strict_$name" "strict resume failed: $(grep -m1 -A3 'error' "$d/resume.log" | tr '\n' ' ' | head -c 600)"
+        return
+    fi
+    local sample
+    for sample in "--temperature 0.8 --top-k 5 --top-p 0.9" "--temperature 0"; do
+        # shellcheck disable=SC2086
+        if ! MOETRON_DEVICE=cpu-strict "$M" generate --load "$d/strict" --prompt "the cat" --max-new-tokens 6 \
+            $sample >"$d/gen_strict.txt" 2>"$d/gen.err"; then
+            fail "strict_$name" "strict generation failed: $(grep -m1 -A3 'error' "$d/gen.err" | tr '\n' ' ' | head -c 600)"
+            return
+        fi
+        # shellcheck disable=SC2086
+        MOETRON_DEVICE=cpu "$M" generate --load "$d/strict" --prompt "the cat" --max-new-tokens 6 $sample \
+            >"$d/gen_plain.txt" 2>/dev/null
+        if ! cmp -s "$d/gen_strict.txt" "$d/gen_plain.txt"; then
+            fail "strict_$name" "strict generation ($sample) differs from the plain cpu's"
+            return
+        fi
+    done
+    ok "strict_$name"
+}
+
+for c in "${CASES[@]}"; do
+    IFS='|' read -r name flags <<<"$c"
+    # shellcheck disable=SC2086
+    strict_case "$name" env -- $flags
+done
+
+mpi_require strict_memory_mpi
+for c in "${MPI_CASES[@]}"; do
+    IFS='|' read -r name ranks flags <<<"$c"
+    # shellcheck disable=SC2086
+    strict_case "$name" "${MPIRUN[@]}" -n "$ranks" -- $flags
+done
