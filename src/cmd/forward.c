@@ -1,6 +1,7 @@
 // forward.c — `moetron forward`: run one batch through a checkpoint and dump logits,
 // loss, routing (and with --grads every parameter gradient) to safetensors, so that
 // any other implementation can be checked against moetron. See docs/forward-dump.md.
+// The dumped tensors come from tensor memory through one download each (stw_add_*download).
 #include <stdio.h>
 #include <string.h>
 
@@ -105,13 +106,13 @@ static void add_moe_layer_outputs(StWriter *w, const Model *m, const ModelActs *
     char name[MT_NAME_MAX];
     int64_t rows_e[2] = {a->N, c->num_experts}, rows_k[2] = {a->N, c->moe_router_topk}, experts[1] = {c->num_experts};
     snprintf(name, sizeof(name), "layers.%d.router_logits", l);
-    stw_add_real(w, name, 2, rows_e, ma->logits);
+    stw_add_real_download(w, name, 2, rows_e, ma->logits);
     snprintf(name, sizeof(name), "layers.%d.router_topk_idx", l);
-    stw_add(w, name, ST_I32, 2, rows_k, ma->route.topk_idx);
+    stw_add_download(w, name, ST_I32, 2, rows_k, ma->route.topk_idx);
     snprintf(name, sizeof(name), "layers.%d.router_probs", l);
-    stw_add_real(w, name, 2, rows_k, ma->route.topk_probs);
+    stw_add_real_download(w, name, 2, rows_k, ma->route.topk_probs);
     snprintf(name, sizeof(name), "layers.%d.tokens_per_expert", l);
-    stw_add(w, name, ST_I32, 1, experts, ma->route.tokens_per_expert);
+    stw_add_download(w, name, ST_I32, 1, experts, ma->route.tokens_per_expert);
     for (int t = 0; t < BALANCE_TYPES; t++) {  // L / coeff of every balance loss, whether enabled or not
         real value = (real)ma->route.balance_loss[t];
         snprintf(name, sizeof(name), "layers.%d.%s", l, BALANCE_TYPE_NAMES[t]);
@@ -122,7 +123,7 @@ static void add_moe_layer_outputs(StWriter *w, const Model *m, const ModelActs *
     stw_add_real(w, name, 0, NULL, &z);
     if (m->layers[l].expert_bias >= 0) {
         snprintf(name, sizeof(name), "layers.%d.expert_bias", l);
-        stw_add_real(w, name, 1, experts, tt_param(&m->tt, m->layers[l].expert_bias));
+        stw_add_real_download(w, name, 1, experts, tt_param(&m->tt, m->layers[l].expert_bias));
     }
 }
 
@@ -139,7 +140,7 @@ int forward_main(Config *c) {
     StWriter w;
     stw_init(&w);
     int64_t logits_shape[3] = {in.B, in.T, c->padded_vocab_size};
-    stw_add_real(&w, "logits", 3, logits_shape, a.logits);
+    stw_add_real_download(&w, "logits", 3, logits_shape, a.logits);
     real loss = (real)a.lm_loss;
     stw_add_real(&w, "loss", 0, NULL, &loss);
     for (int l = 0; l < c->num_layers; l++)
@@ -151,7 +152,7 @@ int forward_main(Config *c) {
         for (int i = 0; i < m.tt.count; i++) {
             const TensorDesc *d = &m.tt.descs[i];
             snprintf(name, sizeof(name), "grad.%s", d->name);
-            stw_add_real(&w, name, d->ndim, d->shape, tt_grad(&m.tt, i));
+            stw_add_real_download(&w, name, d->ndim, d->shape, tt_grad(&m.tt, i));
         }
     }
     char err[512];

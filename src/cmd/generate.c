@@ -7,80 +7,47 @@
 // end-of-document (the byte model's BYTE_EOD_TOKEN, or the tokenizer's end-of-text tokens)
 // or after --max-new-tokens, and says which on stderr. stdout is the text only, always
 // valid UTF-8 (tokenizer/utf8_stream.h).
-#include <math.h>
 #include <string.h>
 
 #include "cmd/commands.h"
 #include "cmd/load_model.h"
+#include "core/device.h"
 #include "core/rng.h"
 #include "data/dataset.h"
+#include "ops/ops_state.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8_stream.h"
 
-// Sampling weights of the tokens at or above the top-k threshold (0 for the others):
-// exp((logit - max) / temperature), unnormalised.
-static void tempered_weights(const real *logits, int vocab, int best, double temperature, int top_k, double *w) {
-    // threshold = k-th largest logit when top_k is set
-    double threshold = -INFINITY;
-    if (top_k > 0 && top_k < vocab) {
-        double *sorted = mt_malloc(vocab * sizeof(double));
-        for (int v = 0; v < vocab; v++) sorted[v] = logits[v];
-        for (int i = 0; i < top_k; i++)  // partial selection sort: top_k is small
-            for (int j = i + 1; j < vocab; j++)
-                if (sorted[j] > sorted[i]) {
-                    double x = sorted[i];
-                    sorted[i] = sorted[j];
-                    sorted[j] = x;
-                }
-        threshold = sorted[top_k - 1];
-        free(sorted);
-    }
-    for (int v = 0; v < vocab; v++) w[v] = logits[v] >= threshold ? exp((logits[v] - logits[best]) / temperature) : 0;
+// The next token from one position's logits (tensor memory): the sampling op on the device
+// (ops_state.h), then one download of the token. The uniform draw is taken only when sampling
+// (temperature > 0), as it always was.
+typedef struct {
+    int32_t *token;  // (1) tensor memory
+    double *work;    // (2·vocab) the op's scratch
+    int32_t *order;  // (vocab)
+    int vocab;
+} Sampler;
+
+static void sampler_init(Sampler *s, int vocab) {
+    s->vocab = vocab;
+    s->token = device_calloc(1, sizeof(int32_t));
+    s->work = device_calloc(2 * (size_t)vocab, sizeof(double));
+    s->order = device_calloc((size_t)vocab, sizeof(int32_t));
 }
 
-static const double *g_weights;  // what by_weight_descending compares (qsort has no context)
-
-// More probable first; equal weights in token order.
-static int by_weight_descending(const void *a, const void *b) {
-    int x = *(const int *)a, y = *(const int *)b;
-    if (g_weights[x] != g_weights[y]) return g_weights[x] > g_weights[y] ? -1 : 1;
-    return x - y;
+static void sampler_free(Sampler *s) {
+    device_free(s->token);
+    device_free(s->work);
+    device_free(s->order);
 }
 
-// Nucleus filtering (transformers' TopPLogitsWarper): keeps, from the most probable down,
-// every token whose more probable tokens hold less than top_p of the probability (so at
-// least one); the others get weight 0.
-static void keep_top_p(double *w, int vocab, double top_p) {
-    int *order = mt_malloc(vocab * sizeof(int));
-    double total = 0;
-    for (int v = 0; v < vocab; v++) order[v] = v, total += w[v];
-    g_weights = w;
-    qsort(order, vocab, sizeof(int), by_weight_descending);
-    double mass_before = 0;
-    for (int i = 0; i < vocab; i++) {
-        double p = w[order[i]];
-        if (i > 0 && mass_before >= top_p * total) w[order[i]] = 0;
-        mass_before += p;
-    }
-    free(order);
-}
-
-static int sample_token(const real *logits, int vocab, const Config *c, double *w, Rng *rng) {
-    int best = 0;
-    for (int v = 1; v < vocab; v++)
-        if (logits[v] > logits[best]) best = v;
-    if (c->temperature <= 0) return best;
-    tempered_weights(logits, vocab, best, c->temperature, c->top_k, w);
-    if (c->top_p < 1) keep_top_p(w, vocab, c->top_p);
-    double total = 0;
-    for (int v = 0; v < vocab; v++) total += w[v];
-    double r = rng_uniform(rng) * total;
-    for (int v = 0; v < vocab; v++) {
-        if (w[v] == 0) continue;
-        r -= w[v];
-        if (r <= 0) return v;
-    }
-    return best;
+static int sample_token(Sampler *s, const real *logits, const Config *c, Rng *rng) {
+    SampleParams p = {.temperature = c->temperature, .top_k = c->top_k, .top_p = c->top_p};
+    if (c->temperature > 0) p.u = rng_uniform(rng);
+    sample_next_token(s->token, logits, s->vocab, &p, s->work, s->order);
+    int32_t next;
+    device_download(&next, s->token, sizeof(next));
+    return next;
 }
 
 // The ids that end generation (the tokenizer's end-of-text tokens); returns their count.
@@ -157,10 +124,11 @@ int generate_main(Config *c) {
     Utf8Stream out;
     utf8_stream_init(&out, stdout);
     utf8_stream_write(&out, c->prompt, strlen(c->prompt));
-    double *weights = mt_malloc((size_t)vocab * sizeof(double));
+    Sampler sampler;
+    sampler_init(&sampler, vocab);
     int n = prompt_len, new_tokens = 0, ended = 0;
     for (; new_tokens < c->max_new_tokens; new_tokens++) {
-        int next = sample_token(last_logits, vocab, c, weights, &rng);
+        int next = sample_token(&sampler, last_logits, c, &rng);
         if ((ended = is_stop(next, stop, n_stop))) break;
         print_token(&out, tok, next);
         fflush(stdout);
@@ -175,7 +143,7 @@ int generate_main(Config *c) {
     fflush(stdout);
     fprintf(stderr, "generate: stopped after %d new tokens: %s\n", new_tokens,
             ended ? "end-of-document token" : "--max-new-tokens reached");
-    free(weights);
+    sampler_free(&sampler);
     acts_free(&prefill);
     acts_free(&step);
     kv_caches_free(kv, &m);

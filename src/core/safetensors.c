@@ -3,6 +3,7 @@
 // asked) and writer (streams the header and tensors into an atomic temp file).
 #include "safetensors.h"
 
+#include "device.h"
 #include "fileio.h"
 #include "json.h"
 
@@ -512,6 +513,22 @@ void stw_add_real_view(StWriter *w, const char *name, StDtype dtype, int ndim, c
     t->reals = data;
 }
 
+void stw_add_download(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape,
+                      const void *tensor) {
+    StWriterTensor *t = push_tensor(w, name, dtype, ndim, shape);
+    t->owned_bytes = mt_malloc(t->nbytes ? (size_t)t->nbytes : 1);
+    device_download(t->owned_bytes, tensor, (size_t)t->nbytes);
+    t->data = t->owned_bytes;
+}
+
+void stw_add_real_download(StWriter *w, const char *name, int ndim, const int64_t *shape, const real *tensor) {
+    StWriterTensor *t = push_tensor(w, name, ST_F32, ndim, shape);
+    size_t n = (size_t)(t->nbytes / sizeof(float));
+    t->owned_copy = mt_malloc((n ? n : 1) * sizeof(real));
+    device_download(t->owned_copy, tensor, n * sizeof(real));
+    t->reals = t->owned_copy;
+}
+
 void stw_add_real(StWriter *w, const char *name, int ndim, const int64_t *shape, const real *data) {
     StWriterTensor *t = push_tensor(w, name, ST_F32, ndim, shape);
     size_t n = (size_t)(t->nbytes / sizeof(float));
@@ -551,6 +568,7 @@ void stw_discard(StWriter *w) {
     for (int i = 0; i < w->n_tensors; i++) {
         free(w->tensors[i].name);
         free(w->tensors[i].owned_copy);
+        free(w->tensors[i].owned_bytes);
     }
     for (int i = 0; i < w->n_meta; i++) {
         free(w->meta_keys[i]);

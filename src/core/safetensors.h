@@ -93,6 +93,7 @@ typedef struct {
     const void *data;   // stw_add: the caller's bytes, written as they are
     const real *reals;  // stw_add_real(_view): converted to dtype while the file is written
     real *owned_copy;   // stw_add_real's copy (reals points to it)
+    void *owned_bytes;  // stw_add_download's host copy (data points to it)
     uint64_t nbytes;    // bytes in the file
 } StWriterTensor;
 
@@ -114,6 +115,12 @@ void stw_init(StWriter *w);
 void stw_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape, const void *data);
 // Adds a tensor stored as F32, copied from real now (data may change or go away after).
 void stw_add_real(StWriter *w, const char *name, int ndim, const int64_t *shape, const real *data);
+// Adds a tensor of tensor memory (core/device.h), copied to the host now with one
+// device_download: stw_add_download's bytes are dtype's as they are (I32 from int32_t),
+// stw_add_real_download's real values are stored as F32 (as stw_add_real).
+void stw_add_download(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape,
+                      const void *tensor);
+void stw_add_real_download(StWriter *w, const char *name, int ndim, const int64_t *shape, const real *tensor);
 // Adds a tensor stored as dtype (ST_F32 or ST_BF16), converted from the caller's real
 // values in small pieces while the file is written; data must stay valid until stw_finish.
 void stw_add_real_view(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape,

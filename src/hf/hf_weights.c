@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/device.h"
 #include "core/json.h"
 #include "core/safetensors.h"
 
@@ -43,6 +44,7 @@ typedef struct {
     MapEntry *map;
     JsonValue *index;          // sharded only: the parsed index (owns the names)
     char where[WEIGHTS_PATH_MAX + 64];  // the file named in errors: model.safetensors or the index
+    real *staging;             // host memory a tensor is read into before it is uploaded (ws_stage)
 } WeightSource;
 
 // Open one more file of the source (st_open validates it; a bad file is fatal).
@@ -132,6 +134,15 @@ static void ws_close(WeightSource *ws) {
     free(ws->used);
     free(ws->map);
     json_free(ws->index);
+    free(ws->staging);
+}
+
+// The staging buffer for m's tensors: the largest piece m holds (tensors are read from the
+// files into host memory, then copied into tensor memory with one upload each).
+static void ws_stage(WeightSource *ws, const Model *m) {
+    size_t largest = 1;
+    for (int i = 0; i < m->tt.count; i++) largest = MT_MAX(largest, m->tt.descs[i].numel);
+    ws->staging = mt_malloc(largest * sizeof(real));
 }
 
 // Look a tensor up (through the weight_map when sharded); NULL when absent. *file is set
@@ -347,7 +358,8 @@ static const StTensor *ws_read_windows(WeightSource *ws, const char *name, const
         const HfWindow *win = &g->windows[w];
         int64_t from = MT_MAX(begin, win->begin), to = MT_MIN(end, win->end);
         if (to <= from) continue;
-        read_piece_range(ws, file, name, t, 0, d, from - begin, to - begin, win->dest + (from - win->begin));
+        read_piece_range(ws, file, name, t, 0, d, from - begin, to - begin, ws->staging);
+        device_upload(win->dest + (from - win->begin), ws->staging, (size_t)(to - from) * sizeof(real));
     }
     ws_mark_used(ws, file, t);
     return t;
@@ -359,8 +371,8 @@ static void ws_read_group(WeightSource *ws, const Model *m, HfTensorGroup *g) {
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         snprintf(name, sizeof(name), "%s%s", g->prefix, d->name);
-        int found = (g->n_windows ? ws_read_windows(ws, name, d, g) : ws_read_named(ws, name, d, g->dest + d->offset))
-                    != NULL;
+        int found = (g->n_windows ? ws_read_windows(ws, name, d, g) : ws_read_named(ws, name, d, ws->staging)) != NULL;
+        if (found && !g->n_windows) device_upload(g->dest + d->offset, ws->staging, d->numel * sizeof(real));
         if (!found && !g->optional)
             mt_die("%s: tensor %s is missing; the checkpoint does not match its config.json", ws->where, name);
         if (found && first_found < 0) first_found = i;
@@ -378,6 +390,7 @@ void hf_load_tensor_groups(const char *path, const Model *m, HfTensorGroup *grou
     memset(&ws, 0, sizeof(ws));
     snprintf(ws.where, sizeof(ws.where), "%s", path);
     ws_add_file(&ws, path);
+    ws_stage(&ws, m);
     for (int g = 0; g < n_groups; g++) {
         ws_read_group(&ws, m, &groups[g]);
         ws_skip_remote_experts(&ws, m, groups[g].prefix);
@@ -389,7 +402,11 @@ void hf_load_tensor_groups(const char *path, const Model *m, HfTensorGroup *grou
 void hf_weights_load(const char *dir, Model *m) {
     WeightSource ws;
     ws_open(&ws, dir);
-    for (int i = 0; i < m->tt.count; i++) ws_read_param(&ws, m, &m->tt.descs[i], tt_param(&m->tt, i));
+    ws_stage(&ws, m);
+    for (int i = 0; i < m->tt.count; i++) {
+        ws_read_param(&ws, m, &m->tt.descs[i], ws.staging);
+        device_upload(tt_param(&m->tt, i), ws.staging, m->tt.descs[i].numel * sizeof(real));
+    }
     ws_skip_mtp_layers(&ws, &m->cfg);
     ws_skip_remote_experts(&ws, m, "");
     ws_reject_unused(&ws);

@@ -31,8 +31,8 @@ static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int
     if (pos0 + T > kv->capacity)
         mt_die("generation needs %d positions but the model supports %d (--max-position-embeddings)",
                pos0 + T, kv->capacity);
-    memcpy(kv->k + (size_t)pos0 * kv->k_width, k, (size_t)T * kv->k_width * sizeof(real));
-    memcpy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width * sizeof(real));
+    vec_copy(kv->k + (size_t)pos0 * kv->k_width, k, (size_t)T * kv->k_width);  // ops: the cache is tensor memory
+    vec_copy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width);
 }
 
 // With context parallelism a layer's attention spans the CP group (model/cp_attention.h):

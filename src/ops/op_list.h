@@ -185,7 +185,10 @@
 #define MT_OPS_PARALLEL(OP)
 
 // State: checkpoints, generation (KV cache, sampling), optimizer bookkeeping (ops_state.h).
-#define MT_OPS_STATE(OP)
+#define MT_OPS_STATE(OP)                                                                                             \
+    OP(void, sample_next_token, sample_next_token,                                                                   \
+       (int32_t *token, const real *logits, int vocab, const SampleParams *p, double *work, int32_t *order),       \
+       (token, logits, vocab, p, work, order))
 
 // OP_<name>: the op's index in the list; OPS_COUNT of them.
 #define MT_OP_ID(ret, api, name, params, args) OP_##name,

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/crc32.h"
+#include "core/device.h"
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/safetensors.h"
@@ -566,24 +567,35 @@ void checkpoint_claim_save_dir(const char *dir) {
     if (lock_save_dir(dir)) remove_stale_saves(dir);
 }
 
-// The source of one process holding everything: the tensors' own memory.
+// The source of one process holding everything: each tensor downloaded from its tensor memory
+// into one host staging buffer (the largest tensor's size), which the writer streams from.
 typedef struct {
     const Model *m;
     const Optimizer *opt;
+    real *staging;
 } LocalTensors;
 
 static const real *local_values(void *ctx, int tensor, int buffer) {
     const LocalTensors *l = ctx;
-    size_t offset = l->m->tt.descs[tensor].offset;
-    return buffer == CKPT_PARAMS ? l->m->tt.params + offset
-           : buffer == CKPT_EXP_AVG ? l->opt->exp_avg + offset
-                                    : l->opt->exp_avg_sq + offset;
+    const TensorDesc *d = &l->m->tt.descs[tensor];
+    const real *src = buffer == CKPT_PARAMS ? l->m->tt.params
+                      : buffer == CKPT_EXP_AVG ? l->opt->exp_avg
+                                               : l->opt->exp_avg_sq;
+    device_download(l->staging, src + d->offset, d->numel * sizeof(real));
+    return l->staging;
+}
+
+static size_t largest_tensor(const TensorTable *tt) {
+    size_t largest = 1;
+    for (int i = 0; i < tt->count; i++) largest = MT_MAX(largest, tt->descs[i].numel);
+    return largest;
 }
 
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
-    LocalTensors local = {m, opt};
+    LocalTensors local = {m, opt, mt_malloc(largest_tensor(&m->tt) * sizeof(real))};
     CkptSource src = {.values = local_values, .ctx = &local, .writer = 1, .optimizer_step = opt ? opt->step : -1};
     checkpoint_save_from(dir, m, &src, st);
+    free(local.staging);
 }
 
 // Moves the complete temporary directory into place as DIR/iter_N, then points

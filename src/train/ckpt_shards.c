@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "core/device.h"
+
 // What one rank holds of one global tensor, as every rank learns it: the shard (parts 0
 // when the rank does not hold the tensor), the world rank that leads its data-parallel
 // replica (its region group's rank 0), and per buffer the elements of its piece it sends
@@ -158,6 +160,9 @@ void ckpt_shards_open(CkptShards *s, const Model *local, const Optimizer *opt, c
     free(covered);
     s->counts = mt_calloc((size_t)s->world.size, sizeof(size_t));
     s->displs = mt_calloc((size_t)s->world.size, sizeof(size_t));
+    size_t local_largest = 1;
+    for (int i = 0; i < local->tt.count; i++) local_largest = MT_MAX(local_largest, local->tt.descs[i].numel);
+    s->sent = mt_malloc(local_largest * sizeof(real));
     if (s->world.rank != 0) return;
     size_t largest = 1, strided = largest_strided(s);
     for (int g = 0; g < n; g++) largest = MT_MAX(largest, s->global.tt.descs[g].numel);
@@ -185,8 +190,13 @@ static const real *gathered_values(void *ctx, int g, int buffer) {
     const TensorDesc *global = &s->global.tt.descs[g];
     int me = s->world.rank, li = s->local_of[g];
     const int64_t *range = range_of(held_at(s, me, g), buffer);
-    const real *mine = range[RANGE_COUNT] ? piece_address(s, &s->local->tt.descs[li], buffer, range[RANGE_FIRST]) : NULL;
-    if (range_of(held_at(s, 0, g), buffer)[RANGE_COUNT] == (int64_t)global->numel) return me == 0 ? mine : NULL;
+    // this rank's part, downloaded from tensor memory: straight into place when rank 0 sends all of it
+    int whole_on_0 = range_of(held_at(s, 0, g), buffer)[RANGE_COUNT] == (int64_t)global->numel;
+    real *mine = whole_on_0 && me == 0 ? s->staging : s->sent;
+    if (range[RANGE_COUNT])
+        device_download(mine, piece_address(s, &s->local->tt.descs[li], buffer, range[RANGE_FIRST]),
+                        (size_t)range[RANGE_COUNT] * sizeof(real));
+    if (whole_on_0) return me == 0 ? mine : NULL;
     int64_t piece_numel = (int64_t)global->numel / s->parts_of[g];
     for (int q = 0; q < s->world.size; q++) {
         int64_t *h = held_at(s, q, g), *r = range_of(h, buffer);
@@ -214,6 +224,7 @@ void ckpt_shards_close(CkptShards *s) {
     free(s->axis_of);
     free(s->staging);
     free(s->pieces);
+    free(s->sent);
     free(s->counts);
     free(s->displs);
     memset(s, 0, sizeof(*s));

@@ -5,8 +5,10 @@
 // names), so that any layout resumes any other. World rank 0 writes the files tensor by
 // tensor: for each tensor (in file order) the ranks that hold its pieces send them to rank
 // 0, which assembles the global row-major tensor and moves on. No process ever holds more
-// than its training buffers plus, on rank 0, one tensor (and, for a tensor whose pieces are
-// column blocks, its pieces before they are re-strided: the largest such tensor once more).
+// than its training buffers plus its own piece of one tensor (downloaded from tensor memory
+// into host memory, which the gather sends) and, on rank 0, one tensor (and, for a tensor
+// whose pieces are column blocks, its pieces before they are re-strided: the largest such
+// tensor once more).
 //
 // Which rank sends which piece (core/tensor_table.h: TensorShard): the global tensor is cut
 // into `parts` pieces; the ranks of a data-parallel replica (the ranks of one region group:
@@ -35,6 +37,8 @@ typedef struct {
     Comm world;
     real *staging;      // rank 0: the tensor being assembled (the largest tensor's size)
     real *pieces;       // rank 0: the pieces of a tensor cut into column blocks (the largest such), or NULL
+    real *sent;         // this rank's part of the tensor being gathered, downloaded from tensor memory
+                        // (the largest local tensor's size)
     size_t *counts, *displs;  // (world) scratch of one gather
 } CkptShards;
 
