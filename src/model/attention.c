@@ -2,7 +2,6 @@
 // with optional QK-norm per head or per projection and --clip-qkv, or Multi-Latent
 // Attention in mla.c), RoPE, causal attention, output projection, residual.
 #include <math.h>
-#include <string.h>
 
 #include "model/cp_attention.h"
 #include "model/layers.h"
@@ -31,8 +30,8 @@ static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int
     if (pos0 + T > kv->capacity)
         mt_die("generation needs %d positions but the model supports %d (--max-position-embeddings)",
                pos0 + T, kv->capacity);
-    memcpy(kv->k + (size_t)pos0 * kv->k_width, k, (size_t)T * kv->k_width * sizeof(real));
-    memcpy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width * sizeof(real));
+    vec_copy(kv->k + (size_t)pos0 * kv->k_width, k, (size_t)T * kv->k_width);
+    vec_copy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width);
 }
 
 // With context parallelism a layer's attention spans the CP group (model/cp_attention.h):
