@@ -2,7 +2,6 @@
 // with optional QK-norm per head or per projection and --clip-qkv, or Multi-Latent
 // Attention in mla.c), RoPE, causal attention, output projection, residual.
 #include <math.h>
-#include <string.h>
 
 #include "model/cp_attention.h"
 #include "model/layers.h"

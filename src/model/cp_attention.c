@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "model/cp_attention.h"
+#include "core/device.h"
+#include "ops/ops_parallel.h"
 #include "core/timer.h"
 #include "model/cp_batch.h"  // cp_chunk
 
@@ -35,18 +37,18 @@ static size_t local_chunk_row(int o, int C, int c) { return (size_t)o * CHUNKS_P
 // Local chunk c of every run into chunk (outer, C rows), and back.
 static void take_chunk(void *chunk, const void *local, int outer, int C, size_t row_bytes, int c) {
     size_t run = (size_t)C * row_bytes;
-    for (int o = 0; o < outer; o++)
-        memcpy((char *)chunk + o * run, (const char *)local + local_chunk_row(o, C, c) * row_bytes, run);
+    rows_copy_strided(chunk, run, (const char *)local + local_chunk_row(0, C, c) * row_bytes, CHUNKS_PER_RANK * run,
+                      run, outer);
 }
 
 static void put_chunk(void *local, const void *chunk, int outer, int C, size_t row_bytes, int c) {
     size_t run = (size_t)C * row_bytes;
-    for (int o = 0; o < outer; o++)
-        memcpy((char *)local + local_chunk_row(o, C, c) * row_bytes, (const char *)chunk + o * run, run);
+    rows_copy_strided((char *)local + local_chunk_row(0, C, c) * row_bytes, CHUNKS_PER_RANK * run, chunk, run, run,
+                      outer);
 }
 
 static real *gather_tokens(const real *x, const RingAttentionShape *s, int width, int c) {  // (B, C, width)
-    real *chunk = mt_malloc((size_t)s->B * s->C * width * sizeof(real));
+    real *chunk = device_calloc((size_t)s->B * s->C * width, sizeof(real));
     take_chunk(chunk, x, s->B, s->C, (size_t)width * sizeof(real), c);
     return chunk;
 }
@@ -56,7 +58,7 @@ static void scatter_tokens(real *x, const real *chunk, const RingAttentionShape 
 }
 
 static real *gather_lse(const real *lse, const RingAttentionShape *s, int c) {  // (B, heads, C)
-    real *chunk = mt_malloc((size_t)s->B * s->heads * s->C * sizeof(real));
+    real *chunk = device_calloc((size_t)s->B * s->heads * s->C, sizeof(real));
     take_chunk(chunk, lse, s->B * s->heads, s->C, sizeof(real), c);
     return chunk;
 }
@@ -77,7 +79,7 @@ static void load_queries(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const r
         qc[i].chunk = mine[i];
         qc[i].q = gather_tokens(q, s, s->heads * s->head_dim, i);
         if (s->key_start) {
-            qc[i].key_start = mt_malloc((size_t)s->B * s->C * sizeof(int32_t));
+            qc[i].key_start = device_calloc((size_t)s->B * s->C, sizeof(int32_t));
             take_chunk(qc[i].key_start, s->key_start, s->B, s->C, sizeof(int32_t), i);
         }
     }
@@ -85,7 +87,8 @@ static void load_queries(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const r
 
 static void free_queries(QueryChunk qc[CHUNKS_PER_RANK]) {
     for (int i = 0; i < CHUNKS_PER_RANK; i++)
-        free(qc[i].key_start), free(qc[i].q), free(qc[i].out), free(qc[i].lse), free(qc[i].dout), free(qc[i].dq);
+        device_free(qc[i].key_start), device_free(qc[i].q), device_free(qc[i].out), device_free(qc[i].lse),
+            device_free(qc[i].dout), device_free(qc[i].dq);
 }
 
 // Query chunk qc against sequence chunk `key_chunk` of the block held (kv_row_stride 2·C).
@@ -151,9 +154,9 @@ static void backward_block(QueryChunk *qc, const AttentionShape *a, real *kv, re
 
 // k then v of this rank's block, packed.
 static real *pack_kv(const real *k, const real *v, const RingAttentionShape *s) {
-    real *kv = mt_malloc((k_elems(s) + v_elems(s)) * sizeof(real));
-    memcpy(kv, k, k_elems(s) * sizeof(real));
-    memcpy(kv + k_elems(s), v, v_elems(s) * sizeof(real));
+    real *kv = device_calloc(k_elems(s) + v_elems(s), sizeof(real));
+    vec_copy(kv, k, k_elems(s));
+    vec_copy(kv + k_elems(s), v, v_elems(s));
     return kv;
 }
 
@@ -164,8 +167,8 @@ static real *pack_kv(const real *k, const real *v, const RingAttentionShape *s) 
 static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *k, const real *v, real *dkdv,
                      const RingAttentionShape *s, BlockVisit visit, void *scratch) {
     size_t n = k_elems(s) + v_elems(s);
-    real *kv = pack_kv(k, v, s), *kv_next = mt_malloc(n * sizeof(real));
-    real *dkdv_next = dkdv ? mt_malloc(n * sizeof(real)) : NULL;
+    real *kv = pack_kv(k, v, s), *kv_next = device_calloc(n, sizeof(real));
+    real *dkdv_next = dkdv ? device_calloc(n, sizeof(real)) : NULL;
     for (int step = 0; step < cp->size; step++) {
         CommRequest shift = {NULL};
         if (step + 1 < cp->size) comm_isendrecv(cp, kv, kv_next, n, &shift);
@@ -174,7 +177,7 @@ static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real 
         double t1 = now_seconds();
         if (dkdv) {
             comm_sendrecv(cp, dkdv, dkdv_next, n);
-            memcpy(dkdv, dkdv_next, n * sizeof(real));
+            vec_copy(dkdv, dkdv_next, n);
         }
         double t2 = now_seconds();
         comm_wait(&shift);
@@ -185,7 +188,7 @@ static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real 
         real *held = kv;
         kv = kv_next, kv_next = held;
     }
-    free(kv), free(kv_next), free(dkdv_next);
+    device_free(kv), device_free(kv_next), device_free(dkdv_next);
 }
 
 // The K/V of every rank gathered at once (--cp-comm-type allgather), visited in the ring's
@@ -194,9 +197,9 @@ static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real 
 static void run_allgather(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *k, const real *v, real *dkdv,
                           const RingAttentionShape *s, BlockVisit visit, void *scratch) {
     size_t n = k_elems(s) + v_elems(s);
-    real *mine = pack_kv(k, v, s), *all = mt_malloc((size_t)cp->size * n * sizeof(real));
+    real *mine = pack_kv(k, v, s), *all = device_calloc((size_t)cp->size * n, sizeof(real));
     comm_allgather(cp, mine, all, n);
-    real *d_all = dkdv ? mt_calloc((size_t)cp->size * n, sizeof(real)) : NULL;
+    real *d_all = dkdv ? device_calloc((size_t)cp->size * n, sizeof(real)) : NULL;
     for (int step = 0; step < cp->size; step++) {
         int owner = (cp->rank - step + cp->size) % cp->size;
         visit_step(qc, cp, owner, all + owner * n, d_all ? d_all + owner * n : NULL, s, visit, scratch, NULL);
@@ -205,7 +208,7 @@ static void run_allgather(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const 
         comm_reduce_scatter(cp, d_all, mine, n);
         vec_add(dkdv, mine, n);
     }
-    free(mine), free(all), free(d_all);
+    device_free(mine), device_free(all), device_free(d_all);
 }
 
 // How the K/V blocks reach every rank: the ring, or one all-gather.
@@ -218,17 +221,17 @@ static void group_attention_forward(KvExchange exchange, const Comm *cp, real *o
     QueryChunk qc[CHUNKS_PER_RANK];
     load_queries(qc, cp, q, s);
     for (int i = 0; i < CHUNKS_PER_RANK; i++) {
-        qc[i].out = mt_calloc(out_elems, sizeof(real));
-        qc[i].lse = mt_malloc(lse_elems * sizeof(real));
-        for (size_t j = 0; j < lse_elems; j++) qc[i].lse[j] = -INFINITY;  // nothing merged yet
+        qc[i].out = device_calloc(out_elems, sizeof(real));
+        qc[i].lse = device_calloc(lse_elems, sizeof(real));
+        lse_reset(qc[i].lse, lse_elems);  // nothing merged yet
     }
-    BlockResult b = {mt_malloc(out_elems * sizeof(real)), mt_malloc(lse_elems * sizeof(real))};
+    BlockResult b = {device_calloc(out_elems, sizeof(real)), device_calloc(lse_elems, sizeof(real))};
     exchange(qc, cp, k, v, NULL, s, forward_block, &b);
     for (int i = 0; i < CHUNKS_PER_RANK; i++) {
         scatter_tokens(out, qc[i].out, s, s->heads * v_dim(s), i);
         put_chunk(lse, qc[i].lse, s->B * s->heads, s->C, sizeof(real), i);
     }
-    free(b.out), free(b.lse);
+    device_free(b.out), device_free(b.lse);
     free_queries(qc);
 }
 
@@ -244,10 +247,10 @@ static void group_attention_backward(KvExchange exchange, const Comm *cp, real *
     }
     real *dkdv = pack_kv(dk, dv, s);  // accumulates onto the caller's dk, dv
     exchange(qc, cp, k, v, dkdv, s, backward_block, NULL);
-    memcpy(dk, dkdv, k_elems(s) * sizeof(real));
-    memcpy(dv, dkdv + k_elems(s), v_elems(s) * sizeof(real));
+    vec_copy(dk, dkdv, k_elems(s));
+    vec_copy(dv, dkdv + k_elems(s), v_elems(s));
     for (int i = 0; i < CHUNKS_PER_RANK; i++) scatter_tokens(dq, qc[i].dq, s, qw, i);
-    free(dkdv);
+    device_free(dkdv);
     free_queries(qc);
 }
 

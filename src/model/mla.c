@@ -12,10 +12,9 @@
 // whole latent (W_q_a, W_kv_a and their norms on every rank): the gradients those receive
 // from the rank's heads are partial and are summed over TP after backward.
 // The latent norms use eps 1e-6 whatever --norm-epsilon is, as DeepSeek-V3 does.
-#include <string.h>
-
 #include "model/layers.h"
 #include "ops/ops.h"
+#include "ops/ops_parallel.h"
 
 #define MLA_LATENT_NORM_EPS 1e-6
 
@@ -47,31 +46,22 @@ static RopeLayout key_rope(const Config *c, MlaDims d) {
 
 // k (N, heads, dq) = [k_n, k_rope];  v (N, heads, dv)  from kv_b (N, heads, dn + dv)
 static void assemble_keys_values(real *k, real *v, const real *kv_b, const real *k_rope, int N, MlaDims d) {
-    size_t per_head = (size_t)d.dn + d.dv;
-    for (int n = 0; n < N; n++)
-        for (int h = 0; h < d.heads; h++) {
-            const real *src = kv_b + ((size_t)n * d.heads + h) * per_head;
-            real *key = k + ((size_t)n * d.heads + h) * d.dq;
-            memcpy(key, src, d.dn * sizeof(real));
-            memcpy(key + d.dn, k_rope + (size_t)n * d.dr, d.dr * sizeof(real));
-            memcpy(v + ((size_t)n * d.heads + h) * d.dv, src + d.dn, d.dv * sizeof(real));
-        }
+    size_t per_head = ((size_t)d.dn + d.dv) * sizeof(real), key = (size_t)d.dq * sizeof(real);
+    int rows = N * d.heads;
+    rows_copy_strided(k, key, kv_b, per_head, d.dn * sizeof(real), rows);
+    for (int h = 0; h < d.heads; h++)  // the one rotary key of a token into every head
+        rows_copy_strided(k + (size_t)h * d.dq + d.dn, d.heads * key, k_rope, d.dr * sizeof(real),
+                          d.dr * sizeof(real), N);
+    rows_copy_strided(v, d.dv * sizeof(real), kv_b + d.dn, per_head, d.dv * sizeof(real), rows);
 }
 
 // The reverse: d_kv_b from d_k's no-position part and d_v; d_k_rope = Σ over heads (in order).
 static void split_key_value_grads(real *d_kv_b, real *d_k_rope, const real *d_k, const real *d_v, int N, MlaDims d) {
-    size_t per_head = (size_t)d.dn + d.dv;
-    for (int n = 0; n < N; n++) {
-        real *dr_row = d_k_rope + (size_t)n * d.dr;
-        memset(dr_row, 0, d.dr * sizeof(real));
-        for (int h = 0; h < d.heads; h++) {
-            real *dst = d_kv_b + ((size_t)n * d.heads + h) * per_head;
-            const real *dkey = d_k + ((size_t)n * d.heads + h) * d.dq;
-            memcpy(dst, dkey, d.dn * sizeof(real));
-            memcpy(dst + d.dn, d_v + ((size_t)n * d.heads + h) * d.dv, d.dv * sizeof(real));
-            for (int i = 0; i < d.dr; i++) dr_row[i] += dkey[d.dn + i];
-        }
-    }
+    size_t per_head = ((size_t)d.dn + d.dv) * sizeof(real), key = (size_t)d.dq * sizeof(real);
+    int rows = N * d.heads;
+    rows_copy_strided(d_kv_b, per_head, d_k, key, d.dn * sizeof(real), rows);
+    rows_copy_strided(d_kv_b + d.dn, per_head, d_v, d.dv * sizeof(real), d.dv * sizeof(real), rows);
+    heads_sum(d_k_rope, d_k + d.dn, N, d.heads, d.dq, d.dr);
 }
 
 static void queries_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N, MlaDims d) {

@@ -182,7 +182,13 @@
        (dst, src, recv_counts, offsets, S, L, width, to_expert_major))
 
 // Parallel: tensor/context-parallel gathers, slices and sums (ops_parallel.h).
-#define MT_OPS_PARALLEL(OP)
+#define MT_OPS_PARALLEL(OP)                                                                                                \
+    OP(void, rows_copy_strided, rows_copy_strided,                                                                   \
+       (void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, int rows),                     \
+       (dst, dst_pitch, src, src_pitch, width, rows))                                                                \
+    OP(void, lse_reset, lse_reset, (real *lse, size_t n), (lse, n))                                                \
+    OP(void, heads_sum, heads_sum, (real *dst, const real *src, int rows, int heads, size_t head_pitch, int width),   \
+       (dst, src, rows, heads, head_pitch, width))
 
 // State: checkpoints, generation (KV cache, sampling), optimizer bookkeeping (ops_state.h).
 #define MT_OPS_STATE(OP)                                                                                             \

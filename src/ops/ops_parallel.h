@@ -2,3 +2,14 @@
 // contracts (shapes, overwrite vs +=, reduction order); listed in op_list.h (MT_OPS_PARALLEL).
 #pragma once
 #include "ops/ops.h"
+
+// rows_copy_strided: `rows` runs of `width` bytes, run r from src + r·src_pitch to
+// dst + r·dst_pitch (overwritten); the runs do not overlap. Any element type: a CP
+// sequence chunk taken out of or put back into the local tokens, (outer, C, ·) ↔ (outer, 2C, ·).
+// lse_reset: lse[0..n) = −∞ (overwritten): log-sum-exps before any block is merged.
+
+void rows_copy_strided(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, int rows);
+void lse_reset(real *lse, size_t n);
+// heads_sum: dst (rows, width) = Σ_h src[(n·heads + h)·head_pitch + i] (overwritten), summed from 0 over
+// h = 0, 1, … in order: the gradient of one row shared by every head (MLA's rotary key).
+void heads_sum(real *dst, const real *src, int rows, int heads, size_t head_pitch, int width);

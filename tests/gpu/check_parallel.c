@@ -5,4 +5,53 @@
 
 #include "op_check.h"
 
-void check_parallel_ops(void) {}
+#include "ops/cpu/cpu_ops.h"
+
+static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
+
+// One CP chunk (outer, C, width) out of local tokens (outer, 2C, width), then back into other tokens.
+static void check_rows_copy_strided(int outer, int C, int width, int c) {
+    char name[96];
+    snprintf(name, sizeof(name), "rows_copy_strided outer=%d C=%d width=%d chunk=%d", outer, C, width, c);
+    size_t run = (size_t)C * width, local_n = (size_t)outer * 2 * run, chunk_n = (size_t)outer * run;
+    float *local = check_random(local_n, -1, 1), *chunk = check_random(chunk_n, -1, 1);
+    float *back = check_random(local_n, -1, 1), *d_back = check_to_device(back, local_n);
+    float *d_chunk = check_device_nan(chunk_n);
+    size_t bytes = run * sizeof(float);
+    cpu()->rows_copy_strided(chunk, bytes, local + c * run, 2 * bytes, bytes, outer);
+    under()->rows_copy_strided(d_chunk, bytes, check_to_device(local, local_n) + c * run, 2 * bytes, bytes, outer);
+    cpu()->rows_copy_strided(back + c * run, 2 * bytes, chunk, bytes, bytes, outer);
+    under()->rows_copy_strided(d_back + c * run, 2 * bytes, d_chunk, bytes, bytes, outer);
+    check_compare(name, "chunk", chunk, d_chunk, chunk_n, 0);
+    check_compare(name, "back", back, d_back, local_n, 0);
+    check_free_all();
+}
+
+// heads_sum: the rotary-key part (columns off..off+width) of (rows, heads, pitch) summed over heads.
+static void check_heads_sum(int rows, int heads, int pitch, int off, int width) {
+    char name[96];
+    snprintf(name, sizeof(name), "heads_sum rows=%d heads=%d pitch=%d width=%d", rows, heads, pitch, width);
+    size_t src_n = (size_t)rows * heads * pitch, dst_n = (size_t)rows * width;
+    float *src = check_random(src_n, -1, 1), *dst = check_random(dst_n, -1, 1), *d_dst = check_device_nan(dst_n);
+    cpu()->heads_sum(dst, src + off, rows, heads, pitch, width);
+    under()->heads_sum(d_dst, check_to_device(src, src_n) + off, rows, heads, pitch, width);
+    check_compare(name, "dst", dst, d_dst, dst_n, 1e-6);
+    check_free_all();
+}
+
+// lse_reset: every element −∞.
+static void check_lse_reset(size_t n) {
+    float *lse = check_random(n, -1, 1), *d_lse = check_device_nan(n);
+    cpu()->lse_reset(lse, n);
+    under()->lse_reset(d_lse, n);
+    check_compare("lse_reset", "lse", lse, d_lse, n, 0);
+    check_free_all();
+}
+
+void check_parallel_ops(void) {
+    check_lse_reset(37);
+    check_rows_copy_strided(3, 5, 7, 0);
+    check_rows_copy_strided(2, 4, 1, 1);
+    check_heads_sum(5, 4, 20, 8, 12);
+    check_heads_sum(3, 1, 8, 0, 8);
+}
