@@ -140,9 +140,13 @@ static void ws_close(WeightSource *ws) {
 // The staging buffer for m's tensors: the largest piece m holds (tensors are read from the
 // files into host memory, then copied into tensor memory with one upload each).
 static void ws_stage(WeightSource *ws, const Model *m) {
+    ws->staging = mt_malloc(hf_largest_tensor(&m->tt) * sizeof(real));
+}
+
+size_t hf_largest_tensor(const TensorTable *tt) {
     size_t largest = 1;
-    for (int i = 0; i < m->tt.count; i++) largest = MT_MAX(largest, m->tt.descs[i].numel);
-    ws->staging = mt_malloc(largest * sizeof(real));
+    for (int i = 0; i < tt->count; i++) largest = MT_MAX(largest, tt->descs[i].numel);
+    return largest;
 }
 
 // Look a tensor up (through the weight_map when sharded); NULL when absent. *file is set

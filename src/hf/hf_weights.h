@@ -10,6 +10,10 @@
 // block of columns one range per row.
 void hf_weights_load(const char *dir, Model *m);
 
+// The element count of tt's largest tensor (at least 1): the size of a host staging buffer
+// any one of its tensors passes through between a file and tensor memory.
+size_t hf_largest_tensor(const TensorTable *tt);
+
 // One group of tensors in a single safetensors file keyed by the model's tensor names
 // (optimizer.safetensors): tensor "<prefix><name>" for every tensor of m's table, read into
 // dest + that tensor's offset in the flat buffers, or just its elements inside the windows.

@@ -585,14 +585,8 @@ static const real *local_values(void *ctx, int tensor, int buffer) {
     return l->staging;
 }
 
-static size_t largest_tensor(const TensorTable *tt) {
-    size_t largest = 1;
-    for (int i = 0; i < tt->count; i++) largest = MT_MAX(largest, tt->descs[i].numel);
-    return largest;
-}
-
 void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, const TrainerState *st) {
-    LocalTensors local = {m, opt, mt_malloc(largest_tensor(&m->tt) * sizeof(real))};
+    LocalTensors local = {m, opt, mt_malloc(hf_largest_tensor(&m->tt) * sizeof(real))};
     CkptSource src = {.values = local_values, .ctx = &local, .writer = 1, .optimizer_step = opt ? opt->step : -1};
     checkpoint_save_from(dir, m, &src, st);
     free(local.staging);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/device.h"
+#include "hf/hf_weights.h"
 
 // What one rank holds of one global tensor, as every rank learns it: the shard (parts 0
 // when the rank does not hold the tensor), the world rank that leads its data-parallel
@@ -160,14 +161,11 @@ void ckpt_shards_open(CkptShards *s, const Model *local, const Optimizer *opt, c
     free(covered);
     s->counts = mt_calloc((size_t)s->world.size, sizeof(size_t));
     s->displs = mt_calloc((size_t)s->world.size, sizeof(size_t));
-    size_t local_largest = 1;
-    for (int i = 0; i < local->tt.count; i++) local_largest = MT_MAX(local_largest, local->tt.descs[i].numel);
-    s->sent = mt_malloc(local_largest * sizeof(real));
+    s->sent = mt_malloc(hf_largest_tensor(&local->tt) * sizeof(real));
     if (s->world.rank != 0) return;
-    size_t largest = 1, strided = largest_strided(s);
-    for (int g = 0; g < n; g++) largest = MT_MAX(largest, s->global.tt.descs[g].numel);
+    size_t strided = largest_strided(s);
     // touched only as far as a gathered tensor fills them
-    s->staging = mt_malloc(largest * sizeof(real));
+    s->staging = mt_malloc(hf_largest_tensor(&s->global.tt) * sizeof(real));
     if (strided) s->pieces = mt_malloc(strided * sizeof(real));
 }
 
