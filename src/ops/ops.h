@@ -26,6 +26,9 @@ void vec_zero(real *x, size_t n);
 void vec_add(real *y, const real *x, size_t n);            // y += x
 void vec_scale(real *x, real s, size_t n);                 // x *= s
 double vec_sum_squares(const real *x, size_t n);           // fixed-order double sum
+// sum[0] (tensor memory, overwritten) = vec_sum_squares(x, n), bit for bit, left on the device:
+// many sums, then one download of them all (the host waits once, not per sum).
+void vec_sum_squares_to(double *sum, const real *x, size_t n);
 
 // ---- embedding ------------------------------------------------------------------------
 // tokens (N), table (V,C) -> out (N,C)

@@ -115,15 +115,23 @@ static int counts_piece(const GradSync *g, const TensorDesc *d) {
 }
 
 // Σ of squares over [range) of the tensors this rank counts; the whole range at once when
-// no tensor is split (the one-process sum, bit for bit).
+// no tensor is split (the one-process sum, bit for bit). Split: each counted piece's sum
+// into one tensor block, one download of them all, added on the host in tensor order.
 static double counted_sum_squares(const GradSync *g, const TensorTable *tt, FlatRange range) {
     if (g->tp->size == 1 && g->etp->size == 1 && !g->has_copies) return grad_sum_squares(tt, range.begin, range.end);
-    double sum = 0;
+    double *piece_sums = device_calloc((size_t)tt->count, sizeof(double));  // (pieces) in tensor order
+    int pieces = 0;
     for (int i = 0; i < tt->count; i++) {
         const TensorDesc *d = &tt->descs[i];
         int64_t from = MT_MAX((int64_t)d->offset, range.begin), to = MT_MIN((int64_t)(d->offset + d->numel), range.end);
-        if (from < to && counts_piece(g, d)) sum += grad_sum_squares(tt, from, to);
+        if (from < to && counts_piece(g, d))
+            vec_sum_squares_to(piece_sums + pieces++, tt->grads + from, (size_t)(to - from));
     }
+    double *host = mt_calloc(pieces ? (size_t)pieces : 1, sizeof(double)), sum = 0;
+    device_download(host, piece_sums, (size_t)pieces * sizeof(double));  // the range's one wait
+    for (int j = 0; j < pieces; j++) sum += host[j];
+    free(host);
+    device_free(piece_sums);
     return sum;
 }
 

@@ -6,6 +6,7 @@
 // overwrites start as NaN under test; each output compared at TOL_FP32. Sizes are
 // odd on purpose (1, 3, 257 rows; 1, 7, 64, 4097 columns) to hit partial warps, partial
 // tiles and the tails of the strided loops.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,12 +39,18 @@ static void check_vectors(size_t n) {
     under()->vec_add(d_y, d_x, n);
     under()->vec_scale(d_scaled, 0.37f, n);
     double gpu_ss = under()->vec_sum_squares(d_x, n);
+    double cpu_ss_to = NAN, gpu_ss_to = NAN, *d_ss_to = check_device_bytes(&gpu_ss_to, sizeof(double));
+    cpu()->vec_sum_squares_to(&cpu_ss_to, x, n);
+    under()->vec_sum_squares_to(d_ss_to, d_x, n);
+    check_download(&gpu_ss_to, d_ss_to, sizeof(double));
 
     check_compare(name, "vec_copy", copy, d_copy, n, TOL_FP32);
     check_compare(name, "vec_zero", zero, d_zero, n, TOL_FP32);
     check_compare(name, "vec_add", y, d_y, n, TOL_FP32);
     check_compare(name, "vec_scale", scaled, d_scaled, n, TOL_FP32);
     check_compare_double(name, "vec_sum_squares", cpu_ss, gpu_ss, TOL_FP32);
+    check_compare_double(name, "vec_sum_squares_to", cpu_ss, gpu_ss_to, TOL_FP32);
+    check_compare_double(name, "vec_sum_squares_to = vec_sum_squares (cpu)", cpu_ss, cpu_ss_to, 0);
     check_free_all();
 }
 

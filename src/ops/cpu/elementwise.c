@@ -24,6 +24,8 @@ void cpu_vec_scale(real *x, real s, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
+void cpu_vec_sum_squares_to(double *sum, const real *x, size_t n) { sum[0] = cpu_vec_sum_squares(x, n); }
+
 double cpu_vec_sum_squares(const real *x, size_t n) {
     // Fixed-size chunks summed in order: the same answer for any thread count.
     enum { CHUNK = 4096 };

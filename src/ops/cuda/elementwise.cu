@@ -76,16 +76,27 @@ __global__ void sum_partials_kernel(const double *partial, unsigned count, doubl
 
 static CudaScratch sum_squares_scratch;
 
-double cuda_vec_sum_squares(const real *x, size_t n) {
-    if (n == 0) return 0;
+// sum[0] (device) = Σ x², queued: the partials in the shared scratch (stream order keeps
+// successive calls apart), then their ordered sum.
+void cuda_vec_sum_squares_to(double *sum, const real *x, size_t n) {
+    if (n == 0) {
+        CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), cuda_stream()));
+        return;
+    }
     size_t want = (n + SUMSQ_THREADS - 1) / SUMSQ_THREADS;
     unsigned blocks = (unsigned)(want < SUMSQ_BLOCKS ? want : SUMSQ_BLOCKS);
     double *partial = (double *)scratch_reserve(&sum_squares_scratch, (SUMSQ_BLOCKS + 1) * sizeof(double));
-    double *total = partial + SUMSQ_BLOCKS;
     sum_squares_partial_kernel<<<blocks, SUMSQ_THREADS, 0, cuda_stream()>>>(x, n, partial);
     CUDA_CHECK_LAUNCH();
-    sum_partials_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>(partial, blocks, total);
+    sum_partials_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>(partial, blocks, sum);
     CUDA_CHECK_LAUNCH();
+}
+
+double cuda_vec_sum_squares(const real *x, size_t n) {
+    if (n == 0) return 0;
+    double *partial = (double *)scratch_reserve(&sum_squares_scratch, (SUMSQ_BLOCKS + 1) * sizeof(double));
+    double *total = partial + SUMSQ_BLOCKS;
+    cuda_vec_sum_squares_to(total, x, n);
     double result = 0;
     cuda_memcpy_d2h(&result, total, sizeof(result));  // waits for the stream
     return result;
