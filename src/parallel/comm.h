@@ -134,7 +134,8 @@ void comm_iallgather(const Comm *g, const real *send, real *recv, size_t block, 
 void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t *counts, CommRequest *req);
 // The ring shift: send (n) goes to group rank (r+1) mod P, recv (n) comes from rank
 // (r−1+P) mod P; send and recv must not overlap. A group of one copies send to recv. The
-// data moves with MPI even after comm_use_nccl (host or managed memory).
+// data moves with MPI even after comm_use_nccl: on a GPU that needs a CUDA-aware MPI, since
+// tensor memory is device memory (an NCCL send/recv path is still to come).
 void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommRequest *req);
 void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n);  // blocking
 // comm_alltoall_v in flight (its counts are read at the call). After comm_use_nccl it moves
@@ -146,7 +147,8 @@ void comm_ialltoall_int32(const Comm *g, const int32_t *send, int32_t *recv, siz
 // Point to point: n elements of buf to group rank `peer`, or from it into buf, matched with
 // the peer's call of the other kind by tag (0 <= tag < COMM_MAX_TAG; messages of one tag
 // between two ranks arrive in the order they were sent); the sizes must agree. Moved with MPI
-// in every build, NCCL path or not. A send counts n elements when it starts.
+// in every build, NCCL path or not (on a GPU: a CUDA-aware MPI, as comm_isendrecv). A send
+// counts n elements when it starts.
 #define COMM_MAX_TAG (1 << 13)
 void comm_isend(const Comm *g, const real *buf, size_t n, int peer, int tag, CommRequest *req);
 void comm_irecv(const Comm *g, real *buf, size_t n, int peer, int tag, CommRequest *req);
@@ -169,12 +171,12 @@ void comm_wait(CommRequest *req);
 // (which loads the plugin) and before the first collective on device memory; later calls
 // return 1 at once. local_rank (the process's index on its machine) selects the GPU as
 // cuda_init does, a no-op when the cuda backend has started already. Returns 1 when NCCL
-// moves the data from now on; 0, and MPI keeps moving it (managed memory included), for a
+// moves the data from now on; 0, and MPI keeps moving it (device memory: a CUDA-aware MPI), for a
 // world of one process, when MOETRON_NCCL=0 is set, or when the loaded plugin has no NCCL
 // (built without nccl.h) or no plugin is loaded. Every process gets the same answer. With
 // NCCL:
-//   - buffers may be device, managed or host memory: device and managed memory are used
-//     in place, host memory goes through a device copy (correct, slower);
+//   - buffers may be device or host memory: device memory is used in place, host memory
+//     goes through a device copy (correct, slower);
 //   - a collective reads its inputs after the work queued on the compute stream
 //     (cuda_stream()) before the call, and its results are in place, for the host and
 //     for the work queued after, when the blocking call (or comm_test / comm_wait)
