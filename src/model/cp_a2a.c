@@ -7,6 +7,7 @@
 // chunks in reverse member order: exactly the two "super-chunks" (outer and 2·P/A−1−outer,
 // of A·C tokens) that ring attention over the outer group expects. The outputs (and the
 // gradients) go back by the inverse all-to-all. Plain a2a is the case A = P, outer of one.
+// Every buffer is tensor memory; the re-layouts around the all-to-alls are strided-copy ops.
 #include "model/cp_attention.h"
 #include "core/device.h"
 #include "ops/ops_parallel.h"
