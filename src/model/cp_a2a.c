@@ -7,90 +7,94 @@
 // chunks in reverse member order: exactly the two "super-chunks" (outer and 2·P/A−1−outer,
 // of A·C tokens) that ring attention over the outer group expects. The outputs (and the
 // gradients) go back by the inverse all-to-all. Plain a2a is the case A = P, outer of one.
-#include <string.h>
-
+// Every buffer is tensor memory; the re-layouts around the all-to-alls are strided-copy ops.
 #include "model/cp_attention.h"
+#include "core/device.h"
+#include "ops/ops_parallel.h"
 
 typedef struct {
     const Comm *inner, *outer;
     int B, C, A;  // batch rows, tokens per chunk, inner members
 } A2aLayout;
 
-// Member and local token (0 .. 2C) of super-row position p (0 .. 2·A·C) of a batch row.
-static void super_source(const A2aLayout *l, int p, int *member, int *t) {
-    int AC = l->A * l->C;
-    if (p < AC) {
-        *member = p / l->C, *t = p % l->C;
-    } else {
-        *member = l->A - 1 - (p - AC) / l->C, *t = l->C + (p - AC) % l->C;
+// Super rows (B, 2·A·C, row) <-> member blocks (A, B, 2C, row), rows of `row_bytes` bytes:
+// super position p < A·C holds member p / C's early token p % C, position A·C + q·C + t
+// holds member A−1−q's late token C + t. One strided copy per member and half (over B).
+static void super_rows_copy(const A2aLayout *l, char *super, char *members, size_t row_bytes, int to_super) {
+    int A = l->A, C = l->C, T2 = 2 * C;
+    size_t run = (size_t)C * row_bytes, block = (size_t)l->B * T2 * row_bytes;
+    size_t super_pitch = (size_t)A * T2 * row_bytes, member_pitch = (size_t)T2 * row_bytes;
+    for (int m = 0; m < A; m++)
+        for (int half = 0; half < 2; half++) {
+            char *sp = super + (half ? (size_t)A * run + (size_t)(A - 1 - m) * run : (size_t)m * run);
+            char *mp = members + m * block + half * run;
+            if (to_super) rows_copy_strided(sp, super_pitch, mp, member_pitch, run, l->B);
+            else rows_copy_strided(mp, member_pitch, sp, super_pitch, run, l->B);
+        }
+}
+
+// x (B·2C, heads, w) <-> blocks (A, B·2C, heads/A, w): block j holds head slice j of every token.
+static void head_blocks_copy(const A2aLayout *l, real *x, real *blocks, int heads, int w, int to_blocks) {
+    int hs = heads / l->A, tokens = l->B * 2 * l->C;
+    size_t row = (size_t)hs * w, block = (size_t)tokens * row;
+    for (int j = 0; j < l->A; j++) {
+        real *xj = x + (size_t)j * row, *bj = blocks + j * block;
+        if (to_blocks) rows_copy_strided(bj, row * sizeof(real), xj, (size_t)heads * w * sizeof(real), row * sizeof(real), tokens);
+        else rows_copy_strided(xj, (size_t)heads * w * sizeof(real), bj, row * sizeof(real), row * sizeof(real), tokens);
     }
 }
 
 // x (B, 2C, heads, w) of this member -> super (B, 2·A·C, heads/A, w): its head slice of
 // every member's tokens.
 static void sequence_gather(const A2aLayout *l, const real *x, real *super, int heads, int w) {
-    int A = l->A, hs = heads / A, T2 = 2 * l->C;
-    size_t row = (size_t)hs * w, block = (size_t)l->B * T2 * row;
-    real *send = mt_malloc((size_t)A * block * sizeof(real)), *recv = mt_malloc((size_t)A * block * sizeof(real));
-    for (int j = 0; j < A; j++)  // send[j][b][t] = heads of member j of token (b, t)
-        for (int bt = 0; bt < l->B * T2; bt++)
-            memcpy(send + j * block + bt * row, x + ((size_t)bt * heads + (size_t)j * hs) * w, row * sizeof(real));
-    comm_alltoall(l->inner, send, recv, block);
-    for (int b = 0; b < l->B; b++)
-        for (int p = 0; p < A * T2; p++) {
-            int member, t;
-            super_source(l, p, &member, &t);
-            memcpy(super + ((size_t)b * A * T2 + p) * row, recv + member * block + ((size_t)b * T2 + t) * row,
-                   row * sizeof(real));
-        }
-    free(send), free(recv);
+    size_t n = (size_t)l->B * 2 * l->C * heads * w;  // A blocks of (B·2C, heads/A, w)
+    real *send = device_calloc(n, sizeof(real)), *recv = device_calloc(n, sizeof(real));
+    head_blocks_copy(l, (real *)x, send, heads, w, 1);
+    comm_alltoall(l->inner, send, recv, n / l->A);
+    super_rows_copy(l, (char *)super, (char *)recv, (size_t)heads / l->A * w * sizeof(real), 1);
+    device_free(send), device_free(recv);
 }
 
 // The inverse of sequence_gather: super (B, 2·A·C, heads/A, w) -> x (B, 2C, heads, w),
 // overwritten, or added to x when `accumulate`.
 static void sequence_scatter(const A2aLayout *l, const real *super, real *x, int heads, int w, int accumulate) {
-    int A = l->A, hs = heads / A, T2 = 2 * l->C;
-    size_t row = (size_t)hs * w, block = (size_t)l->B * T2 * row;
-    real *send = mt_malloc((size_t)A * block * sizeof(real)), *recv = mt_malloc((size_t)A * block * sizeof(real));
-    for (int b = 0; b < l->B; b++)
-        for (int p = 0; p < A * T2; p++) {
-            int member, t;
-            super_source(l, p, &member, &t);
-            memcpy(send + member * block + ((size_t)b * T2 + t) * row, super + ((size_t)b * A * T2 + p) * row,
-                   row * sizeof(real));
-        }
-    comm_alltoall(l->inner, send, recv, block);
-    for (int j = 0; j < A; j++)
-        for (int bt = 0; bt < l->B * T2; bt++) {
-            real *to = x + ((size_t)bt * heads + (size_t)j * hs) * w;
-            const real *from = recv + j * block + bt * row;
-            for (size_t i = 0; i < row; i++) to[i] = accumulate ? to[i] + from[i] : from[i];
-        }
-    free(send), free(recv);
+    size_t n = (size_t)l->B * 2 * l->C * heads * w;
+    real *send = device_calloc(n, sizeof(real)), *recv = device_calloc(n, sizeof(real));
+    super_rows_copy(l, (char *)super, (char *)send, (size_t)heads / l->A * w * sizeof(real), 0);
+    comm_alltoall(l->inner, send, recv, n / l->A);
+    if (accumulate) {  // send (done with) takes x's blocks, += the received ones
+        head_blocks_copy(l, x, send, heads, w, 1);
+        vec_add(send, recv, n);
+        head_blocks_copy(l, x, send, heads, w, 0);
+    } else {
+        head_blocks_copy(l, x, recv, heads, w, 0);
+    }
+    device_free(send), device_free(recv);
 }
 
-// lse (B, heads, T) <-> (B, T, heads): the token-major layout the all-to-all moves.
+// lse (B, rows, cols) -> (B, cols, rows): one strided copy of single elements per batch row
+// and row or column, whichever is fewer.
 static void transpose_lse(real *to, const real *from, int B, int rows, int cols) {
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++)
-                to[((size_t)b * cols + c) * rows + r] = from[((size_t)b * rows + r) * cols + c];
+    size_t e = sizeof(real);
+    for (int b = 0; b < B; b++) {
+        real *tb = to + (size_t)b * rows * cols;
+        const real *fb = from + (size_t)b * rows * cols;
+        if (rows <= cols)
+            for (int r = 0; r < rows; r++) rows_copy_strided(tb + r, rows * e, fb + (size_t)r * cols, e, e, cols);
+        else
+            for (int c = 0; c < cols; c++) rows_copy_strided(tb + (size_t)c * rows, e, fb + c, cols * e, e, rows);
+    }
 }
 
 // key_start of this member's tokens -> those of the super rows (gathered over the inner group).
 static int32_t *super_key_start(const A2aLayout *l, const int32_t *key_start) {
     if (!key_start) return NULL;
-    int A = l->A, T2 = 2 * l->C;
-    size_t block = (size_t)l->B * T2;
-    int32_t *all = mt_malloc((size_t)A * block * sizeof(int32_t)), *super = mt_malloc((size_t)A * block * sizeof(int32_t));
+    size_t block = (size_t)l->B * 2 * l->C;
+    int32_t *all = device_calloc((size_t)l->A * block, sizeof(int32_t));
+    int32_t *super = device_calloc((size_t)l->A * block, sizeof(int32_t));
     comm_allgather_int32(l->inner, key_start, all, block);
-    for (int b = 0; b < l->B; b++)
-        for (int p = 0; p < A * T2; p++) {
-            int member, t;
-            super_source(l, p, &member, &t);
-            super[(size_t)b * A * T2 + p] = all[member * block + (size_t)b * T2 + t];
-        }
-    free(all);
+    super_rows_copy(l, (char *)super, (char *)all, sizeof(int32_t), 1);
+    device_free(all);
     return super;
 }
 
@@ -122,9 +126,9 @@ static size_t tokens_of(const A2aLayout *l) { return (size_t)l->B * 2 * l->C; }
 static void gather_qkv(const A2aLayout *l, const RingAttentionShape *s, SuperTensors *t, const real *q,
                        const real *k, const real *v) {
     size_t n = tokens_of(l);  // super rows hold as many elements as the local tensors
-    t->q = mt_malloc(n * s->heads * s->head_dim * sizeof(real));
-    t->k = mt_malloc(n * s->kv_heads * s->head_dim * sizeof(real));
-    t->v = mt_malloc(n * s->kv_heads * v_width(s) * sizeof(real));
+    t->q = device_calloc(n * s->heads * s->head_dim, sizeof(real));
+    t->k = device_calloc(n * s->kv_heads * s->head_dim, sizeof(real));
+    t->v = device_calloc(n * s->kv_heads * v_width(s), sizeof(real));
     sequence_gather(l, q, t->q, s->heads, s->head_dim);
     sequence_gather(l, k, t->k, s->kv_heads, s->head_dim);
     sequence_gather(l, v, t->v, s->kv_heads, v_width(s));
@@ -132,7 +136,8 @@ static void gather_qkv(const A2aLayout *l, const RingAttentionShape *s, SuperTen
 }
 
 static void free_super(SuperTensors *t) {
-    free(t->q), free(t->k), free(t->v), free(t->out), free(t->lse), free(t->dout), free(t->key_start);
+    device_free(t->q), device_free(t->k), device_free(t->v), device_free(t->out), device_free(t->lse);
+    device_free(t->dout), device_free(t->key_start);
 }
 
 void a2a_attention_forward(const Comm *inner, const Comm *outer, real *out, real *lse, const real *q,
@@ -142,15 +147,15 @@ void a2a_attention_forward(const Comm *inner, const Comm *outer, real *out, real
     gather_qkv(&l, s, &t, q, k, v);
     RingAttentionShape rs = super_shape(&l, s, t.key_start);
     size_t n = tokens_of(&l);
-    t.out = mt_malloc(n * s->heads * v_width(s) * sizeof(real));
-    t.lse = mt_malloc(n * s->heads * sizeof(real));
+    t.out = device_calloc(n * s->heads * v_width(s), sizeof(real));
+    t.lse = device_calloc(n * s->heads, sizeof(real));
     ring_attention_forward(outer, t.out, t.lse, t.q, t.k, t.v, &rs);
     sequence_scatter(&l, t.out, out, s->heads, v_width(s), 0);
-    real *super_rows = mt_malloc(n * s->heads * sizeof(real)), *local_rows = mt_malloc(n * s->heads * sizeof(real));
+    real *super_rows = device_calloc(n * s->heads, sizeof(real)), *local_rows = device_calloc(n * s->heads, sizeof(real));
     transpose_lse(super_rows, t.lse, l.B, rs.heads, 2 * rs.C);  // (B, heads/A, 2AC) -> (B, 2AC, heads/A)
     sequence_scatter(&l, super_rows, local_rows, s->heads, 1, 0);
     transpose_lse(lse, local_rows, l.B, 2 * s->C, s->heads);  // (B, 2C, heads) -> (B, heads, 2C)
-    free(super_rows), free(local_rows);
+    device_free(super_rows), device_free(local_rows);
     free_super(&t);
 }
 
@@ -162,23 +167,23 @@ void a2a_attention_backward(const Comm *inner, const Comm *outer, real *dq, real
     gather_qkv(&l, s, &t, q, k, v);  // again: forward kept only the local tensors
     RingAttentionShape rs = super_shape(&l, s, t.key_start);
     size_t n = tokens_of(&l);
-    t.out = mt_malloc(n * s->heads * v_width(s) * sizeof(real));
-    t.dout = mt_malloc(n * s->heads * v_width(s) * sizeof(real));
-    t.lse = mt_malloc(n * s->heads * sizeof(real));
+    t.out = device_calloc(n * s->heads * v_width(s), sizeof(real));
+    t.dout = device_calloc(n * s->heads * v_width(s), sizeof(real));
+    t.lse = device_calloc(n * s->heads, sizeof(real));
     sequence_gather(&l, out, t.out, s->heads, v_width(s));
     sequence_gather(&l, dout, t.dout, s->heads, v_width(s));
-    real *rows = mt_malloc(n * s->heads * sizeof(real)), *super_rows = mt_malloc(n * s->heads * sizeof(real));
+    real *rows = device_calloc(n * s->heads, sizeof(real)), *super_rows = device_calloc(n * s->heads, sizeof(real));
     transpose_lse(rows, lse, l.B, s->heads, 2 * s->C);
     sequence_gather(&l, rows, super_rows, s->heads, 1);
     transpose_lse(t.lse, super_rows, l.B, 2 * rs.C, rs.heads);
-    free(rows), free(super_rows);
-    real *sdq = mt_calloc(n * s->heads * s->head_dim, sizeof(real));
-    real *sdk = mt_calloc(n * s->kv_heads * s->head_dim, sizeof(real));
-    real *sdv = mt_calloc(n * s->kv_heads * v_width(s), sizeof(real));
+    device_free(rows), device_free(super_rows);
+    real *sdq = device_calloc(n * s->heads * s->head_dim, sizeof(real));
+    real *sdk = device_calloc(n * s->kv_heads * s->head_dim, sizeof(real));
+    real *sdv = device_calloc(n * s->kv_heads * v_width(s), sizeof(real));
     ring_attention_backward(outer, sdq, sdk, sdv, t.dout, t.out, t.lse, t.q, t.k, t.v, &rs);
     sequence_scatter(&l, sdq, dq, s->heads, s->head_dim, 1);
     sequence_scatter(&l, sdk, dk, s->kv_heads, s->head_dim, 1);
     sequence_scatter(&l, sdv, dv, s->kv_heads, v_width(s), 1);
-    free(sdq), free(sdk), free(sdv);
+    device_free(sdq), device_free(sdk), device_free(sdv);
     free_super(&t);
 }
