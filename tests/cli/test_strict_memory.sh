@@ -36,6 +36,7 @@ MPI_CASES=(
     "tp2_sp|2|--tensor-model-parallel-size 2 --sequence-parallel"
     "pp2|2|--pipeline-model-parallel-size 2"
     "cp2|2|--context-parallel-size 2"
+    "cp2_a2a|2|--context-parallel-size 2 --cp-comm-type a2a"
 )
 
 # steps FILE: per-step numbers of a JSONL log without the timings
