@@ -174,5 +174,6 @@ int main(int argc, char **argv) {
     free(out.seq_counts);
     free(out.global_counts);
     free(out.group_counts);
+    free(out.report);  // host memory router_forward allocated
     return 0;
 }
