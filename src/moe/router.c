@@ -45,19 +45,13 @@ static int global_token(const RouterCall *call, int n) {
 }
 
 // In place: x (n, tensor memory) becomes its sum over the group g (rank order); nothing when
-// g is NULL or alone. A collective: it may reach tensor memory.
+// g is NULL or alone. The collectives open tensor memory themselves (comm.c).
 static void group_sum_int64(const Comm *g, int64_t *x, size_t n) {
-    if (!g || g->size <= 1) return;
-    device_access_begin();
-    comm_allreduce_sum_int64(g, x, n);
-    device_access_end();
+    if (g && g->size > 1) comm_allreduce_sum_int64(g, x, n);
 }
 
 static void group_sum_double(const Comm *g, double *x, size_t n) {
-    if (!g || g->size <= 1) return;
-    device_access_begin();
-    comm_allreduce_sum_double(g, x, n);
-    device_access_end();
+    if (g && g->size > 1) comm_allreduce_sum_double(g, x, n);
 }
 
 // ---- the scratch of one call ---------------------------------------------------------------------
@@ -109,10 +103,8 @@ static void apply_group_capacity(RouterOutput *out, const RouterConfig *rc, cons
     size_t local = (size_t)call->N * k, total = (size_t)tokens * k;
     int32_t *idx = device_calloc(total, sizeof(int32_t)), *kept = device_calloc(total, sizeof(int32_t));
     real *probs = device_calloc(total, sizeof(real));
-    device_access_begin();
     comm_allgather_int32(call->token_group, out->topk_idx, idx, local);
     comm_allgather(call->token_group, out->topk_probs, probs, local);
-    device_access_end();
     if (call->token_index) {  // members' tokens interleave in the micro-batch
         int32_t *index = mt_malloc((size_t)tokens * sizeof(int32_t));
         void *scratch = mt_malloc(total * MT_MAX(sizeof(int32_t), sizeof(real)));
