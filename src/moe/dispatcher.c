@@ -20,23 +20,34 @@ size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to
     return rows;
 }
 
-void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity) {
-    PROF_SCOPE(PROF_DISPATCH);
+// The plan's rows per expert on the host: capacity each when padded (nothing to ask the
+// device), the caller's host copy when it has one, else the layer pass's one download of the
+// plan (4·E bytes).
+static void plan_host_rows(DispatchPlan *plan, int capacity, const double *known_rows) {
     int E = plan->E;
-    moe_dispatch_plan(plan->rows_per_expert, plan->expert_offsets, plan->row_of_choice, plan->token_of_row, topk_idx,
-                      kept, plan->N, plan->k, E, capacity);
     if (!plan->host_rows_per_expert) plan->host_rows_per_expert = mt_calloc(E, sizeof(int32_t));
     int32_t *host_rows = plan->host_rows_per_expert;
-    if (capacity > 0) {  // padded: every expert has capacity rows, nothing to ask the device
+    if (capacity > 0)
         for (int e = 0; e < E; e++) host_rows[e] = capacity;
-        plan->rows = E * capacity;
-        return;
-    }
-    // the layer pass's one download of the plan: each expert's rows (4·E bytes)
-    device_download(host_rows, plan->rows_per_expert, (size_t)E * sizeof(int32_t));
+    else if (known_rows)
+        for (int e = 0; e < E; e++) host_rows[e] = (int32_t)known_rows[e];
+    else
+        device_download(host_rows, plan->rows_per_expert, (size_t)E * sizeof(int32_t));
     int rows = 0;
     for (int e = 0; e < E; e++) rows += host_rows[e];
     plan->rows = rows;
+}
+
+void dispatch_plan_known(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity,
+                         const double *known_rows) {
+    PROF_SCOPE(PROF_DISPATCH);
+    moe_dispatch_plan(plan->rows_per_expert, plan->expert_offsets, plan->row_of_choice, plan->token_of_row, topk_idx,
+                      kept, plan->N, plan->k, plan->E, capacity);
+    plan_host_rows(plan, capacity, known_rows);
+}
+
+void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity) {
+    dispatch_plan_known(plan, topk_idx, kept, capacity, NULL);
 }
 
 void dispatch_plan_free(DispatchPlan *plan) {

@@ -30,10 +30,14 @@ size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to
 
 // topk_idx (N,k), kept (N,k) or NULL (all kept), capacity > 0 to pad every expert to it
 void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity);
+// The same when the host already knows each expert's kept choices (known_rows (E), integers as
+// doubles: the router's downloaded tokens_per_expert of these N tokens): no download.
+void dispatch_plan_known(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity,
+                         const double *known_rows);
 // Frees the plan's host memory (host_rows_per_expert); its tensor memory is the caller's.
 void dispatch_plan_free(DispatchPlan *plan);
-// The plan is the moe_dispatch_plan op (ops_dispatch.h); without capacity padding its rows
-// come back to the host in one 4-byte download (plan->rows). The data movement runs as ops
+// The plan is the moe_dispatch_plan op (ops_dispatch.h); without capacity padding or known
+// rows, its rows per expert come back to the host in one 4·E-byte download (plan->rows). The data movement runs as ops
 // too (moe_permute / moe_unpermute in ops.h, kernels on a GPU).
 // x (N,H) -> rows (rows,H);  per-choice values (N,k) -> per-row values (rows) when non-NULL
 void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,

@@ -1,12 +1,12 @@
 #include "moe/router.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "core/device.h"
 #include "core/profile.h"
 #include "moe/dispatcher.h"
 #include "ops/moe_route.h"
+#include "ops/ops_parallel.h"
 
 const char *const BALANCE_TYPE_NAMES[BALANCE_TYPES] = {"aux_loss", "seq_aux_loss", "global_aux_loss"};
 
@@ -38,11 +38,6 @@ static int group_sequences(const RouterCall *call) { return group_tokens(call) /
 
 // global index of this member's first token
 static int first_token(const RouterCall *call) { return split_over_group(call) ? call->token_first : 0; }
-
-// index in the whole micro-batch of this member's token n
-static int global_token(const RouterCall *call, int n) {
-    return call->token_index ? call->token_index[n] : first_token(call) + n;
-}
 
 // In place: x (n, tensor memory) becomes its sum over the group g (rank order); nothing when
 // g is NULL or alone. The collectives open tensor memory themselves (comm.c).
@@ -86,43 +81,56 @@ static RouterWork router_work(int E, int sequences) {
 
 // ---- capacity -------------------------------------------------------------------------------
 
-// Rows of k values gathered in member order (member m's N rows, its tokens `index`
-// (N·P) name) into token order, in place through `scratch` (N·P·k).
-static void gathered_to_token_order(void *rows, void *scratch, const int32_t *index, int tokens, int k,
-                                    size_t size) {
-    size_t row = (size_t)k * size;
-    for (int i = 0; i < tokens; i++) memcpy((char *)scratch + (size_t)index[i] * row, (char *)rows + i * row, row);
-    memcpy(rows, scratch, (size_t)tokens * row);
+// Tensor memory of the group's capacity decision: its N·P·k choices in member order (as
+// gathered) and in token order, and the members' token indices (with context parallelism).
+typedef struct {
+    int32_t *idx_gathered, *idx, *kept, *index;
+    real *probs_gathered, *probs;
+    void *block;
+} GroupChoices;
+
+static GroupChoices group_choices(size_t total, int tokens) {
+    size_t bytes = 3 * total * sizeof(int32_t) + (size_t)tokens * sizeof(int32_t) + 2 * total * sizeof(real);
+    GroupChoices c = {.block = device_calloc(bytes, 1)};
+    int32_t *i = c.block;
+    c.idx_gathered = i, i += total;
+    c.idx = i, i += total;
+    c.kept = i, i += total;
+    c.index = i, i += tokens;
+    real *r = (real *)i;
+    c.probs_gathered = r, r += total;
+    c.probs = r;
+    return c;
 }
 
 // The capacity decision over the token group's N·P·k choices: every member gathers the
-// group's expert ids and probs (into token order), decides the same drops, and keeps its part.
-// (The reordering and the copy back are host code still: issue 19.)
+// group's expert ids and probs (into token order: an op when the members' tokens interleave),
+// decides the same drops, and keeps its part (an op: its tokens' rows, or its run of them).
 static void apply_group_capacity(RouterOutput *out, const RouterConfig *rc, const RouterCall *call, int capacity) {
     int k = rc->k, tokens = group_tokens(call);
     size_t local = (size_t)call->N * k, total = (size_t)tokens * k;
-    int32_t *idx = device_calloc(total, sizeof(int32_t)), *kept = device_calloc(total, sizeof(int32_t));
-    real *probs = device_calloc(total, sizeof(real));
-    comm_allgather_int32(call->token_group, out->topk_idx, idx, local);
-    comm_allgather(call->token_group, out->topk_probs, probs, local);
+    size_t id_row = (size_t)k * sizeof(int32_t), prob_row = (size_t)k * sizeof(real);
+    GroupChoices c = group_choices(total, tokens);
+    comm_allgather_int32(call->token_group, out->topk_idx, c.idx_gathered, local);
+    comm_allgather(call->token_group, out->topk_probs, c.probs_gathered, local);
     if (call->token_index) {  // members' tokens interleave in the micro-batch
-        int32_t *index = mt_malloc((size_t)tokens * sizeof(int32_t));
-        void *scratch = mt_malloc(total * MT_MAX(sizeof(int32_t), sizeof(real)));
-        comm_allgather_int32(call->token_group, call->token_index, index, (size_t)call->N);
-        gathered_to_token_order(idx, scratch, index, tokens, k, sizeof(int32_t));
-        gathered_to_token_order(probs, scratch, index, tokens, k, sizeof(real));
-        free(scratch);
-        free(index);
+        comm_allgather_int32(call->token_group, call->token_index, c.index, (size_t)call->N);
+        rows_scatter(c.idx, c.idx_gathered, c.index, tokens, id_row);
+        rows_scatter(c.probs, c.probs_gathered, c.index, tokens, prob_row);
+    } else {  // member order is token order
+        rows_copy_strided(c.idx, 0, c.idx_gathered, 0, total * sizeof(int32_t), 1);
+        rows_copy_strided(c.probs, 0, c.probs_gathered, 0, total * sizeof(real), 1);
     }
-    moe_router_capacity(probs, kept, idx, (int)total, rc->E, capacity, rc->drop_policy == DROP_POSITION);
-    for (int n = 0; n < call->N; n++) {
-        size_t from = (size_t)global_token(call, n) * k, to = (size_t)n * k;
-        memcpy(out->kept + to, kept + from, k * sizeof(int32_t));
-        memcpy(out->topk_probs + to, probs + from, k * sizeof(real));
+    moe_router_capacity(c.probs, c.kept, c.idx, (int)total, rc->E, capacity, rc->drop_policy == DROP_POSITION);
+    if (call->token_index) {
+        rows_gather(out->kept, c.kept, call->token_index, call->N, id_row);
+        rows_gather(out->topk_probs, c.probs, call->token_index, call->N, prob_row);
+    } else {
+        size_t first = (size_t)first_token(call) * k;
+        rows_copy_strided(out->kept, 0, c.kept + first, 0, local * sizeof(int32_t), 1);
+        rows_copy_strided(out->topk_probs, 0, c.probs + first, 0, local * sizeof(real), 1);
     }
-    device_free(idx);
-    device_free(kept);
-    device_free(probs);
+    device_free(c.block);
 }
 
 // Capacity of the group's micro-batch, drops applied to out->kept / topk_probs (all 1 / as

@@ -18,7 +18,9 @@ void expert_rows_set_backward(ExpertRows *rows, real *d_rows_out, real *d_rows_i
 }
 
 void local_dispatch_rows(const MoeDispatchContext *ctx, MoeActs *ma, const real *x) {
-    dispatch_plan(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity);
+    // the router's report already holds each expert's kept choices of these tokens
+    dispatch_plan_known(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity,
+                        router_host_tokens_per_expert(&ma->route));
     dispatch_forward(ma->rows_in, ma->row_probs, x, ma->route.topk_probs, &ma->plan, ctx->hidden);
 }
 

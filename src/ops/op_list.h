@@ -187,6 +187,10 @@
     OP(void, rows_copy_strided, rows_copy_strided,                                                                   \
        (void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, int rows),                     \
        (dst, dst_pitch, src, src_pitch, width, rows))                                                                \
+    OP(void, rows_gather, rows_gather, (void *dst, const void *src, const int32_t *index, int rows, size_t width),   \
+       (dst, src, index, rows, width))                                                                               \
+    OP(void, rows_scatter, rows_scatter, (void *dst, const void *src, const int32_t *index, int rows, size_t width), \
+       (dst, src, index, rows, width))                                                                               \
     OP(void, lse_reset, lse_reset, (real *lse, size_t n), (lse, n))                                                \
     OP(void, heads_sum, heads_sum, (real *dst, const real *src, int rows, int heads, size_t head_pitch, int width),   \
        (dst, src, rows, heads, head_pitch, width))

@@ -33,9 +33,9 @@ MPI_CASES=(
     "ep2_allgather_capacity|2|--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --moe-expert-capacity-factor 1.0"
     "ep2_shared_overlap|2|--expert-model-parallel-size 2 --moe-shared-expert-intermediate-size 32 --moe-shared-expert-overlap"
     "dp2_dense_distopt|2|--num-experts 0 --use-distributed-optimizer"
-    "tp2_sp|2|--tensor-model-parallel-size 2 --sequence-parallel"
+    "tp2_sp_capacity|2|--tensor-model-parallel-size 2 --sequence-parallel --moe-expert-capacity-factor 1.0"
     "pp2|2|--pipeline-model-parallel-size 2"
-    "cp2|2|--context-parallel-size 2"
+    "cp2_capacity_position|2|--context-parallel-size 2 --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position"
     "cp2_a2a|2|--context-parallel-size 2 --cp-comm-type a2a"
 )
 

@@ -27,6 +27,39 @@ static void check_rows_copy_strided(int outer, int C, int width, int c) {
     check_free_all();
 }
 
+// A permutation of 0..n-1 (Fisher–Yates on the check's random ints).
+static int32_t *random_permutation(int n) {
+    int32_t *perm = check_random_ints((size_t)n, 0, 1), *pick = check_random_ints((size_t)n, 0, 1 << 30);
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = pick[i] % (i + 1);
+        int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    return perm;
+}
+
+// rows_scatter then rows_gather with the same permutation: rows of `width` bytes (whole words
+// or not) into token order and back out of it, compared bit for bit (as int32 words; the
+// outputs start as −1 words, which no random word equals, so an unwritten byte shows).
+static void check_rows_indexed(int rows, int width) {
+    char name[96];
+    snprintf(name, sizeof(name), "rows_scatter/rows_gather rows=%d width=%d bytes", rows, width);
+    size_t words = ((size_t)rows * width + 3) / 4, whole = (size_t)rows * width / 4;
+    int32_t *perm = random_permutation(rows), *d_perm = check_ints_to_device(perm, (size_t)rows);
+    int32_t *src = check_random_ints(words, 0, 1 << 30), *ordered = check_random_ints(words, 0, 1 << 30);
+    int32_t *back = check_random_ints(words, 0, 1 << 30);
+    int32_t *d_ordered = check_device_unset_ints(words), *d_back = check_device_unset_ints(words);
+    cpu()->rows_scatter(ordered, src, perm, rows, (size_t)width);
+    under()->rows_scatter(d_ordered, check_ints_to_device(src, words), d_perm, rows, (size_t)width);
+    cpu()->rows_gather(back, ordered, perm, rows, (size_t)width);
+    under()->rows_gather(d_back, d_ordered, d_perm, rows, (size_t)width);
+    check_compare_ints(name, "scattered", ordered, d_ordered, whole);  // the words every row byte covers
+    check_compare_ints(name, "gathered", back, d_back, whole);
+    check_compare_ints(name, "round trip", src, d_back, whole);
+    check_free_all();
+}
+
 // heads_sum: the rotary-key part (columns off..off+width) of (rows, heads, pitch) summed over heads.
 static void check_heads_sum(int rows, int heads, int pitch, int off, int width) {
     char name[96];
@@ -52,6 +85,9 @@ void check_parallel_ops(void) {
     check_lse_reset(37);
     check_rows_copy_strided(3, 5, 7, 0);
     check_rows_copy_strided(2, 4, 1, 1);
+    check_rows_indexed(37, 8);   // int32 pairs (k = 2)
+    check_rows_indexed(11, 12);  // fp32 triples
+    check_rows_indexed(9, 3);    // bytes
     check_heads_sum(5, 4, 20, 8, 12);
     check_heads_sum(3, 1, 8, 0, 8);
 }

@@ -8,6 +8,14 @@ void cpu_rows_copy_strided(void *dst, size_t dst_pitch, const void *src, size_t 
     for (int r = 0; r < rows; r++) memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
 }
 
+void cpu_rows_gather(void *dst, const void *src, const int32_t *index, int rows, size_t width) {
+    for (int i = 0; i < rows; i++) memcpy((char *)dst + i * width, (const char *)src + (size_t)index[i] * width, width);
+}
+
+void cpu_rows_scatter(void *dst, const void *src, const int32_t *index, int rows, size_t width) {
+    for (int i = 0; i < rows; i++) memcpy((char *)dst + (size_t)index[i] * width, (const char *)src + i * width, width);
+}
+
 void cpu_lse_reset(real *lse, size_t n) {
     for (size_t j = 0; j < n; j++) lse[j] = -INFINITY;
 }

@@ -8,6 +8,39 @@ void cuda_rows_copy_strided(void *dst, size_t dst_pitch, const void *src, size_t
     CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, (size_t)rows, cudaMemcpyDefault, cuda_stream()));
 }
 
+// One thread per 4-byte word of the moved rows when the rows are whole words (the per-choice
+// int32 and fp32 values), else one per byte; `scatter` says which side the index names.
+template <typename Word>
+__global__ void rows_indexed_kernel(Word *dst, const Word *src, const int32_t *index, int rows, size_t words,
+                                    int scatter) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= (size_t)rows * words) return;
+    size_t i = j / words, w = j % words, named = (size_t)index[i];
+    if (scatter) dst[named * words + w] = src[i * words + w];
+    else dst[i * words + w] = src[named * words + w];
+}
+
+static void rows_indexed(void *dst, const void *src, const int32_t *index, int rows, size_t width, int scatter) {
+    if (rows <= 0 || width == 0) return;
+    int whole_words = width % 4 == 0 && (uintptr_t)dst % 4 == 0 && (uintptr_t)src % 4 == 0;
+    size_t words = whole_words ? width / 4 : width, n = (size_t)rows * words;
+    if (whole_words)
+        rows_indexed_kernel<<<cuda_blocks(n, FLAT_THREADS), FLAT_THREADS, 0, cuda_stream()>>>(
+            (uint32_t *)dst, (const uint32_t *)src, index, rows, words, scatter);
+    else
+        rows_indexed_kernel<<<cuda_blocks(n, FLAT_THREADS), FLAT_THREADS, 0, cuda_stream()>>>(
+            (uint8_t *)dst, (const uint8_t *)src, index, rows, words, scatter);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_rows_gather(void *dst, const void *src, const int32_t *index, int rows, size_t width) {
+    rows_indexed(dst, src, index, rows, width, 0);
+}
+
+void cuda_rows_scatter(void *dst, const void *src, const int32_t *index, int rows, size_t width) {
+    rows_indexed(dst, src, index, rows, width, 1);
+}
+
 __global__ void lse_reset_kernel(float *lse, size_t n) {
     size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j < n) lse[j] = -INFINITY;
