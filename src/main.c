@@ -55,7 +55,12 @@ static void use_device(const Config *c) {
         mt_die("MOETRON_DEVICE=%s: use %s (or unset it)", from_env, DEVICE_NAMES);
     device_select(device_parse(use_env ? from_env : c->device), c->bf16);
 #ifdef MT_COMM_NCCL
-    if (device_active() == DEVICE_CUDA) comm_use_nccl(device_local_rank());
+    // tensor memory is device memory: MPI's collectives (host sums, host copies) cannot
+    // handle it, NCCL must
+    if (device_active() == DEVICE_CUDA && !comm_use_nccl(device_local_rank()) && comm_world_size() > 1)
+        mt_die("--device cuda with %d processes needs NCCL, and it is off: leave MOETRON_NCCL unset (or set it to 1) "
+               "and build the cuda plugin with nccl.h in CUDA_HOME/include, or run with --device cpu",
+               comm_world_size());
 #endif
 }
 

@@ -210,6 +210,17 @@ void device_download(void *host, const void *src, size_t bytes) {
     copy_bytes(host, src, bytes);
 }
 
+void device_copy(void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->copy(dst, src, bytes);  // waits when either side is host memory
+        return;
+    }
+#endif
+    copy_bytes(dst, src, bytes);
+}
+
 double device_memory_free_bytes(void) {
 #if DEVICE_HAS_CUDA
     if (active == DEVICE_CUDA) return require_plugin()->memory_free_bytes();

@@ -54,6 +54,10 @@ double device_memory_free_bytes(void);
 // queued before it, so a step's downloads are its synchronisation points (docs/gpu.md).
 void device_upload(void *dst, const void *host, size_t bytes);
 void device_download(void *host, const void *src, size_t bytes);
+// dst ← src (bytes), each host or tensor memory (dst == src: nothing; no other overlap): in
+// queue order after the ops before it, and on return a host destination holds the bytes and
+// a host source is free again (a group of one process's collectives).
+void device_copy(void *dst, const void *src, size_t bytes);
 // Brackets code that reaches tensor memory outside ops (communication: the MPI calls on
 // tensor buffers, which a GPU build does through NCCL on device memory). Nest.
 void device_access_begin(void);

@@ -312,8 +312,7 @@ static void alltoallv_typed(const Comm *g, CommType t, const void *send, const s
         mt_die("internal error: all-to-all on process group %s sends %zu elements to itself but receives %zu "
                "(please report)", g->name, send_counts[0], recv_counts[0]);
     size_t es = comm_type_size(t);
-    WITH_TENSORS(memmove((char *)recv + recv_displs[0] * es, (const char *)send + send_displs[0] * es,
-                         send_counts[0] * es));
+    device_copy((char *)recv + recv_displs[0] * es, (const char *)send + send_displs[0] * es, send_counts[0] * es);
 }
 
 void comm_alltoall_v(const Comm *g, const real *send, const size_t *send_counts, const size_t *send_displs,
@@ -367,9 +366,9 @@ static void block_collective(const Comm *g, CommOp op, const real *send, real *r
     require_member(g, op == OP_ALLGATHER ? "all-gather" : "reduce-scatter");
     size_t *equal = counts ? NULL : equal_counts(g, block);
     if (equal) counts = equal;
-    if (req) req->pending = NULL;
+    if (req) *req = (CommRequest){0};
     if (g->size == 1) {
-        WITH_TENSORS(memmove(recv, send, counts[0] * sizeof(real)));
+        device_copy(recv, send, counts[0] * sizeof(real));
     } else if (req) {
         req->pending = start_counted(g, op, CT_REAL, send, recv, counts);
     } else {
@@ -393,7 +392,7 @@ void comm_allgather(const Comm *g, const real *send, real *recv, size_t block) {
 static void allgather_typed(const Comm *g, CommType t, const void *send, void *recv, size_t block) {
     require_member(g, "all-gather");
     if (g->size == 1) {
-        WITH_TENSORS(memmove(recv, send, block * comm_type_size(t)));
+        device_copy(recv, send, block * comm_type_size(t));
         return;
     }
     size_t *counts = equal_counts(g, block), *displs = prefix_displs(g, counts);
@@ -439,7 +438,7 @@ void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t
 
 void comm_iallreduce_sum(const Comm *g, real *x, size_t n, CommRequest *req) {
     require_member(g, "all-reduce");
-    req->pending = NULL;
+    *req = (CommRequest){0};
     if (g->size == 1) return;
     size_t *counts = equal_counts(g, 0), *displs = equal_counts(g, 0);
     split_even(n, g->size, counts, displs);
@@ -448,22 +447,55 @@ void comm_iallreduce_sum(const Comm *g, real *x, size_t n, CommRequest *req) {
     free(displs);
 }
 
+// ---- point to point and ring shifts ----------------------------------------------------------
+// They move with MPI in every build. Where tensor memory is not host memory (a GPU; cpu-strict
+// takes the GPU's path) they go through host buffers: a send's bytes are downloaded when it
+// starts (after the ops queued before it: the download waits for them), a receive's bytes are
+// uploaded when it completes (comm_test / comm_wait), so MPI never reads device memory that a
+// kernel is still writing and needs no CUDA support.
+static int through_host(void) { return device_active() != DEVICE_CPU; }
+
+// Host copies of a staged transfer (one block): the outgoing bytes, then room for the incoming.
+static void stage(CommRequest *req, const void *send, size_t send_bytes, void *recv, size_t recv_bytes) {
+    req->staging = mt_malloc(send_bytes + recv_bytes + 1);
+    if (send) device_download(req->staging, send, send_bytes);
+    req->staged_send_bytes = send_bytes;
+    req->staged_recv = recv;
+    req->staged_recv_bytes = recv_bytes;
+}
+
+static void *staged_incoming(const CommRequest *req, size_t send_bytes) { return (char *)req->staging + send_bytes; }
+
+// A completed transfer's received bytes into tensor memory, its host copies freed.
+static void unstage(CommRequest *req) {
+    if (!req->staging) return;
+    size_t sent_bytes = req->staged_send_bytes;
+    if (req->staged_recv) device_upload(req->staged_recv, staged_incoming(req, sent_bytes), req->staged_recv_bytes);
+    free(req->staging);
+    *req = (CommRequest){0};
+}
+
 void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommRequest *req) {
     require_member(g, "ring shift");
-    req->pending = NULL;
+    *req = (CommRequest){0};
     if (g->size == 1) {
-        WITH_TENSORS(memmove(recv, send, n * sizeof(real)));
+        device_copy(recv, send, n * sizeof(real));
         return;
     }
-    size_t *counts = equal_counts(g, n);
-    req->pending = start_counted(g, OP_SENDRECV, CT_REAL, send, recv, counts);
+    size_t *counts = equal_counts(g, n), bytes = n * sizeof(real);
+    if (through_host()) {
+        stage(req, send, bytes, recv, bytes);
+        req->pending = start_counted(g, OP_SENDRECV, CT_REAL, req->staging, staged_incoming(req, bytes), counts);
+    } else {
+        req->pending = start_counted(g, OP_SENDRECV, CT_REAL, send, recv, counts);
+    }
     free(counts);
 }
 
 static void ialltoallv_typed(const Comm *g, CommType t, const void *send, const size_t *send_counts,
                              const size_t *send_displs, void *recv, const size_t *recv_counts,
                              const size_t *recv_displs, CommRequest *req) {
-    req->pending = NULL;
+    *req = (CommRequest){0};
     if (g->size == 1) {
         alltoallv_typed(g, t, send, send_counts, send_displs, recv, recv_counts, recv_displs);
         return;
@@ -492,8 +524,16 @@ static void start_point(const Comm *g, int send, real *buf, size_t n, int peer, 
     if (peer < 0 || peer >= g->size || peer == g->rank || tag < 0 || tag >= COMM_MAX_TAG)
         mt_die("internal error: process group %s: a %s of rank %d with peer %d, tag %d (please report)", g->name,
                send ? "send" : "receive", g->rank, peer, tag);
-    if (send) count_sent(g, (uint64_t)n * sizeof(real));
-    WITH_TENSORS(req->pending = backend_ipoint(g, send, CT_REAL, buf, n, peer, tag));
+    *req = (CommRequest){0};
+    size_t bytes = n * sizeof(real);
+    if (send) count_sent(g, (uint64_t)bytes);
+    void *moved = buf;
+    if (through_host()) {
+        if (send) stage(req, buf, bytes, NULL, 0);
+        else stage(req, NULL, 0, buf, bytes);
+        moved = req->staging;
+    }
+    WITH_TENSORS(req->pending = backend_ipoint(g, send, CT_REAL, moved, n, peer, tag));
 }
 
 void comm_isend(const Comm *g, const real *buf, size_t n, int peer, int tag, CommRequest *req) {
@@ -516,10 +556,13 @@ int comm_test(CommRequest *req) {
     int done = 0;
     if (req->pending) WITH_TENSORS(done = backend_test(req->pending));
     if (done) req->pending = NULL;
-    return req->pending == NULL;
+    if (req->pending) return 0;
+    unstage(req);
+    return 1;
 }
 
 void comm_wait(CommRequest *req) {
     if (req->pending) WITH_TENSORS(backend_wait(req->pending));
     req->pending = NULL;
+    unstage(req);
 }

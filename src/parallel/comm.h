@@ -124,6 +124,11 @@ void comm_bytes_reset(void);
 typedef struct CommPending CommPending;
 typedef struct {
     CommPending *pending;  // NULL once complete
+    // A point-to-point transfer or ring shift staged through host memory (comm.c): its host
+    // block (the bytes sent, then those received), and where the received bytes go.
+    void *staging;
+    size_t staged_send_bytes, staged_recv_bytes;
+    void *staged_recv;
 } CommRequest;
 
 void comm_iallreduce_sum(const Comm *g, real *x, size_t n, CommRequest *req);
@@ -134,8 +139,9 @@ void comm_iallgather(const Comm *g, const real *send, real *recv, size_t block, 
 void comm_iallgather_v(const Comm *g, const real *send, real *recv, const size_t *counts, CommRequest *req);
 // The ring shift: send (n) goes to group rank (r+1) mod P, recv (n) comes from rank
 // (r−1+P) mod P; send and recv must not overlap. A group of one copies send to recv. The
-// data moves with MPI even after comm_use_nccl: on a GPU that needs a CUDA-aware MPI, since
-// tensor memory is device memory (an NCCL send/recv path is still to come).
+// data moves with MPI even after comm_use_nccl; where tensor memory is not host memory (a
+// GPU, cpu-strict) through host buffers: the send's bytes are downloaded when it starts,
+// the received bytes uploaded when comm_test / comm_wait sees it complete (any MPI will do).
 void comm_isendrecv(const Comm *g, const real *send, real *recv, size_t n, CommRequest *req);
 void comm_sendrecv(const Comm *g, const real *send, real *recv, size_t n);  // blocking
 // comm_alltoall_v in flight (its counts are read at the call). After comm_use_nccl it moves
@@ -147,7 +153,7 @@ void comm_ialltoall_int32(const Comm *g, const int32_t *send, int32_t *recv, siz
 // Point to point: n elements of buf to group rank `peer`, or from it into buf, matched with
 // the peer's call of the other kind by tag (0 <= tag < COMM_MAX_TAG; messages of one tag
 // between two ranks arrive in the order they were sent); the sizes must agree. Moved with MPI
-// in every build, NCCL path or not (on a GPU: a CUDA-aware MPI, as comm_isendrecv). A send
+// in every build, NCCL path or not, staged through host memory as comm_isendrecv. A send
 // counts n elements when it starts.
 #define COMM_MAX_TAG (1 << 13)
 void comm_isend(const Comm *g, const real *buf, size_t n, int peer, int tag, CommRequest *req);
@@ -171,8 +177,8 @@ void comm_wait(CommRequest *req);
 // (which loads the plugin) and before the first collective on device memory; later calls
 // return 1 at once. local_rank (the process's index on its machine) selects the GPU as
 // cuda_init does, a no-op when the cuda backend has started already. Returns 1 when NCCL
-// moves the data from now on; 0, and MPI keeps moving it (device memory: a CUDA-aware MPI), for a
-// world of one process, when MOETRON_NCCL=0 is set, or when the loaded plugin has no NCCL
+// moves the data from now on; 0, and MPI keeps moving it (the trainer then refuses a
+// multi-GPU run: MPI's collectives cannot sum device memory), for a world of one process, when MOETRON_NCCL=0 is set, or when the loaded plugin has no NCCL
 // (built without nccl.h) or no plugin is loaded. Every process gets the same answer. With
 // NCCL:
 //   - buffers may be device or host memory: device memory is used in place, host memory
@@ -181,8 +187,8 @@ void comm_wait(CommRequest *req);
 //     (cuda_stream()) before the call, and its results are in place, for the host and
 //     for the work queued after, when the blocking call (or comm_test / comm_wait)
 //     returns; a non-blocking one runs on a stream of its own while the compute goes on;
-//   - the sums of the non-blocking collectives run on the GPU, those of the blocking
-//     reduce-scatter and all-reduce on the host (comm.c), in the same order either way;
+//   - the sums run on the GPU (the blocking reduce-scatter and all-reduce start and wait
+//     for the non-blocking ones), in rank order as on the host;
 //   - the watchdog (--distributed-timeout-minutes) covers the waits, and an error NCCL
 //     reports aborts its communicator and ends every rank with one line.
 // MOETRON_NCCL=1 selects the GPU and calls it at comm_world_init (for tests).

@@ -56,7 +56,8 @@ typedef enum { OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE, OP_SENDRECV, OP_SE
 //   OP_ALLREDUCE       recv: every block, summed in place (send unused)
 //   OP_SENDRECV        send: counts[g->rank] elements to rank (r+1) mod P, recv: as many
 //                      from rank (r−1) mod P (send and recv do not overlap); moved with MPI
-//                      in every build, NCCL path or not (host or managed memory)
+//                      in every build, NCCL path or not (comm.c stages device memory
+//                      through host buffers)
 // counts is copied. backend_test returns 1 when done and then has freed the state.
 CommPending *backend_istart(const Comm *g, CommOp op, CommType t, const void *send, void *recv,
                             const size_t *counts);

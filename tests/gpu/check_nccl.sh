@@ -9,12 +9,14 @@
 #      covers the device copies of host buffers;
 #   2. with NCCL on, one rank's mt_die still ends every rank within seconds;
 #   3. with moetron train --device cuda (when this moetron has --device): 10 steps of DP=2
-#      (also with accumulation, the distributed optimizer, global_aux_loss) and EP=2 (both
-#      dispatchers), and EP=2 x DP=2 on 4 GPUs. The trainer must turn NCCL on itself
+#      (also with accumulation, the distributed optimizer, global_aux_loss), EP=2 (both
+#      dispatchers), PP=2 and CP=2 (point-to-point and ring shifts staged through host
+#      memory), and EP=2 x DP=2 on 4 GPUs. The trainer must turn NCCL on itself
 #      (comm_use_nccl; NCCL_DEBUG=VERSION shows that NCCL started — if not, that fails and
-#      the run is repeated with MOETRON_NCCL=1), and the NCCL run must give the same bits as
-#      the MPI run on the same GPUs (MOETRON_NCCL=0): losses and gradient norms; and be
-#      within 1e-3 of the cpu run's losses (the GPU's compute makes that difference);
+#      the run is repeated with MOETRON_NCCL=1), two runs must give the same bits (losses
+#      and gradient norms), and be within 1e-3 of the cpu run's losses (the GPU's compute
+#      makes that difference); with MOETRON_NCCL=0 a multi-GPU run must refuse to start
+#      with one line (MPI cannot sum device memory);
 #   4. a stopped rank: the watchdog (--distributed-timeout-minutes) ends a NCCL run.
 # Ends with "N passed, M failed"; exits 1 when a check failed.
 set -u
@@ -113,16 +115,16 @@ train_case() {  # NAME RANKS flags...
     local name=$1 np=$2
     shift 2
     train "$name.cpu" "$np" cpu "$@" || return
-    MOETRON_NCCL=0 train "$name.mpi" "$np" cuda "$@" || return
+    train "$name.rerun" "$np" cuda "$@" || return
     NCCL_DEBUG=VERSION train "$name.nccl" "$np" cuda "$@" || return
     if ! nccl_started "$work/$name.nccl.log"; then  # then the bits are checked with NCCL forced on
         fail "${name}_trainer_uses_nccl" "NCCL never started under --device cuda (the trainer calls comm_use_nccl?)"
         MOETRON_NCCL=1 NCCL_DEBUG=VERSION train "$name.nccl" "$np" cuda "$@" || return
     fi
     local diff why
-    diff=$(diff "$work/$name.mpi.curve" "$work/$name.nccl.curve" | head -2 | tr '\n' ' ')
-    if [ -z "$diff" ] && [ -s "$work/$name.nccl.curve" ]; then ok "${name}_nccl_equals_mpi_bits"
-    else fail "${name}_nccl_equals_mpi_bits" "${diff:-no steps logged}"; fi
+    diff=$(diff "$work/$name.rerun.curve" "$work/$name.nccl.curve" | head -2 | tr '\n' ' ')
+    if [ -z "$diff" ] && [ -s "$work/$name.nccl.curve" ]; then ok "${name}_nccl_rerun_bits"
+    else fail "${name}_nccl_rerun_bits" "${diff:-no steps logged}"; fi
     why=$(close "$work/$name.cpu.curve" "$work/$name.nccl.curve")
     if [ -z "$why" ]; then ok "${name}_gpu_close_to_cpu"; else fail "${name}_gpu_close_to_cpu" "$why"; fi
 }
@@ -133,6 +135,11 @@ train_case dp2_global_aux 2 --global-batch-size 4 --moe-router-load-balancing-ty
     --moe-aux-loss-coeff 0.1
 train_case ep2_alltoall 2 --global-batch-size 4 --expert-model-parallel-size 2
 train_case ep2_allgather 2 --global-batch-size 4 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+train_case pp2 2 --global-batch-size 4 --pipeline-model-parallel-size 2
+train_case cp2 2 --global-batch-size 4 --context-parallel-size 2
+MOETRON_NCCL=0 launch 2 "$M" train "${SMALL[@]}" --device cuda --train-iters 1 >"$work/no_nccl.log" 2>&1
+if grep -q "needs NCCL" "$work/no_nccl.log"; then ok no_nccl_refused
+else fail no_nccl_refused "a 2-GPU run with MOETRON_NCCL=0: $(tail -1 "$work/no_nccl.log")"; fi
 if [ "$gpus" -ge 4 ]; then
     train_case ep2_dp2 4 --global-batch-size 8 --expert-model-parallel-size 2 --use-distributed-optimizer
 fi

@@ -25,6 +25,7 @@ const CudaPlugin moetron_cuda_plugin = {
     .free = cuda_free,
     .upload = cuda_upload,
     .download = cuda_download,
+    .copy = cuda_copy,
     .ops = &ops_cuda_backend,
 };
 #endif

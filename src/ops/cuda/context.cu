@@ -203,6 +203,21 @@ void cuda_memcpy_d2h(void *dst, const void *src, size_t bytes) {
     cuda_finish();
 }
 
+// Whether p is host memory (pageable or pinned) rather than device memory.
+static int is_host_memory(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();  // older runtimes: an unregistered host pointer is an error
+        return 1;
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+void cuda_copy(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream()));
+    if (is_host_memory(dst) || is_host_memory(src)) cuda_finish();
+}
+
 void cuda_memset(void *dst, int byte, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, cuda_stream()));
     cuda_finish();

@@ -45,6 +45,9 @@ void cuda_timer_reset(void);
 void cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
 void cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
 void cuda_memset(void *dst, int byte, size_t bytes);
+// device_copy (core/device.h): device or host memory on either side, queued on the compute
+// stream; waits for it when either side is host memory.
+void cuda_copy(void *dst, const void *src, size_t bytes);
 
 // ---- every op of src/ops/op_list.h as cuda_<name> (gemm.cu, elementwise.cu, norm.cu,
 // loss.cu, optimizer.cu, attention.cu, attention_merge.cu, moe.cu). The MoE ops: no
@@ -68,6 +71,7 @@ typedef struct CudaPlugin {
     void (*free)(void *p);
     void (*upload)(void *dst, const void *host, size_t bytes);
     void (*download)(void *host, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
     const OpsBackend *ops;
 } CudaPlugin;
 #define CUDA_PLUGIN_SYMBOL "moetron_cuda_plugin"
