@@ -181,45 +181,28 @@ void device_access_end(void) {
     if (active == DEVICE_CPU_STRICT) strict_close();
 }
 
-// A host copy with tensor memory opened (the cpu devices).
-static void copy_bytes(void *dst, const void *src, size_t bytes) {
+// The explicit copies: on the GPU the plugin's (upload: staged, the host buffer is free again
+// at return; download: waits for the ops queued before it; copy: waits when either side is
+// host memory), on the cpu devices a memcpy with tensor memory opened.
+typedef enum { COPY_UPLOAD, COPY_DOWNLOAD, COPY_ANY } CopyKind;
+
+static void copy_bytes(CopyKind kind, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        const CudaPlugin *p = require_plugin();
+        (kind == COPY_UPLOAD ? p->upload : kind == COPY_DOWNLOAD ? p->download : p->copy)(dst, src, bytes);
+        return;
+    }
+#endif
     device_access_begin();
     memcpy(dst, src, bytes);
     device_access_end();
 }
 
-void device_upload(void *dst, const void *host, size_t bytes) {
-    if (!bytes) return;
-#if DEVICE_HAS_CUDA
-    if (active == DEVICE_CUDA) {
-        require_plugin()->upload(dst, host, bytes);  // staged: the host buffer is free again
-        return;
-    }
-#endif
-    copy_bytes(dst, host, bytes);
-}
-
-void device_download(void *host, const void *src, size_t bytes) {
-    if (!bytes) return;
-#if DEVICE_HAS_CUDA
-    if (active == DEVICE_CUDA) {
-        require_plugin()->download(host, src, bytes);  // waits for the ops queued before it
-        return;
-    }
-#endif
-    copy_bytes(host, src, bytes);
-}
-
-void device_copy(void *dst, const void *src, size_t bytes) {
-    if (!bytes || dst == src) return;
-#if DEVICE_HAS_CUDA
-    if (active == DEVICE_CUDA) {
-        require_plugin()->copy(dst, src, bytes);  // waits when either side is host memory
-        return;
-    }
-#endif
-    copy_bytes(dst, src, bytes);
-}
+void device_upload(void *dst, const void *host, size_t bytes) { copy_bytes(COPY_UPLOAD, dst, host, bytes); }
+void device_download(void *host, const void *src, size_t bytes) { copy_bytes(COPY_DOWNLOAD, host, src, bytes); }
+void device_copy(void *dst, const void *src, size_t bytes) { copy_bytes(COPY_ANY, dst, src, bytes); }
 
 double device_memory_free_bytes(void) {
 #if DEVICE_HAS_CUDA
