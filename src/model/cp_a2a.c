@@ -72,20 +72,6 @@ static void sequence_scatter(const A2aLayout *l, const real *super, real *x, int
     device_free(send), device_free(recv);
 }
 
-// lse (B, rows, cols) -> (B, cols, rows): one strided copy of single elements per batch row
-// and row or column, whichever is fewer.
-static void transpose_lse(real *to, const real *from, int B, int rows, int cols) {
-    size_t e = sizeof(real);
-    for (int b = 0; b < B; b++) {
-        real *tb = to + (size_t)b * rows * cols;
-        const real *fb = from + (size_t)b * rows * cols;
-        if (rows <= cols)
-            for (int r = 0; r < rows; r++) rows_copy_strided(tb + r, rows * e, fb + (size_t)r * cols, e, e, cols);
-        else
-            for (int c = 0; c < cols; c++) rows_copy_strided(tb + (size_t)c * rows, e, fb + c, cols * e, e, rows);
-    }
-}
-
 // key_start of this member's tokens -> those of the super rows (gathered over the inner group).
 static int32_t *super_key_start(const A2aLayout *l, const int32_t *key_start) {
     if (!key_start) return NULL;
@@ -152,9 +138,9 @@ void a2a_attention_forward(const Comm *inner, const Comm *outer, real *out, real
     ring_attention_forward(outer, t.out, t.lse, t.q, t.k, t.v, &rs);
     sequence_scatter(&l, t.out, out, s->heads, v_width(s), 0);
     real *super_rows = device_calloc(n * s->heads, sizeof(real)), *local_rows = device_calloc(n * s->heads, sizeof(real));
-    transpose_lse(super_rows, t.lse, l.B, rs.heads, 2 * rs.C);  // (B, heads/A, 2AC) -> (B, 2AC, heads/A)
+    batched_transpose(super_rows, t.lse, l.B, rs.heads, 2 * rs.C);  // (B, heads/A, 2AC) -> (B, 2AC, heads/A)
     sequence_scatter(&l, super_rows, local_rows, s->heads, 1, 0);
-    transpose_lse(lse, local_rows, l.B, 2 * s->C, s->heads);  // (B, 2C, heads) -> (B, heads, 2C)
+    batched_transpose(lse, local_rows, l.B, 2 * s->C, s->heads);  // (B, 2C, heads) -> (B, heads, 2C)
     device_free(super_rows), device_free(local_rows);
     free_super(&t);
 }
@@ -173,9 +159,9 @@ void a2a_attention_backward(const Comm *inner, const Comm *outer, real *dq, real
     sequence_gather(&l, out, t.out, s->heads, v_width(s));
     sequence_gather(&l, dout, t.dout, s->heads, v_width(s));
     real *rows = device_calloc(n * s->heads, sizeof(real)), *super_rows = device_calloc(n * s->heads, sizeof(real));
-    transpose_lse(rows, lse, l.B, s->heads, 2 * s->C);
+    batched_transpose(rows, lse, l.B, s->heads, 2 * s->C);
     sequence_gather(&l, rows, super_rows, s->heads, 1);
-    transpose_lse(t.lse, super_rows, l.B, 2 * rs.C, rs.heads);
+    batched_transpose(t.lse, super_rows, l.B, 2 * rs.C, rs.heads);
     device_free(rows), device_free(super_rows);
     real *sdq = device_calloc(n * s->heads * s->head_dim, sizeof(real));
     real *sdk = device_calloc(n * s->kv_heads * s->head_dim, sizeof(real));

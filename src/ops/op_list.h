@@ -192,6 +192,8 @@
     OP(void, rows_scatter, rows_scatter, (void *dst, const void *src, const int32_t *index, int rows, size_t width), \
        (dst, src, index, rows, width))                                                                               \
     OP(void, lse_reset, lse_reset, (real *lse, size_t n), (lse, n))                                                \
+    OP(void, batched_transpose, batched_transpose, (real *dst, const real *src, int batch, int rows, int cols),      \
+       (dst, src, batch, rows, cols))                                                                                \
     OP(void, heads_sum, heads_sum, (real *dst, const real *src, int rows, int heads, size_t head_pitch, int width),   \
        (dst, src, rows, heads, head_pitch, width))
 

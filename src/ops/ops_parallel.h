@@ -16,6 +16,10 @@ void rows_copy_strided(void *dst, size_t dst_pitch, const void *src, size_t src_
 void rows_gather(void *dst, const void *src, const int32_t *index, int rows, size_t width);
 void rows_scatter(void *dst, const void *src, const int32_t *index, int rows, size_t width);
 void lse_reset(real *lse, size_t n);
+// batched_transpose: dst (batch, cols, rows) = src (batch, rows, cols) transposed per batch
+// (overwritten; dst and src do not overlap): per-head log-sum-exps between head-major and
+// token-major (CP's all-to-all attention).
+void batched_transpose(real *dst, const real *src, int batch, int rows, int cols);
 // heads_sum: dst (rows, width) = Σ_h src[(n·heads + h)·head_pitch + i] (overwritten), summed from 0 over
 // h = 0, 1, … in order: the gradient of one row shared by every head (MLA's rotary key).
 void heads_sum(real *dst, const real *src, int rows, int heads, size_t head_pitch, int width);

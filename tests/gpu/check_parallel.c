@@ -60,6 +60,18 @@ static void check_rows_indexed(int rows, int width) {
     check_free_all();
 }
 
+// batched_transpose of (batch, rows, cols), exact.
+static void check_batched_transpose(int batch, int rows, int cols) {
+    char name[96];
+    snprintf(name, sizeof(name), "batched_transpose batch=%d rows=%d cols=%d", batch, rows, cols);
+    size_t n = (size_t)batch * rows * cols;
+    float *src = check_random(n, -1, 1), *dst = check_random(n, -1, 1), *d_dst = check_device_nan(n);
+    cpu()->batched_transpose(dst, src, batch, rows, cols);
+    under()->batched_transpose(d_dst, check_to_device(src, n), batch, rows, cols);
+    check_compare(name, "dst", dst, d_dst, n, 0);
+    check_free_all();
+}
+
 // heads_sum: the rotary-key part (columns off..off+width) of (rows, heads, pitch) summed over heads.
 static void check_heads_sum(int rows, int heads, int pitch, int off, int width) {
     char name[96];
@@ -88,6 +100,8 @@ void check_parallel_ops(void) {
     check_rows_indexed(37, 8);   // int32 pairs (k = 2)
     check_rows_indexed(11, 12);  // fp32 triples
     check_rows_indexed(9, 3);    // bytes
+    check_batched_transpose(2, 4, 37);
+    check_batched_transpose(3, 33, 5);
     check_heads_sum(5, 4, 20, 8, 12);
     check_heads_sum(3, 1, 8, 0, 8);
 }

@@ -20,6 +20,13 @@ void cpu_lse_reset(real *lse, size_t n) {
     for (size_t j = 0; j < n; j++) lse[j] = -INFINITY;
 }
 
+void cpu_batched_transpose(real *dst, const real *src, int batch, int rows, int cols) {
+    size_t plane = (size_t)rows * cols;
+    for (int b = 0; b < batch; b++)
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) dst[b * plane + (size_t)c * rows + r] = src[b * plane + (size_t)r * cols + c];
+}
+
 void cpu_heads_sum(real *dst, const real *src, int rows, int heads, size_t head_pitch, int width) {
     for (int n = 0; n < rows; n++) {
         real *row = dst + (size_t)n * width;

@@ -52,6 +52,22 @@ void cuda_lse_reset(real *lse, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
+// One thread per element of dst (batch, cols, rows).
+__global__ void batched_transpose_kernel(float *dst, const float *src, int batch, int rows, int cols) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x, plane = (size_t)rows * cols;
+    if (j >= (size_t)batch * plane) return;
+    size_t b = j / plane, c = j % plane / rows, r = j % rows;
+    dst[j] = src[b * plane + r * cols + c];
+}
+
+void cuda_batched_transpose(real *dst, const real *src, int batch, int rows, int cols) {
+    size_t n = (size_t)batch * rows * cols;
+    if (n == 0) return;
+    batched_transpose_kernel<<<cuda_blocks(n, FLAT_THREADS), FLAT_THREADS, 0, cuda_stream()>>>(dst, src, batch, rows,
+                                                                                                 cols);
+    CUDA_CHECK_LAUNCH();
+}
+
 // One thread per (row, column): the heads summed in order from 0.
 __global__ void heads_sum_kernel(float *dst, const float *src, int rows, int heads, size_t head_pitch, int width) {
     size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
