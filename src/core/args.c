@@ -129,6 +129,9 @@ static const FlagSpec FLAGS[] = {
     F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto); cpu-strict: the cpu with tensor memory closed to host code outside ops (a check for developers)"),
     F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMMs with bf16 inputs and fp32 accumulation, fp32 master weights (--device cuda)"),
     F("adapt-threads", FLAG_BOOL, adapt_threads, TR, 0, "use fewer OpenMP threads while other programs compete for the cores, and more again when they stop (timed steps, an occasional probe step; results do not change; --no-adapt-threads: always OpenMP's count)"),
+    F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged); needs --recompute-method and --recompute-num-layers"),
+    F("recompute-method", FLAG_STRING, recompute_method, TR, 0, "with --recompute-granularity full: uniform (each model chunk's layers in groups of --recompute-num-layers, one input kept per group) or block (the first --recompute-num-layers layers of each chunk, each keeping its input; the rest keep everything)"),
+    F("recompute-num-layers", FLAG_INT, recompute_num_layers, TR, 0, "with --recompute-granularity full: the layers of a uniform group, or the recomputed layers of each chunk (block)"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     // data
@@ -768,6 +771,26 @@ static void validate_comm_overlap(const Config *c) {
                    "stages (--num-virtual-stages-per-pipeline-rank)", c->pipeline_model_parallel_size);
 }
 
+// Activation recomputation: Megatron-Core's rules (full granularity needs a method and a
+// layer count; a method or count means full).
+static void validate_recompute(const Config *c) {
+    static const char *const granularities[] = {"full"}, *const methods[] = {"uniform", "block"};
+    int full = c->recompute_granularity[0] != 0;
+    if (full && lookup(c->recompute_granularity, granularities, 1) < 0)
+        config_die("--recompute-granularity %s: use full (selective recomputation is not built yet)",
+                   c->recompute_granularity);
+    if (c->recompute_method[0] && lookup(c->recompute_method, methods, 2) < 0)
+        config_die("--recompute-method %s: use uniform or block", c->recompute_method);
+    if (!full && (c->recompute_method[0] || c->recompute_num_layers))
+        config_die("--recompute-method and --recompute-num-layers need --recompute-granularity full");
+    if (!full) return;
+    if (!c->recompute_method[0])
+        config_die("--recompute-granularity full needs --recompute-method uniform or block");
+    if (c->recompute_num_layers < 1 || c->recompute_num_layers > c->num_layers)
+        config_die("--recompute-granularity full needs --recompute-num-layers between 1 and --num-layers (%d)",
+                   c->num_layers);
+}
+
 static void validate_parallel(const Config *c) {
     if (!device_name_known(c->device)) config_die("--device %s: use %s", c->device, DEVICE_NAMES);
     static const char *const dispatchers[] = {"alltoall", "allgather"};
@@ -968,6 +991,7 @@ void config_validate(Config *c) {
     validate_context_parallel(c);
     validate_pipeline(c);
     validate_comm_overlap(c);
+    validate_recompute(c);
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");
     if (c->top_k < 0) config_die("--top-k must be >= 0");

@@ -104,6 +104,11 @@ typedef struct {
     char cp_comm_type[1024];       // list: p2p | a2a | allgather | a2a+p2p, one for all layers or one per layer
     char hierarchical_context_parallel_sizes[64];  // list: inner outer (a2a+p2p)
     int expert_model_parallel_size, expert_tensor_parallel_size;
+    // activation recomputation (docs/memory.md): which layers keep only their input and run
+    // their forward again just before their backward
+    char recompute_granularity[16];  // "" (none) | full
+    char recompute_method[16];       // "" | uniform (groups of N layers) | block (the first N of a chunk)
+    int recompute_num_layers;        // N; 0 = not given
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks

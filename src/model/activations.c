@@ -115,12 +115,12 @@ static void plan_qkv(BufferPlan *bp, LayerActs *la, const Model *m, int N) {
     SAVED(bp, la->k_rstd, N, m->plan.kv_heads);
 }
 
-// *workspace: the (N,H) row-parallel partial sums of sequence parallelism, shared by every layer
+// Every buffer of a layer of layer l's kind (names in the scope the caller set); *workspace:
+// the (N,H) row-parallel partial sums of sequence parallelism, shared by every layer.
 static void plan_layer(BufferPlan *bp, LayerActs *la, const Model *m, int l, int B, int T, real **workspace) {
     const LayoutPlan *p = &m->plan;
     int N = B * T, N_local = plan_local_tokens(p, N), H = p->hidden, sp = p->sequence_parallel;
     int is_moe = m->layers[l].is_moe, gathers_ln2 = sp && (!is_moe || p->shared_ffn);
-    buffer_plan_scope(bp, "layer %d: ", l);
     SAVED(bp, la->x_in, N_local, H);
     SAVED(bp, la->ln1, N_local, H);
     SAVED(bp, la->ln1_rstd, N_local, 1);
@@ -143,6 +143,62 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, const Model *m, int l, int
         SAVED(bp, la->mlp.act, N, p->ffn);
         buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->ffn_out);
     }
+}
+
+// ---- recomputation -------------------------------------------------------------------------
+// The layers of a recompute group (layout.h) keep only the group's input: the first layer's
+// x_in is its own; every other buffer of theirs is a recompute slot's, shared by the layers
+// at the same place of every group (one set per place in a group and layer kind), which the
+// forward overwrites group after group and the backward refills by recomputing each group
+// just before its backward.
+
+enum { SLOT_DENSE, SLOT_MOE, SLOT_KINDS };
+
+static LayerActs *recompute_slot(ModelActs *a, int position, int is_moe) {
+    return &a->recompute_slots[position * SLOT_KINDS + (is_moe ? SLOT_MOE : SLOT_DENSE)];
+}
+
+// The slots the chunk's recomputed layers use, each planned once (its name: its place and kind).
+static void plan_recompute_slots(BufferPlan *bp, ModelActs *a, const Model *m, const StageChunk *k, int B, int T) {
+    const LayoutPlan *p = &m->plan;
+    a->recompute_slots = mt_calloc((size_t)MT_MAX(p->recompute_group_max, 1) * SLOT_KINDS, sizeof(LayerActs));
+    unsigned char *planned = mt_calloc((size_t)MT_MAX(p->recompute_group_max, 1) * SLOT_KINDS, 1);
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
+        if (!plan_recomputed(p, l)) continue;
+        int position = l - p->recompute_first[l], is_moe = m->layers[l].is_moe;
+        LayerActs *slot = recompute_slot(a, position, is_moe);
+        if (planned[slot - a->recompute_slots]++) continue;
+        buffer_plan_scope(bp, "recompute slot %d (%s): ", position, is_moe ? "moe" : "dense");
+        plan_layer(bp, slot, m, l, B, T, &a->sp_workspace);
+    }
+    free(planned);
+}
+
+// After the allocation: each recomputed layer's buffers are its slot's (a group's first layer
+// keeps its own input).
+static void bind_recompute_slots(ModelActs *a, const Model *m, const StageChunk *k) {
+    const LayoutPlan *p = &m->plan;
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
+        if (!plan_recomputed(p, l)) continue;
+        LayerActs *la = &a->layers[l];
+        int position = l - p->recompute_first[l];
+        real *own_input = la->x_in;
+        *la = *recompute_slot(a, position, m->layers[l].is_moe);
+        if (position == 0) la->x_in = own_input;
+    }
+}
+
+// A chunk's layers: each recomputed group's input, every other layer whole.
+static void plan_layers(BufferPlan *bp, ModelActs *a, const Model *m, const StageChunk *k, int B, int T) {
+    const LayoutPlan *p = &m->plan;
+    int N_local = plan_local_tokens(p, B * T), H = p->hidden;
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
+        LayerActs *la = &a->layers[l];
+        buffer_plan_scope(bp, "layer %d: ", l);
+        if (!plan_recomputed(p, l)) plan_layer(bp, la, m, l, B, T, &a->sp_workspace);
+        else if (p->recompute_first[l] == l) SAVED(bp, la->x_in, N_local, H);
+    }
+    if (p->recompute_groups) plan_recompute_slots(bp, a, m, k, B, T);
     buffer_plan_scope(bp, "%s", "");
 }
 
@@ -238,8 +294,7 @@ void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) 
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
     if (sp) buffer_real(bp, &a->sp_workspace, "row-parallel partial sums", N, H, BUF_WORKSPACE);
     a->layers = mt_calloc(c->num_layers, sizeof(LayerActs));
-    for (int l = k->first_layer; l < chunk_layer_end(k); l++)  // this chunk's layers
-        plan_layer(bp, &a->layers[l], m, l, B, T, &a->sp_workspace);
+    plan_layers(bp, a, m, k, B, T);
     plan_stage_io(bp, a, H, k->holds_head);
     buffer_alias(bp, &a->x_entry, k->layers ? &a->layers[k->first_layer].x_in : &a->x_final);
     if (p->cp_size > 1) SAVED_INT32(bp, a->token_index, N_local, 1);
@@ -255,6 +310,7 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T) { acts_alloc_chunk(a
 void acts_alloc_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) {
     acts_describe_chunk(a, m, chunk, B, T);
     buffer_plan_allocate(&a->buffers);
+    bind_recompute_slots(a, m, &m->plan.chunk[chunk]);
 }
 
 // Copies `count` items of src (when given) into dst and returns dst, or NULL without src.
@@ -281,8 +337,10 @@ void acts_free(ModelActs *a) {
         ep_layer_free(&a->layers[l].moe);
         dispatch_plan_free(&a->layers[l].moe.plan);
         free(a->layers[l].moe.route.report);  // host memory: the router's downloaded report
+        free(a->layers[l].moe.counts_before);
     }
     free(a->layers);
+    free(a->recompute_slots);
     buffer_plan_free(&a->buffers);
     memset(a, 0, sizeof(*a));
 }

@@ -32,7 +32,11 @@ void mlp_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
 // ln2 (N,H) -> ffn_out (N,H): router, dispatch, experts, combine, shared expert
 // token_index: with context parallelism each of this rank's tokens' index in the micro-batch
 // (ModelActs.token_index), else NULL.
-void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index);
+// pass: PASS_FORWARD, or PASS_RECOMPUTE for a recomputed forward (model.h), which records
+// no routing bookkeeping, routes with the counts the forward saw and has exchange scratch
+// of its own.
+void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index,
+                 PassKind pass);
 // d(ffn_out) -> d_norm overwritten; router losses enter scaled by loss_scale
 void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out, double loss_scale);
 // Each in phases, split where the token exchange is in flight (the caller may run other
@@ -42,7 +46,8 @@ void moe_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
 //             expert added)
 //   backward: begin (combine backward started) | experts (its rows arrived, the experts'
 //             gradients, dispatch backward started) | end (the router's and shared expert's)
-void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index);
+void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index,
+                       PassKind pass);
 void moe_forward_exchange(const Model *m, int layer, LayerActs *la);
 void moe_forward_experts(const Model *m, int layer, LayerActs *la);
 void moe_forward_end(const Model *m, int layer, LayerActs *la, int N);

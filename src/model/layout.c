@@ -104,6 +104,29 @@ static void plan_pipeline(LayoutPlan *p, const Config *c, const ModelGroups *g) 
     }
 }
 
+// The recompute groups of each chunk (Megatron-Core's methods): uniform cuts the chunk's
+// layers into groups of N from its first (the last one shorter); block makes each of its
+// first N layers a group of one and leaves the rest alone.
+static void plan_recompute(LayoutPlan *p, const Config *c) {
+    for (int l = 0; l < MT_MAX_LAYERS; l++) p->recompute_first[l] = -1;
+    if (strcmp(c->recompute_granularity, "full")) return;
+    int n = c->recompute_num_layers, uniform = !strcmp(c->recompute_method, "uniform");
+    for (int k = 0; k < p->chunks; k++) {
+        const StageChunk *ch = &p->chunk[k];
+        int recomputed = uniform ? ch->layers : MT_MIN(n, ch->layers), size = uniform ? n : 1;
+        for (int i = 0; i < recomputed; i += size) {
+            int first = ch->first_layer + i, layers = MT_MIN(size, recomputed - i);
+            for (int j = 0; j < layers; j++) p->recompute_first[first + j] = first;
+            p->recompute_groups++;
+            p->recompute_group_max = MT_MAX(p->recompute_group_max, layers);
+        }
+    }
+}
+
+int plan_recompute_last(const LayoutPlan *p, int l) {
+    return plan_recomputed(p, l) && (l + 1 == p->layers || p->recompute_first[l + 1] != p->recompute_first[l]);
+}
+
 int plan_layer_chunk(const LayoutPlan *p, int layer) {
     for (int k = 0; k < p->chunks; k++)
         if (layer >= p->chunk[k].first_layer && layer < chunk_layer_end(&p->chunk[k])) return k;
@@ -122,6 +145,7 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     p->hidden = c->hidden_size;
     p->layers = c->num_layers;
     plan_pipeline(p, c, g);
+    plan_recompute(p, c);
     p->experts = c->num_experts;
     p->topk = c->moe_router_topk;
     plan_attention(p, c);

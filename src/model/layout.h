@@ -68,6 +68,13 @@ typedef struct {
     int chunks;
     StageChunk *chunk;              // (chunks)
     int holds_embedding, holds_head;  // some chunk holds the embedding / the LM head
+    // activation recomputation (--recompute-granularity full): per layer, the first layer of
+    // its recompute group — the layer whose input the forward keeps; the group's activations
+    // are recomputed from it just before the group's backward — or -1 where the layer keeps
+    // all its activations. Groups never cross a chunk's end.
+    int recompute_first[MT_MAX_LAYERS];
+    int recompute_groups;      // groups of this rank's chunks
+    int recompute_group_max;   // layers of the largest one (0 without recomputation)
     // attention of this rank
     int heads, heads_first;    // query heads and the first one's global index
     int kv_heads, kv_first;    // kv heads held (1 when replicated) and the first global one
@@ -97,6 +104,11 @@ static inline int chunk_layer_end(const StageChunk *k) { return k->first_layer +
 // The chunk of this rank that runs decoder layer `layer`, or -1 (another stage's).
 int plan_layer_chunk(const LayoutPlan *p, int layer);
 static inline int plan_holds_layer(const LayoutPlan *p, int layer) { return plan_layer_chunk(p, layer) >= 0; }
+
+// Whether layer l keeps only what its recompute group needs (model/activations.c), and
+// whether it is the group's last layer (its backward comes first: the group is recomputed then).
+static inline int plan_recomputed(const LayoutPlan *p, int l) { return p->recompute_first[l] >= 0; }
+int plan_recompute_last(const LayoutPlan *p, int l);
 
 // Tokens of a micro-batch of N on this rank outside the tensor-parallel matmuls: N/TP with
 // sequence parallelism, else N.

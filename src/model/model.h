@@ -19,8 +19,10 @@
 #include "ops/ops.h"
 #include "parallel/comm.h"
 
-// The two kinds of pass over a model chunk.
-typedef enum { PASS_FORWARD, PASS_BACKWARD, PASS_KINDS } PassKind;
+// The kinds of pass over a model chunk: PASS_RECOMPUTE is a forward run again just before a
+// recompute group's backward (--recompute-granularity full), which counts nothing the
+// forward counted.
+typedef enum { PASS_FORWARD, PASS_BACKWARD, PASS_RECOMPUTE, PASS_KINDS } PassKind;
 
 typedef struct {
     TensorId input_norm, q_proj, k_proj, v_proj, o_proj;  // q_proj -1 with MLA and --q-lora-rank; k/v -1 with MLA
@@ -130,6 +132,7 @@ typedef struct {
     real *input_loss_mask;  // (capacity_tokens)
     BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
     LayerActs *layers;      // (num_layers), host memory; the plan's stage layers laid out
+    LayerActs *recompute_slots;  // the recompute groups' shared layer buffers (model/activations.c), or NULL
     real *sp_workspace;     // (N,H) sequence parallelism: every layer's row-parallel partial sums
     real *x_entry;          // (N_local,H) input of the chunk's first block (x_final without blocks):
                             // the embedding's output, or what the previous pipeline stage sent

@@ -127,34 +127,46 @@ static int shared_overlapped(const Model *m, const LayerParams *lp) {
     return m->cfg.moe_shared_expert_overlap && lp->shared_gate >= 0;
 }
 
-void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index) {
+// The router's view of the step's earlier micro-batches: the forward takes it from the
+// router state (and keeps a copy); a recomputed forward uses that copy.
+static void counts_before(const Model *m, int layer, MoeActs *ma, const Batch *batch, PassKind pass) {
+    const RouterState *rs = &m->router_state[layer];
+    if (!batch->training || pass == PASS_RECOMPUTE) return;
+    if (!ma->counts_before) ma->counts_before = mt_malloc((size_t)m->plan.experts * sizeof(double));
+    memcpy(ma->counts_before, rs->global_counts_sum, (size_t)m->plan.experts * sizeof(double));
+    ma->batches_before = rs->global_micro_batches;
+}
+
+void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index,
+                       PassKind pass) {
     const Config *c = &m->cfg;
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
     int N = batch->B * batch->T, N_local = plan_local_tokens(&m->plan, N);
+    ma->pass = pass;
     router_input(m, layer, la, batch, N_local, token_index);
     router_logits(m, lp, ma, N_local);
     if (c->moe_router_force_load_balancing) forced_logits(m, layer, ma, batch, N_local, token_index);
-    const RouterState *rs = &m->router_state[layer];
+    counts_before(m, layer, ma, batch, pass);
     // a sequence's T tokens are T/CP here with context parallelism
     ma->call = (RouterCall){.N = N_local, .seq_length = batch->T * m->plan.cp_size,
                             .expert_bias = lp->expert_bias >= 0 ? tt_param(&m->tt, lp->expert_bias) : NULL,
-                            .global_counts_before = batch->training ? rs->global_counts_sum : NULL,
-                            .global_batches_before = batch->training ? rs->global_micro_batches : 0,
+                            .global_counts_before = batch->training ? ma->counts_before : NULL,
+                            .global_batches_before = batch->training ? ma->batches_before : 0,
                             .count_group = batch->training ? m->count_group : NULL,
                             .token_group = m->plan.token_group,
                             .token_first = first_local_token(m, N_local), .token_index = token_index};
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
-    if (batch->training) record_routing(m, layer, ma);
+    if (batch->training && pass == PASS_FORWARD) record_routing(m, layer, ma);
     ma->plan.N = N_local;
-    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    MoeDispatchContext ctx = dispatch_context(m, pass);
     token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, la->ln2, &ma->expert_rows);
     if (shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
 }
 
 void moe_forward_exchange(const Model *m, int layer, LayerActs *la) {
     const TokenDispatcher *d = token_dispatcher_of(&m->ep);
-    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    MoeDispatchContext ctx = dispatch_context(m, la->moe.pass);
     if (d->dispatch_exchange) d->dispatch_exchange(&ctx, &la->moe);
 }
 
@@ -162,7 +174,7 @@ void moe_forward_experts(const Model *m, int layer, LayerActs *la) {
     const LayerParams *lp = &m->layers[layer];
     MoeActs *ma = &la->moe;
     const TokenDispatcher *d = token_dispatcher_of(&m->ep);
-    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    MoeDispatchContext ctx = dispatch_context(m, ma->pass);
     ExpertRows *rows = &ma->expert_rows;
     if (d->dispatch_finish) d->dispatch_finish(&ctx, ma, rows);
     experts_forward(rows->rows_out, rows->acts, rows->rows_in, rows->row_probs, &lp->ffn_params, &rows->shape);
@@ -172,15 +184,16 @@ void moe_forward_experts(const Model *m, int layer, LayerActs *la) {
 void moe_forward_end(const Model *m, int layer, LayerActs *la, int N) {
     const LayerParams *lp = &m->layers[layer];
     const TokenDispatcher *d = token_dispatcher_of(&m->ep);
-    MoeDispatchContext ctx = dispatch_context(m, PASS_FORWARD);
+    MoeDispatchContext ctx = dispatch_context(m, la->moe.pass);
     if (d->combine_finish) d->combine_finish(&ctx, &la->moe, la->ffn_out);
     if (lp->shared_gate < 0) return;
     if (!shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
     vec_add(la->ffn_out, la->moe.shared_out, (size_t)plan_local_tokens(&m->plan, N) * m->plan.hidden);
 }
 
-void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index) {
-    moe_forward_begin(m, layer, la, batch, token_index);
+void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index,
+                 PassKind pass) {
+    moe_forward_begin(m, layer, la, batch, token_index, pass);
     moe_forward_exchange(m, layer, la);
     moe_forward_experts(m, layer, la);
     moe_forward_end(m, layer, la, batch->B * batch->T);

@@ -20,6 +20,23 @@ void stage_pass_backward(StagePass *s, Model *m, ModelActs *a, double loss_scale
 
 static const StageChunk *chunk_of(const StagePass *s) { return &s->m->plan.chunk[s->a->chunk]; }
 
+// With context parallelism each of this rank's tokens' index in the micro-batch, else NULL.
+static const int32_t *token_index_of(const StagePass *s) { return s->m->plan.cp_size > 1 ? s->a->token_index : NULL; }
+
+// The attention block and the norm before the FFN: x_in -> x_mid, ln2.
+static void attention_and_norm_forward(const Model *m, int l, LayerActs *la, const ModelActs *a, KvCache *kv) {
+    attention_block_forward(m, l, la, &a->tokens, kv);
+    rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, m->layers[l].post_attn_norm), a->N_local,
+                    m->plan.hidden, (real)m->cfg.norm_epsilon);
+}
+
+// x_out = x_mid + ffn_out: the next block's input.
+static void layer_output(const Model *m, const ModelActs *a, const LayerActs *la, real *x_out) {
+    size_t n = (size_t)a->N_local * m->plan.hidden;
+    vec_copy(x_out, la->x_mid, n);
+    vec_add(x_out, la->ffn_out, n);
+}
+
 // ---- forward ------------------------------------------------------------------------------
 
 // The micro-batch's shapes and tokens; the embedding when the chunk holds it (else x_entry
@@ -44,14 +61,11 @@ static void forward_prologue(StagePass *s) {
     s->started = 1;
 }
 
-// x_out = x_mid + ffn_out: the next block's input (or the chunk's output).
+// The layer's output into the next block's input (or the chunk's output).
 static void forward_layer_done(StagePass *s) {
     ModelActs *a = s->a;
-    const LayerActs *la = &a->layers[s->layer];
-    size_t n = (size_t)a->N_local * s->m->plan.hidden;
-    real *x_out = s->layer + 1 < chunk_layer_end(chunk_of(s)) ? a->layers[s->layer + 1].x_in : a->x_final;
-    vec_copy(x_out, la->x_mid, n);
-    vec_add(x_out, la->ffn_out, n);
+    layer_output(s->m, a, &a->layers[s->layer],
+                 s->layer + 1 < chunk_layer_end(chunk_of(s)) ? a->layers[s->layer + 1].x_in : a->x_final);
     s->layer++;
     s->phase = PHASE_BEGIN;
 }
@@ -90,15 +104,13 @@ static int forward_advance(StagePass *s) {
         LayerActs *la = &a->layers[l];
         const LayerParams *lp = &m->layers[l];
         if (s->phase == PHASE_BEGIN) {
-            attention_block_forward(m, l, la, &a->tokens, s->kv ? &s->kv[l] : NULL);
-            rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), a->N_local,
-                            m->plan.hidden, (real)m->cfg.norm_epsilon);
+            attention_and_norm_forward(m, l, la, a, s->kv ? &s->kv[l] : NULL);
             if (!lp->is_moe) {
                 mlp_forward(m, l, la, N);
                 forward_layer_done(s);
                 continue;
             }
-            moe_forward_begin(m, l, la, s->batch, m->plan.cp_size > 1 ? a->token_index : NULL);
+            moe_forward_begin(m, l, la, s->batch, token_index_of(s), PASS_FORWARD);
             s->phase = PHASE_EXCHANGE;
             return 1;
         }
@@ -118,6 +130,26 @@ static int forward_advance(StagePass *s) {
     }
     forward_epilogue(s);
     return 0;
+}
+
+// ---- recomputation --------------------------------------------------------------------------
+
+// The forward of layer `last`'s recompute group again, from the input the group kept
+// (model/activations.c), just before the group's backward: every activation its layers'
+// backwards read is back. A recomputed forward counts nothing the forward counted (router
+// losses, routing bookkeeping, dropped choices: PASS_RECOMPUTE), draws the same jitter and
+// forced-balancing noise, and leaves the group's output (the next block's kept input) alone.
+static void recompute_group(StagePass *s, int last) {
+    Model *m = s->m;
+    ModelActs *a = s->a;
+    const Batch *batch = &a->input;
+    for (int l = m->plan.recompute_first[last]; l <= last; l++) {
+        LayerActs *la = &a->layers[l];
+        attention_and_norm_forward(m, l, la, a, NULL);
+        if (m->layers[l].is_moe) moe_forward(m, l, la, batch, token_index_of(s), PASS_RECOMPUTE);
+        else mlp_forward(m, l, la, batch->B * batch->T);
+        if (l < last) layer_output(m, a, la, a->layers[l + 1].x_in);
+    }
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -154,6 +186,7 @@ static int backward_advance(StagePass *s) {
         int l = s->layer;
         LayerActs *la = &a->layers[l];
         if (s->phase == PHASE_BEGIN) {
+            if (plan_recompute_last(&m->plan, l)) recompute_group(s, l);
             if (!m->layers[l].is_moe) {
                 mlp_backward(m, l, la, a, a->d_resid);
                 backward_layer_done(s);

@@ -13,6 +13,11 @@ typedef struct {
     real *jitter;              // (N,H) the noise factors (valid when jitter_used)
     int jitter_used;
     real *logits;       // (N,E) router_input·W_routerᵀ (random normal with forced balancing)
+    // training: the global-aux counts of the step's earlier micro-batches as the forward saw
+    // them (host memory, E), so that a recomputed forward routes the same
+    double *counts_before;
+    int batches_before;
+    int pass;           // PassKind of the forward in progress: which exchange scratch it uses
     RouterCall call;
     RouterOutput route;
     DispatchPlan plan;

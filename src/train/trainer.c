@@ -581,10 +581,11 @@ typedef struct {
     int skipped, loss_spike, threads;
 } StepOutcome;
 
-// The seconds of both passes' token exchanges since the last call (take: exposed or hidden).
+// The seconds of the forward's and backward's token exchanges since the last call (take:
+// exposed or hidden); a recomputed forward's exchanges repeat the forward's and do not count.
 static double expert_comm_seconds(Model *m, double (*take)(struct EpBuffers *)) {
-    double s = 0;
-    for (int pass = 0; pass < PASS_KINDS; pass++) s += take(m->ep_buffers[pass]);
+    double s = take(m->ep_buffers[PASS_FORWARD]) + take(m->ep_buffers[PASS_BACKWARD]);
+    take(m->ep_buffers[PASS_RECOMPUTE]);
     return s;
 }
 

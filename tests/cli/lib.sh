@@ -47,3 +47,13 @@ wait_for() {
     local file=$1 pattern=$2 pid=$3
     grep -q -m1 -- "$pattern" < <(timeout 600 tail --pid="$pid" -s 0.05 -n +1 -F "$file" 2>/dev/null)
 }
+
+# step_numbers FILE: each step's loss, lm loss, aux loss, z loss and gradient norm of a JSONL
+# log, one line per step in Python's repr (every bit shows; no timings)
+step_numbers() { python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if "loss" in d: print(d["step"], d["loss"], d["lm_loss"], d["aux_loss"], d["z_loss"], d["grad_norm"])
+PY
+}

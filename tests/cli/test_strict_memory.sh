@@ -20,7 +20,7 @@ MLA=(--multi-latent-attention --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-hea
 CASES=(
     "dense|--num-experts 0"
     "mixtral_aux_z_jitter|--hf-architecture mixtral --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01"
-    "qwen3_seq_global|--hf-architecture qwen3_moe --qk-layernorm --moe-router-load-balancing-type seq_aux_loss,global_aux_loss --moe-aux-loss-coeff 0.01,0.001"
+    "qwen3_seq_global_recompute|--hf-architecture qwen3_moe --qk-layernorm --moe-router-load-balancing-type seq_aux_loss,global_aux_loss --moe-aux-loss-coeff 0.01,0.001 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
     "olmoe_clip_presoftmax|--hf-architecture olmoe --qk-layernorm --qk-layernorm-scope projection --clip-qkv 0.9 --moe-router-pre-softmax --untie-embeddings-and-output-weights"
     "capacity_probs_drop|--moe-expert-capacity-factor 1.0"
     "capacity_position_padded|--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position --moe-pad-expert-input-to-capacity"
@@ -38,15 +38,6 @@ MPI_CASES=(
     "cp2_capacity_position|2|--context-parallel-size 2 --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position"
     "cp2_a2a|2|--context-parallel-size 2 --cp-comm-type a2a"
 )
-
-# steps FILE: per-step numbers of a JSONL log without the timings
-steps() { python3 - "$1" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    if "loss" in d: print(d["step"], d["loss"], d["lm_loss"], d["aux_loss"], d["z_loss"], d["grad_norm"])
-PY
-}
 
 # strict_case NAME LAUNCH... -- FLAGS...: train (eval, save) strict and plain, same numbers;
 # resume strict; generate strict and plain, same text
@@ -66,8 +57,8 @@ strict_case() {
     fi
     MOETRON_DEVICE=cpu "${launch[@]}" "$M" train "${TINY[@]}" "${flags[@]}" --train-iters 2 \
         --log-jsonl "$d/plain.jsonl" >"$d/plain.log" 2>&1
-    if ! cmp -s <(steps "$d/strict.jsonl") <(steps "$d/plain.jsonl") || [ -z "$(steps "$d/strict.jsonl")" ]; then
-        fail "strict_$name" "strict and plain runs differ: $(diff <(steps "$d/strict.jsonl") <(steps "$d/plain.jsonl") | head -4 | tr '\n' ' ')"
+    if ! cmp -s <(step_numbers "$d/strict.jsonl") <(step_numbers "$d/plain.jsonl") || [ -z "$(step_numbers "$d/strict.jsonl")" ]; then
+        fail "strict_$name" "strict and plain runs differ: $(diff <(step_numbers "$d/strict.jsonl") <(step_numbers "$d/plain.jsonl") | head -4 | tr '\n' ' ')"
         return
     fi
     if ! MOETRON_DEVICE=cpu-strict "${launch[@]}" "$M" train "${TINY[@]}" "${flags[@]}" --train-iters 3 \

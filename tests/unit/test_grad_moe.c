@@ -144,7 +144,7 @@ static void fixture_free(MoeFixture *f) {
 static double moe_objective(MoeFixture *f) {
     LayerActs *la = &f->a.layers[0];
     Batch batch = {.B = 2, .T = f->N / 2};
-    moe_forward(&f->m, 0, la, &batch, NULL);
+    moe_forward(&f->m, 0, la, &batch, NULL, PASS_FORWARD);
     int H = f->m.cfg.hidden_size;
     double s = 0;
     for (int i = 0; i < f->N * H; i++) s += la->ffn_out[i] * f->R[i];
