@@ -161,7 +161,8 @@ static LayerActs *recompute_slot(ModelActs *a, int position, int is_moe) {
 // The slots the chunk's recomputed layers use, each planned once (its name: its place and kind).
 static void plan_recompute_slots(BufferPlan *bp, ModelActs *a, const Model *m, const StageChunk *k, int B, int T) {
     const LayoutPlan *p = &m->plan;
-    a->recompute_slots = mt_calloc((size_t)MT_MAX(p->recompute_group_max, 1) * SLOT_KINDS, sizeof(LayerActs));
+    a->recompute_slot_count = MT_MAX(p->recompute_group_max, 1) * SLOT_KINDS;
+    a->recompute_slots = mt_calloc((size_t)a->recompute_slot_count, sizeof(LayerActs));
     unsigned char *planned = mt_calloc((size_t)MT_MAX(p->recompute_group_max, 1) * SLOT_KINDS, 1);
     for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
         if (!plan_recomputed(p, l)) continue;
@@ -175,16 +176,20 @@ static void plan_recompute_slots(BufferPlan *bp, ModelActs *a, const Model *m, c
 }
 
 // After the allocation: each recomputed layer's buffers are its slot's (a group's first layer
-// keeps its own input).
+// keeps its own input), and with expert parallelism its exchange state too (the rows its
+// experts computed live there, outside the plan).
 static void bind_recompute_slots(ModelActs *a, const Model *m, const StageChunk *k) {
     const LayoutPlan *p = &m->plan;
+    if (!p->recompute_groups) return;
+    a->recompute_slot_of = mt_calloc((size_t)a->num_layers, 1);
     for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
         if (!plan_recomputed(p, l)) continue;
-        LayerActs *la = &a->layers[l];
-        int position = l - p->recompute_first[l];
+        LayerActs *la = &a->layers[l], *slot = recompute_slot(a, l - p->recompute_first[l], m->layers[l].is_moe);
+        if (m->ep.comm && m->layers[l].is_moe && !slot->moe.ep) ep_layer_prepare(&slot->moe, &m->ep, p->experts);
         real *own_input = la->x_in;
-        *la = *recompute_slot(a, position, m->layers[l].is_moe);
-        if (position == 0) la->x_in = own_input;
+        *la = *slot;
+        if (l == p->recompute_first[l]) la->x_in = own_input;
+        a->recompute_slot_of[l] = 1;
     }
 }
 
@@ -334,13 +339,16 @@ const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
 
 void acts_free(ModelActs *a) {
     for (int l = 0; l < a->num_layers; l++) {
+        if (a->recompute_slot_of && a->recompute_slot_of[l]) a->layers[l].moe.ep = NULL;  // the slot's, freed below
         ep_layer_free(&a->layers[l].moe);
         dispatch_plan_free(&a->layers[l].moe.plan);
         free(a->layers[l].moe.route.report);  // host memory: the router's downloaded report
         free(a->layers[l].moe.counts_before);
     }
+    for (int s = 0; s < a->recompute_slot_count; s++) ep_layer_free(&a->recompute_slots[s].moe);
     free(a->layers);
     free(a->recompute_slots);
+    free(a->recompute_slot_of);
     buffer_plan_free(&a->buffers);
     memset(a, 0, sizeof(*a));
 }

@@ -133,6 +133,8 @@ typedef struct {
     BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
     LayerActs *layers;      // (num_layers), host memory; the plan's stage layers laid out
     LayerActs *recompute_slots;  // the recompute groups' shared layer buffers (model/activations.c), or NULL
+    int recompute_slot_count;
+    unsigned char *recompute_slot_of;  // (num_layers) 1 where a layer's buffers are a slot's (allocated), or NULL
     real *sp_workspace;     // (N,H) sequence parallelism: every layer's row-parallel partial sums
     real *x_entry;          // (N_local,H) input of the chunk's first block (x_final without blocks):
                             // the embedding's output, or what the previous pipeline stage sent

@@ -116,6 +116,8 @@ static EpLayer *ep_layer(MoeActs *ma, const ExpertParallel *ep, int E) {
     return el;
 }
 
+void ep_layer_prepare(MoeActs *ma, const ExpertParallel *ep, int experts) { ep_layer(ma, ep, experts); }
+
 void ep_layer_free(MoeActs *ma) {
     EpLayer *el = ma->ep;
     if (!el) return;

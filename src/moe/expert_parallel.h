@@ -62,4 +62,9 @@ double ep_take_comm_seconds(struct EpBuffers *b);
 // Seconds b's exchanges were in flight while the caller computed other work, since the last
 // call (and restart the count); 0 for NULL.
 double ep_take_hidden_seconds(struct EpBuffers *b);
+// A MoE layer's exchange state (the rows this rank's experts computed, their counts and
+// sizes): made on the layer's first exchange, or now by ep_layer_prepare (when several
+// layers' MoeActs are to share one: the recompute slots, model/activations.c); ep_layer_free
+// frees it (once per state).
+void ep_layer_prepare(MoeActs *ma, const ExpertParallel *ep, int experts);
 void ep_layer_free(MoeActs *ma);
