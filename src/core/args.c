@@ -129,9 +129,10 @@ static const FlagSpec FLAGS[] = {
     F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto); cpu-strict: the cpu with tensor memory closed to host code outside ops (a check for developers)"),
     F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMMs with bf16 inputs and fp32 accumulation, fp32 master weights (--device cuda)"),
     F("adapt-threads", FLAG_BOOL, adapt_threads, TR, 0, "use fewer OpenMP threads while other programs compete for the cores, and more again when they stop (timed steps, an occasional probe step; results do not change; --no-adapt-threads: always OpenMP's count)"),
-    F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged); needs --recompute-method and --recompute-num-layers"),
+    F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged; needs --recompute-method and --recompute-num-layers); selective: recompute only the parts --recompute-modules names, in every layer"),
     F("recompute-method", FLAG_STRING, recompute_method, TR, 0, "with --recompute-granularity full: uniform (each model chunk's layers in groups of --recompute-num-layers, one input kept per group) or block (the first --recompute-num-layers layers of each chunk, each keeping its input; the rest keep everything)"),
     F("recompute-num-layers", FLAG_INT, recompute_num_layers, TR, 0, "with --recompute-granularity full: the layers of a uniform group, or the recomputed layers of each chunk (block)"),
+    F("recompute-modules", FLAG_LIST, recompute_modules, TR, 0, "with --recompute-granularity selective: core_attn (attention output), moe_act (routed experts' SwiGLU), layernorm (the norms' outputs), mlp (dense FFN), shared_experts; one or several"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     // data
@@ -204,6 +205,7 @@ void config_defaults(Config *c) {
     strcpy(c->ckpt_dtype, "fp32");
     strcpy(c->moe_token_dispatcher_type, "alltoall");
     strcpy(c->cp_comm_type, "p2p");
+    strcpy(c->recompute_modules, "core_attn");
     strcpy(c->device, "auto");
     strcpy(c->max_shard_size, "5GB");
     strcpy(c->normalization, "RMSNorm");
@@ -771,19 +773,41 @@ static void validate_comm_overlap(const Config *c) {
                    "stages (--num-virtual-stages-per-pipeline-rank)", c->pipeline_model_parallel_size);
 }
 
+const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES] = {"core_attn", "moe_act", "layernorm", "mlp",
+                                                                 "shared_experts"};
+
+// --recompute-modules into c->recompute_module_mask.
+static void parse_recompute_modules(Config *c) {
+    char list[sizeof(c->recompute_modules)], *save;
+    snprintf(list, sizeof(list), "%s", c->recompute_modules);
+    c->recompute_module_mask = 0;
+    for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        int module = lookup(name, RECOMPUTE_MODULE_NAMES, RECOMPUTE_MODULES);
+        if (module < 0 && (!strcmp(name, "moe") || !strcmp(name, "mla_up_proj")))
+            config_die("--recompute-modules %s is not built yet: use core_attn, moe_act, layernorm, mlp or "
+                       "shared_experts, or --recompute-granularity full", name);
+        if (module < 0)
+            config_die("--recompute-modules %s: use core_attn, moe_act, layernorm, mlp or shared_experts", name);
+        c->recompute_module_mask |= 1u << module;
+    }
+}
+
 // Activation recomputation: Megatron-Core's rules (full granularity needs a method and a
-// layer count; a method or count means full).
-static void validate_recompute(const Config *c) {
-    static const char *const granularities[] = {"full"}, *const methods[] = {"uniform", "block"};
-    int full = c->recompute_granularity[0] != 0;
-    if (full && lookup(c->recompute_granularity, granularities, 1) < 0)
-        config_die("--recompute-granularity %s: use full (selective recomputation is not built yet)",
-                   c->recompute_granularity);
+// layer count; selective takes neither, and names its modules).
+static void validate_recompute(Config *c) {
+    static const char *const granularities[] = {"full", "selective"}, *const methods[] = {"uniform", "block"};
+    int granularity = c->recompute_granularity[0] ? lookup(c->recompute_granularity, granularities, 2) : -1;
+    if (c->recompute_granularity[0] && granularity < 0)
+        config_die("--recompute-granularity %s: use full or selective", c->recompute_granularity);
     if (c->recompute_method[0] && lookup(c->recompute_method, methods, 2) < 0)
         config_die("--recompute-method %s: use uniform or block", c->recompute_method);
-    if (!full && (c->recompute_method[0] || c->recompute_num_layers))
+    if (granularity != 0 && (c->recompute_method[0] || c->recompute_num_layers))
         config_die("--recompute-method and --recompute-num-layers need --recompute-granularity full");
-    if (!full) return;
+    if (granularity != 1 && config_flag_given(c, "recompute-modules"))
+        config_die("--recompute-modules needs --recompute-granularity selective");
+    c->recompute_module_mask = 0;
+    if (granularity == 1) parse_recompute_modules(c);
+    if (granularity != 0) return;
     if (!c->recompute_method[0])
         config_die("--recompute-granularity full needs --recompute-method uniform or block");
     if (c->recompute_num_layers < 1 || c->recompute_num_layers > c->num_layers)

@@ -106,9 +106,10 @@ typedef struct {
     int expert_model_parallel_size, expert_tensor_parallel_size;
     // activation recomputation (docs/memory.md): which layers keep only their input and run
     // their forward again just before their backward
-    char recompute_granularity[16];  // "" (none) | full
+    char recompute_granularity[16];  // "" (none) | full | selective
     char recompute_method[16];       // "" | uniform (groups of N layers) | block (the first N of a chunk)
     int recompute_num_layers;        // N; 0 = not given
+    char recompute_modules[128];     // list: what selective recomputation recomputes (RecomputeModule)
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
@@ -171,6 +172,7 @@ typedef struct {
     int router_fp64;
     int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
     int cp_comm[MT_MAX_LAYERS];    // per layer: its --cp-comm-type (CpCommType)
+    unsigned recompute_module_mask; // selective recomputation: 1 << RecomputeModule of each listed
     int cp_a2a_size;               // a2a+p2p: the inner (all-to-all) group of --hierarchical-context-parallel-sizes, else 1
     LrDecayStyle decay_style;
     WsdDecayStyle wsd_style;
@@ -186,6 +188,16 @@ typedef struct {
 
 // --cp-comm-type: how a layer's attention runs over the context-parallel group (model/cp_attention.h).
 typedef enum { CP_COMM_P2P, CP_COMM_A2A, CP_COMM_ALLGATHER, CP_COMM_A2A_P2P, CP_COMM_TYPES } CpCommType;
+// --recompute-modules (Megatron-Core's names), in RECOMPUTE_MODULE_NAMES order.
+typedef enum {
+    RECOMPUTE_CORE_ATTN,       // the attention core's output and log-sum-exps
+    RECOMPUTE_MOE_ACT,         // the routed experts' SwiGLU product
+    RECOMPUTE_LAYERNORM,       // the two norms' outputs of each layer
+    RECOMPUTE_MLP,             // the dense FFN's gate, up and product
+    RECOMPUTE_SHARED_EXPERTS,  // the shared expert's gate, up and product
+    RECOMPUTE_MODULES
+} RecomputeModule;
+extern const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES];
 extern const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES];  // "p2p", "a2a", "allgather", "a2a+p2p"
 
 typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16 } Command;

@@ -49,7 +49,7 @@ static void plan_router(BufferPlan *bp, MoeActs *ma, const LayoutPlan *p, int N,
 }
 
 // The routed experts on the N_local tokens of this rank; the shared expert on all N.
-static void plan_moe(BufferPlan *bp, MoeActs *ma, const Model *m, int B, int T) {
+static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, int B, int T) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
     int N_all = B * T, N = plan_local_tokens(p, N_all), H = p->hidden, I = p->moe_ffn;
@@ -65,9 +65,10 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, const Model *m, int B, int T) 
     SAVED_INT32(bp, ma->plan.row_of_choice, choices, 1);
     SAVED_INT32(bp, ma->plan.token_of_row, rows, 1);
     if (Is) {
-        SAVED(bp, ma->shared.gate, N_all, Is);
-        SAVED(bp, ma->shared.up, N_all, Is);
-        SAVED(bp, ma->shared.act, N_all, Is);
+        int own_shared = !plan_recomputes(p, RECOMPUTE_SHARED_EXPERTS);
+        SAVED_OR_ALIAS(bp, own_shared, ma->shared.gate, N_all, Is, a->recomputed.shared_gate);
+        SAVED_OR_ALIAS(bp, own_shared, ma->shared.up, N_all, Is, a->recomputed.shared_up);
+        SAVED_OR_ALIAS(bp, own_shared, ma->shared.act, N_all, Is, a->recomputed.shared_act);
         SAVED(bp, ma->shared_gate, N, 1);
         SAVED_OR_ALIAS(bp, p->sequence_parallel, ma->shared_gate_full, N_all, 1, ma->shared_gate);
         SAVED(bp, ma->shared_out, N, H);
@@ -76,7 +77,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, const Model *m, int B, int T) 
     SAVED(bp, ma->row_probs, rows, 1);
     SAVED(bp, ma->experts.gate, rows, I);
     SAVED(bp, ma->experts.up, rows, I);
-    SAVED(bp, ma->experts.act, rows, I);
+    SAVED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, rows, I, a->recomputed.moe_act);
     SAVED(bp, ma->rows_out, rows, H);
 }
 
@@ -115,32 +116,36 @@ static void plan_qkv(BufferPlan *bp, LayerActs *la, const Model *m, int N) {
     SAVED(bp, la->k_rstd, N, m->plan.kv_heads);
 }
 
-// Every buffer of a layer of layer l's kind (names in the scope the caller set); *workspace:
-// the (N,H) row-parallel partial sums of sequence parallelism, shared by every layer.
-static void plan_layer(BufferPlan *bp, LayerActs *la, const Model *m, int l, int B, int T, real **workspace) {
+// Every buffer of a layer of layer l's kind (names in the scope the caller set); a's
+// sp_workspace: the (N,H) row-parallel partial sums of sequence parallelism, shared by every
+// layer, and a's recomputed buffers, shared by every layer for the parts it recomputes.
+static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model *m, int l, int B, int T) {
     const LayoutPlan *p = &m->plan;
     int N = B * T, N_local = plan_local_tokens(p, N), H = p->hidden, sp = p->sequence_parallel;
     int is_moe = m->layers[l].is_moe, gathers_ln2 = sp && (!is_moe || p->shared_ffn);
+    int own_norms = !plan_recomputes(p, RECOMPUTE_LAYERNORM), own_attn = !plan_recomputes(p, RECOMPUTE_CORE_ATTN);
+    int own_mlp = !plan_recomputes(p, RECOMPUTE_MLP);
+    real **workspace = &a->sp_workspace;
     SAVED(bp, la->x_in, N_local, H);
-    SAVED(bp, la->ln1, N_local, H);
+    SAVED_OR_ALIAS(bp, own_norms, la->ln1, N_local, H, a->recomputed.ln1);
     SAVED(bp, la->ln1_rstd, N_local, 1);
     SAVED_OR_ALIAS(bp, sp, la->ln1_full, N, H, la->ln1);
     plan_qkv(bp, la, m, N);
-    SAVED(bp, la->att, N, p->width.out);
-    SAVED(bp, la->lse, N, p->heads);
+    SAVED_OR_ALIAS(bp, own_attn, la->att, N, p->width.out, a->recomputed.att);
+    SAVED_OR_ALIAS(bp, own_attn, la->lse, N, p->heads, a->recomputed.lse);
     SAVED(bp, la->x_mid, N_local, H);
     buffer_alias(bp, &la->attn_partial, sp ? workspace : &la->x_mid);
-    SAVED(bp, la->ln2, N_local, H);
+    SAVED_OR_ALIAS(bp, own_norms, la->ln2, N_local, H, a->recomputed.ln2);
     SAVED(bp, la->ln2_rstd, N_local, 1);
     SAVED_OR_ALIAS(bp, gathers_ln2, la->ln2_full, N, H, la->ln2);
     SAVED(bp, la->ffn_out, N_local, H);
     if (is_moe) {
-        plan_moe(bp, &la->moe, m, B, T);
+        plan_moe(bp, &la->moe, a, m, B, T);
         buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->moe.shared_out);
     } else {
-        SAVED(bp, la->mlp.gate, N, p->ffn);
-        SAVED(bp, la->mlp.up, N, p->ffn);
-        SAVED(bp, la->mlp.act, N, p->ffn);
+        SAVED_OR_ALIAS(bp, own_mlp, la->mlp.gate, N, p->ffn, a->recomputed.mlp_gate);
+        SAVED_OR_ALIAS(bp, own_mlp, la->mlp.up, N, p->ffn, a->recomputed.mlp_up);
+        SAVED_OR_ALIAS(bp, own_mlp, la->mlp.act, N, p->ffn, a->recomputed.mlp_act);
         buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->ffn_out);
     }
 }
@@ -170,7 +175,7 @@ static void plan_recompute_slots(BufferPlan *bp, ModelActs *a, const Model *m, c
         LayerActs *slot = recompute_slot(a, position, is_moe);
         if (planned[slot - a->recompute_slots]++) continue;
         buffer_plan_scope(bp, "recompute slot %d (%s): ", position, is_moe ? "moe" : "dense");
-        plan_layer(bp, slot, m, l, B, T, &a->sp_workspace);
+        plan_layer(bp, slot, a, m, l, B, T);
     }
     free(planned);
 }
@@ -193,14 +198,48 @@ static void bind_recompute_slots(ModelActs *a, const Model *m, const StageChunk 
     }
 }
 
+// Selective recomputation: one set of the recomputed parts' buffers, which every layer of
+// the chunk shares (each layer's forward writes them and reads them at once; each layer's
+// backward recomputes them just before it reads them: model/stage_pass.c and the blocks).
+static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, const StageChunk *k, int B, int T) {
+    const LayoutPlan *p = &m->plan;
+    int N = B * T, N_local = plan_local_tokens(p, N), H = p->hidden, has_dense = 0, has_moe = 0;
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
+        has_moe |= m->layers[l].is_moe;
+        has_dense |= !m->layers[l].is_moe;
+    }
+    buffer_plan_scope(bp, "%s", "recomputed: ");
+    if (plan_recomputes(p, RECOMPUTE_CORE_ATTN)) {
+        WORKSPACE(bp, a->recomputed.att, N, p->width.out);
+        WORKSPACE(bp, a->recomputed.lse, N, p->heads);
+    }
+    if (plan_recomputes(p, RECOMPUTE_LAYERNORM)) {
+        WORKSPACE(bp, a->recomputed.ln1, N_local, H);
+        WORKSPACE(bp, a->recomputed.ln2, N_local, H);
+    }
+    if (has_dense && plan_recomputes(p, RECOMPUTE_MLP)) {
+        WORKSPACE(bp, a->recomputed.mlp_gate, N, p->ffn);
+        WORKSPACE(bp, a->recomputed.mlp_up, N, p->ffn);
+        WORKSPACE(bp, a->recomputed.mlp_act, N, p->ffn);
+    }
+    if (has_moe && p->shared_ffn && plan_recomputes(p, RECOMPUTE_SHARED_EXPERTS)) {
+        WORKSPACE(bp, a->recomputed.shared_gate, N, p->shared_ffn);
+        WORKSPACE(bp, a->recomputed.shared_up, N, p->shared_ffn);
+        WORKSPACE(bp, a->recomputed.shared_act, N, p->shared_ffn);
+    }
+    if (has_moe && plan_recomputes(p, RECOMPUTE_MOE_ACT))
+        WORKSPACE(bp, a->recomputed.moe_act, moe_rows(&m->cfg, p, N_local, N), p->moe_ffn);
+}
+
 // A chunk's layers: each recomputed group's input, every other layer whole.
 static void plan_layers(BufferPlan *bp, ModelActs *a, const Model *m, const StageChunk *k, int B, int T) {
     const LayoutPlan *p = &m->plan;
     int N_local = plan_local_tokens(p, B * T), H = p->hidden;
+    if (p->recompute_modules) plan_recomputed_parts(bp, a, m, k, B, T);
     for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
         LayerActs *la = &a->layers[l];
         buffer_plan_scope(bp, "layer %d: ", l);
-        if (!plan_recomputed(p, l)) plan_layer(bp, la, m, l, B, T, &a->sp_workspace);
+        if (!plan_recomputed(p, l)) plan_layer(bp, la, a, m, l, B, T);
         else if (p->recompute_first[l] == l) SAVED(bp, la->x_in, N_local, H);
     }
     if (p->recompute_groups) plan_recompute_slots(bp, a, m, k, B, T);

@@ -205,6 +205,8 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     TensorTable *tt = &m->tt;
     TpRegion region = model_tp_region(m);
     int N = a->N, N_local = a->N_local, H = m->plan.hidden, att_width = m->plan.width.out;
+    // --recompute-modules core_attn: the attention output and log-sum-exps again (shared buffers)
+    if (plan_recomputes(&m->plan, RECOMPUTE_CORE_ATTN)) attention_core_forward(m, layer, la, &a->tokens, NULL);
     // o_proj: d_att = d_x_mid·W_o ; dW_o += d_x_midᵀ·att, with d_x_mid of all N tokens
     tp_exit_backward(&region, a->d_resid, a->d_out_full, N, H);
     vec_zero(a->d_att, (size_t)N * att_width);

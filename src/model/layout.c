@@ -109,6 +109,7 @@ static void plan_pipeline(LayoutPlan *p, const Config *c, const ModelGroups *g) 
 // first N layers a group of one and leaves the rest alone.
 static void plan_recompute(LayoutPlan *p, const Config *c) {
     for (int l = 0; l < MT_MAX_LAYERS; l++) p->recompute_first[l] = -1;
+    p->recompute_modules = c->recompute_module_mask;
     if (strcmp(c->recompute_granularity, "full")) return;
     int n = c->recompute_num_layers, uniform = !strcmp(c->recompute_method, "uniform");
     for (int k = 0; k < p->chunks; k++) {

@@ -75,6 +75,9 @@ typedef struct {
     int recompute_first[MT_MAX_LAYERS];
     int recompute_groups;      // groups of this rank's chunks
     int recompute_group_max;   // layers of the largest one (0 without recomputation)
+    // --recompute-granularity selective: 1 << RecomputeModule of each part every layer
+    // recomputes before its backward (its buffers shared by the layers: model/activations.c)
+    unsigned recompute_modules;
     // attention of this rank
     int heads, heads_first;    // query heads and the first one's global index
     int kv_heads, kv_first;    // kv heads held (1 when replicated) and the first global one
@@ -109,6 +112,9 @@ static inline int plan_holds_layer(const LayoutPlan *p, int layer) { return plan
 // whether it is the group's last layer (its backward comes first: the group is recomputed then).
 static inline int plan_recomputed(const LayoutPlan *p, int l) { return p->recompute_first[l] >= 0; }
 int plan_recompute_last(const LayoutPlan *p, int l);
+static inline int plan_recomputes(const LayoutPlan *p, RecomputeModule module) {
+    return (p->recompute_modules >> module) & 1;
+}
 
 // Tokens of a micro-batch of N on this rank outside the tensor-parallel matmuls: N/TP with
 // sequence parallelism, else N.

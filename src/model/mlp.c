@@ -24,6 +24,8 @@ void mlp_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
     ExpertShape shape = dense_shape(m, offsets, a->N);
     const LayerParams *lp = &m->layers[layer];
     TpRegion region = model_tp_region(m);
+    // --recompute-modules mlp: gate, up and their product again (shared buffers)
+    if (plan_recomputes(&m->plan, RECOMPUTE_MLP)) experts_forward_acts(&la->mlp, la->ln2_full, NULL, &lp->ffn_params, &shape);
     tp_exit_backward(&region, d_out, a->d_out_full, a->N, m->plan.hidden);
     experts_backward(a->d_norm_full, NULL, &lp->ffn_grads, a->d_out_full, &la->mlp, la->ln2_full, NULL,
                      &lp->ffn_params, &shape, a->d_gate, a->d_up, a->d_act);

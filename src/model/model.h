@@ -132,6 +132,15 @@ typedef struct {
     real *input_loss_mask;  // (capacity_tokens)
     BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
     LayerActs *layers;      // (num_layers), host memory; the plan's stage layers laid out
+    // --recompute-granularity selective: the buffers every layer shares for the parts it
+    // recomputes (model/activations.c), each (when that part is recomputed) sized as one layer's
+    struct {
+        real *att, *lse;                               // core_attn
+        real *ln1, *ln2;                               // layernorm
+        real *mlp_gate, *mlp_up, *mlp_act;             // mlp
+        real *shared_gate, *shared_up, *shared_act;    // shared_experts
+        real *moe_act;                                 // moe_act
+    } recomputed;
     LayerActs *recompute_slots;  // the recompute groups' shared layer buffers (model/activations.c), or NULL
     int recompute_slot_count;
     unsigned char *recompute_slot_of;  // (num_layers) 1 where a layer's buffers are a slot's (allocated), or NULL

@@ -111,7 +111,8 @@ static void record_routing(const Model *m, int layer, const MoeActs *ma) {
 // its own exchange scratch: the combined schedule overlaps a forward with a backward).
 static MoeDispatchContext dispatch_context(const Model *m, PassKind pass) {
     return (MoeDispatchContext){.hidden = m->plan.hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
-                                .ep = &m->ep, .buffers = m->ep_buffers[pass]};
+                                .ep = &m->ep, .buffers = m->ep_buffers[pass],
+                                .act_shared = plan_recomputes(&m->plan, RECOMPUTE_MOE_ACT)};
 }
 
 // The backward scratch of a that the dispatcher fills or hands the experts; the routed
@@ -207,6 +208,17 @@ void moe_backward_begin(Model *m, int layer, LayerActs *la, ModelActs *a, const 
     if (shared_overlapped(m, lp)) shared_expert_backward(m, lp, la, a, d_out);
 }
 
+// The experts' saved activations for their weight gradients: as saved, or with
+// --recompute-modules moe_act the SwiGLU product again, into the data gradients' act scratch
+// (free once they are done; the forward's product lived in a buffer every layer shares).
+static ExpertActs acts_for_weights(const Model *m, const ExpertRows *rows) {
+    ExpertActs acts = *rows->acts;
+    if (!plan_recomputes(&m->plan, RECOMPUTE_MOE_ACT)) return acts;
+    experts_recompute_act(rows->scratch_act, &acts, rows->row_probs, &rows->shape);
+    acts.act = rows->scratch_act;
+    return acts;
+}
+
 // The routed experts' data gradients, then (--delay-wgrad-compute: while the input
 // gradients travel back) their weight gradients.
 void moe_backward_experts(Model *m, int layer, LayerActs *la, ModelActs *a) {
@@ -219,13 +231,14 @@ void moe_backward_experts(Model *m, int layer, LayerActs *la, ModelActs *a) {
     if (d->combine_backward_finish) d->combine_backward_finish(&ctx, ma, rows);
     experts_backward_data(rows->d_rows_in, rows->d_row_probs, rows->d_rows_out, rows->acts, rows->row_probs,
                           &lp->ffn_params, &rows->shape, rows->scratch_gate, rows->scratch_up, rows->scratch_act);
+    ExpertActs acts = acts_for_weights(m, rows);
     int delayed = m->cfg.delay_wgrad_compute;
     if (!delayed)
-        experts_backward_weights(&lp->ffn_grads, rows->d_rows_out, rows->acts, rows->rows_in, &rows->shape,
+        experts_backward_weights(&lp->ffn_grads, rows->d_rows_out, &acts, rows->rows_in, &rows->shape,
                                  rows->scratch_gate, rows->scratch_up);
     d->dispatch_backward(&ctx, ma, &grads, rows);
     if (delayed)
-        experts_backward_weights(&lp->ffn_grads, rows->d_rows_out, rows->acts, rows->rows_in, &rows->shape,
+        experts_backward_weights(&lp->ffn_grads, rows->d_rows_out, &acts, rows->rows_in, &rows->shape,
                                  rows->scratch_gate, rows->scratch_up);
 }
 

@@ -33,6 +33,10 @@ void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, Mode
     int32_t offsets[2] = {0, N};
     ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
     int gated = lp->shared_expert_gate >= 0;
+    // --recompute-modules shared_experts: gate, up and their product again (shared buffers)
+    if (plan_recomputes(&m->plan, RECOMPUTE_SHARED_EXPERTS))
+        experts_forward_acts(&ma->shared, la->ln2_full, gated ? ma->shared_gate_full : NULL, &lp->shared_params,
+                             &shape);
     tp_exit_backward(&region, d_out, a->d_out_full, N, H);
     experts_backward(a->d_shared_in_full, gated ? a->d_shared_gate_full : NULL, &lp->shared_grads, a->d_out_full,
                      &ma->shared, la->ln2_full, gated ? ma->shared_gate_full : NULL, &lp->shared_params, &shape,

@@ -152,6 +152,16 @@ static void recompute_group(StagePass *s, int last) {
     }
 }
 
+// --recompute-modules layernorm: both norms' outputs of layer l again (the buffers every
+// layer shares), before its backward reads them.
+static void recompute_norms(const Model *m, int l, LayerActs *la, const ModelActs *a) {
+    const LayerParams *lp = &m->layers[l];
+    int N_local = a->N_local, H = m->plan.hidden;
+    real eps = (real)m->cfg.norm_epsilon;
+    rmsnorm_forward(la->ln1, la->ln1_rstd, la->x_in, tt_param(&m->tt, lp->input_norm), N_local, H, eps);
+    rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H, eps);
+}
+
 // ---- backward -----------------------------------------------------------------------------
 
 // x_out = x_mid + ffn(RMSNorm(x_mid)): with d_resid = d(x_mid) after the FFN's backward,
@@ -187,6 +197,7 @@ static int backward_advance(StagePass *s) {
         LayerActs *la = &a->layers[l];
         if (s->phase == PHASE_BEGIN) {
             if (plan_recompute_last(&m->plan, l)) recompute_group(s, l);
+            if (plan_recomputes(&m->plan, RECOMPUTE_LAYERNORM)) recompute_norms(m, l, la, a);
             if (!m->layers[l].is_moe) {
                 mlp_backward(m, l, la, a, a->d_resid);
                 backward_layer_done(s);

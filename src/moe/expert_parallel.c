@@ -26,7 +26,8 @@ typedef struct EpLayer {
     int rows;              // rows computed here
     size_t row_capacity;
     real *rows_in, *row_probs, *rows_out;  // (rows,H), (rows), (rows,H)
-    ExpertActs acts;                       // (rows,I) each
+    ExpertActs acts;                       // (rows,I) each; act the pass's shared one when act_shared
+    int act_shared;                        // --recompute-modules moe_act (MoeDispatchContext.act_shared)
     // allgather: the routing of the whole group and the plan over its P·N tokens
     size_t choice_capacity;
     int32_t *topk_all, *kept_all;  // (P·N·k)
@@ -45,6 +46,8 @@ struct EpBuffers {
     real *d_rows_out, *d_rows_in;     // (rows,H)
     real *d_row_probs;                // (rows)
     real *d_gate, *d_up, *d_act;      // (rows,I)
+    size_t act_capacity;
+    real *act;                        // (rows,I) --recompute-modules moe_act: every layer's SwiGLU product
     size_t token_capacity, choice_capacity;
     real *tokens_all;                 // (P·N,H) allgather: gathered inputs / partial sums
     real *choices_all;                // (P·N·k) allgather: prob gradients of every choice
@@ -68,8 +71,11 @@ static void resize_ints(int32_t **buf, size_t count) {
     *buf = device_calloc(MT_MAX(count, 1), sizeof(int32_t));
 }
 
-static void layer_reserve_rows(EpLayer *el, size_t rows, int H, int I) {
-    size_t cap = grown(el->row_capacity, rows);
+// The layer's rows and saved activations, grown to `rows` (the SwiGLU product too unless the
+// pass's shared one serves: shared_act).
+static void layer_reserve_rows(const MoeDispatchContext *ctx, EpLayer *el, size_t rows) {
+    size_t cap = grown(el->row_capacity, rows), H = ctx->hidden, I = ctx->moe_ffn;
+    el->act_shared = ctx->act_shared;
     if (cap == el->row_capacity) return;
     el->row_capacity = cap;
     resize(&el->rows_in, cap * H);
@@ -77,7 +83,7 @@ static void layer_reserve_rows(EpLayer *el, size_t rows, int H, int I) {
     resize(&el->rows_out, cap * H);
     resize(&el->acts.gate, cap * I);
     resize(&el->acts.up, cap * I);
-    resize(&el->acts.act, cap * I);
+    if (!el->act_shared) resize(&el->acts.act, cap * I);
 }
 
 static void layer_reserve_choices(EpLayer *el, size_t choices) {
@@ -125,7 +131,8 @@ void ep_layer_free(MoeActs *ma) {
     free(el->host_sizes);
     dispatch_plan_free(&el->plan);
     void *owned[] = {el->own_counts, el->sizes, el->offsets,
-                     el->rows_in, el->row_probs, el->rows_out, el->acts.gate, el->acts.up, el->acts.act,
+                     el->rows_in, el->row_probs, el->rows_out, el->acts.gate, el->acts.up,
+                     el->act_shared ? NULL : el->acts.act,
                      el->topk_all, el->kept_all, el->probs_all, el->plan.rows_per_expert, el->plan.expert_offsets,
                      el->plan.row_of_choice, el->plan.token_of_row};
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) device_free(owned[i]);
@@ -138,9 +145,20 @@ struct EpBuffers *ep_buffers_new(void) { return mt_calloc(1, sizeof(struct EpBuf
 void ep_buffers_free(struct EpBuffers *b) {
     if (!b) return;
     real *owned[] = {b->exchange, b->exchange_probs, b->own, b->own_probs, b->d_rows_out, b->d_rows_in,
-                     b->d_row_probs, b->d_gate, b->d_up, b->d_act, b->tokens_all, b->choices_all};
+                     b->d_row_probs, b->d_gate, b->d_up, b->d_act, b->act, b->tokens_all, b->choices_all};
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) device_free(owned[i]);
     free(b);
+}
+
+// --recompute-modules moe_act: the pass's SwiGLU product buffer every layer shares, grown to rows.
+static real *shared_act(const MoeDispatchContext *ctx, size_t rows) {
+    struct EpBuffers *b = ctx->buffers;
+    size_t cap = grown(b->act_capacity, rows * ctx->moe_ffn);
+    if (cap != b->act_capacity) {
+        b->act_capacity = cap;
+        resize(&b->act, cap);
+    }
+    return b->act;
 }
 
 static struct EpBuffers *buffers_for_rows(const MoeDispatchContext *ctx, size_t rows) {
@@ -330,6 +348,7 @@ static void sort_segments(real *dst, const real *src, const EpLayer *el, const E
 // The rows this rank's experts compute, from the exchange's layer state.
 static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *counts,
                              const int32_t *host_counts) {
+    if (el->act_shared) el->acts.act = shared_act(ctx, (size_t)el->rows);
     return (ExpertRows){.rows_in = el->rows_in, .row_probs = el->row_probs, .rows_out = el->rows_out,
                         .acts = &el->acts, .shape = local_shape(ctx, counts, host_counts, el->rows)};
 }
@@ -351,7 +370,7 @@ static void alltoall_dispatch_exchange(const MoeDispatchContext *ctx, MoeActs *m
     EpLayer *el = ma->ep;
     finish_counts(ctx, el);
     alltoall_layout(el, &ma->plan, ep);
-    layer_reserve_rows(el, el->rows, H, ctx->moe_ffn);
+    layer_reserve_rows(ctx, el, el->rows);
     struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
     rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H, &el->inflight[0]);
     rows_to_experts(ctx, el, ma->row_probs, b->exchange_probs, b->own_probs, 1, &el->inflight[1]);
@@ -452,7 +471,7 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     el->plan.E = E;
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
     el->rows = el->plan.rows;
-    layer_reserve_rows(el, (size_t)el->rows, H, ctx->moe_ffn);
+    layer_reserve_rows(ctx, el, (size_t)el->rows);
     dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
     *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first,  // rows start at 0
                        el->plan.host_rows_per_expert + ep->first);

@@ -53,18 +53,28 @@ static void project_wgrad(const ExpertShape *s, int out, int in, const real *dY,
     }
 }
 
-void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
-                     const real *row_scale, const ExpertWeights *w, const ExpertShape *s) {
-    int H = s->H, I = s->I;
+void experts_recompute_act(real *act, const ExpertActs *acts, const real *row_scale, const ExpertShape *s) {
+    int I = s->I;
     RowSpan r = row_span(s);
     size_t first_i = (size_t)r.first * I;
+    swiglu_forward(act + first_i, acts->gate + first_i, acts->up + first_i, row_scale ? row_scale + r.first : NULL,
+                   r.total, I);
+}
+
+void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row_scale, const ExpertWeights *w,
+                          const ExpertShape *s) {
+    int H = s->H, I = s->I;
     // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
     project(s, 1, I, H, rows_in, w->gate, 0, acts->gate);
     project(s, 1, I, H, rows_in, w->up, 0, acts->up);
-    swiglu_forward(acts->act + first_i, acts->gate + first_i, acts->up + first_i,
-                   row_scale ? row_scale + r.first : NULL, r.total, I);
+    experts_recompute_act(acts->act, acts, row_scale, s);
+}
+
+void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
+                     const real *row_scale, const ExpertWeights *w, const ExpertShape *s) {
+    experts_forward_acts(acts, rows_in, row_scale, w, s);
     // out = act·W_downᵀ: (rows,I) x (H,I)ᵀ
-    project(s, 1, H, I, acts->act, w->down, 0, rows_out);
+    project(s, 1, s->H, s->I, acts->act, w->down, 0, rows_out);
 }
 
 void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_out, const ExpertActs *acts,

@@ -37,6 +37,11 @@ typedef struct {
 // rows_in (rows,H), row_scale (rows) or NULL -> rows_out (rows,H); fills acts
 void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s);
+// What experts_forward fills of acts (gate, up, act), the same bits: a recomputation.
+void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row_scale, const ExpertWeights *w,
+                          const ExpertShape *s);
+// act (rows, I) = experts_forward's act again, from the saved gate and up.
+void experts_recompute_act(real *act, const ExpertActs *acts, const real *row_scale, const ExpertShape *s);
 
 // drows_out (rows,H) -> drows_in (rows,H) overwritten, drow_scale (rows) overwritten when
 // non-NULL; weight gradients accumulate into dw. scratch: three (rows, I) buffers.

@@ -18,6 +18,9 @@ typedef struct {
     const ExpertParallel *ep;
     struct EpBuffers *buffers;     // the exchange's scratch (expert parallelism), or NULL: one
                                    // set per pass kind (a forward and a backward may overlap)
+    int act_shared;                // --recompute-modules moe_act: the experts' SwiGLU product in
+                                   // the pass's shared buffer, not kept per layer (the backward
+                                   // recomputes it)
 } MoeDispatchContext;
 
 // The backward buffers of the caller a dispatcher fills or hands the experts (rows: the

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# test_recompute.sh — activation recomputation (--recompute-granularity full) changes memory,
-# never results. For every model family and MoE feature, and under mpirun for TP+SP, EP
+# test_recompute.sh — activation recomputation (--recompute-granularity full, and selective
+# with every module) changes memory, never results. For every model family and MoE feature, and under mpirun for TP+SP, EP
 # (both dispatchers, the shared-expert overlap), CP, PP (also interleaved with the combined
 # 1F1B schedule) and DP with the distributed optimizer: 3 steps with the uniform method in
-# groups of 1 and of 2 and with the block method give the same losses, aux losses and
+# groups of 1 and of 2, with the block method, and selective recomputation of core_attn,
+# moe_act, layernorm, mlp and shared_experts give the same losses, aux losses and
 # gradient norms as the run without recomputation, bit for bit, and save the same weights
 # and optimizer state. The activations a recomputing run plans are smaller; the flags'
 # bad combinations are refused with one line.
@@ -19,6 +20,7 @@ RECOMPUTE=(
     "uniform1|--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
     "uniform2|--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"
     "block3|--recompute-granularity full --recompute-method block --recompute-num-layers 3"
+    "selective|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts"
 )
 # name | flags: every family and MoE feature (global_aux_loss, expert bias and jitter read
 # the step's routing so far: a recomputed forward must route as the forward did). Under a
@@ -106,12 +108,20 @@ launch=(env)
 run "$work/mem_base" --num-layers 6 --seq-length 64 --train-iters 1
 run "$work/mem_uniform1" --num-layers 6 --seq-length 64 --train-iters 1 --recompute-granularity full \
     --recompute-method uniform --recompute-num-layers 1
-a=$(activations "$work/mem_base") b=$(activations "$work/mem_uniform1")
-if [ -n "$a" ] && [ -n "$b" ] && python3 -c "import sys; sys.exit(not float('$b') < 0.7 * float('$a'))"; then
-    ok recompute_plans_less_memory
-else
-    fail recompute_plans_less_memory "activations ${a:-?} MiB without, ${b:-?} MiB with recomputation (expected under 70%)"
-fi
+run "$work/mem_selective" --num-layers 6 --seq-length 64 --train-iters 1 --recompute-granularity selective \
+    --recompute-modules core_attn moe_act layernorm
+# less_memory NAME DIR FRACTION: the run in DIR plans under FRACTION of mem_base's activations
+less_memory() {
+    local a b
+    a=$(activations "$work/mem_base") b=$(activations "$2")
+    if [ -n "$a" ] && [ -n "$b" ] && python3 -c "import sys; sys.exit(not float('$b') < $3 * float('$a'))"; then
+        ok "$1"
+    else
+        fail "$1" "activations ${a:-?} MiB without, ${b:-?} MiB with recomputation (expected under $3 of it)"
+    fi
+}
+less_memory recompute_full_plans_less_memory "$work/mem_uniform1" 0.7
+less_memory recompute_selective_plans_less_memory "$work/mem_selective" 0.9
 
 expect_error recompute_needs_method "recompute-method" -- "$M" train "${TINY[@]}" --recompute-granularity full \
     --recompute-num-layers 1
@@ -120,6 +130,14 @@ expect_error recompute_needs_layers "recompute-num-layers" -- "$M" train "${TINY
 expect_error recompute_method_needs_full "recompute-granularity full" -- "$M" train "${TINY[@]}" \
     --recompute-method uniform --recompute-num-layers 1
 expect_error recompute_bad_granularity "recompute-granularity" -- "$M" train "${TINY[@]}" --recompute-granularity all
+expect_error recompute_selective_no_method "need --recompute-granularity full" -- "$M" train "${TINY[@]}" \
+    --recompute-granularity selective --recompute-method uniform
+expect_error recompute_module_not_built "not built yet" -- "$M" train "${TINY[@]}" --recompute-granularity selective \
+    --recompute-modules moe
+expect_error recompute_bad_module "recompute-modules attention" -- "$M" train "${TINY[@]}" \
+    --recompute-granularity selective --recompute-modules attention
+expect_error recompute_modules_need_selective "needs --recompute-granularity selective" -- "$M" train "${TINY[@]}" \
+    --recompute-modules mlp
 expect_error recompute_too_many_layers "between 1 and" -- "$M" train "${TINY[@]}" --recompute-granularity full \
     --recompute-method uniform --recompute-num-layers 5
 
