@@ -25,13 +25,13 @@ CASES=(
     "capacity_probs_drop|--moe-expert-capacity-factor 1.0"
     "capacity_position_padded|--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position --moe-pad-expert-input-to-capacity"
     "deepseek_mla_bias_groups|--hf-architecture deepseek_v3 ${MLA[*]} --q-lora-rank 16 --rotary-interleaved --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5 --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-shared-expert-intermediate-size 64 --moe-layer-freq [0,1]"
-    "shared_gate_forced_fp64|--moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-router-force-load-balancing --moe-router-dtype fp64 --moe-router-score-function sqrtsoftplus"
+    "shared_gate_forced_fp64_selective|--moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-router-force-load-balancing --moe-router-dtype fp64 --moe-router-score-function sqrtsoftplus --recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts"
 )
 # name | ranks | flags: the parallel layouts
 MPI_CASES=(
     "ep2_alltoall|2|--expert-model-parallel-size 2 --moe-z-loss-coeff 0.001 --moe-input-jitter-eps 0.01"
     "ep2_allgather_capacity|2|--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --moe-expert-capacity-factor 1.0"
-    "ep2_shared_overlap|2|--expert-model-parallel-size 2 --moe-shared-expert-intermediate-size 32 --moe-shared-expert-overlap"
+    "ep2_shared_overlap_moe_act|2|--expert-model-parallel-size 2 --moe-shared-expert-intermediate-size 32 --moe-shared-expert-overlap --recompute-granularity selective --recompute-modules moe_act shared_experts"
     "dp2_dense_distopt|2|--num-experts 0 --use-distributed-optimizer"
     "tp2_sp_capacity|2|--tensor-model-parallel-size 2 --sequence-parallel --moe-expert-capacity-factor 1.0"
     "pp2|2|--pipeline-model-parallel-size 2"
