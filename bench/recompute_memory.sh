@@ -2,7 +2,8 @@
 # bench/recompute_memory.sh [MOETRON] — what activation recomputation saves and costs on the
 # coarse and fine bench models (bench/configs/*.flags): for no recomputation, for
 # --recompute-granularity full with uniform groups of 1 and 2 layers and block 2, and for
-# selective recomputation of moe_act alone and of every module, the
+# selective recomputation of each module alone (mlp: the bench models have no dense layer)
+# and of every module, the
 # activation memory the trainer plans (its "memory:" line), the whole process's peak RSS
 # (/usr/bin/time's maximum resident set) and the median throughput of steps 2..N (the
 # JSONL log's tokens_per_s), one process, all cores.
@@ -19,7 +20,10 @@ VARIANTS=(
     "uniform 1|--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
     "uniform 2|--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"
     "block 2|--recompute-granularity full --recompute-method block --recompute-num-layers 2"
-    "selective moe_act|--recompute-granularity selective --recompute-modules moe_act"
+    "core_attn|--recompute-granularity selective --recompute-modules core_attn"
+    "moe_act|--recompute-granularity selective --recompute-modules moe_act"
+    "layernorm|--recompute-granularity selective --recompute-modules layernorm"
+    "shared_experts|--recompute-granularity selective --recompute-modules shared_experts"
     "selective all|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts"
 )
 

@@ -168,7 +168,7 @@ static void plan_recompute_slots(BufferPlan *bp, ModelActs *a, const Model *m, c
     const LayoutPlan *p = &m->plan;
     a->recompute_slot_count = MT_MAX(p->recompute_group_max, 1) * SLOT_KINDS;
     a->recompute_slots = mt_calloc((size_t)a->recompute_slot_count, sizeof(LayerActs));
-    unsigned char *planned = mt_calloc((size_t)MT_MAX(p->recompute_group_max, 1) * SLOT_KINDS, 1);
+    unsigned char *planned = mt_calloc((size_t)a->recompute_slot_count, 1);
     for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
         if (!plan_recomputed(p, l)) continue;
         int position = l - p->recompute_first[l], is_moe = m->layers[l].is_moe;
