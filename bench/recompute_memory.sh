@@ -24,7 +24,7 @@ VARIANTS=(
     "moe_act|--recompute-granularity selective --recompute-modules moe_act"
     "layernorm|--recompute-granularity selective --recompute-modules layernorm"
     "shared_experts|--recompute-granularity selective --recompute-modules shared_experts"
-    "selective all|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts"
+    "selective all|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts mla_up_proj"
 )
 
 grep -m1 'model name' /proc/cpuinfo

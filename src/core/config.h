@@ -195,6 +195,7 @@ typedef enum {
     RECOMPUTE_LAYERNORM,       // the two norms' outputs of each layer
     RECOMPUTE_MLP,             // the dense FFN's gate, up and product
     RECOMPUTE_SHARED_EXPERTS,  // the shared expert's gate, up and product
+    RECOMPUTE_MLA_UP_PROJ,     // MLA's up projections: q, k, v and the per-head kv
     RECOMPUTE_MODULES
 } RecomputeModule;
 extern const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES];

@@ -81,7 +81,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     SAVED(bp, ma->rows_out, rows, H);
 }
 
-static void plan_mla(BufferPlan *bp, MlaActs *ma, const Config *c, int heads, int N) {
+static void plan_mla(BufferPlan *bp, MlaActs *ma, ModelActs *a, const Config *c, int heads, int N, int own_up) {
     if (c->q_lora_rank) {
         SAVED(bp, ma->q_a, N, c->q_lora_rank);
         SAVED(bp, ma->q_a_norm, N, c->q_lora_rank);
@@ -91,19 +91,21 @@ static void plan_mla(BufferPlan *bp, MlaActs *ma, const Config *c, int heads, in
     SAVED(bp, ma->latent_norm, N, c->kv_lora_rank);
     SAVED(bp, ma->latent_rstd, N, 1);
     SAVED(bp, ma->k_rope, N, c->qk_pos_emb_head_dim);
-    SAVED(bp, ma->kv_b, N, (size_t)heads * (c->qk_head_dim + c->v_head_dim));
+    SAVED_OR_ALIAS(bp, own_up, ma->kv_b, N, (size_t)heads * (c->qk_head_dim + c->v_head_dim), a->recomputed.mla_kv_b);
 }
 
 // q/k/v and the stages before them: projection -> [QK-norm] -> [clip]; a stage that is off
 // aliases the next one, so the code reads every stage regardless.
-static void plan_qkv(BufferPlan *bp, LayerActs *la, const Model *m, int N) {
+static void plan_qkv(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model *m, int N) {
     const Config *c = &m->cfg;
     AttentionWidths w = m->plan.width;
-    SAVED(bp, la->q, N, w.q);
-    SAVED(bp, la->k, N, w.k);
-    SAVED(bp, la->v, N, w.v);
+    // --recompute-modules mla_up_proj: MLA's q, k, v (and kv_b) are buffers every layer shares
+    int own_qkv = !(c->multi_latent_attention && plan_recomputes(&m->plan, RECOMPUTE_MLA_UP_PROJ));
+    SAVED_OR_ALIAS(bp, own_qkv, la->q, N, w.q, a->recomputed.mla_q);
+    SAVED_OR_ALIAS(bp, own_qkv, la->k, N, w.k, a->recomputed.mla_k);
+    SAVED_OR_ALIAS(bp, own_qkv, la->v, N, w.v, a->recomputed.mla_v);
     if (c->multi_latent_attention) {
-        plan_mla(bp, &la->mla, c, m->plan.heads, N);
+        plan_mla(bp, &la->mla, a, c, m->plan.heads, N, own_qkv);
         return;
     }
     int clip = c->clip_qkv > 0, qk_norm = c->qk_layernorm;
@@ -130,7 +132,7 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     SAVED_OR_ALIAS(bp, own_norms, la->ln1, N_local, H, a->recomputed.ln1);
     SAVED(bp, la->ln1_rstd, N_local, 1);
     SAVED_OR_ALIAS(bp, sp, la->ln1_full, N, H, la->ln1);
-    plan_qkv(bp, la, m, N);
+    plan_qkv(bp, la, a, m, N);
     SAVED_OR_ALIAS(bp, own_attn, la->att, N, p->width.out, a->recomputed.att);
     SAVED_OR_ALIAS(bp, own_attn, la->lse, N, p->heads, a->recomputed.lse);
     SAVED(bp, la->x_mid, N_local, H);
@@ -226,6 +228,12 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
         WORKSPACE(bp, a->recomputed.shared_gate, N, p->shared_ffn);
         WORKSPACE(bp, a->recomputed.shared_up, N, p->shared_ffn);
         WORKSPACE(bp, a->recomputed.shared_act, N, p->shared_ffn);
+    }
+    if (m->cfg.multi_latent_attention && plan_recomputes(p, RECOMPUTE_MLA_UP_PROJ)) {
+        WORKSPACE(bp, a->recomputed.mla_q, N, p->width.q);
+        WORKSPACE(bp, a->recomputed.mla_k, N, p->width.k);
+        WORKSPACE(bp, a->recomputed.mla_v, N, p->width.v);
+        WORKSPACE(bp, a->recomputed.mla_kv_b, N, (size_t)p->heads * (m->cfg.qk_head_dim + m->cfg.v_head_dim));
     }
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE_ACT))
         WORKSPACE(bp, a->recomputed.moe_act, moe_rows(&m->cfg, p, N_local, N), p->moe_ffn);

@@ -205,7 +205,10 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     TensorTable *tt = &m->tt;
     TpRegion region = model_tp_region(m);
     int N = a->N, N_local = a->N_local, H = m->plan.hidden, att_width = m->plan.width.out;
-    // --recompute-modules core_attn: the attention output and log-sum-exps again (shared buffers)
+    // --recompute-modules mla_up_proj / core_attn: q, k, v, then the attention output and
+    // log-sum-exps again (buffers every layer shares)
+    if (c->multi_latent_attention && plan_recomputes(&m->plan, RECOMPUTE_MLA_UP_PROJ))
+        mla_recompute_up_projections(m, layer, la, &a->tokens);
     if (plan_recomputes(&m->plan, RECOMPUTE_CORE_ATTN)) attention_core_forward(m, layer, la, &a->tokens, NULL);
     // o_proj: d_att = d_x_mid·W_o ; dW_o += d_x_midᵀ·att, with d_x_mid of all N tokens
     tp_exit_backward(&region, a->d_resid, a->d_out_full, N, H);

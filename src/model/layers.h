@@ -14,6 +14,8 @@ AttentionWidths attention_widths(const Config *c);
 // Multi-Latent Attention: q, k, v from ln1; backward from d_q, d_k, d_v to a->d_norm (+=).
 void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens);
 void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
+// --recompute-modules mla_up_proj: q, k, v (and kv_b) again from the latents the forward kept.
+void mla_recompute_up_projections(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens);
 
 // Causal attention of the ready q, k, v of la (or against the cache when kv) -> la->att.
 void attention_core_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv);

@@ -64,17 +64,20 @@ static void split_key_value_grads(real *d_kv_b, real *d_k_rope, const real *d_k,
     heads_sum(d_k_rope, d_k + d.dn, N, d.heads, d.dq, d.dr);
 }
 
-static void queries_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N, MlaDims d) {
+// The up projections (Megatron's mla_up_proj): q from the query latent (or ln1 without
+// --q-lora-rank) with RoPE on its rotary columns, kv_b from the normed kv latent, and the
+// keys and values assembled with the rotated shared key — from what the forward keeps.
+static void up_projections_forward(const Model *m, const LayerParams *lp, LayerActs *la, const TokenLayout *tokens,
+                                   MlaDims d) {
     const TensorTable *tt = &m->tt;
-    int H = m->plan.hidden, q_width = d.heads * d.dq;
     MlaActs *ma = &la->mla;
-    if (!d.rq) {
-        linear_forward(la->q, la->ln1_full, tt_param(tt, lp->q_proj), N, H, q_width);
-        return;
-    }
-    linear_forward(ma->q_a, la->ln1_full, tt_param(tt, lp->q_a_proj), N, H, d.rq);
-    rmsnorm_forward(ma->q_a_norm, ma->q_a_rstd, ma->q_a, tt_param(tt, lp->q_a_norm), N, d.rq, (real)MLA_LATENT_NORM_EPS);
-    linear_forward(la->q, ma->q_a_norm, tt_param(tt, lp->q_b_proj), N, d.rq, q_width);
+    int N = tokens->B * tokens->T, H = m->plan.hidden, q_width = d.heads * d.dq;
+    if (d.rq) linear_forward(la->q, ma->q_a_norm, tt_param(tt, lp->q_b_proj), N, d.rq, q_width);
+    else linear_forward(la->q, la->ln1_full, tt_param(tt, lp->q_proj), N, H, q_width);
+    RopeLayout qr = query_rope(&m->cfg, d);
+    rope_forward(la->q + d.dn, m->rope_cos_sin, tokens, &qr);
+    linear_forward(ma->kv_b, ma->latent_norm, tt_param(tt, lp->kv_b_proj), N, d.rkv, d.heads * (d.dn + d.dv));
+    assemble_keys_values(la->k, la->v, ma->kv_b, ma->k_rope, N, d);
 }
 
 void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens) {
@@ -84,18 +87,24 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
     MlaDims d = mla_dims(m);
     MlaActs *ma = &la->mla;
     int N = tokens->B * tokens->T, H = m->plan.hidden;
-    queries_forward(m, lp, la, N, d);
-    RopeLayout qr = query_rope(c, d), kr = key_rope(c, d);
-    rope_forward(la->q + d.dn, m->rope_cos_sin, tokens, &qr);
+    if (d.rq) {  // the query latent
+        linear_forward(ma->q_a, la->ln1_full, tt_param(tt, lp->q_a_proj), N, H, d.rq);
+        rmsnorm_forward(ma->q_a_norm, ma->q_a_rstd, ma->q_a, tt_param(tt, lp->q_a_norm), N, d.rq,
+                        (real)MLA_LATENT_NORM_EPS);
+    }
     // W_kv_a's first rkv rows make the latent, the last dr rows the rotary key
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
     linear_forward(ma->latent, la->ln1_full, w_kv_a, N, H, d.rkv);
     linear_forward(ma->k_rope, la->ln1_full, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
+    RopeLayout kr = key_rope(c, d);
     rope_forward(ma->k_rope, m->rope_cos_sin, tokens, &kr);
     rmsnorm_forward(ma->latent_norm, ma->latent_rstd, ma->latent, tt_param(tt, lp->kv_a_norm), N, d.rkv,
                     (real)MLA_LATENT_NORM_EPS);
-    linear_forward(ma->kv_b, ma->latent_norm, tt_param(tt, lp->kv_b_proj), N, d.rkv, d.heads * (d.dn + d.dv));
-    assemble_keys_values(la->k, la->v, ma->kv_b, ma->k_rope, N, d);
+    up_projections_forward(m, lp, la, tokens, d);
+}
+
+void mla_recompute_up_projections(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens) {
+    up_projections_forward(m, &m->layers[layer], la, tokens, mla_dims(m));
 }
 
 static void queries_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a, MlaDims d) {

@@ -4,7 +4,7 @@
 # (both dispatchers, the shared-expert overlap), CP, PP (also interleaved with the combined
 # 1F1B schedule) and DP with the distributed optimizer: 3 steps with the uniform method in
 # groups of 1 and of 2, with the block method, and selective recomputation of core_attn,
-# moe_act, layernorm, mlp and shared_experts give the same losses, aux losses and
+# moe_act, layernorm, mlp, shared_experts and mla_up_proj give the same losses, aux losses and
 # gradient norms as the run without recomputation, bit for bit, and save the same weights
 # and optimizer state. The activations a recomputing run plans are smaller; the flags'
 # bad combinations are refused with one line.
@@ -20,7 +20,7 @@ RECOMPUTE=(
     "uniform1|--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
     "uniform2|--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"
     "block3|--recompute-granularity full --recompute-method block --recompute-num-layers 3"
-    "selective|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts"
+    "selective|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts mla_up_proj"
 )
 # name | flags: every family and MoE feature (global_aux_loss, expert bias and jitter read
 # the step's routing so far: a recomputed forward must route as the forward did). Under a
