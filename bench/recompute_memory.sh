@@ -2,8 +2,8 @@
 # bench/recompute_memory.sh [MOETRON] — what activation recomputation saves and costs on the
 # coarse and fine bench models (bench/configs/*.flags): for no recomputation, for
 # --recompute-granularity full with uniform groups of 1 and 2 layers and block 2, and for
-# selective recomputation of each module alone (mlp: the bench models have no dense layer)
-# and of every module, the
+# selective recomputation of each module alone (mlp and mla_up_proj: the bench models have no
+# dense layer and no MLA) and of core_attn + moe + layernorm, the
 # activation memory the trainer plans (its "memory:" line), the whole process's peak RSS
 # (/usr/bin/time's maximum resident set) and the median throughput of steps 2..N (the
 # JSONL log's tokens_per_s), one process, all cores.
@@ -24,7 +24,8 @@ VARIANTS=(
     "moe_act|--recompute-granularity selective --recompute-modules moe_act"
     "layernorm|--recompute-granularity selective --recompute-modules layernorm"
     "shared_experts|--recompute-granularity selective --recompute-modules shared_experts"
-    "selective all|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts mla_up_proj"
+    "moe|--recompute-granularity selective --recompute-modules moe"
+    "core_attn moe layernorm|--recompute-granularity selective --recompute-modules core_attn moe layernorm"
 )
 
 grep -m1 'model name' /proc/cpuinfo

@@ -132,7 +132,7 @@ static const FlagSpec FLAGS[] = {
     F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged; needs --recompute-method and --recompute-num-layers); selective: recompute only the parts --recompute-modules names, in every layer"),
     F("recompute-method", FLAG_STRING, recompute_method, TR, 0, "with --recompute-granularity full: uniform (each model chunk's layers in groups of --recompute-num-layers, one input kept per group) or block (the first --recompute-num-layers layers of each chunk, each keeping its input; the rest keep everything)"),
     F("recompute-num-layers", FLAG_INT, recompute_num_layers, TR, 0, "with --recompute-granularity full: the layers of a uniform group, or the recomputed layers of each chunk (block)"),
-    F("recompute-modules", FLAG_LIST, recompute_modules, TR, 0, "with --recompute-granularity selective: core_attn (attention output), moe_act (routed experts' SwiGLU), layernorm (the norms' outputs), mlp (dense FFN), shared_experts, mla_up_proj (MLA's q, k, v from the latents); one or several"),
+    F("recompute-modules", FLAG_LIST, recompute_modules, TR, 0, "with --recompute-granularity selective: core_attn (attention output), moe_act (routed experts' SwiGLU), layernorm (the norms' outputs), mlp (dense FFN), shared_experts, mla_up_proj (MLA's q, k, v from the latents), moe (the whole MoE block, router to combine); one or several"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     // data
@@ -774,7 +774,7 @@ static void validate_comm_overlap(const Config *c) {
 }
 
 const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES] = {"core_attn", "moe_act", "layernorm", "mlp",
-                                                                 "shared_experts", "mla_up_proj"};
+                                                                 "shared_experts", "mla_up_proj", "moe"};
 
 // --recompute-modules into c->recompute_module_mask.
 static void parse_recompute_modules(Config *c) {
@@ -783,12 +783,9 @@ static void parse_recompute_modules(Config *c) {
     c->recompute_module_mask = 0;
     for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
         int module = lookup(name, RECOMPUTE_MODULE_NAMES, RECOMPUTE_MODULES);
-        if (module < 0 && !strcmp(name, "moe"))
-            config_die("--recompute-modules moe is not built yet: use core_attn, moe_act, layernorm, mlp, "
-                       "shared_experts or mla_up_proj, or --recompute-granularity full");
         if (module < 0)
-            config_die("--recompute-modules %s: use core_attn, moe_act, layernorm, mlp, shared_experts or mla_up_proj",
-                       name);
+            config_die("--recompute-modules %s: use core_attn, moe_act, layernorm, mlp, shared_experts, mla_up_proj "
+                       "or moe", name);
         c->recompute_module_mask |= 1u << module;
     }
 }

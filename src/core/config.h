@@ -196,6 +196,7 @@ typedef enum {
     RECOMPUTE_MLP,             // the dense FFN's gate, up and product
     RECOMPUTE_SHARED_EXPERTS,  // the shared expert's gate, up and product
     RECOMPUTE_MLA_UP_PROJ,     // MLA's up projections: q, k, v and the per-head kv
+    RECOMPUTE_MOE,             // the whole MoE block: router, dispatch, experts, shared expert
     RECOMPUTE_MODULES
 } RecomputeModule;
 extern const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES];

@@ -142,8 +142,10 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     SAVED_OR_ALIAS(bp, gathers_ln2, la->ln2_full, N, H, la->ln2);
     SAVED(bp, la->ffn_out, N_local, H);
     if (is_moe) {
-        plan_moe(bp, &la->moe, a, m, B, T);
-        buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->moe.shared_out);
+        // --recompute-modules moe: the block's buffers are the shared set's (bound after allocation)
+        MoeActs *moe = plan_recomputes(p, RECOMPUTE_MOE) ? &a->recomputed.moe : &la->moe;
+        if (moe == &la->moe) plan_moe(bp, moe, a, m, B, T);
+        buffer_alias(bp, &la->ffn_partial, sp ? workspace : &moe->shared_out);
     } else {
         SAVED_OR_ALIAS(bp, own_mlp, la->mlp.gate, N, p->ffn, a->recomputed.mlp_gate);
         SAVED_OR_ALIAS(bp, own_mlp, la->mlp.up, N, p->ffn, a->recomputed.mlp_up);
@@ -200,6 +202,18 @@ static void bind_recompute_slots(ModelActs *a, const Model *m, const StageChunk 
     }
 }
 
+// --recompute-modules moe, after the allocation: each MoE layer's block state is a copy of the
+// shared one (its buffers, and with expert parallelism one exchange state); what each
+// layer's forward sets on the host (its routing report, counts) stays its own.
+static void bind_recomputed_moe(ModelActs *a, const Model *m, const StageChunk *k) {
+    const LayoutPlan *p = &m->plan;
+    if (!plan_recomputes(p, RECOMPUTE_MOE)) return;
+    MoeActs *shared = &a->recomputed.moe;
+    if (m->ep.comm) ep_layer_prepare(shared, &m->ep, p->experts);
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++)
+        if (m->layers[l].is_moe) a->layers[l].moe = *shared;
+}
+
 // Selective recomputation: one set of the recomputed parts' buffers, which every layer of
 // the chunk shares (each layer's forward writes them and reads them at once; each layer's
 // backward recomputes them just before it reads them: model/stage_pass.c and the blocks).
@@ -235,6 +249,7 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
         WORKSPACE(bp, a->recomputed.mla_v, N, p->width.v);
         WORKSPACE(bp, a->recomputed.mla_kv_b, N, (size_t)p->heads * (m->cfg.qk_head_dim + m->cfg.v_head_dim));
     }
+    if (has_moe && plan_recomputes(p, RECOMPUTE_MOE)) plan_moe(bp, &a->recomputed.moe, a, m, B, T);
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE_ACT))
         WORKSPACE(bp, a->recomputed.moe_act, moe_rows(&m->cfg, p, N_local, N), p->moe_ffn);
 }
@@ -363,6 +378,7 @@ void acts_alloc_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) {
     acts_describe_chunk(a, m, chunk, B, T);
     buffer_plan_allocate(&a->buffers);
     bind_recompute_slots(a, m, &m->plan.chunk[chunk]);
+    bind_recomputed_moe(a, m, &m->plan.chunk[chunk]);
 }
 
 // Copies `count` items of src (when given) into dst and returns dst, or NULL without src.
@@ -386,13 +402,15 @@ const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
 
 void acts_free(ModelActs *a) {
     for (int l = 0; l < a->num_layers; l++) {
-        if (a->recompute_slot_of && a->recompute_slot_of[l]) a->layers[l].moe.ep = NULL;  // the slot's, freed below
+        int shares_ep = (a->recompute_slot_of && a->recompute_slot_of[l]) || a->layers[l].moe.ep == a->recomputed.moe.ep;
+        if (shares_ep) a->layers[l].moe.ep = NULL;  // a slot's or the shared block's, freed below
         ep_layer_free(&a->layers[l].moe);
         dispatch_plan_free(&a->layers[l].moe.plan);
         free(a->layers[l].moe.route.report);  // host memory: the router's downloaded report
         free(a->layers[l].moe.counts_before);
     }
     for (int s = 0; s < a->recompute_slot_count; s++) ep_layer_free(&a->recompute_slots[s].moe);
+    ep_layer_free(&a->recomputed.moe);
     free(a->layers);
     free(a->recompute_slots);
     free(a->recompute_slot_of);

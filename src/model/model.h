@@ -141,6 +141,7 @@ typedef struct {
         real *shared_gate, *shared_up, *shared_act;    // shared_experts
         real *moe_act;                                 // moe_act
         real *mla_q, *mla_k, *mla_v, *mla_kv_b;        // mla_up_proj
+        MoeActs moe;                                   // moe: every MoE layer's block buffers
     } recomputed;
     LayerActs *recompute_slots;  // the recompute groups' shared layer buffers (model/activations.c), or NULL
     int recompute_slot_count;

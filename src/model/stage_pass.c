@@ -198,6 +198,9 @@ static int backward_advance(StagePass *s) {
         if (s->phase == PHASE_BEGIN) {
             if (plan_recompute_last(&m->plan, l)) recompute_group(s, l);
             if (plan_recomputes(&m->plan, RECOMPUTE_LAYERNORM)) recompute_norms(m, l, la, a);
+            // --recompute-modules moe: the block's forward again (its buffers are shared by the layers)
+            if (m->layers[l].is_moe && plan_recomputes(&m->plan, RECOMPUTE_MOE))
+                moe_forward(m, l, la, &a->input, token_index_of(s), PASS_RECOMPUTE);
             if (!m->layers[l].is_moe) {
                 mlp_backward(m, l, la, a, a->d_resid);
                 backward_layer_done(s);

@@ -4,7 +4,8 @@
 # (both dispatchers, the shared-expert overlap), CP, PP (also interleaved with the combined
 # 1F1B schedule) and DP with the distributed optimizer: 3 steps with the uniform method in
 # groups of 1 and of 2, with the block method, and selective recomputation of core_attn,
-# moe_act, layernorm, mlp, shared_experts and mla_up_proj give the same losses, aux losses and
+# moe_act, layernorm, mlp, shared_experts and mla_up_proj, and of moe (the whole MoE block)
+# with layernorm give the same losses, aux losses and
 # gradient norms as the run without recomputation, bit for bit, and save the same weights
 # and optimizer state. The activations a recomputing run plans are smaller; the flags'
 # bad combinations are refused with one line.
@@ -21,6 +22,7 @@ RECOMPUTE=(
     "uniform2|--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"
     "block3|--recompute-granularity full --recompute-method block --recompute-num-layers 3"
     "selective|--recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts mla_up_proj"
+    "selective_moe|--recompute-granularity selective --recompute-modules moe layernorm"
 )
 # name | flags: every family and MoE feature (global_aux_loss, expert bias and jitter read
 # the step's routing so far: a recomputed forward must route as the forward did). Under a
@@ -132,8 +134,6 @@ expect_error recompute_method_needs_full "recompute-granularity full" -- "$M" tr
 expect_error recompute_bad_granularity "recompute-granularity" -- "$M" train "${TINY[@]}" --recompute-granularity all
 expect_error recompute_selective_no_method "need --recompute-granularity full" -- "$M" train "${TINY[@]}" \
     --recompute-granularity selective --recompute-method uniform
-expect_error recompute_module_not_built "not built yet" -- "$M" train "${TINY[@]}" --recompute-granularity selective \
-    --recompute-modules moe
 expect_error recompute_bad_module "recompute-modules attention" -- "$M" train "${TINY[@]}" \
     --recompute-granularity selective --recompute-modules attention
 expect_error recompute_modules_need_selective "needs --recompute-granularity selective" -- "$M" train "${TINY[@]}" \
