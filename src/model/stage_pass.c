@@ -162,6 +162,19 @@ static void recompute_norms(const Model *m, int l, LayerActs *la, const ModelAct
     rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H, eps);
 }
 
+// What layer l's backward reads and the forward did not keep: its recompute group (full,
+// when l is the group's last layer), or the selective modules the layer as a whole needs
+// (the norms, the MoE block; the other modules are recomputed inside their blocks' backward).
+static void recompute_before_backward(StagePass *s, int l) {
+    Model *m = s->m;
+    ModelActs *a = s->a;
+    LayerActs *la = &a->layers[l];
+    if (plan_recompute_last(&m->plan, l)) recompute_group(s, l);
+    if (plan_recomputes(&m->plan, RECOMPUTE_LAYERNORM)) recompute_norms(m, l, la, a);
+    if (m->layers[l].is_moe && plan_recomputes(&m->plan, RECOMPUTE_MOE))
+        moe_forward(m, l, la, &a->input, token_index_of(s), PASS_RECOMPUTE);
+}
+
 // ---- backward -----------------------------------------------------------------------------
 
 // x_out = x_mid + ffn(RMSNorm(x_mid)): with d_resid = d(x_mid) after the FFN's backward,
@@ -196,11 +209,7 @@ static int backward_advance(StagePass *s) {
         int l = s->layer;
         LayerActs *la = &a->layers[l];
         if (s->phase == PHASE_BEGIN) {
-            if (plan_recompute_last(&m->plan, l)) recompute_group(s, l);
-            if (plan_recomputes(&m->plan, RECOMPUTE_LAYERNORM)) recompute_norms(m, l, la, a);
-            // --recompute-modules moe: the block's forward again (its buffers are shared by the layers)
-            if (m->layers[l].is_moe && plan_recomputes(&m->plan, RECOMPUTE_MOE))
-                moe_forward(m, l, la, &a->input, token_index_of(s), PASS_RECOMPUTE);
+            recompute_before_backward(s, l);
             if (!m->layers[l].is_moe) {
                 mlp_backward(m, l, la, a, a->d_resid);
                 backward_layer_done(s);
