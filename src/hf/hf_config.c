@@ -175,8 +175,8 @@ static int flag_values_equal(const Config *a, const Config *b, const FlagSpec *f
     return f->type == FLAG_STRING ? strcmp(x, y) == 0 : memcmp(x, y, f->size) == 0;
 }
 
-// Flags of the launch rather than of the run: a checkpoint resumes on any process layout
-// and any device.
+// Flags of the launch rather than of the run: a checkpoint resumes on any process layout,
+// any device and any activation recomputation.
 static int is_launch_flag(const char *name) {
     static const char *const launch[] = {"load", "device", "bf16", "tensor-model-parallel-size", "context-parallel-size",
                                          "pipeline-model-parallel-size", "expert-model-parallel-size",
@@ -188,7 +188,8 @@ static int is_launch_flag(const char *name) {
                                          "num-virtual-stages-per-pipeline-rank",
                                          "microbatch-group-size-per-virtual-pipeline-stage",
                                          "moe-shared-expert-overlap", "overlap-moe-expert-parallel-comm",
-                                         "delay-wgrad-compute"};
+                                         "delay-wgrad-compute", "recompute-granularity", "recompute-method",
+                                         "recompute-num-layers", "recompute-modules"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
         if (!strcmp(name, launch[i])) return 1;
     return 0;

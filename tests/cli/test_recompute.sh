@@ -105,6 +105,21 @@ for c in "${CASES[@]}"; do
     maybe_full "$name" recompute_case "$name" env -- $flags
 done
 
+# Recomputation is the launch's choice, not the checkpoint's: a checkpoint saved with full
+# recomputation resumes without it, one saved without resumes with selective, and both take
+# the same next step.
+resumed="$work/deepseek_mla_bias_shared"
+launch=(env)
+run "$resumed/resume_plain" --load "$resumed/uniform1/ck" --train-iters 4
+run "$resumed/resume_selective" --load "$resumed/base/ck" --train-iters 4 --recompute-granularity selective \
+    --recompute-modules moe layernorm
+plain=$(step_numbers "$resumed/resume_plain/log.jsonl") selective=$(step_numbers "$resumed/resume_selective/log.jsonl")
+if [ -n "$plain" ] && [ "$plain" = "$selective" ]; then
+    ok recompute_is_the_launchs
+else
+    fail recompute_is_the_launchs "resumed steps differ or failed: '$plain' vs '$selective' $(grep -h -m1 error "$resumed"/resume_*/out)"
+fi
+
 # The plan: a model whose activations dominate keeps less with recomputation.
 launch=(env)
 run "$work/mem_base" --num-layers 6 --seq-length 64 --train-iters 1
