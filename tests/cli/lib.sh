@@ -4,6 +4,9 @@ M=${MOETRON:?set MOETRON to the moetron binary}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# MLA: a tiny Multi-Latent Attention (the flags the model-family tests share)
+MLA=(--multi-latent-attention --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 8 --v-head-dim 12)
+
 ok() { echo "ok $1"; }
 fail() { echo "FAIL $1: $2"; }
 

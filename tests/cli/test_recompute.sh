@@ -16,7 +16,6 @@ source "$(dirname "$0")/mpi_lib.sh"
 TINY=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
       --global-batch-size 4 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 --ffn-hidden-size 64
       --lr-warmup-iters 1 --mock-data-tokens 16384 --train-iters 3 --log-interval 1 --save-interval 3)
-MLA=(--multi-latent-attention --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 8 --v-head-dim 12)
 RECOMPUTE=(
     "uniform1|--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
     "uniform2|--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"

@@ -15,7 +15,6 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none  # MPI's own kernel copies 
 TINY=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
       --global-batch-size 4 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 --ffn-hidden-size 64
       --eval-interval 2 --eval-iters 1 --lr-warmup-iters 1 --mock-data-tokens 16384)
-MLA=(--multi-latent-attention --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 8 --v-head-dim 12)
 # name | flags: every family and MoE feature
 CASES=(
     "dense|--num-experts 0"
