@@ -72,6 +72,8 @@ run_python hf_export "torch transformers safetensors" "$root/tests/conformance/h
 run_python megatron_router "torch safetensors megatron" "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
 run_python megatron_gpt_dataset "numpy torch megatron" "$root/tests/conformance/megatron_gpt_dataset.py" "$MOETRON"
 run_python megatron_indexed "numpy torch megatron" "$root/tests/conformance/megatron_indexed.py" "$bin/indexed_probe"
+# The narrow number formats and AdamW's narrow moments against torch's casts and FusedAdam's scaling.
+run_python precision_optimizer "torch numpy safetensors" "$root/tests/conformance/precision_optimizer.py" "$bin/moment_probe"
 # The byte-level BPE tokenizer (build/tokenize_probe, moetron generate) against Hugging Face tokenizers.
 run_python tokenizer_conformance "tokenizers" "$root/tests/conformance/tokenizer_conformance.py" "$bin/tokenize_probe"
 run_python prepare_conformance "tokenizers megatron numpy" "$root/tests/conformance/prepare_conformance.py" "$MOETRON"

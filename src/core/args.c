@@ -135,6 +135,11 @@ static const FlagSpec FLAGS[] = {
     F("recompute-modules", FLAG_LIST, recompute_modules, TR, 0, "with --recompute-granularity selective: core_attn (attention output), moe_act (routed experts' SwiGLU), layernorm (the norms' outputs), mlp (dense FFN), shared_experts, mla_up_proj (MLA's q, k, v from the latents), moe (the whole MoE block, router to combine); one or several"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
+    F("use-precision-aware-optimizer", FLAG_BOOL, use_precision_aware_optimizer, TR, 0, "let --exp-avg-dtype / --exp-avg-sq-dtype store the AdamW moments narrower, as Transformer Engine's FusedAdam (needs --use-distributed-optimizer, as in Megatron)"),
+    F("main-grads-dtype", FLAG_STRING, main_grads_dtype, TR, 0, "fp32: the gradients the optimizer reads (moetron's are fp32; bf16 is refused)"),
+    F("main-params-dtype", FLAG_STRING, main_params_dtype, TR, 0, "fp32: the optimizer's copy of the weights (moetron's weights are fp32 and are their own, as Megatron's fp32 weights are; fp16 is refused)"),
+    F("exp-avg-dtype", FLAG_STRING, exp_avg_dtype, TR, 0, "with --use-precision-aware-optimizer: fp32, bf16, fp16 or fp8 (E4M3): how AdamW's first moment is stored (fp16 and fp8 with a scale per tensor shard, from its largest magnitude each step)"),
+    F("exp-avg-sq-dtype", FLAG_STRING, exp_avg_sq_dtype, TR, 0, "with --use-precision-aware-optimizer: fp32, bf16, fp16 or fp8: how AdamW's second moment is stored (as --exp-avg-dtype)"),
     // data
     F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
     F("data-path", FLAG_LIST, data_path, DT, 0, "a text file (tokenized with --tokenizer-model, else read as bytes), or Megatron .bin/.idx prefixes with optional weights: P, or 0.3 P1 0.7 P2"),
@@ -206,6 +211,10 @@ void config_defaults(Config *c) {
     strcpy(c->moe_token_dispatcher_type, "alltoall");
     strcpy(c->cp_comm_type, "p2p");
     strcpy(c->recompute_modules, "core_attn");
+    strcpy(c->main_grads_dtype, "fp32");
+    strcpy(c->main_params_dtype, "fp32");
+    strcpy(c->exp_avg_dtype, "fp32");
+    strcpy(c->exp_avg_sq_dtype, "fp32");
     strcpy(c->device, "auto");
     strcpy(c->max_shard_size, "5GB");
     strcpy(c->normalization, "RMSNorm");
@@ -776,6 +785,29 @@ static void validate_comm_overlap(const Config *c) {
 const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES] = {"core_attn", "moe_act", "layernorm", "mlp",
                                                                  "shared_experts", "mla_up_proj", "moe"};
 
+// --use-precision-aware-optimizer and the dtypes of the optimizer's state (Megatron's
+// checks, and what moetron's fp32 weights and gradients leave to choose).
+static void validate_precision_optimizer(Config *c) {
+    static const char *const moments[] = {"fp32", "bf16", "fp16", "fp8"};  // MomentDtype order
+    const char *flags[2] = {"exp-avg-dtype", "exp-avg-sq-dtype"}, *values[2] = {c->exp_avg_dtype, c->exp_avg_sq_dtype};
+    for (int k = 0; k < 2; k++) {
+        c->moment_dtype[k] = lookup(values[k], moments, 4);
+        if (c->moment_dtype[k] < 0) config_die("--%s %s: use fp32, bf16, fp16 or fp8", flags[k], values[k]);
+        if (c->moment_dtype[k] && !c->use_precision_aware_optimizer)
+            config_die("--%s %s needs --use-precision-aware-optimizer (as in Megatron)", flags[k], values[k]);
+    }
+    if (strcmp(c->main_grads_dtype, "fp32"))
+        config_die("--main-grads-dtype %s: moetron accumulates and reduces gradients in fp32 (its weights are fp32, "
+                   "and so are Megatron's main gradients then); use fp32", c->main_grads_dtype);
+    if (strcmp(c->main_params_dtype, "fp32"))
+        config_die("--main-params-dtype %s: moetron's weights are fp32 and are the optimizer's own (there is no "
+                   "16-bit model copy whose fp32 master could shrink, as with Megatron's fp32 weights); use fp32",
+                   c->main_params_dtype);
+    if (c->use_precision_aware_optimizer && !c->use_distributed_optimizer)
+        config_die("--use-precision-aware-optimizer needs --use-distributed-optimizer (as in Megatron; it works on "
+                   "one process too)");
+}
+
 // --recompute-modules into c->recompute_module_mask.
 static void parse_recompute_modules(Config *c) {
     char list[sizeof(c->recompute_modules)], *save;
@@ -1014,6 +1046,7 @@ void config_validate(Config *c) {
     validate_pipeline(c);
     validate_comm_overlap(c);
     validate_recompute(c);
+    validate_precision_optimizer(c);
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");
     if (c->top_k < 0) config_die("--top-k must be >= 0");

@@ -113,6 +113,12 @@ typedef struct {
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
+    // --use-precision-aware-optimizer (docs/memory.md): the AdamW moments stored narrower
+    int use_precision_aware_optimizer;
+    char main_grads_dtype[8];       // fp32 (moetron's gradients are fp32)
+    char main_params_dtype[8];      // fp32 (moetron's weights are fp32: their own main parameters)
+    char exp_avg_dtype[8];          // fp32 | bf16 | fp16 | fp8
+    char exp_avg_sq_dtype[8];       // fp32 | bf16 | fp16 | fp8
     char device[16];              // cpu | cuda | auto
     int bf16;                     // GEMMs in bf16 with fp32 accumulation (cuda)
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
@@ -172,6 +178,7 @@ typedef struct {
     int router_fp64;
     int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
     int cp_comm[MT_MAX_LAYERS];    // per layer: its --cp-comm-type (CpCommType)
+    int moment_dtype[2];           // MomentDtype (ops/ops.h) of exp_avg, exp_avg_sq
     unsigned recompute_module_mask; // selective recomputation: 1 << RecomputeModule of each listed
     int cp_a2a_size;               // a2a+p2p: the inner (all-to-all) group of --hierarchical-context-parallel-sizes, else 1
     LrDecayStyle decay_style;

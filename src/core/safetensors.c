@@ -5,6 +5,7 @@
 
 #include "device.h"
 #include "fileio.h"
+#include "float_formats.h"
 #include "json.h"
 
 #include <errno.h>
@@ -387,36 +388,6 @@ int64_t st_numel(const StTensor *t) {
 
 const void *st_data(const StFile *f, const StTensor *t) { return f->bytes + f->data_start + t->begin; }
 
-static float bits_to_float(uint32_t bits) {
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-// IEEE half: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
-static float f16_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    if (exponent == 0x1F) return bits_to_float(sign | 0x7F800000u | (mantissa << 13));  // inf / NaN
-    if (exponent != 0) return bits_to_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
-    float subnormal = (float)mantissa * 5.9604644775390625e-08f;  // mantissa * 2^-24
-    return sign ? -subnormal : subnormal;
-}
-
-// FP8 E4M3 ("fn" variant): 1 sign, 4 exponent (bias 7), 3 mantissa bits, no
-// infinities, S.1111.111 is NaN.
-static float f8_e4m3_to_float(uint8_t b) {
-    int exponent = (b >> 3) & 0xF, mantissa = b & 0x7;
-    float magnitude;
-    if (exponent == 0xF && mantissa == 0x7) magnitude = NAN;
-    else if (exponent == 0) magnitude = ldexpf((float)mantissa, -9);  // (m/8) * 2^-6
-    else magnitude = ldexpf(1.0f + (float)mantissa / 8.0f, exponent - 7);
-    return (b & 0x80) ? -magnitude : magnitude;
-}
-
-// FP8 E5M2 is the top byte of an IEEE half.
-static float f8_e5m2_to_float(uint8_t b) { return f16_to_float((uint16_t)(b << 8)); }
-
 // Hands the file pages of bytes [begin, end) of the data back: they leave the process's
 // resident memory (a later read maps them in again from the file).
 static void release_pages(const StFile *f, uint64_t begin, uint64_t end) {
@@ -459,11 +430,11 @@ static int convert_to_real(const StFile *f, const StTensor *t, real *out) {
         case ST_BF16: {
             uint16_t h;
             memcpy(&h, src + 2 * i, 2);
-            out[i] = (real)bits_to_float((uint32_t)h << 16);
+            out[i] = (real)bf16_to_float(h);
             break;
         }
-        case ST_F8_E4M3: out[i] = (real)f8_e4m3_to_float(src[i]); break;
-        case ST_F8_E5M2: out[i] = (real)f8_e5m2_to_float(src[i]); break;
+        case ST_F8_E4M3: out[i] = (real)e4m3_to_float(src[i]); break;
+        case ST_F8_E5M2: out[i] = (real)e5m2_to_float(src[i]); break;
         default: return -1;  // integer and bool tensors are not real-valued
         }
     }
@@ -537,13 +508,7 @@ void stw_add_real(StWriter *w, const char *name, int ndim, const int64_t *shape,
     t->reals = t->owned_copy;
 }
 
-uint16_t st_float_to_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x0040);  // NaN: keep it quiet
-    uint32_t round = 0x7FFFu + ((bits >> 16) & 1);  // ties to even
-    return (uint16_t)((bits + round) >> 16);
-}
+uint16_t st_float_to_bf16(float v) { return bf16_from_float(v); }
 
 void stw_meta(StWriter *w, const char *key, const char *value) {
     for (int i = 0; i < w->n_meta; i++) {

@@ -363,7 +363,8 @@ static const StTensor *ws_read_windows(WeightSource *ws, const char *name, const
         int64_t from = MT_MAX(begin, win->begin), to = MT_MIN(end, win->end);
         if (to <= from) continue;
         read_piece_range(ws, file, name, t, 0, d, from - begin, to - begin, ws->staging);
-        device_upload(win->dest + (from - win->begin), ws->staging, (size_t)(to - from) * sizeof(real));
+        if (g->store) g->store(g->store_ctx, from, ws->staging, (size_t)(to - from));
+        else device_upload(win->dest + (from - win->begin), ws->staging, (size_t)(to - from) * sizeof(real));
     }
     ws_mark_used(ws, file, t);
     return t;

@@ -32,6 +32,10 @@ typedef struct {
     real *dest;           // a flat buffer laid out like m's parameters (when n_windows is 0)
     int n_windows;        // > 0: only the elements inside these windows are read, into them
     HfWindow windows[HF_MAX_WINDOWS];
+    // With n_windows > 0 and store set, each window's part of a tensor goes to
+    // store(store_ctx, first flat element, host values, count) instead of the window's dest.
+    void (*store)(void *store_ctx, int64_t flat, const real *values, size_t count);
+    void *store_ctx;
     int optional;         // the group may be absent as a whole, never in part
     int present;          // out: the group was there (always 1 for a required group)
 } HfTensorGroup;

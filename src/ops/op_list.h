@@ -92,6 +92,10 @@
     OP(void, adamw_update, adamw_update,                                                                             \
        (real *p, const real *g, real *m, real *v, size_t n, int decay, const AdamWStep *h),                       \
        (p, g, m, v, n, decay, h))                                                                                    \
+    OP(void, adamw_update_scaled, adamw_update_scaled,                                                               \
+       (real *p, const real *g, void *m, void *v, MomentScales *s, size_t n, int decay, const AdamWStep *h,         \
+        const MomentDtype dtype[ADAMW_MOMENTS]),                                                                     \
+       (p, g, m, v, s, n, decay, h, dtype))                                                                          \
     OP(void, moe_router_logits, moe_router_logits, (real *logits, const real *x, const real *W, int N, int H, int E), \
        (logits, x, W, N, H, E))                                                                                      \
     OP(void, moe_route_tokens, moe_route_tokens,                                                                     \

@@ -145,6 +145,26 @@ typedef struct {
 void adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,
                   const AdamWStep *h);
 
+// How a moment is stored with --use-precision-aware-optimizer (--exp-avg-dtype,
+// --exp-avg-sq-dtype): real (as adamw_update), bfloat16, IEEE half with a scale, or FP8 E4M3
+// with a scale (the arithmetic: ops/adamw_moments.h).
+typedef enum { MOMENT_FP32, MOMENT_BF16, MOMENT_FP16, MOMENT_FP8, MOMENT_DTYPES } MomentDtype;
+enum { ADAMW_MOMENTS = 2 };  // exp_avg, exp_avg_sq
+// One contiguous range's scale per moment (tensor memory), as Transformer Engine's FusedAdam
+// keeps one per parameter: fp16: the stored values times scale are the moment; fp8: the
+// moment times scale is what was stored (the quantizer's scale); 1 otherwise. absmax is the
+// op's scratch.
+typedef struct {
+    float scale[ADAMW_MOMENTS];
+    float absmax[ADAMW_MOMENTS];
+} MomentScales;
+// adamw_update with the moments m, v (n) stored as dtype[0], dtype[1]: each decoded with its
+// scale, stepped in the compute type, its new scale taken from the new moment's largest
+// magnitude (fp16: |m| max / (65504 / 2); fp8: 448 / |m| max; 1 when every value is 0), and
+// stored with it (rounded to nearest even; FP8 saturating). s: tensor memory, updated.
+void adamw_update_scaled(real *p, const real *g, void *m, void *v, MomentScales *s, size_t n, int decay,
+                         const AdamWStep *h, const MomentDtype dtype[ADAMW_MOMENTS]);
+
 // ---- MoE: router logits, per-token routing, permute / unpermute ---------------------------
 // logits (N,E) = x (N,H) · W (E,H)ᵀ, each dot product summed in double over h = 0..H−1 in
 // order and stored as real (the router in fp64, --moe-router-dtype fp64)

@@ -16,6 +16,7 @@
 #include "core/safetensors.h"
 #include "hf/hf_config.h"
 #include "hf/hf_weights.h"
+#include "ops/adamw_math.h"
 #include "tokenizer/run_tokenizer.h"
 
 #define CKPT_PATH_MAX (MT_PATH_MAX + 64)
@@ -228,32 +229,57 @@ static void write_model_files(const char *dir, const Model *m, const CkptSource 
 // ---- optimizer state, trainer state, tokenizer ------------------------------------------
 
 // The tensor groups of optimizer.safetensors, in the order each tensor's entries are
-// stored: the AdamW moments, and with BF16 model weights the F32 master weights (what
-// training resumes from).
-enum { OPT_GROUPS = 3 };
-static const struct {
-    const char *prefix;
+// stored: the AdamW moments (decoded to real values, whatever the run stores them as), with
+// BF16 model weights the F32 master weights (what training resumes from), and with fp16 /
+// fp8 moments each element's scale, in groups named after the dtype (exp_avg_fp8_scale.).
+enum { OPT_MAX_GROUPS = 2 + 1 + 2 * ADAMW_MOMENTS };
+typedef struct {
+    char prefix[32];
     int buffer;
-} opt_groups[OPT_GROUPS] = {{"exp_avg.", CKPT_EXP_AVG}, {"exp_avg_sq.", CKPT_EXP_AVG_SQ}, {"master.", CKPT_PARAMS}};
+} OptGroup;
 
-static int optimizer_group_count(const Model *m) { return m->cfg.ckpt_bf16 ? 3 : 2; }
+static const char *const MOMENT_PREFIX[ADAMW_MOMENTS] = {"exp_avg", "exp_avg_sq"};
+
+static OptGroup scale_group(int k, MomentDtype dtype) {
+    OptGroup g = {.buffer = CKPT_EXP_AVG_SCALE + k};
+    snprintf(g.prefix, sizeof(g.prefix), "%s_%s_scale.", MOMENT_PREFIX[k], dtype == MOMENT_FP8 ? "fp8" : "fp16");
+    return g;
+}
+
+// The groups a save of a run with c writes; their number.
+static int saved_groups(const Config *c, OptGroup *out) {
+    int n = 0;
+    out[n++] = (OptGroup){"exp_avg.", CKPT_EXP_AVG};
+    out[n++] = (OptGroup){"exp_avg_sq.", CKPT_EXP_AVG_SQ};
+    if (c->ckpt_bf16) out[n++] = (OptGroup){"master.", CKPT_PARAMS};
+    for (int k = 0; k < ADAMW_MOMENTS; k++)
+        if (moment_scaled((MomentDtype)c->moment_dtype[k])) out[n++] = scale_group(k, (MomentDtype)c->moment_dtype[k]);
+    return n;
+}
+
+void ckpt_read_moment_piece(const Optimizer *opt, int buffer, int64_t flat, size_t count, real *host) {
+    int scales = buffer >= CKPT_EXP_AVG_SCALE;
+    int k = buffer - (scales ? CKPT_EXP_AVG_SCALE : CKPT_EXP_AVG);
+    optimizer_read(opt, k, scales ? MOMENT_SCALES : MOMENT_VALUES, flat, count, host);
+}
 
 static void write_optimizer_file(const char *path, const Model *m, const CkptSource *src) {
-    int n_groups = optimizer_group_count(m);
+    OptGroup groups[OPT_MAX_GROUPS];
+    int n_groups = saved_groups(&m->cfg, groups);
     StWriter w;
     stw_init(&w);
-    char name[MT_NAME_MAX + 16];
+    char name[sizeof(groups) + MT_NAME_MAX];  // more than any prefix and name
     for (int i = 0; src->writer && i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         for (int g = 0; g < n_groups; g++) {
-            snprintf(name, sizeof(name), "%s%s", opt_groups[g].prefix, d->name);
+            snprintf(name, sizeof(name), "%s%s", groups[g].prefix, d->name);
             stw_declare(&w, name, ST_F32, d->ndim, d->shape);
         }
     }
     if (src->writer) stream_open(&w, path);
     for (int i = 0; i < m->tt.count; i++)
         for (int g = 0; g < n_groups; g++) {
-            const real *v = src->values(src->ctx, i, opt_groups[g].buffer);
+            const real *v = src->values(src->ctx, i, groups[g].buffer);
             if (src->writer) stw_stream_values(&w, v, tensor_numel(&m->tt.descs[i]));
         }
     if (src->writer) stream_close(&w, path);
@@ -578,10 +604,8 @@ typedef struct {
 static const real *local_values(void *ctx, int tensor, int buffer) {
     const LocalTensors *l = ctx;
     const TensorDesc *d = &l->m->tt.descs[tensor];
-    const real *src = buffer == CKPT_PARAMS ? l->m->tt.params
-                      : buffer == CKPT_EXP_AVG ? l->opt->exp_avg
-                                               : l->opt->exp_avg_sq;
-    device_download(l->staging, src + d->offset, d->numel * sizeof(real));
+    if (buffer == CKPT_PARAMS) device_download(l->staging, l->m->tt.params + d->offset, d->numel * sizeof(real));
+    else ckpt_read_moment_piece(l->opt, buffer, (int64_t)d->offset, d->numel, l->staging);
     return l->staging;
 }
 
@@ -684,27 +708,60 @@ void checkpoint_resolve(char *out, const char *dir) {
     checkpoint_verify_checksums(out);
 }
 
+// What a group of optimizer.safetensors is loaded into: a moment's values or scales (of
+// the dtype this run stores it as; the other dtype's scales are read and dropped).
+typedef struct {
+    Optimizer *opt;
+    int k;
+    int use;  // 0: drop
+} MomentSink;
+
+static void store_moment_values(void *ctx, int64_t flat, const real *values, size_t count) {
+    MomentSink *s = ctx;
+    optimizer_load_values(s->opt, s->k, flat, count, values);
+}
+
+static void store_moment_scales(void *ctx, int64_t flat, const real *values, size_t count) {
+    MomentSink *s = ctx;
+    if (s->use) optimizer_load_scales(s->opt, s->k, flat, count, values);
+}
+
 // The moments, and the F32 master weights when the checkpoint has them: training resumes
-// from those, not from the (possibly BF16) model file.
-// The moments land in opt's ranges (its shards: element p of range r at moment base(r) +
-// p - begin), the master weights in the parameters.
+// from those, not from the (possibly BF16) model file. The moments land in opt's ranges
+// (its shards), stored as opt stores them; the scales come first (groups are read one
+// after the other), so that a moment saved by the same layout gets its bits back.
 static void load_optimizer(const char *dir, Model *m, Optimizer *opt) {
     char path[CKPT_PATH_MAX + 64];
     snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
-    HfTensorGroup groups[OPT_GROUPS];
-    for (int g = 0; g < OPT_GROUPS; g++) {
-        groups[g] = (HfTensorGroup){.prefix = opt_groups[g].prefix};
-        if (opt_groups[g].buffer == CKPT_PARAMS) {
-            groups[g].dest = m->tt.params, groups[g].optional = 1;
-            continue;
+    HfTensorGroup groups[OPT_MAX_GROUPS + ADAMW_MOMENTS];
+    MomentSink sinks[3 * ADAMW_MOMENTS];
+    OptGroup scale_groups[2 * ADAMW_MOMENTS];
+    int n = 0, n_sinks = 0;
+    for (int k = 0; k < ADAMW_MOMENTS; k++)
+        for (int fp8 = 0; fp8 <= 1; fp8++) {
+            MomentDtype dtype = fp8 ? MOMENT_FP8 : MOMENT_FP16;
+            scale_groups[2 * k + fp8] = scale_group(k, dtype);
+            sinks[n_sinks] = (MomentSink){opt, k, opt->dtype[k] == dtype};
+            groups[n++] = (HfTensorGroup){.prefix = scale_groups[2 * k + fp8].prefix, .optional = 1,
+                                          .store = store_moment_scales, .store_ctx = &sinks[n_sinks++]};
         }
-        real *moments = opt_groups[g].buffer == CKPT_EXP_AVG ? opt->exp_avg : opt->exp_avg_sq;
+    for (int k = 0; k < ADAMW_MOMENTS; k++) {
+        sinks[n_sinks] = (MomentSink){opt, k, 1};
+        groups[n] = (HfTensorGroup){.prefix = k ? "exp_avg_sq." : "exp_avg.", .n_windows = opt->n_ranges,
+                                    .store = store_moment_values, .store_ctx = &sinks[n_sinks++]};
+        for (int r = 0; r < opt->n_ranges; r++)
+            groups[n].windows[r] = (HfWindow){opt->ranges[r].begin, opt->ranges[r].end, NULL};
+        n++;
+    }
+    groups[n++] = (HfTensorGroup){.prefix = "master.", .dest = m->tt.params, .optional = 1};
+    for (int g = 0; g < 2 * ADAMW_MOMENTS; g++) {
         groups[g].n_windows = opt->n_ranges;
         for (int r = 0; r < opt->n_ranges; r++)
-            groups[g].windows[r] = (HfWindow){opt->ranges[r].begin, opt->ranges[r].end,
-                                              moments + optimizer_moment_base(opt, r)};
+            groups[g].windows[r] = (HfWindow){opt->ranges[r].begin, opt->ranges[r].end, NULL};
     }
-    hf_load_tensor_groups(path, m, groups, OPT_GROUPS);
+    optimizer_load_begin(opt);
+    hf_load_tensor_groups(path, m, groups, n);
+    optimizer_load_end(opt);
 }
 
 void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *optimizer_step) {

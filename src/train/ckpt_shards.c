@@ -41,13 +41,14 @@ static void offered_range(const CkptShards *s, const TensorDesc *d, int buffer, 
     if (to > from) *first = from - begin, *count = to - from;
 }
 
-// Where element `first` of this rank's piece of buffer `buffer` of local tensor d lives.
-static const real *piece_address(const CkptShards *s, const TensorDesc *d, int buffer, int64_t first) {
-    if (buffer == CKPT_PARAMS) return s->local->tt.params + d->offset + first;
-    int r = region_of(s, d);
-    const FlatRange *held = &s->opt->ranges[r];
-    const real *moments = buffer == CKPT_EXP_AVG ? s->opt->exp_avg : s->opt->exp_avg_sq;
-    return moments + optimizer_moment_base(s->opt, r) + ((int64_t)d->offset + first - held->begin);
+// Elements [first, first + count) of this rank's piece of buffer `buffer` of local tensor d,
+// downloaded into host memory.
+static void download_piece(const CkptShards *s, const TensorDesc *d, int buffer, int64_t first, int64_t count,
+                           real *host) {
+    if (buffer == CKPT_PARAMS)
+        device_download(host, s->local->tt.params + d->offset + first, (size_t)count * sizeof(real));
+    else
+        ckpt_read_moment_piece(s->opt, buffer, (int64_t)d->offset + first, (size_t)count, host);
 }
 
 // The world rank of rank 0 of each region's group: which data-parallel replica this rank is in.
@@ -192,8 +193,7 @@ static const real *gathered_values(void *ctx, int g, int buffer) {
     int whole_on_0 = range_of(held_at(s, 0, g), buffer)[RANGE_COUNT] == (int64_t)global->numel;
     real *mine = whole_on_0 && me == 0 ? s->staging : s->sent;
     if (range[RANGE_COUNT])
-        device_download(mine, piece_address(s, &s->local->tt.descs[li], buffer, range[RANGE_FIRST]),
-                        (size_t)range[RANGE_COUNT] * sizeof(real));
+        download_piece(s, &s->local->tt.descs[li], buffer, range[RANGE_FIRST], range[RANGE_COUNT], mine);
     if (whole_on_0) return me == 0 ? mine : NULL;
     int64_t piece_numel = (int64_t)global->numel / s->parts_of[g];
     for (int q = 0; q < s->world.size; q++) {

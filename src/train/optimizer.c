@@ -5,9 +5,27 @@
 #include <string.h>
 
 #include "core/profile.h"
-#include "ops/ops.h"
+#include "ops/adamw_math.h"
 
-void optimizer_init_ranges(Optimizer *o, const FlatRange *ranges, int n_ranges) {
+// The fragments of the ranges: each trained tensor's part of each range, in flat order.
+static void find_fragments(Optimizer *o, const TensorTable *tt) {
+    o->fragments = mt_malloc((size_t)MT_MAX(tt->count * o->n_ranges, 1) * sizeof(OptFragment));
+    o->n_fragments = 0;
+    for (int r = 0; r < o->n_ranges; r++)
+        for (int i = 0; i < tt->count; i++) {
+            const TensorDesc *d = &tt->descs[i];
+            if (d->flags & TENSOR_NOT_TRAINED) continue;  // e.g. the router expert bias
+            int64_t from = MT_MAX((int64_t)d->offset, o->ranges[r].begin);
+            int64_t to = MT_MIN((int64_t)(d->offset + d->numel), o->ranges[r].end);
+            if (from >= to) continue;
+            o->fragments[o->n_fragments++] = (OptFragment){from, to, r, (d->flags & TENSOR_DECAY) != 0};
+        }
+}
+
+static int any_narrow(const Optimizer *o) { return o->dtype[0] != MOMENT_FP32 || o->dtype[1] != MOMENT_FP32; }
+
+void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange *ranges, int n_ranges,
+                           const MomentDtype *dtype) {
     MT_ASSERT(n_ranges >= 1 && n_ranges <= OPT_MAX_RANGES);
     memset(o, 0, sizeof(*o));
     size_t elements = 0;
@@ -16,18 +34,28 @@ void optimizer_init_ranges(Optimizer *o, const FlatRange *ranges, int n_ranges) 
         elements += (size_t)(ranges[r].end - ranges[r].begin);
     }
     o->n_ranges = n_ranges;
-    o->exp_avg = device_calloc(MT_MAX(elements, 1), sizeof(real));
-    o->exp_avg_sq = device_calloc(MT_MAX(elements, 1), sizeof(real));
+    for (int k = 0; k < ADAMW_MOMENTS; k++) {
+        o->dtype[k] = dtype ? dtype[k] : MOMENT_FP32;
+        o->moment[k] = device_calloc(MT_MAX(elements, 1), moment_bytes(o->dtype[k]));
+    }
+    find_fragments(o, tt);
+    o->host_scales = mt_malloc((size_t)MT_MAX(o->n_fragments, 1) * sizeof(MomentScales));
+    for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = (MomentScales){{1, 1}, {0, 0}};
+    o->scales = device_calloc((size_t)MT_MAX(o->n_fragments, 1), sizeof(MomentScales));
+    device_upload(o->scales, o->host_scales, (size_t)o->n_fragments * sizeof(MomentScales));
 }
 
 void optimizer_init(Optimizer *o, const TensorTable *tt) {
     FlatRange all = {0, (int64_t)tt->total};
-    optimizer_init_ranges(o, &all, 1);
+    optimizer_init_ranges(o, tt, &all, 1, NULL);
 }
 
 void optimizer_free(Optimizer *o) {
-    device_free(o->exp_avg);
-    device_free(o->exp_avg_sq);
+    for (int k = 0; k < ADAMW_MOMENTS; k++) device_free(o->moment[k]);
+    device_free(o->scales);
+    free(o->fragments);
+    free(o->host_scales);
+    free(o->scale_loaded);
     memset(o, 0, sizeof(*o));
 }
 
@@ -37,24 +65,34 @@ size_t optimizer_moment_base(const Optimizer *o, int r) {
     return base;
 }
 
+double optimizer_state_bytes(const MomentDtype dtype[ADAMW_MOMENTS], double elements, double fragments) {
+    double bytes = elements * (double)(moment_bytes(dtype[0]) + moment_bytes(dtype[1]));
+    return bytes + fragments * (double)sizeof(MomentScales);
+}
+
 double grad_sum_squares(const TensorTable *tt, int64_t begin, int64_t end) {
     return vec_sum_squares(tt->grads + begin, (size_t)(end - begin));
 }
 
-// AdamW on the part of every trained tensor inside range r.
-static void step_range(Optimizer *o, int r, TensorTable *tt, const AdamWStep *h) {
-    FlatRange range = o->ranges[r];
-    real *m1 = o->exp_avg + optimizer_moment_base(o, r) - range.begin;  // indexed by flat element
-    real *m2 = o->exp_avg_sq + optimizer_moment_base(o, r) - range.begin;
-    for (int i = 0; i < tt->count; i++) {
-        const TensorDesc *d = &tt->descs[i];
-        if (d->flags & TENSOR_NOT_TRAINED) continue;  // e.g. the router expert bias
-        int64_t from = MT_MAX((int64_t)d->offset, range.begin);
-        int64_t to = MT_MIN((int64_t)(d->offset + d->numel), range.end);
-        if (from >= to) continue;
-        adamw_update(tt->params + from, tt->grads + from, m1 + from, m2 + from, (size_t)(to - from),
-                     (d->flags & TENSOR_DECAY) != 0, h);
-    }
+// Where flat element `flat` of range r sits in the moment buffers (an element index).
+static size_t moment_index(const Optimizer *o, int r, int64_t flat) {
+    return optimizer_moment_base(o, r) + (size_t)(flat - o->ranges[r].begin);
+}
+
+static void *moment_at(const Optimizer *o, int k, size_t index) {
+    return (char *)o->moment[k] + index * moment_bytes(o->dtype[k]);
+}
+
+// AdamW on one fragment.
+static void step_fragment(Optimizer *o, int f, TensorTable *tt, const AdamWStep *h) {
+    const OptFragment *fr = &o->fragments[f];
+    size_t at = moment_index(o, fr->range, fr->begin), n = (size_t)(fr->end - fr->begin);
+    real *p = tt->params + fr->begin;
+    const real *g = tt->grads + fr->begin;
+    if (!any_narrow(o))
+        adamw_update(p, g, (real *)o->moment[0] + at, (real *)o->moment[1] + at, n, fr->decay, h);
+    else
+        adamw_update_scaled(p, g, moment_at(o, 0, at), moment_at(o, 1, at), &o->scales[f], n, fr->decay, h, o->dtype);
 }
 
 void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_norm) {
@@ -63,9 +101,102 @@ void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, d
     o->step++;
     AdamWStep h = {.lr = lr, .beta1 = c->adam_beta1, .beta2 = c->adam_beta2, .eps = c->adam_eps,
                    .weight_decay = c->weight_decay, .step = o->step};
-    for (int r = 0; r < o->n_ranges; r++) {
-        FlatRange range = o->ranges[r];
-        if (clip < 1.0) vec_scale(tt->grads + range.begin, (real)clip, (size_t)(range.end - range.begin));
-        step_range(o, r, tt, &h);
+    if (clip < 1.0)
+        for (int r = 0; r < o->n_ranges; r++)
+            vec_scale(tt->grads + o->ranges[r].begin, (real)clip, (size_t)(o->ranges[r].end - o->ranges[r].begin));
+    for (int f = 0; f < o->n_fragments; f++) step_fragment(o, f, tt, &h);
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+// The range holding flat element `flat`.
+static int range_of(const Optimizer *o, int64_t flat) {
+    for (int r = 0; r < o->n_ranges; r++)
+        if (flat >= o->ranges[r].begin && flat < o->ranges[r].end) return r;
+    mt_die("internal error: flat element %lld is outside the optimizer's ranges (please report)", (long long)flat);
+}
+
+// The fragment holding [flat, flat + count), or -1 (an untrained tensor's elements).
+static int fragment_of(const Optimizer *o, int64_t flat, size_t count) {
+    int lo = 0, hi = o->n_fragments - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const OptFragment *fr = &o->fragments[mid];
+        if (flat < fr->begin) hi = mid - 1;
+        else if (flat >= fr->end) lo = mid + 1;
+        else {
+            if (flat + (int64_t)count > fr->end)
+                mt_die("internal error: a checkpoint piece runs past its optimizer fragment (please report)");
+            return mid;
+        }
     }
+    return -1;
+}
+
+static MomentScales fragment_scales(const Optimizer *o, int f) {
+    MomentScales s = {{1, 1}, {0, 0}};
+    if (f >= 0) device_download(&s, &o->scales[f], sizeof(s));
+    return s;
+}
+
+void optimizer_read(const Optimizer *o, int k, MomentPart part, int64_t flat, size_t count, real *host) {
+    int f = fragment_of(o, flat, count);
+    float scale = fragment_scales(o, f).scale[k];
+    if (part == MOMENT_SCALES) {
+        for (size_t i = 0; i < count; i++) host[i] = (real)scale;
+        return;
+    }
+    size_t at = moment_index(o, range_of(o, flat), flat), bytes = count * moment_bytes(o->dtype[k]);
+    if (o->dtype[k] == MOMENT_FP32) {
+        device_download(host, moment_at(o, k, at), bytes);
+        return;
+    }
+    void *stored = mt_malloc(MT_MAX(bytes, 1));
+    device_download(stored, moment_at(o, k, at), bytes);
+    MomentFactors factors = moment_factors(o->dtype[k], scale);
+    for (size_t i = 0; i < count; i++) host[i] = moment_load(stored, i, o->dtype[k], factors);
+    free(stored);
+}
+
+void optimizer_load_begin(Optimizer *o) {
+    for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = (MomentScales){{1, 1}, {0, 0}};
+    free(o->scale_loaded);
+    o->scale_loaded = mt_calloc((size_t)MT_MAX(o->n_fragments, 1) * ADAMW_MOMENTS, 1);
+}
+
+void optimizer_load_scales(Optimizer *o, int k, int64_t flat, size_t count, const real *host) {
+    int f = fragment_of(o, flat, count);
+    if (f < 0 || count == 0 || !moment_scaled(o->dtype[k])) return;
+    for (size_t i = 1; i < count; i++)
+        if (host[i] != host[0]) return;  // saved by another layout: several scales
+    o->host_scales[f].scale[k] = (float)host[0];
+    o->scale_loaded[f * ADAMW_MOMENTS + k] = 1;
+}
+
+void optimizer_load_values(Optimizer *o, int k, int64_t flat, size_t count, const real *host) {
+    size_t at = moment_index(o, range_of(o, flat), flat), bytes = count * moment_bytes(o->dtype[k]);
+    if (o->dtype[k] == MOMENT_FP32) {
+        device_upload(moment_at(o, k, at), host, bytes);
+        return;
+    }
+    int f = fragment_of(o, flat, count);
+    float scale = 1;  // an untrained tensor's moments (no fragment, no scale): stored and read unscaled
+    if (f >= 0 && o->scale_loaded[f * ADAMW_MOMENTS + k]) {
+        scale = o->host_scales[f].scale[k];
+    } else if (f >= 0) {
+        float absmax = 0;
+        for (size_t i = 0; i < count; i++) absmax = fmaxf(absmax, fabsf((float)host[i]));
+        scale = o->host_scales[f].scale[k] = moment_scale(o->dtype[k], absmax);
+    }
+    void *stored = mt_malloc(MT_MAX(bytes, 1));
+    MomentFactors factors = moment_factors(o->dtype[k], scale);
+    for (size_t i = 0; i < count; i++) moment_store(stored, i, o->dtype[k], factors, host[i]);
+    device_upload(moment_at(o, k, at), stored, bytes);
+    free(stored);
+}
+
+void optimizer_load_end(Optimizer *o) {
+    device_upload(o->scales, o->host_scales, (size_t)o->n_fragments * sizeof(MomentScales));
+    free(o->scale_loaded);
+    o->scale_loaded = NULL;
 }

@@ -1,8 +1,12 @@
 // optimizer.h — AdamW over the tensor table with global-norm gradient clipping.
 // Weight decay applies to tensors flagged TENSOR_DECAY (matrices), never to norms.
+// With --use-precision-aware-optimizer the two moments may be stored narrower
+// (--exp-avg-dtype, --exp-avg-sq-dtype: bf16, or fp16 / fp8 with a scale per fragment),
+// with Transformer Engine FusedAdam's semantics (ops/adamw_math.h).
 #pragma once
 #include "core/config.h"
 #include "core/tensor_table.h"
+#include "ops/ops.h"
 
 // Element ranges [begin, end) of the flat parameters.
 typedef struct {
@@ -11,24 +15,58 @@ typedef struct {
 
 enum { OPT_MAX_RANGES = 2 };
 
+// A trained tensor's part of one range: what FusedAdam sees as one parameter (the shard
+// of a tensor with the distributed optimizer), so what a narrow moment's scale covers.
+typedef struct {
+    int64_t begin, end;  // flat elements
+    int range;           // which of the optimizer's ranges holds it
+    int decay;           // the tensor is weight-decayed
+} OptFragment;
+
 // The optimizer updates some element ranges of the flat parameters: all of them, or with
 // --use-distributed-optimizer this rank's shard of the dense region and of the expert
 // region. Moments exist for those elements only, range after range.
 typedef struct {
     FlatRange ranges[OPT_MAX_RANGES];
     int n_ranges;
-    real *exp_avg;     // (elements of the ranges) first moment
-    real *exp_avg_sq;  // second moment
-    long step;         // optimizer steps taken
+    MomentDtype dtype[ADAMW_MOMENTS];  // exp_avg, exp_avg_sq
+    void *moment[ADAMW_MOMENTS];       // (elements of the ranges) each in its dtype (tensor memory)
+    OptFragment *fragments;            // (n_fragments) in flat order
+    int n_fragments;
+    MomentScales *scales;              // (n_fragments) tensor memory; all 1 for fp32 / bf16
+    MomentScales *host_scales;         // (n_fragments) their host copy while a checkpoint loads
+    uint8_t *scale_loaded;             // (n_fragments × 2) while loading: the checkpoint gave that scale
+    long step;                         // optimizer steps taken
 } Optimizer;
 
-void optimizer_init(Optimizer *o, const TensorTable *tt);  // every element: one range
-void optimizer_init_ranges(Optimizer *o, const FlatRange *ranges, int n_ranges);
+// Every element of tt: one range, fp32 moments.
+void optimizer_init(Optimizer *o, const TensorTable *tt);
+// dtype NULL: fp32 moments.
+void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange *ranges, int n_ranges,
+                           const MomentDtype *dtype);
 void optimizer_free(Optimizer *o);
-// Where range r's moments start in exp_avg / exp_avg_sq.
+// Where range r's moments start (in elements) in each moment buffer.
 size_t optimizer_moment_base(const Optimizer *o, int r);
+// Bytes of moment state for `elements` elements of the ranges and `fragments` fragments.
+double optimizer_state_bytes(const MomentDtype dtype[ADAMW_MOMENTS], double elements, double fragments);
 // Σ gradient² over [begin, end) (fixed summation order)
 double grad_sum_squares(const TensorTable *tt, int64_t begin, int64_t end);
 // Clip to c->clip_grad (Megatron: scale by clip/(norm + 1e-6) when that is < 1), then step
 // the optimizer's ranges.
 void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_norm);
+
+// ---- checkpoints: moments as real values, layout-free --------------------------------------
+// What a checkpoint stores of moment k: its values (decoded), or with a scaled dtype (fp16,
+// fp8) each element's scale (its fragment's), from which a resume on the same layout
+// restores the stored bits exactly.
+typedef enum { MOMENT_VALUES, MOMENT_SCALES } MomentPart;
+// count elements from flat element `flat` (inside one range, within one fragment or none)
+// of moment k's part into host memory.
+void optimizer_read(const Optimizer *o, int k, MomentPart part, int64_t flat, size_t count, real *host);
+// Loading: optimizer_load_begin, then the scales of each piece (optional), then the values
+// (stored with the loaded scale when its piece had one scale throughout, else with a scale
+// from the values' largest magnitude, as FusedAdam's load does), then optimizer_load_end.
+void optimizer_load_begin(Optimizer *o);
+void optimizer_load_scales(Optimizer *o, int k, int64_t flat, size_t count, const real *host);
+void optimizer_load_values(Optimizer *o, int k, int64_t flat, size_t count, const real *host);
+void optimizer_load_end(Optimizer *o);

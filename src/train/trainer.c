@@ -324,7 +324,11 @@ static void check_memory(Trainer *t, const FlatRange *shards, int n_shards) {
     MemoryNeed need = {.parameters = (double)t->model.tt.total * sizeof(real),
                        .micro_batch_size = c->micro_batch_size, .seq_length = rank_seq_length(t)};
     need.gradients = need.parameters;
-    for (int r = 0; r < n_shards; r++) need.optimizer += 2.0 * (shards[r].end - shards[r].begin) * sizeof(real);
+    MomentDtype dtype[ADAMW_MOMENTS] = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]};
+    double elements = 0;
+    for (int r = 0; r < n_shards; r++) elements += (double)(shards[r].end - shards[r].begin);
+    // at most one scale pair per tensor and range
+    need.optimizer = optimizer_state_bytes(dtype, elements, (double)t->model.tt.count * n_shards);
     need.activations = pipeline_activation_bytes(&t->pipeline);
     memory_check_fits(&need);
     t->memory_need = need;  // reported with the banner
@@ -406,7 +410,8 @@ static void trainer_setup(Trainer *t, Config *c) {
     int n_shards = grad_sync_shards(&t->sync, shards);
     check_memory(t, shards, n_shards);  // before the large buffers exist
     model_allocate(&t->model);
-    optimizer_init_ranges(&t->opt, shards, n_shards);
+    MomentDtype moment_dtype[ADAMW_MOMENTS] = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]};
+    optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, moment_dtype);
     if (c->load[0]) {
         load_checkpoint(t, resolved);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);

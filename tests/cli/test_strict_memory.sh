@@ -32,6 +32,7 @@ MPI_CASES=(
     "ep2_allgather_capacity|2|--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --moe-expert-capacity-factor 1.0"
     "ep2_shared_overlap_moe_act|2|--expert-model-parallel-size 2 --moe-shared-expert-intermediate-size 32 --moe-shared-expert-overlap --recompute-granularity selective --recompute-modules moe_act shared_experts"
     "dp2_dense_distopt|2|--num-experts 0 --use-distributed-optimizer"
+    "dp2_precision_fp8_fp16|2|--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype fp16"
     "tp2_sp_capacity|2|--tensor-model-parallel-size 2 --sequence-parallel --moe-expert-capacity-factor 1.0"
     "pp2|2|--pipeline-model-parallel-size 2"
     "cp2_capacity_position|2|--context-parallel-size 2 --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position"

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "op_check.h"
+#include "ops/adamw_math.h"
 
 static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
 
@@ -282,6 +283,54 @@ static void check_adamw(size_t n, int decay, long step) {
     check_free_all();
 }
 
+// AdamW with narrow moments (adamw_update_scaled): a few steps from zero moments, so the
+// scales come from the op itself; the stored moments are compared decoded, within a
+// few units of their type's last place (a rounding that lands the other side of a
+// boundary on the backend under test changes one element by one such unit).
+static const char *const MOMENT_NAMES[MOMENT_DTYPES] = {"fp32", "bf16", "fp16", "fp8"};
+static const double MOMENT_TOL[MOMENT_DTYPES] = {TOL_FP32, 1.0 / 64, 1.0 / 512, 1.0 / 4};
+
+static float *decoded_moment(const void *data, MomentDtype d, float scale, size_t n) {
+    float *out = check_random(n, 0, 1);  // freed with the check's buffers
+    MomentFactors f = moment_factors(d, scale);
+    for (size_t i = 0; i < n; i++) out[i] = moment_load(data, i, d, f);
+    return out;
+}
+
+static void check_adamw_scaled(size_t n, MomentDtype dm, MomentDtype dv, int decay) {
+    char name[96];
+    snprintf(name, sizeof(name), "adamw_scaled m=%s v=%s%s n=%zu", MOMENT_NAMES[dm], MOMENT_NAMES[dv],
+             decay ? " decay" : "", n);
+    MomentDtype dtype[ADAMW_MOMENTS] = {dm, dv};
+    float *p = check_random(n, -1, 1), *g = check_random(n, -1, 1);
+    void *m = calloc(n, moment_bytes(dm)), *v = calloc(n, moment_bytes(dv));
+    MomentScales s = {{1, 1}, {0, 0}};
+    float *d_p = check_to_device(p, n), *d_g = check_to_device(g, n);
+    void *d_m = check_device_bytes(m, n * moment_bytes(dm)), *d_v = check_device_bytes(v, n * moment_bytes(dv));
+    MomentScales *d_s = check_device_bytes(&s, sizeof(s));
+    for (long step = 1; step <= 3; step++) {
+        AdamWStep h = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = step};
+        cpu()->adamw_update_scaled(p, g, m, v, &s, n, decay, &h, dtype);
+        under()->adamw_update_scaled(d_p, d_g, d_m, d_v, d_s, n, decay, &h, dtype);
+    }
+    check_finish();
+    MomentScales test_s;
+    check_download(&test_s, d_s, sizeof(test_s));
+    void *test_m = malloc(n * moment_bytes(dm)), *test_v = malloc(n * moment_bytes(dv));
+    check_download(test_m, d_m, n * moment_bytes(dm));
+    check_download(test_v, d_v, n * moment_bytes(dv));
+    // a moment element rounded the other way changes its parameter's next updates by up to lr
+    check_compare(name, "p", p, d_p, n, dm == MOMENT_FP32 && dv == MOMENT_FP32 ? TOL_FP32 : 5e-3);
+    check_compare_double(name, "scale m", s.scale[0], test_s.scale[0], TOL_FP32);
+    check_compare_double(name, "scale v", s.scale[1], test_s.scale[1], TOL_FP32);
+    check_compare(name, "m", decoded_moment(m, dm, s.scale[0], n),
+                  check_to_device(decoded_moment(test_m, dm, test_s.scale[0], n), n), n, MOMENT_TOL[dm]);
+    check_compare(name, "v", decoded_moment(v, dv, s.scale[1], n),
+                  check_to_device(decoded_moment(test_v, dv, test_s.scale[1], n), n), n, MOMENT_TOL[dv]);
+    free(m), free(v), free(test_m), free(test_v);
+    check_free_all();
+}
+
 // ---- all -------------------------------------------------------------------------------------------
 
 void check_elementwise_ops(void) {
@@ -317,4 +366,9 @@ void check_elementwise_ops(void) {
             check_adamw(lengths[i], decay, 1);
             check_adamw(lengths[i], decay, 1000);
         }
+    const MomentDtype pairs[][ADAMW_MOMENTS] = {{MOMENT_FP32, MOMENT_FP32}, {MOMENT_BF16, MOMENT_BF16},
+                                                {MOMENT_FP16, MOMENT_FP16}, {MOMENT_FP8, MOMENT_FP8},
+                                                {MOMENT_FP8, MOMENT_FP16}, {MOMENT_FP32, MOMENT_BF16}};
+    for (int i = 0; i < COUNT(lengths); i++)
+        for (int k = 0; k < COUNT(pairs); k++) check_adamw_scaled(lengths[i], pairs[k][0], pairs[k][1], k & 1);
 }

@@ -67,7 +67,7 @@ static void run_open(Run *r, const Config *base, const Layout *l) {
     grad_sync_init(&r->sync, &grad_groups, &r->m.tt, l->distributed, 1);
     FlatRange ranges[REGIONS];
     int n = grad_sync_shards(&r->sync, ranges);
-    optimizer_init_ranges(&r->opt, ranges, n);
+    optimizer_init_ranges(&r->opt, &r->m.tt, ranges, n, NULL);
 }
 
 static void run_close(Run *r) {
@@ -90,7 +90,7 @@ static void visit(const Model *m, Optimizer *opt, int fill) {
             for (int r = 0; r < opt->n_ranges; r++) {
                 if (flat < opt->ranges[r].begin || flat >= opt->ranges[r].end) continue;
                 size_t at = optimizer_moment_base(opt, r) + (size_t)(flat - opt->ranges[r].begin);
-                real *moment[2] = {&opt->exp_avg[at], &opt->exp_avg_sq[at]};
+                real *moment[2] = {(real *)opt->moment[0] + at, (real *)opt->moment[1] + at};
                 for (int k = 0; k < 2; k++) {
                     real want = tp_value(d->global_index, e, CKPT_EXP_AVG + k);
                     if (fill) *moment[k] = want;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/profile.h"
+#include "ops/adamw_math.h"
 #include "ops/cpu/row_reduce.h"
 #include "ops/cpu/cpu_ops.h"
 
@@ -267,22 +268,46 @@ void cpu_cross_entropy_backward(real *dlogits, const real *logits, const real *l
 // ---- AdamW -----------------------------------------------------------------------------------
 
 // In the compute type with the constants folded (vectorizes: one multiply-add chain, one
-// square root and one division per element).
+// square root and one division per element); the arithmetic of ops/adamw_math.h.
 void cpu_adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,
                   const AdamWStep *h) {
     PROF_SCOPE(PROF_OPTIMIZER);
-    real beta1 = (real)h->beta1, beta2 = (real)h->beta2, one_minus_beta1 = (real)(1.0 - h->beta1);
-    real one_minus_beta2 = (real)(1.0 - h->beta2), eps = (real)h->eps, lr = (real)h->lr;
-    real inv_bias1 = (real)(1.0 / (1.0 - pow(h->beta1, (double)h->step)));
-    real inv_sqrt_bias2 = (real)(1.0 / sqrt(1.0 - pow(h->beta2, (double)h->step)));
-    real decay_factor = decay ? (real)(1.0 - h->lr * h->weight_decay) : 1;
+    AdamWConstants k = adamw_constants(decay, h);
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) {
-        real mi = beta1 * m[i] + one_minus_beta1 * g[i];
-        real vi = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];
+        real mi, vi;
+        adamw_moments(&mi, &vi, g[i], m[i], v[i], &k);
         m[i] = mi;
         v[i] = vi;
-        real update = (mi * inv_bias1) / (real_sqrt(vi) * inv_sqrt_bias2 + eps);
-        p[i] = p[i] * decay_factor - lr * update;
+        p[i] = adamw_param(p[i], mi, vi, &k);
+    }
+}
+
+// Two passes over the range: the new moments' largest magnitudes (their new scales), then
+// the same new moments again, stored with those scales, and the parameters. The maximum
+// does not depend on the order it is taken in, so any thread count gives the same bits.
+void cpu_adamw_update_scaled(real *p, const real *g, void *m, void *v, MomentScales *s, size_t n, int decay,
+                             const AdamWStep *h, const MomentDtype dtype[ADAMW_MOMENTS]) {
+    PROF_SCOPE(PROF_OPTIMIZER);
+    AdamWConstants k = adamw_constants(decay, h);
+    MomentFactors old_m = moment_factors(dtype[0], s->scale[0]), old_v = moment_factors(dtype[1], s->scale[1]);
+    float max_m = 0, max_v = 0;
+#pragma omp parallel for schedule(static) reduction(max : max_m, max_v) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        real mi, vi;
+        adamw_moments(&mi, &vi, g[i], moment_load(m, i, dtype[0], old_m), moment_load(v, i, dtype[1], old_v), &k);
+        max_m = fmaxf(max_m, fabsf((float)mi));
+        max_v = fmaxf(max_v, fabsf((float)vi));
+    }
+    s->absmax[0] = max_m, s->absmax[1] = max_v;
+    s->scale[0] = moment_scale(dtype[0], max_m), s->scale[1] = moment_scale(dtype[1], max_v);
+    MomentFactors new_m = moment_factors(dtype[0], s->scale[0]), new_v = moment_factors(dtype[1], s->scale[1]);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        real mi, vi;
+        adamw_moments(&mi, &vi, g[i], moment_load(m, i, dtype[0], old_m), moment_load(v, i, dtype[1], old_v), &k);
+        moment_store(m, i, dtype[0], new_m, mi);
+        moment_store(v, i, dtype[1], new_v, vi);
+        p[i] = adamw_param(p[i], mi, vi, &k);
     }
 }
