@@ -132,6 +132,7 @@ static const FlagSpec FLAGS[] = {
     F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged; needs --recompute-method and --recompute-num-layers); selective: recompute only the parts --recompute-modules names, in every layer"),
     F("recompute-method", FLAG_STRING, recompute_method, TR, 0, "with --recompute-granularity full: uniform (each model chunk's layers in groups of --recompute-num-layers, one input kept per group) or block (the first --recompute-num-layers layers of each chunk, each keeping its input; the rest keep everything)"),
     F("recompute-num-layers", FLAG_INT, recompute_num_layers, TR, 0, "with --recompute-granularity full: the layers of a uniform group, or the recomputed layers of each chunk (block)"),
+    F("recompute-activations", FLAG_BOOL, recompute_activations, TR, 0, "Megatron's shorthand for --recompute-granularity selective (with --recompute-modules, default core_attn)"),
     F("recompute-modules", FLAG_LIST, recompute_modules, TR, 0, "with --recompute-granularity selective: core_attn (attention output), moe_act (routed experts' SwiGLU), layernorm (the norms' outputs), mlp (dense FFN), shared_experts, mla_up_proj (MLA's q, k, v from the latents), moe (the whole MoE block, router to combine); one or several"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
@@ -139,6 +140,8 @@ static const FlagSpec FLAGS[] = {
     F("main-grads-dtype", FLAG_STRING, main_grads_dtype, TR, 0, "fp32: the gradients the optimizer reads (moetron's are fp32; bf16 is refused)"),
     F("main-params-dtype", FLAG_STRING, main_params_dtype, TR, 0, "fp32: the optimizer's copy of the weights (moetron's weights are fp32 and are their own, as Megatron's fp32 weights are; fp16 is refused)"),
     F("exp-avg-dtype", FLAG_STRING, exp_avg_dtype, TR, 0, "with --use-precision-aware-optimizer: fp32, bf16, fp16 or fp8 (E4M3): how AdamW's first moment is stored (fp16 and fp8 with a scale per tensor shard, from its largest magnitude each step)"),
+    F("optimizer-cpu-offload", FLAG_BOOL, optimizer_cpu_offload, TR, 0, "keep the optimizer's state (moments, a copy of the weights) in host memory and step it on the CPU: each step the gradients come to the host and the new weights go back (for --device cuda: frees the GPU of it; needs --use-precision-aware-optimizer, as in Megatron)"),
+    F("optimizer-offload-fraction", FLAG_DOUBLE, optimizer_offload_fraction, TR, 0, "with --optimizer-cpu-offload: the fraction of the state offloaded (whole tensor shards in order until it is reached); the rest steps on the device"),
     F("exp-avg-sq-dtype", FLAG_STRING, exp_avg_sq_dtype, TR, 0, "with --use-precision-aware-optimizer: fp32, bf16, fp16 or fp8: how AdamW's second moment is stored (as --exp-avg-dtype)"),
     // data
     F("mock-data", FLAG_BOOL, mock_data, TR, 0, "built-in generated corpus (default without --data-path)"),
@@ -215,6 +218,7 @@ void config_defaults(Config *c) {
     strcpy(c->main_params_dtype, "fp32");
     strcpy(c->exp_avg_dtype, "fp32");
     strcpy(c->exp_avg_sq_dtype, "fp32");
+    c->optimizer_offload_fraction = 1.0;
     strcpy(c->device, "auto");
     strcpy(c->max_shard_size, "5GB");
     strcpy(c->normalization, "RMSNorm");
@@ -803,6 +807,11 @@ static void validate_precision_optimizer(Config *c) {
         config_die("--main-params-dtype %s: moetron's weights are fp32 and are the optimizer's own (there is no "
                    "16-bit model copy whose fp32 master could shrink, as with Megatron's fp32 weights); use fp32",
                    c->main_params_dtype);
+    if (!(c->optimizer_offload_fraction >= 0 && c->optimizer_offload_fraction <= 1))
+        config_die("--optimizer-offload-fraction %g: use a fraction between 0 and 1", c->optimizer_offload_fraction);
+    if (c->optimizer_cpu_offload && !c->use_precision_aware_optimizer)
+        config_die("--optimizer-cpu-offload needs --use-precision-aware-optimizer (as in Megatron, whose offloading "
+                   "optimizer is the precision-aware one)");
     if (c->use_precision_aware_optimizer && !c->use_distributed_optimizer)
         config_die("--use-precision-aware-optimizer needs --use-distributed-optimizer (as in Megatron; it works on "
                    "one process too)");
@@ -825,6 +834,10 @@ static void parse_recompute_modules(Config *c) {
 // Activation recomputation: Megatron-Core's rules (full granularity needs a method and a
 // layer count; selective takes neither, and names its modules).
 static void validate_recompute(Config *c) {
+    if (c->recompute_activations) {  // as Megatron: it sets the granularity, whatever was given
+        snprintf(c->recompute_granularity, sizeof(c->recompute_granularity), "%s", "selective");
+        c->recompute_activations = 0;  // applied once (a checkpoint stores the granularity)
+    }
     static const char *const granularities[] = {"full", "selective"}, *const methods[] = {"uniform", "block"};
     int granularity = c->recompute_granularity[0] ? lookup(c->recompute_granularity, granularities, 2) : -1;
     if (c->recompute_granularity[0] && granularity < 0)

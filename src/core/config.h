@@ -110,6 +110,7 @@ typedef struct {
     char recompute_method[16];       // "" | uniform (groups of N layers) | block (the first N of a chunk)
     int recompute_num_layers;        // N; 0 = not given
     char recompute_modules[128];     // list: what selective recomputation recomputes (RecomputeModule)
+    int recompute_activations;       // --recompute-activations: sets recompute_granularity selective
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
@@ -119,6 +120,8 @@ typedef struct {
     char main_params_dtype[8];      // fp32 (moetron's weights are fp32: their own main parameters)
     char exp_avg_dtype[8];          // fp32 | bf16 | fp16 | fp8
     char exp_avg_sq_dtype[8];       // fp32 | bf16 | fp16 | fp8
+    int optimizer_cpu_offload;         // the optimizer's state and step on the host (docs/memory.md)
+    double optimizer_offload_fraction;  // of the state (by elements, in tensor order) offloaded
     char device[16];              // cpu | cuda | auto
     int bf16;                     // GEMMs in bf16 with fp32 accumulation (cuda)
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)

@@ -160,6 +160,24 @@ void *device_calloc(size_t count, size_t size) {
     return mt_calloc(count ? count : 1, size ? size : 1);
 }
 
+void *device_host_calloc(size_t count, size_t size) {
+    if (count && size > (size_t)-1 / count) mt_die("out of memory: a host buffer of %zu x %zu bytes", count, size);
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) return require_plugin()->host_calloc(count * size);
+#endif
+    return mt_calloc(count ? count : 1, size ? size : 1);
+}
+
+void device_host_free(void *p) {
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->host_free(p);
+        return;
+    }
+#endif
+    free(p);
+}
+
 void device_free(void *p) {
     if (!p) return;
     live_blocks--;

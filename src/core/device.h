@@ -43,6 +43,10 @@ const char *device_description(void);
 // freed with device_free. Dies with the size when it cannot be had.
 void *device_calloc(size_t count, size_t size);
 void device_free(void *p);
+// Zeroed host memory (not tensor memory: host code reads it) that the device copies to and
+// from at full speed: page-locked on a GPU, plain on the cpu; freed with device_host_free.
+void *device_host_calloc(size_t count, size_t size);
+void device_host_free(void *p);
 // Bytes free on the GPU in use; -1 on the cpu (see train/memory_check.c for host memory).
 double device_memory_free_bytes(void);
 

@@ -344,6 +344,40 @@ static void plan_head(BufferPlan *bp, ModelActs *a, const LayoutPlan *p) {
 
 void acts_describe(ModelActs *a, const Model *m, int B, int T) { acts_describe_chunk(a, m, 0, B, T); }
 
+EpExchangeShape acts_exchange_shape(const Model *m, int B, int T) {
+    const Config *c = &m->cfg;
+    const LayoutPlan *p = &m->plan;
+    // the router's capacity comes from the token group's tokens (moe/router.h): B·T × CP
+    int limit = dispatch_capacity(B * T * p->cp_size, p->topk, p->experts, c->moe_expert_capacity_factor);
+    return (EpExchangeShape){.tokens = plan_local_tokens(p, B * T), .topk = p->topk,
+                             .capacity = c->moe_pad_expert_input_to_capacity ? limit : 0, .expert_limit = limit,
+                             .hidden = p->hidden, .moe_ffn = p->moe_ffn,
+                             .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT)};
+}
+
+double model_exchange_scratch_bytes(const Model *m, int B, int T) {
+    if (!m->ep.gather) return 0;
+    EpExchangeShape shape = acts_exchange_shape(m, B, T);
+    return PASS_KINDS * ep_buffers_bytes(&m->ep, &shape);
+}
+
+// The exchange states the chunk's MoE layers hold (moe/expert_parallel.h): one each, but the
+// recomputed layers share one per recompute slot (bind_recompute_slots) and with selective
+// moe recomputation all share one (bind_recomputed_moe).
+static int exchange_states(const Model *m, const StageChunk *k) {
+    const LayoutPlan *p = &m->plan;
+    int states = 0, slots = MT_MAX(p->recompute_group_max, 1);
+    unsigned char *slot_seen = mt_calloc((size_t)slots, 1);
+    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
+        if (!m->layers[l].is_moe) continue;
+        if (plan_recomputes(p, RECOMPUTE_MOE)) states = 1;
+        else if (!plan_recomputed(p, l)) states++;
+        else if (!slot_seen[l - p->recompute_first[l]]++) states++;
+    }
+    free(slot_seen);
+    return states;
+}
+
 void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
@@ -370,6 +404,10 @@ void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) 
     if (p->tp_size > 1 && (k->holds_embedding || k->holds_head))  // the vocab-parallel embedding's and loss's
         vocab_scratch_plan(bp, &a->vocab_scratch, N, H);
     buffer_plan_layout(bp);
+    if (m->ep.comm) {
+        EpExchangeShape shape = acts_exchange_shape(m, B, T);
+        a->exchange_bytes = exchange_states(m, k) * ep_layer_bytes(&m->ep, &shape);
+    }
 }
 
 void acts_alloc(ModelActs *a, const Model *m, int B, int T) { acts_alloc_chunk(a, m, 0, B, T); }

@@ -131,6 +131,8 @@ typedef struct {
     int32_t *input_ids;     // (4, capacity_tokens) tokens, targets, positions, key_start of input
     real *input_loss_mask;  // (capacity_tokens)
     BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
+    double exchange_bytes;  // with expert parallelism, the MoE layers' exchange state outside the plan
+                            // (moe/expert_parallel.h, at its bound: ep_layer_bytes per state)
     LayerActs *layers;      // (num_layers), host memory; the plan's stage layers laid out
     // --recompute-granularity selective: the buffers every layer shares for the parts it
     // recomputes (model/activations.c), each (when that part is recomputed) sized as one layer's
@@ -207,6 +209,10 @@ void acts_alloc(ModelActs *a, const Model *m, int B, int T);
 void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T);
 void acts_alloc_chunk(ModelActs *a, const Model *m, int chunk, int B, int T);
 void acts_free(ModelActs *a);
+// The expert-parallel exchange of micro-batches of B × T tokens (moe/expert_parallel.h), and the
+// bytes of the exchange scratch the model's passes share (ep_buffers_bytes of each; 0 without it).
+EpExchangeShape acts_exchange_shape(const Model *m, int B, int T);
+double model_exchange_scratch_bytes(const Model *m, int B, int T);
 // Copies the batch's arrays into the activations' tensor memory (core/device.h), so ops
 // can read them whatever memory the caller's batch is in; returns that copy (a->input).
 const Batch *acts_stage_batch(ModelActs *a, const Batch *batch);

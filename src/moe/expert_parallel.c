@@ -57,8 +57,10 @@ struct EpBuffers {
 
 // ---- buffers -----------------------------------------------------------------------------------
 
-// Capacity for `need` items: the current one, or 1.5x more than asked when it grows.
-static size_t grown(size_t capacity, size_t need) { return need <= capacity ? capacity : need + need / 2 + 1; }
+// Capacity for `need` items: the current one, or exactly `need` when it is larger (each
+// buffer is asked for its bound, ep_max_rows, or its exact size: it grows only when the
+// micro-batch does).
+static size_t grown(size_t capacity, size_t need) { return need <= capacity ? capacity : need; }
 
 // Exchange buffers and the per-layer plan are tensor memory (core/device.h): ops read them.
 static void resize(real **buf, size_t count) {
@@ -71,10 +73,59 @@ static void resize_ints(int32_t **buf, size_t count) {
     *buf = device_calloc(MT_MAX(count, 1), sizeof(int32_t));
 }
 
-// The layer's rows and saved activations, grown to `rows` (the SwiGLU product too unless the
-// pass's shared one serves: shared_act).
-static void layer_reserve_rows(const MoeDispatchContext *ctx, EpLayer *el, size_t rows) {
-    size_t cap = grown(el->row_capacity, rows), H = ctx->hidden, I = ctx->moe_ffn;
+static int etp_size(const ExpertParallel *ep) { return ep->etp ? ep->etp->size : 1; }
+
+size_t ep_max_rows(const ExpertParallel *ep, const EpExchangeShape *s) {
+    size_t sources = (size_t)etp_size(ep) * (size_t)ep->size;  // alltoall's sources; allgather's group
+    int padded = s->capacity > 0 && ep->dispatcher == DISPATCH_ALLTOALL;  // allgather's plan is never padded
+    size_t per_source = (size_t)s->tokens * MT_MIN(s->topk, ep->local);
+    if (s->expert_limit > 0) per_source = MT_MIN(per_source, (size_t)ep->local * (size_t)s->expert_limit);
+    if (padded) per_source = (size_t)ep->local * (size_t)s->capacity;
+    return sources * per_source;
+}
+
+// The exchange's shape for a layer's micro-batch.
+static EpExchangeShape exchange_shape(const MoeDispatchContext *ctx, const MoeActs *ma) {
+    return (EpExchangeShape){.tokens = ma->plan.N, .topk = ma->plan.k, .capacity = ma->route.capacity,
+                             .expert_limit = ma->route.expert_limit, .hidden = ctx->hidden, .moe_ffn = ctx->moe_ffn, .act_shared = ctx->act_shared};
+}
+
+// Reals per row of the layer state (rows_in, rows_out, row_probs, gate, up, act) and of a
+// pass's scratch (exchange, own with ETP, the gradients); the allgather dispatcher's
+// gathered tokens and choices besides.
+static size_t layer_reals_per_row(const EpExchangeShape *s) {
+    return 2 * (size_t)s->hidden + 1 + (size_t)s->moe_ffn * (s->act_shared ? 2 : 3);
+}
+
+static size_t buffers_reals_per_row(const ExpertParallel *ep, const EpExchangeShape *s) {
+    size_t H = s->hidden, I = s->moe_ffn;
+    return (H + 1) * (ep->etp ? 2 : 1) + 2 * H + 1 + 3 * I + (s->act_shared ? I : 0);
+}
+
+static size_t gathered_tokens(const ExpertParallel *ep, const EpExchangeShape *s) {
+    return ep->dispatcher == DISPATCH_ALLGATHER ? (size_t)etp_size(ep) * ep->size * s->tokens : 0;
+}
+
+double ep_layer_bytes(const ExpertParallel *ep, const EpExchangeShape *s) {
+    size_t choices = gathered_tokens(ep, s) * s->topk;  // topk_all, kept_all, probs_all, the plan's two
+    return (double)ep_max_rows(ep, s) * layer_reals_per_row(s) * sizeof(real) + (double)choices * 5 * sizeof(int32_t);
+}
+
+double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s) {
+    size_t tokens = gathered_tokens(ep, s);
+    return (double)ep_max_rows(ep, s) * buffers_reals_per_row(ep, s) * sizeof(real) +
+           (double)tokens * (s->hidden + s->topk) * sizeof(real);
+}
+
+// The layer's rows and saved activations, made for the bound of its micro-batch (the SwiGLU
+// product too unless the pass's shared one serves: shared_act); `rows` (this exchange's) is
+// within it.
+static void layer_reserve_rows(const MoeDispatchContext *ctx, EpLayer *el, const MoeActs *ma, size_t rows) {
+    EpExchangeShape shape = exchange_shape(ctx, ma);
+    size_t bound = ep_max_rows(ctx->ep, &shape);
+    if (rows > bound)
+        mt_die("internal error: %zu expert rows, more than the bound of %zu (please report)", rows, bound);
+    size_t cap = grown(el->row_capacity, bound), H = ctx->hidden, I = ctx->moe_ffn;
     el->act_shared = ctx->act_shared;
     if (cap == el->row_capacity) return;
     el->row_capacity = cap;
@@ -96,8 +147,6 @@ static void layer_reserve_choices(EpLayer *el, size_t choices) {
     resize_ints(&el->plan.row_of_choice, cap);
     resize_ints(&el->plan.token_of_row, cap);  // a plan of these choices has at most as many rows
 }
-
-static int etp_size(const ExpertParallel *ep) { return ep->etp ? ep->etp->size : 1; }
 
 // Ints of the exchange's sizes: rows to and from each EP rank, of each ETP rank, all rows.
 static size_t sizes_count(const ExpertParallel *ep) { return 2 * (size_t)ep->size + etp_size(ep) + 1; }
@@ -348,7 +397,7 @@ static void sort_segments(real *dst, const real *src, const EpLayer *el, const E
 // The rows this rank's experts compute, from the exchange's layer state.
 static ExpertRows layer_rows(const MoeDispatchContext *ctx, EpLayer *el, const int32_t *counts,
                              const int32_t *host_counts) {
-    if (el->act_shared) el->acts.act = shared_act(ctx, (size_t)el->rows);
+    if (el->act_shared) el->acts.act = shared_act(ctx, el->row_capacity);
     return (ExpertRows){.rows_in = el->rows_in, .row_probs = el->row_probs, .rows_out = el->rows_out,
                         .acts = &el->acts, .shape = local_shape(ctx, counts, host_counts, el->rows)};
 }
@@ -370,8 +419,8 @@ static void alltoall_dispatch_exchange(const MoeDispatchContext *ctx, MoeActs *m
     EpLayer *el = ma->ep;
     finish_counts(ctx, el);
     alltoall_layout(el, &ma->plan, ep);
-    layer_reserve_rows(ctx, el, el->rows);
-    struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
+    layer_reserve_rows(ctx, el, ma, (size_t)el->rows);
+    struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
     rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H, &el->inflight[0]);
     rows_to_experts(ctx, el, ma->row_probs, b->exchange_probs, b->own_probs, 1, &el->inflight[1]);
     mark_started(el);
@@ -389,7 +438,7 @@ static void alltoall_dispatch_finish(const MoeDispatchContext *ctx, MoeActs *ma,
 static void alltoall_combine(const MoeDispatchContext *ctx, MoeActs *ma, const ExpertRows *rows, real *out) {
     EpLayer *el = ma->ep;
     int H = ctx->hidden;
-    struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
+    struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
     sort_segments(b->exchange, rows->rows_out, el, ctx->ep, H, 0);
     rows_from_experts(ctx, el, b->exchange, ma->rows_out, b->own, H, &el->inflight[0]);
     mark_started(el);
@@ -405,7 +454,7 @@ static void alltoall_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma
                                       const real *d_out, ExpertRows *rows) {
     EpLayer *el = ma->ep;
     int H = ctx->hidden;
-    struct EpBuffers *b = buffers_for_rows(ctx, el->rows);
+    struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
     dispatch_forward(grads->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
     rows_to_experts(ctx, el, grads->d_rows_out, b->exchange, b->own, H, &el->inflight[0]);
     mark_started(el);
@@ -471,7 +520,7 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     el->plan.E = E;
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
     el->rows = el->plan.rows;
-    layer_reserve_rows(ctx, el, (size_t)el->rows);
+    layer_reserve_rows(ctx, el, ma, (size_t)el->rows);
     dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
     *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first,  // rows start at 0
                        el->plan.host_rows_per_expert + ep->first);
@@ -495,7 +544,7 @@ static void allgather_combine_backward(const MoeDispatchContext *ctx, MoeActs *m
     EpLayer *el = ma->ep;
     int P = g->size, N = ma->plan.N, k = ma->plan.k, H = ctx->hidden;
     struct EpBuffers *b = buffers_for_tokens(ctx, (size_t)P * N, (size_t)P * N * k);
-    buffers_for_rows(ctx, el->rows);
+    buffers_for_rows(ctx, el->row_capacity);
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();

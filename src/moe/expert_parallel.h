@@ -62,6 +62,24 @@ double ep_take_comm_seconds(struct EpBuffers *b);
 // Seconds b's exchanges were in flight while the caller computed other work, since the last
 // call (and restart the count); 0 for NULL.
 double ep_take_hidden_seconds(struct EpBuffers *b);
+// What one micro-batch asks of the exchange: the sizes every one of its buffers is made for.
+typedef struct {
+    int tokens;      // N: this rank's tokens at the MoE layer
+    int topk;        // k
+    int capacity;    // rows per expert when padded to capacity (RouterOutput.capacity), else 0
+    int expert_limit;  // rows per expert the capacity factor keeps at most (RouterOutput.expert_limit), 0: dropless
+    int hidden, moe_ffn;
+    int act_shared;  // --recompute-modules moe_act: the SwiGLU product is the pass's, not the layer's
+} EpExchangeShape;
+// The most rows this rank's experts can be sent for one layer: from each of the ETP·EP
+// source ranks min(k, local experts) rows per token (a token picks an expert once), at most
+// local · the capacity factor's limit, and local · capacity when padded. However unbalanced
+// the routing, no more: the row buffers are made this size once (dropless MoE cannot grow
+// them step after step).
+size_t ep_max_rows(const ExpertParallel *ep, const EpExchangeShape *s);
+// Bytes of one layer's exchange state, and of one pass's shared scratch, for that bound.
+double ep_layer_bytes(const ExpertParallel *ep, const EpExchangeShape *s);
+double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s);
 // A MoE layer's exchange state (the rows this rank's experts computed, their counts and
 // sizes): made on the layer's first exchange, or now by ep_layer_prepare (when several
 // layers' MoeActs are to share one: the recompute slots, model/activations.c); ep_layer_free

@@ -139,6 +139,7 @@ static void capacity_limit(RouterOutput *out, const RouterConfig *rc, const Rout
     int choices = call->N * rc->k, limited = rc->capacity_factor > 0;
     int capacity = limited ? dispatch_capacity(group_tokens(call), rc->k, rc->E, rc->capacity_factor) : -1;
     out->capacity = limited && rc->pad_to_capacity ? capacity : 0;
+    out->expert_limit = limited ? capacity : 0;
     if (limited && split_over_group(call)) apply_group_capacity(out, rc, call, capacity);
     else moe_router_capacity(out->topk_probs, out->kept, out->topk_idx, choices, rc->E, capacity,
                              rc->drop_policy == DROP_POSITION);

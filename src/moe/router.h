@@ -101,6 +101,7 @@ typedef struct {
     double *group_counts;        // (E) aux_counts summed over the count group (global_aux_loss)
     int group_batches;           // micro-batches group_counts covers (the count group's size)
     int capacity;                // rows per expert when padded (from the group's N·P); 0 when dropless
+    int expert_limit;            // rows per expert the capacity factor keeps at most, padded or not; 0 when dropless
     int dropped;                 // dropped choices of these N tokens (the group's: sum over it)
     double balance_loss[BALANCE_TYPES];  // L / coeff of each type (computed for all types)
     double z_loss;               // mean_x logsumexp(l_x)² over all N·P tokens  (L_z / coeff)

@@ -38,16 +38,18 @@ double memory_process_limit_bytes(void) {
 static const double GiB = 1024.0 * 1024 * 1024;
 
 static double need_per_process(const MemoryNeed *need) {
-    return need->parameters + need->gradients + need->optimizer + need->activations;
+    return need->parameters + need->gradients + need->optimizer + need->activations + need->exchange;
 }
 
 static void die_short(const MemoryNeed *need, const char *shared, double available, const char *what) {
     mt_die("the run needs about %.2f GiB per process (parameters %.2f, gradients %.2f, AdamW moments %.2f, "
-           "activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are available (%s); "
+           "expert exchange %.2f, activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are "
+           "available (%s); "
            "lower --micro-batch-size or --seq-length, shrink the model, or spread it over more processes with "
            "--use-distributed-optimizer / --expert-model-parallel-size / --context-parallel-size",
            need_per_process(need) / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
-           need->activations / GiB, need->micro_batch_size, need->seq_length, shared, available / GiB, what);
+           need->exchange / GiB, need->activations / GiB, need->micro_batch_size, need->seq_length, shared,
+           available / GiB, what);
 }
 
 void memory_check_fits(const MemoryNeed *need) {
@@ -65,8 +67,10 @@ void memory_check_fits(const MemoryNeed *need) {
 
 void memory_need_print(const MemoryNeed *need) {
     const double MiB = 1024.0 * 1024;
-    printf("memory: per process %.1f MiB (parameters %.1f, gradients %.1f, AdamW moments %.1f, activations %.1f "
+    char exchange[64] = "";
+    if (need->exchange > 0) snprintf(exchange, sizeof(exchange), ", expert exchange %.1f", need->exchange / MiB);
+    printf("memory: per process %.1f MiB (parameters %.1f, gradients %.1f, AdamW moments %.1f%s, activations %.1f "
            "for micro-batches of %d x %d tokens)\n",
            need_per_process(need) / MiB, need->parameters / MiB, need->gradients / MiB, need->optimizer / MiB,
-           need->activations / MiB, need->micro_batch_size, need->seq_length);
+           exchange, need->activations / MiB, need->micro_batch_size, need->seq_length);
 }

@@ -6,6 +6,7 @@
 
 typedef struct {
     double parameters, gradients, optimizer, activations;  // bytes of this process
+    double exchange;  // the expert-parallel exchange's buffers at their bound (moe/expert_parallel.h)
     int micro_batch_size, seq_length;                      // this rank's micro-batches (T/CP with context parallelism)
 } MemoryNeed;
 

@@ -6,6 +6,7 @@
 
 #include "core/profile.h"
 #include "ops/adamw_math.h"
+#include "ops/backend.h"
 
 // The fragments of the ranges: each trained tensor's part of each range, in flat order.
 static void find_fragments(Optimizer *o, const TensorTable *tt) {
@@ -24,8 +25,32 @@ static void find_fragments(Optimizer *o, const TensorTable *tt) {
 
 static int any_narrow(const Optimizer *o) { return o->dtype[0] != MOMENT_FP32 || o->dtype[1] != MOMENT_FP32; }
 
+// Where flat element `flat` of range r sits in the moment buffers (an element index).
+static size_t moment_index(const Optimizer *o, int r, int64_t flat) {
+    return optimizer_moment_base(o, r) + (size_t)(flat - o->ranges[r].begin);
+}
+
+// --optimizer-cpu-offload: the first fragments, in order, until `fraction` of the fragments'
+// elements is reached (Megatron's hybrid optimizer's split), go to the host.
+static void choose_offloaded(Optimizer *o, double fraction) {
+    double total = 0, offloaded = 0;
+    for (int f = 0; f < o->n_fragments; f++) total += (double)(o->fragments[f].end - o->fragments[f].begin);
+    while (o->offloaded < o->n_fragments && offloaded < fraction * total) {
+        const OptFragment *fr = &o->fragments[o->offloaded++];
+        offloaded += (double)(fr->end - fr->begin);
+        o->offload_elements = moment_index(o, fr->range, fr->end - 1) + 1;
+    }
+    for (int k = 0; k < ADAMW_MOMENTS && o->offloaded; k++)
+        o->host_moment[k] = device_host_calloc(o->offload_elements, moment_bytes(o->dtype[k]));
+    if (o->offloaded) {
+        o->host_params = device_host_calloc(o->offload_elements, sizeof(real));
+        o->host_grads = device_host_calloc(o->offload_elements, sizeof(real));
+    }
+    o->host_params_stale = 1;
+}
+
 void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange *ranges, int n_ranges,
-                           const MomentDtype *dtype) {
+                           const OptimizerOptions *options) {
     MT_ASSERT(n_ranges >= 1 && n_ranges <= OPT_MAX_RANGES);
     memset(o, 0, sizeof(*o));
     size_t elements = 0;
@@ -34,11 +59,11 @@ void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange 
         elements += (size_t)(ranges[r].end - ranges[r].begin);
     }
     o->n_ranges = n_ranges;
-    for (int k = 0; k < ADAMW_MOMENTS; k++) {
-        o->dtype[k] = dtype ? dtype[k] : MOMENT_FP32;
-        o->moment[k] = device_calloc(MT_MAX(elements, 1), moment_bytes(o->dtype[k]));
-    }
     find_fragments(o, tt);
+    for (int k = 0; k < ADAMW_MOMENTS; k++) o->dtype[k] = options ? options->dtype[k] : MOMENT_FP32;
+    choose_offloaded(o, options ? options->offload_fraction : 0);
+    for (int k = 0; k < ADAMW_MOMENTS; k++)
+        o->moment[k] = device_calloc(MT_MAX(elements - o->offload_elements, 1), moment_bytes(o->dtype[k]));
     o->host_scales = mt_malloc((size_t)MT_MAX(o->n_fragments, 1) * sizeof(MomentScales));
     for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = (MomentScales){{1, 1}, {0, 0}};
     o->scales = device_calloc((size_t)MT_MAX(o->n_fragments, 1), sizeof(MomentScales));
@@ -51,7 +76,12 @@ void optimizer_init(Optimizer *o, const TensorTable *tt) {
 }
 
 void optimizer_free(Optimizer *o) {
-    for (int k = 0; k < ADAMW_MOMENTS; k++) device_free(o->moment[k]);
+    for (int k = 0; k < ADAMW_MOMENTS; k++) {
+        device_free(o->moment[k]);
+        device_host_free(o->host_moment[k]);
+    }
+    device_host_free(o->host_params);
+    device_host_free(o->host_grads);
     device_free(o->scales);
     free(o->fragments);
     free(o->host_scales);
@@ -74,25 +104,52 @@ double grad_sum_squares(const TensorTable *tt, int64_t begin, int64_t end) {
     return vec_sum_squares(tt->grads + begin, (size_t)(end - begin));
 }
 
-// Where flat element `flat` of range r sits in the moment buffers (an element index).
-static size_t moment_index(const Optimizer *o, int r, int64_t flat) {
-    return optimizer_moment_base(o, r) + (size_t)(flat - o->ranges[r].begin);
-}
-
+// Moment k from element index `index` on: host memory for the offloaded ones, else tensor memory.
 static void *moment_at(const Optimizer *o, int k, size_t index) {
-    return (char *)o->moment[k] + index * moment_bytes(o->dtype[k]);
+    size_t bytes = moment_bytes(o->dtype[k]);
+    if (index < o->offload_elements) return (char *)o->host_moment[k] + index * bytes;
+    return (char *)o->moment[k] + (index - o->offload_elements) * bytes;
 }
 
-// AdamW on one fragment.
+// Copies of moment state from element index `index` on, host memory or tensor memory alike.
+static void state_read(const Optimizer *o, int k, size_t index, void *host, size_t bytes) {
+    if (index < o->offload_elements) memcpy(host, moment_at(o, k, index), bytes);
+    else device_download(host, moment_at(o, k, index), bytes);
+}
+
+static void state_write(Optimizer *o, int k, size_t index, const void *host, size_t bytes) {
+    if (index < o->offload_elements) memcpy(moment_at(o, k, index), host, bytes);
+    else device_upload(moment_at(o, k, index), host, bytes);
+}
+
+// AdamW on one fragment: the backend's op on tensor memory, or for an offloaded fragment
+// the cpu backend's on its host state (the gradients fetched, the new weights sent back).
 static void step_fragment(Optimizer *o, int f, TensorTable *tt, const AdamWStep *h) {
     const OptFragment *fr = &o->fragments[f];
     size_t at = moment_index(o, fr->range, fr->begin), n = (size_t)(fr->end - fr->begin);
-    real *p = tt->params + fr->begin;
-    const real *g = tt->grads + fr->begin;
-    if (!any_narrow(o))
-        adamw_update(p, g, (real *)o->moment[0] + at, (real *)o->moment[1] + at, n, fr->decay, h);
-    else
-        adamw_update_scaled(p, g, moment_at(o, 0, at), moment_at(o, 1, at), &o->scales[f], n, fr->decay, h, o->dtype);
+    void *m = moment_at(o, 0, at), *v = moment_at(o, 1, at);
+    if (f >= o->offloaded) {
+        real *p = tt->params + fr->begin;
+        const real *g = tt->grads + fr->begin;
+        if (!any_narrow(o)) adamw_update(p, g, m, v, n, fr->decay, h);
+        else adamw_update_scaled(p, g, m, v, &o->scales[f], n, fr->decay, h, o->dtype);
+        return;
+    }
+    real *p = o->host_params + at, *g = o->host_grads + at;
+    device_download(g, tt->grads + fr->begin, n * sizeof(real));
+    if (!any_narrow(o)) ops_cpu_backend.adamw_update(p, g, m, v, n, fr->decay, h);
+    else ops_cpu_backend.adamw_update_scaled(p, g, m, v, &o->host_scales[f], n, fr->decay, h, o->dtype);
+    device_upload(tt->params + fr->begin, p, n * sizeof(real));
+}
+
+// The offloaded fragments' host parameters from the device's (after the initial values or a load).
+static void fetch_offloaded_params(Optimizer *o, const TensorTable *tt) {
+    for (int f = 0; f < o->offloaded; f++) {
+        const OptFragment *fr = &o->fragments[f];
+        size_t at = moment_index(o, fr->range, fr->begin);
+        device_download(o->host_params + at, tt->params + fr->begin, (size_t)(fr->end - fr->begin) * sizeof(real));
+    }
+    o->host_params_stale = 0;
 }
 
 void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_norm) {
@@ -104,6 +161,7 @@ void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, d
     if (clip < 1.0)
         for (int r = 0; r < o->n_ranges; r++)
             vec_scale(tt->grads + o->ranges[r].begin, (real)clip, (size_t)(o->ranges[r].end - o->ranges[r].begin));
+    if (o->host_params_stale) fetch_offloaded_params(o, tt);
     for (int f = 0; f < o->n_fragments; f++) step_fragment(o, f, tt, &h);
 }
 
@@ -135,7 +193,8 @@ static int fragment_of(const Optimizer *o, int64_t flat, size_t count) {
 
 static MomentScales fragment_scales(const Optimizer *o, int f) {
     MomentScales s = {{1, 1}, {0, 0}};
-    if (f >= 0) device_download(&s, &o->scales[f], sizeof(s));
+    if (f >= 0 && f < o->offloaded) s = o->host_scales[f];
+    else if (f >= 0) device_download(&s, &o->scales[f], sizeof(s));
     return s;
 }
 
@@ -148,11 +207,11 @@ void optimizer_read(const Optimizer *o, int k, MomentPart part, int64_t flat, si
     }
     size_t at = moment_index(o, range_of(o, flat), flat), bytes = count * moment_bytes(o->dtype[k]);
     if (o->dtype[k] == MOMENT_FP32) {
-        device_download(host, moment_at(o, k, at), bytes);
+        state_read(o, k, at, host, bytes);
         return;
     }
     void *stored = mt_malloc(MT_MAX(bytes, 1));
-    device_download(stored, moment_at(o, k, at), bytes);
+    state_read(o, k, at, stored, bytes);
     MomentFactors factors = moment_factors(o->dtype[k], scale);
     for (size_t i = 0; i < count; i++) host[i] = moment_load(stored, i, o->dtype[k], factors);
     free(stored);
@@ -176,7 +235,7 @@ void optimizer_load_scales(Optimizer *o, int k, int64_t flat, size_t count, cons
 void optimizer_load_values(Optimizer *o, int k, int64_t flat, size_t count, const real *host) {
     size_t at = moment_index(o, range_of(o, flat), flat), bytes = count * moment_bytes(o->dtype[k]);
     if (o->dtype[k] == MOMENT_FP32) {
-        device_upload(moment_at(o, k, at), host, bytes);
+        state_write(o, k, at, host, bytes);
         return;
     }
     int f = fragment_of(o, flat, count);
@@ -191,12 +250,13 @@ void optimizer_load_values(Optimizer *o, int k, int64_t flat, size_t count, cons
     void *stored = mt_malloc(MT_MAX(bytes, 1));
     MomentFactors factors = moment_factors(o->dtype[k], scale);
     for (size_t i = 0; i < count; i++) moment_store(stored, i, o->dtype[k], factors, host[i]);
-    device_upload(moment_at(o, k, at), stored, bytes);
+    state_write(o, k, at, stored, bytes);
     free(stored);
 }
 
 void optimizer_load_end(Optimizer *o) {
     device_upload(o->scales, o->host_scales, (size_t)o->n_fragments * sizeof(MomentScales));
+    o->host_params_stale = 1;  // the load set the device's parameters too
     free(o->scale_loaded);
     o->scale_loaded = NULL;
 }

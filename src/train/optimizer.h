@@ -2,7 +2,8 @@
 // Weight decay applies to tensors flagged TENSOR_DECAY (matrices), never to norms.
 // With --use-precision-aware-optimizer the two moments may be stored narrower
 // (--exp-avg-dtype, --exp-avg-sq-dtype: bf16, or fp16 / fp8 with a scale per fragment),
-// with Transformer Engine FusedAdam's semantics (ops/adamw_math.h).
+// with Transformer Engine FusedAdam's semantics (ops/adamw_math.h), and part of the state
+// may live and step on the host (--optimizer-cpu-offload, as Megatron's hybrid optimizer).
 #pragma once
 #include "core/config.h"
 #include "core/tensor_table.h"
@@ -34,16 +35,32 @@ typedef struct {
     OptFragment *fragments;            // (n_fragments) in flat order
     int n_fragments;
     MomentScales *scales;              // (n_fragments) tensor memory; all 1 for fp32 / bf16
-    MomentScales *host_scales;         // (n_fragments) their host copy while a checkpoint loads
+    MomentScales *host_scales;         // (n_fragments) the offloaded fragments' scales; the others'
+                                       // host copy while a checkpoint loads
     uint8_t *scale_loaded;             // (n_fragments × 2) while loading: the checkpoint gave that scale
     long step;                         // optimizer steps taken
+    // --optimizer-cpu-offload: fragments [0, offloaded) keep their state in host memory
+    // (device_host_calloc) and step on the cpu backend: their moments are moment indices
+    // [0, offload_elements) (the device buffers hold the rest), beside a host copy of their
+    // parameters (the optimizer's; the device's are copied from it after each step) and
+    // a host buffer their gradients come to.
+    int offloaded;
+    size_t offload_elements;
+    void *host_moment[ADAMW_MOMENTS];
+    real *host_params, *host_grads;
+    int host_params_stale;             // the device's parameters changed (init, a load): fetch them
 } Optimizer;
+
+typedef struct {
+    MomentDtype dtype[ADAMW_MOMENTS];  // how the moments are stored
+    double offload_fraction;           // of the elements whose state is offloaded (0: none)
+} OptimizerOptions;
 
 // Every element of tt: one range, fp32 moments.
 void optimizer_init(Optimizer *o, const TensorTable *tt);
-// dtype NULL: fp32 moments.
+// options NULL: fp32 moments, nothing offloaded.
 void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange *ranges, int n_ranges,
-                           const MomentDtype *dtype);
+                           const OptimizerOptions *options);
 void optimizer_free(Optimizer *o);
 // Where range r's moments start (in elements) in each moment buffer.
 size_t optimizer_moment_base(const Optimizer *o, int r);

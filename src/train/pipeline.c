@@ -45,6 +45,17 @@ double pipeline_activation_bytes(const Pipeline *pl) {
     return bytes;
 }
 
+double pipeline_exchange_bytes(const Pipeline *pl) {
+    double bytes = model_exchange_scratch_bytes(pl->model, pl->B, pl->T);
+    for (int k = 0; k < pl->schedule.chunks; k++) {
+        ModelActs described;
+        acts_describe_chunk(&described, pl->model, k, pl->B, pl->T);
+        bytes += described.exchange_bytes * pl->slots[k];
+        acts_free(&described);
+    }
+    return bytes;
+}
+
 void pipeline_allocate(Pipeline *pl) {
     int chunks = pl->schedule.chunks;
     pl->acts = mt_calloc((size_t)chunks, sizeof(ModelActs *));

@@ -50,6 +50,8 @@ void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, in
                    int T);
 // Bytes of every activation set the schedule keeps (for the memory estimate).
 double pipeline_activation_bytes(const Pipeline *pl);
+// Bytes of the expert-parallel exchange they hold besides, at its bound (0 without it).
+double pipeline_exchange_bytes(const Pipeline *pl);
 void pipeline_allocate(Pipeline *pl);
 void pipeline_free(Pipeline *pl);
 

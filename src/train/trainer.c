@@ -327,9 +327,15 @@ static void check_memory(Trainer *t, const FlatRange *shards, int n_shards) {
     MomentDtype dtype[ADAMW_MOMENTS] = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]};
     double elements = 0;
     for (int r = 0; r < n_shards; r++) elements += (double)(shards[r].end - shards[r].begin);
-    // at most one scale pair per tensor and range
-    need.optimizer = optimizer_state_bytes(dtype, elements, (double)t->model.tt.count * n_shards);
+    // at most one scale pair per tensor and range; offloaded state (about the fraction asked:
+    // whole shards) is host memory, with a copy of its weights and its gradients: on a GPU
+    // it leaves the device, on the cpu it adds those copies
+    double offloaded = c->optimizer_cpu_offload ? c->optimizer_offload_fraction * elements : 0;
+    need.optimizer = optimizer_state_bytes(dtype, elements - offloaded, (double)t->model.tt.count * n_shards);
+    if (device_active() != DEVICE_CUDA)
+        need.optimizer += optimizer_state_bytes(dtype, offloaded, 0) + 2.0 * offloaded * sizeof(real);
     need.activations = pipeline_activation_bytes(&t->pipeline);
+    need.exchange = pipeline_exchange_bytes(&t->pipeline);
     memory_check_fits(&need);
     t->memory_need = need;  // reported with the banner
 }
@@ -410,8 +416,9 @@ static void trainer_setup(Trainer *t, Config *c) {
     int n_shards = grad_sync_shards(&t->sync, shards);
     check_memory(t, shards, n_shards);  // before the large buffers exist
     model_allocate(&t->model);
-    MomentDtype moment_dtype[ADAMW_MOMENTS] = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]};
-    optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, moment_dtype);
+    OptimizerOptions options = {.dtype = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]},
+                                .offload_fraction = c->optimizer_cpu_offload ? c->optimizer_offload_fraction : 0};
+    optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, &options);
     if (c->load[0]) {
         load_checkpoint(t, resolved);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);
@@ -483,6 +490,9 @@ static void print_banner(const Trainer *t) {
            device_active() == DEVICE_CUDA ? device_description() : mt_gemm_backend(), c->bf16 ? ", bf16 GEMMs" : "");
     print_layout(&t->groups.sizes);
     memory_need_print(&t->memory_need);
+    if (t->opt.offloaded)
+        printf("optimizer: the state of %d of %d tensor shards (%zu elements) in host memory, stepped on the cpu\n",
+               t->opt.offloaded, t->opt.n_fragments, t->opt.offload_elements);
     if (t->model.family_note[0])
         printf("note: checkpoints use moetron's own model_type (transformers cannot load them): %s\n",
                t->model.family_note);

@@ -5,7 +5,8 @@
 # a run saved and resumed takes exactly the steps of the run straight through (losses,
 # gradient norms, saved weights and optimizer state), on one process and with the
 # distributed optimizer's shards on two ranks; a checkpoint resumes with other dtypes and
-# on another layout; the flags' bad values and combinations are refused with one line.
+# on another layout; --optimizer-cpu-offload (all of the state, half, on two ranks) gives
+# the results of the run without it; the flags' bad values and combinations are refused.
 set -u
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/mpi_lib.sh"
@@ -96,6 +97,38 @@ for d in to_fp32 to_one_process; do
     fi
 done
 
+# --optimizer-cpu-offload: the offloaded state steps on the host with the same arithmetic,
+# so the results are those of the run without it, bit for bit (and its checkpoint the same)
+# same_run NAME DIR_A DIR_B: equal steps and saved files
+same_run() {
+    if [ -n "$(step_numbers "$2/log.jsonl")" ] && [ "$(step_numbers "$2/log.jsonl")" = "$(step_numbers "$3/log.jsonl")" ] &&
+        [ "$(weights "$2/ck")" = "$(weights "$3/ck")" ]; then
+        ok "$1"
+    else
+        fail "$1" "steps or saved files differ: $(grep -h -m1 error "$2/out" "$3/out")"
+    fi
+}
+launch=()
+run "$work/offload_all" --train-iters 4 "${PRECISE[@]}" --optimizer-cpu-offload || true
+same_run precision_offload_all_is_plain "$work/plain" "$work/offload_all"
+run "$work/offload_half" --train-iters 6 "${PRECISE[@]}" --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16 \
+    --optimizer-cpu-offload --optimizer-offload-fraction 0.5 || true
+same_run precision_offload_half_fp8_bf16 "$work/fp8_bf16/straight" "$work/offload_half"
+if grep -q "optimizer: the state of .* in host memory" "$work/offload_half/out" && grep -q "optimizer: the state of" "$work/offload_all/out"; then
+    ok precision_offload_reported
+else
+    fail precision_offload_reported "no 'optimizer: the state of ... in host memory' line"
+fi
+launch=("${MPIRUN[@]}" -np 2)
+run "$work/offload_dp2" --train-iters 6 "${PRECISE[@]}" --exp-avg-dtype fp8 --exp-avg-sq-dtype fp16 \
+    --optimizer-cpu-offload --optimizer-offload-fraction 0.3 || true
+same_run precision_offload_dp2 "$work/dp2_fp8_fp16/straight" "$work/offload_dp2"
+launch=()
+
+expect_error precision_offload_needs_flag "optimizer-cpu-offload needs --use-precision-aware-optimizer" -- \
+    "$M" train "${TINY[@]}" --train-iters 1 --optimizer-cpu-offload
+expect_error precision_offload_fraction "between 0 and 1" -- \
+    "$M" train "${TINY[@]}" --train-iters 1 "${PRECISE[@]}" --optimizer-cpu-offload --optimizer-offload-fraction 1.5
 expect_error precision_needs_flag "needs --use-precision-aware-optimizer" -- \
     "$M" train "${TINY[@]}" --train-iters 1 --exp-avg-dtype fp8
 expect_error precision_needs_distributed "needs --use-distributed-optimizer" -- \

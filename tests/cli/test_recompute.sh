@@ -146,6 +146,17 @@ less_memory() {
 less_memory recompute_full_plans_less_memory "$work/mem_uniform1" 0.7
 less_memory recompute_selective_plans_less_memory "$work/mem_selective" 0.9
 
+# Megatron's --recompute-activations is selective recomputation of its default module
+run "$work/mem_core_attn" --num-layers 6 --seq-length 64 --train-iters 1 --recompute-granularity selective
+run "$work/mem_shorthand" --num-layers 6 --seq-length 64 --train-iters 1 --recompute-activations
+if [ -n "$(activations "$work/mem_shorthand")" ] &&
+    [ "$(activations "$work/mem_shorthand")" = "$(activations "$work/mem_core_attn")" ] &&
+    [ "$(step_numbers "$work/mem_shorthand/log.jsonl")" = "$(step_numbers "$work/mem_core_attn/log.jsonl")" ]; then
+    ok recompute_activations_is_selective
+else
+    fail recompute_activations_is_selective "activations $(activations "$work/mem_shorthand") vs $(activations "$work/mem_core_attn") MiB, or the steps differ"
+fi
+
 expect_error recompute_needs_method "recompute-method" -- "$M" train "${TINY[@]}" --recompute-granularity full \
     --recompute-num-layers 1
 expect_error recompute_needs_layers "recompute-num-layers" -- "$M" train "${TINY[@]}" --recompute-granularity full \

@@ -24,6 +24,7 @@ CASES=(
     "capacity_probs_drop|--moe-expert-capacity-factor 1.0"
     "capacity_position_padded|--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position --moe-pad-expert-input-to-capacity"
     "deepseek_mla_bias_groups|--hf-architecture deepseek_v3 ${MLA[*]} --q-lora-rank 16 --rotary-interleaved --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5 --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-shared-expert-intermediate-size 64 --moe-layer-freq [0,1]"
+    "precision_offload_fp16_bf16|--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp16 --exp-avg-sq-dtype bf16 --optimizer-cpu-offload --optimizer-offload-fraction 0.5"
     "shared_gate_forced_fp64_selective|--moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-router-force-load-balancing --moe-router-dtype fp64 --moe-router-score-function sqrtsoftplus --recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts"
 )
 # name | ranks | flags: the parallel layouts

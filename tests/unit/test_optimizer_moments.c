@@ -43,21 +43,34 @@ static void train(Optimizer *o, TensorTable *tt) {
     }
 }
 
-// Everything o stores of moment k's elements [begin, end) (one fragment) and its scale.
+// The stored bytes of element `index` of moment k, and fragment f's scale of it, wherever
+// o keeps them (host memory when offloaded; tensor memory is host memory on the cpu).
+static const unsigned char *stored_at(const Optimizer *o, int k, size_t index) {
+    size_t bytes = moment_bytes(o->dtype[k]);
+    if (index < o->offload_elements) return (const unsigned char *)o->host_moment[k] + index * bytes;
+    return (const unsigned char *)o->moment[k] + (index - o->offload_elements) * bytes;
+}
+
+static float scale_of(const Optimizer *o, int f, int k) {
+    return f < o->offloaded ? o->host_scales[f].scale[k] : o->scales[f].scale[k];
+}
+
+// Every stored bit of moment k and every scale of it equal in a and b.
 static int same_state(const Optimizer *a, const Optimizer *b, int k) {
-    size_t bytes = 0;
-    for (int r = 0; r < a->n_ranges; r++) bytes += (size_t)(a->ranges[r].end - a->ranges[r].begin);
-    bytes *= moment_bytes(a->dtype[k]);
-    if (memcmp(a->moment[k], b->moment[k], bytes)) return 0;
+    size_t elements = 0, bytes = moment_bytes(a->dtype[k]);
+    for (int r = 0; r < a->n_ranges; r++) elements += (size_t)(a->ranges[r].end - a->ranges[r].begin);
+    for (size_t i = 0; i < elements; i++)
+        if (memcmp(stored_at(a, k, i), stored_at(b, k, i), bytes)) return 0;
     for (int f = 0; f < a->n_fragments; f++)
-        if (memcmp(&a->scales[f].scale[k], &b->scales[f].scale[k], sizeof(float))) return 0;
+        if (scale_of(a, f, k) != scale_of(b, f, k)) return 0;
     return 1;
 }
 
 // Saves o's moments as a checkpoint does (values and, when `with_scales`, scales, fragment
 // by fragment) and loads them into a fresh optimizer of the same layout.
-static void round_trip(const Optimizer *o, const TensorTable *tt, Optimizer *copy, int with_scales) {
-    optimizer_init_ranges(copy, tt, o->ranges, o->n_ranges, o->dtype);
+static void round_trip(const Optimizer *o, const TensorTable *tt, Optimizer *copy, int with_scales, double offload) {
+    OptimizerOptions options = {.dtype = {o->dtype[0], o->dtype[1]}, .offload_fraction = offload};
+    optimizer_init_ranges(copy, tt, o->ranges, o->n_ranges, &options);
     optimizer_load_begin(copy);
     real *host = mt_malloc(tt->total * sizeof(real));
     for (int part = with_scales ? 0 : 1; part <= 1; part++)
@@ -74,18 +87,21 @@ static void round_trip(const Optimizer *o, const TensorTable *tt, Optimizer *cop
     free(host);
 }
 
-static void check_dtypes(MomentDtype dm, MomentDtype dv) {
+static void check_dtypes(MomentDtype dm, MomentDtype dv, double offload) {
     TensorTable tt;
     build_table(&tt);
     // two ranges cutting a tensor in two, as a distributed optimizer's shards do
     int64_t cut = (int64_t)tt.descs[TENSORS / 2].offset + 1;
     FlatRange ranges[2] = {{0, cut}, {cut, (int64_t)tt.total}};
-    MomentDtype dtype[ADAMW_MOMENTS] = {dm, dv};
+    OptimizerOptions options = {.dtype = {dm, dv}, .offload_fraction = offload};
     Optimizer o, copy;
-    optimizer_init_ranges(&o, &tt, ranges, 2, dtype);
+    optimizer_init_ranges(&o, &tt, ranges, 2, &options);
     CHECK(o.n_fragments == TENSORS + 1, "%d fragments, expected %d", o.n_fragments, TENSORS + 1);
+    int expect_offloaded = offload == 0 ? 0 : offload == 1 ? o.n_fragments : -1;
+    CHECK(expect_offloaded >= 0 ? o.offloaded == expect_offloaded : o.offloaded > 0 && o.offloaded < o.n_fragments,
+          "%d of %d fragments offloaded with fraction %g", o.offloaded, o.n_fragments, offload);
     train(&o, &tt);
-    round_trip(&o, &tt, &copy, 1);
+    round_trip(&o, &tt, &copy, 1, 1 - offload);  // the copy offloads the other part
     for (int k = 0; k < ADAMW_MOMENTS; k++) CHECK(same_state(&o, &copy, k), "moment %d: not restored exactly", k);
     // and the restored optimizer steps on exactly as the original
     real *params = mt_malloc(tt.total * sizeof(real));
@@ -104,11 +120,15 @@ static void check_dtypes(MomentDtype dm, MomentDtype dv) {
     tt_free(&tt);
 }
 
-static void test_fp32(void) { check_dtypes(MOMENT_FP32, MOMENT_FP32); }
-static void test_bf16(void) { check_dtypes(MOMENT_BF16, MOMENT_BF16); }
-static void test_fp16(void) { check_dtypes(MOMENT_FP16, MOMENT_FP16); }
-static void test_fp8(void) { check_dtypes(MOMENT_FP8, MOMENT_FP8); }
-static void test_fp8_fp16(void) { check_dtypes(MOMENT_FP8, MOMENT_FP16); }
+static void test_fp32(void) { check_dtypes(MOMENT_FP32, MOMENT_FP32, 0); }
+static void test_bf16(void) { check_dtypes(MOMENT_BF16, MOMENT_BF16, 0); }
+static void test_fp16(void) { check_dtypes(MOMENT_FP16, MOMENT_FP16, 0); }
+static void test_fp8(void) { check_dtypes(MOMENT_FP8, MOMENT_FP8, 0); }
+static void test_fp8_fp16(void) { check_dtypes(MOMENT_FP8, MOMENT_FP16, 0); }
+// --optimizer-cpu-offload: part of the state on the host, saved and restored into a copy
+// that offloads the other part
+static void test_offload_fp8_bf16_0_3(void) { check_dtypes(MOMENT_FP8, MOMENT_BF16, 0.3); }
+static void test_offload_fp32_all(void) { check_dtypes(MOMENT_FP32, MOMENT_FP32, 1); }
 
 // Why the scales are saved: for fp8, a scale re-derived from the decoded values (what a
 // load without them does, as Transformer Engine's load does) is often not the stored one
@@ -135,6 +155,8 @@ int main(void) {
     RUN(test_fp16);
     RUN(test_fp8);
     RUN(test_fp8_fp16);
+    RUN(test_offload_fp8_bf16_0_3);
+    RUN(test_offload_fp32_all);
     RUN(test_rederived_fp8_scales_differ);
     TESTS_DONE();
 }

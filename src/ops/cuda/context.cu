@@ -118,6 +118,22 @@ void cuda_free(void *p) {
     if (p) CUDA_CHECK(cudaFreeAsync(p, cuda_stream()));
 }
 
+void *cuda_host_calloc(size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess)
+        mt_die("out of page-locked host memory: %.1f MiB could not be had (%s); lower --optimizer-offload-fraction",
+               bytes / 1048576.0, cudaGetErrorString(e));
+    memset(p, 0, bytes ? bytes : 1);
+    return p;
+}
+
+void cuda_host_free(void *p) {
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));  // no copy in flight may still read it
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
 // ---- host staging: pinned memory between host buffers and device memory -------------------
 //
 // A ring of pinned slots, each with the event of its last copy. An upload copies the host

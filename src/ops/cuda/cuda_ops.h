@@ -31,6 +31,9 @@ double cuda_memory_free_bytes(void);     // free memory of the device, after cud
 void *cuda_malloc(size_t bytes);
 void *cuda_malloc_zeroed(size_t bytes);
 void cuda_free(void *p);
+// Zeroed page-locked host memory (the GPU copies to and from it at full speed), and its release.
+void *cuda_host_calloc(size_t bytes);
+void cuda_host_free(void *p);
 // The model's copies, through pinned staging (context.cu): cuda_upload returns once the
 // host bytes are staged (the device gets them in stream order), cuda_download once the
 // bytes are in host memory — it waits for the ops queued before it (a sync point).
@@ -69,6 +72,8 @@ typedef struct CudaPlugin {
     double (*memory_free_bytes)(void);
     void *(*malloc_zeroed)(size_t bytes);
     void (*free)(void *p);
+    void *(*host_calloc)(size_t bytes);
+    void (*host_free)(void *p);
     void (*upload)(void *dst, const void *host, size_t bytes);
     void (*download)(void *host, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
