@@ -129,3 +129,20 @@ for r in steps:
 PY
 )
 [ -z "$why" ] && ok ep2_comm_metrics || fail ep2_comm_metrics "$why"
+
+# Dropless routing at its worst: every token the same byte, so (top-1) every token of both
+# ranks picks the same expert, and the whole group's tokens land on one rank: exactly the
+# bound the exchange buffers are sized for once (moe/expert_parallel.h, ep_max_rows). The run
+# stays within it (an internal error otherwise), logs the largest imbalance (E = 4), counts
+# the exchange in its start-up memory line, and still equals one process.
+python3 -c "print('a' * 20000)" >"$work/same_byte.txt"
+for dispatcher in alltoall allgather; do
+    run_case "ep2_${dispatcher}_worst_imbalance" 2 --expert-model-parallel-size 2 \
+        --moe-token-dispatcher-type "$dispatcher" -- --data-path "$work/same_byte.txt" --moe-router-topk 1 --moe-router-pre-softmax --train-iters 4
+    if grep -q "^memory: .*expert exchange [0-9.]*," "$work/ep2_${dispatcher}_worst_imbalance.log" 2>/dev/null &&
+        grep -q "imbalance 4.00" "$work/ep2_${dispatcher}_worst_imbalance.log"; then
+        ok "ep2_${dispatcher}_exchange_in_memory_line"
+    else
+        fail "ep2_${dispatcher}_exchange_in_memory_line" "no expert exchange or imbalance 4.00 in: $(grep -h -m2 "^memory\|imbalance" "$work/ep2_${dispatcher}_worst_imbalance.log" | tr '\n' ' ')"
+    fi
+done
