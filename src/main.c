@@ -22,6 +22,7 @@ static void usage(FILE *out) {
             "  forward    dump logits, loss, routing and gradients of one batch (--load --input --dump)\n"
             "  data       dump the first training samples in Megatron-Core's order (--data-path --num-samples --dump)\n"
             "  prepare    tokenize .txt/.jsonl into Megatron .bin/.idx (--input --output-prefix --tokenizer-model)\n"
+            "  plan       per-rank memory and FLOPs of a training run, without allocating it (train's flags, --world-size)\n"
             "  flags      print the flag reference as markdown (docs/flags.md)\n",
             MOETRON_VERSION);
 }
@@ -84,8 +85,9 @@ static int run_command(int argc, char **argv) {
     else if (!strcmp(argv[1], "forward")) cmd = CMD_FORWARD;
     else if (!strcmp(argv[1], "data")) cmd = CMD_DATA;
     else if (!strcmp(argv[1], "prepare")) cmd = CMD_PREPARE;
+    else if (!strcmp(argv[1], "plan")) cmd = CMD_PLAN;
     else {
-        mt_die("unknown command '%s'; use train, generate, forward, data or prepare", argv[1]);
+        mt_die("unknown command '%s'; use train, generate, forward, data, prepare or plan", argv[1]);
     }
     if (has_help_flag(argc - 2, argv + 2)) {
         config_print_help(cmd, 0);
@@ -101,6 +103,7 @@ static int run_command(int argc, char **argv) {
     if (cmd == CMD_GENERATE) return generate_main(&c);
     if (cmd == CMD_DATA) return data_main(&c);
     if (cmd == CMD_PREPARE) return prepare_main(&c);
+    if (cmd == CMD_PLAN) return plan_main(&c);
     return forward_main(&c);
 }
 

@@ -8,3 +8,5 @@ int forward_main(Config *c);
 int data_main(Config *c);
 // `moetron prepare`: tokenize text / jsonl into Megatron .bin/.idx (training a BPE if asked).
 int prepare_main(Config *c);
+// `moetron plan`: what each rank of a training run would hold and compute, without allocating it.
+int plan_main(Config *c);

@@ -135,6 +135,7 @@ static const FlagSpec FLAGS[] = {
     F("recompute-activations", FLAG_BOOL, recompute_activations, TR, 0, "Megatron's shorthand for --recompute-granularity selective (with --recompute-modules, default core_attn)"),
     F("recompute-modules", FLAG_LIST, recompute_modules, TR, 0, "with --recompute-granularity selective: core_attn (attention output), moe_act (routed experts' SwiGLU), layernorm (the norms' outputs), mlp (dense FFN), shared_experts, mla_up_proj (MLA's q, k, v from the latents), moe (the whole MoE block, router to combine); one or several"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
+    F("world-size", FLAG_INT, plan_world_size, CMD_PLAN, 0, "the processes of the run to plan (0 = the fewest the layout needs); moetron plan takes every flag of train besides"),
     F("use-distributed-optimizer", FLAG_BOOL, use_distributed_optimizer, TR, 0, "shard AdamW moments over the data-parallel ranks (ZeRO-1): reduce-scatter gradients, step the shard, all-gather parameters"),
     F("use-precision-aware-optimizer", FLAG_BOOL, use_precision_aware_optimizer, TR, 0, "let --exp-avg-dtype / --exp-avg-sq-dtype store the AdamW moments narrower, as Transformer Engine's FusedAdam (needs --use-distributed-optimizer, as in Megatron)"),
     F("main-grads-dtype", FLAG_STRING, main_grads_dtype, TR, 0, "fp32: the gradients the optimizer reads (moetron's are fp32; bf16 is refused)"),
@@ -413,8 +414,13 @@ static const char *command_name(Command cmd) {
            : cmd == CMD_GENERATE ? "generate"
            : cmd == CMD_FORWARD  ? "forward"
            : cmd == CMD_DATA     ? "data"
+           : cmd == CMD_PLAN     ? "plan"
                                  : "prepare";
 }
+
+// The flags a command takes: its own, and for plan every flag of train too (it plans a
+// training run from the same command line).
+static unsigned accepted_by(Command cmd) { return cmd == CMD_PLAN ? CMD_TRAIN | CMD_PLAN : cmd; }
 
 void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
     naming = c;
@@ -444,7 +450,7 @@ void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
             value = NULL;
         }
         if (!f) mt_die("unknown flag '--%s' (see moetron %s --help)", name, command_name(cmd));
-        if (!(f->commands & cmd))
+        if (!(f->commands & accepted_by(cmd)))
             mt_die("--%s does not apply to 'moetron %s'%s", name, command_name(cmd),
                    f->architecture ? " (the model shape comes from the checkpoint)" : "");
         char list[1024];
@@ -1090,7 +1096,7 @@ void config_print_help(Command cmd, int markdown) {
             const FlagSpec *f = &FLAGS[i];
             format_default(&defaults, f, def, sizeof(def));
             char cmds[64] = "";
-            for (unsigned bit = CMD_TRAIN; bit <= CMD_PREPARE; bit <<= 1)
+            for (unsigned bit = CMD_TRAIN; bit <= CMD_PLAN; bit <<= 1)
                 if (f->commands & bit)
                     snprintf(cmds + strlen(cmds), sizeof(cmds) - strlen(cmds), "%s%s", cmds[0] ? " " : "",
                              command_name((Command)bit));
@@ -1101,7 +1107,7 @@ void config_print_help(Command cmd, int markdown) {
     printf("usage: moetron %s [flags]\n\n", command_name(cmd));
     for (int i = 0; i < FLAG_COUNT; i++) {
         const FlagSpec *f = &FLAGS[i];
-        if (!(f->commands & cmd)) continue;
+        if (!(f->commands & accepted_by(cmd))) continue;
         format_default(&defaults, f, def, sizeof(def));
         printf("  --%-36s %s [%s]\n", f->name, f->help, def);
     }

@@ -114,6 +114,7 @@ typedef struct {
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks
+    int plan_world_size;            // moetron plan --world-size (0: the fewest the layout needs)
     // --use-precision-aware-optimizer (docs/memory.md): the AdamW moments stored narrower
     int use_precision_aware_optimizer;
     char main_grads_dtype[8];       // fp32 (moetron's gradients are fp32)
@@ -212,7 +213,7 @@ typedef enum {
 extern const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES];
 extern const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES];  // "p2p", "a2a", "allgather", "a2a+p2p"
 
-typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16 } Command;
+typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16, CMD_PLAN = 32 } Command;
 
 void config_defaults(Config *c);
 // Parse argv (after the command word) into c; unknown flags and bad values are fatal.

@@ -104,41 +104,63 @@ int group_index_of(const ParallelSizes *s, GroupKind kind, int rank) {
     return index;
 }
 
-// The world ranks of this rank's CP group, learnt by gathering them.
-static int *cp_world_ranks(const Comm *cp) {
-    int64_t mine = comm_world_rank(), *gathered = mt_malloc((size_t)cp->size * sizeof(int64_t));
-    comm_allgather_int64(cp, &mine, gathered, 1);
-    int *ranks = mt_malloc((size_t)cp->size * sizeof(int));
-    for (int i = 0; i < cp->size; i++) ranks[i] = (int)gathered[i];
-    free(gathered);
-    return ranks;
+// How a group is made from its world ranks, seen from world rank `me`: a communicator
+// (comm_group, collective), or only its description (rank and size: parallel_groups_describe).
+typedef Comm (*GroupMaker)(const char *name, const int *ranks, int n, int me);
+
+static Comm communicator(const char *name, const int *ranks, int n, int me) { return comm_group(name, ranks, n); }
+
+static Comm description(const char *name, const int *ranks, int n, int me) {
+    Comm g = {.name = name, .rank = -1, .size = 0};
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == me) g.rank = i, g.size = n;
+    return g;
 }
 
 // The inner groups (consecutive CP ranks) and outer ones (every inner-th) of size `inner`.
-// Collective over the world: every rank makes one of each.
-static void make_cp_hierarchy(ParallelGroups *pg, int inner) {
+// Collective over the world when the maker is: every rank makes one of each.
+static void make_cp_hierarchy(ParallelGroups *pg, int inner, int me, GroupMaker make) {
     const Comm *cp = &pg->comm[PG_CP];
-    int outer = cp->size / inner, *ranks = cp_world_ranks(cp), *members = mt_malloc((size_t)cp->size * sizeof(int));
-    int inner_rank = cp->rank % inner, outer_rank = cp->rank / inner;
+    int *ranks = mt_malloc((size_t)cp->size * sizeof(int)), *members = mt_malloc((size_t)cp->size * sizeof(int));
+    group_ranks(&pg->sizes, PG_CP, group_index_of(&pg->sizes, PG_CP, me), ranks);
+    int outer = cp->size / inner, inner_rank = cp->rank % inner, outer_rank = cp->rank / inner;
     for (int i = 0; i < inner; i++) members[i] = ranks[outer_rank * inner + i];
-    pg->cp_inner = comm_group("cp_inner", members, inner);
+    pg->cp_inner = make("cp_inner", members, inner, me);
     for (int o = 0; o < outer; o++) members[o] = ranks[o * inner + inner_rank];
-    pg->cp_outer = comm_group("cp_outer", members, outer);
+    pg->cp_outer = make("cp_outer", members, outer, me);
     free(members);
     free(ranks);
 }
 
-void parallel_groups_init(ParallelGroups *pg, const Config *c) {
-    parallel_sizes_init(&pg->sizes, comm_world_size(), c->tensor_model_parallel_size, c->context_parallel_size,
+static void build_groups(ParallelGroups *pg, const Config *c, int world, int me, GroupMaker make) {
+    parallel_sizes_init(&pg->sizes, world, c->tensor_model_parallel_size, c->context_parallel_size,
                         c->pipeline_model_parallel_size, c->expert_model_parallel_size,
                         c->expert_tensor_parallel_size);
     int *ranks = mt_malloc((size_t)pg->sizes.world * sizeof(int));
     for (int k = 0; k < PG_COUNT; k++) {
-        group_ranks(&pg->sizes, k, group_index_of(&pg->sizes, k, comm_world_rank()), ranks);
-        pg->comm[k] = comm_group(KINDS[k].name, ranks, group_size(&pg->sizes, k));
+        group_ranks(&pg->sizes, k, group_index_of(&pg->sizes, k, me), ranks);
+        pg->comm[k] = make(KINDS[k].name, ranks, group_size(&pg->sizes, k), me);
     }
     free(ranks);
-    make_cp_hierarchy(pg, c->cp_a2a_size > 0 ? c->cp_a2a_size : 1);
+    make_cp_hierarchy(pg, c->cp_a2a_size > 0 ? c->cp_a2a_size : 1, me, make);
+}
+
+void parallel_layout_check(const ParallelSizes *s, const Config *c) {
+    if (s->etp > 1 && !c->num_experts)
+        mt_die("--expert-tensor-parallel-size %d needs a MoE model (--num-experts)", s->etp);
+    if (s->ep > 1 && !c->num_experts)
+        mt_die("--expert-model-parallel-size %d needs a MoE model (--num-experts)", s->ep);
+    if (c->num_micro_batches % s->dp)
+        mt_die("--global-batch-size %d must be a multiple of --micro-batch-size %d times the %d data-parallel "
+               "ranks", c->global_batch_size, c->micro_batch_size, s->dp);
+}
+
+void parallel_groups_init(ParallelGroups *pg, const Config *c) {
+    build_groups(pg, c, comm_world_size(), comm_world_rank(), communicator);
+}
+
+void parallel_groups_describe(ParallelGroups *pg, const Config *c, int world, int rank) {
+    build_groups(pg, c, world, rank, description);
 }
 
 void parallel_groups_free(ParallelGroups *pg) {

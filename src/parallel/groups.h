@@ -65,4 +65,12 @@ typedef struct {
 // --pipeline-model-parallel-size, --expert-model-parallel-size and
 // --expert-tensor-parallel-size and the world size.
 void parallel_groups_init(ParallelGroups *pg, const Config *c);
+// What a training run needs of its sizes besides divisibility: expert parallelism needs
+// experts, and the global batch whole micro-batches for every data-parallel rank. Dies with
+// one line naming the flags.
+void parallel_layout_check(const ParallelSizes *s, const Config *c);
+// The same groups of world rank `rank` of a world of `world` processes, described only
+// (each Comm's rank and size, no communicator: never used to communicate), for planning a
+// layout without launching it (train/memory_plan.h). Freed with parallel_groups_free.
+void parallel_groups_describe(ParallelGroups *pg, const Config *c, int world, int rank);
 void parallel_groups_free(ParallelGroups *pg);

@@ -7,6 +7,20 @@
 #include "core/timer.h"
 #include "ops/ops.h"
 
+// This rank's shard of a region's range: its part of the comm's ranks' equal cuts when the
+// distributed optimizer shards it, else all of it.
+static FlatRange region_shard(const Comm *comm, FlatRange range, int distributed) {
+    int64_t total = range.end - range.begin, n = comm->size;
+    if (!distributed || n <= 1) return range;
+    return (FlatRange){range.begin + total * comm->rank / n, range.begin + total * (comm->rank + 1) / n};
+}
+
+// The dense and expert regions of tt.
+static FlatRange region_range(const TensorTable *tt, int region) {
+    return region == REGION_DENSE ? (FlatRange){0, (int64_t)tt->dense_total}
+                                  : (FlatRange){(int64_t)tt->dense_total, (int64_t)tt->total};
+}
+
 static void region_init(GradRegion *r, const Comm *comm, FlatRange range, int distributed) {
     r->comm = comm;
     r->range = range;
@@ -14,18 +28,15 @@ static void region_init(GradRegion *r, const Comm *comm, FlatRange range, int di
     int64_t total = range.end - range.begin, n = comm->size;
     r->counts = mt_malloc((size_t)n * sizeof(size_t));
     for (int64_t q = 0; q < n; q++) r->counts[q] = (size_t)(total * (q + 1) / n - total * q / n);
-    r->shard = range;
-    if (r->sharded)
-        r->shard = (FlatRange){range.begin + total * comm->rank / n, range.begin + total * (comm->rank + 1) / n};
+    r->shard = region_shard(comm, range, distributed);
     r->buffer = r->sharded ? device_calloc((size_t)MT_MAX(r->shard.end - r->shard.begin, 1), sizeof(real)) : NULL;
 }
 
 void grad_sync_init(GradSync *g, const GradGroups *groups, const TensorTable *tt, int distributed, int parts) {
     const Comm *dp = groups->dp, *edp = groups->edp;
     memset(g, 0, sizeof(*g));
-    region_init(&g->region[REGION_DENSE], dp, (FlatRange){0, (int64_t)tt->dense_total}, distributed);
-    region_init(&g->region[REGION_EXPERT], edp, (FlatRange){(int64_t)tt->dense_total, (int64_t)tt->total},
-                distributed);
+    region_init(&g->region[REGION_DENSE], dp, region_range(tt, REGION_DENSE), distributed);
+    region_init(&g->region[REGION_EXPERT], edp, region_range(tt, REGION_EXPERT), distributed);
     g->ep = groups->ep;
     g->tp = groups->tp;
     g->etp = groups->etp;
@@ -48,6 +59,17 @@ void grad_sync_free(GradSync *g) {
 
 int grad_sync_shards(const GradSync *g, FlatRange *ranges) {
     for (int r = 0; r < REGIONS; r++) ranges[r] = g->region[r].shard;
+    return REGIONS;
+}
+
+int grad_sync_plan_shards(const GradGroups *groups, const TensorTable *tt, int distributed, FlatRange *ranges,
+                          double *buffer_elements) {
+    const Comm *comm[REGIONS] = {groups->dp, groups->edp};
+    *buffer_elements = 0;
+    for (int r = 0; r < REGIONS; r++) {
+        ranges[r] = region_shard(comm[r], region_range(tt, r), distributed);
+        if (distributed && comm[r]->size > 1) *buffer_elements += (double)MT_MAX(ranges[r].end - ranges[r].begin, 1);
+    }
     return REGIONS;
 }
 

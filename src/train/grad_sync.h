@@ -53,6 +53,10 @@ void grad_sync_init(GradSync *g, const GradGroups *groups, const TensorTable *tt
 void grad_sync_free(GradSync *g);
 // The element ranges this rank's optimizer steps (its shards), for optimizer_init_ranges.
 int grad_sync_shards(const GradSync *g, FlatRange *ranges);
+// The same shards from the groups' sizes and ranks alone (nothing allocated: the memory plan,
+// train/memory_plan.h), and the elements of the reduce-scatter buffers grad_sync_init makes.
+int grad_sync_plan_shards(const GradGroups *groups, const TensorTable *tt, int distributed, FlatRange *ranges,
+                          double *buffer_elements);
 // After backward: the summed gradients of this rank's shards, in tt->grads.
 void grad_sync_reduce(GradSync *g, TensorTable *tt);
 // Overlapped reduction (when g->overlap): during the last micro-batch's backward, start

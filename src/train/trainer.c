@@ -34,6 +34,7 @@
 #include "moe/expert_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/memory_check.h"
+#include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
@@ -278,15 +279,8 @@ static double evaluate(Trainer *t) {
 static void setup_parallel(Trainer *t) {
     const Config *c = t->cfg;
     parallel_groups_init(&t->groups, c);
-    const ParallelSizes *ps = &t->groups.sizes;
-    if (ps->etp > 1 && !c->num_experts)
-        mt_die("--expert-tensor-parallel-size %d needs a MoE model (--num-experts)", ps->etp);
-    if (ps->ep > 1 && !c->num_experts)
-        mt_die("--expert-model-parallel-size %d needs a MoE model (--num-experts)", ps->ep);
+    parallel_layout_check(&t->groups.sizes, c);
     t->dp = &t->groups.comm[PG_DP];
-    if (c->num_micro_batches % t->dp->size)
-        mt_die("--global-batch-size %d must be a multiple of --micro-batch-size %d times the %d data-parallel "
-               "ranks", c->global_batch_size, c->micro_batch_size, t->dp->size);
 }
 
 // Every rank's peak resident memory (MB), on every rank.
@@ -319,26 +313,6 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
 // What the run will hold: parameters and gradients of this rank's tensors, the moments of
 // its optimizer shards, and the activations its schedule keeps (their buffer plans, laid
 // out without allocating: one micro-batch's per chunk without PP).
-static void check_memory(Trainer *t, const FlatRange *shards, int n_shards) {
-    const Config *c = t->cfg;
-    MemoryNeed need = {.parameters = (double)t->model.tt.total * sizeof(real),
-                       .micro_batch_size = c->micro_batch_size, .seq_length = rank_seq_length(t)};
-    need.gradients = need.parameters;
-    MomentDtype dtype[ADAMW_MOMENTS] = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]};
-    double elements = 0;
-    for (int r = 0; r < n_shards; r++) elements += (double)(shards[r].end - shards[r].begin);
-    // at most one scale pair per tensor and range; offloaded state (about the fraction asked:
-    // whole shards) is host memory, with a copy of its weights and its gradients: on a GPU
-    // it leaves the device, on the cpu it adds those copies
-    double offloaded = c->optimizer_cpu_offload ? c->optimizer_offload_fraction * elements : 0;
-    need.optimizer = optimizer_state_bytes(dtype, elements - offloaded, (double)t->model.tt.count * n_shards);
-    if (device_active() != DEVICE_CUDA)
-        need.optimizer += optimizer_state_bytes(dtype, offloaded, 0) + 2.0 * offloaded * sizeof(real);
-    need.activations = pipeline_activation_bytes(&t->pipeline);
-    need.exchange = pipeline_exchange_bytes(&t->pipeline);
-    memory_check_fits(&need);
-    t->memory_need = need;  // reported with the banner
-}
 
 // The whole model's parameters and those one token uses (experts of every expert-parallel
 // rank, layers of every pipeline stage; the tied LM head's copy once).
@@ -401,20 +375,17 @@ static void trainer_setup(Trainer *t, Config *c) {
         c->log_jsonl[0] = 0;
         if (!freopen("/dev/null", "w", stdout)) mt_die("cannot silence the output of rank %d", comm_world_rank());
     }
-    const Comm *pg = t->groups.comm;
-    // global_aux_loss counts: one rank of each micro-batch's (its TP x CP token group's) per data-parallel rank
-    ModelGroups groups = {.tp = &pg[PG_TP], .ep = &pg[PG_EP], .etp = &pg[PG_ETP], .etp_ep = &pg[PG_ETP_EP],
-                          .count = &pg[PG_DP], .cp = &pg[PG_CP], .tp_cp = &pg[PG_TP_CP],
-                          .cp_inner = &t->groups.cp_inner, .cp_outer = &t->groups.cp_outer, .pp = &pg[PG_PP]};
+    ModelGroups groups = plan_model_groups(&t->groups);
     model_describe(&t->model, c, &groups);
     count_parameters(t);
     setup_pipeline(t);
-    GradGroups grad_groups = {.dp = &pg[PG_DP_CP], .edp = &pg[PG_EDP], .ep = &pg[PG_EP], .tp = &pg[PG_TP],
-                              .etp = &pg[PG_ETP], .pp = &pg[PG_PP]};
+    GradGroups grad_groups = plan_grad_groups(&t->groups);
+    // before the large buffers exist (the same plan as `moetron plan`'s)
+    t->memory_need = memory_plan(c, &t->model, &t->pipeline, &grad_groups, device_active() == DEVICE_CUDA);
+    memory_check_fits(&t->memory_need);
     grad_sync_init(&t->sync, &grad_groups, &t->model.tt, c->use_distributed_optimizer, c->num_layers + 2);
     FlatRange shards[REGIONS];
     int n_shards = grad_sync_shards(&t->sync, shards);
-    check_memory(t, shards, n_shards);  // before the large buffers exist
     model_allocate(&t->model);
     OptimizerOptions options = {.dtype = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]},
                                 .offload_fraction = c->optimizer_cpu_offload ? c->optimizer_offload_fraction : 0};
