@@ -23,13 +23,14 @@ typedef struct {
 } PlanRow;
 
 static double total_bytes(const MemoryNeed *n) {
-    return n->parameters + n->gradients + n->optimizer + n->activations + n->exchange;
+    return n->parameters + n->gradients + n->optimizer + n->activations + n->exchange + n->reduction;
 }
 
 static int same_need(const PlanRow *row, const MemoryNeed *n, int stage) {
     const MemoryNeed *a = &row->need;
     return row->stage == stage && a->parameters == n->parameters && a->gradients == n->gradients &&
-           a->optimizer == n->optimizer && a->activations == n->activations && a->exchange == n->exchange;
+           a->optimizer == n->optimizer && a->activations == n->activations && a->exchange == n->exchange &&
+           a->reduction == n->reduction;
 }
 
 // Appends world rank r to a row's list ("0-3 8-11"; "..." once it is long).
@@ -80,9 +81,9 @@ static int fewest_processes(const Config *c) {
 
 static void print_row(const PlanRow *row) {
     const MemoryNeed *n = &row->need;
-    printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", row->rank_list, row->stage,
-           n->parameters / MIB, n->gradients / MIB, n->optimizer / MIB, n->exchange / MIB, n->activations / MIB,
-           total_bytes(n) / MIB);
+    printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", row->rank_list, row->stage,
+           n->parameters / MIB, n->gradients / MIB, n->optimizer / MIB, n->exchange / MIB, n->reduction / MIB,
+           n->activations / MIB, total_bytes(n) / MIB);
 }
 
 // The whole model's parameters and those one token uses (the one-process layout's table).
@@ -122,8 +123,9 @@ int plan_main(Config *c) {
            "counted)\n", tokens, c->global_batch_size, c->seq_length, flops / 1e12, flops / 1e12 / world);
     printf("\nmemory per rank in MiB (micro-batches of %d x %d tokens; %s):\n\n", c->micro_batch_size,
            c->seq_length / sizes.cp, !strcmp(c->device, "cuda") ? "on the GPU" : "host memory");
-    printf("| ranks | stage | parameters | gradients | AdamW moments | expert exchange | activations | total |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("| ranks | stage | parameters | gradients | AdamW moments | expert exchange | gradient reductions | "
+           "activations | total |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
     PlanRow *rows = mt_calloc((size_t)world, sizeof(PlanRow));
     int *last = mt_calloc((size_t)world, sizeof(int)), n_rows = 0;
     for (int r = 0; r < world; r++) {

@@ -32,6 +32,14 @@ static size_t moe_rows(const Config *c, const LayoutPlan *p, int N_local, int N)
     return dispatch_max_rows(N_local, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor, 0);
 }
 
+// Under expert parallelism the experts compute in the exchange's rows (moe/expert_parallel.h):
+// the local plan's rows then need no expert activations, and with the allgather dispatcher
+// (which gathers the tokens instead) no dispatched rows either.
+static size_t local_expert_rows(const Model *m, size_t rows) { return m->ep.comm ? 0 : rows; }
+static size_t local_dispatched_rows(const Model *m, size_t rows) {
+    return m->ep.comm && m->ep.dispatcher == DISPATCH_ALLGATHER ? 0 : rows;
+}
+
 static void plan_router(BufferPlan *bp, MoeActs *ma, const LayoutPlan *p, int N, int B) {
     size_t E = p->experts, choices = (size_t)N * p->topk;
     SAVED(bp, ma->logits, N, E);
@@ -73,12 +81,13 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
         SAVED_OR_ALIAS(bp, p->sequence_parallel, ma->shared_gate_full, N_all, 1, ma->shared_gate);
         SAVED(bp, ma->shared_out, N, H);
     }
-    SAVED(bp, ma->rows_in, rows, H);
-    SAVED(bp, ma->row_probs, rows, 1);
-    SAVED(bp, ma->experts.gate, rows, I);
-    SAVED(bp, ma->experts.up, rows, I);
-    SAVED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, rows, I, a->recomputed.moe_act);
-    SAVED(bp, ma->rows_out, rows, H);
+    size_t dispatched = local_dispatched_rows(m, rows), computed = local_expert_rows(m, rows);
+    SAVED(bp, ma->rows_in, dispatched, H);
+    SAVED(bp, ma->row_probs, dispatched, 1);
+    SAVED(bp, ma->experts.gate, computed, I);
+    SAVED(bp, ma->experts.up, computed, I);
+    SAVED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, a->recomputed.moe_act);
+    SAVED(bp, ma->rows_out, dispatched, H);
 }
 
 static void plan_mla(BufferPlan *bp, MlaActs *ma, ModelActs *a, const Config *c, int heads, int N, int own_up) {
@@ -251,7 +260,7 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
     }
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE)) plan_moe(bp, &a->recomputed.moe, a, m, B, T);
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE_ACT))
-        WORKSPACE(bp, a->recomputed.moe_act, moe_rows(&m->cfg, p, N_local, N), p->moe_ffn);
+        WORKSPACE(bp, a->recomputed.moe_act, local_expert_rows(m, moe_rows(&m->cfg, p, N_local, N)), p->moe_ffn);
 }
 
 // A chunk's layers: each recomputed group's input, every other layer whole.
@@ -281,11 +290,12 @@ static void plan_mla_scratch(BufferPlan *bp, ModelActs *a, const Config *c, int 
     }
 }
 
-static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const LayoutPlan *p, size_t rows) {
+// dispatched: the local plan's rows whose gradients the dispatcher needs (local_dispatched_rows)
+static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const LayoutPlan *p, size_t dispatched) {
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
-    WORKSPACE(bp, a->d_rows_in, rows, H);
-    WORKSPACE(bp, a->d_rows_out, rows, H);
-    WORKSPACE(bp, a->d_row_probs, rows, 1);
+    WORKSPACE(bp, a->d_rows_in, dispatched, H);
+    WORKSPACE(bp, a->d_rows_out, dispatched, H);
+    WORKSPACE(bp, a->d_row_probs, dispatched, 1);
     WORKSPACE(bp, a->d_choice_probs, N_local, p->topk);
     WORKSPACE(bp, a->d_router_logits, N_local, p->experts);
     WORKSPACE(bp, a->d_router_input, N_local, H);
@@ -302,7 +312,7 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, 
     AttentionWidths w = p->width;
     // FFN scratch serves dense layers (N rows of F), experts (rows of I), shared experts (N rows of Is)
     size_t rows = c->num_experts ? moe_rows(c, p, N_local, N) : 0;
-    size_t ffn_scratch = MT_MAX((size_t)N * p->ffn, rows * p->moe_ffn);
+    size_t ffn_scratch = MT_MAX((size_t)N * p->ffn, local_expert_rows(m, rows) * p->moe_ffn);
     ffn_scratch = MT_MAX(ffn_scratch, (size_t)N * p->shared_ffn);
     if (holds_head) WORKSPACE(bp, a->d_token_loss, N, 1);
     buffer_real(bp, &a->d_resid, "a->d_resid", N_local, H, BUF_STAGE_IO);  // the gradient a stage hands back
@@ -320,7 +330,7 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, 
     WORKSPACE(bp, a->d_gate, ffn_scratch, 1);
     WORKSPACE(bp, a->d_up, ffn_scratch, 1);
     WORKSPACE(bp, a->d_act, ffn_scratch, 1);
-    if (rows) plan_moe_scratch(bp, a, p, rows);
+    if (rows) plan_moe_scratch(bp, a, p, local_dispatched_rows(m, rows));
 }
 
 // The batch as the model reads it (acts_stage_batch) and what leaves the last block.
@@ -358,7 +368,9 @@ EpExchangeShape acts_exchange_shape(const Model *m, int B, int T) {
 double model_exchange_scratch_bytes(const Model *m, int B, int T) {
     if (!m->ep.gather) return 0;
     EpExchangeShape shape = acts_exchange_shape(m, B, T);
-    return PASS_KINDS * ep_buffers_bytes(&m->ep, &shape);
+    const LayoutPlan *p = &m->plan;
+    int recomputes_moe = p->recompute_groups || plan_recomputes(p, RECOMPUTE_MOE);  // a recompute pass exchanges
+    return ep_buffers_bytes(&m->ep, &shape, 0) * (recomputes_moe ? 2 : 1) + ep_buffers_bytes(&m->ep, &shape, 1);
 }
 
 // The exchange states the chunk's MoE layers hold (moe/expert_parallel.h): one each, but the

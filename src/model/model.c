@@ -322,7 +322,7 @@ void model_allocate(Model *m) {
     m->rope_cos_sin = device_calloc(table, sizeof(real));
     device_upload(m->rope_cos_sin, cos_sin, table * sizeof(real));
     free(cos_sin);
-    for (int pass = 0; pass < PASS_KINDS && m->ep.gather; pass++) m->ep_buffers[pass] = ep_buffers_new();
+    for (int pass = 0; pass < PASS_KINDS && m->ep.gather; pass++) m->ep_buffers[pass] = ep_buffers_new(pass == PASS_BACKWARD);
 }
 
 // The elements of a tensor's piece in the order of the global tensor: global element j

@@ -40,6 +40,7 @@ typedef struct EpLayer {
 
 // Scratch shared by the layers (not needed after the call that fills it).
 struct EpBuffers {
+    int gradients;                    // a backward pass's: the gradient buffers too
     size_t row_capacity;
     real *exchange, *exchange_probs;  // (rows,H), (rows): rows as they travel, [source][expert]
     real *own, *own_probs;            // (rows,H), (rows) with ETP: the rows that came over EP
@@ -97,9 +98,9 @@ static size_t layer_reals_per_row(const EpExchangeShape *s) {
     return 2 * (size_t)s->hidden + 1 + (size_t)s->moe_ffn * (s->act_shared ? 2 : 3);
 }
 
-static size_t buffers_reals_per_row(const ExpertParallel *ep, const EpExchangeShape *s) {
+static size_t buffers_reals_per_row(const ExpertParallel *ep, const EpExchangeShape *s, int gradients) {
     size_t H = s->hidden, I = s->moe_ffn;
-    return (H + 1) * (ep->etp ? 2 : 1) + 2 * H + 1 + 3 * I + (s->act_shared ? I : 0);
+    return (H + 1) * (ep->etp ? 2 : 1) + (gradients ? 2 * H + 1 + 3 * I : 0) + (s->act_shared ? I : 0);
 }
 
 static size_t gathered_tokens(const ExpertParallel *ep, const EpExchangeShape *s) {
@@ -111,9 +112,9 @@ double ep_layer_bytes(const ExpertParallel *ep, const EpExchangeShape *s) {
     return (double)ep_max_rows(ep, s) * layer_reals_per_row(s) * sizeof(real) + (double)choices * 5 * sizeof(int32_t);
 }
 
-double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s) {
+double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s, int gradients) {
     size_t tokens = gathered_tokens(ep, s);
-    return (double)ep_max_rows(ep, s) * buffers_reals_per_row(ep, s) * sizeof(real) +
+    return (double)ep_max_rows(ep, s) * buffers_reals_per_row(ep, s, gradients) * sizeof(real) +
            (double)tokens * (s->hidden + s->topk) * sizeof(real);
 }
 
@@ -189,7 +190,11 @@ void ep_layer_free(MoeActs *ma) {
     ma->ep = NULL;
 }
 
-struct EpBuffers *ep_buffers_new(void) { return mt_calloc(1, sizeof(struct EpBuffers)); }
+struct EpBuffers *ep_buffers_new(int gradients) {
+    struct EpBuffers *b = mt_calloc(1, sizeof(struct EpBuffers));
+    b->gradients = gradients;
+    return b;
+}
 
 void ep_buffers_free(struct EpBuffers *b) {
     if (!b) return;
@@ -221,6 +226,7 @@ static struct EpBuffers *buffers_for_rows(const MoeDispatchContext *ctx, size_t 
         resize(&b->own, cap * H);
         resize(&b->own_probs, cap);
     }
+    if (!b->gradients) return b;
     resize(&b->d_rows_out, cap * H);
     resize(&b->d_rows_in, cap * H);
     resize(&b->d_row_probs, cap);

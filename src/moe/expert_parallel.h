@@ -55,7 +55,7 @@ typedef struct {
 // The scratch of the token exchange, shared by the layers of a model, made when tokens
 // travel between ranks (ExpertParallel.gather).
 struct EpBuffers;
-struct EpBuffers *ep_buffers_new(void);
+struct EpBuffers *ep_buffers_new(int gradients);  // gradients: a backward pass's (its gradient buffers too)
 void ep_buffers_free(struct EpBuffers *b);  // b may be NULL
 // Seconds b spent in the token exchange since the last call (and restart the count); 0 for NULL.
 double ep_take_comm_seconds(struct EpBuffers *b);
@@ -77,9 +77,10 @@ typedef struct {
 // the routing, no more: the row buffers are made this size once (dropless MoE cannot grow
 // them step after step).
 size_t ep_max_rows(const ExpertParallel *ep, const EpExchangeShape *s);
-// Bytes of one layer's exchange state, and of one pass's shared scratch, for that bound.
+// Bytes of one layer's exchange state, and of one pass's shared scratch (gradients: a
+// backward pass's), for that bound.
 double ep_layer_bytes(const ExpertParallel *ep, const EpExchangeShape *s);
-double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s);
+double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s, int gradients);
 // A MoE layer's exchange state (the rows this rank's experts computed, their counts and
 // sizes): made on the layer's first exchange, or now by ep_layer_prepare (when several
 // layers' MoeActs are to share one: the recompute slots, model/activations.c); ep_layer_free

@@ -38,17 +38,19 @@ double memory_process_limit_bytes(void) {
 static const double GiB = 1024.0 * 1024 * 1024;
 
 static double need_per_process(const MemoryNeed *need) {
-    return need->parameters + need->gradients + need->optimizer + need->activations + need->exchange;
+    return need->parameters + need->gradients + need->optimizer + need->activations + need->exchange +
+           need->reduction;
 }
 
 static void die_short(const MemoryNeed *need, const char *shared, double available, const char *what) {
     mt_die("the run needs about %.2f GiB per process (parameters %.2f, gradients %.2f, AdamW moments %.2f, "
-           "expert exchange %.2f, activations %.2f for micro-batches of %d x %d tokens)%s but only %.2f GiB are "
-           "available (%s); "
+           "expert exchange %.2f, gradient reductions %.2f, activations %.2f for micro-batches of %d x %d tokens)%s but "
+           "only %.2f GiB are available (%s); "
            "lower --micro-batch-size or --seq-length, shrink the model, or spread it over more processes with "
            "--use-distributed-optimizer / --expert-model-parallel-size / --context-parallel-size",
            need_per_process(need) / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
-           need->exchange / GiB, need->activations / GiB, need->micro_batch_size, need->seq_length, shared,
+           need->exchange / GiB, need->reduction / GiB, need->activations / GiB, need->micro_batch_size,
+           need->seq_length, shared,
            available / GiB, what);
 }
 
@@ -67,8 +69,11 @@ void memory_check_fits(const MemoryNeed *need) {
 
 void memory_need_print(const MemoryNeed *need) {
     const double MiB = 1024.0 * 1024;
-    char exchange[64] = "";
+    char exchange[128] = "";
     if (need->exchange > 0) snprintf(exchange, sizeof(exchange), ", expert exchange %.1f", need->exchange / MiB);
+    if (need->reduction > 0)
+        snprintf(exchange + strlen(exchange), sizeof(exchange) - strlen(exchange), ", gradient reductions %.1f",
+                 need->reduction / MiB);
     printf("memory: per process %.1f MiB (parameters %.1f, gradients %.1f, AdamW moments %.1f%s, activations %.1f "
            "for micro-batches of %d x %d tokens)\n",
            need_per_process(need) / MiB, need->parameters / MiB, need->gradients / MiB, need->optimizer / MiB,

@@ -7,6 +7,7 @@
 typedef struct {
     double parameters, gradients, optimizer, activations;  // bytes of this process
     double exchange;  // the expert-parallel exchange's buffers at their bound (moe/expert_parallel.h)
+    double reduction; // the temporaries of the gradient reductions in flight (the MPI library's)
     int micro_batch_size, seq_length;                      // this rank's micro-batches (T/CP with context parallelism)
 } MemoryNeed;
 

@@ -31,6 +31,18 @@ static double optimizer_bytes(const Config *c, const TensorTable *tt, const Flat
     return bytes;
 }
 
+// The gradient reductions over the data-parallel groups (all-reduces, or the distributed
+// optimizer's reduce-scatters) run in flight layer after layer through the backward, and an
+// MPI library holds a temporary of each one's size until it completes: at most the region's
+// gradients. (NCCL on a GPU works in fixed buffers of its own.)
+static double reduction_bytes(const TensorTable *tt, const GradGroups *gg, int on_gpu) {
+    if (on_gpu) return 0;
+    double bytes = 0;
+    if (gg->dp->size > 1) bytes += (double)tt->dense_total * sizeof(real);
+    if (gg->edp->size > 1) bytes += (double)(tt->total - tt->dense_total) * sizeof(real);
+    return bytes;
+}
+
 MemoryNeed memory_plan(const Config *c, const Model *m, const Pipeline *pl, const GradGroups *gg, int on_gpu) {
     const TensorTable *tt = &m->tt;
     MemoryNeed need = {.parameters = (double)tt->total * sizeof(real), .micro_batch_size = c->micro_batch_size,
@@ -42,5 +54,6 @@ MemoryNeed memory_plan(const Config *c, const Model *m, const Pipeline *pl, cons
     need.optimizer = optimizer_bytes(c, tt, shards, n_shards, on_gpu);
     need.activations = pipeline_activation_bytes(pl);
     need.exchange = pipeline_exchange_bytes(pl);
+    need.reduction = reduction_bytes(tt, gg, on_gpu);
     return need;
 }

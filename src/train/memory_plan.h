@@ -17,6 +17,7 @@ GradGroups plan_grad_groups(const ParallelGroups *pg);
 // activations (pipeline_init), gg its gradient groups; on_gpu: the device is a GPU (state
 // offloaded by --optimizer-cpu-offload leaves it; elsewhere that state and its host copies
 // count). Parameters, gradients (with the distributed optimizer's reduce-scatter buffers),
-// AdamW moments (their dtypes, scales), activations (every buffer plan in flight) and the
-// expert exchange at its bound.
+// AdamW moments (their dtypes, scales), activations (every buffer plan in flight), the
+// expert exchange at its bound, and the MPI library's temporaries of the gradient
+// reductions in flight.
 MemoryNeed memory_plan(const Config *c, const Model *m, const Pipeline *pl, const GradGroups *gg, int on_gpu);
