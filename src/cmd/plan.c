@@ -20,6 +20,7 @@ typedef struct {
     int stage;
     int first_rank, ranks;
     char rank_list[160];
+    char chunks[512];  // each model chunk's activations per micro-batch and micro-batches in flight
 } PlanRow;
 
 static double total_bytes(const MemoryNeed *n) {
@@ -50,8 +51,22 @@ static void add_rank(PlanRow *row, int r, int *last) {
     *last = r;
 }
 
+// "45.1 x 12, 45.1 x 10, ...": each chunk's activations (plan and exchange) per micro-batch
+// in MiB, times the micro-batches the schedule keeps in flight.
+static void describe_chunks(const Pipeline *pl, char *out, size_t size) {
+    out[0] = 0;
+    for (int k = 0; k < pl->schedule.chunks; k++) {
+        ModelActs described;
+        acts_describe_chunk(&described, pl->model, k, pl->B, pl->T);
+        double mib = ((double)described.buffers.bytes + described.exchange_bytes) / MIB;
+        size_t len = strlen(out);
+        snprintf(out + len, size - len, "%s%.1f x %d", k ? ", " : "", mib, pl->slots[k]);
+        acts_free(&described);
+    }
+}
+
 // What world rank r of the run holds.
-static MemoryNeed plan_rank(const Config *c, int world, int r, int *stage) {
+static MemoryNeed plan_rank(const Config *c, int world, int r, int *stage, char *chunks, size_t chunks_size) {
     ParallelGroups pg;
     parallel_groups_describe(&pg, c, world, r);
     ModelGroups groups = plan_model_groups(&pg);
@@ -64,6 +79,7 @@ static MemoryNeed plan_rank(const Config *c, int world, int r, int *stage) {
     GradGroups grad_groups = plan_grad_groups(&pg);
     MemoryNeed need = memory_plan(c, &m, &pl, &grad_groups, !strcmp(c->device, "cuda"));
     *stage = pg.comm[PG_PP].rank;
+    describe_chunks(&pl, chunks, chunks_size);
     pipeline_free(&pl);
     model_free(&m);
     parallel_groups_free(&pg);
@@ -130,12 +146,19 @@ int plan_main(Config *c) {
     int *last = mt_calloc((size_t)world, sizeof(int)), n_rows = 0;
     for (int r = 0; r < world; r++) {
         int stage, i;
-        MemoryNeed need = plan_rank(c, world, r, &stage);
+        char chunks[sizeof(rows->chunks)];
+        MemoryNeed need = plan_rank(c, world, r, &stage, chunks, sizeof(chunks));
         for (i = 0; i < n_rows && !same_need(&rows[i], &need, stage); i++) {}
-        if (i == n_rows) rows[n_rows++] = (PlanRow){.need = need, .stage = stage, .first_rank = r};
+        if (i == n_rows) {
+            rows[n_rows++] = (PlanRow){.need = need, .stage = stage, .first_rank = r};
+            snprintf(rows[i].chunks, sizeof(rows[i].chunks), "%s", chunks);
+        }
         add_rank(&rows[i], r, &last[i]);
     }
     for (int i = 0; i < n_rows; i++) print_row(&rows[i]);
+    printf("\nactivations of each model chunk per micro-batch (MiB, the plan's and the exchange's) x micro-batches "
+           "in flight:\n");
+    for (int i = 0; i < n_rows; i++) printf("  ranks %s: %s\n", rows[i].rank_list, rows[i].chunks);
     free(rows);
     free(last);
     return 0;
