@@ -32,11 +32,15 @@ static void plan_attention(LayoutPlan *p, const Config *c) {
 }
 
 // The TP ranks that hold the same kv heads as this one: consecutive blocks of TP/kv_parts.
-// Every world rank calls comm_group once for its own block.
-static void make_kv_share(LayoutPlan *p) {
+// Every world rank calls comm_group once for its own block (described: only its rank and size).
+static void make_kv_share(LayoutPlan *p, int described) {
     int replicas = p->tp_size / p->kv_parts;
     if (replicas == 1) {
         p->kv_share = comm_self("kv");
+        return;
+    }
+    if (described) {
+        p->kv_share = (Comm){.name = "kv", .rank = p->tp_rank % replicas, .size = replicas};
         return;
     }
     // the world ranks of this rank's TP group, learnt by gathering them
@@ -158,7 +162,7 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     p->moe_ffn = piece(c->moe_ffn, p->etp_size, p->etp_rank, &unused);
     p->padded_vocab = c->padded_vocab_size;
     p->vocab = piece(c->padded_vocab_size, p->tp_size, p->tp_rank, &p->vocab_first);
-    make_kv_share(p);
+    make_kv_share(p, g && g->described);
 }
 
 void layout_plan_single(LayoutPlan *p, const Config *c) { layout_plan_init(p, c, NULL); }

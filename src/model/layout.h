@@ -35,6 +35,7 @@ typedef struct {
     const Comm *tp_cp;  // tensor x context parallel: the ranks sharing a micro-batch's tokens
     const Comm *cp_inner, *cp_outer;  // a2a+p2p: the all-to-all groups and the rings (groups.h)
     const Comm *pp;     // pipeline stages (NULL or size 1: this rank runs the whole model)
+    int described;      // the groups are descriptions (parallel_groups_describe): make no communicator
 } ModelGroups;
 
 // A model chunk: one virtual pipeline stage this rank runs (parallel/pipeline_layout.h).

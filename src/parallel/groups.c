@@ -2,6 +2,8 @@
 // process's Comm of each kind. The layout is explained in groups.h.
 #include "parallel/groups.h"
 
+#include <string.h>
+
 enum { D_TP, D_CP, D_EP, D_DP, D_PP, DIMS };  // the order tp-cp-ep-dp-pp, fastest first
 
 static const struct {
@@ -133,6 +135,7 @@ static void make_cp_hierarchy(ParallelGroups *pg, int inner, int me, GroupMaker 
 }
 
 static void build_groups(ParallelGroups *pg, const Config *c, int world, int me, GroupMaker make) {
+    memset(pg, 0, sizeof(*pg));
     parallel_sizes_init(&pg->sizes, world, c->tensor_model_parallel_size, c->context_parallel_size,
                         c->pipeline_model_parallel_size, c->expert_model_parallel_size,
                         c->expert_tensor_parallel_size);
@@ -161,6 +164,7 @@ void parallel_groups_init(ParallelGroups *pg, const Config *c) {
 
 void parallel_groups_describe(ParallelGroups *pg, const Config *c, int world, int rank) {
     build_groups(pg, c, world, rank, description);
+    pg->described = 1;
 }
 
 void parallel_groups_free(ParallelGroups *pg) {

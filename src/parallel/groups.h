@@ -59,6 +59,7 @@ typedef struct {
     // (CP rank = outer_rank · inner + inner_rank, as Megatron-Core's hierarchical groups);
     // without it cp_inner is this process alone and cp_outer the CP group.
     Comm cp_inner, cp_outer;
+    int described;  // parallel_groups_describe's: descriptions, no communicators
 } ParallelGroups;
 
 // The sizes from --tensor-model-parallel-size, --context-parallel-size,
