@@ -10,6 +10,7 @@
 #include "hf/hf_config.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/comm_plan.h"
 #include "train/memory_plan.h"
 
 static const double MIB = 1024.0 * 1024.0;
@@ -21,6 +22,7 @@ typedef struct {
     int first_rank, ranks;
     char rank_list[160];
     char chunks[512];  // each model chunk's activations per micro-batch and micro-batches in flight
+    CommPlan comm;     // the first rank's bytes sent per step
 } PlanRow;
 
 static double total_bytes(const MemoryNeed *n) {
@@ -66,7 +68,8 @@ static void describe_chunks(const Pipeline *pl, char *out, size_t size) {
 }
 
 // What world rank r of the run holds.
-static MemoryNeed plan_rank(const Config *c, int world, int r, int *stage, char *chunks, size_t chunks_size) {
+static MemoryNeed plan_rank(const Config *c, int world, int r, int *stage, char *chunks, size_t chunks_size,
+                            CommPlan *comm) {
     ParallelGroups pg;
     parallel_groups_describe(&pg, c, world, r);
     ModelGroups groups = plan_model_groups(&pg);
@@ -78,6 +81,7 @@ static MemoryNeed plan_rank(const Config *c, int world, int r, int *stage, char 
                   c->overlap_moe_expert_parallel_comm, c->micro_batch_size, c->seq_length / pg.sizes.cp);
     GradGroups grad_groups = plan_grad_groups(&pg);
     MemoryNeed need = memory_plan(c, &m, &pl, &grad_groups, !strcmp(c->device, "cuda"));
+    *comm = comm_plan(c, &m, &pl, &grad_groups);
     *stage = pg.comm[PG_PP].rank;
     describe_chunks(&pl, chunks, chunks_size);
     pipeline_free(&pl);
@@ -100,6 +104,22 @@ static void print_row(const PlanRow *row) {
     printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", row->rank_list, row->stage,
            n->parameters / MIB, n->gradients / MIB, n->optimizer / MIB, n->exchange / MIB, n->reduction / MIB,
            n->activations / MIB, total_bytes(n) / MIB);
+}
+
+// The bytes sent per step to each dimension's ranks, by the first rank of each row ("~": an
+// estimate, train/comm_plan.h).
+static void print_comm(const PlanRow *rows, int n_rows) {
+    printf("\nMiB sent per step by a rank to the ranks of each parallel dimension (~: an estimate):\n\n| ranks |");
+    for (int d = 0; d < DIMS; d++) printf(" %s |", parallel_dim_name((ParallelDim)d));
+    printf("\n|---|");
+    for (int d = 0; d < DIMS; d++) printf("---|");
+    printf("\n");
+    for (int i = 0; i < n_rows; i++) {
+        printf("| %s |", rows[i].rank_list);
+        for (int d = 0; d < DIMS; d++)
+            printf(" %s%.3f |", rows[i].comm.estimated[d] ? "~" : "", rows[i].comm.bytes[d] / MIB);
+        printf("\n");
+    }
 }
 
 // The whole model's parameters and those one token uses (the one-process layout's table).
@@ -147,10 +167,11 @@ int plan_main(Config *c) {
     for (int r = 0; r < world; r++) {
         int stage, i;
         char chunks[sizeof(rows->chunks)];
-        MemoryNeed need = plan_rank(c, world, r, &stage, chunks, sizeof(chunks));
+        CommPlan comm;
+        MemoryNeed need = plan_rank(c, world, r, &stage, chunks, sizeof(chunks), &comm);
         for (i = 0; i < n_rows && !same_need(&rows[i], &need, stage); i++) {}
         if (i == n_rows) {
-            rows[n_rows++] = (PlanRow){.need = need, .stage = stage, .first_rank = r};
+            rows[n_rows++] = (PlanRow){.need = need, .stage = stage, .first_rank = r, .comm = comm};
             snprintf(rows[i].chunks, sizeof(rows[i].chunks), "%s", chunks);
         }
         add_rank(&rows[i], r, &last[i]);
@@ -159,6 +180,7 @@ int plan_main(Config *c) {
     printf("\nactivations of each model chunk per micro-batch (MiB, the plan's and the exchange's) x micro-batches "
            "in flight:\n");
     for (int i = 0; i < n_rows; i++) printf("  ranks %s: %s\n", rows[i].rank_list, rows[i].chunks);
+    print_comm(rows, n_rows);
     free(rows);
     free(last);
     return 0;

@@ -204,6 +204,9 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     }
     jw_kv_int(&w, "tp_bytes", (int64_t)r->tp_bytes);
     jw_kv_int(&w, "expert_bytes", (int64_t)r->expert_bytes);
+    jw_kv_int(&w, "cp_bytes", (int64_t)r->cp_bytes);
+    jw_kv_int(&w, "dp_bytes", (int64_t)r->dp_bytes);
+    jw_kv_int(&w, "pp_bytes", (int64_t)r->pp_bytes);
     jw_kv_int(&w, "threads", r->threads);
     if (r->skipped) jw_kv_bool(&w, "skipped", 1);
     if (r->loss_spike) jw_kv_bool(&w, "loss_spike", 1);

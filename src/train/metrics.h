@@ -36,6 +36,7 @@ typedef struct {
     double pp_bubble, pp_bubble_ideal;  // that share of the schedule's time, and (p−1)/(v·m+p−1)
     uint64_t tp_bytes;             // bytes this rank sent to its tensor-parallel ranks (parallel/comm.h)
     uint64_t expert_bytes;         // ... to its expert-parallel and expert-tensor-parallel ranks
+    uint64_t cp_bytes, dp_bytes, pp_bytes;  // ... to its context-, data-parallel and pipeline ranks
     int skipped;                   // the update was skipped (non-finite loss or gradient)
     int loss_spike;                // the loss spiked against the recent mean
 } StepRecord;

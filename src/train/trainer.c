@@ -595,6 +595,9 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .pp_bubble_ideal = pp_schedule_ideal_bubble(&t->pipeline.schedule),
                     .tp_bytes = comm_bytes_take("tp") + comm_bytes_take("kv"),
                     .expert_bytes = comm_bytes_take("ep") + comm_bytes_take("etp") + comm_bytes_take("etp_ep"),
+                    .cp_bytes = comm_bytes_take("cp") + comm_bytes_take("cp_inner") + comm_bytes_take("cp_outer"),
+                    .dp_bytes = comm_bytes_take("dp") + comm_bytes_take("dp_cp") + comm_bytes_take("edp"),
+                    .pp_bytes = comm_bytes_take("pp") + comm_bytes_take("embd"),
                     .skipped = o->skipped, .loss_spike = o->loss_spike,
                     .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
     metrics_log_step(&t->metrics, &r);

@@ -4,8 +4,9 @@
 # the planned total of every rank is within 10% of the peak resident memory that rank
 # reaches in a 2-step run (bench/memory_plan_check.sh measures; bench/RESULTS.md has all of
 # its cases). The plan's table has a row per set of equal ranks, the trainer's start-up line
-# gives the same bytes as the plan (one model of memory), and bad layouts are refused with
-# the trainer's line. Under the sanitizers (their allocator and shadow memory are part of
+# gives the same bytes as the plan (one model of memory), the bytes it plans a rank to send
+# to each parallel dimension are those the run's counters log, and bad layouts are refused
+# with the trainer's line. Under the sanitizers (their allocator and shadow memory are part of
 # what is resident) only the agreement with the trainer's line and the errors are checked.
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -32,12 +33,48 @@ fi
 # (world ranks tp + 2·dp + 4·stage) do not
 "$M" plan "${SMALL[@]}" --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
     --world-size 8 >"$work/pp.out" 2>&1
-rows=$(grep -c '^| [0-9]' "$work/pp.out")
+rows=$(awk -F'|' '/^\| [0-9]/ && NF == 11' "$work/pp.out" | wc -l)  # the memory table's rows
 if [ "$rows" -eq 2 ] && grep -q '^| 0-3 | 0 |' "$work/pp.out" && grep -q '^| 4-7 | 1 |' "$work/pp.out"; then
     ok plan_rows_per_stage
 else
-    fail plan_rows_per_stage "$rows rows: $(grep '^| [0-9]' "$work/pp.out" | tr '\n' ' ')"
+    fail plan_rows_per_stage "$rows rows: $(awk -F'|' '/^\| [0-9]/ && NF == 11' "$work/pp.out" | tr '\n' ' ')"
 fi
+
+# The bytes a rank sends per step to each dimension's ranks: the plan's against what the run
+# logs (tp_bytes, cp_bytes, dp_bytes, expert_bytes, pp_bytes of its second step): within 1%
+# (and 16 KiB: the step's few statistics) where the plan is exact, 5% where it estimates (~)
+# bytes_case NAME RANKS FLAGS...
+bytes_case() {
+    local name=$1 np=$2
+    shift 2
+    "$M" plan "${SMALL[@]}" "$@" --world-size "$np" >"$work/$name.plan" 2>&1 &&
+        "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" "$@" --train-iters 2 --log-interval 1 \
+            --log-jsonl "$work/$name.jsonl" >"$work/$name.log" 2>&1 || {
+        fail "plan_bytes_$name" "$(grep -h -m1 error "$work/$name".*)"
+        return
+    }
+    local why
+    why=$(python3 - "$work/$name.plan" "$work/$name.jsonl" <<'PY'
+import json, sys
+rows = [l for l in open(sys.argv[1]) if l.startswith("| 0") and l.count("|") == 7]
+if not rows: print("no bytes table in the plan"); sys.exit()
+cells = [c.strip() for c in rows[-1].strip().strip("|").split("|")][1:]
+step = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l][-1]
+for dim, cell in zip(("tp", "cp", "dp", "expert", "pp"), cells):
+    estimate = cell.startswith("~")
+    planned, got = float(cell.lstrip("~")) * 2**20, step[dim + "_bytes"]
+    if abs(planned - got) > (0.05 if estimate else 0.01) * planned + 16384:
+        print(f"{dim}: planned {planned:.0f} bytes{' (estimate)' if estimate else ''}, sent {got}")
+PY
+)
+    [ -z "$why" ] && ok "plan_bytes_$name" || fail "plan_bytes_$name" "$why"
+}
+bytes_case tp2_sp 2 --num-experts 0 --tensor-model-parallel-size 2 --sequence-parallel
+bytes_case dp2_distributed_optimizer 2 --use-distributed-optimizer
+bytes_case pp2_vp2 2 --num-layers 4 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
+bytes_case ep2_allgather 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+bytes_case ep2_alltoall 2 --expert-model-parallel-size 2
+bytes_case cp2_p2p 2 --context-parallel-size 2
 
 expect_error plan_world_not_divisible "world of 3 processes is not divisible" -- \
     "$M" plan "${SMALL[@]}" --tensor-model-parallel-size 2 --sequence-parallel --world-size 3

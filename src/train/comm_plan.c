@@ -1,0 +1,150 @@
+#include "train/comm_plan.h"
+
+#include "train/grad_sync.h"
+
+#include <math.h>
+
+static const int REAL = sizeof(real), DOUBLE = sizeof(double);
+
+const char *parallel_dim_name(ParallelDim d) {
+    static const char *const names[DIMS] = {"tp", "cp", "dp", "ep", "pp"};
+    return names[d];
+}
+
+// Elements group rank 0 sends in an all-reduce of n over P ranks (parallel/comm.h: the even
+// split's reduce-scatter, then its all-gather; rank 0's block is the largest).
+static double allreduce_elements(double n, int P) {
+    if (P <= 1) return 0;
+    double block = ceil(n / P);
+    return n - block + (P - 1) * block;
+}
+
+// Every layer of this rank's chunks: how many, how many MoE, how many with a shared expert.
+typedef struct {
+    int layers, moe, shared;
+} RankLayers;
+
+static RankLayers rank_layers(const Model *m) {
+    RankLayers r = {0, 0, 0};
+    const LayoutPlan *p = &m->plan;
+    for (int k = 0; k < p->chunks; k++)
+        for (int l = p->chunk[k].first_layer; l < chunk_layer_end(&p->chunk[k]); l++) {
+            r.layers++;
+            r.moe += m->layers[l].is_moe;
+            r.shared += m->layers[l].is_moe && p->shared_ffn > 0;
+        }
+    return r;
+}
+
+// Tensor parallelism per step: block boundaries (with SP an all-gather and a reduce-scatter
+// of the micro-batch's N x H activations each way, per attention, dense or shared-expert
+// block and for the embedding and the head; without SP an all-reduce per block each way),
+// the vocabulary-parallel loss (row maxima gathered, two statistics per token summed), the
+// gradient norm, and with SP the replicated norms' partial gradients.
+static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estimated) {
+    const LayoutPlan *p = &m->plan;
+    int P = p->tp_size, H = p->hidden;
+    if (P <= 1) return 0;
+    RankLayers r = rank_layers(m);
+    int ends = p->holds_embedding + p->holds_head;  // the vocabulary-parallel ends this rank has
+    double X = (double)N * H, per_mb;
+    int blocks = r.layers + (r.layers - r.moe) + r.shared;  // attention; the dense FFN or shared expert
+    if (p->sequence_parallel)  // 4 collectives a block, 2 an end: (P-1)/P of X each
+        per_mb = (4.0 * blocks + 2.0 * ends) * (P - 1) * X / P * REAL;
+    else  // 2 all-reduces a block, 1 an end
+        per_mb = (2.0 * blocks + ends) * allreduce_elements(X, P) * REAL;
+    if (p->holds_head) per_mb += (double)(P - 1) * N * REAL + allreduce_elements(2.0 * N, P) * DOUBLE;
+    double step = M * per_mb + allreduce_elements(1, P) * DOUBLE;
+    if (p->sequence_parallel)
+        step += (r.layers * allreduce_elements(2.0 * H, P) + (p->holds_head ? allreduce_elements(H, P) : 0)) * REAL;
+    *estimated = r.moe > 0 || c->multi_latent_attention || c->qk_layernorm || p->kv_share.size > 1;
+    return step;
+}
+
+// Context parallelism's ring (p2p): each layer's keys and values travel CP - 1 hops forward
+// and again backward, where their gradients go round the whole ring (CP hops) back to
+// their owner: (3·CP - 2) key-value blocks a layer.
+static double cp_bytes(const Config *c, const Model *m, int M, int N, int *estimated) {
+    const LayoutPlan *p = &m->plan;
+    int P = p->cp_size;
+    if (P <= 1) return 0;
+    *estimated = 1;
+    RankLayers r = rank_layers(m);
+    double kv = (double)N * (p->width.k + p->width.v) * REAL;
+    return (double)M * r.layers * (3.0 * P - 2) * kv;
+}
+
+// The data-parallel gradient reductions of each region over its group (with the distributed
+// optimizer: the reduce-scatter of every other rank's blocks, and the parameter all-gather of
+// this rank's shard), and the sharded gradient norm's sums.
+static double dp_bytes(const Config *c, const Model *m, const GradGroups *gg, int *estimated) {
+    const TensorTable *tt = &m->tt;
+    FlatRange shards[REGIONS];
+    double buffers;
+    grad_sync_plan_shards(gg, tt, c->use_distributed_optimizer, shards, &buffers);
+    const Comm *group[REGIONS] = {gg->dp, gg->edp};
+    double n[REGIONS] = {(double)tt->dense_total, (double)(tt->total - tt->dense_total)}, bytes = 0;
+    for (int r = 0; r < REGIONS; r++) {
+        int P = group[r]->size;
+        if (P <= 1 || n[r] == 0) continue;
+        if (c->use_distributed_optimizer) {
+            double mine = (double)(shards[r].end - shards[r].begin);
+            bytes += (n[r] - mine + (P - 1) * mine) * REAL + allreduce_elements(1, P) * DOUBLE;
+        } else {
+            bytes += allreduce_elements(n[r], P) * REAL;
+            *estimated |= P > 2;  // each layer's bucket rounds its own split
+        }
+    }
+    *estimated |= 1;  // the step's loss and routing statistics, a few values
+    return bytes;
+}
+
+// The token exchange per MoE layer and micro-batch: allgather (the group's inputs and
+// routing gathered, the outputs reduce-scattered; backward the output gradient gathered and
+// the input and prob gradients reduce-scattered), or alltoall under balanced routing (this
+// rank's N·k rows, (EP-1)/EP of them to other ranks, there and back each way).
+static double ep_bytes(const Model *m, int M, int N, int *estimated) {
+    const ExpertParallel *ep = &m->ep;
+    if (!ep->gather) return 0;
+    const LayoutPlan *p = &m->plan;
+    RankLayers r = rank_layers(m);
+    int H = p->hidden, k = p->topk, G = ep->gather->size;
+    double per_layer;
+    if (ep->dispatcher == DISPATCH_ALLGATHER) {
+        per_layer = (double)(G - 1) * (4.0 * N * H + 4.0 * N * k) * REAL;
+    } else {
+        *estimated = 1;
+        double rows = (double)N * k * (ep->size - 1) / ep->size;
+        per_layer = rows * (4.0 * H + 2) * REAL * (ep->etp ? ep->etp->size : 1);
+    }
+    double norm = (allreduce_elements(1, ep->size) + (ep->etp ? allreduce_elements(1, ep->etp->size) : 0)) * DOUBLE;
+    return M * r.moe * per_layer + norm;
+}
+
+// Pipeline stage boundaries: each chunk's output forward (but the last virtual stage's) and
+// its input gradient backward (but the first's), per micro-batch; and the tied embedding's
+// gradient summed between the first and the last stage.
+static double pp_bytes(const Config *c, const Model *m, int M, int N_local) {
+    const LayoutPlan *p = &m->plan;
+    if (p->pp_size <= 1) return 0;
+    int stages = p->pp_size * p->chunks;
+    double bytes = 0, activation = (double)N_local * p->hidden * REAL;
+    for (int k = 0; k < p->chunks; k++) {
+        int v = p->chunk[k].virtual_stage;
+        bytes += M * ((v < stages - 1 ? activation : 0) + (v > 0 ? activation : 0));
+    }
+    if (!c->untie_embeddings_and_output_weights && (p->holds_embedding || p->holds_head))
+        bytes += allreduce_elements((double)p->vocab * p->hidden, 2) * REAL;
+    return bytes;
+}
+
+CommPlan comm_plan(const Config *c, const Model *m, const Pipeline *pl, const GradGroups *gg) {
+    CommPlan plan = {{0}, {0}};
+    int M = pl->schedule.micro_batches, N = pl->B * pl->T, N_local = plan_local_tokens(&m->plan, N);
+    plan.bytes[DIM_TP] = tp_bytes(c, m, M, N, &plan.estimated[DIM_TP]);
+    plan.bytes[DIM_CP] = cp_bytes(c, m, M, N, &plan.estimated[DIM_CP]);
+    plan.bytes[DIM_DP] = dp_bytes(c, m, gg, &plan.estimated[DIM_DP]);
+    plan.bytes[DIM_EP] = ep_bytes(m, M, N_local, &plan.estimated[DIM_EP]);
+    plan.bytes[DIM_PP] = pp_bytes(c, m, M, N_local);
+    return plan;
+}
