@@ -69,12 +69,15 @@ PY
 )
     [ -z "$why" ] && ok "plan_bytes_$name" || fail "plan_bytes_$name" "$why"
 }
+# (under the sanitizers two of them: the formulas are the same code in either build)
 bytes_case tp2_sp 2 --num-experts 0 --tensor-model-parallel-size 2 --sequence-parallel
-bytes_case dp2_distributed_optimizer 2 --use-distributed-optimizer
-bytes_case pp2_vp2 2 --num-layers 4 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
-bytes_case ep2_allgather 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+full plan_bytes_dp2_distributed_optimizer bytes_case dp2_distributed_optimizer 2 --use-distributed-optimizer
+full plan_bytes_pp2_vp2 bytes_case pp2_vp2 2 --num-layers 4 --pipeline-model-parallel-size 2 \
+    --num-virtual-stages-per-pipeline-rank 2
+full plan_bytes_ep2_allgather bytes_case ep2_allgather 2 --expert-model-parallel-size 2 \
+    --moe-token-dispatcher-type allgather
 bytes_case ep2_alltoall 2 --expert-model-parallel-size 2
-bytes_case cp2_p2p 2 --context-parallel-size 2
+full plan_bytes_cp2_p2p bytes_case cp2_p2p 2 --context-parallel-size 2
 
 expect_error plan_world_not_divisible "world of 3 processes is not divisible" -- \
     "$M" plan "${SMALL[@]}" --tensor-model-parallel-size 2 --sequence-parallel --world-size 3

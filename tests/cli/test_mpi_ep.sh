@@ -136,7 +136,8 @@ PY
 # stays within it (an internal error otherwise), logs the largest imbalance (E = 4), counts
 # the exchange in its start-up memory line, and still equals one process.
 python3 -c "print('a' * 20000)" >"$work/same_byte.txt"
-for dispatcher in alltoall allgather; do
+worst_imbalance() {  # DISPATCHER
+    local dispatcher=$1
     run_case "ep2_${dispatcher}_worst_imbalance" 2 --expert-model-parallel-size 2 \
         --moe-token-dispatcher-type "$dispatcher" -- --data-path "$work/same_byte.txt" --moe-router-topk 1 --moe-router-pre-softmax --train-iters 4
     if grep -q "^memory: .*expert exchange [0-9.]*," "$work/ep2_${dispatcher}_worst_imbalance.log" 2>/dev/null &&
@@ -145,4 +146,6 @@ for dispatcher in alltoall allgather; do
     else
         fail "ep2_${dispatcher}_exchange_in_memory_line" "no expert exchange or imbalance 4.00 in: $(grep -h -m2 "^memory\|imbalance" "$work/ep2_${dispatcher}_worst_imbalance.log" | tr '\n' ' ')"
     fi
-done
+}
+worst_imbalance alltoall
+full ep2_allgather_worst_imbalance worst_imbalance allgather
