@@ -132,6 +132,7 @@ static const FlagSpec FLAGS[] = {
     F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged; needs --recompute-method and --recompute-num-layers); selective: recompute only the parts --recompute-modules names, in every layer"),
     F("recompute-method", FLAG_STRING, recompute_method, TR, 0, "with --recompute-granularity full: uniform (each model chunk's layers in groups of --recompute-num-layers, one input kept per group) or block (the first --recompute-num-layers layers of each chunk, each keeping its input; the rest keep everything)"),
     F("recompute-num-layers", FLAG_INT, recompute_num_layers, TR, 0, "with --recompute-granularity full: the layers of a uniform group, or the recomputed layers of each chunk (block)"),
+    F("distribute-saved-activations", FLAG_BOOL, distribute_saved_activations, TR, 0, "refused: Megatron's split of full recomputation's kept inputs over the tensor-parallel ranks; --sequence-parallel keeps them split already"),
     F("recompute-activations", FLAG_BOOL, recompute_activations, TR, 0, "Megatron's shorthand for --recompute-granularity selective (with --recompute-modules, default core_attn)"),
     F("recompute-modules", FLAG_LIST, recompute_modules, TR, 0, "with --recompute-granularity selective: core_attn (attention output), moe_act (routed experts' SwiGLU), layernorm (the norms' outputs), mlp (dense FFN), shared_experts, mla_up_proj (MLA's q, k, v from the latents), moe (the whole MoE block, router to combine); one or several"),
     F("profile", FLAG_BOOL, profile, TR, 0, "print where the steps' time went per op kind (gemm, attention, norm, router, ...) at the end"),
@@ -844,6 +845,9 @@ static void validate_recompute(Config *c) {
         snprintf(c->recompute_granularity, sizeof(c->recompute_granularity), "%s", "selective");
         c->recompute_activations = 0;  // applied once (a checkpoint stores the granularity)
     }
+    if (c->distribute_saved_activations)
+        config_die("--distribute-saved-activations is not built: with --sequence-parallel the inputs full "
+                   "recomputation keeps are split over the tensor-parallel ranks already (use it instead)");
     static const char *const granularities[] = {"full", "selective"}, *const methods[] = {"uniform", "block"};
     int granularity = c->recompute_granularity[0] ? lookup(c->recompute_granularity, granularities, 2) : -1;
     if (c->recompute_granularity[0] && granularity < 0)

@@ -111,6 +111,7 @@ typedef struct {
     int recompute_num_layers;        // N; 0 = not given
     char recompute_modules[128];     // list: what selective recomputation recomputes (RecomputeModule)
     int recompute_activations;       // --recompute-activations: sets recompute_granularity selective
+    int distribute_saved_activations;  // refused (config_validate): --sequence-parallel does it
     int profile;                    // --profile: time per op kind, printed at the end
     int adapt_threads;              // --adapt-threads: the thread governor (train/thread_governor.h)
     int use_distributed_optimizer;  // ZeRO-1: optimizer state sharded over the data-parallel ranks

@@ -189,7 +189,8 @@ static int is_launch_flag(const char *name) {
                                          "microbatch-group-size-per-virtual-pipeline-stage",
                                          "moe-shared-expert-overlap", "overlap-moe-expert-parallel-comm",
                                          "delay-wgrad-compute", "recompute-granularity", "recompute-method",
-                                         "recompute-num-layers", "recompute-modules", "recompute-activations"};
+                                         "recompute-num-layers", "recompute-modules", "recompute-activations",
+                                         "distribute-saved-activations"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
         if (!strcmp(name, launch[i])) return 1;
     return 0;

@@ -170,6 +170,8 @@ expect_error recompute_bad_module "recompute-modules attention" -- "$M" train "$
     --recompute-granularity selective --recompute-modules attention
 expect_error recompute_modules_need_selective "needs --recompute-granularity selective" -- "$M" train "${TINY[@]}" \
     --recompute-modules mlp
+expect_error recompute_distribute_saved "distribute-saved-activations is not built" -- "$M" train "${TINY[@]}" \
+    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --distribute-saved-activations
 expect_error recompute_too_many_layers "between 1 and" -- "$M" train "${TINY[@]}" --recompute-granularity full \
     --recompute-method uniform --recompute-num-layers 5
 
