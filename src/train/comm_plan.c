@@ -61,17 +61,37 @@ static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estim
     return step;
 }
 
-// Context parallelism's ring (p2p): each layer's keys and values travel CP - 1 hops forward
-// and again backward, where their gradients go round the whole ring (CP hops) back to
-// their owner: (3·CP - 2) key-value blocks a layer.
+// Context parallelism per layer and micro-batch, by the layer's --cp-comm-type, in blocks
+// of the rank's N tokens: p2p (the ring) sends its keys and values CP - 1 hops forward and
+// again backward, where their gradients go round the whole ring back to their owner:
+// (3·CP - 2) key-value blocks; allgather gathers the keys and values forward and again
+// backward and reduce-scatters their gradients: 3·(CP - 1); a2a sends (CP - 1)/CP of the
+// queries, keys, values and output each way, forward, backward and for the gradients:
+// 3·(CP - 1)/CP of q, k, v and out. (a2a+p2p: the inner all-to-all and the outer ring.)
+// Estimates: the log-sum-exps and loss sums besides are left out.
+static double cp_layer_bytes(const LayoutPlan *p, CpCommType type, int inner, double N) {
+    int P = p->cp_size;
+    double kv = N * (p->width.k + p->width.v) * REAL, qkvo = N * (p->width.q + p->width.k + p->width.v + p->width.out) * REAL;
+    switch (type) {
+    case CP_COMM_ALLGATHER: return 3.0 * (P - 1) * kv;
+    case CP_COMM_A2A: return 3.0 * (P - 1) / P * qkvo;
+    case CP_COMM_A2A_P2P: {
+        int outer = P / inner;
+        return 3.0 * (inner - 1) / inner * qkvo + (3.0 * outer - 2) * kv * (outer > 1);
+    }
+    default: return (3.0 * P - 2) * kv;
+    }
+}
+
 static double cp_bytes(const Config *c, const Model *m, int M, int N, int *estimated) {
     const LayoutPlan *p = &m->plan;
-    int P = p->cp_size;
-    if (P <= 1) return 0;
+    if (p->cp_size <= 1) return 0;
     *estimated = 1;
-    RankLayers r = rank_layers(m);
-    double kv = (double)N * (p->width.k + p->width.v) * REAL;
-    return (double)M * r.layers * (3.0 * P - 2) * kv;
+    double bytes = 0;
+    for (int k = 0; k < p->chunks; k++)
+        for (int l = p->chunk[k].first_layer; l < chunk_layer_end(&p->chunk[k]); l++)
+            bytes += cp_layer_bytes(p, p->cp_comm[l], p->cp_inner->size, (double)N);
+    return M * bytes;
 }
 
 // The data-parallel gradient reductions of each region over its group (with the distributed

@@ -8,7 +8,7 @@
 // gradient reductions and parameter gather with the distributed optimizer (and without it
 // on two ranks), pipeline stage boundaries, the allgather token exchange. Estimates,
 // flagged as such: the alltoall token exchange (its rows follow the routing: the plan takes
-// balanced routing), context parallelism's ring (the p2p formula), tensor parallelism of
+// balanced routing), context parallelism (by each layer's comm type), tensor parallelism of
 // MoE and MLA layers, all-reduces over more than two data-parallel ranks without the
 // distributed optimizer (each layer's bucket rounds its own even split), and the few
 // statistics each step sums (losses, routing counts).

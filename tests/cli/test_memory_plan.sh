@@ -78,6 +78,8 @@ full plan_bytes_ep2_allgather bytes_case ep2_allgather 2 --expert-model-parallel
     --moe-token-dispatcher-type allgather
 bytes_case ep2_alltoall 2 --expert-model-parallel-size 2
 full plan_bytes_cp2_p2p bytes_case cp2_p2p 2 --context-parallel-size 2
+full plan_bytes_cp4_a2a_allgather bytes_case cp4_a2a_allgather 4 --num-layers 2 --context-parallel-size 4 \
+    --cp-comm-type a2a allgather
 
 expect_error plan_world_not_divisible "world of 3 processes is not divisible" -- \
     "$M" plan "${SMALL[@]}" --tensor-model-parallel-size 2 --sequence-parallel --world-size 3
