@@ -106,5 +106,9 @@ int main(int argc, char **argv) {
     stw_add(&w, "scale_m", ST_F32, 1, shape_s, scales);
     stw_add(&w, "scale_v", ST_F32, 1, shape_s, scales + steps);
     if (stw_finish(&w, argv[2], err, sizeof(err))) mt_die("moment_probe: %s", err);
+    for (int k = 0; k < 3; k++) free(bits[k]);
+    for (int k = 0; k < ADAMW_MOMENTS; k++) free(decoded[k]), free(stored[k]), free(moments[k]);
+    free(scales), free(x), free(p), free(g);
+    st_close(&in);
     return 0;
 }
