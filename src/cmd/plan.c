@@ -19,15 +19,11 @@ static const double MIB = 1024.0 * 1024.0;
 typedef struct {
     MemoryNeed need;
     int stage;
-    int first_rank, ranks;
+    int ranks;
     char rank_list[160];
     char chunks[512];  // each model chunk's activations per micro-batch and micro-batches in flight
     CommPlan comm;     // the first rank's bytes sent per step
 } PlanRow;
-
-static double total_bytes(const MemoryNeed *n) {
-    return n->parameters + n->gradients + n->optimizer + n->activations + n->exchange + n->reduction;
-}
 
 static int same_need(const PlanRow *row, const MemoryNeed *n, int stage) {
     const MemoryNeed *a = &row->need;
@@ -58,12 +54,9 @@ static void add_rank(PlanRow *row, int r, int *last) {
 static void describe_chunks(const Pipeline *pl, char *out, size_t size) {
     out[0] = 0;
     for (int k = 0; k < pl->schedule.chunks; k++) {
-        ModelActs described;
-        acts_describe_chunk(&described, pl->model, k, pl->B, pl->T);
-        double mib = ((double)described.buffers.bytes + described.exchange_bytes) / MIB;
+        double exchange, mib = (pipeline_chunk_bytes(pl, k, &exchange) + exchange) / MIB;
         size_t len = strlen(out);
         snprintf(out + len, size - len, "%s%.1f x %d", k ? ", " : "", mib, pl->slots[k]);
-        acts_free(&described);
     }
 }
 
@@ -103,7 +96,7 @@ static void print_row(const PlanRow *row) {
     const MemoryNeed *n = &row->need;
     printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", row->rank_list, row->stage,
            n->parameters / MIB, n->gradients / MIB, n->optimizer / MIB, n->exchange / MIB, n->reduction / MIB,
-           n->activations / MIB, total_bytes(n) / MIB);
+           n->activations / MIB, memory_need_total(n) / MIB);
 }
 
 // The bytes sent per step to each dimension's ranks, by the first rank of each row ("~": an
@@ -171,7 +164,7 @@ int plan_main(Config *c) {
         MemoryNeed need = plan_rank(c, world, r, &stage, chunks, sizeof(chunks), &comm);
         for (i = 0; i < n_rows && !same_need(&rows[i], &need, stage); i++) {}
         if (i == n_rows) {
-            rows[n_rows++] = (PlanRow){.need = need, .stage = stage, .first_rank = r, .comm = comm};
+            rows[n_rows++] = (PlanRow){.need = need, .stage = stage, .comm = comm};
             snprintf(rows[i].chunks, sizeof(rows[i].chunks), "%s", chunks);
         }
         add_rank(&rows[i], r, &last[i]);

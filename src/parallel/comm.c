@@ -269,6 +269,18 @@ static void split_even(size_t n, int P, size_t *counts, size_t *displs) {
     }
 }
 
+size_t comm_allreduce_elements_sent(const Comm *g, size_t n) {
+    if (g->size <= 1) return 0;
+    size_t elements = 0, *counts = equal_counts(g, 0), *displs = equal_counts(g, 0);
+    for (size_t start = 0; start < n; start += ALLREDUCE_CHUNK) {
+        split_even(MT_MIN(ALLREDUCE_CHUNK, n - start), g->size, counts, displs);
+        elements += op_elements_sent(g, OP_ALLREDUCE, counts);
+    }
+    free(counts);
+    free(displs);
+    return elements;
+}
+
 static void allreduce_in_order(const Comm *g, CommType t, void *x, size_t n) {
     require_member(g, "all-reduce");
     if (g->size == 1) return;

@@ -110,6 +110,9 @@ void comm_barrier(const Comm *g);
 //   send of n elements          n·es (receives count nothing)
 // A non-blocking collective counts when it starts. Collectives are issued from one thread.
 //
+// The elements this rank sends in an all-reduce of n elements over g, as counted above (its
+// chunks, each split evenly): for planning a run (train/comm_plan.c); g may be described only.
+size_t comm_allreduce_elements_sent(const Comm *g, size_t n);
 // The bytes sent on groups named `name` since the last take (or reset); restarts its count.
 uint64_t comm_bytes_take(const char *name);
 // Restarts every group's count.

@@ -257,7 +257,12 @@ static int saved_groups(const Config *c, OptGroup *out) {
     return n;
 }
 
-void ckpt_read_moment_piece(const Optimizer *opt, int buffer, int64_t flat, size_t count, real *host) {
+void ckpt_read_piece(const TensorTable *tt, const Optimizer *opt, int buffer, int64_t flat, size_t count,
+                     real *host) {
+    if (buffer == CKPT_PARAMS) {
+        device_download(host, tt->params + flat, count * sizeof(real));
+        return;
+    }
     int scales = buffer >= CKPT_EXP_AVG_SCALE;
     int k = buffer - (scales ? CKPT_EXP_AVG_SCALE : CKPT_EXP_AVG);
     optimizer_read(opt, k, scales ? MOMENT_SCALES : MOMENT_VALUES, flat, count, host);
@@ -604,8 +609,7 @@ typedef struct {
 static const real *local_values(void *ctx, int tensor, int buffer) {
     const LocalTensors *l = ctx;
     const TensorDesc *d = &l->m->tt.descs[tensor];
-    if (buffer == CKPT_PARAMS) device_download(l->staging, l->m->tt.params + d->offset, d->numel * sizeof(real));
-    else ckpt_read_moment_piece(l->opt, buffer, (int64_t)d->offset, d->numel, l->staging);
+    ckpt_read_piece(&l->m->tt, l->opt, buffer, (int64_t)d->offset, d->numel, l->staging);
     return l->staging;
 }
 
@@ -730,35 +734,36 @@ static void store_moment_scales(void *ctx, int64_t flat, const real *values, siz
 // from those, not from the (possibly BF16) model file. The moments land in opt's ranges
 // (its shards), stored as opt stores them; the scales come first (groups are read one
 // after the other), so that a moment saved by the same layout gets its bits back.
+// A group read in opt's ranges (its shards) and handed to `store` with `sink`.
+static HfTensorGroup moment_group(const char *prefix, const Optimizer *opt,
+                                  void (*store)(void *, int64_t, const real *, size_t), MomentSink *sink, int optional) {
+    HfTensorGroup g = {.prefix = prefix, .n_windows = opt->n_ranges, .store = store, .store_ctx = sink,
+                       .optional = optional};
+    for (int r = 0; r < opt->n_ranges; r++) g.windows[r] = (HfWindow){opt->ranges[r].begin, opt->ranges[r].end, NULL};
+    return g;
+}
+
 static void load_optimizer(const char *dir, Model *m, Optimizer *opt) {
     char path[CKPT_PATH_MAX + 64];
     snprintf(path, sizeof(path), "%s/optimizer.safetensors", dir);
     HfTensorGroup groups[OPT_MAX_GROUPS + ADAMW_MOMENTS];
     MomentSink sinks[3 * ADAMW_MOMENTS];
     OptGroup scale_groups[2 * ADAMW_MOMENTS];
-    int n = 0, n_sinks = 0;
+    int n = 0;
     for (int k = 0; k < ADAMW_MOMENTS; k++)
-        for (int fp8 = 0; fp8 <= 1; fp8++) {
+        for (int fp8 = 0; fp8 <= 1; fp8++) {  // either dtype's scales: only this run's are used
             MomentDtype dtype = fp8 ? MOMENT_FP8 : MOMENT_FP16;
             scale_groups[2 * k + fp8] = scale_group(k, dtype);
-            sinks[n_sinks] = (MomentSink){opt, k, opt->dtype[k] == dtype};
-            groups[n++] = (HfTensorGroup){.prefix = scale_groups[2 * k + fp8].prefix, .optional = 1,
-                                          .store = store_moment_scales, .store_ctx = &sinks[n_sinks++]};
+            sinks[n] = (MomentSink){opt, k, opt->dtype[k] == dtype};
+            groups[n] = moment_group(scale_groups[2 * k + fp8].prefix, opt, store_moment_scales, &sinks[n], 1);
+            n++;
         }
-    for (int k = 0; k < ADAMW_MOMENTS; k++) {
-        sinks[n_sinks] = (MomentSink){opt, k, 1};
-        groups[n] = (HfTensorGroup){.prefix = k ? "exp_avg_sq." : "exp_avg.", .n_windows = opt->n_ranges,
-                                    .store = store_moment_values, .store_ctx = &sinks[n_sinks++]};
-        for (int r = 0; r < opt->n_ranges; r++)
-            groups[n].windows[r] = (HfWindow){opt->ranges[r].begin, opt->ranges[r].end, NULL};
-        n++;
+    for (int k = 0; k < ADAMW_MOMENTS; k++, n++) {
+        sinks[n] = (MomentSink){opt, k, 1};
+        groups[n] = moment_group(k ? "exp_avg_sq." : "exp_avg.", opt,
+                                 store_moment_values, &sinks[n], 0);
     }
     groups[n++] = (HfTensorGroup){.prefix = "master.", .dest = m->tt.params, .optional = 1};
-    for (int g = 0; g < 2 * ADAMW_MOMENTS; g++) {
-        groups[g].n_windows = opt->n_ranges;
-        for (int r = 0; r < opt->n_ranges; r++)
-            groups[g].windows[r] = (HfWindow){opt->ranges[r].begin, opt->ranges[r].end, NULL};
-    }
     optimizer_load_begin(opt);
     hf_load_tensor_groups(path, m, groups, n);
     optimizer_load_end(opt);

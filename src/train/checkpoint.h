@@ -40,9 +40,11 @@ void checkpoint_save(const char *dir, const Model *m, const Optimizer *opt, cons
 // two AdamW moments, and with fp16 / fp8 moments their per-element scales.
 enum { CKPT_PARAMS, CKPT_EXP_AVG, CKPT_EXP_AVG_SQ, CKPT_EXP_AVG_SCALE, CKPT_EXP_AVG_SQ_SCALE, CKPT_BUFFERS };
 
-// count elements from flat element `flat` of a moment buffer (CKPT_EXP_AVG ..) of opt into
-// host memory (one piece: a tensor's part of one of opt's ranges).
-void ckpt_read_moment_piece(const Optimizer *opt, int buffer, int64_t flat, size_t count, real *host);
+// count elements from flat element `flat` of buffer `buffer` into host memory: tt's
+// parameters, or a moment buffer (CKPT_EXP_AVG ..) of opt (one piece: a tensor's part of one
+// of opt's ranges).
+void ckpt_read_piece(const TensorTable *tt, const Optimizer *opt, int buffer, int64_t flat, size_t count,
+                     real *host);
 
 // Where a save gets the values of its tensors when no process holds them all (expert
 // parallelism, the distributed optimizer): values(ctx, i, buffer) is called on every

@@ -41,16 +41,6 @@ static void offered_range(const CkptShards *s, const TensorDesc *d, int buffer, 
     if (to > from) *first = from - begin, *count = to - from;
 }
 
-// Elements [first, first + count) of this rank's piece of buffer `buffer` of local tensor d,
-// downloaded into host memory.
-static void download_piece(const CkptShards *s, const TensorDesc *d, int buffer, int64_t first, int64_t count,
-                           real *host) {
-    if (buffer == CKPT_PARAMS)
-        device_download(host, s->local->tt.params + d->offset + first, (size_t)count * sizeof(real));
-    else
-        ckpt_read_moment_piece(s->opt, buffer, (int64_t)d->offset + first, (size_t)count, host);
-}
-
 // The world rank of rank 0 of each region's group: which data-parallel replica this rank is in.
 static void replica_leaders(const CkptShards *s, int64_t leader[REGIONS]) {
     int64_t me = s->world.rank;
@@ -193,7 +183,8 @@ static const real *gathered_values(void *ctx, int g, int buffer) {
     int whole_on_0 = range_of(held_at(s, 0, g), buffer)[RANGE_COUNT] == (int64_t)global->numel;
     real *mine = whole_on_0 && me == 0 ? s->staging : s->sent;
     if (range[RANGE_COUNT])
-        download_piece(s, &s->local->tt.descs[li], buffer, range[RANGE_FIRST], range[RANGE_COUNT], mine);
+        ckpt_read_piece(&s->local->tt, s->opt, buffer, (int64_t)s->local->tt.descs[li].offset + range[RANGE_FIRST],
+                        (size_t)range[RANGE_COUNT], mine);
     if (whole_on_0) return me == 0 ? mine : NULL;
     int64_t piece_numel = (int64_t)global->numel / s->parts_of[g];
     for (int q = 0; q < s->world.size; q++) {

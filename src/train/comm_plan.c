@@ -2,8 +2,6 @@
 
 #include "train/grad_sync.h"
 
-#include <math.h>
-
 static const int REAL = sizeof(real), DOUBLE = sizeof(double);
 
 const char *parallel_dim_name(ParallelDim d) {
@@ -11,13 +9,8 @@ const char *parallel_dim_name(ParallelDim d) {
     return names[d];
 }
 
-// Elements group rank 0 sends in an all-reduce of n over P ranks (parallel/comm.h: the even
-// split's reduce-scatter, then its all-gather; rank 0's block is the largest).
-static double allreduce_elements(double n, int P) {
-    if (P <= 1) return 0;
-    double block = ceil(n / P);
-    return n - block + (P - 1) * block;
-}
+// Elements this rank sends in an all-reduce of n over g (parallel/comm.h's count).
+static double allreduce_elements(double n, const Comm *g) { return (double)comm_allreduce_elements_sent(g, (size_t)n); }
 
 // Every layer of this rank's chunks: how many, how many MoE, how many with a shared expert.
 typedef struct {
@@ -52,11 +45,11 @@ static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estim
     if (p->sequence_parallel)  // 4 collectives a block, 2 an end: (P-1)/P of X each
         per_mb = (4.0 * blocks + 2.0 * ends) * (P - 1) * X / P * REAL;
     else  // 2 all-reduces a block, 1 an end
-        per_mb = (2.0 * blocks + ends) * allreduce_elements(X, P) * REAL;
-    if (p->holds_head) per_mb += (double)(P - 1) * N * REAL + allreduce_elements(2.0 * N, P) * DOUBLE;
-    double step = M * per_mb + allreduce_elements(1, P) * DOUBLE;
+        per_mb = (2.0 * blocks + ends) * allreduce_elements(X, p->tp) * REAL;
+    if (p->holds_head) per_mb += (double)(P - 1) * N * REAL + allreduce_elements(2.0 * N, p->tp) * DOUBLE;
+    double step = M * per_mb + allreduce_elements(1, p->tp) * DOUBLE;
     if (p->sequence_parallel)
-        step += (r.layers * allreduce_elements(2.0 * H, P) + (p->holds_head ? allreduce_elements(H, P) : 0)) * REAL;
+        step += (r.layers * allreduce_elements(2.0 * H, p->tp) + (p->holds_head ? allreduce_elements(H, p->tp) : 0)) * REAL;
     *estimated = r.moe > 0 || c->multi_latent_attention || c->qk_layernorm || p->kv_share.size > 1;
     return step;
 }
@@ -109,13 +102,12 @@ static double dp_bytes(const Config *c, const Model *m, const GradGroups *gg, in
         if (P <= 1 || n[r] == 0) continue;
         if (c->use_distributed_optimizer) {
             double mine = (double)(shards[r].end - shards[r].begin);
-            bytes += (n[r] - mine + (P - 1) * mine) * REAL + allreduce_elements(1, P) * DOUBLE;
+            bytes += (n[r] - mine + (P - 1) * mine) * REAL + allreduce_elements(1, group[r]) * DOUBLE;
         } else {
-            bytes += allreduce_elements(n[r], P) * REAL;
-            *estimated |= P > 2;  // each layer's bucket rounds its own split
+            bytes += allreduce_elements(n[r], group[r]) * REAL;  // over P > 2: each layer's bucket splits its own
         }
     }
-    *estimated |= 1;  // the step's loss and routing statistics, a few values
+    *estimated = 1;  // the step's loss and routing statistics, a few values
     return bytes;
 }
 
@@ -137,7 +129,7 @@ static double ep_bytes(const Model *m, int M, int N, int *estimated) {
         double rows = (double)N * k * (ep->size - 1) / ep->size;
         per_layer = rows * (4.0 * H + 2) * REAL * (ep->etp ? ep->etp->size : 1);
     }
-    double norm = (allreduce_elements(1, ep->size) + (ep->etp ? allreduce_elements(1, ep->etp->size) : 0)) * DOUBLE;
+    double norm = (allreduce_elements(1, ep->comm) + (ep->etp ? allreduce_elements(1, ep->etp) : 0)) * DOUBLE;
     return M * r.moe * per_layer + norm;
 }
 
@@ -153,8 +145,10 @@ static double pp_bytes(const Config *c, const Model *m, int M, int N_local) {
         int v = p->chunk[k].virtual_stage;
         bytes += M * ((v < stages - 1 ? activation : 0) + (v > 0 ? activation : 0));
     }
-    if (!c->untie_embeddings_and_output_weights && (p->holds_embedding || p->holds_head))
-        bytes += allreduce_elements((double)p->vocab * p->hidden, 2) * REAL;
+    if (!c->untie_embeddings_and_output_weights && (p->holds_embedding || p->holds_head)) {
+        Comm ends = {.name = "embd", .rank = !p->holds_embedding, .size = 2};  // the first and the last stage
+        bytes += allreduce_elements((double)p->vocab * p->hidden, &ends) * REAL;
+    }
     return bytes;
 }
 

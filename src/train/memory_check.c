@@ -37,7 +37,7 @@ double memory_process_limit_bytes(void) {
 
 static const double GiB = 1024.0 * 1024 * 1024;
 
-static double need_per_process(const MemoryNeed *need) {
+double memory_need_total(const MemoryNeed *need) {
     return need->parameters + need->gradients + need->optimizer + need->activations + need->exchange +
            need->reduction;
 }
@@ -48,7 +48,7 @@ static void die_short(const MemoryNeed *need, const char *shared, double availab
            "only %.2f GiB are available (%s); "
            "lower --micro-batch-size or --seq-length, shrink the model, or spread it over more processes with "
            "--use-distributed-optimizer / --expert-model-parallel-size / --context-parallel-size",
-           need_per_process(need) / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
+           memory_need_total(need) / GiB, need->parameters / GiB, need->gradients / GiB, need->optimizer / GiB,
            need->exchange / GiB, need->reduction / GiB, need->activations / GiB, need->micro_batch_size,
            need->seq_length, shared,
            available / GiB, what);
@@ -56,7 +56,7 @@ static void die_short(const MemoryNeed *need, const char *shared, double availab
 
 void memory_check_fits(const MemoryNeed *need) {
     int on_gpu = device_active() == DEVICE_CUDA;  // one GPU per process: its free memory
-    double per_process = need_per_process(need), limit = on_gpu ? -1 : memory_process_limit_bytes();
+    double per_process = memory_need_total(need), limit = on_gpu ? -1 : memory_process_limit_bytes();
     if (limit >= 0 && per_process > limit) die_short(need, "", limit, "this process's data limit, ulimit -d");
     double available = on_gpu ? device_memory_free_bytes() : memory_available_bytes();
     if (available < 0) return;  // not Linux: nothing to compare with
@@ -76,6 +76,6 @@ void memory_need_print(const MemoryNeed *need) {
                  need->reduction / MiB);
     printf("memory: per process %.1f MiB (parameters %.1f, gradients %.1f, AdamW moments %.1f%s, activations %.1f "
            "for micro-batches of %d x %d tokens)\n",
-           need_per_process(need) / MiB, need->parameters / MiB, need->gradients / MiB, need->optimizer / MiB,
+           memory_need_total(need) / MiB, need->parameters / MiB, need->gradients / MiB, need->optimizer / MiB,
            exchange, need->activations / MiB, need->micro_batch_size, need->seq_length);
 }

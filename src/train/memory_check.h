@@ -11,6 +11,8 @@ typedef struct {
     int micro_batch_size, seq_length;                      // this rank's micro-batches (T/CP with context parallelism)
 } MemoryNeed;
 
+// Bytes of all of need's parts: what one process holds.
+double memory_need_total(const MemoryNeed *need);
 // MemAvailable of /proc/meminfo in bytes; -1 when unknown.
 double memory_available_bytes(void);
 // How many processes of this run share the machine (the launcher's local size; 1 without one).

@@ -21,13 +21,13 @@ GradGroups plan_grad_groups(const ParallelGroups *pg) {
 // its weights and its gradients — off a GPU's books, on the cpu's.
 static double optimizer_bytes(const Config *c, const TensorTable *tt, const FlatRange *shards, int n_shards,
                               int on_gpu) {
-    MomentDtype dtype[ADAMW_MOMENTS] = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]};
+    OptimizerOptions options = optimizer_options(c);
     double elements = 0;
     for (int r = 0; r < n_shards; r++) elements += (double)(shards[r].end - shards[r].begin);
-    double offloaded = c->optimizer_cpu_offload ? c->optimizer_offload_fraction * elements : 0;
+    double offloaded = options.offload_fraction * elements;
     // at most one scale pair per tensor and range
-    double bytes = optimizer_state_bytes(dtype, elements - offloaded, (double)tt->count * n_shards);
-    if (!on_gpu) bytes += optimizer_state_bytes(dtype, offloaded, 0) + 2.0 * offloaded * sizeof(real);
+    double bytes = optimizer_state_bytes(options.dtype, elements - offloaded, (double)tt->count * n_shards);
+    if (!on_gpu) bytes += optimizer_state_bytes(options.dtype, offloaded, 0) + 2.0 * offloaded * sizeof(real);
     return bytes;
 }
 
@@ -52,8 +52,7 @@ MemoryNeed memory_plan(const Config *c, const Model *m, const Pipeline *pl, cons
     int n_shards = grad_sync_plan_shards(gg, tt, c->use_distributed_optimizer, shards, &buffer_elements);
     need.gradients = need.parameters + buffer_elements * sizeof(real);
     need.optimizer = optimizer_bytes(c, tt, shards, n_shards, on_gpu);
-    need.activations = pipeline_activation_bytes(pl);
-    need.exchange = pipeline_exchange_bytes(pl);
+    need.activations = pipeline_activation_bytes(pl, &need.exchange);
     need.reduction = reduction_bytes(tt, gg, on_gpu);
     return need;
 }

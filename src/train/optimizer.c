@@ -8,6 +8,9 @@
 #include "ops/adamw_math.h"
 #include "ops/backend.h"
 
+// The scales of a fragment no step has touched (or of no fragment): decode as stored.
+static const MomentScales UNIT_SCALES = {{1, 1}, {0, 0}};
+
 // The fragments of the ranges: each trained tensor's part of each range, in flat order.
 static void find_fragments(Optimizer *o, const TensorTable *tt) {
     o->fragments = mt_malloc((size_t)MT_MAX(tt->count * o->n_ranges, 1) * sizeof(OptFragment));
@@ -49,6 +52,11 @@ static void choose_offloaded(Optimizer *o, double fraction) {
     o->host_params_stale = 1;
 }
 
+OptimizerOptions optimizer_options(const Config *c) {
+    return (OptimizerOptions){.dtype = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]},
+                              .offload_fraction = c->optimizer_cpu_offload ? c->optimizer_offload_fraction : 0};
+}
+
 void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange *ranges, int n_ranges,
                            const OptimizerOptions *options) {
     MT_ASSERT(n_ranges >= 1 && n_ranges <= OPT_MAX_RANGES);
@@ -65,7 +73,7 @@ void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange 
     for (int k = 0; k < ADAMW_MOMENTS; k++)
         o->moment[k] = device_calloc(MT_MAX(elements - o->offload_elements, 1), moment_bytes(o->dtype[k]));
     o->host_scales = mt_malloc((size_t)MT_MAX(o->n_fragments, 1) * sizeof(MomentScales));
-    for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = (MomentScales){{1, 1}, {0, 0}};
+    for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = UNIT_SCALES;
     o->scales = device_calloc((size_t)MT_MAX(o->n_fragments, 1), sizeof(MomentScales));
     device_upload(o->scales, o->host_scales, (size_t)o->n_fragments * sizeof(MomentScales));
 }
@@ -192,15 +200,16 @@ static int fragment_of(const Optimizer *o, int64_t flat, size_t count) {
 }
 
 static MomentScales fragment_scales(const Optimizer *o, int f) {
-    MomentScales s = {{1, 1}, {0, 0}};
+    MomentScales s = UNIT_SCALES;
     if (f >= 0 && f < o->offloaded) s = o->host_scales[f];
     else if (f >= 0) device_download(&s, &o->scales[f], sizeof(s));
     return s;
 }
 
 void optimizer_read(const Optimizer *o, int k, MomentPart part, int64_t flat, size_t count, real *host) {
-    int f = fragment_of(o, flat, count);
-    float scale = fragment_scales(o, f).scale[k];
+    float scale = 1;  // fp32 moments are stored as their values: no scale to fetch
+    if (part == MOMENT_SCALES || o->dtype[k] != MOMENT_FP32)
+        scale = fragment_scales(o, fragment_of(o, flat, count)).scale[k];
     if (part == MOMENT_SCALES) {
         for (size_t i = 0; i < count; i++) host[i] = (real)scale;
         return;
@@ -218,7 +227,7 @@ void optimizer_read(const Optimizer *o, int k, MomentPart part, int64_t flat, si
 }
 
 void optimizer_load_begin(Optimizer *o) {
-    for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = (MomentScales){{1, 1}, {0, 0}};
+    for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = UNIT_SCALES;
     free(o->scale_loaded);
     o->scale_loaded = mt_calloc((size_t)MT_MAX(o->n_fragments, 1) * ADAMW_MOMENTS, 1);
 }

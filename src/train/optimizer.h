@@ -58,6 +58,9 @@ typedef struct {
 
 // Every element of tt: one range, fp32 moments.
 void optimizer_init(Optimizer *o, const TensorTable *tt);
+// The options --exp-avg-dtype, --exp-avg-sq-dtype and --optimizer-cpu-offload /
+// --optimizer-offload-fraction ask for.
+OptimizerOptions optimizer_options(const Config *c);
 // options NULL: fp32 moments, nothing offloaded.
 void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange *ranges, int n_ranges,
                            const OptimizerOptions *options);

@@ -34,24 +34,22 @@ void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, in
     for (int k = 0; k < chunks; k++) pl->slots[k] = MT_MAX(pl->schedule.in_flight[k], 1);
 }
 
-double pipeline_activation_bytes(const Pipeline *pl) {
-    double bytes = 0;
-    for (int k = 0; k < pl->schedule.chunks; k++) {
-        ModelActs described;
-        acts_describe_chunk(&described, pl->model, k, pl->B, pl->T);
-        bytes += (double)described.buffers.bytes * pl->slots[k];
-        acts_free(&described);
-    }
+double pipeline_chunk_bytes(const Pipeline *pl, int k, double *exchange) {
+    ModelActs described;
+    acts_describe_chunk(&described, pl->model, k, pl->B, pl->T);
+    double bytes = (double)described.buffers.bytes;
+    *exchange = described.exchange_bytes;
+    acts_free(&described);
     return bytes;
 }
 
-double pipeline_exchange_bytes(const Pipeline *pl) {
-    double bytes = model_exchange_scratch_bytes(pl->model, pl->B, pl->T);
+double pipeline_activation_bytes(const Pipeline *pl, double *exchange) {
+    double bytes = 0;
+    *exchange = model_exchange_scratch_bytes(pl->model, pl->B, pl->T);
     for (int k = 0; k < pl->schedule.chunks; k++) {
-        ModelActs described;
-        acts_describe_chunk(&described, pl->model, k, pl->B, pl->T);
-        bytes += described.exchange_bytes * pl->slots[k];
-        acts_free(&described);
+        double chunk_exchange, chunk = pipeline_chunk_bytes(pl, k, &chunk_exchange);
+        bytes += chunk * pl->slots[k];
+        *exchange += chunk_exchange * pl->slots[k];
     }
     return bytes;
 }

@@ -48,10 +48,13 @@ typedef struct {
 // refuses it. Nothing large is allocated until pipeline_allocate.
 void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, int group, int combined, int B,
                    int T);
-// Bytes of every activation set the schedule keeps (for the memory estimate).
-double pipeline_activation_bytes(const Pipeline *pl);
-// Bytes of the expert-parallel exchange they hold besides, at its bound (0 without it).
-double pipeline_exchange_bytes(const Pipeline *pl);
+// Bytes of one micro-batch's activations of chunk k: its buffer plan (returned) and the
+// expert-parallel exchange state its layers hold besides, at its bound (*exchange).
+double pipeline_chunk_bytes(const Pipeline *pl, int k, double *exchange);
+// Bytes of every activation set the schedule keeps (for the memory estimate): the plans
+// (returned), and in *exchange their exchange state with the passes' exchange scratch (0
+// without expert parallelism).
+double pipeline_activation_bytes(const Pipeline *pl, double *exchange);
 void pipeline_allocate(Pipeline *pl);
 void pipeline_free(Pipeline *pl);
 

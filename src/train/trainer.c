@@ -310,10 +310,6 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
     free(peaks);
 }
 
-// What the run will hold: parameters and gradients of this rank's tensors, the moments of
-// its optimizer shards, and the activations its schedule keeps (their buffer plans, laid
-// out without allocating: one micro-batch's per chunk without PP).
-
 // The whole model's parameters and those one token uses (experts of every expert-parallel
 // rank, layers of every pipeline stage; the tied LM head's copy once).
 static void count_parameters(Trainer *t) {
@@ -387,8 +383,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     FlatRange shards[REGIONS];
     int n_shards = grad_sync_shards(&t->sync, shards);
     model_allocate(&t->model);
-    OptimizerOptions options = {.dtype = {(MomentDtype)c->moment_dtype[0], (MomentDtype)c->moment_dtype[1]},
-                                .offload_fraction = c->optimizer_cpu_offload ? c->optimizer_offload_fraction : 0};
+    OptimizerOptions options = optimizer_options(c);
     optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, &options);
     if (c->load[0]) {
         load_checkpoint(t, resolved);
