@@ -115,20 +115,6 @@ static void print_comm(const PlanRow *rows, int n_rows) {
     }
 }
 
-// The whole model's parameters and those one token uses (the one-process layout's table).
-static void count_parameters(const Config *c, double *all, double *active) {
-    Model whole;
-    model_describe(&whole, c, NULL);
-    *all = *active = 0;
-    for (int i = 0; i < whole.tt.count; i++) {
-        const TensorDesc *d = &whole.tt.descs[i];
-        if (d->flags & TENSOR_COPY) continue;
-        *all += (double)d->numel;
-        *active += d->flags & TENSOR_EXPERT ? (double)d->numel * c->moe_router_topk / c->num_experts : (double)d->numel;
-    }
-    model_free(&whole);
-}
-
 int plan_main(Config *c) {
     if (c->load[0]) {
         char resolved[MT_PATH_MAX + 32];
@@ -142,7 +128,7 @@ int plan_main(Config *c) {
                         c->pipeline_model_parallel_size, c->expert_model_parallel_size, c->expert_tensor_parallel_size);
     parallel_layout_check(&sizes, c);
     double parameters, active;
-    count_parameters(c, &parameters, &active);
+    model_parameter_counts(c, &parameters, &active);
     double tokens = (double)c->global_batch_size * c->seq_length, flops = tokens * model_train_flops_per_token(c);
     printf("moetron plan: %d layers, hidden %d, %d experts top-%d, %.2fM parameters (%.2fM active)\n", c->num_layers,
            c->hidden_size, c->num_experts, c->moe_router_topk, parameters / 1e6, active / 1e6);

@@ -487,3 +487,16 @@ double model_train_flops_per_token(const Config *c) {
     }
     return 3 * 2 * per_token_macs;  // 2 FLOPs per MAC; backward costs twice the forward
 }
+
+void model_parameter_counts(const Config *c, double *all, double *active) {
+    Model whole;
+    model_describe(&whole, c, NULL);
+    *all = *active = 0;
+    for (int i = 0; i < whole.tt.count; i++) {
+        const TensorDesc *d = &whole.tt.descs[i];
+        if (d->flags & TENSOR_COPY) continue;
+        *all += (double)d->numel;
+        *active += d->flags & TENSOR_EXPERT ? (double)d->numel * c->moe_router_topk / c->num_experts : (double)d->numel;
+    }
+    model_free(&whole);
+}

@@ -198,6 +198,9 @@ void model_allocate(Model *m);
 // Megatron-Core init: normal(0, std) matrices, std/sqrt(2L) for output projections, ones for norms.
 void model_init_weights(Model *m, uint64_t seed);
 void model_free(Model *m);
+// The whole model's parameters, and those one token uses (the shared ones and k of E
+// experts'), from the one-process layout's table (no allocation; any rank the same).
+void model_parameter_counts(const Config *c, double *all, double *active);
 
 // The activations of micro-batches of B × T tokens: acts_describe declares and lays out
 // every buffer (a->buffers.bytes is what they take; nothing large is allocated),

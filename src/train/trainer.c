@@ -310,22 +310,6 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
     free(peaks);
 }
 
-// The whole model's parameters and those one token uses (experts of every expert-parallel
-// rank, layers of every pipeline stage; the tied LM head's copy once).
-static void count_parameters(Trainer *t) {
-    const Config *c = t->cfg;
-    double counts[2] = {0, 0};
-    for (int i = 0; i < t->model.tt.count; i++) {
-        const TensorDesc *d = &t->model.tt.descs[i];
-        if (d->flags & TENSOR_COPY) continue;
-        double n = d->flags & TENSOR_EXPERT ? (double)d->numel * t->model.ep.size : (double)d->numel;
-        counts[0] += n;
-        counts[1] += d->flags & TENSOR_EXPERT ? n * c->moe_router_topk / c->num_experts : n;
-    }
-    comm_allreduce_sum_double(&t->groups.comm[PG_PP], counts, 2);
-    t->parameters = counts[0], t->active_parameters = counts[1];
-}
-
 // The first and last pipeline stage of this rank's pipeline, when they hold the two copies
 // of a tied embedding. Collective over the world.
 static void make_tied_embedding_group(Trainer *t) {
@@ -373,7 +357,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     }
     ModelGroups groups = plan_model_groups(&t->groups);
     model_describe(&t->model, c, &groups);
-    count_parameters(t);
+    model_parameter_counts(c, &t->parameters, &t->active_parameters);
     setup_pipeline(t);
     GradGroups grad_groups = plan_grad_groups(&t->groups);
     // before the large buffers exist (the same plan as `moetron plan`'s)
