@@ -7,6 +7,8 @@
 // one line; drop -DMT_HAVE_CBLAS and -lopenblas to measure the portable path alone)
 //
 // Usage: build/bench_gemm [M N K [ta tb]]   (no arguments: the standard table)
+// Each line: fp32 GFLOP/s, then the 16-bit-input modes (gemm.h: bf16 on this CPU's kernel,
+// bf16 emulated, fp16 emulated), in GFLOP/s of the same arithmetic count.
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -57,6 +59,16 @@ static void bench_shape(int ta, int tb, int M, int N, int K) {
     printf("  portable %7.1f GFLOP/s", time_gemm(ta, tb, M, N, K));
     mt_gemm_force_portable(0);
     if (mt_gemm_backend()[0] == 'o') printf("  openblas %7.1f GFLOP/s", time_gemm(ta, tb, M, N, K));
+#ifndef MT_DOUBLE
+    static const GemmInputs lowp[] = {GEMM_INPUTS_BF16, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16};
+    for (int m = 0; m < 3; m++) {  // bf16 on the CPU's kernel, bf16 emulated, fp16 (emulated)
+        mt_gemm_set_inputs(lowp[m]);
+        mt_gemm_force_bf16_emulation(m == 1);
+        printf("  %s %7.1f", mt_gemm_kernel(), time_gemm(ta, tb, M, N, K));
+    }
+    mt_gemm_force_bf16_emulation(0);
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+#endif
     printf("\n");
     fflush(stdout);
 }

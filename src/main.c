@@ -46,7 +46,7 @@ static int has_help_flag(int argc, char **argv) {
 #define BUILT_WITH_SANITIZERS 0
 #endif
 
-// --device (when not given: $MOETRON_DEVICE, else auto) and --bf16; on GPUs the
+// --device (when not given: $MOETRON_DEVICE, else auto) and --bf16 / --fp16; on GPUs the
 // collectives move their data with NCCL from here on (every process reaches this point
 // with the same flags).
 static void use_device(const Config *c) {
@@ -54,7 +54,7 @@ static void use_device(const Config *c) {
     int use_env = !config_flag_given(c, "device") && from_env && from_env[0];
     if (use_env && !device_name_known(from_env))
         mt_die("MOETRON_DEVICE=%s: use %s (or unset it)", from_env, DEVICE_NAMES);
-    device_select(device_parse(use_env ? from_env : c->device), c->bf16);
+    device_select(device_parse(use_env ? from_env : c->device), c->gemm_inputs);
 #ifdef MT_COMM_NCCL
     // tensor memory is device memory: MPI's collectives (host sums, host copies) cannot
     // handle it, NCCL must

@@ -4,6 +4,8 @@
 // which commands accept it, help text). Parsing, --help, docs/flags.md and the
 // "moetron" section of checkpoint config.json all iterate over this table.
 #include <ctype.h>
+#include <float.h>
+#include <limits.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -15,6 +17,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/device.h"
+#include "ops/gemm.h"
 #include "parallel/pipeline_layout.h"
 
 #define ALL (CMD_TRAIN | CMD_GENERATE | CMD_FORWARD)
@@ -127,7 +130,13 @@ static const FlagSpec FLAGS[] = {
     F("hierarchical-context-parallel-sizes", FLAG_LIST, hierarchical_context_parallel_sizes, TR, 0, "a2a+p2p: the sizes of the inner all-to-all group and the outer ring (product: --context-parallel-size)"),
     F("moe-token-dispatcher-type", FLAG_STRING, moe_token_dispatcher_type, TR, 0, "alltoall, allgather: how tokens reach experts on other expert-parallel ranks (one process: the same)"),
     F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto); cpu-strict: the cpu with tensor memory closed to host code outside ops (a check for developers)"),
-    F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMMs with bf16 inputs and fp32 accumulation, fp32 master weights (--device cuda)"),
+    F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMM inputs rounded to bf16 (nearest even), fp32 accumulation, fp32 master weights, everything else fp32 (docs/precision.md); the cpu uses AVX-512 BF16 where the CPU has it and an exact emulation elsewhere"),
+    F("fp16", FLAG_BOOL, fp16, ALL, 0, "GEMM inputs rounded to IEEE half, fp32 accumulation, fp32 master weights, with loss scaling (dynamic unless --loss-scale): steps whose gradients overflow are skipped"),
+    F("loss-scale", FLAG_DOUBLE, loss_scale, TR, 0, "a constant loss scale (with --fp16, --bf16 or --use-distributed-optimizer, as Megatron); 0: dynamic with --fp16, none otherwise"),
+    F("initial-loss-scale", FLAG_DOUBLE, initial_loss_scale, TR, 0, "--fp16's dynamic loss scaling: the first scale"),
+    F("min-loss-scale", FLAG_DOUBLE, min_loss_scale, TR, 0, "--fp16's dynamic loss scaling: the scale never backs off below this"),
+    F("loss-scale-window", FLAG_DOUBLE, loss_scale_window, TR, 0, "--fp16's dynamic loss scaling: steps without an overflow before the scale doubles"),
+    F("hysteresis", FLAG_INT, hysteresis, TR, 0, "--fp16's dynamic loss scaling: overflowing steps (since the scale last grew) before the scale halves"),
     F("adapt-threads", FLAG_BOOL, adapt_threads, TR, 0, "use fewer OpenMP threads while other programs compete for the cores, and more again when they stop (timed steps, an occasional probe step; results do not change; --no-adapt-threads: always OpenMP's count)"),
     F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged; needs --recompute-method and --recompute-num-layers); selective: recompute only the parts --recompute-modules names, in every layer"),
     F("recompute-method", FLAG_STRING, recompute_method, TR, 0, "with --recompute-granularity full: uniform (each model chunk's layers in groups of --recompute-num-layers, one input kept per group) or block (the first --recompute-num-layers layers of each chunk, each keeping its input; the rest keep everything)"),
@@ -234,6 +243,10 @@ void config_defaults(Config *c) {
     strcpy(c->moe_router_load_balancing_type, "aux_loss");
     strcpy(c->moe_aux_loss_coeff, "0.01");
     strcpy(c->moe_router_dtype, "fp32");
+    c->initial_loss_scale = 4294967296.0;  // 2^32
+    c->min_loss_scale = 1;
+    c->loss_scale_window = 1000;
+    c->hysteresis = 2;
     strcpy(c->moe_token_drop_policy, "probs");
     // Optimizer and schedule: Megatron-LM's defaults, except where it has none (lr).
     c->micro_batch_size = 4;
@@ -796,6 +809,27 @@ static void validate_comm_overlap(const Config *c) {
 const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES] = {"core_attn", "moe_act", "layernorm", "mlp",
                                                                  "shared_experts", "mla_up_proj", "moe"};
 
+// --bf16 / --fp16 and loss scaling, with Megatron's rules.
+static void validate_precision(Config *c) {
+    if (c->bf16 && c->fp16) config_die("--bf16 and --fp16: use one of them");
+    c->gemm_inputs = c->bf16 ? GEMM_INPUTS_BF16 : c->fp16 ? GEMM_INPUTS_FP16 : GEMM_INPUTS_FP32;
+    if (c->loss_scale < 0) config_die("--loss-scale %g: use a positive scale (or 0 for none)", c->loss_scale);
+    if (c->loss_scale > 0 && !c->fp16 && !c->bf16 && !c->use_distributed_optimizer)
+        config_die("--loss-scale %g needs --fp16, --bf16 or --use-distributed-optimizer (Megatron ignores it "
+                   "otherwise); drop it", c->loss_scale);
+    if (!c->fp16) return;  // the dynamic scaling's flags are Megatron's defaults then, and unused
+    if (!(c->min_loss_scale > 0 && c->min_loss_scale <= c->initial_loss_scale))
+        config_die("--min-loss-scale %g: use a positive scale no larger than --initial-loss-scale %g",
+                   c->min_loss_scale, c->initial_loss_scale);
+    if (!(c->initial_loss_scale <= FLT_MAX))
+        config_die("--initial-loss-scale %g: use a scale an fp32 holds (at most %g)", c->initial_loss_scale,
+                   (double)FLT_MAX);
+    if (!(c->loss_scale_window >= 1 && c->loss_scale_window == floor(c->loss_scale_window) &&
+          c->loss_scale_window <= INT_MAX))
+        config_die("--loss-scale-window %g: use a whole number of steps, at least 1", c->loss_scale_window);
+    require_range("hysteresis", c->hysteresis, 1, INT_MAX);
+}
+
 // --use-precision-aware-optimizer and the dtypes of the optimizer's state (Megatron's
 // checks, and what moetron's fp32 weights and gradients leave to choose).
 static void validate_precision_optimizer(Config *c) {
@@ -1069,6 +1103,7 @@ void config_validate(Config *c) {
     validate_pipeline(c);
     validate_comm_overlap(c);
     validate_recompute(c);
+    validate_precision(c);
     validate_precision_optimizer(c);
     require_range("max-new-tokens", c->max_new_tokens, 0, MAX_DIMENSION);  // positions
     if (c->temperature < 0) config_die("--temperature must be >= 0");

@@ -125,7 +125,14 @@ typedef struct {
     int optimizer_cpu_offload;         // the optimizer's state and step on the host (docs/memory.md)
     double optimizer_offload_fraction;  // of the state (by elements, in tensor order) offloaded
     char device[16];              // cpu | cuda | auto
-    int bf16;                     // GEMMs in bf16 with fp32 accumulation (cuda)
+    int bf16;                     // GEMM inputs rounded to bf16, fp32 accumulation (docs/precision.md)
+    int fp16;                     // GEMM inputs rounded to IEEE half, fp32 accumulation, loss scaling
+    double loss_scale;            // > 0: a constant loss scale (fp16, bf16 or the distributed optimizer)
+    double initial_loss_scale;    // --fp16's dynamic loss scaling: its first scale,
+    double min_loss_scale;        //   the lowest it backs off to,
+    double loss_scale_window;     //   steps without an overflow before the scale doubles,
+    int hysteresis;               //   overflowing steps (since the last growth) before it halves
+    int gemm_inputs;              // derived: a GemmInputs (ops/gemm.h) from --bf16 / --fp16
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
     // ---- data ----
     int mock_data;

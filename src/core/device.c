@@ -118,9 +118,7 @@ int device_local_rank(void) {
     return 0;
 }
 
-void device_select(DeviceKind kind, int bf16) {
-    if (bf16 && kind != DEVICE_CUDA)
-        mt_die("--bf16: the cpu backend computes in fp32; use it with --device cuda, or drop --bf16");
+void device_select(DeviceKind kind, int gemm_inputs) {
     if (live_blocks && kind != active)
         mt_die("internal error: the device changed with %zu tensors allocated (please report)", live_blocks);
     active = kind;
@@ -128,12 +126,13 @@ void device_select(DeviceKind kind, int bf16) {
     if (kind == DEVICE_CUDA) {
         const CudaPlugin *p = require_plugin();
         p->init(device_local_rank());
-        p->set_gemm_bf16(bf16);
+        p->set_gemm_inputs(gemm_inputs);
         ops_select(p->ops);
         return;
     }
 #endif
     if (kind == DEVICE_CPU_STRICT) strict_memory_enable();
+    mt_gemm_set_inputs((GemmInputs)gemm_inputs);
     ops_select(&ops_cpu_backend);
 }
 

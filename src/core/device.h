@@ -29,9 +29,9 @@ int device_name_known(const char *name);
 
 // Selects the device before any tensor memory is allocated. Under a launcher, local rank
 // r (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, ...) uses GPU r mod the GPUs visible.
-// bf16 != 0: GEMMs with bf16 inputs and fp32 accumulation (cuda only; the cpu computes
-// in fp32 and refuses it).
-void device_select(DeviceKind kind, int bf16);
+// gemm_inputs (a GemmInputs of ops/gemm.h): the GEMMs' inputs rounded to bf16 or fp16 with
+// fp32 accumulation (--bf16, --fp16), on either backend; GEMM_INPUTS_FP32 (0) for fp32.
+void device_select(DeviceKind kind, int gemm_inputs);
 DeviceKind device_active(void);
 // This process's index among the processes its launcher started on this machine (0 when
 // started alone): rank r uses GPU r mod the GPUs visible.

@@ -27,6 +27,29 @@ void mt_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const re
 // The backend the next mt_gemm call will use: "openblas" or "portable".
 const char *mt_gemm_backend(void);
 
+// What a GEMM's inputs are rounded to before they are multiplied (--bf16, --fp16): every
+// element of op(A) and op(B) is rounded to that type (nearest, ties to even), the products
+// (exact in fp32) are summed in fp32, and C stays fp32. Process-wide, set once at start-up
+// before any thread runs a GEMM; the cpu backend only (cuda has its own switch).
+//   GEMM_INPUTS_BF16: fp32 subnormal inputs become ±0 and every partial sum is flushed to ±0
+//     when subnormal, as AVX-512 BF16's dot product does, so the hardware kernel and the
+//     emulation of a CPU without it give the same bits.
+//   GEMM_INPUTS_FP16: IEEE half (overflow to infinity, half subnormals kept); no flushing.
+// Sums run over K in blocks of MT_GEMM_K_BLOCK in order, as in fp32: each block's sum starts
+// at 0, C = alpha·sum + beta·C after the first block, C = alpha·sum + C after the others. The attention core
+// (cpu_gemm_fp32) keeps fp32 inputs in every mode. A double-precision build has fp32 only.
+#define MT_GEMM_K_BLOCK 256
+typedef enum { GEMM_INPUTS_FP32, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16 } GemmInputs;
+void mt_gemm_set_inputs(GemmInputs inputs);
+GemmInputs mt_gemm_inputs(void);
+
+// The kernel the next low-precision or fp32 mt_gemm uses, for the banner: "portable fp32",
+// "bf16 avx512-bf16", "bf16 emulated", "fp16 emulated" (or "openblas fp32"). bf16 runs on
+// AVX-512 BF16 when the CPU has it, unless MOETRON_GEMM_BF16=emulated (read at
+// mt_gemm_set_inputs) or mt_gemm_force_bf16_emulation(1) asks for the emulation.
+const char *mt_gemm_kernel(void);
+void mt_gemm_force_bf16_emulation(int on);
+
 // on != 0: use the portable backend from now on, even when OpenBLAS is linked.
 // on == 0: go back to the default choice (OpenBLAS if linked and MOETRON_GEMM is
 // not "portable"). Call it before spawning threads that use mt_gemm; it is meant

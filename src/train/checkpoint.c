@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -298,6 +299,12 @@ static void write_trainer_state(const char *path, const TrainerState *st, long o
     jw_kv_int(&w, "consumed_train_samples", st->consumed_train_samples);
     jw_kv_int(&w, "optimizer_step", optimizer_step);
     jw_kv_int(&w, "world_size", 1);
+    if (st->loss_scaling || st->overflow_skips) {
+        jw_kv_double(&w, "loss_scale", st->loss_scaler.scale);
+        jw_kv_int(&w, "loss_scale_growth_tracker", st->loss_scaler.growth_tracker);
+        jw_kv_int(&w, "loss_scale_hysteresis_tracker", st->loss_scaler.hysteresis_tracker);
+        jw_kv_int(&w, "overflow_skips", st->overflow_skips);
+    }
     jw_end_object(&w);
     write_json_file(path, &w);
 }
@@ -769,6 +776,23 @@ static void load_optimizer(const char *dir, Model *m, Optimizer *opt) {
     optimizer_load_end(opt);
 }
 
+// The loss scaler's state when the checkpoint has one (a run with loss scaling wrote it).
+static void read_loss_scaler_state(const JsonValue *root, const char *path, TrainerState *st) {
+    double scale;
+    int64_t growth, hysteresis, skips;
+    st->loss_scaling = json_get_number(root, "loss_scale", &scale);
+    if (!st->loss_scaling) return;
+    if (!json_get_int64(root, "loss_scale_growth_tracker", &growth) ||
+        !json_get_int64(root, "loss_scale_hysteresis_tracker", &hysteresis) ||
+        !json_get_int64(root, "overflow_skips", &skips) || !(scale > 0) || growth < 0 || skips < 0 ||
+        hysteresis < INT_MIN || hysteresis > INT_MAX)
+        mt_die("%s: loss_scale needs a positive scale and integer loss_scale_growth_tracker, "
+               "loss_scale_hysteresis_tracker and overflow_skips beside it", path);
+    st->loss_scaler = (LossScalerState){.scale = (float)scale, .growth_tracker = (long)growth,
+                                        .hysteresis_tracker = (int)hysteresis};
+    st->overflow_skips = (long)skips;
+}
+
 void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *optimizer_step) {
     char path[CKPT_PATH_MAX + 64], err[512];
     snprintf(path, sizeof(path), "%s/trainer_state.json", dir);
@@ -781,6 +805,7 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
     st->iteration = (long)iteration;
     st->consumed_train_samples = consumed;
     *optimizer_step = (long)step;
+    read_loss_scaler_state(root, path, st);
     json_free(root);
 }
 

@@ -18,11 +18,15 @@
 // leaves the previous checkpoint intact and pointed to.
 #pragma once
 #include "model/model.h"
+#include "train/loss_scaler.h"
 #include "train/optimizer.h"
 
 typedef struct {
     long iteration;                // optimizer steps completed
     int64_t consumed_train_samples;
+    int loss_scaling;              // the run scales its loss: the two below are saved (and were found, on load)
+    LossScalerState loss_scaler;
+    long overflow_skips;           // steps skipped for a gradient overflow: the LR schedule is behind by these
 } TrainerState;
 
 // Start-up of a run that saves, on the writing rank only: creates --save DIR when missing

@@ -169,7 +169,8 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     if (r->router.dropped_frac > 0) printf(" | dropped %.3f", r->router.dropped_frac);
     if (r->pipeline) printf(" | bubble %.0f%% (ideal %.0f%%)", 100 * r->pp_bubble, 100 * r->pp_bubble_ideal);
     if (r->data_wait_s > 0.01 * r->step_s) printf(" | waited %.0f ms for data", 1e3 * r->data_wait_s);
-    if (r->skipped) printf(" | skipped");
+    if (r->loss_scaling) printf(" | loss scale %g", r->loss_scale);
+    if (r->skipped) printf(r->overflow ? " | skipped (gradient overflow)" : " | skipped");
     if (r->loss_spike) printf(" | loss spike");
     printf(" | ETA %s\n", eta);
     print_layer_summaries(r);
@@ -208,7 +209,9 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_int(&w, "dp_bytes", (int64_t)r->dp_bytes);
     jw_kv_int(&w, "pp_bytes", (int64_t)r->pp_bytes);
     jw_kv_int(&w, "threads", r->threads);
+    if (r->loss_scaling) jw_kv_double(&w, "loss_scale", r->loss_scale);
     if (r->skipped) jw_kv_bool(&w, "skipped", 1);
+    if (r->overflow) jw_kv_bool(&w, "overflow", 1);
     if (r->loss_spike) jw_kv_bool(&w, "loss_spike", 1);
     for (int t = 1; t < 3; t++)
         if (r->balance_coeff[t] > 0) jw_kv_double(&w, BALANCE_KEYS[t], r->router.balance[t]);

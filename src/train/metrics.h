@@ -38,6 +38,9 @@ typedef struct {
     uint64_t expert_bytes;         // ... to its expert-parallel and expert-tensor-parallel ranks
     uint64_t cp_bytes, dp_bytes, pp_bytes;  // ... to its context-, data-parallel and pipeline ranks
     int skipped;                   // the update was skipped (non-finite loss or gradient)
+    int overflow;                  // ... because the scaled gradients overflowed (loss scaling)
+    int loss_scaling;              // loss scaling is on: loss_scale is logged
+    double loss_scale;             // the scale this step's backward used
     int loss_spike;                // the loss spiked against the recent mean
 } StepRecord;
 

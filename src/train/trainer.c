@@ -32,6 +32,7 @@
 #include "train/checkpoint.h"
 #include "train/ckpt_shards.h"
 #include "moe/expert_parallel.h"
+#include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
 #include "train/memory_check.h"
 #include "train/memory_plan.h"
@@ -46,6 +47,7 @@ typedef struct {
     Config *cfg;
     Model model;
     Optimizer opt;
+    LossScaler scaler;          // --fp16 / --loss-scale (scale 1 and unused otherwise)
     TrainerState state;
     Dataset data;
     RunTokenizer *tokenizer;  // read once at start-up; NULL: byte-level
@@ -244,7 +246,7 @@ static StepLosses train_step_micro_batches(Trainer *t) {
     t->fetched = 0;
     PipelineStep step = {.batch = step_batch, .forward_done = forward_done,
                          .grads_ready = t->sync.overlap ? grads_ready : NULL, .ctx = t,
-                         .loss_scale = 1.0 / c->num_micro_batches};
+                         .loss_scale = (double)t->scaler.state.scale / c->num_micro_batches};
     pipeline_run(&t->pipeline, &step);
     for (int mb = 0; mb < t->fetched; mb++) rank_batch_free(&t->step_batches[mb]);
     t->state.consumed_train_samples += c->global_batch_size;
@@ -337,6 +339,14 @@ static void setup_pipeline(Trainer *t) {
     for (int mb = 0; mb < M; mb++) data_batch_alloc(&t->step_data[mb], c, c->micro_batch_size);
 }
 
+// The loss scaler of the flags; a dynamic one continues from a checkpoint's state.
+static void setup_loss_scaler(Trainer *t) {
+    loss_scaler_init(&t->scaler, t->cfg);
+    if (t->state.loss_scaling && t->scaler.kind == LOSS_SCALING_DYNAMIC) t->scaler.state = t->state.loss_scaler;
+    t->state.loss_scaling = t->scaler.kind != LOSS_SCALING_NONE;
+    t->state.loss_scaler = t->scaler.state;
+}
+
 static void trainer_setup(Trainer *t, Config *c) {
     memset(t, 0, sizeof(*t));
     t->cfg = c;
@@ -384,6 +394,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
     t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
     t->layer_counts = mt_calloc((size_t)c->num_layers * MT_MAX(c->num_experts, 1), sizeof(int64_t));
+    setup_loss_scaler(t);
     metrics_open(&t->metrics, c, t->state.iteration);
     t->flops_per_token = model_train_flops_per_token(c);
     t->peak_flops = c->peak_tflops > 0 ? c->peak_tflops * 1e12 : measure_gemm_ceiling_flops();
@@ -437,7 +448,12 @@ static void print_banner(const Trainer *t) {
            "(%s: %s%s)\n",
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
            c->train_iters, t->peak_flops / 1e12, device_active() == DEVICE_CUDA ? "device" : "gemm",
-           device_active() == DEVICE_CUDA ? device_description() : mt_gemm_backend(), c->bf16 ? ", bf16 GEMMs" : "");
+           device_active() == DEVICE_CUDA ? device_description() : mt_gemm_kernel(),
+           device_active() == DEVICE_CUDA && c->gemm_inputs ? (c->bf16 ? ", bf16 GEMM inputs" : ", fp16 GEMM inputs") : "");
+    if (t->scaler.kind != LOSS_SCALING_NONE)
+        printf("loss scaling: %s, scale %g%s\n", loss_scaler_kind_name(&t->scaler), t->scaler.state.scale,
+               t->scaler.kind == LOSS_SCALING_DYNAMIC ? " (halves after --hysteresis overflows, doubles after "
+                                                        "--loss-scale-window steps without one)" : "");
     print_layout(&t->groups.sizes);
     memory_need_print(&t->memory_need);
     if (t->opt.offloaded)
@@ -527,10 +543,25 @@ static void profile_print(const StepProfile *p) {
     op_profile_print(p->seconds);
 }
 
-// Applies the step's gradients unless the step is skipped (a non-finite loss or norm):
-// then the batch's router bookkeeping is dropped too. Returns whether it was skipped.
-static int apply_update(Trainer *t, RunControl *rc, long step, double loss, double grad_norm, double lr) {
-    int skipped = run_control_skip_step(rc, step, loss, grad_norm);
+// With loss scaling: the summed gradients times 1/scale, before their norm is taken.
+static void unscale_grads(Trainer *t) {
+    if (t->scaler.kind == LOSS_SCALING_NONE) return;
+    vec_scale(t->model.tt.grads, loss_scaler_inv_scale(&t->scaler), t->model.tt.total);
+}
+
+// Applies the step's gradients unless the step is skipped (a non-finite loss or norm; with
+// loss scaling, an overflow of the gradients alone is no error: *overflow is set and the
+// scale adapts): then the batch's router bookkeeping is dropped too. Returns whether it was
+// skipped.
+static int apply_update(Trainer *t, RunControl *rc, long step, double loss, double grad_norm, double lr,
+                        int *overflow) {
+    *overflow = t->scaler.kind != LOSS_SCALING_NONE && !isfinite(grad_norm);
+    int skipped = *overflow && isfinite(loss) ? 1 : run_control_skip_step(rc, step, loss, grad_norm);
+    if (t->scaler.kind != LOSS_SCALING_NONE) {
+        loss_scaler_update(&t->scaler, *overflow);
+        t->state.loss_scaler = t->scaler.state;
+        t->state.overflow_skips += *overflow;
+    }
     if (!skipped) {
         optimizer_step(&t->opt, &t->model.tt, t->cfg, lr, grad_norm);
         gather_params(t);
@@ -543,7 +574,8 @@ static int apply_update(Trainer *t, RunControl *rc, long step, double loss, doub
 typedef struct {
     long step, first_step;
     double loss, grad_norm, lr, step_s, elapsed_s, data_wait_s;
-    int skipped, loss_spike, threads;
+    double loss_scale;  // the scale the step's backward used
+    int skipped, overflow, loss_spike, threads;
 } StepOutcome;
 
 // The seconds of the forward's and backward's token exchanges since the last call (take:
@@ -577,7 +609,8 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .cp_bytes = comm_bytes_take("cp") + comm_bytes_take("cp_inner") + comm_bytes_take("cp_outer"),
                     .dp_bytes = comm_bytes_take("dp") + comm_bytes_take("dp_cp") + comm_bytes_take("edp"),
                     .pp_bytes = comm_bytes_take("pp") + comm_bytes_take("embd"),
-                    .skipped = o->skipped, .loss_spike = o->loss_spike,
+                    .skipped = o->skipped, .overflow = o->overflow, .loss_spike = o->loss_spike,
+                    .loss_scaling = t->scaler.kind != LOSS_SCALING_NONE, .loss_scale = o->loss_scale,
                     .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
     metrics_log_step(&t->metrics, &r);
 }
@@ -604,10 +637,13 @@ int train_main(Config *c) {
         expert_comm_seconds(&t.model, ep_take_comm_seconds);
         expert_comm_seconds(&t.model, ep_take_hidden_seconds);
         comm_bytes_reset();
+        double loss_scale = t.scaler.state.scale;
         StepLosses s = train_step_micro_batches(&t);
+        unscale_grads(&t);
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),
-                         .loss = s.lm_loss + s.aux_objective, .lr = lr_at(c, step - 1)};
-        o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr);
+                         .loss = s.lm_loss + s.aux_objective, .lr = lr_at(c, step - 1 - t.state.overflow_skips),
+                         .loss_scale = loss_scale};
+        o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr, &o.overflow);
         o.loss_spike = !o.skipped && run_control_loss_spike(&rc, step, o.loss);
         t.state.iteration = step;
         double now = now_seconds();

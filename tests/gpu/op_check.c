@@ -34,10 +34,12 @@ const CheckBackend check_backend_cpu = {.name = "cpu", .ops = &ops_cpu_backend, 
                                         .fill = host_fill};
 
 #if defined(MT_HAVE_CUDA) && !defined(MT_DOUBLE)
+static void cuda_bf16_inputs(int on) { cuda_set_gemm_inputs(on ? GEMM_INPUTS_BF16 : GEMM_INPUTS_FP32); }
+
 const CheckBackend check_backend_cuda = {.name = "cuda", .ops = &ops_cuda_backend, .alloc = cuda_malloc,
                                          .release = cuda_free, .upload = cuda_memcpy_h2d,
                                          .download = cuda_memcpy_d2h, .fill = cuda_memset,
-                                         .set_gemm_bf16 = cuda_set_gemm_bf16};
+                                         .set_gemm_bf16 = cuda_bf16_inputs};
 #endif
 
 static const CheckBackend *g_under = &check_backend_cpu;

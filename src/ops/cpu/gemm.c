@@ -16,7 +16,13 @@
 // of C is summed by one thread, over K blocks in order and within a block in order,
 // with the same kernel wherever its tile lies, so the result does not depend on the
 // number of threads (only on KC, a compile-time constant).
+//
+// Low-precision inputs (mt_gemm_set_inputs, gemm_lowp.h): the same blocking and threads
+// with another GemmKernel — panels rounded to bf16 or fp16 as they are packed and the fp32
+// kernel (the emulation), or bf16 pair panels and the AVX-512 BF16 kernel; both sum each
+// element in the same order, so they agree bit for bit.
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/gemm_lowp.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,7 +49,7 @@
 #define VL ((int)(VEC_BYTES / sizeof(real)))
 #define MR 6
 #define NR (2 * VL)
-#define KC 256
+#define KC MT_GEMM_K_BLOCK  // the depth of one block of sums (gemm.h)
 #define MC (MR * (96 / (int)sizeof(real)))  // 144 rows float, 72 rows double
 #define NC (2048 / (int)sizeof(real))       // 512 columns float, 256 double
 #define PAR_MIN_WORK (64.0 * 64.0 * 64.0)  // M*N*K at or below this runs on one thread
@@ -77,7 +83,20 @@ typedef struct {
     size_t b_ks, b_cs;
     real *C;
     size_t ldc;
+    const struct GemmKernel *kernel;
 } GemmProblem;
+
+// How the micro-tiles of a GEMM are computed: the packed element, how a block of op(A) or
+// op(B) is packed into panels of W lanes, and the micro-kernel over one A and one B panel
+// (acc[MR][NR] = the panels' product over depth kc).
+typedef struct GemmKernel {
+    const char *name;
+    size_t elem_bytes;  // one packed element
+    int paired;         // panels of depth pairs (bf16 pairs), not of single depths
+    void (*pack_a)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
+    void (*pack_b)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
+    void (*micro)(int kc, const void *a, const void *b, real *acc);
+} GemmKernel;
 
 // ---------------------------------------------------------------------------
 // Backend choice: the one piece of global state, set once (or by
@@ -138,11 +157,11 @@ static void scale_c(int M, int N, real beta, real *C, size_t ldc) {
     }
 }
 
-// A buffer of `count` reals aligned to 64 bytes; *raw receives what to free().
-static real *alloc_aligned(size_t count, void **raw) {
-    *raw = mt_malloc(count * sizeof(real) + 64);
+// A buffer of `bytes` aligned to 64 bytes; *raw receives what to free().
+static void *alloc_aligned(size_t bytes, void **raw) {
+    *raw = mt_malloc(bytes + 64);
     uintptr_t p = ((uintptr_t)*raw + 63) & ~(uintptr_t)63;
-    return (real *)p;
+    return (void *)p;
 }
 
 // ---------------------------------------------------------------------------
@@ -194,16 +213,21 @@ static inline void pack_block(real *restrict dst, const real *restrict src, int 
         pack_gather_panel(dst + (size_t)j * kc, src + j * s_w, MT_MIN(W, w - j), W, kc, s_w, s_k);
 }
 
-// Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc]
-static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, real *Ap) {
+// Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc] (in the kernel's packing)
+static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, void *Ap) {
     const real *base = p->A + (size_t)ic * p->a_rs + (size_t)pc * p->a_ks;
-    pack_block(Ap, base, mc, MR, kc, p->a_rs, p->a_ks);
+    p->kernel->pack_a(Ap, base, mc, MR, kc, p->a_rs, p->a_ks);
 }
 
-// Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc]
-static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, real *Bp) {
+// Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc] (in the kernel's packing)
+static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, void *Bp) {
     const real *base = p->B + (size_t)pc * p->b_ks + (size_t)jc * p->b_cs;
-    pack_block(Bp, base, nc, NR, kc, p->b_cs, p->b_ks);
+    p->kernel->pack_b(Bp, base, nc, NR, kc, p->b_cs, p->b_ks);
+}
+
+// Packed elements per lane of a panel of depth kc.
+static size_t panel_depth(const GemmKernel *kern, int kc) {
+    return kern->paired ? 2 * (size_t)lowp_pairs(kc) : (size_t)kc;
 }
 
 // ---------------------------------------------------------------------------
@@ -293,11 +317,12 @@ STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real 
 // C[mc, nc] = alpha * Ap · Bp + beta * C for one packed A block [mc, kc] and B
 // block [kc, nc]. beta is the caller's beta for the first K block, 1 afterwards
 // (C * 1 is exact, so later blocks simply accumulate).
-static void macro_kernel(int mc, int nc, int kc, const real *Ap, const real *Bp, real *C,
-                         size_t ldc, real alpha, real beta) {
+static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const char *Ap, const char *Bp,
+                         real *C, size_t ldc, real alpha, real beta) {
     _Alignas(64) real acc[MR * NR];
+    size_t lane_bytes = panel_depth(kern, kc) * kern->elem_bytes;  // one lane of a panel
     for (int jr = 0; jr < nc; jr += NR) {
-        const real *b = Bp + (size_t)jr * kc;
+        const char *b = Bp + (size_t)jr * lane_bytes;
         int nr = MT_MIN(NR, nc - jr);
         for (int ir = 0; ir < mc; ir += MR) {
             real *c = C + ir * ldc + jr;
@@ -306,7 +331,7 @@ static void macro_kernel(int mc, int nc, int kc, const real *Ap, const real *Bp,
                 PREFETCH_W(c + i * ldc);
                 PREFETCH_W(c + i * ldc + nr - 1);
             }
-            micro_kernel(kc, Ap + (size_t)ir * kc, b, acc);
+            kern->micro(kc, Ap + (size_t)ir * lane_bytes, b, acc);
             if (mr == MR && nr == NR) tile_store_full(c, ldc, acc, alpha, beta);
             else tile_store_any(c, ldc, acc, mr, nr, alpha, beta);
         }
@@ -316,9 +341,10 @@ static void macro_kernel(int mc, int nc, int kc, const real *Ap, const real *Bp,
 // The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only.
 static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     int mb = MT_MIN(MC, m1 - m0), nb = MT_MIN(NC, n1 - n0), kb = MT_MIN(KC, p->K);
+    size_t lane_bytes = panel_depth(p->kernel, kb) * p->kernel->elem_bytes;
     void *a_raw, *b_raw;
-    real *Ap = alloc_aligned((size_t)ceil_div(mb, MR) * MR * kb, &a_raw);
-    real *Bp = alloc_aligned((size_t)ceil_div(nb, NR) * NR * kb, &b_raw);
+    char *Ap = alloc_aligned((size_t)ceil_div(mb, MR) * MR * lane_bytes, &a_raw);
+    char *Bp = alloc_aligned((size_t)ceil_div(nb, NR) * NR * lane_bytes, &b_raw);
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = MT_MIN(NC, n1 - jc);
         for (int pc = 0; pc < p->K; pc += KC) {
@@ -328,7 +354,7 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = MT_MIN(MC, m1 - ic);
                 pack_a(p, ic, mc, pc, kc, Ap);
-                macro_kernel(mc, nc, kc, Ap, Bp, p->C + (size_t)ic * p->ldc + jc, p->ldc,
+                macro_kernel(p->kernel, mc, nc, kc, Ap, Bp, p->C + (size_t)ic * p->ldc + jc, p->ldc,
                              p->alpha, beta);
             }
         }
@@ -411,11 +437,92 @@ static void gemm_blas(int trans_a, int trans_b, int M, int N, int K, real alpha,
 #endif
 
 // ---------------------------------------------------------------------------
+// Kernels: fp32, the emulations of 16-bit inputs (fp32 panels rounded as they are packed,
+// the fp32 micro-kernel), and bf16 on AVX-512 BF16.
+// ---------------------------------------------------------------------------
+static void pack_fp32(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    pack_block(dst, src, w, W, kc, s_w, s_k);
+}
+
+// Elements in the packed panels of a w x kc block (whole panels of W lanes).
+static size_t packed_count(int w, int W, int kc) { return (size_t)ceil_div(w, W) * W * kc; }
+
+static void pack_bf16_emulated(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    pack_block(dst, src, w, W, kc, s_w, s_k);
+    lowp_round_panel(dst, packed_count(w, W, kc), GEMM_INPUTS_BF16);
+}
+
+static void pack_fp16_emulated(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    pack_block(dst, src, w, W, kc, s_w, s_k);
+    lowp_round_panel(dst, packed_count(w, W, kc), GEMM_INPUTS_FP16);
+}
+
+static void pack_bf16_pairs_a(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    lowp_pack_bf16_pairs(dst, src, w, W, kc, s_w, s_k, LOWP_PAD_A);
+}
+
+static void pack_bf16_pairs_b(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    lowp_pack_bf16_pairs(dst, src, w, W, kc, s_w, s_k, LOWP_PAD_B);
+}
+
+static void micro_fp32(int kc, const void *a, const void *b, real *acc) { micro_kernel(kc, a, b, acc); }
+
+static void micro_fp32_flushed(int kc, const void *a, const void *b, real *acc) {
+    lowp_run_flushed(micro_kernel, kc, a, b, acc);
+}
+
+static void micro_bf16_avx512(int kc, const void *a, const void *b, real *acc) {
+    lowp_micro_avx512bf16(kc, a, b, acc);
+}
+
+static const GemmKernel KERNEL_FP32 = {"portable fp32", sizeof(real), 0, pack_fp32, pack_fp32, micro_fp32};
+static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", sizeof(real), 0, pack_bf16_emulated,
+                                                pack_bf16_emulated, micro_fp32_flushed};
+static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", sizeof(real), 0, pack_fp16_emulated,
+                                                pack_fp16_emulated, micro_fp32};
+static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", sizeof(uint16_t), 1, pack_bf16_pairs_a,
+                                              pack_bf16_pairs_b, micro_bf16_avx512};
+
+// The inputs' rounding and its kernel: process-wide, set before any GEMM thread runs.
+static GemmInputs g_inputs = GEMM_INPUTS_FP32;
+static const GemmKernel *g_kernel = &KERNEL_FP32;
+static int g_bf16_emulation_forced;
+
+static const GemmKernel *kernel_for(GemmInputs inputs) {
+    if (inputs == GEMM_INPUTS_FP16) return &KERNEL_FP16_EMULATED;
+    if (inputs == GEMM_INPUTS_FP32) return &KERNEL_FP32;
+    const char *env = getenv("MOETRON_GEMM_BF16");
+    int emulate = g_bf16_emulation_forced || (env && strcmp(env, "emulated") == 0);
+    return !emulate && lowp_have_avx512bf16() ? &KERNEL_BF16_AVX512 : &KERNEL_BF16_EMULATED;
+}
+
+void mt_gemm_set_inputs(GemmInputs inputs) {
+#ifdef MT_DOUBLE
+    if (inputs != GEMM_INPUTS_FP32) mt_die("internal error: 16-bit GEMM inputs in a double-precision build");
+#endif
+    g_inputs = inputs;
+    g_kernel = kernel_for(inputs);
+}
+
+GemmInputs mt_gemm_inputs(void) { return g_inputs; }
+
+void mt_gemm_force_bf16_emulation(int on) {
+    g_bf16_emulation_forced = on != 0;
+    g_kernel = kernel_for(g_inputs);
+}
+
+const char *mt_gemm_kernel(void) {
+    if (g_kernel == &KERNEL_FP32 && backend_get() == BACKEND_BLAS) return "openblas fp32";
+    return g_kernel->name;
+}
+
+// ---------------------------------------------------------------------------
 // Public API
 // ---------------------------------------------------------------------------
 
-void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
-             const real *B, int ldb, real beta, real *C, int ldc) {
+// C = alpha op(A) op(B) + beta C with kern's tiles (OpenBLAS for fp32 when it is chosen).
+static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K, real alpha,
+                      const real *A, int lda, const real *B, int ldb, real beta, real *C, int ldc) {
     PROF_SCOPE(PROF_GEMM);
     MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
     if (M == 0 || N == 0) return;
@@ -426,7 +533,7 @@ void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const r
     }
     MT_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
 #ifdef MT_HAVE_CBLAS
-    if (backend_get() == BACKEND_BLAS) {
+    if (kern == &KERNEL_FP32 && backend_get() == BACKEND_BLAS) {
         gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
@@ -435,9 +542,19 @@ void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const r
         .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
         .A = A, .a_rs = trans_a ? 1 : (size_t)lda, .a_ks = trans_a ? (size_t)lda : 1,
         .B = B, .b_ks = trans_b ? 1 : (size_t)ldb, .b_cs = trans_b ? (size_t)ldb : 1,
-        .C = C, .ldc = (size_t)ldc,
+        .C = C, .ldc = (size_t)ldc, .kernel = kern,
     };
     gemm_portable(&p);
+}
+
+void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
+             const real *B, int ldb, real beta, real *C, int ldc) {
+    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void cpu_gemm_fp32(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
+                   const real *B, int ldb, real beta, real *C, int ldc) {
+    gemm_with(&KERNEL_FP32, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // host_counts is not needed here: the cpu reads counts itself.

@@ -7,7 +7,7 @@
 #include "ops/cuda/cuda_internal.h"
 
 static struct {
-    int ready, device, sm_count, gemm_bf16;
+    int ready, device, sm_count, gemm_inputs;
     cudaStream_t stream;
     cublasHandle_t cublas;
     char name[256];
@@ -70,8 +70,8 @@ int cuda_sm_count(void) {
 }
 
 void cuda_finish(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
-void cuda_set_gemm_bf16(int on) { ctx.gemm_bf16 = on != 0; }
-int cuda_gemm_bf16(void) { return ctx.gemm_bf16; }
+void cuda_set_gemm_inputs(int inputs) { ctx.gemm_inputs = inputs; }
+int cuda_gemm_inputs(void) { return ctx.gemm_inputs; }
 const char *cuda_device_name(void) { return ctx.ready ? ctx.name : "none"; }
 
 double cuda_memory_free_bytes(void) {

@@ -18,7 +18,7 @@ void cublas_check_result(cublasStatus_t s, const char *call, const char *file, i
 
 cudaStream_t cuda_stream(void);     // every op of the backend runs on this stream
 cublasHandle_t cuda_cublas(void);   // bound to cuda_stream()
-int cuda_gemm_bf16(void);           // set by cuda_set_gemm_bf16
+int cuda_gemm_inputs(void);         // a GemmInputs (ops/gemm.h), set by cuda_set_gemm_inputs
 int cuda_sm_count(void);            // multiprocessors of the device, for grid sizing
 
 // Blocks of `threads` covering n items, capped for grid-stride loops.

@@ -7,7 +7,7 @@
 //     download (cuda_download) or cuda_finish() waits for them. Results are deterministic: no atomics feed a result, every reduction runs in
 //     a fixed order, so two runs give the same bits;
 //   * GEMMs compute in fp32, or with bf16 inputs and fp32 accumulation after
-//     cuda_set_gemm_bf16(1) (--bf16).
+//     cuda_set_gemm_inputs(GEMM_INPUTS_BF16) (--bf16), or fp16 inputs (--fp16).
 // Compiled by nvcc (src/ops/cuda/*.cu) when the Makefile finds the toolkit.
 #pragma once
 #include "ops/op_list.h"
@@ -22,7 +22,7 @@ int cuda_device_count(void);
 // Selects device `index` (a rank's local GPU), creates the stream and cuBLAS handle.
 void cuda_init(int index);
 void cuda_finish(void);                  // waits for the stream
-void cuda_set_gemm_bf16(int on);         // GEMM inputs rounded to bf16, fp32 accumulation
+void cuda_set_gemm_inputs(int inputs);   // a GemmInputs: GEMM inputs rounded to bf16 / fp16, fp32 accumulation
 const char *cuda_device_name(void);      // after cuda_init
 double cuda_memory_free_bytes(void);     // free memory of the device, after cuda_init
 // Device memory (never managed memory), from a stream-ordered pool: cuda_malloc's bytes
@@ -67,7 +67,7 @@ typedef struct CudaPlugin {
     int (*device_count)(void);
     void (*init)(int index);
     void (*finish)(void);
-    void (*set_gemm_bf16)(int on);
+    void (*set_gemm_inputs)(int inputs);
     const char *(*device_name)(void);
     double (*memory_free_bytes)(void);
     void *(*malloc_zeroed)(size_t bytes);

@@ -15,9 +15,10 @@
 // column-major matrix) then are exactly gemm.h's: ldb ≥ N or K, lda ≥ K or M, ldc ≥ N.
 //
 // Precision. fp32: CUBLAS_COMPUTE_32F_PEDANTIC, fp32 multiplies and fp32 accumulation, never
-// TF32, whatever the handle's math mode. After cuda_set_gemm_bf16(1):
+// TF32, whatever the handle's math mode. After cuda_set_gemm_inputs(GEMM_INPUTS_BF16):
 // CUBLAS_COMPUTE_32F_FAST_16BF, cuBLAS rounds the fp32 inputs to bf16 for the tensor cores,
-// accumulates in fp32 and stores fp32.
+// accumulates in fp32 and stores fp32; GEMM_INPUTS_FP16: CUBLAS_COMPUTE_32F_FAST_16F, the same
+// with IEEE half inputs.
 //
 // gemm.h's edge cases: M == 0 or N == 0 returns before anything is queued; K == 0 or
 // alpha == 0 scales C by beta with scale_c_kernel, so A and B are never read (cuBLAS does
@@ -37,13 +38,13 @@
 //     stream into a device block (both grown on demand), so the GEMM that reads them is
 //     ordered after the copy. The blocks are a ring of slots, each guarded by an event
 //     recorded after its copy: a call waits only for its slot's copy of many calls ago.
-//   * bf16: one cublasGemmEx per problem. The grouped API's table of supported types has no
-//     CUBLAS_COMPUTE_32F_FAST_16BF (fp32 data: 32F, 32F_PEDANTIC, 32F_FAST_TF32), and
+//   * bf16 / fp16: one cublasGemmEx per problem. The grouped API's table of supported types has no
+//     CUBLAS_COMPUTE_32F_FAST_16BF or _16F (fp32 data: 32F, 32F_PEDANTIC, 32F_FAST_TF32), and
 //     cublasGemmEx sees each pointer, so it has no alignment demand on rows that start at
 //     any offset.
 // Determinism: cuBLAS with atomics disallowed (context.cu) gives the same bits for the same
 // call on the same GPU and stream; which path a call takes depends only on its arguments and
-// the bf16 switch. The static state here assumes one host thread drives the backend.
+// the input-precision switch. The static state here assumes one host thread drives the backend.
 #include "ops/cuda/cuda_internal.h"
 
 static_assert(sizeof(real) == sizeof(float), "the cuda backend is built for float only");
@@ -104,7 +105,11 @@ static ColGemm col_gemm(int trans_a, int trans_b, int M, int N, int K, const flo
 }
 
 static cublasComputeType_t gemm_compute_type(void) {
-    return cuda_gemm_bf16() ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_PEDANTIC;
+    switch (cuda_gemm_inputs()) {
+    case GEMM_INPUTS_BF16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case GEMM_INPUTS_FP16: return CUBLAS_COMPUTE_32F_FAST_16F;
+    default: return CUBLAS_COMPUTE_32F_PEDANTIC;
+    }
 }
 
 // One cublasGemmEx (fp32 storage for A, B and C; alpha and beta read from the host).
@@ -242,10 +247,10 @@ static void batch_run_grouped(int count, float alpha, float beta) {
                                             CUBLAS_COMPUTE_32F_PEDANTIC));
 }
 
-// batch.gemm[0, count): grouped in fp32, one cublasGemmEx each with bf16.
+// batch.gemm[0, count): grouped in fp32, one cublasGemmEx each with 16-bit inputs.
 static void batch_run(int count, float alpha, float beta) {
     if (count == 0) return;
-    if (cuda_gemm_bf16()) {
+    if (cuda_gemm_inputs() != GEMM_INPUTS_FP32) {
         for (int i = 0; i < count; i++) col_gemm_run(&batch.gemm[i], alpha, beta);
         return;
     }

@@ -1,0 +1,48 @@
+// gemm_lowp.h — the pieces of the cpu GEMM that round its inputs to 16 bits (--bf16,
+// --fp16; gemm.h has the contract): rounding packed fp32 panels in place (the emulation,
+// which then runs the fp32 micro-kernel), packing bf16 pairs for the AVX-512 BF16
+// micro-kernel, that kernel, and whether the CPU has it. gemm.c owns the blocking and
+// the threads; the tile is gemm.c's MR x NR (6 x 16 fp32).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/common.h"
+#include "ops/gemm.h"
+
+#define LOWP_MR 6   // rows of a micro-tile (gemm.c's MR)
+#define LOWP_NR 16  // columns of a micro-tile (gemm.c's NR for float): one 512-bit vector
+
+// The attention core's GEMMs: fp32 inputs whatever mt_gemm_set_inputs chose.
+void cpu_gemm_fp32(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
+                   const real *B, int ldb, real beta, real *C, int ldc);
+
+// x[0, n) rounded in place to the values of `inputs` (kept as floats): bf16 with fp32
+// subnormals first made ±0, or IEEE half. The emulation's packed panels.
+void lowp_round_panel(real *x, size_t n, GemmInputs inputs);
+
+// Depth kc of a bf16 pair panel: kc rounded up to whole pairs.
+static inline int lowp_pairs(int kc) { return (kc + 1) / 2; }
+
+// dst[ceil(w/W) panels][pairs(kc)][W][2] <- the w x kc block at src (lane j, depth k at
+// src[j*s_w + k*s_k]) as bf16, subnormals ±0. Within a pair the element of depth 2q sits in
+// the high half and 2q+1 in the low half, because the dot-product instruction adds the
+// high half's product first: each lane then sums depth 2q before 2q+1, in order, as the
+// emulation's fused multiply-adds do. Lanes past w are zero; the depth past an odd kc is
+// `pad`: LOWP_PAD_A (-0) in A's panels and LOWP_PAD_B (+0) in B's, so the padded product
+// is -0, which leaves every sum as it was (a sum flushed to -0 included).
+enum { LOWP_PAD_A = 0x8000, LOWP_PAD_B = 0 };
+void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
+                          uint16_t pad);
+
+// acc[MR][NR] = sum over depth k < kc, in order, of a[k][i] * b[k][j] for the bf16 pair
+// panels a ([pairs][MR][2]) and b ([pairs][NR][2], 64-byte aligned); each product added
+// with one rounding (flush-to-zero), as VDPBF16PS does. Only call when lowp_have_avx512bf16().
+void lowp_micro_avx512bf16(int kc, const uint16_t *a, const uint16_t *b, real *acc);
+int lowp_have_avx512bf16(void);
+
+// Runs the emulation's fp32 micro-kernel with subnormal results flushed to zero (and
+// subnormal operands read as zero), as the bf16 dot product rounds; restores the caller's
+// floating-point mode. On CPUs without such a mode (not x86) the kernel runs unflushed.
+typedef void (*LowpMicro)(int kc, const real *a, const real *b, real *acc);
+void lowp_run_flushed(LowpMicro micro, int kc, const real *a, const real *b, real *acc);

@@ -1,0 +1,254 @@
+// test_gemm_lowp.c — the cpu GEMM with 16-bit inputs (mt_gemm_set_inputs): bf16 and fp16
+// against a scalar reference of the contract in gemm.h bit for bit (inputs rounded, each
+// product added by one fused multiply-add in order over blocks of MT_GEMM_K_BLOCK, bf16
+// flushing subnormals), on random and adversarial values (rounding ties, subnormals,
+// overflow, NaN) and every transpose; the AVX-512 BF16 kernel against the emulation bit
+// for bit where the CPU has it; the same bits on 1 and 2 threads; the attention core's
+// GEMM staying fp32.
+#include <string.h>
+
+#include "core/float_formats.h"
+#include "ops/cpu/gemm_lowp.h"
+#include "ops/gemm.h"
+#include "testlib.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { VALUES_RANDOM, VALUES_ADVERSARIAL, VALUES_TINY };
+
+// A value near 2^-63 (either sign): products near 2^-126, so that partial sums go
+// subnormal and the flushing shows.
+static float tiny(unsigned long long r) {
+    int exponent = 127 - 63 + (int)(r % 6) - 3;
+    return bits_float(((uint32_t)((r >> 8) & 1) << 31) | ((uint32_t)exponent << 23) | ((uint32_t)(r >> 16) & 0x7FFFFFu));
+}
+
+static unsigned long long lcg(unsigned long long *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 11;
+}
+
+// One value of the adversarial mix: ordinary, a bf16 / fp16 rounding tie, fp32 and bf16
+// subnormals, values whose products fall near the subnormal range, huge (overflowing fp16),
+// zeros of both signs, rarely NaN or infinity.
+static float adversarial(unsigned long long *s) {
+    unsigned long long r = lcg(s);
+    float u = (float)((double)(r >> 11) / 2251799813685248.0 - 1.0);
+    switch (r % 11) {
+    case 0: return bits_float((float_bits(u) & 0xFFFF0000u) | 0x8000u);          // bf16 tie
+    case 1: return bits_float((float_bits(u) & 0xFFFFE000u) | 0x1000u);          // fp16 tie
+    case 2: return bits_float((uint32_t)(r >> 20) & 0x807FFFFFu);                 // fp32 subnormal
+    case 3: return u * 1e-19f;                                                     // products ~1e-38
+    case 4: return u * 7e4f;                                                       // past fp16's max
+    case 5: return (r >> 30) & 1 ? 0.0f : -0.0f;
+    case 6: return (r >> 40) % 64 == 0 ? ((r >> 50) & 1 ? NAN : INFINITY) : u;
+    default: return u;
+    }
+}
+
+static void fill(real *x, size_t n, int kind, unsigned long long seed) {
+    unsigned long long s = seed * 2654435761ULL + 7;
+    for (size_t i = 0; i < n; i++)
+        x[i] = kind == VALUES_ADVERSARIAL ? adversarial(&s)
+               : kind == VALUES_TINY    ? tiny(lcg(&s))
+                                        : (float)((double)lcg(&s) / 4503599627370496.0 - 1.0);
+}
+
+static float rounded(float v, GemmInputs inputs) {
+    real x = v;
+    lowp_round_panel(&x, 1, inputs);
+    return x;
+}
+
+static float op_at(const real *A, int ld, int trans, int i, int k) {
+    return trans ? A[(size_t)k * ld + i] : A[(size_t)i * ld + k];
+}
+
+// The contract's sum of one block, depths [k0, k1): fused multiply-adds in order, under
+// flush-to-zero for bf16.
+static float block_sum(int ta, int tb, const real *A, int lda, const real *B, int ldb, int i, int j, int k0, int k1,
+                       GemmInputs inputs) {
+    float acc = 0;
+#if defined(__x86_64__)
+    unsigned saved = _mm_getcsr();
+    if (inputs == GEMM_INPUTS_BF16) _mm_setcsr(saved | 0x8040u);
+#endif
+    for (int k = k0; k < k1; k++)
+        acc = __builtin_fmaf(rounded(op_at(A, lda, ta, i, k), inputs), rounded(op_at(B, ldb, !tb, j, k), inputs), acc);
+#if defined(__x86_64__)
+    _mm_setcsr(saved);
+#endif
+    return acc;
+}
+
+// C[M,N] (ldc) by the contract, from C as given.
+static void reference(int ta, int tb, int M, int N, int K, float alpha, const real *A, int lda, const real *B,
+                      int ldb, float beta, real *C, int ldc, GemmInputs inputs) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            real *c = &C[(size_t)i * ldc + j];
+            for (int k0 = 0; k0 < K; k0 += MT_GEMM_K_BLOCK) {
+                float sum = block_sum(ta, tb, A, lda, B, ldb, i, j, k0, MT_MIN(K, k0 + MT_GEMM_K_BLOCK), inputs);
+                float b = k0 == 0 ? beta : 1.0f;
+                volatile float scaled = alpha * sum;  // two roundings, no fused multiply-add
+                *c = b == 0 ? (float)scaled : (float)scaled + b * *c;
+            }
+        }
+}
+
+// Same bits, NaN matching any NaN; reports the first difference.
+static int count_diff(const real *got, const real *want, size_t n, const char *what) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        int same = isnan(got[i]) ? isnan(want[i]) : memcmp(&got[i], &want[i], sizeof(real)) == 0;
+        if (!same && !bad++) CHECK(0, "%s: element %zu is %.9g (0x%08x), expected %.9g (0x%08x)", what, i,
+                                   (double)got[i], float_bits(got[i]), (double)want[i], float_bits(want[i]));
+    }
+    return bad;
+}
+
+typedef struct {
+    int ta, tb, M, N, K, pad;
+    float alpha, beta;
+} Case;
+
+// mt_gemm on the case into C (fresh copy of C0), in the current mode.
+static void run_case(const Case *c, const real *A, const real *B, const real *C0, real *C) {
+    int lda = (c->ta ? c->M : c->K) + c->pad, ldb = (c->tb ? c->K : c->N) + c->pad, ldc = c->N + c->pad;
+    memcpy(C, C0, (size_t)c->M * ldc * sizeof(real));
+    mt_gemm(c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C, ldc);
+}
+
+// Buffers of one case with values of `kind`.
+typedef struct {
+    real *A, *B, *C0, *C, *want;
+    size_t c_n;
+} CaseData;
+
+static CaseData case_data(const Case *c, int kind, unsigned long long seed) {
+    int lda = (c->ta ? c->M : c->K) + c->pad, ldb = (c->tb ? c->K : c->N) + c->pad, ldc = c->N + c->pad;
+    size_t a_n = (size_t)(c->ta ? c->K : c->M) * lda, b_n = (size_t)(c->tb ? c->N : c->K) * ldb;
+    CaseData d = {mt_malloc(a_n * sizeof(real)), mt_malloc(b_n * sizeof(real)), NULL, NULL, NULL,
+                  (size_t)c->M * ldc};
+    d.C0 = mt_malloc(d.c_n * sizeof(real)), d.C = mt_malloc(d.c_n * sizeof(real));
+    d.want = mt_malloc(d.c_n * sizeof(real));
+    fill(d.A, a_n, kind, seed), fill(d.B, b_n, kind, seed + 1), fill(d.C0, d.c_n, VALUES_RANDOM, seed + 2);
+    return d;
+}
+
+static void case_free(CaseData *d) { free(d->A), free(d->B), free(d->C0), free(d->C), free(d->want); }
+
+static const Case CASES[] = {
+    {0, 0, 1, 1, 1, 0, 1, 0},        {0, 1, 7, 19, 5, 2, 1, 0},         {1, 0, 13, 29, 41, 0, -1, 0.5f},
+    {1, 1, 33, 47, 65, 3, 1.5f, -1}, {0, 1, 70, 90, 300, 0, 0.75f, 1},  {1, 0, 130, 257, 129, 1, 1, 0.25f},
+    {0, 0, 66, 70, 1030, 0, 1, 0},   {1, 1, 145, 33, 257, 5, -2, 1},    {0, 1, 6, 16, 256, 0, 1, 1},
+    {0, 0, 300, 40, 513, 0, 0.5f, 0},
+};
+#define CASE_COUNT (sizeof CASES / sizeof CASES[0])
+
+static void check_against_reference(GemmInputs inputs, int emulated, int kind) {
+    mt_gemm_set_inputs(inputs);
+    mt_gemm_force_bf16_emulation(emulated);
+    for (size_t n = 0; n < CASE_COUNT; n++) {
+        const Case *c = &CASES[n];
+        CaseData d = case_data(c, kind, 40 + n);
+        int lda = (c->ta ? c->M : c->K) + c->pad, ldb = (c->tb ? c->K : c->N) + c->pad, ldc = c->N + c->pad;
+        memcpy(d.want, d.C0, d.c_n * sizeof(real));
+        reference(c->ta, c->tb, c->M, c->N, c->K, c->alpha, d.A, lda, d.B, ldb, c->beta, d.want, ldc, inputs);
+        run_case(c, d.A, d.B, d.C0, d.C);
+        char what[160];
+        snprintf(what, sizeof what, "%s %s ta=%d tb=%d %dx%dx%d", mt_gemm_kernel(),
+                 kind == VALUES_RANDOM ? "random" : kind == VALUES_TINY ? "tiny" : "adversarial", c->ta, c->tb, c->M, c->N, c->K);
+        count_diff(d.C, d.want, d.c_n, what);
+        case_free(&d);
+    }
+    mt_gemm_force_bf16_emulation(0);
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+}
+
+static void test_bf16_emulation_is_the_contract(void) {
+    check_against_reference(GEMM_INPUTS_BF16, 1, VALUES_RANDOM);
+    check_against_reference(GEMM_INPUTS_BF16, 1, VALUES_ADVERSARIAL);
+    check_against_reference(GEMM_INPUTS_BF16, 1, VALUES_TINY);
+}
+
+static void test_bf16_kernel_is_the_contract(void) {
+    if (!lowp_have_avx512bf16()) {
+        printf("     (no AVX-512 BF16 on this CPU: the emulation is the bf16 kernel here)\n");
+        return;
+    }
+    mt_gemm_set_inputs(GEMM_INPUTS_BF16);
+    CHECK(strcmp(mt_gemm_kernel(), "bf16 avx512-bf16") == 0, "kernel %s, expected the AVX-512 BF16 one",
+          mt_gemm_kernel());
+    check_against_reference(GEMM_INPUTS_BF16, 0, VALUES_RANDOM);
+    check_against_reference(GEMM_INPUTS_BF16, 0, VALUES_ADVERSARIAL);
+    check_against_reference(GEMM_INPUTS_BF16, 0, VALUES_TINY);
+}
+
+static void test_fp16_emulation_is_the_contract(void) {
+    check_against_reference(GEMM_INPUTS_FP16, 1, VALUES_RANDOM);
+    check_against_reference(GEMM_INPUTS_FP16, 1, VALUES_ADVERSARIAL);
+    check_against_reference(GEMM_INPUTS_FP16, 1, VALUES_TINY);
+}
+
+// The rounding itself: ties to even, subnormals, overflow.
+static void test_input_rounding(void) {
+    CHECK(rounded(bits_float(0x3F808000u), GEMM_INPUTS_BF16) == bits_float(0x3F800000u), "bf16 tie to even (down)");
+    CHECK(rounded(bits_float(0x3F818000u), GEMM_INPUTS_BF16) == bits_float(0x3F820000u), "bf16 tie to even (up)");
+    CHECK(float_bits(rounded(bits_float(0x807FFFFFu), GEMM_INPUTS_BF16)) == F32_SIGN, "bf16: subnormal to -0");
+    CHECK(rounded(1e-7f, GEMM_INPUTS_FP16) == f16_to_float(f16_from_float(1e-7f)), "fp16 keeps its subnormals");
+    CHECK(isinf(rounded(70000.0f, GEMM_INPUTS_FP16)), "fp16 overflows to infinity");
+    CHECK(rounded(70000.0f, GEMM_INPUTS_BF16) == 70144.0f, "bf16 keeps 70000 finite (70144)");
+}
+
+// 1 and 2 threads give the same bits in each mode.
+static void test_thread_counts_agree(void) {
+#ifdef _OPENMP
+    static const GemmInputs modes[] = {GEMM_INPUTS_BF16, GEMM_INPUTS_FP16};
+    Case c = {0, 1, 300, 200, 700, 0, 1, 0};
+    CaseData d = case_data(&c, VALUES_RANDOM, 9);
+    int threads = omp_get_max_threads();
+    for (int m = 0; m < 2; m++) {
+        mt_gemm_set_inputs(modes[m]);
+        omp_set_num_threads(1);
+        run_case(&c, d.A, d.B, d.C0, d.want);
+        omp_set_num_threads(2);
+        run_case(&c, d.A, d.B, d.C0, d.C);
+        count_diff(d.C, d.want, d.c_n, mt_gemm_kernel());
+    }
+    omp_set_num_threads(threads);
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    case_free(&d);
+#endif
+}
+
+// cpu_gemm_fp32 (the attention core) ignores the mode.
+static void test_attention_gemm_stays_fp32(void) {
+    Case c = {0, 1, 40, 50, 60, 0, 1, 0};
+    CaseData d = case_data(&c, VALUES_RANDOM, 3);
+    memcpy(d.want, d.C0, d.c_n * sizeof(real));
+    memcpy(d.C, d.C0, d.c_n * sizeof(real));
+    cpu_gemm_fp32(0, 1, c.M, c.N, c.K, 1, d.A, c.K, d.B, c.K, 0, d.want, c.N);
+    mt_gemm_set_inputs(GEMM_INPUTS_BF16);
+    cpu_gemm_fp32(0, 1, c.M, c.N, c.K, 1, d.A, c.K, d.B, c.K, 0, d.C, c.N);
+    count_diff(d.C, d.want, d.c_n, "cpu_gemm_fp32 under bf16");
+    mt_gemm(0, 1, c.M, c.N, c.K, 1, d.A, c.K, d.B, c.K, 0, d.C, c.N);
+    CHECK(memcmp(d.C, d.want, d.c_n * sizeof(real)) != 0, "mt_gemm under bf16 gave the fp32 result");
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    case_free(&d);
+}
+
+int main(void) {
+    RUN(test_input_rounding);
+    RUN(test_bf16_emulation_is_the_contract);
+    RUN(test_bf16_kernel_is_the_contract);
+    RUN(test_fp16_emulation_is_the_contract);
+    RUN(test_thread_counts_agree);
+    RUN(test_attention_gemm_stays_fp32);
+    return tl_failed_cases != 0;
+}
