@@ -7,10 +7,11 @@
 // one line; drop -DMT_HAVE_CBLAS and -lopenblas to measure the portable path alone)
 //
 // Usage: build/bench_gemm [M N K [ta tb]]   (no arguments: the standard table)
-// Each line: fp32 GFLOP/s, then the 16-bit-input modes (gemm.h: bf16 on this CPU's kernel,
-// bf16 emulated, fp16 emulated), in GFLOP/s of the same arithmetic count.
+// Each line: fp32 GFLOP/s, then the 16-bit-input modes (gemm.h: each bf16 kernel this CPU
+// has — amx, avx512-bf16, emulated — and fp16, emulated), in GFLOP/s of the same arithmetic.
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "ops/gemm.h"
@@ -60,13 +61,20 @@ static void bench_shape(int ta, int tb, int M, int N, int K) {
     mt_gemm_force_portable(0);
     if (mt_gemm_backend()[0] == 'o') printf("  openblas %7.1f GFLOP/s", time_gemm(ta, tb, M, N, K));
 #ifndef MT_DOUBLE
-    static const GemmInputs lowp[] = {GEMM_INPUTS_BF16, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16};
-    for (int m = 0; m < 3; m++) {  // bf16 on the CPU's kernel, bf16 emulated, fp16 (emulated)
+    static const GemmInputs lowp[] = {GEMM_INPUTS_BF16, GEMM_INPUTS_BF16, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16};
+    static const char *const kernels[] = {"amx", "avx512-bf16", "emulated", NULL};
+    const char *shown[4];
+    int n_shown = 0;
+    for (int m = 0; m < 4; m++) {  // each bf16 kernel this CPU has (once), then fp16 (emulated)
         mt_gemm_set_inputs(lowp[m]);
-        mt_gemm_force_bf16_emulation(m == 1);
+        mt_gemm_use_bf16_kernel(kernels[m]);
+        int seen = 0;
+        for (int i = 0; i < n_shown; i++) seen |= !strcmp(shown[i], mt_gemm_kernel());
+        if (seen) continue;  // the CPU lacks the kernel asked for: it fell back to one shown
+        shown[n_shown++] = mt_gemm_kernel();
         printf("  %s %7.1f", mt_gemm_kernel(), time_gemm(ta, tb, M, N, K));
     }
-    mt_gemm_force_bf16_emulation(0);
+    mt_gemm_use_bf16_kernel(NULL);
     mt_gemm_set_inputs(GEMM_INPUTS_FP32);
 #endif
     printf("\n");

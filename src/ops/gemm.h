@@ -43,12 +43,15 @@ typedef enum { GEMM_INPUTS_FP32, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16 } GemmInputs
 void mt_gemm_set_inputs(GemmInputs inputs);
 GemmInputs mt_gemm_inputs(void);
 
-// The kernel the next low-precision or fp32 mt_gemm uses, for the banner: "portable fp32",
-// "bf16 avx512-bf16", "bf16 emulated", "fp16 emulated" (or "openblas fp32"). bf16 runs on
-// AVX-512 BF16 when the CPU has it, unless MOETRON_GEMM_BF16=emulated (read at
-// mt_gemm_set_inputs) or mt_gemm_force_bf16_emulation(1) asks for the emulation.
+// The kernel the next mt_gemm uses, for the banner: "portable fp32" (or "openblas fp32"),
+// "bf16 amx", "bf16 avx512-bf16", "bf16 emulated", "fp16 emulated". bf16 runs on AMX-BF16
+// where the CPU has it, else on AVX-512 BF16, else emulated; MOETRON_GEMM_BF16 (read at
+// mt_gemm_set_inputs) or mt_gemm_use_bf16_kernel asks for one of "amx", "avx512-bf16" or
+// "emulated" (falling back the same way when the CPU lacks it; NULL: the default). The
+// AVX-512 BF16 kernel and the emulation give the same bits; AMX sums each block of 32
+// products at a precision of its own, so it differs from them in the last bits.
 const char *mt_gemm_kernel(void);
-void mt_gemm_force_bf16_emulation(int on);
+void mt_gemm_use_bf16_kernel(const char *name);
 
 // on != 0: use the portable backend from now on, even when OpenBLAS is linked.
 // on == 0: go back to the default choice (OpenBLAS if linked and MOETRON_GEMM is

@@ -52,6 +52,7 @@
 #define KC MT_GEMM_K_BLOCK  // the depth of one block of sums (gemm.h)
 #define MC (MR * (96 / (int)sizeof(real)))  // 144 rows float, 72 rows double
 #define NC (2048 / (int)sizeof(real))       // 512 columns float, 256 double
+#define GEMM_TILE_MAX (LOWP_AMX_TILE * LOWP_AMX_TILE)  // the largest kernel tile (AMX's), in reals
 #define PAR_MIN_WORK (64.0 * 64.0 * 64.0)  // M*N*K at or below this runs on one thread
 
 #if defined(__GNUC__)
@@ -91,8 +92,10 @@ typedef struct {
 // (acc[MR][NR] = the panels' product over depth kc).
 typedef struct GemmKernel {
     const char *name;
+    int mr, nr;         // the micro-tile: rows of A's panels, columns of B's
+    int mc;             // rows of op(A) packed at a time (a multiple of mr)
     size_t elem_bytes;  // one packed element
-    int paired;         // panels of depth pairs (bf16 pairs), not of single depths
+    int depth_align;    // a panel's depth is kc rounded up to this (bf16 pairs, AMX steps)
     void (*pack_a)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
     void (*pack_b)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
     void (*micro)(int kc, const void *a, const void *b, real *acc);
@@ -216,18 +219,18 @@ static inline void pack_block(real *restrict dst, const real *restrict src, int 
 // Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc] (in the kernel's packing)
 static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, void *Ap) {
     const real *base = p->A + (size_t)ic * p->a_rs + (size_t)pc * p->a_ks;
-    p->kernel->pack_a(Ap, base, mc, MR, kc, p->a_rs, p->a_ks);
+    p->kernel->pack_a(Ap, base, mc, p->kernel->mr, kc, p->a_rs, p->a_ks);
 }
 
 // Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc] (in the kernel's packing)
 static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, void *Bp) {
     const real *base = p->B + (size_t)pc * p->b_ks + (size_t)jc * p->b_cs;
-    p->kernel->pack_b(Bp, base, nc, NR, kc, p->b_cs, p->b_ks);
+    p->kernel->pack_b(Bp, base, nc, p->kernel->nr, kc, p->b_cs, p->b_ks);
 }
 
 // Packed elements per lane of a panel of depth kc.
 static size_t panel_depth(const GemmKernel *kern, int kc) {
-    return kern->paired ? 2 * (size_t)lowp_pairs(kc) : (size_t)kc;
+    return (size_t)ceil_div(kc, kern->depth_align) * kern->depth_align;
 }
 
 // ---------------------------------------------------------------------------
@@ -271,14 +274,14 @@ KERNEL_ATTR static void micro_kernel(int kc, const real *restrict a, const real 
 }
 #endif
 
-// C[mr, nr] (mr <= MR, nr <= NR) = alpha * acc[0:mr, 0:nr] + beta * C; beta == 0
-// overwrites. acc is [MR][NR]. Every element gets the same two roundings
+// C[mr, nr] = alpha * acc[0:mr, 0:nr] + beta * C; beta == 0 overwrites. acc is a
+// kernel's tile, rows acc_ld apart. Every element gets the same two roundings
 // (alpha*acc, beta*c, then the sum; no fused multiply-add) on every path.
-STORE_ATTR static void tile_store_any(real *restrict C, size_t ldc, const real *restrict acc,
+STORE_ATTR static void tile_store_any(real *restrict C, size_t ldc, const real *restrict acc, int acc_ld,
                                       int mr, int nr, real alpha, real beta) {
     for (int i = 0; i < mr; i++) {
         real *c = C + i * ldc;
-        const real *t = acc + i * NR;
+        const real *t = acc + i * acc_ld;
         if (beta == 0)
             for (int j = 0; j < nr; j++) c[j] = alpha * t[j];
         else
@@ -309,7 +312,7 @@ STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real 
 #else
 STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real *restrict acc,
                                        real alpha, real beta) {
-    tile_store_any(C, ldc, acc, MR, NR, alpha, beta);
+    tile_store_any(C, ldc, acc, NR, MR, NR, alpha, beta);
 }
 #define PREFETCH_W(addr) ((void)0)
 #endif
@@ -319,42 +322,44 @@ STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real 
 // (C * 1 is exact, so later blocks simply accumulate).
 static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const char *Ap, const char *Bp,
                          real *C, size_t ldc, real alpha, real beta) {
-    _Alignas(64) real acc[MR * NR];
+    _Alignas(64) real acc[GEMM_TILE_MAX];
     size_t lane_bytes = panel_depth(kern, kc) * kern->elem_bytes;  // one lane of a panel
-    for (int jr = 0; jr < nc; jr += NR) {
+    int full_fp32_tile = kern->mr == MR && kern->nr == NR;
+    for (int jr = 0; jr < nc; jr += kern->nr) {
         const char *b = Bp + (size_t)jr * lane_bytes;
-        int nr = MT_MIN(NR, nc - jr);
-        for (int ir = 0; ir < mc; ir += MR) {
+        int nr = MT_MIN(kern->nr, nc - jr);
+        for (int ir = 0; ir < mc; ir += kern->mr) {
             real *c = C + ir * ldc + jr;
-            int mr = MT_MIN(MR, mc - ir);
+            int mr = MT_MIN(kern->mr, mc - ir);
             for (int i = 0; i < mr; i++) {  // fetch the C tile while the kernel runs
                 PREFETCH_W(c + i * ldc);
                 PREFETCH_W(c + i * ldc + nr - 1);
             }
             kern->micro(kc, Ap + (size_t)ir * lane_bytes, b, acc);
-            if (mr == MR && nr == NR) tile_store_full(c, ldc, acc, alpha, beta);
-            else tile_store_any(c, ldc, acc, mr, nr, alpha, beta);
+            if (full_fp32_tile && mr == MR && nr == NR) tile_store_full(c, ldc, acc, alpha, beta);
+            else tile_store_any(c, ldc, acc, kern->nr, mr, nr, alpha, beta);
         }
     }
 }
 
 // The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only.
 static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
-    int mb = MT_MIN(MC, m1 - m0), nb = MT_MIN(NC, n1 - n0), kb = MT_MIN(KC, p->K);
-    size_t lane_bytes = panel_depth(p->kernel, kb) * p->kernel->elem_bytes;
+    const GemmKernel *kern = p->kernel;
+    int mb = MT_MIN(kern->mc, m1 - m0), nb = MT_MIN(NC, n1 - n0), kb = MT_MIN(KC, p->K);
+    size_t lane_bytes = panel_depth(kern, kb) * kern->elem_bytes;
     void *a_raw, *b_raw;
-    char *Ap = alloc_aligned((size_t)ceil_div(mb, MR) * MR * lane_bytes, &a_raw);
-    char *Bp = alloc_aligned((size_t)ceil_div(nb, NR) * NR * lane_bytes, &b_raw);
+    char *Ap = alloc_aligned((size_t)ceil_div(mb, kern->mr) * kern->mr * lane_bytes, &a_raw);
+    char *Bp = alloc_aligned((size_t)ceil_div(nb, kern->nr) * kern->nr * lane_bytes, &b_raw);
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = MT_MIN(NC, n1 - jc);
         for (int pc = 0; pc < p->K; pc += KC) {
             int kc = MT_MIN(KC, p->K - pc);
             real beta = pc == 0 ? p->beta : (real)1;
             pack_b(p, pc, kc, jc, nc, Bp);
-            for (int ic = m0; ic < m1; ic += MC) {
-                int mc = MT_MIN(MC, m1 - ic);
+            for (int ic = m0; ic < m1; ic += kern->mc) {
+                int mc = MT_MIN(kern->mc, m1 - ic);
                 pack_a(p, ic, mc, pc, kc, Ap);
-                macro_kernel(p->kernel, mc, nc, kc, Ap, Bp, p->C + (size_t)ic * p->ldc + jc, p->ldc,
+                macro_kernel(kern, mc, nc, kc, Ap, Bp, p->C + (size_t)ic * p->ldc + jc, p->ldc,
                              p->alpha, beta);
             }
         }
@@ -364,13 +369,13 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
 }
 
 // ---------------------------------------------------------------------------
-// Threading: split C into gm x gn rectangles of whole MR x NR panels.
+// Threading: split C into gm x gn rectangles of whole panels of the kernel's tile.
 // ---------------------------------------------------------------------------
 #ifdef _OPENMP
 
 // Pick a grid gm x gn (gm * gn <= nth, gm <= mp, gn <= np) for mp row panels and
 // np column panels: fewest tiles on the busiest thread, then least packing.
-static void choose_grid(int mp, int np, int nth, int *gm, int *gn) {
+static void choose_grid(const GemmKernel *kern, int mp, int np, int nth, int *gm, int *gn) {
     double best = -1;
     *gm = *gn = 1;
     for (int used = nth; used >= 1; used--) {
@@ -378,8 +383,8 @@ static void choose_grid(int mp, int np, int nth, int *gm, int *gn) {
             if (used % a || a > mp || used / a > np) continue;
             int b = used / a;
             double tiles = (double)ceil_div(mp, a) * ceil_div(np, b);
-            double packing = (double)ceil_div(mp, a) * MR + (double)ceil_div(np, b) * NR;
-            double cost = tiles * (MR * NR / 16.0) + packing;  // ~cycles per k step
+            double packing = (double)ceil_div(mp, a) * kern->mr + (double)ceil_div(np, b) * kern->nr;
+            double cost = tiles * (kern->mr * kern->nr / 16.0) + packing;  // ~cycles per k step
             if (best < 0 || cost < best) {
                 best = cost;
                 *gm = a;
@@ -391,12 +396,13 @@ static void choose_grid(int mp, int np, int nth, int *gm, int *gn) {
 
 // Cell t (row-major) of a gm x gn grid over C: its rows [m0,m1) and columns [n0,n1).
 static void gemm_grid_part(const GemmProblem *p, int gm, int gn, int t) {
-    int mp = ceil_div(p->M, MR), np = ceil_div(p->N, NR);
+    int mr = p->kernel->mr, nr = p->kernel->nr;
+    int mp = ceil_div(p->M, mr), np = ceil_div(p->N, nr);
     int ti = t / gn, tj = t % gn;
-    int m0 = (int)((long long)mp * ti / gm) * MR;
-    int m1 = MT_MIN(p->M, (int)((long long)mp * (ti + 1) / gm) * MR);
-    int n0 = (int)((long long)np * tj / gn) * NR;
-    int n1 = MT_MIN(p->N, (int)((long long)np * (tj + 1) / gn) * NR);
+    int m0 = (int)((long long)mp * ti / gm) * mr;
+    int m1 = MT_MIN(p->M, (int)((long long)mp * (ti + 1) / gm) * mr);
+    int n0 = (int)((long long)np * tj / gn) * nr;
+    int n1 = MT_MIN(p->N, (int)((long long)np * (tj + 1) / gn) * nr);
     if (m0 < m1 && n0 < n1) gemm_rect(p, m0, m1, n0, n1);
 }
 #endif
@@ -411,7 +417,8 @@ static void gemm_portable(const GemmProblem *p) {
             // One cell per thread; handed out dynamically so that a thread the OS
             // has not scheduled yet does not hold its cell hostage.
             int gm, gn;
-            choose_grid(ceil_div(p->M, MR), ceil_div(p->N, NR), omp_get_num_threads(), &gm, &gn);
+            choose_grid(p->kernel, ceil_div(p->M, p->kernel->mr), ceil_div(p->N, p->kernel->nr), omp_get_num_threads(),
+                        &gm, &gn);
 #pragma omp for schedule(dynamic, 1)
             for (int cell = 0; cell < gm * gn; cell++) gemm_grid_part(p, gm, gn, cell);
         }
@@ -475,25 +482,48 @@ static void micro_bf16_avx512(int kc, const void *a, const void *b, real *acc) {
     lowp_micro_avx512bf16(kc, a, b, acc);
 }
 
-static const GemmKernel KERNEL_FP32 = {"portable fp32", sizeof(real), 0, pack_fp32, pack_fp32, micro_fp32};
-static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", sizeof(real), 0, pack_bf16_emulated,
+static void pack_amx_a(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    (void)W;  // always LOWP_AMX_TILE
+    lowp_pack_amx_a(dst, src, w, kc, s_w, s_k);
+}
+
+static void pack_amx_b(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    (void)W;
+    lowp_pack_amx_b(dst, src, w, kc, s_w, s_k);
+}
+
+static void micro_amx(int kc, const void *a, const void *b, real *acc) { lowp_micro_amx(kc, a, b, acc); }
+
+#define AMX_MC (4 * LOWP_AMX_TILE)  // 128 rows: an A block of 128 x KC bf16 (64 KiB) in L2
+
+static const GemmKernel KERNEL_FP32 = {"portable fp32", MR, NR, MC, sizeof(real), 1, pack_fp32, pack_fp32,
+                                       micro_fp32};
+static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", MR, NR, MC, sizeof(real), 1, pack_bf16_emulated,
                                                 pack_bf16_emulated, micro_fp32_flushed};
-static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", sizeof(real), 0, pack_fp16_emulated,
+static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", MR, NR, MC, sizeof(real), 1, pack_fp16_emulated,
                                                 pack_fp16_emulated, micro_fp32};
-static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", sizeof(uint16_t), 1, pack_bf16_pairs_a,
+static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", MR, NR, MC, sizeof(uint16_t), 2, pack_bf16_pairs_a,
                                               pack_bf16_pairs_b, micro_bf16_avx512};
+static const GemmKernel KERNEL_BF16_AMX = {"bf16 amx", LOWP_AMX_TILE, LOWP_AMX_TILE, AMX_MC, sizeof(uint16_t),
+                                           LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx};
 
 // The inputs' rounding and its kernel: process-wide, set before any GEMM thread runs.
 static GemmInputs g_inputs = GEMM_INPUTS_FP32;
 static const GemmKernel *g_kernel = &KERNEL_FP32;
-static int g_bf16_emulation_forced;
+static const char *g_bf16_kernel_wanted;  // mt_gemm_use_bf16_kernel's, else NULL
 
+// bf16: AMX where the CPU has it, else AVX-512 BF16, else the emulation; MOETRON_GEMM_BF16
+// (amx, avx512-bf16, emulated) asks for one (falling back the same way when missing).
 static const GemmKernel *kernel_for(GemmInputs inputs) {
     if (inputs == GEMM_INPUTS_FP16) return &KERNEL_FP16_EMULATED;
     if (inputs == GEMM_INPUTS_FP32) return &KERNEL_FP32;
     const char *env = getenv("MOETRON_GEMM_BF16");
-    int emulate = g_bf16_emulation_forced || (env && strcmp(env, "emulated") == 0);
-    return !emulate && lowp_have_avx512bf16() ? &KERNEL_BF16_AVX512 : &KERNEL_BF16_EMULATED;
+    const char *want = g_bf16_kernel_wanted ? g_bf16_kernel_wanted : env && env[0] ? env : "amx";
+    if (strcmp(want, "amx") && strcmp(want, "avx512-bf16") && strcmp(want, "emulated"))
+        mt_die("MOETRON_GEMM_BF16=%s: use amx, avx512-bf16 or emulated (or unset it)", want);
+    if (!strcmp(want, "amx") && lowp_have_amx()) return &KERNEL_BF16_AMX;
+    if (strcmp(want, "emulated") && lowp_have_avx512bf16()) return &KERNEL_BF16_AVX512;
+    return &KERNEL_BF16_EMULATED;
 }
 
 void mt_gemm_set_inputs(GemmInputs inputs) {
@@ -506,8 +536,8 @@ void mt_gemm_set_inputs(GemmInputs inputs) {
 
 GemmInputs mt_gemm_inputs(void) { return g_inputs; }
 
-void mt_gemm_force_bf16_emulation(int on) {
-    g_bf16_emulation_forced = on != 0;
+void mt_gemm_use_bf16_kernel(const char *name) {
+    g_bf16_kernel_wanted = name;
     g_kernel = kernel_for(g_inputs);
 }
 

@@ -100,3 +100,228 @@ void lowp_run_flushed(LowpMicro micro, int kc, const real *a, const real *b, rea
     micro(kc, a, b, acc);
 #endif
 }
+
+// ---- AMX-BF16 -------------------------------------------------------------------------------
+
+enum {
+    AMX_HALF = LOWP_AMX_TILE / 2,         // rows (or columns) of one hardware tile: 16
+    AMX_ROW_BYTES = 64,                   // bytes of a tile row
+    AMX_STEP_ELEMS = LOWP_AMX_TILE * LOWP_AMX_DEPTH,  // bf16 of one step of a panel
+};
+
+static int ceil_steps(int kc) { return (kc + LOWP_AMX_DEPTH - 1) / LOWP_AMX_DEPTH; }
+
+// src element (lane j, depth k) as packed bf16, zero outside w x kc.
+static inline uint16_t amx_element(const real *src, int j, int k, int w, int kc, size_t s_w, size_t s_k) {
+    return j < w && k < kc ? bf16_flushed((float)src[(size_t)j * s_w + (size_t)k * s_k]) : 0;
+}
+
+static void pack_amx_a_scalar(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+    int steps = ceil_steps(kc);
+    for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE)
+        for (int s = 0; s < steps; s++) {
+            uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
+            for (int j = 0; j < LOWP_AMX_TILE; j++)
+                for (int d = 0; d < LOWP_AMX_DEPTH; d++)
+                    step[j * LOWP_AMX_DEPTH + d] = amx_element(src, j0 + j, s * LOWP_AMX_DEPTH + d, w, kc, s_w, s_k);
+        }
+}
+
+static void pack_amx_b_scalar(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+    int steps = ceil_steps(kc);
+    for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE)
+        for (int s = 0; s < steps; s++) {
+            uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
+            for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++)
+                for (int j = 0; j < LOWP_AMX_TILE; j++)
+                    for (int half = 0; half < 2; half++)
+                        step[(q * LOWP_AMX_TILE + j) * 2 + half] =
+                            amx_element(src, j0 + j, s * LOWP_AMX_DEPTH + 2 * q + half, w, kc, s_w, s_k);
+        }
+}
+
+#if LOWP_X86 && !defined(MT_DOUBLE) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+enum {
+    CPUID_AMX_BF16 = 1u << 22,  // CPUID.(7,0):EDX
+    CPUID_AMX_TILE = 1u << 24,
+    ARCH_REQ_XCOMP_PERM = 0x1023,
+    XFEATURE_XTILEDATA = 18,
+    AMX_PALETTE = 1,
+};
+
+// The packers convert with VCVTNE2PS2BF16, which rounds exactly as bf16_flushed does
+// (subnormals to ±0, nearest even, NaN kept quiet: checked over random bit patterns), so
+// they give the scalar packers' bytes; AMX CPUs all have AVX-512 BF16 (asked below).
+#define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// The first n <= 32 floats at src (the rest zero), as 32 bf16.
+PACK_TARGET static inline __m512i bf16x32(const real *src, int n) {
+    __mmask16 lo = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1);
+    __mmask16 hi = (__mmask16)(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1 : 0);
+    __m512 a = _mm512_maskz_loadu_ps(lo, src), b = _mm512_maskz_loadu_ps(hi, src + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
+
+// A with each row contiguous along k (s_k == 1): a row's 32 depths are one conversion.
+PACK_TARGET static void pack_amx_a_rows(uint16_t *dst, const real *src, int w, int kc, size_t s_w) {
+    int steps = ceil_steps(kc);
+    for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE)
+        for (int s = 0; s < steps; s++) {
+            uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
+            int depths = MT_MIN(LOWP_AMX_DEPTH, kc - s * LOWP_AMX_DEPTH);
+            for (int j = 0; j < LOWP_AMX_TILE; j++) {
+                __m512i row = j0 + j < w ? bf16x32(src + (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
+                                         : _mm512_setzero_si512();
+                _mm512_store_si512((void *)(step + j * LOWP_AMX_DEPTH), row);
+            }
+        }
+}
+
+// B with its columns contiguous at each k (s_w == 1): two k rows converted, then their
+// elements interleaved into pairs.
+PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
+    int steps = ceil_steps(kc);
+    __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                     5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);  // lanes 0-15 of both rows
+    __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(AMX_HALF));  // lanes 16-31
+    for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
+        int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
+        for (int s = 0; s < steps; s++) {
+            uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
+            for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++) {
+                int k = s * LOWP_AMX_DEPTH + 2 * q;
+                __m512i even = k < kc ? bf16x32(src + (size_t)k * s_k + j0, lanes) : _mm512_setzero_si512();
+                __m512i odd = k + 1 < kc ? bf16x32(src + (size_t)(k + 1) * s_k + j0, lanes) : _mm512_setzero_si512();
+                uint16_t *out = step + (size_t)q * LOWP_AMX_TILE * 2;
+                _mm512_store_si512((void *)out, _mm512_permutex2var_epi16(even, first, odd));
+                _mm512_store_si512((void *)(out + LOWP_AMX_TILE), _mm512_permutex2var_epi16(even, second, odd));
+            }
+        }
+    }
+}
+
+// A with its rows contiguous at each k (s_w == 1, A transposed): each k row converted,
+// then the 32 x 32 block of bf16 transposed through a buffer.
+PACK_TARGET static void pack_amx_a_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
+    int steps = ceil_steps(kc);
+    _Alignas(64) uint16_t by_depth[LOWP_AMX_DEPTH][LOWP_AMX_TILE];
+    for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
+        int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
+        for (int s = 0; s < steps; s++) {
+            uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
+            for (int d = 0; d < LOWP_AMX_DEPTH; d++) {
+                int k = s * LOWP_AMX_DEPTH + d;
+                __m512i row = k < kc ? bf16x32(src + (size_t)k * s_k + j0, lanes) : _mm512_setzero_si512();
+                _mm512_store_si512((void *)by_depth[d], row);
+            }
+            for (int j = 0; j < LOWP_AMX_TILE; j++)
+                for (int d = 0; d < LOWP_AMX_DEPTH; d++) step[j * LOWP_AMX_DEPTH + d] = by_depth[d][j];
+        }
+    }
+}
+
+// B with each column contiguous along k (s_k == 1, B transposed): a column's 32 depths
+// converted are its 16 pairs; the 32 x 16 block of pairs transposed through a buffer.
+PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const real *src, int w, int kc, size_t s_w) {
+    int steps = ceil_steps(kc);
+    _Alignas(64) uint32_t by_lane[LOWP_AMX_TILE][LOWP_AMX_DEPTH / 2];
+    for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
+        int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
+        for (int s = 0; s < steps; s++) {
+            uint32_t *step = (uint32_t *)(dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS);
+            int depths = MT_MIN(LOWP_AMX_DEPTH, kc - s * LOWP_AMX_DEPTH);
+            for (int j = 0; j < LOWP_AMX_TILE; j++) {
+                __m512i pairs = j < lanes ? bf16x32(src + (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
+                                          : _mm512_setzero_si512();
+                _mm512_store_si512((void *)by_lane[j], pairs);
+            }
+            for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++)
+                for (int j = 0; j < LOWP_AMX_TILE; j++) step[q * LOWP_AMX_TILE + j] = by_lane[j][q];
+        }
+    }
+}
+
+void lowp_pack_amx_a(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+    if (s_k == 1) pack_amx_a_rows(dst, src, w, kc, s_w);
+    else if (s_w == 1) pack_amx_a_columns(dst, src, w, kc, s_k);
+    else pack_amx_a_scalar(dst, src, w, kc, s_w, s_k);
+}
+
+void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+    if (s_w == 1) pack_amx_b_columns(dst, src, w, kc, s_k);
+    else if (s_k == 1) pack_amx_b_rows(dst, src, w, kc, s_w);
+    else pack_amx_b_scalar(dst, src, w, kc, s_w, s_k);
+}
+
+int lowp_have_amx(void) {
+    static int known = -1;  // asked once; racing first calls compute the same
+    if (known >= 0) return known;
+    unsigned eax, ebx, ecx, edx;
+    int cpu = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & CPUID_AMX_BF16) && (edx & CPUID_AMX_TILE) &&
+              lowp_have_avx512bf16();
+    known = cpu && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return known;
+}
+
+// The tile configuration (palette 1): eight tiles of 16 rows x 64 bytes — 0-3 the four
+// 16 x 16 fp32 accumulators, 4-5 A's two row halves, 6-7 B's two column halves.
+typedef struct {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} AmxConfig;
+
+__attribute__((target("amx-tile"))) static void amx_configure_thread(void) {
+    static __thread int configured;
+    if (configured) return;
+    AmxConfig cfg = {.palette = AMX_PALETTE};
+    for (int t = 0; t < 8; t++) cfg.rows[t] = AMX_HALF, cfg.colsb[t] = AMX_ROW_BYTES;
+    _tile_loadconfig(&cfg);
+    configured = 1;
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b,
+                                                                 real *acc) {
+    enum { A_STRIDE = LOWP_AMX_DEPTH * 2, B_STRIDE = LOWP_AMX_TILE * 4, C_STRIDE = LOWP_AMX_TILE * 4 };
+    amx_configure_thread();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int s = 0; s < ceil_steps(kc); s++) {
+        const uint16_t *as = a + (size_t)s * AMX_STEP_ELEMS, *bs = b + (size_t)s * AMX_STEP_ELEMS;
+        _tile_loadd(4, as, A_STRIDE);                              // rows 0-15
+        _tile_loadd(5, as + AMX_HALF * LOWP_AMX_DEPTH, A_STRIDE);  // rows 16-31
+        _tile_loadd(6, bs, B_STRIDE);                              // columns 0-15
+        _tile_loadd(7, bs + AMX_HALF * 2, B_STRIDE);               // columns 16-31
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, acc, C_STRIDE);
+    _tile_stored(1, acc + AMX_HALF, C_STRIDE);
+    _tile_stored(2, acc + AMX_HALF * LOWP_AMX_TILE, C_STRIDE);
+    _tile_stored(3, acc + AMX_HALF * LOWP_AMX_TILE + AMX_HALF, C_STRIDE);
+}
+#else
+int lowp_have_amx(void) { return 0; }
+
+void lowp_pack_amx_a(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+    pack_amx_a_scalar(dst, src, w, kc, s_w, s_k);
+}
+
+void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+    pack_amx_b_scalar(dst, src, w, kc, s_w, s_k);
+}
+
+void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b, real *acc) {
+    (void)kc, (void)a, (void)b, (void)acc;
+    mt_die("internal error: the AMX GEMM kernel called on a CPU or build without it (please report)");
+}
+#endif

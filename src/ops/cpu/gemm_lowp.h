@@ -46,3 +46,23 @@ int lowp_have_avx512bf16(void);
 // floating-point mode. On CPUs without such a mode (not x86) the kernel runs unflushed.
 typedef void (*LowpMicro)(int kc, const real *a, const real *b, real *acc);
 void lowp_run_flushed(LowpMicro micro, int kc, const real *a, const real *b, real *acc);
+
+// ---- AMX-BF16 (tile matrix multiply) --------------------------------------------------------
+// A micro-tile of 32 x 32 (2 x 2 hardware tiles of 16 x 16 fp32), depth in steps of 32.
+// TDPBF16PS sums its 32 products per element at a precision of its own (not one fused
+// multiply-add each: measured), so this kernel's results differ from the emulation's in the
+// last bits, as a different summation order would; its inputs are rounded the same way.
+#define LOWP_AMX_TILE 32   // rows of A's panels and columns of B's
+#define LOWP_AMX_DEPTH 32  // depth of one tile product
+
+// Whether the CPU has AMX-BF16 and the kernel lets this process use the tile registers
+// (asked once; Linux's ARCH_REQ_XCOMP_PERM).
+int lowp_have_amx(void);
+// dst[ceil(w/32) panels][ceil(kc/32) steps][32 lanes][32 depths] <- A's w x kc block (lane j
+// = row, subnormals ±0, zero padding): each step of a panel is two A tiles (16 rows each).
+void lowp_pack_amx_a(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k);
+// dst[ceil(w/32) panels][ceil(kc/32) steps][16 depth pairs][32 lanes][2] <- B's w x kc block
+// (lane j = column), the pairs in depth order: two B tiles (16 columns each) per step.
+void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k);
+// acc[32][32] = a · b over depth kc for one packed A and B panel (64-byte aligned).
+void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b, real *acc);
