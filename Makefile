@@ -158,6 +158,11 @@ $(BUILD)/moment_probe: tests/conformance/moment_probe.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
+# moetron's quantizers on given values, for tests/conformance/quantizers.py.
+$(BUILD)/quant_probe: tests/conformance/quant_probe.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
+
 # moetron's tokenizer on a file, for tests/conformance/tokenizer_conformance.py.
 $(BUILD)/tokenize_probe: tools/tokenize_probe.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -233,7 +238,7 @@ check-gpu:
 	$(error make check-gpu needs the cuda backend: install the CUDA toolkit (nvcc in CUDA_HOME=$(CUDA_HOME)) and build without NO_CUDA=1 or SANITIZE=1)
 endif
 
-test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/moment_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST) $(FUZZ_REPLAY) $(CUDA_PLUGIN) $(OP_CHECK)
+test: $(BUILD)/moetron $(UNIT_BIN) $(BUILD)/router_probe $(BUILD)/moment_probe $(BUILD)/quant_probe $(BUILD)/tokenize_probe $(BUILD)/indexed_probe $(MPI_TEST) $(FUZZ_REPLAY) $(CUDA_PLUGIN) $(OP_CHECK)
 	@bash tests/run.sh $(BUILD)
 
 # Throughput measurements (bench/RESULTS.md records their output).

@@ -60,7 +60,7 @@ run_python() {
     elif [ "${CI:-}" = "true" ]; then
         echo "FAIL $name: python3 with $modules is required under CI" | tee -a "$log"
     else
-        echo "skip $name: python3 with $modules not installed (pip install torch transformers safetensors megatron-core)"
+        echo "skip $name: python3 with $modules not installed (pip install torch transformers safetensors megatron-core torchao)"
         skipped=$((skipped + 1))
     fi
 }
@@ -74,6 +74,8 @@ run_python megatron_gpt_dataset "numpy torch megatron" "$root/tests/conformance/
 run_python megatron_indexed "numpy torch megatron" "$root/tests/conformance/megatron_indexed.py" "$bin/indexed_probe"
 # The narrow number formats and AdamW's narrow moments against torch's casts and FusedAdam's scaling.
 run_python precision_optimizer "torch numpy safetensors" "$root/tests/conformance/precision_optimizer.py" "$bin/moment_probe"
+# The quantizers (FP8 per tensor and in tiles, MXFP8, NVFP4) against torch's float8 casts and torchao's references.
+run_python quantizers "torch numpy safetensors torchao" "$root/tests/conformance/quantizers.py" "$bin/quant_probe"
 # The byte-level BPE tokenizer (build/tokenize_probe, moetron generate) against Hugging Face tokenizers.
 run_python tokenizer_conformance "tokenizers" "$root/tests/conformance/tokenizer_conformance.py" "$bin/tokenize_probe"
 run_python prepare_conformance "tokenizers megatron numpy" "$root/tests/conformance/prepare_conformance.py" "$MOETRON"

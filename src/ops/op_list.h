@@ -16,11 +16,13 @@
 #include "ops/ops_dispatch.h"
 #include "ops/ops_loss.h"
 #include "ops/ops_parallel.h"
+#include "ops/ops_quantize.h"
 #include "ops/ops_router.h"
 #include "ops/ops_state.h"
 
 // The whole list: the core ops below, then each area's ops (declared in ops_<area>.h).
-#define MT_OPS(OP) MT_OPS_CORE(OP) MT_OPS_LOSS(OP) MT_OPS_ROUTER(OP) MT_OPS_DISPATCH(OP) MT_OPS_PARALLEL(OP) MT_OPS_STATE(OP)
+#define MT_OPS(OP) MT_OPS_CORE(OP) MT_OPS_LOSS(OP) MT_OPS_ROUTER(OP) MT_OPS_DISPATCH(OP) MT_OPS_PARALLEL(OP) MT_OPS_STATE(OP) \
+    MT_OPS_QUANTIZE(OP)
 
 // Core: GEMMs, vectors, norms, attention, activations, optimizer, per-token routing.
 #define MT_OPS_CORE(OP)                                                                                                    \
@@ -206,6 +208,40 @@
     OP(void, sample_next_token, sample_next_token,                                                                   \
        (int32_t *token, const real *logits, int vocab, const SampleParams *p, double *work, int32_t *order),       \
        (token, logits, vocab, p, work, order))
+
+// Quantize: FP8 per tensor and in tiles, MXFP8, NVFP4, the random Hadamard transform (ops_quantize.h).
+#define MT_OPS_QUANTIZE(OP)                                                                                          \
+    OP(void, quant_amax, quant_amax, (float *amax, const float *x, size_t n, AmaxNan nan), (amax, x, n, nan))     \
+    OP(void, fp8_scale_from_amax, fp8_scale_from_amax,                                                               \
+       (float *scale, float *scale_inv, const float *amax, const Fp8ScaleParams *p), (scale, scale_inv, amax, p))  \
+    OP(void, fp8_delayed_scale, fp8_delayed_scale,                                                                   \
+       (float *scale, float *scale_inv, const float *history, const float *prev, const Fp8DelayedParams *p),      \
+       (scale, scale_inv, history, prev, p))                                                                         \
+    OP(void, fp8_quantize_tensor, fp8_quantize_tensor,                                                               \
+       (uint8_t *codes, const float *x, const float *scale, size_t n, Fp8Format f), (codes, x, scale, n, f))       \
+    OP(void, fp8_dequantize_tensor, fp8_dequantize_tensor,                                                           \
+       (float *y, const uint8_t *codes, const float *scale_inv, size_t n, Fp8Format f), (y, codes, scale_inv, n, f)) \
+    OP(void, fp8_block_quantize, fp8_block_quantize,                                                                 \
+       (uint8_t *codes, float *scale_inv, const float *x, int rows, int cols, const Fp8BlockParams *p),           \
+       (codes, scale_inv, x, rows, cols, p))                                                                         \
+    OP(void, fp8_block_dequantize, fp8_block_dequantize,                                                             \
+       (float *y, const uint8_t *codes, const float *scale_inv, int rows, int cols, const Fp8BlockParams *p),     \
+       (y, codes, scale_inv, rows, cols, p))                                                                         \
+    OP(void, mxfp8_quantize, mxfp8_quantize,                                                                         \
+       (uint8_t *codes, uint8_t *scales, const float *x, int rows, int cols, Fp8Format f, MxScaleMode mode),      \
+       (codes, scales, x, rows, cols, f, mode))                                                                      \
+    OP(void, mxfp8_dequantize, mxfp8_dequantize,                                                                     \
+       (float *y, const uint8_t *codes, const uint8_t *scales, int rows, int cols, Fp8Format f),                  \
+       (y, codes, scales, rows, cols, f))                                                                            \
+    OP(void, nvfp4_quantize, nvfp4_quantize,                                                                         \
+       (uint8_t *codes, uint8_t *scales, const float *x, const float *amax, int rows, int cols,                  \
+        const Nvfp4Params *p),                                                                                       \
+       (codes, scales, x, amax, rows, cols, p))                                                                      \
+    OP(void, nvfp4_dequantize, nvfp4_dequantize,                                                                     \
+       (float *y, const uint8_t *codes, const uint8_t *scales, const float *amax, int rows, int cols),           \
+       (y, codes, scales, amax, rows, cols))                                                                         \
+    OP(void, hadamard16, hadamard16, (float *y, const float *x, size_t n, uint32_t sign_mask),                     \
+       (y, x, n, sign_mask))
 
 // OP_<name>: the op's index in the list; OPS_COUNT of them.
 #define MT_OP_ID(ret, api, name, params, args) OP_##name,

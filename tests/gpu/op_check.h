@@ -85,3 +85,4 @@ void check_router_ops(void);     // router capacity, counts, balancing statistic
 void check_dispatch_ops(void);   // dispatch plan, expert row grouping, EP exchange layouts
 void check_parallel_ops(void);   // tensor/context-parallel gathers, slices, partial sums
 void check_state_ops(void);      // checkpoint staging, KV cache, sampling, optimizer bookkeeping
+void check_quantize_ops(void);   // FP8 per tensor and in tiles, MXFP8, NVFP4, the random Hadamard transform

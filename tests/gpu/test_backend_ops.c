@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
     check_dispatch_ops();
     check_parallel_ops();
     check_state_ops();
+    check_quantize_ops();
     check_uncovered_ops();
     printf("%d passed, %d failed\n", check_passed, check_failed);
     if (check_failed) return 1;
