@@ -39,6 +39,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10, help="S: timed steps, after 2 warm-up steps [10]")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads [os.cpu_count()]")
     p.add_argument("--label", default=None, help="name printed in the result line [config model_type]")
+    p.add_argument("--bf16", action="store_true",
+                   help="forward and backward under torch.autocast('cpu', dtype=torch.bfloat16), fp32 weights")
     a = p.parse_args()
     for name in ("micro_batch_size", "seq_length", "micro_batches", "steps", "threads"):
         if getattr(a, name) < 1:
@@ -76,7 +78,8 @@ def main():
     def step():
         for _ in range(M):
             ids = torch.randint(0, BYTE_VOCAB, (B, T), generator=gen)
-            out = model(input_ids=ids, labels=ids, output_router_logits=False, use_cache=False)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                out = model(input_ids=ids, labels=ids, output_router_logits=False, use_cache=False)
             (out.loss / M).backward()  # gradient accumulation: mean over micro-batches
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -94,7 +97,7 @@ def main():
 
     label = a.label or cfg.model_type
     print(f"pytorch {label} {statistics.median(rates):.0f} tok/s "
-          f"(threads {a.threads}, attn {attn_impl}, experts {experts_impl})")
+          f"(threads {a.threads}, attn {attn_impl}, experts {experts_impl}{', bf16 autocast' if a.bf16 else ''})")
     return 0
 
 

@@ -54,7 +54,7 @@ static void use_device(const Config *c) {
     int use_env = !config_flag_given(c, "device") && from_env && from_env[0];
     if (use_env && !device_name_known(from_env))
         mt_die("MOETRON_DEVICE=%s: use %s (or unset it)", from_env, DEVICE_NAMES);
-    device_select(device_parse(use_env ? from_env : c->device), c->gemm_inputs);
+    device_select(device_parse(use_env ? from_env : c->device), config_gemm_inputs(c));
 #ifdef MT_COMM_NCCL
     // tensor memory is device memory: MPI's collectives (host sums, host copies) cannot
     // handle it, NCCL must

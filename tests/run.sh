@@ -70,6 +70,7 @@ run_python hf_families "torch transformers safetensors" "$root/tests/conformance
 run_python hf_export "torch transformers safetensors" "$root/tests/conformance/hf_export.py" "$MOETRON"
 # Megatron-Core's own router functions on the same logits as build/router_probe.
 run_python megatron_router "torch safetensors megatron" "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
+run_python megatron_loss_scaler "torch megatron" "$root/tests/conformance/megatron_loss_scaler.py" "$MOETRON"
 run_python megatron_gpt_dataset "numpy torch megatron" "$root/tests/conformance/megatron_gpt_dataset.py" "$MOETRON"
 run_python megatron_indexed "numpy torch megatron" "$root/tests/conformance/megatron_indexed.py" "$bin/indexed_probe"
 # The narrow number formats and AdamW's narrow moments against torch's casts and FusedAdam's scaling.

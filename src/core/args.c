@@ -809,10 +809,13 @@ static void validate_comm_overlap(const Config *c) {
 const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES] = {"core_attn", "moe_act", "layernorm", "mlp",
                                                                  "shared_experts", "mla_up_proj", "moe"};
 
+int config_gemm_inputs(const Config *c) {
+    return c->bf16 ? GEMM_INPUTS_BF16 : c->fp16 ? GEMM_INPUTS_FP16 : GEMM_INPUTS_FP32;
+}
+
 // --bf16 / --fp16 and loss scaling, with Megatron's rules.
 static void validate_precision(Config *c) {
     if (c->bf16 && c->fp16) config_die("--bf16 and --fp16: use one of them");
-    c->gemm_inputs = c->bf16 ? GEMM_INPUTS_BF16 : c->fp16 ? GEMM_INPUTS_FP16 : GEMM_INPUTS_FP32;
     if (c->loss_scale < 0) config_die("--loss-scale %g: use a positive scale (or 0 for none)", c->loss_scale);
     if (c->loss_scale > 0 && !c->fp16 && !c->bf16 && !c->use_distributed_optimizer)
         config_die("--loss-scale %g needs --fp16, --bf16 or --use-distributed-optimizer (Megatron ignores it "

@@ -132,7 +132,6 @@ typedef struct {
     double min_loss_scale;        //   the lowest it backs off to,
     double loss_scale_window;     //   steps without an overflow before the scale doubles,
     int hysteresis;               //   overflowing steps (since the last growth) before it halves
-    int gemm_inputs;              // derived: a GemmInputs (ops/gemm.h) from --bf16 / --fp16
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
     // ---- data ----
     int mock_data;
@@ -233,6 +232,9 @@ int config_flag_given(const Config *c, const char *name);
 // corpus sizes) is bounded here, so the code that sizes buffers from them cannot overflow.
 // A value noted as read from a file is named by its key there: `FILE: "hidden_size" ...`.
 void config_validate(Config *c);
+// The GEMM inputs' precision of --bf16 / --fp16 (a GemmInputs of ops/gemm.h); known before
+// validation, which a run with --load does only once the checkpoint's config is read.
+int config_gemm_inputs(const Config *c);
 // The values below came from `path` (a config.json); key_prefix goes before every key
 // ("moetron.flags." for a checkpoint's flag section, "" for a Hugging Face config).
 void config_values_from_file(Config *c, const char *path, const char *key_prefix);

@@ -126,15 +126,30 @@ void device_select(DeviceKind kind, int gemm_inputs) {
     if (kind == DEVICE_CUDA) {
         const CudaPlugin *p = require_plugin();
         p->init(device_local_rank());
-        p->set_gemm_inputs(gemm_inputs);
         ops_select(p->ops);
+        device_set_gemm_inputs(gemm_inputs);
         return;
     }
 #endif
     if (kind == DEVICE_CPU_STRICT) strict_memory_enable();
-    mt_gemm_set_inputs((GemmInputs)gemm_inputs);
     ops_select(&ops_cpu_backend);
+    device_set_gemm_inputs(gemm_inputs);
 }
+
+static int gemm_inputs_now = GEMM_INPUTS_FP32;
+
+void device_set_gemm_inputs(int gemm_inputs) {
+    gemm_inputs_now = gemm_inputs;
+#if DEVICE_HAS_CUDA
+    if (active == DEVICE_CUDA) {
+        require_plugin()->set_gemm_inputs(gemm_inputs);
+        return;
+    }
+#endif
+    mt_gemm_set_inputs((GemmInputs)gemm_inputs);
+}
+
+int device_gemm_inputs(void) { return gemm_inputs_now; }
 
 DeviceKind device_active(void) { return active; }
 

@@ -32,6 +32,10 @@ int device_name_known(const char *name);
 // gemm_inputs (a GemmInputs of ops/gemm.h): the GEMMs' inputs rounded to bf16 or fp16 with
 // fp32 accumulation (--bf16, --fp16), on either backend; GEMM_INPUTS_FP32 (0) for fp32.
 void device_select(DeviceKind kind, int gemm_inputs);
+// The GEMM inputs' precision of the active backend from now on (a GemmInputs), and the one
+// in effect: the router sets fp32 around its GEMMs under --bf16 / --fp16 and restores it.
+void device_set_gemm_inputs(int gemm_inputs);
+int device_gemm_inputs(void);
 DeviceKind device_active(void);
 // This process's index among the processes its launcher started on this machine (0 when
 // started alone): rank r uses GPU r mod the GPUs visible.

@@ -86,12 +86,26 @@ static void forced_logits(const Model *m, int layer, MoeActs *ma, const Batch *b
     free(logits);
 }
 
+// The router's GEMMs take fp32 inputs under --bf16 / --fp16 (Megatron-Core upcasts the
+// router's input and weight to --moe-router-dtype): begin returns the precision to restore.
+static int router_gemms_begin(void) {
+    int saved = device_gemm_inputs();
+    if (saved != GEMM_INPUTS_FP32) device_set_gemm_inputs(GEMM_INPUTS_FP32);
+    return saved;
+}
+
+static void router_gemms_end(int saved) {
+    if (saved != GEMM_INPUTS_FP32) device_set_gemm_inputs(saved);
+}
+
 // logits (N,E) = router_input · W_routerᵀ in the router dtype
 static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, int N) {
     int H = m->plan.hidden, E = m->plan.experts;
     const real *W = tt_param(&m->tt, lp->router);
+    int saved = router_gemms_begin();
     if (!m->cfg.router_fp64) linear_forward(ma->logits, ma->router_input, W, N, H, E);
     else moe_router_logits(ma->logits, ma->router_input, W, N, H, E);  // double accumulation
+    router_gemms_end(saved);
 }
 
 // Router bookkeeping across the micro-batches of a global batch (training only).
@@ -253,6 +267,7 @@ void moe_backward_end(Model *m, int layer, LayerActs *la, ModelActs *a, const re
     // router: probs → logits → (router input, W_router); with forced balancing the random
     // logits pass their gradient straight through to the real ones
     router_backward(a->d_router_logits, a->d_choice_probs, ma->logits, &ma->route, &m->router, &ma->call, loss_scale);
+    int saved = router_gemms_begin();
     if (!ma->jitter_used) {  // the router read ln2 itself: its input gradient adds straight in
         linear_backward(a->d_norm, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,
                         tt_param(&m->tt, lp->router), N, H, E);
@@ -263,6 +278,7 @@ void moe_backward_end(Model *m, int layer, LayerActs *la, ModelActs *a, const re
         moe_scale_by(a->d_router_input, a->d_router_input, ma->jitter, (size_t)N * H);
         vec_add(a->d_norm, a->d_router_input, (size_t)N * H);
     }
+    router_gemms_end(saved);
     if (lp->shared_gate < 0) return;
     if (!shared_overlapped(m, lp)) shared_expert_backward(m, lp, la, a, d_out);
     shared_expert_backward_add(m, lp, la, a);

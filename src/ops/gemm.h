@@ -29,8 +29,8 @@ const char *mt_gemm_backend(void);
 
 // What a GEMM's inputs are rounded to before they are multiplied (--bf16, --fp16): every
 // element of op(A) and op(B) is rounded to that type (nearest, ties to even), the products
-// (exact in fp32) are summed in fp32, and C stays fp32. Process-wide, set once at start-up
-// before any thread runs a GEMM; the cpu backend only (cuda has its own switch).
+// (exact in fp32) are summed in fp32, and C stays fp32. Process-wide, set between GEMMs by
+// the thread that runs them (device_set_gemm_inputs); the cpu backend's (cuda has its own).
 //   GEMM_INPUTS_BF16: fp32 subnormal inputs become ±0 and every partial sum is flushed to ±0
 //     when subnormal, as AVX-512 BF16's dot product does, so the hardware kernel and the
 //     emulation of a CPU without it give the same bits.

@@ -449,7 +449,7 @@ static void print_banner(const Trainer *t) {
            c->global_batch_size, c->seq_length, c->num_micro_batches, c->micro_batch_size, t->state.iteration,
            c->train_iters, t->peak_flops / 1e12, device_active() == DEVICE_CUDA ? "device" : "gemm",
            device_active() == DEVICE_CUDA ? device_description() : mt_gemm_kernel(),
-           device_active() == DEVICE_CUDA && c->gemm_inputs ? (c->bf16 ? ", bf16 GEMM inputs" : ", fp16 GEMM inputs") : "");
+           device_active() == DEVICE_CUDA && config_gemm_inputs(c) ? (c->bf16 ? ", bf16 GEMM inputs" : ", fp16 GEMM inputs") : "");
     if (t->scaler.kind != LOSS_SCALING_NONE)
         printf("loss scaling: %s, scale %g%s\n", loss_scaler_kind_name(&t->scaler), t->scaler.state.scale,
                t->scaler.kind == LOSS_SCALING_DYNAMIC ? " (halves after --hysteresis overflows, doubles after "

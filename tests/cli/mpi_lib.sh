@@ -58,19 +58,20 @@ run_mpi_program() {
 # (the logged aux_loss is the switch loss of each rank's micro-batch even when it is off)
 curve() { python3 -c 'import json,sys; [print(r["step"], *(repr(r[k]) for k in ("loss", "lm_loss", "grad_norm"))) for r in map(json.loads, open(sys.argv[1])) if "loss" in r]' "$1"; }
 
-# compare NAME A B: the same steps, loss and gradient norm within 1e-5 relative
+# compare NAME A B [RTOL]: the same steps, loss and gradient norm within RTOL (1e-5) relative
 compare() {
     local why
-    why=$(python3 - "$2" "$3" <<'PY'
+    why=$(python3 - "$2" "$3" "${4:-1e-5}" <<'PY'
 import sys
 a = [l.split() for l in open(sys.argv[1])]
 b = [l.split() for l in open(sys.argv[2])]
+rtol = float(sys.argv[3])
 if len(a) != len(b) or not a: print(f"{len(a)} vs {len(b)} steps"); sys.exit()
 for x, y in zip(a, b):
     if x[0] != y[0]: print(f"step {x[0]} vs {y[0]}"); sys.exit()
     for u, v in zip(x[1:], y[1:]):
         u, v = float(u), float(v)
-        if abs(u - v) > 1e-5 * max(abs(u), abs(v), 1e-12): print(f"step {x[0]}: {u} vs {v}"); sys.exit()
+        if abs(u - v) > rtol * max(abs(u), abs(v), 1e-12): print(f"step {x[0]}: {u} vs {v}"); sys.exit()
 PY
 )
     [ -z "$why" ] && ok "$1" || fail "$1" "$why"
@@ -90,7 +91,8 @@ reference() {
 }
 
 # run_case NAME RANKS LAYOUT-FLAGS... -- FLAGS...: the single-process run of FLAGS against
-# mpirun with LAYOUT-FLAGS added; the EP run saves its checkpoint to $work/NAME.ck
+# mpirun with LAYOUT-FLAGS added (compared within $CASE_RTOL, default 1e-5); the EP run saves
+# its checkpoint to $work/NAME.ck
 run_case() {
     local name=$1 np=$2 layout=()
     shift 2
@@ -101,7 +103,7 @@ run_case() {
         --log-jsonl "$work/$name.jsonl" >"$work/$name.log" 2>&1 ||
         { fail "$name" "mpirun: $(tail -2 "$work/$name.log" | tr '\n' ' ')"; return 1; }
     curve "$work/$name.jsonl" >"$work/$name.b"
-    compare "$name" "$ref.a" "$work/$name.b"
+    compare "$name" "$ref.a" "$work/$name.b" "${CASE_RTOL:-1e-5}"
 }
 
 # identical NAME A B: runs A and B (case names of run_case) logged the same losses and

@@ -507,16 +507,15 @@ static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", MR, NR, MC, si
 static const GemmKernel KERNEL_BF16_AMX = {"bf16 amx", LOWP_AMX_TILE, LOWP_AMX_TILE, AMX_MC, sizeof(uint16_t),
                                            LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx};
 
-// The inputs' rounding and its kernel: process-wide, set before any GEMM thread runs.
+// The inputs' rounding and its kernel: process-wide, set between GEMMs by the thread that
+// runs them.
 static GemmInputs g_inputs = GEMM_INPUTS_FP32;
 static const GemmKernel *g_kernel = &KERNEL_FP32;
 static const char *g_bf16_kernel_wanted;  // mt_gemm_use_bf16_kernel's, else NULL
 
 // bf16: AMX where the CPU has it, else AVX-512 BF16, else the emulation; MOETRON_GEMM_BF16
 // (amx, avx512-bf16, emulated) asks for one (falling back the same way when missing).
-static const GemmKernel *kernel_for(GemmInputs inputs) {
-    if (inputs == GEMM_INPUTS_FP16) return &KERNEL_FP16_EMULATED;
-    if (inputs == GEMM_INPUTS_FP32) return &KERNEL_FP32;
+static const GemmKernel *bf16_kernel_choice(void) {
     const char *env = getenv("MOETRON_GEMM_BF16");
     const char *want = g_bf16_kernel_wanted ? g_bf16_kernel_wanted : env && env[0] ? env : "amx";
     if (strcmp(want, "amx") && strcmp(want, "avx512-bf16") && strcmp(want, "emulated"))
@@ -524,6 +523,15 @@ static const GemmKernel *kernel_for(GemmInputs inputs) {
     if (!strcmp(want, "amx") && lowp_have_amx()) return &KERNEL_BF16_AMX;
     if (strcmp(want, "emulated") && lowp_have_avx512bf16()) return &KERNEL_BF16_AVX512;
     return &KERNEL_BF16_EMULATED;
+}
+
+static const GemmKernel *g_bf16_kernel;  // bf16_kernel_choice's, made on first use
+
+static const GemmKernel *kernel_for(GemmInputs inputs) {
+    if (inputs == GEMM_INPUTS_FP16) return &KERNEL_FP16_EMULATED;
+    if (inputs == GEMM_INPUTS_FP32) return &KERNEL_FP32;
+    if (!g_bf16_kernel) g_bf16_kernel = bf16_kernel_choice();
+    return g_bf16_kernel;
 }
 
 void mt_gemm_set_inputs(GemmInputs inputs) {
@@ -538,6 +546,7 @@ GemmInputs mt_gemm_inputs(void) { return g_inputs; }
 
 void mt_gemm_use_bf16_kernel(const char *name) {
     g_bf16_kernel_wanted = name;
+    g_bf16_kernel = NULL;
     g_kernel = kernel_for(g_inputs);
 }
 
