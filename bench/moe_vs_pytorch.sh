@@ -3,12 +3,16 @@
 # (coarse, fine) trained by moetron and by plain PyTorch (bench/pytorch_moe.py, the same
 # model) on this machine, one after the other, with the same threads (OMP_NUM_THREADS,
 # default: all cores). Prints one row per model: tokens/s (median over the steps after
-# the first), model TFLOP/s, percent of the fp32 GEMM ceiling (the best moetron measured at
-# start-up in these runs), peak memory, PyTorch's tokens/s and peak memory, and
-# moetron / PyTorch.
+# the first), model TFLOP/s, percent of the GEMM ceiling (the best moetron measured at
+# start-up in these runs, in the precision of the run), peak memory, PyTorch's tokens/s
+# and peak memory, and moetron / PyTorch. PRECISION=bf16: moetron --bf16 against PyTorch
+# under bf16 autocast (pytorch_moe.py --dtype bf16); default fp32.
 set -euo pipefail
 M=${1:-build/moetron}
 steps=${2:-6}
+precision=${PRECISION:-fp32}
+case "$precision" in fp32) moetron_precision=() ;; bf16) moetron_precision=(--bf16) ;;
+*) echo "PRECISION=$precision: use fp32 or bf16" >&2; exit 2 ;; esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 threads=${OMP_NUM_THREADS:-$(nproc)}
 export OMP_NUM_THREADS=$threads
@@ -19,16 +23,16 @@ flags_of() { grep -v '^#' "$root/bench/configs/$1.flags" | tr '\n' ' '; }
 
 for model in coarse fine; do
     # shellcheck disable=SC2046
-    "$M" train $(flags_of $model) --train-iters "$steps" --lr-warmup-iters 1 --eval-interval 0 --log-interval 1 \
+    "$M" train $(flags_of $model) "${moetron_precision[@]}" --train-iters "$steps" --lr-warmup-iters 1 --eval-interval 0 --log-interval 1 \
         --log-jsonl "$out/$model.jsonl" >"$out/$model.log" 2>&1 || { tail -3 "$out/$model.log"; exit 1; }
-    python3 "$root/bench/pytorch_moe.py" --config $model --threads "$threads" --steps $((steps - 1)) \
+    python3 "$root/bench/pytorch_moe.py" --config $model --dtype "$precision" --threads "$threads" --steps $((steps - 1)) \
         --warmup-steps 1 >"$out/$model.torch" 2>"$out/$model.torch.err" || { tail -3 "$out/$model.torch.err"; exit 1; }
 done
 # The ceiling: the best fp32 GEMM rate moetron measured at start-up in these runs (a 512³
 # GEMM, best of 12; one measurement can read low on a busy machine).
-python3 - "$out" <<'PY'
+python3 - "$out" "$precision" <<'PY'
 import json, statistics, sys
-out = sys.argv[1]
+out, precision = sys.argv[1:3]
 runs = {}
 for model in ("coarse", "fine"):
     rows = [json.loads(l) for l in open(f"{out}/{model}.jsonl") if '"tokens_per_s"' in l][1:]
@@ -40,8 +44,8 @@ ceiling = max(r["peak"] for r in runs.values())
 print(f"{'model':<7} {'prec':<5} {'tok/s':>8} {'TFLOP/s':>8} {'% ceiling':>9} {'mem MiB':>8} {'torch tok/s':>12} "
       f"{'torch MiB':>10} {'ratio':>6}")
 for model, r in runs.items():
-    print(f"{model:<7} {'fp32':<5} {r['tok']:8.0f} {r['tflops']:8.3f} {100 * r['tflops'] / ceiling:8.1f}% {r['mem']:8.0f} "
+    print(f"{model:<7} {precision:<5} {r['tok']:8.0f} {r['tflops']:8.3f} {100 * r['tflops'] / ceiling:8.1f}% {r['mem']:8.0f} "
           f"{r['torch_tok']:12.0f} {r['torch_mem']:10.0f} {r['tok'] / r['torch_tok']:5.2f}x")
-print(f"fp32 GEMM ceiling {ceiling:.3f} TFLOP/s", end="")
+print(f"{precision} GEMM ceiling {ceiling:.3f} TFLOP/s", end="")
 PY
 echo "; $threads threads; moetron $("$M" --version | sed 's/^moetron //'); $(python3 -c 'import torch; print("torch", torch.__version__)')"

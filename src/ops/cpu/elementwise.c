@@ -77,6 +77,25 @@ void cpu_rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int 
     }
 }
 
+// dw_c += Σ_n dy·x·r, each column's sum in double over the rows in order. The rows are read
+// in memory order: each thread takes a band of columns and walks every row through it,
+// adding to the band's sums (the same order per column as a column-by-column loop).
+static void rmsnorm_weight_grad(real *dw, const real *dy, const real *x, const real *rstd, int N, int C) {
+    enum { BAND = 64 };  // columns of one band: a cache line of each row at a time, sums in registers and L1
+    int bands = (C + BAND - 1) / BAND;
+#pragma omp parallel for schedule(static) if (C >= 64 && bands > 1)
+    for (int b = 0; b < bands; b++) {
+        int c0 = b * BAND, width = MT_MIN(BAND, C - c0);
+        double s[BAND] = {0};
+        for (int n = 0; n < N; n++) {
+            const real *dyr = dy + (size_t)n * C + c0, *xr = x + (size_t)n * C + c0;
+            double r = rstd[n];
+            for (int c = 0; c < width; c++) s[c] += (double)dyr[c] * xr[c] * r;
+        }
+        for (int c = 0; c < width; c++) dw[c0 + c] += (real)s[c];
+    }
+}
+
 // y = x·r·w with r = (mean(x²)+eps)^(-1/2):
 //   dw_c += Σ_n dy·x·r ;  dx = r·(dy⊙w) − x · r³/C · Σ_c (dy⊙w)·x
 void cpu_rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
@@ -91,12 +110,7 @@ void cpu_rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, con
         double k = dot * r * r * r / C;
         for (int c = 0; c < C; c++) dxr[c] += (real)(r * dyr[c] * w[c] - k * xr[c]);
     }
-#pragma omp parallel for schedule(static) if (C >= 64)
-    for (int c = 0; c < C; c++) {
-        double s = 0;
-        for (int n = 0; n < N; n++) s += (double)dy[(size_t)n * C + c] * x[(size_t)n * C + c] * rstd[n];
-        dw[c] += (real)s;
-    }
+    rmsnorm_weight_grad(dw, dy, x, rstd, N, C);
 }
 
 // ---- RoPE ------------------------------------------------------------------------------
