@@ -36,8 +36,8 @@ const char *mt_gemm_backend(void);
 //     emulation of a CPU without it give the same bits.
 //   GEMM_INPUTS_FP16: IEEE half (overflow to infinity, half subnormals kept); no flushing.
 // Sums run over K in blocks of MT_GEMM_K_BLOCK in order, as in fp32: each block's sum starts
-// at 0, C = alpha·sum + beta·C after the first block, C = alpha·sum + C after the others. The attention core
-// (cpu_gemm_fp32) keeps fp32 inputs in every mode. A double-precision build has fp32 only.
+// at 0, C = alpha·sum + beta·C after the first block, C = alpha·sum + C after the others.
+// A double-precision build has fp32 only.
 #define MT_GEMM_K_BLOCK 256
 typedef enum { GEMM_INPUTS_FP32, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16 } GemmInputs;
 void mt_gemm_set_inputs(GemmInputs inputs);

@@ -3,8 +3,8 @@
 // product added by one fused multiply-add in order over blocks of MT_GEMM_K_BLOCK, bf16
 // flushing subnormals), on random and adversarial values (rounding ties, subnormals,
 // overflow, NaN) and every transpose; the AVX-512 BF16 kernel against the emulation bit
-// for bit where the CPU has it; the same bits on 1 and 2 threads; the attention core's
-// GEMM staying fp32.
+// for bit where the CPU has it; the same bits on 1 and 2 threads; fp32's bits again after
+// switching back.
 #include <string.h>
 
 #include "core/float_formats.h"
@@ -271,19 +271,18 @@ static void test_thread_counts_agree(void) {
 #endif
 }
 
-// cpu_gemm_fp32 (the attention core) ignores the mode.
-static void test_attention_gemm_stays_fp32(void) {
+// Switching to bf16 and back (as the router does around its GEMMs) gives fp32's bits again,
+// and bf16 really changes them.
+static void test_switching_back_to_fp32(void) {
     Case c = {0, 1, 40, 50, 60, 0, 1, 0};
     CaseData d = case_data(&c, VALUES_RANDOM, 3);
-    memcpy(d.want, d.C0, d.c_n * sizeof(real));
-    memcpy(d.C, d.C0, d.c_n * sizeof(real));
-    cpu_gemm_fp32(0, 1, c.M, c.N, c.K, 1, d.A, c.K, d.B, c.K, 0, d.want, c.N);
+    run_case(&c, d.A, d.B, d.C0, d.want);
     mt_gemm_set_inputs(GEMM_INPUTS_BF16);
-    cpu_gemm_fp32(0, 1, c.M, c.N, c.K, 1, d.A, c.K, d.B, c.K, 0, d.C, c.N);
-    count_diff(d.C, d.want, d.c_n, "cpu_gemm_fp32 under bf16");
-    mt_gemm(0, 1, c.M, c.N, c.K, 1, d.A, c.K, d.B, c.K, 0, d.C, c.N);
+    run_case(&c, d.A, d.B, d.C0, d.C);
     CHECK(memcmp(d.C, d.want, d.c_n * sizeof(real)) != 0, "mt_gemm under bf16 gave the fp32 result");
     mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    run_case(&c, d.A, d.B, d.C0, d.C);
+    count_diff(d.C, d.want, d.c_n, "fp32 after bf16");
     case_free(&d);
 }
 
@@ -294,6 +293,6 @@ int main(void) {
     RUN(test_bf16_amx_near_the_contract);
     RUN(test_fp16_emulation_is_the_contract);
     RUN(test_thread_counts_agree);
-    RUN(test_attention_gemm_stays_fp32);
+    RUN(test_switching_back_to_fp32);
     return tl_failed_cases != 0;
 }

@@ -18,7 +18,6 @@
 #include "core/profile.h"
 #include "ops/cpu/row_reduce.h"
 #include "ops/cpu/cpu_ops.h"
-#include "ops/cpu/gemm_lowp.h"
 
 enum { QUERY_TILE = 64 };
 
@@ -75,7 +74,7 @@ static void unseen_rows(real *out, real *lse_row, const AttentionShape *s, const
 // scores (rows, keys) = scale · Q[t0 : t0+rows] · K[0 : keys]ᵀ
 static void tile_scores(real *scores, const real *q, const real *k, const AttentionShape *s, const HeadView *v,
                         int t0, int rows, int keys) {
-    cpu_gemm_fp32(0, 1, rows, keys, s->head_dim, s->scale, q + v->q_offset + (size_t)t0 * v->q_stride, v->q_stride,
+    cpu_gemm(0, 1, rows, keys, s->head_dim, s->scale, q + v->q_offset + (size_t)t0 * v->q_stride, v->q_stride,
             k + v->k_offset, v->k_stride, 0, scores, keys);
 }
 
@@ -106,7 +105,7 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
             lse_row[t0 + r] = max + (real)log((double)sum);
         }
         // O[t0 : t0+rows] = P · V[0 : keys]
-        cpu_gemm_fp32(0, 0, rows, value_width(s), keys, 1, scores, keys, v + view.v_offset, view.v_stride, 0,
+        cpu_gemm(0, 0, rows, value_width(s), keys, 1, scores, keys, v + view.v_offset, view.v_stride, 0,
                 out + view.o_offset + (size_t)t0 * view.o_stride, view.o_stride);
     }
 }
@@ -139,7 +138,7 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
         const real *dout_tile = dout + view.o_offset + (size_t)t0 * view.o_stride;
         tile_scores(probs, q, k, s, &view, t0, rows, keys);
         // dP = dO · Vᵀ
-        cpu_gemm_fp32(0, 1, rows, keys, v_width, 1, dout_tile, view.o_stride, v + view.v_offset, view.v_stride, 0, dprobs, keys);
+        cpu_gemm(0, 1, rows, keys, v_width, 1, dout_tile, view.o_stride, v + view.v_offset, view.v_stride, 0, dprobs, keys);
         for (int r = 0; r < rows; r++) {
             real *p = probs + (size_t)r * keys, *dp = dprobs + (size_t)r * keys;
             const real *o_row = out + view.o_offset + (size_t)(t0 + r) * view.o_stride;
@@ -156,10 +155,10 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
             for (int j = MT_MAX(seen.end, seen.first); j < keys; j++) p[j] = dp[j] = 0;
         }
         // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
-        cpu_gemm_fp32(0, 0, rows, d, keys, 1, dprobs, keys, k + view.k_offset, view.k_stride, 1,
+        cpu_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + view.k_offset, view.k_stride, 1,
                 dq + view.q_offset + (size_t)t0 * view.q_stride, view.q_stride);
-        cpu_gemm_fp32(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, view.q_stride, 1, dk + view.k_offset, view.k_stride);
-        cpu_gemm_fp32(1, 0, keys, v_width, rows, 1, probs, keys, dout_tile, view.o_stride, 1, dv + view.v_offset, view.v_stride);
+        cpu_gemm(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, view.q_stride, 1, dk + view.k_offset, view.k_stride);
+        cpu_gemm(1, 0, keys, v_width, rows, 1, probs, keys, dout_tile, view.o_stride, 1, dv + view.v_offset, view.v_stride);
     }
 }
 

@@ -591,11 +591,6 @@ void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const r
     gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void cpu_gemm_fp32(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
-                   const real *B, int ldb, real beta, real *C, int ldc) {
-    gemm_with(&KERNEL_FP32, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
 // host_counts is not needed here: the cpu reads counts itself.
 void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
                       int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,

@@ -13,10 +13,6 @@
 #define LOWP_MR 6   // rows of a micro-tile (gemm.c's MR)
 #define LOWP_NR 16  // columns of a micro-tile (gemm.c's NR for float): one 512-bit vector
 
-// The attention core's GEMMs: fp32 inputs whatever mt_gemm_set_inputs chose.
-void cpu_gemm_fp32(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
-                   const real *B, int ldb, real beta, real *C, int ldc);
-
 // x[0, n) rounded in place to the values of `inputs` (kept as floats): bf16 with fp32
 // subnormals first made ±0, or IEEE half. The emulation's packed panels.
 void lowp_round_panel(real *x, size_t n, GemmInputs inputs);
