@@ -5,7 +5,9 @@
 # between two fp32 runs of different seeds as the yardstick of noise. For each variant: the
 # loss at steps 50, 100 and 200, the mean of the last 50 steps, and the largest gap to the
 # fp32 curve (both smoothed over 20 steps) after step 20; plus the planned optimizer state.
-# STEPS (default 200) steps, one process, all cores.
+# STEPS (default 200) steps, one process, all cores. CURVES=gemm instead compares the GEMM
+# input precisions: --bf16 (the CPU's kernel, and the emulation) and --fp16 (dynamic loss
+# scaling) against fp32, with the same yardstick.
 set -eu
 M=${1:-build/moetron}
 TEXT=${2:-$(cd "$(dirname "$0")/.." && pwd)/../shared/data/tinyshakespeare.txt}
@@ -18,7 +20,7 @@ MODEL=(--num-layers 4 --hidden-size 256 --num-attention-heads 8 --num-experts 8 
        --moe-ffn-hidden-size 256 --seq-length 256 --micro-batch-size 4 --global-batch-size 4
        --moe-aux-loss-coeff 1e-2 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters $((STEPS / 10))
        --train-iters "$STEPS" --eval-interval 0 --log-interval 1 --data-path "$TEXT" --use-distributed-optimizer)
-VARIANTS=(
+MOMENT_VARIANTS=(
     "fp32 (seed 1234)|--seed 1234"
     "fp32 (seed 1235: noise)|--seed 1235"
     "bf16 / bf16|--seed 1234 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16"
@@ -27,27 +29,40 @@ VARIANTS=(
     "fp8 / bf16|--seed 1234 --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16"
     "fp8 / fp8|--seed 1234 --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype fp8"
 )
+# label|flags|environment
+GEMM_VARIANTS=(
+    "fp32 (seed 1234)|--seed 1234"
+    "fp32 (seed 1235: noise)|--seed 1235"
+    "--bf16 (the CPU's kernel)|--seed 1234 --bf16"
+    "--bf16 (emulated)|--seed 1234 --bf16|MOETRON_GEMM_BF16=emulated"
+    "--fp16 (dynamic loss scale)|--seed 1234 --fp16"
+)
+case "${CURVES:-moments}" in
+moments) VARIANTS=("${MOMENT_VARIANTS[@]}") header="moments (exp_avg / exp_avg_sq)" ;;
+gemm) VARIANTS=("${GEMM_VARIANTS[@]}") header="GEMM inputs" ;;
+*) echo "CURVES=$CURVES: use moments or gemm" >&2; exit 2 ;;
+esac
 
 grep -m1 'model name' /proc/cpuinfo
 i=0
 for v in "${VARIANTS[@]}"; do
-    IFS='|' read -r label flags <<<"$v"
+    IFS='|' read -r label flags environment <<<"$v"
     # shellcheck disable=SC2086
-    "$M" train "${MODEL[@]}" $flags --log-jsonl "$work/$i.jsonl" >"$work/$i.out" 2>&1 ||
+    env $environment "$M" train "${MODEL[@]}" $flags --log-jsonl "$work/$i.jsonl" >"$work/$i.out" 2>&1 ||
         { echo "$label: the run failed: $(grep -m1 error "$work/$i.out")"; exit 1; }
     sed -n 's/.*AdamW moments \([0-9.]*\).*/\1/p' "$work/$i.out" | head -1 >"$work/$i.mib"
     echo "$label" >"$work/$i.label"
     i=$((i + 1))
 done
-python3 - "$work" "$i" <<'PY'
+python3 - "$work" "$i" "$header" <<'PY'
 import json, sys
-work, n = sys.argv[1], int(sys.argv[2])
-def curve(i):
-    return [r["lm_loss"] for r in map(json.loads, open(f"{work}/{i}.jsonl")) if "lm_loss" in r]
+work, n, header = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def curve(i):  # the steps that trained (a step skipped for a loss-scale overflow has no update)
+    return [r["lm_loss"] for r in map(json.loads, open(f"{work}/{i}.jsonl")) if "lm_loss" in r and not r.get("skipped")]
 def smooth(c, w=20):
     return [sum(c[max(0, k - w + 1):k + 1]) / len(c[max(0, k - w + 1):k + 1]) for k in range(len(c))]
 ref = smooth(curve(0))
-print("| moments (exp_avg / exp_avg_sq) | optimizer state | loss @50 | @100 | @200 | mean of last 50 | largest gap to fp32 (smoothed, after step 20) |")
+print(f"| {header} | optimizer state | loss @50 | @100 | @200 | mean of last 50 | largest gap to fp32 (smoothed, after step 20) |")
 print("|---|---|---|---|---|---|---|")
 for i in range(n):
     c = curve(i)
