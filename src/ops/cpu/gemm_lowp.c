@@ -42,8 +42,8 @@ static inline void pack_pair(uint16_t *pair, const real *lane, int k, int kc, si
     pair[0] = k + 1 < kc ? bf16_flushed((float)lane[(size_t)(k + 1) * s_k]) : pad;
 }
 
-void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
-                          uint16_t pad) {
+static void pack_pairs_scalar(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
+                              uint16_t pad) {
     int pairs = lowp_pairs(kc);
     for (int j0 = 0; j0 < w; j0 += W) {  // one panel of W lanes
         uint16_t *panel = dst + (size_t)j0 * pairs * 2;
@@ -58,8 +58,82 @@ void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, 
 
 #if LOWP_X86 && !defined(MT_DOUBLE)
 int lowp_have_avx512bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    static int known = -1;  // asked once; racing first calls compute the same
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512bf16");
+    }
+    return known;
+}
+
+// The vector packers convert with VCVTNE2PS2BF16, which rounds exactly as bf16_flushed does
+// (subnormals to ±0, nearest even, NaN kept quiet: checked over random bit patterns), so
+// they write the scalar packers' bytes.
+#define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// The first n <= 32 floats at src (the rest zero), as 32 bf16.
+PACK_TARGET static inline __m512i bf16x32(const real *src, int n) {
+    __mmask16 lo = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1);
+    __mmask16 hi = (__mmask16)(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1 : 0);
+    __m512 a = _mm512_maskz_loadu_ps(lo, src), b = _mm512_maskz_loadu_ps(hi, src + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
+
+// Pair panels whose lanes run along k in memory (s_k == 1): 32 depths of a lane converted at
+// once, each pair's halves swapped (depth 2q high), written down the lane's column of pairs.
+PACK_TARGET static void pack_pairs_rows(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w,
+                                        uint16_t pad) {
+    enum { CHUNK = 32 };
+    int pairs = lowp_pairs(kc);
+    _Alignas(64) uint32_t chunk[CHUNK / 2];
+    for (int j0 = 0; j0 < w; j0 += W) {
+        uint32_t *panel = (uint32_t *)(dst + (size_t)j0 * pairs * 2);  // pair q of lane j at [q*W + j]
+        for (int j = 0; j < W; j++) {
+            if (j0 + j >= w) {
+                for (int q = 0; q < pairs; q++) panel[(size_t)q * W + j] = 0;
+                continue;
+            }
+            const real *lane = src + (size_t)(j0 + j) * s_w;
+            for (int k0 = 0; k0 < kc; k0 += CHUNK) {
+                int n = MT_MIN(CHUNK, kc - k0);
+                _mm512_store_si512((void *)chunk, _mm512_rol_epi32(bf16x32(lane + k0, n), 16));
+                for (int q = 0; q < (n + 1) / 2; q++) panel[(size_t)(k0 / 2 + q) * W + j] = chunk[q];
+            }
+            if (kc % 2) {  // the last pair's low half is past kc: the padding
+                uint32_t *last = &panel[(size_t)(pairs - 1) * W + j];
+                *last = (*last & 0xFFFF0000u) | pad;
+            }
+        }
+    }
+}
+
+// Pair panels of LOWP_NR lanes contiguous at each depth (s_w == 1): two depths' rows
+// converted together, interleaved into pairs (the earlier depth high).
+PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k, uint16_t pad) {
+    int pairs = lowp_pairs(kc);
+    // output halfword 2i takes the later depth's lane i (input 16 + i), 2i + 1 the earlier's (i)
+    __m512i swap = _mm512_set_epi16(15, 31, 14, 30, 13, 29, 12, 28, 11, 27, 10, 26, 9, 25, 8, 24, 7, 23, 6, 22, 5, 21,
+                                    4, 20, 3, 19, 2, 18, 1, 17, 0, 16);
+    for (int j0 = 0; j0 < w; j0 += LOWP_NR) {
+        uint16_t *panel = dst + (size_t)j0 * pairs * 2;
+        __mmask16 lanes = (__mmask16)(w - j0 >= LOWP_NR ? 0xFFFF : (1u << (w - j0)) - 1);
+        __m512 padding = _mm512_maskz_mov_ps(lanes, _mm512_set1_ps(bits_float((uint32_t)pad << 16)));
+        for (int q = 0; q < pairs; q++) {
+            int k = 2 * q;
+            __m512 earlier = _mm512_maskz_loadu_ps(lanes, src + (size_t)k * s_k + j0);
+            __m512 later = k + 1 < kc ? _mm512_maskz_loadu_ps(lanes, src + (size_t)(k + 1) * s_k + j0) : padding;
+            __m512i both = (__m512i)_mm512_cvtne2ps_pbh(later, earlier);  // earlier low, later high
+            _mm512_store_si512((void *)(panel + (size_t)q * LOWP_NR * 2), _mm512_permutexvar_epi16(swap, both));
+        }
+    }
+}
+
+void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
+                          uint16_t pad) {
+    if (lowp_have_avx512bf16() && s_k == 1) pack_pairs_rows(dst, src, w, W, kc, s_w, pad);
+    else if (lowp_have_avx512bf16() && s_w == 1 && W == LOWP_NR) pack_pairs_columns(dst, src, w, kc, s_k, pad);
+    else pack_pairs_scalar(dst, src, w, W, kc, s_w, s_k, pad);
 }
 
 // Six rows of one 16-column vector each: per pair of depths one load of b, six broadcasts
@@ -83,6 +157,11 @@ __attribute__((target("avx512f,avx512bf16"))) void lowp_micro_avx512bf16(int kc,
 }
 #else
 int lowp_have_avx512bf16(void) { return 0; }
+
+void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
+                          uint16_t pad) {
+    pack_pairs_scalar(dst, src, w, W, kc, s_w, s_k, pad);
+}
 
 void lowp_micro_avx512bf16(int kc, const uint16_t *a, const uint16_t *b, real *acc) {
     (void)kc, (void)a, (void)b, (void)acc;
@@ -153,18 +232,7 @@ enum {
     AMX_PALETTE = 1,
 };
 
-// The packers convert with VCVTNE2PS2BF16, which rounds exactly as bf16_flushed does
-// (subnormals to ±0, nearest even, NaN kept quiet: checked over random bit patterns), so
-// they give the scalar packers' bytes; AMX CPUs all have AVX-512 BF16 (asked below).
-#define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
-
-// The first n <= 32 floats at src (the rest zero), as 32 bf16.
-PACK_TARGET static inline __m512i bf16x32(const real *src, int n) {
-    __mmask16 lo = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1);
-    __mmask16 hi = (__mmask16)(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1 : 0);
-    __m512 a = _mm512_maskz_loadu_ps(lo, src), b = _mm512_maskz_loadu_ps(hi, src + 16);
-    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
-}
+// The AMX packers use the vector conversion above (AMX CPUs all have AVX-512 BF16: asked below).
 
 // A with each row contiguous along k (s_k == 1): a row's 32 depths are one conversion.
 PACK_TARGET static void pack_amx_a_rows(uint16_t *dst, const real *src, int w, int kc, size_t s_w) {
