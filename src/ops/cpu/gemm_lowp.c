@@ -29,7 +29,23 @@ static inline uint16_t bf16_flushed(float v) {
     return bf16_from_float(v);
 }
 
+// bf16_flushed(v) widened back to a float's bits, without branches (so that the loop over a
+// panel vectorizes): ±0 for a subnormal, NaN kept quiet, else nearest even.
+static inline uint32_t bf16_flushed_bits(uint32_t b) {
+    uint32_t magnitude = b & ~F32_SIGN;
+    uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1)) & 0xFFFF0000u;
+    uint32_t nan = (b | 0x00400000u) & 0xFFFF0000u;
+    uint32_t out = magnitude > F32_INF ? nan : rounded;
+    return (b & F32_EXPONENT) == 0 ? b & F32_SIGN : out;
+}
+
 void lowp_round_panel(real *x, size_t n, GemmInputs inputs) {
+#ifndef MT_DOUBLE
+    if (inputs == GEMM_INPUTS_BF16) {
+        for (size_t i = 0; i < n; i++) x[i] = bits_float(bf16_flushed_bits(float_bits(x[i])));
+        return;
+    }
+#endif
     if (inputs == GEMM_INPUTS_BF16)
         for (size_t i = 0; i < n; i++) x[i] = (real)bf16_to_float(bf16_flushed((float)x[i]));
     else if (inputs == GEMM_INPUTS_FP16)
