@@ -18,6 +18,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "ops/gemm.h"
+#include "ops/quantized_linear.h"
 #include "parallel/pipeline_layout.h"
 
 #define ALL (CMD_TRAIN | CMD_GENERATE | CMD_FORWARD)
@@ -137,6 +138,16 @@ static const FlagSpec FLAGS[] = {
     F("min-loss-scale", FLAG_DOUBLE, min_loss_scale, TR, 0, "--fp16's dynamic loss scaling: the scale never backs off below this"),
     F("loss-scale-window", FLAG_DOUBLE, loss_scale_window, TR, 0, "--fp16's dynamic loss scaling: steps without an overflow before the scale doubles"),
     F("hysteresis", FLAG_INT, hysteresis, TR, 0, "--fp16's dynamic loss scaling: overflowing steps (since the scale last grew) before the scale halves"),
+    F("fp8-format", FLAG_STRING, fp8_format, TR, 0, "FP8 GEMMs (emulated: quantized, dequantized, multiplied in fp32; docs/precision.md): e4m3 everywhere, or hybrid (E4M3 inputs and weights, E5M2 gradients); the linear layers of attention, the dense FFN and the experts (not the router, norms, attention core, embedding, LM head)"),
+    F("fp8-recipe", FLAG_STRING, fp8_recipe, TR, 0, "with --fp8-format: delayed (a scale per tensor from an amax history), tensorwise (from the tensor's amax), blockwise (1x128 / 128x128 tiles), mxfp8 (32-element blocks, E8M0 scales)"),
+    F("fp8-amax-history-len", FLAG_INT, fp8_amax_history_len, TR, 0, "--fp8-recipe delayed: steps of amaxes in the window"),
+    F("fp8-amax-compute-algo", FLAG_STRING, fp8_amax_compute_algo, TR, 0, "--fp8-recipe delayed: most_recent or max (of the window)"),
+    F("fp8-margin", FLAG_INT, fp8_margin, TR, 0, "--fp8-recipe delayed: the scale divided by 2^margin"),
+    F("fp4-format", FLAG_STRING, fp4_format, TR, 0, "e2m1: NVFP4 GEMMs (emulated) in the layers --fp8-format quantizes; not with --fp8-format"),
+    F("fp4-recipe", FLAG_STRING, fp4_recipe, TR, 0, "with --fp4-format: nvfp4 (16-element blocks, 16x16 for weights, stochastic rounding of gradients, random Hadamard transform of the weight gradient's inputs)"),
+    F("first-last-layers-bf16", FLAG_BOOL, first_last_layers_bf16, TR, 0, "with --fp8-format / --fp4-format: keep the first and last layers' GEMMs unquantized (not with --fp8-recipe delayed)"),
+    F("num-layers-at-start-in-bf16", FLAG_INT, num_layers_at_start_in_bf16, TR, 0, "--first-last-layers-bf16: the first layers kept"),
+    F("num-layers-at-end-in-bf16", FLAG_INT, num_layers_at_end_in_bf16, TR, 0, "--first-last-layers-bf16: the last layers kept"),
     F("adapt-threads", FLAG_BOOL, adapt_threads, TR, 0, "use fewer OpenMP threads while other programs compete for the cores, and more again when they stop (timed steps, an occasional probe step; results do not change; --no-adapt-threads: always OpenMP's count)"),
     F("recompute-granularity", FLAG_STRING, recompute_granularity, TR, 0, "full: keep only the input of each group of decoder layers and run their forward again just before their backward (less activation memory, one more forward of those layers; results unchanged; needs --recompute-method and --recompute-num-layers); selective: recompute only the parts --recompute-modules names, in every layer"),
     F("recompute-method", FLAG_STRING, recompute_method, TR, 0, "with --recompute-granularity full: uniform (each model chunk's layers in groups of --recompute-num-layers, one input kept per group) or block (the first --recompute-num-layers layers of each chunk, each keeping its input; the rest keep everything)"),
@@ -174,7 +185,7 @@ static const FlagSpec FLAGS[] = {
     F("log-jsonl", FLAG_STRING, log_jsonl, TR, 0, "append one JSON object per logged step to this file"),
     F("peak-tflops", FLAG_DOUBLE, peak_tflops, TR, 0, "device peak for MFU (0 = measure this machine's GEMM ceiling)"),
     F("hf-architecture", FLAG_STRING, hf_architecture, TR, 1, "auto, mixtral, qwen3_moe, olmoe, deepseek_v3: the Hugging Face family checkpoints are saved as"),
-    F("ckpt-dtype", FLAG_STRING, ckpt_dtype, TR, 0, "fp32, bf16: dtype of the weights in model safetensors (bf16 keeps fp32 master weights in optimizer.safetensors)"),
+    F("ckpt-dtype", FLAG_STRING, ckpt_dtype, TR, 0, "fp32, bf16, fp8: dtype of the weights in model safetensors (bf16 and fp8 keep fp32 master weights in optimizer.safetensors; fp8: DeepSeek-V3's E4M3 linear weights with 128x128 block scales, the rest bf16)"),
     F("max-shard-size", FLAG_STRING, max_shard_size, TR, 0, "split model safetensors into shards above this size (e.g. 5GB, 500MB, or bytes)"),
     F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL | CMD_DATA | CMD_PREPARE, 0, "tokenizer.json (byte-level BPE): tokenizes --data-path text and generate's prompt, copied into checkpoints (default: the one in --load)"),
     // generate
@@ -247,6 +258,12 @@ void config_defaults(Config *c) {
     c->min_loss_scale = 1;
     c->loss_scale_window = 1000;
     c->hysteresis = 2;
+    strcpy(c->fp8_recipe, "delayed");  // Megatron-LM's defaults
+    c->fp8_amax_history_len = 1;
+    strcpy(c->fp8_amax_compute_algo, "most_recent");
+    strcpy(c->fp4_recipe, "nvfp4");
+    c->num_layers_at_start_in_bf16 = 1;
+    c->num_layers_at_end_in_bf16 = 1;
     strcpy(c->moe_token_drop_policy, "probs");
     // Optimizer and schedule: Megatron-LM's defaults, except where it has none (lr).
     c->micro_batch_size = 4;
@@ -913,14 +930,87 @@ static void validate_parallel(const Config *c) {
 }
 
 static void validate_checkpoint_format(Config *c) {
-    static const char *const dtypes[] = {"fp32", "bf16"};
+    static const char *const dtypes[] = {"fp32", "bf16", "fp8"};
     static const char *const families[] = {"auto", "mixtral", "qwen3_moe", "olmoe", "deepseek_v3"};
-    int dtype = lookup(c->ckpt_dtype, dtypes, 2);
-    if (dtype < 0) config_die("--ckpt-dtype %s: use fp32 or bf16", c->ckpt_dtype);
-    c->ckpt_bf16 = dtype == 1;
+    int dtype = lookup(c->ckpt_dtype, dtypes, 3);
+    if (dtype < 0) config_die("--ckpt-dtype %s: use fp32, bf16 or fp8", c->ckpt_dtype);
+    c->ckpt_bf16 = dtype >= 1;  // fp8 writes the tensors it does not quantize as bf16 does
+    c->ckpt_fp8 = dtype == 2;
     c->max_shard_bytes = parse_size("max-shard-size", c->max_shard_size);
     if (lookup(c->hf_architecture, families, 5) < 0)
         config_die("--hf-architecture %s: use auto, mixtral, qwen3_moe, olmoe or deepseek_v3", c->hf_architecture);
+}
+
+// The GEMM widths a quantization recipe blocks along (each weight's in and out), which TE
+// requires to be multiples of the recipe's alignment (16 for FP8 and NVFP4, 32 for MXFP8).
+typedef struct {
+    const char *what;
+    int width;
+} QuantWidth;
+
+static void validate_quant_widths(const Config *c, int align, const char *recipe) {
+    QuantWidth w[12];
+    int n = 0, H = c->num_attention_heads;
+    w[n++] = (QuantWidth){"--hidden-size", c->hidden_size};
+    w[n++] = (QuantWidth){"--ffn-hidden-size", c->ffn_hidden_size};
+    if (c->num_experts) w[n++] = (QuantWidth){"the expert FFN width", c->moe_ffn};
+    w[n++] = (QuantWidth){"--moe-shared-expert-intermediate-size", c->moe_shared_expert_intermediate_size};
+    if (c->multi_latent_attention) {
+        w[n++] = (QuantWidth){"--q-lora-rank", c->q_lora_rank};
+        w[n++] = (QuantWidth){"--kv-lora-rank", c->kv_lora_rank};
+        w[n++] = (QuantWidth){"--kv-lora-rank + --qk-pos-emb-head-dim", c->kv_lora_rank + c->qk_pos_emb_head_dim};
+        w[n++] = (QuantWidth){"heads x (--qk-head-dim + --qk-pos-emb-head-dim)", H * (c->qk_head_dim + c->qk_pos_emb_head_dim)};
+        w[n++] = (QuantWidth){"heads x (--qk-head-dim + --v-head-dim)", H * (c->qk_head_dim + c->v_head_dim)};
+        w[n++] = (QuantWidth){"heads x --v-head-dim", H * c->v_head_dim};
+    } else {
+        w[n++] = (QuantWidth){"heads x head dim", H * c->head_dim};
+        w[n++] = (QuantWidth){"key/value heads x head dim", c->kv_heads * c->head_dim};
+    }
+    for (int i = 0; i < n; i++)
+        if (w[i].width % align)
+            config_die("%s: %s is %d; its GEMMs need widths that are multiples of %d (as Transformer Engine's)",
+                       recipe, w[i].what, w[i].width, align);
+}
+
+// --fp8-* / --fp4-* and --first-last-layers-bf16: Megatron-LM's values and rules, into
+// c->quant_recipe (a QuantRecipe of ops/quantized_linear.h).
+static void validate_fp8(Config *c) {
+    static const char *const recipes[] = {"delayed", "tensorwise", "blockwise", "mxfp8"};  // QUANT_DELAYED..
+    static const char *const algos[] = {"most_recent", "max"};
+    static const char *const fp8_only[] = {"fp8-recipe", "fp8-amax-history-len", "fp8-amax-compute-algo", "fp8-margin"};
+    int fp8 = c->fp8_format[0] != 0, fp4 = c->fp4_format[0] != 0;
+    if (fp8 && strcmp(c->fp8_format, "e4m3") && strcmp(c->fp8_format, "hybrid"))
+        config_die("--fp8-format %s: use e4m3 or hybrid", c->fp8_format);
+    if (fp4 && strcmp(c->fp4_format, "e2m1")) config_die("--fp4-format %s: use e2m1 (NVFP4)", c->fp4_format);
+    if (fp8 && fp4) config_die("--fp4-format and --fp8-format cannot be used together (as in Megatron-LM): choose one");
+    int recipe = lookup(c->fp8_recipe, recipes, 4);
+    if (recipe < 0) config_die("--fp8-recipe %s: use delayed, tensorwise, blockwise or mxfp8", c->fp8_recipe);
+    if (strcmp(c->fp4_recipe, "nvfp4")) config_die("--fp4-recipe %s: use nvfp4", c->fp4_recipe);
+    if (lookup(c->fp8_amax_compute_algo, algos, 2) < 0)
+        config_die("--fp8-amax-compute-algo %s: use most_recent or max", c->fp8_amax_compute_algo);
+    require_range("fp8-amax-history-len", c->fp8_amax_history_len, 1, 1 << 16);
+    require_range("fp8-margin", c->fp8_margin, -127, 127);
+    for (int i = 0; i < 4 && !fp8; i++)
+        if (config_flag_given(c, fp8_only[i])) config_die("--%s needs --fp8-format", fp8_only[i]);
+    if (!fp4 && config_flag_given(c, "fp4-recipe")) config_die("--fp4-recipe needs --fp4-format");
+    c->quant_recipe = fp4 ? QUANT_NVFP4 : fp8 ? QUANT_DELAYED + recipe : QUANT_OFF;
+    if (c->first_last_layers_bf16 && !c->quant_recipe)
+        config_die("--first-last-layers-bf16 needs --fp8-format or --fp4-format");
+    if (c->first_last_layers_bf16 && c->quant_recipe == QUANT_DELAYED)
+        config_die("--first-last-layers-bf16 with --fp8-recipe delayed: delayed scaling does not support first / "
+                   "last layers in BF16 (as in Megatron-LM); use tensorwise, blockwise or mxfp8");
+    int per_stage = c->num_layers / MT_MAX(c->pipeline_model_parallel_size, 1);
+    require_range("num-layers-at-start-in-bf16", c->num_layers_at_start_in_bf16, 0, per_stage);
+    require_range("num-layers-at-end-in-bf16", c->num_layers_at_end_in_bf16, 0, per_stage);
+    if (!c->quant_recipe) return;
+    const char *name = fp4 ? "--fp4-recipe nvfp4" : c->quant_recipe == QUANT_MXFP8 ? "--fp8-recipe mxfp8" : "--fp8-format";
+    validate_quant_widths(c, quant_recipe_alignment((QuantRecipe)c->quant_recipe), name);
+    if (c->quant_recipe == QUANT_DELAYED && (c->tensor_model_parallel_size > 1 || c->context_parallel_size > 1))
+        config_die("--fp8-recipe delayed with tensor or context parallelism: moetron keeps each rank's amaxes (no "
+                   "amax reduction over the group); use tensorwise, blockwise or mxfp8");
+#ifdef MT_DOUBLE
+    config_die("--fp8-format / --fp4-format: the double-precision build has no quantized GEMMs");
+#endif
 }
 
 static void validate_moe(Config *c) {
@@ -1098,6 +1188,7 @@ void config_validate(Config *c) {
     validate_shape(c);
     validate_attention(c);
     validate_moe(c);
+    validate_fp8(c);
     validate_checkpoint_format(c);
     validate_parallel(c);
     validate_training(c);

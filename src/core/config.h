@@ -132,6 +132,16 @@ typedef struct {
     double min_loss_scale;        //   the lowest it backs off to,
     double loss_scale_window;     //   steps without an overflow before the scale doubles,
     int hysteresis;               //   overflowing steps (since the last growth) before it halves
+    // FP8 / FP4 training (docs/precision.md, "FP8 and FP4 training"): Megatron-LM's flags
+    char fp8_format[16];          // "" (off) | e4m3 | hybrid (E4M3 forward, E5M2 gradients)
+    char fp8_recipe[16];          // delayed | tensorwise | blockwise | mxfp8
+    int fp8_amax_history_len;     // delayed: amaxes in the window
+    char fp8_amax_compute_algo[16];  // delayed: most_recent | max
+    int fp8_margin;               // delayed: the scale divided by 2^margin
+    char fp4_format[16];          // "" (off) | e2m1
+    char fp4_recipe[16];          // nvfp4
+    int first_last_layers_bf16;   // the first / last layers' GEMMs unquantized
+    int num_layers_at_start_in_bf16, num_layers_at_end_in_bf16;
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
     // ---- data ----
     int mock_data;
@@ -151,7 +161,7 @@ typedef struct {
     char log_jsonl[MT_PATH_MAX];
     double peak_tflops;
     char hf_architecture[32];     // auto | mixtral | qwen3_moe | olmoe | deepseek_v3
-    char ckpt_dtype[16];          // fp32 | bf16: weights in model safetensors
+    char ckpt_dtype[16];          // fp32 | bf16 | fp8: weights in model safetensors
     char max_shard_size[32];      // "5GB", "500MB", bytes: split model safetensors above this
     char tokenizer_model[MT_PATH_MAX]; // tokenizer.json (Hugging Face byte-level BPE)           // 0 = measure this machine's GEMM ceiling at start-up
     // ---- generate ----
@@ -176,7 +186,8 @@ typedef struct {
     int head_dim, kv_heads, padded_vocab_size, moe_ffn, max_positions;
     int rope_dim;                  // rotary width per head: head_dim, or qk_pos_emb_head_dim with MLA
     int qk_norm_whole;             // --qk-layernorm-scope projection
-    int ckpt_bf16;                 // --ckpt-dtype bf16
+    int ckpt_bf16;                 // --ckpt-dtype bf16 or fp8: tensors not in FP8 are BF16, F32 master weights kept
+    int ckpt_fp8;                  // --ckpt-dtype fp8: the linear layers' matrices FP8 with 128x128 block scales
     int64_t max_shard_bytes;       // --max-shard-size in bytes
     // ---- from a plain Hugging Face config.json (not flags) ----
     int checkpoint_vocab_rows;     // --load of a moetron checkpoint: its padded vocabulary (kept whatever the TP), else 0
@@ -190,6 +201,7 @@ typedef struct {
     int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
     int cp_comm[MT_MAX_LAYERS];    // per layer: its --cp-comm-type (CpCommType)
     int moment_dtype[2];           // MomentDtype (ops/ops.h) of exp_avg, exp_avg_sq
+    int quant_recipe;              // QuantRecipe (ops/quantized_linear.h) of --fp8-* / --fp4-*; 0 = off
     unsigned recompute_module_mask; // selective recomputation: 1 << RecomputeModule of each listed
     int cp_a2a_size;               // a2a+p2p: the inner (all-to-all) group of --hierarchical-context-parallel-sizes, else 1
     LrDecayStyle decay_style;

@@ -637,8 +637,6 @@ static int write_header(StWriter *w, const char *path, char *err, size_t errlen)
 }
 
 void stw_declare(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape) {
-    if (dtype != ST_F32 && dtype != ST_BF16)
-        mt_die("safetensors writer: tensor \"%s\": streamed values are written as F32 or BF16 only", name);
     push_tensor(w, name, dtype, ndim, shape);
 }
 
@@ -648,20 +646,47 @@ int stw_stream_open(StWriter *w, const char *path, char *err, size_t errlen) {
     return -1;
 }
 
+// The tensor the next of n elements belong to and how many of them it takes (*take).
+static const StWriterTensor *stream_tensor(const StWriter *w, size_t n, size_t *take) {
+    MT_ASSERT(w->streaming && w->next_tensor < w->n_tensors);
+    const StWriterTensor *t = &w->tensors[w->next_tensor];
+    uint64_t numel = t->nbytes / st_dtype_size(t->dtype);
+    *take = (size_t)MT_MIN((uint64_t)n, numel - w->next_element);
+    return t;
+}
+
+// take elements of the current tensor written; on to the next tensor when it is complete
+// (tensors of no elements complete without values).
+static void stream_advance(StWriter *w, size_t take) {
+    w->next_element += take;
+    const StWriterTensor *t = &w->tensors[w->next_tensor];
+    if (w->next_element == t->nbytes / st_dtype_size(t->dtype)) w->next_tensor++, w->next_element = 0;
+    while (w->next_tensor < w->n_tensors && w->tensors[w->next_tensor].nbytes == 0) w->next_tensor++;
+}
+
 void stw_stream_values(StWriter *w, const real *values, size_t n) {
     MT_ASSERT(w->streaming);
     while (n > 0) {
-        MT_ASSERT(w->next_tensor < w->n_tensors);
-        const StWriterTensor *t = &w->tensors[w->next_tensor];
-        uint64_t numel = t->nbytes / st_dtype_size(t->dtype);
-        size_t take = (size_t)MT_MIN((uint64_t)n, numel - w->next_element);
+        size_t take;
+        const StWriterTensor *t = stream_tensor(w, n, &take);
+        MT_ASSERT(t->dtype == ST_F32 || t->dtype == ST_BF16);
         write_reals(&w->file, t->dtype, values, take, NULL, 0);
         values += take, n -= take;
-        w->next_element += take;
-        if (w->next_element == numel) w->next_tensor++, w->next_element = 0;
+        stream_advance(w, take);
     }
-    // tensors of no elements complete without values
     while (w->next_tensor < w->n_tensors && w->tensors[w->next_tensor].nbytes == 0) w->next_tensor++;
+}
+
+void stw_stream_raw(StWriter *w, const void *elements, size_t n) {
+    const uint8_t *bytes = elements;
+    while (n > 0) {
+        size_t take;
+        const StWriterTensor *t = stream_tensor(w, n, &take);
+        size_t size = st_dtype_size(t->dtype);
+        atomic_write(&w->file, bytes, take * size, NULL, 0);
+        bytes += take * size, n -= take;
+        stream_advance(w, take);
+    }
 }
 
 int stw_stream_close(StWriter *w, char *err, size_t errlen) {

@@ -143,10 +143,13 @@ void stw_discard(StWriter *w);
 // The bytes are those stw_finish writes for the same tensors. Values may come in pieces of
 // any size and a piece may run from one tensor into the next. stw_stream_open and
 // stw_stream_close free everything on failure; an I/O error while streaming is reported
-// by stw_stream_close.
-void stw_declare(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape);  // F32 or BF16
+// by stw_stream_close. An F32 or BF16 tensor takes real values (stw_stream_values), converted
+// as they come; a tensor of any dtype takes its elements as they are stored (stw_stream_raw:
+// F8_E4M3 codes, F32 floats, little-endian), and a stream may mix both, tensor by tensor.
+void stw_declare(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape);
 int stw_stream_open(StWriter *w, const char *path, char *err, size_t errlen);
 void stw_stream_values(StWriter *w, const real *values, size_t n);
+void stw_stream_raw(StWriter *w, const void *elements, size_t n);  // n elements of the tensors' dtype
 int stw_stream_close(StWriter *w, char *err, size_t errlen);
 
 // float -> bfloat16 bits, rounding to nearest even (as torch does); NaN stays NaN

@@ -7,6 +7,7 @@
 #include "core/common.h"
 #include "data/dataset.h"
 #include "hf/hf_config_read.h"
+#include "hf/hf_fp8.h"
 #include "tokenizer/run_tokenizer.h"
 
 static void write_dense_layer_list(JsonWriter *w, const Config *c) {
@@ -59,6 +60,22 @@ static void write_special_ids(JsonWriter *w, const Config *c) {
     write_id_or_null(w, "bos_token_id", rt ? rt->bos_id : BYTE_EOD_TOKEN);
 }
 
+// --ckpt-dtype fp8: DeepSeek-V3's own quantization_config (hf_fp8.h), which transformers'
+// FineGrainedFP8 quantizer reads.
+static void write_quantization_config(JsonWriter *w) {
+    jw_key(w, "quantization_config");
+    jw_begin_object(w);
+    jw_kv_string(w, "activation_scheme", "dynamic");
+    jw_kv_string(w, "fmt", "e4m3");
+    jw_kv_string(w, "quant_method", "fp8");
+    jw_key(w, "weight_block_size");
+    jw_begin_array(w);
+    jw_int(w, HF_FP8_BLOCK);
+    jw_int(w, HF_FP8_BLOCK);
+    jw_end_array(w);
+    jw_end_object(w);
+}
+
 // Keys every family shares.
 static void write_common(JsonWriter *w, const Config *c, HfFamily family) {
     jw_key(w, "architectures");
@@ -88,6 +105,7 @@ static void write_common(JsonWriter *w, const Config *c, HfFamily family) {
     write_special_ids(w, c);
     jw_kv_string(w, "torch_dtype", c->ckpt_bf16 ? "bfloat16" : "float32");
     jw_kv_string(w, "dtype", c->ckpt_bf16 ? "bfloat16" : "float32");
+    if (c->ckpt_fp8) write_quantization_config(w);
     jw_kv_bool(w, "use_cache", 1);
     jw_kv_bool(w, "output_router_logits", 0);
     jw_kv_double(w, "router_aux_loss_coef", c->balance_coeff[0]);

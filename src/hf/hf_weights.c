@@ -12,6 +12,7 @@
 #include "core/device.h"
 #include "core/json.h"
 #include "core/safetensors.h"
+#include "hf/hf_fp8.h"
 
 #define WEIGHTS_PATH_MAX (MT_PATH_MAX + 64)
 
@@ -231,15 +232,15 @@ static const StTensor *ws_read_named(WeightSource *ws, const char *name, const T
 // factor per 128x128 block ([ceil(rows/128), ceil(cols/128)]). Multiplies out (the piece of
 // the model tensor d this rank holds) in place.
 static void apply_block_scales(WeightSource *ws, const char *name, const StTensor *t, const TensorDesc *d, real *out) {
-    enum { BLOCK = 128 };
+    enum { BLOCK = HF_FP8_BLOCK };
     if (t->dtype != ST_F8_E4M3 || t->ndim != 2) return;
-    char sname[MT_NAME_MAX + 16];
-    snprintf(sname, sizeof(sname), "%s_scale_inv", name);
+    char sname[MT_NAME_MAX + sizeof(HF_FP8_SCALE_SUFFIX)];
+    snprintf(sname, sizeof(sname), "%s" HF_FP8_SCALE_SUFFIX, name);
     int file;
     const StTensor *s = ws_find(ws, sname, &file);
     if (!s) return;
-    int64_t rows = t->shape[0], cols = t->shape[1];
-    int64_t want[2] = {(rows + BLOCK - 1) / BLOCK, (cols + BLOCK - 1) / BLOCK};
+    int64_t want[2];
+    hf_fp8_scale_shape(t->shape, want);
     check_shape(ws, sname, s, 2, want);
     real *scale = mt_malloc((size_t)st_numel(s) * sizeof(real));
     convert_real(ws, file, sname, s, scale);
@@ -342,7 +343,7 @@ static void ws_skip_remote_experts(WeightSource *ws, const Model *m, const char 
     char name[2 * MT_NAME_MAX + 32];
     for (int i = 0; i < m->n_remote; i++)
         for (int scales = 0; scales < 2; scales++) {
-            snprintf(name, sizeof(name), "%s%s%s", prefix, m->remote_names[i], scales ? "_scale_inv" : "");
+            snprintf(name, sizeof(name), "%s%s%s", prefix, m->remote_names[i], scales ? HF_FP8_SCALE_SUFFIX : "");
             int file;
             const StTensor *t = ws_find(ws, name, &file);
             if (t) ws_mark_used(ws, file, t);

@@ -7,6 +7,7 @@
 #include "model/layers.h"
 #include "model/sharded_norm.h"
 #include "ops/ops.h"
+#include "ops/quantized_linear.h"
 
 // The widths of the whole model (every head).
 AttentionWidths attention_widths(const Config *c) {
@@ -118,9 +119,9 @@ static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerAct
     const TensorTable *tt = &m->tt;
     int N = tokens->B * tokens->T, H = p->hidden;
     AttentionWidths w = p->width;
-    linear_forward(la->q_raw, la->ln1_full, tt_param(tt, lp->q_proj), N, H, w.q);
-    linear_forward(la->k_raw, la->ln1_full, tt_param(tt, lp->k_proj), N, H, w.k);
-    linear_forward(la->v_raw, la->ln1_full, tt_param(tt, lp->v_proj), N, H, w.v);
+    qlinear_forward(model_quant(m, lp->q_proj), la->q_raw, la->ln1_full, tt_param(tt, lp->q_proj), N, H, w.q);
+    qlinear_forward(model_quant(m, lp->k_proj), la->k_raw, la->ln1_full, tt_param(tt, lp->k_proj), N, H, w.k);
+    qlinear_forward(model_quant(m, lp->v_proj), la->v_raw, la->ln1_full, tt_param(tt, lp->v_proj), N, H, w.v);
     if (c->qk_layernorm) {
         NormShards qs = query_shards(p), ks = key_shards(p);
         qk_norm_forward(m, la->q_normed, la->q_rstd, la->q_raw, tt_param(tt, lp->q_norm), N, p->heads, &qs);
@@ -165,12 +166,12 @@ static void standard_qkv_backward(Model *m, const LayerParams *lp, LayerActs *la
         qk_norm_backward(m, dk_raw, tt_grad(tt, lp->k_norm), a->d_k, la->k_raw, tt_param(tt, lp->k_norm),
                          la->k_rstd, N, p->kv_heads, &ks);
     }
-    linear_backward(a->d_norm_full, tt_grad(tt, lp->q_proj), dq_raw, la->ln1_full, tt_param(tt, lp->q_proj), N, H,
-                    w.q);
-    linear_backward(a->d_norm_full, tt_grad(tt, lp->k_proj), dk_raw, la->ln1_full, tt_param(tt, lp->k_proj), N, H,
-                    w.k);
-    linear_backward(a->d_norm_full, tt_grad(tt, lp->v_proj), a->d_v, la->ln1_full, tt_param(tt, lp->v_proj), N, H,
-                    w.v);
+    qlinear_backward(model_quant(m, lp->q_proj), a->d_norm_full, tt_grad(tt, lp->q_proj), dq_raw, la->ln1_full,
+                     tt_param(tt, lp->q_proj), N, H, w.q);
+    qlinear_backward(model_quant(m, lp->k_proj), a->d_norm_full, tt_grad(tt, lp->k_proj), dk_raw, la->ln1_full,
+                     tt_param(tt, lp->k_proj), N, H, w.k);
+    qlinear_backward(model_quant(m, lp->v_proj), a->d_norm_full, tt_grad(tt, lp->v_proj), a->d_v, la->ln1_full,
+                     tt_param(tt, lp->v_proj), N, H, w.v);
 }
 
 // ---- the block ---------------------------------------------------------------------------------
@@ -194,7 +195,8 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, const Tok
     else standard_qkv_forward(m, lp, la, tokens);
     attention_core_forward(m, layer, la, tokens, kv);
     // x_mid = x_in + Σ_tp att·W_oᵀ
-    linear_forward(la->attn_partial, la->att, tt_param(tt, lp->o_proj), N, m->plan.width.out, H);
+    qlinear_forward(model_quant(m, lp->o_proj), la->attn_partial, la->att, tt_param(tt, lp->o_proj), N,
+                    m->plan.width.out, H);
     tp_exit_forward(&region, la->attn_partial, la->x_mid, N, H);
     vec_add(la->x_mid, la->x_in, (size_t)N_local * H);
 }
@@ -213,8 +215,8 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     // o_proj: d_att = d_x_mid·W_o ; dW_o += d_x_midᵀ·att, with d_x_mid of all N tokens
     tp_exit_backward(&region, a->d_resid, a->d_out_full, N, H);
     vec_zero(a->d_att, (size_t)N * att_width);
-    linear_backward(a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att, tt_param(tt, lp->o_proj), N,
-                    att_width, H);
+    qlinear_backward(model_quant(m, lp->o_proj), a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att,
+                     tt_param(tt, lp->o_proj), N, att_width, H);
     attention_core_backward(m, layer, la, a);
     vec_zero(a->d_norm_full, (size_t)N * H);
     if (c->multi_latent_attention) mla_backward(m, layer, la, a);

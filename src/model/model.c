@@ -12,6 +12,7 @@
 #include "model/stage_pass.h"
 #include "moe/expert_parallel.h"
 #include "ops/ops.h"
+#include "ops/quantized_linear.h"
 
 // ---- building the tensor table ---------------------------------------------------------
 
@@ -193,11 +194,21 @@ static void build_layer(Builder *b, LayerParams *lp) {
 
 // Per-group weight pointer arrays over tensors gate[g], up[g], down[g], into the
 // parameters (or the gradients).
-static ExpertWeights bind_groups(const TensorTable *tt, const TensorId *gate, const TensorId *up,
-                                 const TensorId *down, int groups, int grads) {
+// The groups' quantizers of one projection (model_quant), or NULL when none is quantized.
+static struct QuantLinear **bind_quant(const Model *m, const TensorId *ids, int groups) {
+    if (!model_quant(m, ids[0])) return NULL;
+    struct QuantLinear **q = mt_malloc(groups * sizeof(*q));
+    for (int g = 0; g < groups; g++) q[g] = model_quant(m, ids[g]);
+    return q;
+}
+
+static ExpertWeights bind_groups(const Model *m, const TensorId *gate, const TensorId *up, const TensorId *down,
+                                 int groups, int grads) {
+    const TensorTable *tt = &m->tt;
     real *(*pick)(const TensorTable *, TensorId) = grads ? tt_grad : tt_param;
     ExpertWeights w = {mt_malloc(groups * sizeof(real *)), mt_malloc(groups * sizeof(real *)),
-                       mt_malloc(groups * sizeof(real *))};
+                       mt_malloc(groups * sizeof(real *)), bind_quant(m, gate, groups), bind_quant(m, up, groups),
+                       bind_quant(m, down, groups)};
     for (int g = 0; g < groups; g++) {
         w.gate[g] = pick(tt, gate[g]);
         w.up[g] = pick(tt, up[g]);
@@ -206,14 +217,14 @@ static ExpertWeights bind_groups(const TensorTable *tt, const TensorId *gate, co
     return w;
 }
 
-static void bind_layer_weights(const TensorTable *tt, LayerParams *lp, int local_experts) {
+static void bind_layer_weights(const Model *m, LayerParams *lp, int local_experts) {
     for (int grads = 0; grads < 2; grads++) {
         ExpertWeights *ffn = grads ? &lp->ffn_grads : &lp->ffn_params;
-        *ffn = lp->is_moe ? bind_groups(tt, lp->expert_gate, lp->expert_up, lp->expert_down, local_experts, grads)
-                          : bind_groups(tt, &lp->mlp_gate, &lp->mlp_up, &lp->mlp_down, 1, grads);
+        *ffn = lp->is_moe ? bind_groups(m, lp->expert_gate, lp->expert_up, lp->expert_down, local_experts, grads)
+                          : bind_groups(m, &lp->mlp_gate, &lp->mlp_up, &lp->mlp_down, 1, grads);
         if (lp->shared_gate >= 0)
             *(grads ? &lp->shared_grads : &lp->shared_params) =
-                bind_groups(tt, &lp->shared_gate, &lp->shared_up, &lp->shared_down, 1, grads);
+                bind_groups(m, &lp->shared_gate, &lp->shared_up, &lp->shared_down, 1, grads);
     }
 }
 
@@ -231,6 +242,9 @@ static void free_ffn(ExpertWeights *w) {
     free(w->gate);
     free(w->up);
     free(w->down);
+    free(w->quant_gate);
+    free(w->quant_up);
+    free(w->quant_down);
 }
 
 // Which experts this process holds, and the group their tokens travel over; dies with one
@@ -308,10 +322,11 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
 void model_allocate(Model *m) {
     const Config *c = &m->cfg;
     tt_allocate(&m->tt);
+    model_quant_init(m);
     m->router_state = mt_calloc(c->num_layers, sizeof(RouterState));
     for (int l = 0; l < c->num_layers; l++) {
         if (!plan_holds_layer(&m->plan, l)) continue;
-        bind_layer_weights(&m->tt, &m->layers[l], m->ep.local);
+        bind_layer_weights(m, &m->layers[l], m->ep.local);
         if (!m->layers[l].is_moe) continue;
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
         m->router_state[l].bias_counts = mt_calloc(c->num_experts, sizeof(double));
@@ -375,6 +390,7 @@ void model_free(Model *m) {
         m->ep_buffers[pass] = NULL;
     }
     free(m->router_state);
+    model_quant_free(m);
     device_free(m->rope_cos_sin);
     tt_free(&m->tt);
     layout_plan_free(&m->plan);
@@ -445,6 +461,7 @@ void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRan
 
 void model_end_global_batch(Model *m, int apply_bias_update) {
     const Config *c = &m->cfg;
+    if (m->quant) quant_context_end_step(m->quant);  // delayed scaling's new scales, once per step
     for (int l = 0; l < c->num_layers; l++) {
         const LayerParams *lp = &m->layers[l];
         RouterState *rs = &m->router_state[l];

@@ -61,6 +61,8 @@ typedef struct {
     int n_remote;
     struct EpBuffers *ep_buffers[PASS_KINDS];  // scratch of the token exchange (expert parallel only),
                                                // one per pass kind: a forward and a backward may overlap
+    struct QuantContext *quant;           // --fp8-format / --fp4-format (ops/quantized_linear.h), else NULL
+    struct QuantLinear **quant_of;        // (tt.count) each weight's quantizers; NULL: not quantized
 } Model;
 
 // ---- one micro-batch ------------------------------------------------------------------
@@ -198,6 +200,12 @@ void model_allocate(Model *m);
 // Megatron-Core init: normal(0, std) matrices, std/sqrt(2L) for output projections, ones for norms.
 void model_init_weights(Model *m, uint64_t seed);
 void model_free(Model *m);
+// The FP8 / FP4 recipe's quantizers of the weights it quantizes (model/quant_layers.c):
+// made by model_allocate, freed by model_free; model_quant(m, id) is weight id's, or NULL
+// (the plain GEMM) when the recipe is off or leaves it in high precision.
+void model_quant_init(Model *m);
+void model_quant_free(Model *m);
+struct QuantLinear *model_quant(const Model *m, TensorId id);
 // The whole model's parameters, and those one token uses (the shared ones and k of E
 // experts'), from the one-process layout's table (no allocation; any rank the same).
 void model_parameter_counts(const Config *c, double *all, double *active);

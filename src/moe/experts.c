@@ -1,6 +1,10 @@
 #include "moe/experts.h"
 
+#include <string.h>
+
+#include "core/device.h"
 #include "ops/ops.h"
+#include "ops/quantized_linear.h"
 
 // The row range all groups cover (host integers): first .. first + total.
 typedef struct {
@@ -19,12 +23,55 @@ static real *weight_block(real *const *w, int groups, size_t *stride) {
     return w[0];
 }
 
+// Each group's first row (host integers): offsets (groups + 1), from the host offsets, the
+// host counts, or the counts downloaded (only the quantized path needs them on the host).
+static void group_offsets(const ExpertShape *s, int32_t *offsets) {
+    if (!s->counts) {
+        for (int g = 0; g <= s->groups; g++) offsets[g] = s->offsets[g];
+        return;
+    }
+    if (s->host_counts) memcpy(offsets + 1, s->host_counts, (size_t)s->groups * sizeof(int32_t));
+    else device_download(offsets + 1, s->counts, (size_t)s->groups * sizeof(int32_t));
+    offsets[0] = 0;
+    for (int g = 0; g < s->groups; g++) offsets[g + 1] += offsets[g];
+}
+
+// The quantized form of project (trans_b: the forward, y = x·Wᵀ, beta 0; else the input
+// gradient, dx += dy·W, beta 1) and of project_wgrad: one quantized GEMM per non-empty group,
+// each with its expert's quantizers (Transformer Engine's GroupedLinear).
+typedef enum { QUANT_FPROP, QUANT_DGRAD, QUANT_WGRAD } QuantGemm;
+
+static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm gemm, int N, int K, const real *A,
+                          const real *X, real *const *W, real *C) {
+    QuantContext *ctx = q[0]->ctx;
+    if (ctx->host_offsets_len < s->groups + 1) {
+        free(ctx->host_offsets);
+        ctx->host_offsets_len = s->groups + 1;
+        ctx->host_offsets = mt_malloc((size_t)ctx->host_offsets_len * sizeof(int32_t));
+    }
+    int32_t *offsets = ctx->host_offsets;
+    group_offsets(s, offsets);
+    for (int g = 0; g < s->groups; g++) {
+        size_t at = (size_t)offsets[g];
+        int rows = offsets[g + 1] - offsets[g];
+        if (rows <= 0) continue;
+        if (gemm == QUANT_FPROP) qlinear_forward(q[g], C + at * N, A + at * K, W[g], rows, K, N);
+        else if (gemm == QUANT_DGRAD) qlinear_backward_data(q[g], C + at * N, A + at * K, W[g], rows, N, K);
+        else qlinear_backward_weight(q[g], W[g], A + at * N, X + at * K, rows, K, N);
+    }
+}
+
 // C_g[rows_g, N] = A_g[rows_g, K]·op(W_g) + beta·C_g per group (op: ᵀ with trans_b; lda K, ldc N,
 // W_g [K,N] or with trans_b [N,K]): one grouped GEMM over counts, or with host offsets one
 // GEMM per non-empty group.
-static void project(const ExpertShape *s, int trans_b, int N, int K, const real *A, real *const *W, real beta,
-                    real *C) {
+static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, int N, int K, const real *A,
+                    real *const *W, real beta, real *C) {
     int ldb = trans_b ? K : N;
+    if (q) {
+        MT_ASSERT(beta == (trans_b ? 0 : 1));  // the forward overwrites, the input gradient accumulates
+        quant_project(s, q, trans_b ? QUANT_FPROP : QUANT_DGRAD, N, K, A, NULL, W, C);
+        return;
+    }
     if (s->counts) {
         size_t stride;
         const real *B = weight_block(W, s->groups, &stride);
@@ -39,7 +86,12 @@ static void project(const ExpertShape *s, int trans_b, int N, int K, const real 
 }
 
 // W_g[out, in] += dY_gᵀ·X_g per group, dY_g (rows_g, out) and X_g (rows_g, in), as project.
-static void project_wgrad(const ExpertShape *s, int out, int in, const real *dY, const real *X, real *const *W) {
+static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, int in, const real *dY, const real *X,
+                          real *const *W) {
+    if (q) {
+        quant_project(s, q, QUANT_WGRAD, out, in, dY, X, W, NULL);
+        return;
+    }
     if (s->counts) {
         size_t stride;
         real *base = weight_block(W, s->groups, &stride);
@@ -65,8 +117,8 @@ void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row
                           const ExpertShape *s) {
     int H = s->H, I = s->I;
     // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
-    project(s, 1, I, H, rows_in, w->gate, 0, acts->gate);
-    project(s, 1, I, H, rows_in, w->up, 0, acts->up);
+    project(s, w->quant_gate, 1, I, H, rows_in, w->gate, 0, acts->gate);
+    project(s, w->quant_up, 1, I, H, rows_in, w->up, 0, acts->up);
     experts_recompute_act(acts->act, acts, row_scale, s);
 }
 
@@ -74,7 +126,7 @@ void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s) {
     experts_forward_acts(acts, rows_in, row_scale, w, s);
     // out = act·W_downᵀ: (rows,I) x (H,I)ᵀ
-    project(s, 1, s->H, s->I, acts->act, w->down, 0, rows_out);
+    project(s, w->quant_down, 1, s->H, s->I, acts->act, w->down, 0, rows_out);
 }
 
 void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_out, const ExpertActs *acts,
@@ -85,14 +137,14 @@ void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_o
     size_t first_i = (size_t)r.first * I, first_h = (size_t)r.first * H;
     // down projection: dact = dy·W_down (rows,H) x (H,I)
     vec_zero(scratch_dact + first_i, (size_t)r.total * I);
-    project(s, 0, I, H, drows_out, w->down, 1, scratch_dact);
+    project(s, w->quant_down, 0, I, H, drows_out, w->down, 1, scratch_dact);
     swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + r.first : NULL,
                     scratch_dact + first_i, acts->gate + first_i, acts->up + first_i,
                     row_scale ? row_scale + r.first : NULL, r.total, I);
     // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
     vec_zero(drows_in + first_h, (size_t)r.total * H);
-    project(s, 0, H, I, scratch_dgate, w->gate, 1, drows_in);
-    project(s, 0, H, I, scratch_dup, w->up, 1, drows_in);
+    project(s, w->quant_gate, 0, H, I, scratch_dgate, w->gate, 1, drows_in);
+    project(s, w->quant_up, 0, H, I, scratch_dup, w->up, 1, drows_in);
 }
 
 void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, const ExpertActs *acts,
@@ -100,9 +152,9 @@ void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, co
                               const real *scratch_dup) {
     int H = s->H, I = s->I;
     // dW_down += dyᵀ·act, dW_gate += dgateᵀ·x, dW_up += dupᵀ·x
-    project_wgrad(s, H, I, drows_out, acts->act, dw->down);
-    project_wgrad(s, I, H, scratch_dgate, rows_in, dw->gate);
-    project_wgrad(s, I, H, scratch_dup, rows_in, dw->up);
+    project_wgrad(s, dw->quant_down, H, I, drows_out, acts->act, dw->down);
+    project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, rows_in, dw->gate);
+    project_wgrad(s, dw->quant_up, I, H, scratch_dup, rows_in, dw->up);
 }
 
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,

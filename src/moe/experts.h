@@ -10,8 +10,13 @@
 #pragma once
 #include "core/common.h"
 
+struct QuantLinear;
+
 typedef struct {
     real **gate, **up, **down;  // per group: (I,H), (I,H), (H,I)
+    // per group, each projection's FP8 / FP4 quantizers (ops/quantized_linear.h); NULL arrays
+    // when the recipe is off or leaves the layer in high precision
+    struct QuantLinear **quant_gate, **quant_up, **quant_down;
 } ExpertWeights;
 
 // The rows of a call, in one of two forms:

@@ -16,6 +16,7 @@
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "hf/hf_config.h"
+#include "hf/hf_fp8.h"
 #include "hf/hf_weights.h"
 #include "ops/adamw_math.h"
 #include "tokenizer/run_tokenizer.h"
@@ -101,9 +102,15 @@ static void write_json_file(const char *path, JsonWriter *w) {
 
 // ---- model weights: model.safetensors or Hugging Face shards ---------------------------
 
-// BF16 with --ckpt-dtype bf16, except the routers and the expert biases: they stay F32, as
-// Megatron-Core computes routing and transformers keeps mlp.gate.* (DeepSeek-V3).
+// With --ckpt-dtype fp8 the linear layers' matrices are F8_E4M3, each followed by its
+// <name>_scale_inv block factors (hf_fp8.h), as DeepSeek-V3's checkpoint stores them.
+static int stored_fp8(const Model *m, const TensorDesc *d) { return m->cfg.ckpt_fp8 && hf_fp8_quantized(d); }
+
+// BF16 with --ckpt-dtype bf16 (and for the tensors fp8 does not quantize), except the
+// routers and the expert biases: they stay F32, as Megatron-Core computes routing and
+// transformers keeps mlp.gate.* (DeepSeek-V3).
 static StDtype stored_dtype(const Model *m, const TensorDesc *d) {
+    if (stored_fp8(m, d)) return ST_F8_E4M3;
     return m->cfg.ckpt_bf16 && !(d->flags & (TENSOR_NOT_TRAINED | TENSOR_ROUTER)) ? ST_BF16 : ST_F32;
 }
 
@@ -113,8 +120,16 @@ static uint64_t tensor_numel(const TensorDesc *d) {
     return n;
 }
 
+// The elements of d's <name>_scale_inv companion (its shape in grid), 0 when it has none.
+static uint64_t scale_numel(const Model *m, const TensorDesc *d, int64_t grid[2]) {
+    return stored_fp8(m, d) ? (uint64_t)hf_fp8_scale_shape(d->shape, grid) : 0;
+}
+
+// The bytes of d in the model files, its block scales included (a weight and its scales
+// always share a shard: the split counts them as one tensor).
 static uint64_t stored_bytes(const Model *m, const TensorDesc *d) {
-    return tensor_numel(d) * st_dtype_size(stored_dtype(m, d));
+    int64_t grid[2];
+    return tensor_numel(d) * st_dtype_size(stored_dtype(m, d)) + scale_numel(m, d, grid) * sizeof(float);
 }
 
 // Assigns every tensor to a shard as huggingface_hub's split_torch_state_dict_into_shards
@@ -152,21 +167,35 @@ static void shard_file_name(char *out, size_t len, int shard, int n_shards) {
     else snprintf(out, len, "model-%05d-of-%05d.safetensors", shard + 1, n_shards);
 }
 
-static int compare_names(const void *a, const void *b) {
-    return strcmp((*(const TensorDesc *const *)a)->name, (*(const TensorDesc *const *)b)->name);
+// A tensor of the model files: a parameter, or the block scales of one (HF_FP8_SCALE_SUFFIX).
+typedef struct {
+    char name[MT_NAME_MAX + sizeof(HF_FP8_SCALE_SUFFIX)];
+    int shard;
+} IndexEntry;
+
+static int compare_entries(const void *a, const void *b) {
+    return strcmp(((const IndexEntry *)a)->name, ((const IndexEntry *)b)->name);
 }
 
 // model.safetensors.index.json as transformers writes it: sorted keys, total_size the bytes of
-// tensor data in all shards.
+// tensor data in all shards, total_parameters their elements (block scales included).
 static void write_shard_index(const char *dir, const Model *m, const int *shard_of, int n_shards) {
-    const TensorDesc **sorted = mt_malloc((size_t)m->tt.count * sizeof(*sorted));
+    IndexEntry *sorted = mt_malloc(2 * (size_t)m->tt.count * sizeof(*sorted));
     uint64_t total_size = 0, total_parameters = 0;
+    int n = 0;
     for (int i = 0; i < m->tt.count; i++) {
-        sorted[i] = &m->tt.descs[i];
-        total_size += stored_bytes(m, sorted[i]);
-        total_parameters += tensor_numel(sorted[i]);
+        const TensorDesc *d = &m->tt.descs[i];
+        int64_t grid[2];
+        uint64_t scales = scale_numel(m, d, grid);
+        total_size += stored_bytes(m, d);
+        total_parameters += tensor_numel(d) + scales;
+        sorted[n].shard = shard_of[i];
+        snprintf(sorted[n++].name, sizeof(sorted->name), "%s", d->name);
+        if (!scales) continue;
+        sorted[n].shard = shard_of[i];
+        snprintf(sorted[n++].name, sizeof(sorted->name), "%s" HF_FP8_SCALE_SUFFIX, d->name);
     }
-    qsort(sorted, (size_t)m->tt.count, sizeof(*sorted), compare_names);
+    qsort(sorted, (size_t)n, sizeof(*sorted), compare_entries);
     JsonWriter w;
     jw_init(&w);
     jw_begin_object(&w);
@@ -178,9 +207,9 @@ static void write_shard_index(const char *dir, const Model *m, const int *shard_
     jw_key(&w, "weight_map");
     jw_begin_object(&w);
     char file[64];
-    for (int i = 0; i < m->tt.count; i++) {
-        shard_file_name(file, sizeof(file), shard_of[sorted[i] - m->tt.descs], n_shards);
-        jw_kv_string(&w, sorted[i]->name, file);
+    for (int i = 0; i < n; i++) {
+        shard_file_name(file, sizeof(file), sorted[i].shard, n_shards);
+        jw_kv_string(&w, sorted[i].name, file);
     }
     jw_end_object(&w);
     jw_end_object(&w);
@@ -200,30 +229,94 @@ static void stream_close(StWriter *w, const char *path) {
     if (stw_stream_close(w, err, sizeof(err))) mt_die("writing %s: %s", path, err);
 }
 
+// d in the header of its shard: the tensor, and after it its block scales when it has them.
+static void declare_model_tensor(StWriter *w, const Model *m, const TensorDesc *d) {
+    stw_declare(w, d->name, stored_dtype(m, d), d->ndim, d->shape);
+    int64_t grid[2];
+    if (!scale_numel(m, d, grid)) return;
+    char name[MT_NAME_MAX + sizeof(HF_FP8_SCALE_SUFFIX)];
+    snprintf(name, sizeof(name), "%s" HF_FP8_SCALE_SUFFIX, d->name);
+    stw_declare(w, name, ST_F32, 2, grid);
+}
+
+// The host buffers an FP8 tensor is quantized into before it is written (the largest one's
+// codes and block scales; NULL without --ckpt-dtype fp8).
+typedef struct {
+    uint8_t *codes;
+    float *scale_inv;
+} Fp8Staging;
+
+static Fp8Staging fp8_staging(const Model *m) {
+    Fp8Staging f = {NULL, NULL};
+    uint64_t codes = 0, scales = 0;
+    for (int i = 0; i < m->tt.count; i++) {
+        int64_t grid[2];
+        uint64_t n = scale_numel(m, &m->tt.descs[i], grid);
+        if (n) codes = MT_MAX(codes, tensor_numel(&m->tt.descs[i])), scales = MT_MAX(scales, n);
+    }
+    if (!codes) return f;
+    f.codes = mt_malloc((size_t)codes);
+    f.scale_inv = mt_malloc((size_t)scales * sizeof(float));
+    return f;
+}
+
+// d's values v into the stream: converted to its dtype, or quantized with its block scales.
+static void stream_model_tensor(StWriter *w, const Model *m, const TensorDesc *d, const real *v, Fp8Staging *f) {
+    int64_t grid[2];
+    uint64_t scales = scale_numel(m, d, grid);
+    if (!scales) {
+        stw_stream_values(w, v, tensor_numel(d));
+        return;
+    }
+    hf_fp8_quantize(f->codes, f->scale_inv, v, d->shape[0], d->shape[1]);
+    stw_stream_raw(w, f->codes, tensor_numel(d));
+    stw_stream_raw(w, f->scale_inv, scales);
+}
+
+// Once per run: FP8 matrices whose blocks transformers' CPU dequantization would misplace.
+static void note_unaligned_fp8(const Model *m) {
+    static int noted;
+    const TensorDesc *first = NULL;
+    int count = 0;
+    for (int i = 0; !noted && i < m->tt.count; i++) {
+        const TensorDesc *d = &m->tt.descs[i];
+        if (!stored_fp8(m, d) || hf_fp8_sides_aligned(d->shape)) continue;
+        if (!count++) first = d;
+    }
+    noted = 1;
+    if (!count) return;
+    printf("note: --ckpt-dtype fp8: %s [%lld, %lld] and %d more FP8 matrices have a side above 128 that is not a "
+           "multiple of 128: moetron reads their last, short blocks, transformers' dequantizing load (on CPU) "
+           "misplaces them\n", first->name, (long long)first->shape[0], (long long)first->shape[1], count - 1);
+    fflush(stdout);
+}
+
 // One shard at a time, one tensor at a time: the writer holds no more than the tensor the
-// source hands it (the parameters themselves in one process).
+// source hands it (the parameters themselves in one process), and with fp8 its codes.
 static void write_model_files(const char *dir, const Model *m, const CkptSource *src) {
     int *shard_of = mt_malloc((size_t)m->tt.count * sizeof(*shard_of));
     int n_shards = plan_shards(m, m->cfg.max_shard_bytes, shard_of);
+    Fp8Staging fp8 = {NULL, NULL};
+    if (src->writer) fp8 = fp8_staging(m), note_unaligned_fp8(m);
     char file[64], path[CKPT_PATH_MAX + 128];
     for (int s = 0; s < n_shards; s++) {
         shard_file_name(file, sizeof(file), s, n_shards);
         snprintf(path, sizeof(path), "%s/%s", dir, file);
         StWriter w;
         stw_init(&w);
-        for (int i = 0; src->writer && i < m->tt.count; i++) {
-            const TensorDesc *d = &m->tt.descs[i];
-            if (shard_of[i] == s) stw_declare(&w, d->name, stored_dtype(m, d), d->ndim, d->shape);
-        }
+        for (int i = 0; src->writer && i < m->tt.count; i++)
+            if (shard_of[i] == s) declare_model_tensor(&w, m, &m->tt.descs[i]);
         if (src->writer) stream_open(&w, path);
         for (int i = 0; i < m->tt.count; i++) {
             if (shard_of[i] != s) continue;
             const real *v = src->values(src->ctx, i, CKPT_PARAMS);
-            if (src->writer) stw_stream_values(&w, v, tensor_numel(&m->tt.descs[i]));
+            if (src->writer) stream_model_tensor(&w, m, &m->tt.descs[i], v, &fp8);
         }
         if (src->writer) stream_close(&w, path);
     }
     if (n_shards > 1 && src->writer) write_shard_index(dir, m, shard_of, n_shards);
+    free(fp8.codes);
+    free(fp8.scale_inv);
     free(shard_of);
 }
 

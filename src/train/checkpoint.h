@@ -2,11 +2,13 @@
 //
 //   DIR/iter_0000010/config.json           HF config + "moetron" section (every flag)
 //   DIR/iter_0000010/model.safetensors     global tensors under their HF names (F32, or BF16
-//                                          with --ckpt-dtype bf16); above --max-shard-size
+//                                          with --ckpt-dtype bf16, or with fp8 the linear
+//                                          layers F8_E4M3 + <name>_scale_inv, hf/hf_fp8.h);
+//                                          above --max-shard-size
 //                                          model-00001-of-0000N.safetensors ... instead, plus
 //                                          model.safetensors.index.json
 //   DIR/iter_0000010/optimizer.safetensors exp_avg.<name>, exp_avg_sq.<name> (+ master.<name>,
-//                                          the F32 weights, with --ckpt-dtype bf16)
+//                                          the F32 weights, with --ckpt-dtype bf16 or fp8)
 //   DIR/iter_0000010/trainer_state.json    iteration, consumed samples, optimizer step
 //   DIR/iter_0000010/tokenizer.json ...    the run's tokenizer as read at start-up (run_tokenizer.h),
 //                                          its companion files; generation_config.json and

@@ -554,12 +554,12 @@ static void check_experts(int with_scale) {
         dgate[g] = alloc_copy(dgate0[g], nw), dup[g] = alloc_copy(dup0[g], nw);
         ddown[g] = alloc_copy(ddown0[g], nw);
     }
-    ExpertsCtx c = {{XG, XH, XI, offsets, NULL, NULL, 0}, {gate, up, down},
+    ExpertsCtx c = {{XG, XH, XI, offsets, NULL, NULL, 0}, {gate, up, down, NULL, NULL, NULL},
                     {mt_malloc(rows * XI * sizeof(real)), mt_malloc(rows * XI * sizeof(real)),
                      mt_malloc(rows * XI * sizeof(real))},
                     mt_malloc(rows * XH * sizeof(real)), alloc_normal(&rng, rows * XH, 1),
                     with_scale ? alloc_normal(&rng, rows, 1) : NULL, alloc_normal(&rng, rows * XH, 1), rows};
-    ExpertWeights dw = {dgate, dup, ddown};
+    ExpertWeights dw = {dgate, dup, ddown, NULL, NULL, NULL};
     experts_obj(&c);
     // forward against a direct per-row computation
     for (int g = 0; g < XG; g++)

@@ -532,6 +532,44 @@ static void test_streaming_writer_matches_finish(void) {
     remove(whole);
 }
 
+// Raw elements (FP8 codes, F32 floats) and converted values in one stream, as the --ckpt-dtype
+// fp8 model files are written: the bytes stw_finish writes from stw_add for the same tensors.
+static void test_streaming_raw_elements(void) {
+    char whole[256], streamed[256], err[512] = "";
+    temp_path(whole, sizeof whole, "raw_whole");
+    temp_path(streamed, sizeof streamed, "raw_streamed");
+    enum { C = 300, S = 3 };
+    uint8_t codes[C];
+    float scales[S] = {0.5f, 1e-4f, 3.0f};
+    real values[2] = {1.5, -2.25};
+    for (int i = 0; i < C; i++) codes[i] = (uint8_t)(i * 7);
+    const int64_t shape_c[2] = {3, 100}, shape_s[2] = {1, S}, shape_v[1] = {2};
+    StWriter w;
+    stw_init(&w);
+    stw_add(&w, "w", ST_F8_E4M3, 2, shape_c, codes);
+    stw_add(&w, "w_scale_inv", ST_F32, 2, shape_s, scales);
+    stw_add_real_view(&w, "norm", ST_BF16, 1, shape_v, values);
+    CHECK(stw_finish(&w, whole, err, sizeof err) == 0, "finish: %s", err);
+    stw_init(&w);
+    stw_declare(&w, "w", ST_F8_E4M3, 2, shape_c);
+    stw_declare(&w, "w_scale_inv", ST_F32, 2, shape_s);
+    stw_declare(&w, "norm", ST_BF16, 1, shape_v);
+    CHECK(stw_stream_open(&w, streamed, err, sizeof err) == 0, "stream open: %s", err);
+    stw_stream_raw(&w, codes, 120);
+    stw_stream_raw(&w, codes + 120, C - 120);
+    stw_stream_raw(&w, scales, S);
+    stw_stream_values(&w, values, 2);
+    CHECK(stw_stream_close(&w, err, sizeof err) == 0, "stream close: %s", err);
+    size_t n_whole = 0, n_streamed = 0;
+    uint8_t *a = read_all(whole, &n_whole), *b = read_all(streamed, &n_streamed);
+    CHECK(a && b && n_whole > 0 && n_whole == n_streamed && memcmp(a, b, n_whole) == 0,
+          "streamed file differs (%zu vs %zu bytes)", n_streamed, n_whole);
+    free(a);
+    free(b);
+    remove(whole);
+    remove(streamed);
+}
+
 int main(void) {
     RUN(test_dtypes);
     RUN(test_round_trip_all_dtypes);
@@ -539,6 +577,7 @@ int main(void) {
     RUN(test_empty_file_with_only_metadata);
     RUN(test_writer_errors);
     RUN(test_streaming_writer_matches_finish);
+    RUN(test_streaming_raw_elements);
     RUN(test_rejects_bad_framing);
     RUN(test_rejects_bad_headers);
     RUN(test_rejects_bad_layout);

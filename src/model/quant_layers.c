@@ -1,0 +1,71 @@
+// quant_layers.c — which of the model's weight matrices the FP8 / FP4 recipe quantizes
+// (ops/quantized_linear.h), as Megatron-LM with Transformer Engine: the linear layers of
+// attention (q/k/v or MLA's projections, o_proj), the dense FFN, the shared expert and the
+// routed experts (each expert its own quantizers, as TE's GroupedLinear); not the router,
+// the shared-expert gate, norms, the attention core, the embedding or the LM head; no
+// layer of the first / last ones --first-last-layers-bf16 keeps.
+#include "model/model.h"
+
+#include <string.h>
+
+#include "ops/quantized_linear.h"
+
+// Megatron-LM's is_first_last_bf16_layer (global layer index).
+static int layer_in_bf16(const Config *c, int layer) {
+    if (!c->first_last_layers_bf16) return 0;
+    return layer < c->num_layers_at_start_in_bf16 || layer >= c->num_layers - c->num_layers_at_end_in_bf16;
+}
+
+// The weight tensors of layer l the recipe quantizes, into ids (when non-NULL); their count.
+static int quantized_tensors(const Model *m, int l, TensorId *ids) {
+    const LayerParams *lp = &m->layers[l];
+    TensorId attention[] = {lp->q_proj, lp->k_proj, lp->v_proj, lp->o_proj, lp->q_a_proj, lp->q_b_proj,
+                            lp->kv_a_proj, lp->kv_b_proj, lp->shared_gate, lp->shared_up, lp->shared_down};
+    int n = 0, per = (int)(sizeof(attention) / sizeof(attention[0]));
+    for (int i = 0; i < per; i++)
+        if (attention[i] >= 0) {
+            if (ids) ids[n] = attention[i];
+            n++;
+        }
+    int groups = lp->is_moe ? m->ep.local : 1;
+    for (int g = 0; g < groups; g++) {
+        TensorId ffn[] = {lp->is_moe ? lp->expert_gate[g] : lp->mlp_gate, lp->is_moe ? lp->expert_up[g] : lp->mlp_up,
+                          lp->is_moe ? lp->expert_down[g] : lp->mlp_down};
+        for (int i = 0; i < 3; i++) {
+            if (ids) ids[n] = ffn[i];
+            n++;
+        }
+    }
+    return n;
+}
+
+void model_quant_init(Model *m) {
+    const Config *c = &m->cfg;
+    if (!c->quant_recipe) return;
+    int count = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        if (plan_holds_layer(&m->plan, l) && !layer_in_bf16(c, l)) count += quantized_tensors(m, l, NULL);
+    QuantRecipeConfig qc = {.recipe = (QuantRecipe)c->quant_recipe, .hybrid = !strcmp(c->fp8_format, "hybrid"),
+                            .history_len = c->fp8_amax_history_len, .margin = c->fp8_margin,
+                            .algo = strcmp(c->fp8_amax_compute_algo, "max") ? AMAX_HISTORY_MOST_RECENT
+                                                                            : AMAX_HISTORY_MAX,
+                            .seed = (uint64_t)c->seed};
+    m->quant = quant_context_new(&qc, count);
+    m->quant_of = mt_calloc((size_t)MT_MAX(m->tt.count, 1), sizeof(QuantLinear *));
+    TensorId *ids = mt_malloc((size_t)MT_MAX(count, 1) * sizeof(TensorId));
+    for (int l = 0; l < c->num_layers; l++) {
+        if (!plan_holds_layer(&m->plan, l) || layer_in_bf16(c, l)) continue;
+        int n = quantized_tensors(m, l, ids);
+        for (int i = 0; i < n; i++) m->quant_of[ids[i]] = quant_context_linear(m->quant);
+    }
+    free(ids);
+}
+
+QuantLinear *model_quant(const Model *m, TensorId id) { return m->quant_of && id >= 0 ? m->quant_of[id] : NULL; }
+
+void model_quant_free(Model *m) {
+    quant_context_free(m->quant);
+    free(m->quant_of);
+    m->quant = NULL;
+    m->quant_of = NULL;
+}

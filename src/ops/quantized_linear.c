@@ -1,0 +1,369 @@
+// quantized_linear.c — the FP8 / FP4 recipes' GEMMs as quantize → dequantize → fp32 GEMM
+// (quantized_linear.h). Every step on tensor memory is an op (quantizers, transposes,
+// copies, mt_gemm), so the cpu and the cuda backend run the same code; the host only picks
+// shapes, seeds and the one amax an all-zero NVFP4 tensor needs to be skipped.
+#include "ops/quantized_linear.h"
+
+#include <string.h>
+
+#include "core/device.h"
+#include "ops/gemm.h"
+#include "ops/ops.h"
+#include "ops/ops_parallel.h"
+#include "ops/quantize_math.h"
+
+enum {
+    WORK_A,     // the GEMM's first operand
+    WORK_B,     // its second
+    WORK_T,     // a transposed copy
+    WORK_PAD,   // the transposed copy padded to whole Hadamard groups
+    WORKS,
+    AMAX_SLOTS = 4,  // amax, fold, scale, scale_inv
+    RNG_FLOAT_WORDS = 4,  // 16-bit pieces of one 64-bit word (each exact in a float)
+    RNG_WORD_BITS = 16,
+};
+
+int quant_recipe_alignment(QuantRecipe r) {
+    if (r == QUANT_OFF) return 0;
+    return r == QUANT_MXFP8 ? MX_BLOCK : NVFP4_BLOCK;
+}
+
+// ---- the context -------------------------------------------------------------------------------
+
+static size_t operand_slots(const QuantContext *c) { return (size_t)c->capacity * QUANT_OPERANDS; }
+
+QuantContext *quant_context_new(const QuantRecipeConfig *cfg, int linears) {
+    QuantContext *c = mt_calloc(1, sizeof(QuantContext));
+    c->cfg = *cfg;
+    c->capacity = linears;
+    c->linear = mt_calloc((size_t)MT_MAX(linears, 1), sizeof(QuantLinear));
+    c->amax = device_calloc(AMAX_SLOTS, sizeof(float));
+    rng_seed_stream(&c->rng, cfg->seed, 0x5175616e74ull);  // "Quant"
+    if (cfg->recipe == QUANT_DELAYED) {
+        size_t slots = operand_slots(c), L = (size_t)cfg->history_len;
+        c->history = device_calloc(slots * L, sizeof(float));
+        c->roll = device_calloc(slots * L + slots, sizeof(float));  // the rolled copy, then zeros
+        c->scale = device_calloc(slots * 2, sizeof(float));
+        float *ones = mt_malloc(slots * 2 * sizeof(float));
+        for (size_t i = 0; i < slots * 2; i++) ones[i] = 1.0f;  // TE's initial scale and scale_inv
+        device_upload(c->scale, ones, slots * 2 * sizeof(float));
+        free(ones);
+    }
+    return c;
+}
+
+void quant_context_free(QuantContext *c) {
+    if (!c) return;
+    for (int i = 0; i < WORKS; i++) device_free(c->work[i]);
+    device_free(c->codes);
+    device_free(c->block_scales);
+    device_free(c->amax);
+    device_free(c->history);
+    device_free(c->roll);
+    device_free(c->scale);
+    free(c->host_offsets);
+    free(c->linear);
+    free(c);
+}
+
+QuantLinear *quant_context_linear(QuantContext *c) {
+    MT_ASSERT(c->linears < c->capacity);
+    QuantLinear *q = &c->linear[c->linears];
+    *q = (QuantLinear){.ctx = c, .slot = c->linears++};
+    return q;
+}
+
+static Fp8Format operand_format(const QuantContext *c, QuantOperand op) {
+    return op == QUANT_GRAD && c->cfg.hybrid ? FP8_E5M2 : FP8_E4M3;
+}
+
+#ifndef MT_DOUBLE
+// ---- one operand: quantize and dequantize -----------------------------------------------------
+
+// Tensor memory of n elements, grown (to at least twice what it was) and then kept.
+static void *grown(void **buffer, size_t *len, size_t n, size_t size) {
+    if (n > *len) {
+        device_free(*buffer);
+        *len = MT_MAX(n, 2 * *len);
+        *buffer = device_calloc(*len, size);
+    }
+    return *buffer;
+}
+
+static float *work(QuantContext *c, int which, size_t n) {
+    return grown((void **)&c->work[which], &c->work_len[which], n, sizeof(float));
+}
+
+// One scale per tensor: the columnwise values are the rowwise ones.
+static int per_tensor(QuantRecipe r) { return r == QUANT_DELAYED || r == QUANT_TENSORWISE; }
+
+// Weights in square tiles (128×128 FP8 blocks, 16×16 NVFP4): the same values both ways.
+static int square_weight(QuantRecipe r, QuantOperand op) {
+    return op == QUANT_WEIGHT && (r == QUANT_BLOCKWISE || r == QUANT_NVFP4);
+}
+
+static float *slot_of(float *base, const QuantLinear *q, QuantOperand op, size_t per_slot) {
+    return base + ((size_t)q->slot * QUANT_OPERANDS + op) * per_slot;
+}
+
+// Delayed scaling: history[0] = max(history[0], amax(x)); the codes with the current scale.
+static void delayed_fake_quant(QuantLinear *q, QuantOperand op, float *y, const float *x, size_t n) {
+    QuantContext *c = q->ctx;
+    Fp8Format f = operand_format(c, op);
+    float *history = slot_of(c->history, q, op, (size_t)c->cfg.history_len), *scale = slot_of(c->scale, q, op, 2);
+    quant_amax(c->amax, x, n, AMAX_IGNORE_NAN);
+    vec_copy(c->amax + 1, history, 1);
+    quant_amax(history, c->amax, 2, AMAX_IGNORE_NAN);
+    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, n, 1);
+    fp8_quantize_tensor(codes, x, scale, n, f);
+    fp8_dequantize_tensor(y, codes, scale + 1, n, f);
+}
+
+// Current scaling (Float8CurrentScaling: amax_epsilon 0, no power-of-2 scales).
+static void tensorwise_fake_quant(QuantContext *c, QuantOperand op, float *y, const float *x, size_t n) {
+    Fp8ScaleParams p = {.format = operand_format(c, op), .pow2_scales = 0, .amax_epsilon = 0};
+    float *scale = c->amax + 2;
+    quant_amax(c->amax, x, n, AMAX_IGNORE_NAN);
+    fp8_scale_from_amax(scale, scale + 1, c->amax, &p);
+    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, n, 1);
+    fp8_quantize_tensor(codes, x, scale, n, p.format);
+    fp8_dequantize_tensor(y, codes, scale + 1, n, p.format);
+}
+
+// Float8BlockScaling: E4M3 (E5M2 gradients with hybrid), power-of-2 scales, tiles 1×128 or
+// 128×128 (weights).
+static void blockwise_fake_quant(QuantContext *c, QuantOperand op, float *y, const float *x, int rows, int cols) {
+    Fp8BlockParams p = {.format = operand_format(c, op), .tile_rows = op == QUANT_WEIGHT ? FP8_BLOCK : 1,
+                        .pow2_scales = 1, .amax_epsilon = 0};
+    size_t tiles = (size_t)quant_blocks(rows, p.tile_rows) * quant_blocks(cols, FP8_BLOCK);
+    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, (size_t)rows * cols, 1);
+    float *scale_inv = grown((void **)&c->block_scales, &c->block_scales_len, tiles * sizeof(float), 1);
+    fp8_block_quantize(codes, scale_inv, x, rows, cols, &p);
+    fp8_block_dequantize(y, codes, scale_inv, rows, cols, &p);
+}
+
+// MXFP8: 32-element blocks of a row, E8M0 scales by RCEIL (TE's and cuBLAS's rule).
+static void mxfp8_fake_quant(QuantContext *c, QuantOperand op, float *y, const float *x, int rows, int cols) {
+    Fp8Format f = operand_format(c, op);
+    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, (size_t)rows * cols, 1);
+    uint8_t *scales = grown((void **)&c->block_scales, &c->block_scales_len,
+                            (size_t)rows * quant_blocks(cols, MX_BLOCK), 1);
+    mxfp8_quantize(codes, scales, x, rows, cols, f, MX_SCALE_RCEIL);
+    mxfp8_dequantize(y, codes, scales, rows, cols, f);
+}
+
+// NVFP4: 16-element blocks (16×16 tiles for weights), a per-tensor scale from the amax,
+// gradients rounded stochastically. An all-zero tensor (whose per-tensor scale would be 0)
+// is zeros, as its quantization is in TE.
+static void nvfp4_fake_quant(QuantContext *c, QuantOperand op, float *y, const float *x, int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    quant_amax(c->amax, x, n, AMAX_PROPAGATE_NAN);
+    float amax;
+    device_download(&amax, c->amax, sizeof(float));
+    if (amax == 0.0f) {
+        vec_zero(y, n);
+        return;
+    }
+    Nvfp4Params p = {.tile_rows = op == QUANT_WEIGHT ? NVFP4_BLOCK : 1, .stochastic = op == QUANT_GRAD};
+    if (p.stochastic) p.seed = rng_u64(&c->rng);
+    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, n / 2 + 1, 1);
+    uint8_t *scales = grown((void **)&c->block_scales, &c->block_scales_len,
+                            (size_t)rows * quant_blocks(cols, NVFP4_BLOCK), 1);
+    nvfp4_quantize(codes, scales, x, c->amax, rows, cols, &p);
+    nvfp4_dequantize(y, codes, scales, c->amax, rows, cols);
+}
+
+// y (rows, cols) = the dequantized x with its blocks along the rows' elements (y may be x).
+static void fake_quant_rows(QuantLinear *q, QuantOperand op, float *y, const float *x, int rows, int cols) {
+    QuantContext *c = q->ctx;
+    size_t n = (size_t)rows * cols;
+    switch (c->cfg.recipe) {
+    case QUANT_DELAYED: delayed_fake_quant(q, op, y, x, n); break;
+    case QUANT_TENSORWISE: tensorwise_fake_quant(c, op, y, x, n); break;
+    case QUANT_BLOCKWISE: blockwise_fake_quant(c, op, y, x, rows, cols); break;
+    case QUANT_MXFP8: mxfp8_fake_quant(c, op, y, x, rows, cols); break;
+    case QUANT_NVFP4: nvfp4_fake_quant(c, op, y, x, rows, cols); break;
+    default: mt_die("quantized linear: recipe %d is not a quantizing one", (int)c->cfg.recipe);
+    }
+}
+
+static int pad_to(int v, int multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+// The columnwise copy t (cols, k) of x (rows, cols), blocks along the rows: transposed, and
+// for NVFP4 (whose wgrad inputs take the random Hadamard transform along the tokens) padded
+// with zero rows to whole groups of 16 and transformed with TE's wgrad signs. Returns k.
+static int fake_quant_columns(QuantLinear *q, QuantOperand op, float *t, const float *x, int rows, int cols) {
+    QuantContext *c = q->ctx;
+    QuantRecipe r = c->cfg.recipe;
+    if (per_tensor(r) || square_weight(r, op)) {  // the rowwise values, transposed
+        float *rowwise = work(c, WORK_T, (size_t)rows * cols);
+        fake_quant_rows(q, op, rowwise, x, rows, cols);
+        batched_transpose(t, rowwise, 1, rows, cols);
+        return rows;
+    }
+    if (r != QUANT_NVFP4) {
+        batched_transpose(t, x, 1, rows, cols);
+        fake_quant_rows(q, op, t, t, cols, rows);
+        return rows;
+    }
+    int k = pad_to(rows, HADAMARD_DIM);
+    float *transposed = work(c, WORK_T, (size_t)rows * cols), *padded = transposed;
+    batched_transpose(transposed, x, 1, rows, cols);
+    if (k != rows) {
+        padded = work(c, WORK_PAD, (size_t)k * cols);
+        vec_zero(padded, (size_t)k * cols);
+        rows_copy_strided(padded, (size_t)k * sizeof(float), transposed, (size_t)rows * sizeof(float),
+                          (size_t)rows * sizeof(float), cols);
+    }
+    hadamard16(t, padded, (size_t)k * cols, HADAMARD_TE_WGRAD_SIGNS);
+    fake_quant_rows(q, op, t, t, cols, k);
+    return k;
+}
+
+// The rows a columnwise copy of `rows` rows has.
+static int columnwise_rows(const QuantContext *c, int rows) {
+    return c->cfg.recipe == QUANT_NVFP4 ? pad_to(rows, HADAMARD_DIM) : rows;
+}
+
+int qlinear_dequantized(QuantLinear *q, QuantOperand op, int columnwise, float *y, const float *x, int rows,
+                        int cols) {
+    if (columnwise) return fake_quant_columns(q, op, y, x, rows, cols);
+    fake_quant_rows(q, op, y, x, rows, cols);
+    return rows;
+}
+
+// ---- the GEMMs -----------------------------------------------------------------------------------
+// The GEMMs take the dequantized values as they are (fp32 inputs, whatever --bf16 / --fp16
+// set): a quantized GEMM multiplies the FP8 / FP4 values exactly and accumulates in fp32.
+
+static int fp32_gemms_begin(void) {
+    int saved = device_gemm_inputs();
+    if (saved != GEMM_INPUTS_FP32) device_set_gemm_inputs(GEMM_INPUTS_FP32);
+    return saved;
+}
+
+static void fp32_gemms_end(int saved) {
+    if (saved != GEMM_INPUTS_FP32) device_set_gemm_inputs(saved);
+}
+
+static void quantized_forward(QuantLinear *q, real *y, const real *x, const real *W, int N, int in, int out) {
+    QuantContext *c = q->ctx;
+    float *xq = work(c, WORK_A, (size_t)N * in), *wq = work(c, WORK_B, (size_t)out * in);
+    fake_quant_rows(q, QUANT_INPUT, xq, x, N, in);
+    fake_quant_rows(q, QUANT_WEIGHT, wq, W, out, in);
+    int saved = fp32_gemms_begin();
+    mt_gemm(0, 1, N, out, in, 1, xq, in, wq, in, 0, y, out);  // y = x·Wᵀ
+    fp32_gemms_end(saved);
+}
+
+static void quantized_dgrad(QuantLinear *q, real *dx, const real *dy, const real *W, int N, int in, int out) {
+    QuantContext *c = q->ctx;
+    float *dyq = work(c, WORK_A, (size_t)N * out), *wt = work(c, WORK_B, (size_t)out * in);
+    fake_quant_rows(q, QUANT_GRAD, dyq, dy, N, out);
+    fake_quant_columns(q, QUANT_WEIGHT, wt, W, out, in);  // Wᵀ (in, out), blocks along out
+    int saved = fp32_gemms_begin();
+    mt_gemm(0, 1, N, in, out, 1, dyq, out, wt, out, 1, dx, in);  // dx += dy·W
+    fp32_gemms_end(saved);
+}
+
+static void quantized_wgrad(QuantLinear *q, real *dW, const real *dy, const real *x, int N, int in, int out) {
+    QuantContext *c = q->ctx;
+    size_t k = (size_t)columnwise_rows(c, N);
+    float *dyt = work(c, WORK_A, k * out), *xt = work(c, WORK_B, k * in);
+    fake_quant_columns(q, QUANT_GRAD, dyt, dy, N, out);  // dyᵀ (out, k)
+    fake_quant_columns(q, QUANT_INPUT, xt, x, N, in);    // xᵀ (in, k)
+    int saved = fp32_gemms_begin();
+    mt_gemm(0, 1, out, in, (int)k, 1, dyt, (int)k, xt, (int)k, 1, dW, in);  // dW += dyᵀ·x
+    fp32_gemms_end(saved);
+}
+#else
+static void no_quantization(void) { mt_die("the double-precision build has no FP8 / FP4 GEMMs"); }
+int qlinear_dequantized(QuantLinear *q, QuantOperand op, int columnwise, float *y, const float *x, int rows,
+                        int cols) {
+    (void)q, (void)op, (void)columnwise, (void)y, (void)x, (void)cols;
+    no_quantization();
+    return rows;
+}
+#define quantized_forward(...) no_quantization()
+#define quantized_dgrad(...) no_quantization()
+#define quantized_wgrad(...) no_quantization()
+#endif
+
+void qlinear_forward(QuantLinear *q, real *y, const real *x, const real *W, int N, int in, int out) {
+    if (!q) linear_forward(y, x, W, N, in, out);
+    else quantized_forward(q, y, x, W, N, in, out);
+}
+
+void qlinear_backward_data(QuantLinear *q, real *dx, const real *dy, const real *W, int N, int in, int out) {
+    if (!dx) return;
+    if (!q) linear_backward(dx, NULL, dy, NULL, W, N, in, out);
+    else quantized_dgrad(q, dx, dy, W, N, in, out);
+}
+
+void qlinear_backward_weight(QuantLinear *q, real *dW, const real *dy, const real *x, int N, int in, int out) {
+    if (!q) mt_gemm(1, 0, out, in, N, 1, dy, out, x, in, 1, dW, in);  // linear_backward's dW
+    else quantized_wgrad(q, dW, dy, x, N, in, out);
+}
+
+void qlinear_backward(QuantLinear *q, real *dx, real *dW, const real *dy, const real *x, const real *W, int N,
+                      int in, int out) {
+    if (!q) {
+        linear_backward(dx, dW, dy, x, W, N, in, out);
+        return;
+    }
+    qlinear_backward_data(q, dx, dy, W, N, in, out);
+    qlinear_backward_weight(q, dW, dy, x, N, in, out);
+}
+
+// ---- delayed scaling's update and the state a checkpoint keeps ----------------------------------
+
+void quant_context_end_step(QuantContext *c) {
+    if (c->cfg.recipe != QUANT_DELAYED || !c->linears) return;
+    size_t L = (size_t)c->cfg.history_len, rows = (size_t)c->linears * QUANT_OPERANDS, pitch = L * sizeof(float);
+    for (size_t s = 0; s < rows; s++) {
+        Fp8DelayedParams p = {.format = operand_format(c, (QuantOperand)(s % QUANT_OPERANDS)),
+                              .history_len = (int)L, .algo = c->cfg.algo, .margin = c->cfg.margin};
+        float *scale = c->scale + 2 * s;
+        fp8_delayed_scale(scale, scale + 1, c->history + s * L, scale, &p);
+    }
+    // roll by one toward the front (TE's torch.roll(history, -1)), then history[0] = 0
+    float *zeros = c->roll + operand_slots(c) * L;
+    if (L > 1) {
+        rows_copy_strided(c->roll, pitch, c->history + 1, pitch, pitch - sizeof(float), (int)rows);
+        rows_copy_strided(c->roll + L - 1, pitch, c->history, pitch, sizeof(float), (int)rows);
+        rows_copy_strided(c->history, pitch, c->roll, pitch, pitch, (int)rows);
+    }
+    rows_copy_strided(c->history, pitch, zeros, sizeof(float), sizeof(float), (int)rows);
+}
+
+static size_t delayed_floats(const QuantContext *c) {
+    return c->cfg.recipe == QUANT_DELAYED ? operand_slots(c) * ((size_t)c->cfg.history_len + 2) : 0;
+}
+
+size_t quant_context_state_floats(const QuantContext *c) { return delayed_floats(c) + 4 * RNG_FLOAT_WORDS; }
+
+void quant_context_state_save(const QuantContext *c, float *host) {
+    size_t histories = operand_slots(c) * (size_t)c->cfg.history_len;
+    if (delayed_floats(c)) {
+        device_download(host, c->history, histories * sizeof(float));
+        device_download(host + histories, c->scale, operand_slots(c) * 2 * sizeof(float));
+    }
+    float *rng = host + delayed_floats(c);
+    for (int w = 0; w < 4; w++)
+        for (int i = 0; i < RNG_FLOAT_WORDS; i++)
+            rng[w * RNG_FLOAT_WORDS + i] = (float)((c->rng.s[w] >> (RNG_WORD_BITS * i)) & 0xFFFF);
+}
+
+void quant_context_state_load(QuantContext *c, const float *host) {
+    size_t histories = operand_slots(c) * (size_t)c->cfg.history_len;
+    if (delayed_floats(c)) {
+        device_upload(c->history, host, histories * sizeof(float));
+        device_upload(c->scale, host + histories, operand_slots(c) * 2 * sizeof(float));
+    }
+    const float *rng = host + delayed_floats(c);
+    for (int w = 0; w < 4; w++) {
+        c->rng.s[w] = 0;
+        for (int i = 0; i < RNG_FLOAT_WORDS; i++)
+            c->rng.s[w] |= (uint64_t)rng[w * RNG_FLOAT_WORDS + i] << (RNG_WORD_BITS * i);
+    }
+}
