@@ -384,6 +384,19 @@ static void write_optimizer_file(const char *path, const Model *m, const CkptSou
     if (src->writer) stream_close(&w, path);
 }
 
+// "quantizer_state": {"ranks": R, "floats": F, "bits": [R·F integers]}: exact, NaN included.
+static void write_quant_state(JsonWriter *w, const TrainerState *st) {
+    jw_key(w, "quantizer_state");
+    jw_begin_object(w);
+    jw_kv_int(w, "ranks", (int64_t)st->quant_ranks);
+    jw_kv_int(w, "floats", (int64_t)st->quant_floats);
+    jw_key(w, "bits");
+    jw_begin_array(w);
+    for (size_t i = 0; i < st->quant_ranks * st->quant_floats; i++) jw_int(w, st->quant_bits[i]);
+    jw_end_array(w);
+    jw_end_object(w);
+}
+
 static void write_trainer_state(const char *path, const TrainerState *st, long optimizer_step) {
     JsonWriter w;
     jw_init(&w);
@@ -392,6 +405,7 @@ static void write_trainer_state(const char *path, const TrainerState *st, long o
     jw_kv_int(&w, "consumed_train_samples", st->consumed_train_samples);
     jw_kv_int(&w, "optimizer_step", optimizer_step);
     jw_kv_int(&w, "world_size", 1);
+    if (st->quant_bits) write_quant_state(&w, st);
     if (st->loss_scaling || st->overflow_skips) {
         jw_kv_double(&w, "loss_scale", st->loss_scaler.scale);
         jw_kv_int(&w, "loss_scale_growth_tracker", st->loss_scaler.growth_tracker);
@@ -869,6 +883,24 @@ static void load_optimizer(const char *dir, Model *m, Optimizer *opt) {
     optimizer_load_end(opt);
 }
 
+// The quantizers' state when the checkpoint has one (a run with --fp8-format / --fp4-format).
+static void read_quant_state(const JsonValue *root, const char *path, TrainerState *st) {
+    const JsonValue *q = json_get(root, "quantizer_state"), *bits = json_get(q, "bits");
+    if (!q) return;
+    int64_t ranks, floats;
+    if (!json_get_int64(q, "ranks", &ranks) || !json_get_int64(q, "floats", &floats) || ranks < 1 || floats < 1 ||
+        !bits || bits->type != JSON_ARRAY || bits->count != (size_t)ranks * (size_t)floats)
+        mt_die("%s: quantizer_state needs ranks, floats and ranks x floats integer bits", path);
+    st->quant_bits = mt_malloc(bits->count * sizeof(uint32_t));
+    for (size_t i = 0; i < bits->count; i++) {
+        const JsonValue *b = json_at(bits, i);
+        if (!b->has_int64 || b->integer < 0 || b->integer > UINT32_MAX)
+            mt_die("%s: quantizer_state bits[%zu] is not a 32-bit pattern", path, i);
+        st->quant_bits[i] = (uint32_t)b->integer;
+    }
+    st->quant_ranks = (size_t)ranks, st->quant_floats = (size_t)floats;
+}
+
 // The loss scaler's state when the checkpoint has one (a run with loss scaling wrote it).
 static void read_loss_scaler_state(const JsonValue *root, const char *path, TrainerState *st) {
     double scale;
@@ -899,6 +931,7 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
     st->consumed_train_samples = consumed;
     *optimizer_step = (long)step;
     read_loss_scaler_state(root, path, st);
+    read_quant_state(root, path, st);
     json_free(root);
 }
 

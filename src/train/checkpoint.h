@@ -29,6 +29,10 @@ typedef struct {
     int loss_scaling;              // the run scales its loss: the two below are saved (and were found, on load)
     LossScalerState loss_scaler;
     long overflow_skips;           // steps skipped for a gradient overflow: the LR schedule is behind by these
+    // The FP8 / FP4 quantizers' state (amax histories, scales, stochastic rounding's Rng) of
+    // every rank, each rank's floats as their bits: [quant_ranks][quant_floats], or NULL.
+    size_t quant_ranks, quant_floats;
+    uint32_t *quant_bits;
 } TrainerState;
 
 // Start-up of a run that saves, on the writing rank only: creates --save DIR when missing

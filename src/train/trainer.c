@@ -23,6 +23,8 @@
 #include "ops/gemm.h"
 #include "ops/op_profile.h"
 #include "ops/ops.h"
+#include "core/float_formats.h"
+#include "ops/quantized_linear.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
 #include "parallel/watchdog.h"
@@ -301,6 +303,48 @@ static void print_rank_memory(const char *label, const double *peaks) {
     printf(" MB");
 }
 
+// The FP8 / FP4 quantizers' state of every rank into t->state (rank 0 writes it with the
+// trainer state): each rank's floats as bits, padded to the longest. Collective over the world.
+static void gather_quant_state(Trainer *t) {
+    Comm world = comm_world();
+    int64_t mine = t->model.quant ? (int64_t)quant_context_state_floats(t->model.quant) : 0, longest = 0;
+    int64_t *counts = mt_malloc((size_t)world.size * sizeof(int64_t));
+    comm_allgather_int64(&world, &mine, counts, 1);
+    for (int r = 0; r < world.size; r++) longest = MT_MAX(longest, counts[r]);
+    free(counts);
+    free(t->state.quant_bits);
+    t->state.quant_bits = NULL;
+    if (longest > 0) {
+        float *floats = mt_calloc((size_t)longest, sizeof(float));
+        int64_t *bits = mt_calloc((size_t)longest, sizeof(int64_t)), *all = mt_malloc((size_t)longest * world.size * sizeof(int64_t));
+        if (mine) quant_context_state_save(t->model.quant, floats);
+        for (int64_t i = 0; i < mine; i++) bits[i] = float_bits(floats[i]);
+        comm_allgather_int64(&world, bits, all, (size_t)longest);
+        t->state.quant_bits = mt_malloc((size_t)longest * world.size * sizeof(uint32_t));
+        for (size_t i = 0; i < (size_t)longest * world.size; i++) t->state.quant_bits[i] = (uint32_t)all[i];
+        t->state.quant_ranks = (size_t)world.size, t->state.quant_floats = (size_t)longest;
+        free(floats), free(bits), free(all);
+    }
+    comm_free(&world);
+}
+
+// After --load: this rank's quantizers continue from the checkpoint's state when it has one
+// for the same number of ranks, else they start afresh (said on the console).
+static void restore_quant_state(Trainer *t) {
+    QuantContext *q = t->model.quant;
+    size_t need = q ? quant_context_state_floats(q) : 0, rank = (size_t)comm_world_rank();
+    if (!need) return;
+    if (!t->state.quant_bits || t->state.quant_ranks != (size_t)comm_world_size() || t->state.quant_floats < need) {
+        printf("note: the checkpoint has no FP8 / FP4 quantizer state for this layout (%zu ranks): the quantizers "
+               "start afresh (amax histories empty, scales 1)\n", (size_t)comm_world_size());
+        return;
+    }
+    float *floats = mt_malloc(need * sizeof(float));
+    for (size_t i = 0; i < need; i++) floats[i] = bits_float(t->state.quant_bits[rank * t->state.quant_floats + i]);
+    quant_context_state_load(q, floats);
+    free(floats);
+}
+
 // Each rank reads its own tensors and the ranges of its optimizer shards (checkpoint_load).
 static void load_checkpoint(Trainer *t, const char *resolved) {
     watchdog_io_begin();  // every rank reads its part; the collective below ends the phase
@@ -381,6 +425,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, &options);
     if (c->load[0]) {
         load_checkpoint(t, resolved);
+        restore_quant_state(t);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);
     } else {
         model_init_weights(&t->model, (uint64_t)c->seed);
@@ -402,6 +447,7 @@ static void trainer_setup(Trainer *t, Config *c) {
 
 static void trainer_free(Trainer *t) {
     metrics_close(&t->metrics);
+    free(t->state.quant_bits);
     free(t->layer_stats);
     free(t->layer_counts);
     prefetch_stop(&t->prefetch);
@@ -485,6 +531,7 @@ static void save_checkpoint(Trainer *t) {
     watchdog_io_begin();
     double *before = rank_peak_memory();
     slow_first_save_for_test();
+    gather_quant_state(t);
     CkptShards shards;
     ckpt_shards_open(&shards, &t->model, &t->opt, &t->sync);
     CkptSource src = ckpt_shards_source(&shards);

@@ -92,3 +92,35 @@ expect_error first_last_too_many "num-layers-at-start-in-bf16" -- "${T[@]}" --fp
     --first-last-layers-bf16 --num-layers-at-start-in-bf16 4
 expect_error mxfp8_alignment "multiples of 32" -- "${T[@]}" --fp8-format e4m3 --fp8-recipe mxfp8 --moe-ffn-hidden-size 48
 expect_error fp8_alignment "multiples of 16" -- "${T[@]}" --fp8-format e4m3 --moe-shared-expert-intermediate-size 24
+
+# A resume takes exactly the steps of the run straight through: the quantizers' state (delayed
+# scaling's amax histories and scales, NVFP4's stochastic-rounding Rng) is in trainer_state.json.
+# resume_exact NAME FLAGS...: 10 steps straight against 5 and a resume for 5 more
+resume_exact() {
+    local name=$1
+    shift
+    local d="$work/resume_$name"
+    mkdir -p "$d"
+    "$M" train "${TINY[@]}" "$@" --save "$d/full" --log-jsonl "$d/full.jsonl" >"$d/out" 2>&1 &&
+        "$M" train "${TINY[@]}" "$@" --exit-interval 5 --save "$d/half" >>"$d/out" 2>&1 &&
+        "$M" train "${TINY[@]}" "$@" --load "$d/half" --log-jsonl "$d/resumed.jsonl" >>"$d/out" 2>&1 ||
+        { fail "resume_exact_$name" "$(grep -m1 error "$d/out")"; return; }
+    if [ -n "$(step_numbers "$d/resumed.jsonl")" ] &&
+        [ "$(step_numbers "$d/full.jsonl" | tail -5)" = "$(step_numbers "$d/resumed.jsonl")" ] &&
+        grep -q '"quantizer_state"' "$d/half/iter_0000005/trainer_state.json"; then
+        ok "resume_exact_$name"
+    else
+        fail "resume_exact_$name" "the resumed steps differ: $(diff <(step_numbers "$d/full.jsonl" | tail -5) <(step_numbers "$d/resumed.jsonl") | head -2 | tr '\n' ' ')"
+    fi
+}
+resume_exact delayed --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max
+resume_exact nvfp4 --fp4-format e2m1 --fp4-recipe nvfp4
+# a checkpoint without quantizer state (an fp32 run's) resumes with a recipe: fresh quantizers, said
+d="$work/resume_delayed"
+if "$M" train "${TINY[@]}" --train-iters 2 --save "$d/plain" >"$d/fresh.out" 2>&1 &&
+    "$M" train "${TINY[@]}" --train-iters 4 --fp8-format e4m3 --load "$d/plain" >"$d/fresh.out" 2>&1 &&
+    grep -q "quantizers start afresh" "$d/fresh.out"; then
+    ok resume_without_quantizer_state
+else
+    fail resume_without_quantizer_state "$(grep -m1 -e error -e note "$d/fresh.out")"
+fi
