@@ -145,6 +145,7 @@ static const FlagSpec FLAGS[] = {
     F("fp8-margin", FLAG_INT, fp8_margin, TR, 0, "--fp8-recipe delayed: the scale divided by 2^margin"),
     F("fp4-format", FLAG_STRING, fp4_format, TR, 0, "e2m1: NVFP4 GEMMs (emulated) in the layers --fp8-format quantizes; not with --fp8-format"),
     F("fp4-recipe", FLAG_STRING, fp4_recipe, TR, 0, "with --fp4-format: nvfp4 (16-element blocks, 16x16 for weights, stochastic rounding of gradients, random Hadamard transform of the weight gradient's inputs)"),
+    F("moe-router-padding-for-quantization", FLAG_BOOL, moe_router_padding_for_quantization, TR, 0, "refused: Megatron's padding of each expert's rows to the recipe's alignment with zero-probability tokens (moetron's grouped GEMMs need no alignment; not built)"),
     F("first-last-layers-bf16", FLAG_BOOL, first_last_layers_bf16, TR, 0, "with --fp8-format / --fp4-format: keep the first and last layers' GEMMs unquantized (not with --fp8-recipe delayed)"),
     F("num-layers-at-start-in-bf16", FLAG_INT, num_layers_at_start_in_bf16, TR, 0, "--first-last-layers-bf16: the first layers kept"),
     F("num-layers-at-end-in-bf16", FLAG_INT, num_layers_at_end_in_bf16, TR, 0, "--first-last-layers-bf16: the last layers kept"),
@@ -979,6 +980,9 @@ static void validate_fp8(Config *c) {
     static const char *const algos[] = {"most_recent", "max"};
     static const char *const fp8_only[] = {"fp8-recipe", "fp8-amax-history-len", "fp8-amax-compute-algo", "fp8-margin"};
     int fp8 = c->fp8_format[0] != 0, fp4 = c->fp4_format[0] != 0;
+    if (c->moe_router_padding_for_quantization)
+        config_die("--moe-router-padding-for-quantization is not built: moetron's grouped GEMMs take any number of "
+                   "rows per expert, so nothing needs the padding; drop the flag");
     if (fp8 && strcmp(c->fp8_format, "e4m3") && strcmp(c->fp8_format, "hybrid"))
         config_die("--fp8-format %s: use e4m3 or hybrid", c->fp8_format);
     if (fp4 && strcmp(c->fp4_format, "e2m1")) config_die("--fp4-format %s: use e2m1 (NVFP4)", c->fp4_format);

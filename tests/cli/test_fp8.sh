@@ -124,3 +124,5 @@ if "$M" train "${TINY[@]}" --train-iters 2 --save "$d/plain" >"$d/fresh.out" 2>&
 else
     fail resume_without_quantizer_state "$(grep -m1 -e error -e note "$d/fresh.out")"
 fi
+expect_error router_padding_refused "--moe-router-padding-for-quantization is not built" -- "${T[@]}" --fp8-format e4m3 \
+    --moe-router-padding-for-quantization
