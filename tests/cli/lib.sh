@@ -7,6 +7,17 @@ trap 'rm -rf "$work"' EXIT
 # MLA: a tiny Multi-Latent Attention (the flags the model-family tests share)
 MLA=(--multi-latent-attention --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 8 --v-head-dim 12)
 
+# SAFETENSORS_PY: python source of header(path) -> (header dict, data bytes) of a safetensors
+# file, for the scripts' inline python (standard library only)
+SAFETENSORS_PY='
+import json, struct
+def header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        return h, f.read()
+'
+
 ok() { echo "ok $1"; }
 fail() { echo "FAIL $1: $2"; }
 

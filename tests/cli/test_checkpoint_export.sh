@@ -22,13 +22,8 @@ train_tiny() {  # out_name, extra flags...: logs to $work/NAME.log and $work/NAM
 pyst() {
     local script=$1
     shift
-    python3 -c "
+    python3 -c "$SAFETENSORS_PY
 import json, struct, sys, os
-def header(path):
-    with open(path, 'rb') as f:
-        n = struct.unpack('<Q', f.read(8))[0]
-        h = json.loads(f.read(n))
-        return h, f.read()
 $script" "$@"
 }
 

@@ -60,14 +60,9 @@ python_has() {
 pyfp8() {
     local script=$1
     shift
-    python3 -c "
+    python3 -c "$SAFETENSORS_PY
 import json, os, struct, sys
 import numpy as np
-def header(path):
-    with open(path, 'rb') as f:
-        n = struct.unpack('<Q', f.read(8))[0]
-        h = json.loads(f.read(n))
-        return h, f.read()
 DT = {'F32': np.float32, 'BF16': np.uint16, 'F8_E4M3': np.uint8, 'I32': np.int32}
 def tensor(path, name):
     h, data = header(path)
