@@ -1,7 +1,7 @@
 // check_gemm.c — the op checks of the GEMMs (tests/gpu/op_check.h): gemm, gemm_grouped,
 // gemm_grouped_wgrad and linear_forward / _backward of the backend under test against
-// the cpu backend, first in fp32 (TOL_FP32), then, where the backend has them, with bf16
-// GEMM inputs (check_set_bf16(1), TOL_BF16).
+// the cpu backend, first in fp32 (TOL_FP32), then, where the backend has them, with bf16 and
+// fp16 GEMM inputs (check_set_gemm_inputs, TOL_BF16 / TOL_FP16).
 //
 // What the cases cover (gemm.h / ops.h contracts):
 //   * all four trans_a / trans_b combinations, odd sizes (1, 7, 33, 130), tight and padded
@@ -15,7 +15,7 @@
 //     past the last group that must stay as it was; grouped K == 0 and alpha == 0;
 //   * grouped wgrad with empty experts, whose W must stay as it was;
 //   * linear forward (y starts NaN) and backward (dx and dW accumulate; dx NULL skipped);
-//   * that --bf16 really changes the arithmetic, and that repeated calls give the same bits.
+//   * that --bf16 and --fp16 really change the arithmetic, and that repeated calls give the same bits.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -354,23 +354,23 @@ static double normwise_diff(const float *a, const float *b, size_t n) {
     return diff / scale;
 }
 
-// C = A·B (256 x 256 x 256) in fp32 and with bf16 inputs: the two must differ by more than
-// fp32 rounding, or --bf16 did not reach the tensor cores (e.g. a math mode overriding the
-// compute type). Reported as 1 (differs) against an expected 1.
-static void check_bf16_in_effect(void) {
+// C = A·B (256 x 256 x 256) in fp32 and with 16-bit inputs (p): the two must differ by more
+// than fp32 rounding, or the flag did not reach the tensor cores (e.g. a math mode overriding
+// the compute type). Reported as 1 (differs) against an expected 1.
+static void check_16bit_in_effect(const Pass *p, int inputs) {
     enum { S = 256 };
     float *A = random_matrix(S, S), *B = random_matrix(S, S);
     float *dA = to_device(A, S, S), *dB = to_device(B, S, S);
     float *d32 = check_device_nan(S * S), *d16 = check_device_nan(S * S);
     under()->gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d32, S);
-    check_set_bf16(1);
+    check_set_gemm_inputs(inputs);
     under()->gemm(0, 0, S, S, S, 1.0f, dA, S, dB, S, 0.0f, d16, S);
-    check_set_bf16(0);
+    check_set_gemm_inputs(GEMM_INPUTS_FP32);
     check_finish();
     double diff = normwise_diff(from_device(d16, S * S), from_device(d32, S * S), S * S);
     char name[96];
-    snprintf(name, sizeof(name), "gemm bf16 differs from fp32 (normwise %.2e > %.0e)", diff, TOL_FP32);
-    check_compare_double(name, "bf16 in effect", 1.0, diff > TOL_FP32 ? 1.0 : 0.0, 0.5);
+    snprintf(name, sizeof(name), "gemm %s differs from fp32 (normwise %.2e > %.0e)", p->name, diff, TOL_FP32);
+    check_compare_double(name, "16-bit inputs in effect", 1.0, diff > TOL_FP32 ? 1.0 : 0.0, 0.5);
     check_free_all();
 }
 
@@ -412,11 +412,15 @@ static void check_pass(const Pass *p) {
 }
 
 void check_gemm_ops(void) {
-    const Pass fp32 = {"fp32", TOL_FP32}, bf16 = {"bf16", TOL_BF16};
+    const Pass fp32 = {"fp32", TOL_FP32};
+    const Pass lowp[] = {{"bf16", TOL_BF16}, {"fp16", TOL_FP16}};
+    const int inputs[] = {GEMM_INPUTS_BF16, GEMM_INPUTS_FP16};
     check_pass(&fp32);
-    if (!check_has_bf16()) return;
-    check_set_bf16(1);
-    check_pass(&bf16);
-    check_set_bf16(0);
-    check_bf16_in_effect();
+    if (!check_has_16bit_gemms()) return;
+    for (int k = 0; k < 2; k++) {
+        check_set_gemm_inputs(inputs[k]);
+        check_pass(&lowp[k]);
+        check_set_gemm_inputs(GEMM_INPUTS_FP32);
+        check_16bit_in_effect(&lowp[k], inputs[k]);
+    }
 }

@@ -34,12 +34,10 @@ const CheckBackend check_backend_cpu = {.name = "cpu", .ops = &ops_cpu_backend, 
                                         .fill = host_fill};
 
 #if defined(MT_HAVE_CUDA) && !defined(MT_DOUBLE)
-static void cuda_bf16_inputs(int on) { cuda_set_gemm_inputs(on ? GEMM_INPUTS_BF16 : GEMM_INPUTS_FP32); }
-
 const CheckBackend check_backend_cuda = {.name = "cuda", .ops = &ops_cuda_backend, .alloc = cuda_malloc,
                                          .release = cuda_free, .upload = cuda_memcpy_h2d,
                                          .download = cuda_memcpy_d2h, .fill = cuda_memset,
-                                         .set_gemm_bf16 = cuda_bf16_inputs};
+                                         .set_gemm_inputs = cuda_set_gemm_inputs};
 #endif
 
 static const CheckBackend *g_under = &check_backend_cpu;
@@ -75,11 +73,11 @@ void check_download(void *host, const void *src, size_t bytes) {
     if (bytes) g_under->download(host, src, bytes);
 }
 
-int check_has_bf16(void) { return g_under->set_gemm_bf16 != NULL; }
+int check_has_16bit_gemms(void) { return g_under->set_gemm_inputs != NULL; }
 
-void check_set_bf16(int on) {
-    if (g_under->set_gemm_bf16) g_under->set_gemm_bf16(on);
-    else if (on) mt_die("op checks: the %s backend has no bf16 GEMMs", g_under->name);
+void check_set_gemm_inputs(int inputs) {
+    if (g_under->set_gemm_inputs) g_under->set_gemm_inputs(inputs);
+    else if (inputs != GEMM_INPUTS_FP32) mt_die("op checks: the %s backend has no 16-bit GEMM inputs", g_under->name);
 }
 
 int check_uncovered_ops(void) {

@@ -8,7 +8,8 @@
 //     op does not write shows up as a failure ("not written");
 //   * outputs an op accumulates into (+=) start from the same random values on both;
 //   * the error is normwise: max |test − cpu| / max(max |cpu|, 1e-30), within tol
-//     (TOL_FP32 = 1e-5 for fp32 GEMM and ops, TOL_BF16 = 1e-2 with bf16 GEMMs).
+//     (TOL_FP32 = 1e-5 for fp32 GEMM and ops, TOL_BF16 = 1e-2 with bf16 GEMM inputs,
+//     TOL_FP16 = 2e-3 with fp16 ones: 2.5 rounding units of each, as for bf16).
 // The checks call the backend under test through under(), a table that counts the calls
 // of each op: an op of the list that no check called is a failure (check_uncovered_ops),
 // so a new op cannot be added without its check. The cpu backend under test checks the
@@ -21,6 +22,7 @@
 
 #define TOL_FP32 1e-5
 #define TOL_BF16 1e-2
+#define TOL_FP16 2e-3
 
 // A backend under test: its op table and how test code reaches its memory.
 typedef struct {
@@ -31,7 +33,7 @@ typedef struct {
     void (*upload)(void *dst, const void *host, size_t bytes);
     void (*download)(void *host, const void *src, size_t bytes);
     void (*fill)(void *dst, int byte, size_t bytes);
-    void (*set_gemm_bf16)(int on);  // NULL: no bf16 GEMMs (their checks are skipped)
+    void (*set_gemm_inputs)(int inputs);  // a GemmInputs; NULL: fp32 GEMMs only (the 16-bit checks are skipped)
 } CheckBackend;
 
 extern const CheckBackend check_backend_cpu;   // host memory
@@ -47,9 +49,9 @@ const OpsBackend *under(void);
 void check_finish(void);
 // Bytes of the backend under test's memory into a host buffer (after its ops finished).
 void check_download(void *host, const void *src, size_t bytes);
-// Whether the backend under test has bf16 GEMMs; selects them (on) or fp32 (off).
-int check_has_bf16(void);
-void check_set_bf16(int on);
+// Whether the backend under test has 16-bit GEMM inputs; selects a GemmInputs (ops/gemm.h).
+int check_has_16bit_gemms(void);
+void check_set_gemm_inputs(int inputs);
 
 // Host buffers (malloc'd, freed by check_free_all at the end of each check).
 float *check_random(size_t n, float lo, float hi);       // uniform in [lo, hi), seeded per check
