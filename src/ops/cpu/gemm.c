@@ -475,7 +475,7 @@ static void pack_bf16_pairs_b(void *dst, const real *src, int w, int W, int kc, 
 static void micro_fp32(int kc, const void *a, const void *b, real *acc) { micro_kernel(kc, a, b, acc); }
 
 static void micro_fp32_flushed(int kc, const void *a, const void *b, real *acc) {
-    lowp_run_flushed(micro_kernel, kc, a, b, acc);
+    lowp_micro_fma_flushed(kc, a, b, acc);
 }
 
 static void micro_bf16_avx512(int kc, const void *a, const void *b, real *acc) {

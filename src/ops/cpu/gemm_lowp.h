@@ -37,11 +37,13 @@ void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, 
 void lowp_micro_avx512bf16(int kc, const uint16_t *a, const uint16_t *b, real *acc);
 int lowp_have_avx512bf16(void);
 
-// Runs the emulation's fp32 micro-kernel with subnormal results flushed to zero (and
-// subnormal operands read as zero), as the bf16 dot product rounds; restores the caller's
-// floating-point mode. On CPUs without such a mode (not x86) the kernel runs unflushed.
-typedef void (*LowpMicro)(int kc, const real *a, const real *b, real *acc);
-void lowp_run_flushed(LowpMicro micro, int kc, const real *a, const real *b, real *acc);
+// The bf16 emulation's micro-kernel on fp32 panels (gemm.c's layout: a [kc][MR], b [kc][NR]):
+// acc[MR][NR] = Σ_k a[k][i]·b[k][j] in order, each product added by one fused multiply-add
+// (explicitly: whatever the compiler's contraction or optimisation level) with subnormal
+// results flushed to zero and subnormal operands read as zero, as the bf16 dot product
+// rounds; the caller's floating-point mode is restored. On CPUs without such a mode (not
+// x86) it runs unflushed.
+void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc);
 
 // ---- AMX-BF16 (tile matrix multiply) --------------------------------------------------------
 // A micro-tile of 32 x 32 (2 x 2 hardware tiles of 16 x 16 fp32), depth in steps of 32.
