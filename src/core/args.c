@@ -145,7 +145,7 @@ static const FlagSpec FLAGS[] = {
     F("fp8-margin", FLAG_INT, fp8_margin, TR, 0, "--fp8-recipe delayed: the scale divided by 2^margin"),
     F("fp4-format", FLAG_STRING, fp4_format, TR, 0, "e2m1: NVFP4 GEMMs (emulated) in the layers --fp8-format quantizes; not with --fp8-format"),
     F("fp4-recipe", FLAG_STRING, fp4_recipe, TR, 0, "with --fp4-format: nvfp4 (16-element blocks, 16x16 for weights, stochastic rounding of gradients, random Hadamard transform of the weight gradient's inputs)"),
-    F("moe-router-padding-for-quantization", FLAG_BOOL, moe_router_padding_for_quantization, TR, 0, "refused: Megatron's padding of each expert's rows to the recipe's alignment with zero-probability tokens (moetron's grouped GEMMs need no alignment; not built)"),
+    F("moe-router-padding-for-quantization", FLAG_BOOL, moe_router_padding_for_quantization, TR, 0, "with --fp8-format / --fp4-format: round each expert's rows on every rank up to a multiple of 16 (32 mxfp8, 128 nvfp4) with tokens that did not pick it, at probability 0, as Megatron-LM (changes only what the quantizers see)"),
     F("first-last-layers-bf16", FLAG_BOOL, first_last_layers_bf16, TR, 0, "with --fp8-format / --fp4-format: keep the first and last layers' GEMMs unquantized (not with --fp8-recipe delayed)"),
     F("num-layers-at-start-in-bf16", FLAG_INT, num_layers_at_start_in_bf16, TR, 0, "--first-last-layers-bf16: the first layers kept"),
     F("num-layers-at-end-in-bf16", FLAG_INT, num_layers_at_end_in_bf16, TR, 0, "--first-last-layers-bf16: the last layers kept"),
@@ -973,6 +973,20 @@ static void validate_quant_widths(const Config *c, int align, const char *recipe
                        recipe, w[i].what, w[i].width, align);
 }
 
+// --moe-router-padding-for-quantization: Megatron-LM's rules, and padding to capacity
+// (which already fixes every expert's rows) not with it.
+static void validate_router_padding(const Config *c) {
+    if (!c->moe_router_padding_for_quantization) return;
+    if (c->quant_recipe == QUANT_OFF)
+        config_die("--moe-router-padding-for-quantization needs --fp8-format or --fp4-format (as in Megatron-LM)");
+    if (!strcmp(c->moe_token_dispatcher_type, "allgather"))
+        config_die("--moe-router-padding-for-quantization does not work with --moe-token-dispatcher-type allgather "
+                   "(as in Megatron-LM): use alltoall");
+    if (c->moe_pad_expert_input_to_capacity)
+        config_die("--moe-router-padding-for-quantization with --moe-pad-expert-input-to-capacity: padding to "
+                   "capacity already gives every expert the same rows; choose one");
+}
+
 // --fp8-* / --fp4-* and --first-last-layers-bf16: Megatron-LM's values and rules, into
 // c->quant_recipe (a QuantRecipe of ops/quantized_linear.h).
 static void validate_fp8(Config *c) {
@@ -980,9 +994,6 @@ static void validate_fp8(Config *c) {
     static const char *const algos[] = {"most_recent", "max"};
     static const char *const fp8_only[] = {"fp8-recipe", "fp8-amax-history-len", "fp8-amax-compute-algo", "fp8-margin"};
     int fp8 = c->fp8_format[0] != 0, fp4 = c->fp4_format[0] != 0;
-    if (c->moe_router_padding_for_quantization)
-        config_die("--moe-router-padding-for-quantization is not built: moetron's grouped GEMMs take any number of "
-                   "rows per expert, so nothing needs the padding; drop the flag");
     if (fp8 && strcmp(c->fp8_format, "e4m3") && strcmp(c->fp8_format, "hybrid"))
         config_die("--fp8-format %s: use e4m3 or hybrid", c->fp8_format);
     if (fp4 && strcmp(c->fp4_format, "e2m1")) config_die("--fp4-format %s: use e2m1 (NVFP4)", c->fp4_format);
@@ -998,6 +1009,7 @@ static void validate_fp8(Config *c) {
         if (config_flag_given(c, fp8_only[i])) config_die("--%s needs --fp8-format", fp8_only[i]);
     if (!fp4 && config_flag_given(c, "fp4-recipe")) config_die("--fp4-recipe needs --fp4-format");
     c->quant_recipe = fp4 ? QUANT_NVFP4 : fp8 ? QUANT_DELAYED + recipe : QUANT_OFF;
+    validate_router_padding(c);
     if (c->first_last_layers_bf16 && !c->quant_recipe)
         config_die("--first-last-layers-bf16 needs --fp8-format or --fp4-format");
     if (c->first_last_layers_bf16 && c->quant_recipe == QUANT_DELAYED)

@@ -141,7 +141,7 @@ typedef struct {
     char fp4_format[16];          // "" (off) | e2m1
     char fp4_recipe[16];          // nvfp4
     int first_last_layers_bf16;   // the first / last layers' GEMMs unquantized
-    int moe_router_padding_for_quantization;  // refused (validate_fp8): not built
+    int moe_router_padding_for_quantization;  // experts' rows rounded up (LayoutPlan.expert_row_align)
     int num_layers_at_start_in_bf16, num_layers_at_end_in_bf16;
     char moe_token_dispatcher_type[16];  // alltoall | allgather (how tokens reach experts on other EP ranks)
     // ---- data ----

@@ -24,12 +24,12 @@
 
 // Rows this rank's experts can receive from its N_local of the micro-batch's N tokens:
 // N_local·k, or E·capacity when padding to capacity (decided on all N of every rank that
-// shares the micro-batch: × CP with context parallelism, moe/router.h).
+// shares the micro-batch: × CP with context parallelism, moe/router.h), plus the rows of
+// --moe-router-padding-for-quantization.
 static size_t moe_rows(const Config *c, const LayoutPlan *p, int N_local, int N) {
     if (c->moe_pad_expert_input_to_capacity)
-        return dispatch_max_rows(N * p->cp_size, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor,
-                                 1);
-    return dispatch_max_rows(N_local, c->moe_router_topk, c->num_experts, c->moe_expert_capacity_factor, 0);
+        return dispatch_max_rows(N * p->cp_size, p->topk, p->experts, c->moe_expert_capacity_factor, 1, 1);
+    return dispatch_max_rows(N_local, p->topk, p->experts, c->moe_expert_capacity_factor, 0, p->expert_row_align);
 }
 
 // Under expert parallelism the experts compute in the exchange's rows (moe/expert_parallel.h):
@@ -67,7 +67,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
         SAVED(bp, ma->jitter, N, H);
     }
     plan_router(bp, ma, p, N, B);
-    ma->plan = (DispatchPlan){.N = N, .k = p->topk, .E = p->experts};
+    ma->plan = (DispatchPlan){.N = N, .k = p->topk, .E = p->experts, .align = p->expert_row_align};
     SAVED_INT32(bp, ma->plan.rows_per_expert, p->experts, 1);
     SAVED_INT32(bp, ma->plan.expert_offsets, p->experts + 1, 1);
     SAVED_INT32(bp, ma->plan.row_of_choice, choices, 1);
@@ -359,7 +359,7 @@ EpExchangeShape acts_exchange_shape(const Model *m, int B, int T) {
     const LayoutPlan *p = &m->plan;
     // the router's capacity comes from the token group's tokens (moe/router.h): B·T × CP
     int limit = dispatch_capacity(B * T * p->cp_size, p->topk, p->experts, c->moe_expert_capacity_factor);
-    return (EpExchangeShape){.tokens = plan_local_tokens(p, B * T), .topk = p->topk,
+    return (EpExchangeShape){.tokens = plan_local_tokens(p, B * T), .topk = p->topk, .align = p->expert_row_align,
                              .capacity = c->moe_pad_expert_input_to_capacity ? limit : 0, .expert_limit = limit,
                              .hidden = p->hidden, .moe_ffn = p->moe_ffn,
                              .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT)};

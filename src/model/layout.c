@@ -4,6 +4,7 @@
 
 #include "core/device.h"
 #include "model/cp_batch.h"  // cp_token_index
+#include "ops/quantized_linear.h"  // quant_router_padding_multiple
 #include "parallel/pipeline_layout.h"
 
 #include <string.h>
@@ -153,6 +154,8 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     plan_recompute(p, c);
     p->experts = c->num_experts;
     p->topk = c->moe_router_topk;
+    p->expert_row_align =
+        c->moe_router_padding_for_quantization ? quant_router_padding_multiple((QuantRecipe)c->quant_recipe) : 1;
     plan_attention(p, c);
     int unused;
     p->ffn = piece(c->ffn_hidden_size, p->tp_size, p->tp_rank, &unused);

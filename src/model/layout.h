@@ -63,6 +63,9 @@ typedef struct {
     const Comm *token_group;
     // model dimensions, global
     int hidden, layers, experts, topk;
+    // --moe-router-padding-for-quantization: each expert's rows of this rank's plan rounded
+    // up to a multiple of this (moe/dispatcher.h); 1 without the flag
+    int expert_row_align;
     // pipeline parallelism (PP): the model chunks this rank runs, in increasing layer order
     // (chunk c is virtual stage c·pp + pp_rank); one chunk holding everything without PP
     int pp_size, pp_rank;

@@ -13,22 +13,25 @@ int dispatch_capacity(int N, int k, int E, double capacity_factor) {
     return capacity < N ? (int)capacity : N;
 }
 
-size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity) {
+size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity, int align) {
     size_t rows = (size_t)N * k;
     if (pad_to_capacity && capacity_factor > 0)
         rows = MT_MAX(rows, (size_t)E * dispatch_capacity(N, k, E, capacity_factor));
+    if (align > 1) rows = MT_MIN(rows + (size_t)E * (align - 1), (size_t)E * N);
     return rows;
 }
 
 // The plan's rows per expert on the host: capacity each when padded (nothing to ask the
-// device), the caller's host copy when it has one, else the layer pass's one download of the
-// plan (4·E bytes).
+// device), the caller's host copy of the kept choices when it has one (rounded up when
+// aligned), else the layer pass's one download of the plan (4·E bytes).
 static void plan_host_rows(DispatchPlan *plan, int capacity, const double *known_rows) {
     int E = plan->E;
     if (!plan->host_rows_per_expert) plan->host_rows_per_expert = mt_calloc(E, sizeof(int32_t));
     int32_t *host_rows = plan->host_rows_per_expert;
     if (capacity > 0)
         for (int e = 0; e < E; e++) host_rows[e] = capacity;
+    else if (known_rows && plan->align > 1)
+        for (int e = 0; e < E; e++) host_rows[e] = dispatch_aligned_rows((int)known_rows[e], plan->N, plan->align);
     else if (known_rows)
         for (int e = 0; e < E; e++) host_rows[e] = (int32_t)known_rows[e];
     else
@@ -42,7 +45,7 @@ void dispatch_plan_known(DispatchPlan *plan, const int32_t *topk_idx, const int3
                          const double *known_rows) {
     PROF_SCOPE(PROF_DISPATCH);
     moe_dispatch_plan(plan->rows_per_expert, plan->expert_offsets, plan->row_of_choice, plan->token_of_row, topk_idx,
-                      kept, plan->N, plan->k, plan->E, capacity);
+                      kept, plan->N, plan->k, plan->E, capacity, plan->align);
     plan_host_rows(plan, capacity, known_rows);
 }
 

@@ -4,6 +4,10 @@
 // rows are contiguous and in token order inside the expert ("expert-major"). Dropped
 // choices (capacity) get no row. With padding to capacity every expert gets exactly
 // `capacity` rows; the rows past its tokens are zero with prob 0 and contribute nothing.
+// Aligned (--moe-router-padding-for-quantization, Megatron's pad_routing_map) each expert's
+// rows are rounded up to a multiple of `align` with the first tokens that did not choose
+// it: rows of real tokens with prob 0, which no choice points at, so they contribute
+// nothing either (their rows only change what a quantizer's blocks and amaxes see).
 // Combine is the exact reverse: token n's output is the sum of its rows, added in choice
 // order, which makes the result independent of threading. The backward of dispatch is a
 // combine and the backward of combine is a dispatch. An expert-parallel dispatcher adds
@@ -20,15 +24,18 @@ typedef struct {
     int rows;                    // rows of the plan (padding included): a host integer
     int32_t *host_rows_per_expert;  // (E) host memory: rows_per_expert, the layer pass's one
                                     // download of the plan (dispatch_plan allocates it)
+    int align;                   // > 1: each expert's rows rounded up to a multiple of it (aligned)
 } DispatchPlan;
 
 // Rows an expert keeps under a capacity factor (0 = dropless: returns 0): ceil(k·N/E · factor),
 // at most N. Computed in double and clamped before the conversion, so any factor is safe.
 int dispatch_capacity(int N, int k, int E, double capacity_factor);
-// Largest number of rows a plan can have: N·k, or E·capacity when padding.
-size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity);
+// Largest number of rows a plan can have: N·k, or E·capacity when padding; aligned
+// (align > 1) up to align − 1 more per expert, at most N per expert.
+size_t dispatch_max_rows(int N, int k, int E, double capacity_factor, int pad_to_capacity, int align);
 
 // topk_idx (N,k), kept (N,k) or NULL (all kept), capacity > 0 to pad every expert to it
+// (not with plan->align > 1)
 void dispatch_plan(DispatchPlan *plan, const int32_t *topk_idx, const int32_t *kept, int capacity);
 // The same when the host already knows each expert's kept choices (known_rows (E), integers as
 // doubles: the router's downloaded tokens_per_expert of these N tokens): no download.

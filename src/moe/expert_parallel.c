@@ -79,15 +79,21 @@ static int etp_size(const ExpertParallel *ep) { return ep->etp ? ep->etp->size :
 size_t ep_max_rows(const ExpertParallel *ep, const EpExchangeShape *s) {
     size_t sources = (size_t)etp_size(ep) * (size_t)ep->size;  // alltoall's sources; allgather's group
     int padded = s->capacity > 0 && ep->dispatcher == DISPATCH_ALLTOALL;  // allgather's plan is never padded
-    size_t per_source = (size_t)s->tokens * MT_MIN(s->topk, ep->local);
-    if (s->expert_limit > 0) per_source = MT_MIN(per_source, (size_t)ep->local * (size_t)s->expert_limit);
-    if (padded) per_source = (size_t)ep->local * (size_t)s->capacity;
+    size_t local = (size_t)ep->local, per_source = (size_t)s->tokens * MT_MIN(s->topk, ep->local);
+    size_t per_expert = s->expert_limit > 0 ? (size_t)s->expert_limit : (size_t)s->tokens;  // kept choices at most
+    if (s->align > 1) {
+        per_source = MT_MIN(per_source + local * (s->align - 1), local * s->tokens);
+        per_expert = (size_t)dispatch_aligned_rows((int)per_expert, s->tokens, s->align);
+    }
+    per_source = MT_MIN(per_source, local * per_expert);
+    if (padded) per_source = local * (size_t)s->capacity;
     return sources * per_source;
 }
 
 // The exchange's shape for a layer's micro-batch.
 static EpExchangeShape exchange_shape(const MoeDispatchContext *ctx, const MoeActs *ma) {
-    return (EpExchangeShape){.tokens = ma->plan.N, .topk = ma->plan.k, .capacity = ma->route.capacity,
+    return (EpExchangeShape){.tokens = ma->plan.N, .topk = ma->plan.k, .align = ma->plan.align,
+                             .capacity = ma->route.capacity,
                              .expert_limit = ma->route.expert_limit, .hidden = ctx->hidden, .moe_ffn = ctx->moe_ffn, .act_shared = ctx->act_shared};
 }
 

@@ -68,12 +68,14 @@ typedef struct {
     int topk;        // k
     int capacity;    // rows per expert when padded to capacity (RouterOutput.capacity), else 0
     int expert_limit;  // rows per expert the capacity factor keeps at most (RouterOutput.expert_limit), 0: dropless
+    int align;       // > 1: each source's rows of an expert rounded up to a multiple of it (DispatchPlan.align)
     int hidden, moe_ffn;
     int act_shared;  // --recompute-modules moe_act: the SwiGLU product is the pass's, not the layer's
 } EpExchangeShape;
 // The most rows this rank's experts can be sent for one layer: from each of the ETP·EP
 // source ranks min(k, local experts) rows per token (a token picks an expert once), at most
-// local · the capacity factor's limit, and local · capacity when padded. However unbalanced
+// local · the capacity factor's limit, and local · capacity when padded; aligned, up to
+// align − 1 more per local expert, at most N each. However unbalanced
 // the routing, no more: the row buffers are made this size once (dropless MoE cannot grow
 // them step after step).
 size_t ep_max_rows(const ExpertParallel *ep, const EpExchangeShape *s);

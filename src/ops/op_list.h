@@ -175,8 +175,8 @@
 #define MT_OPS_DISPATCH(OP)                                                                                              \
     OP(void, moe_dispatch_plan, moe_dispatch_plan,                                                                   \
        (int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice, int32_t *token_of_row,            \
-        const int32_t *topk_idx, const int32_t *kept, int N, int k, int E, int capacity),                            \
-       (rows_per_expert, expert_offsets, row_of_choice, token_of_row, topk_idx, kept, N, k, E, capacity))            \
+        const int32_t *topk_idx, const int32_t *kept, int N, int k, int E, int capacity, int align),                 \
+       (rows_per_expert, expert_offsets, row_of_choice, token_of_row, topk_idx, kept, N, k, E, capacity, align))     \
     OP(void, moe_keep_local_choices, moe_keep_local_choices,                                                         \
        (int32_t *kept, const int32_t *topk_idx, size_t n, int first, int local), (kept, topk_idx, n, first, local)) \
     OP(void, moe_ep_layout, moe_ep_layout,                                                                           \

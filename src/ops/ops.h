@@ -194,7 +194,8 @@ void moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, real *t
 // Permute (dispatch) with a plan of R rows (src/moe/dispatcher.h):
 // x (N,H) -> rows (R,H): rows[r] = x[token_of_row[r]], zeros where token_of_row[r] = −1
 // (padding); when row_values (R) is non-NULL, row_values[r] = choice_values[n·k + j] for
-// the choice with row_of_choice[n·k + j] = r (0 for padding). token_of_row (R),
+// the choice with row_of_choice[n·k + j] = r (0 for padding, and for a row of token n no
+// choice points at: an aligned plan's padding, ops_dispatch.h). token_of_row (R),
 // row_of_choice (N·k) with −1 for dropped choices.
 void moe_permute(real *rows, real *row_values, const real *x, const real *choice_values,
                  const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H);

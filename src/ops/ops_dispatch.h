@@ -7,15 +7,21 @@
 // The dispatch plan of N tokens × k choices over E experts (src/moe/dispatcher.h): a stable
 // counting sort of the kept choices by expert, walking (token, choice) in order, so each
 // expert's rows are contiguous and in token order. All outputs overwritten:
-//   rows_per_expert (E)   kept choices of e, or capacity when capacity > 0 (padding; then every
-//                         expert's kept choices must be ≤ capacity)
+//   rows_per_expert (E)   kept choices of e; capacity when capacity > 0 (padding; then every
+//                         expert's kept choices must be ≤ capacity); with align > 1 the kept
+//                         choices rounded up to a multiple of align, at most N
+//                         (dispatch_aligned_rows: --moe-router-padding-for-quantization)
 //   expert_offsets (E+1)  exclusive prefix sum of rows_per_expert; [E] = the plan's rows R
 //   row_of_choice (N·k)   the row of choice i, −1 when dropped (kept[i] == 0)
-//   token_of_row (R)      the token of each row, −1 for padding rows
-// topk_idx (N·k) in [0, E); kept (N·k) 0/1 or NULL (all kept).
+//   token_of_row (R)      the token of each row: with capacity, −1 for the padding rows after
+//                         an expert's choices; with align, an expert's padding rows are the
+//                         first tokens (in token order) without a kept choice of it, among
+//                         its other rows in token order, and no choice points at them
+// topk_idx (N·k) in [0, E); kept (N·k) 0/1 or NULL (all kept); capacity and align > 1 not
+// both.
 void moe_dispatch_plan(int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice,
                        int32_t *token_of_row, const int32_t *topk_idx, const int32_t *kept, int N, int k, int E,
-                       int capacity);
+                       int capacity, int align);
 
 // Keeps the choices of experts [first, first + local) (the allgather dispatcher's own):
 // kept[i] = kept[i] && first ≤ topk_idx[i] < first + local, in place, for the n choices.
@@ -42,12 +48,20 @@ void moe_ep_layout(int32_t *counts, int32_t *offsets, int32_t *sizes, const int3
 void moe_sort_segments(real *dst, const real *src, const int32_t *recv_counts, const int32_t *offsets, int S, int L,
                        int width, int to_expert_major);
 
-// moe_ep_layout's arithmetic, shared by the backends (the cuda one runs it on one thread).
 #ifdef __CUDACC__
 #define DISPATCH_FN static inline __host__ __device__
 #else
 #define DISPATCH_FN static inline
 #endif
+
+// Rows of an expert with `kept_choices` of N tokens in an aligned plan: rounded up to a
+// multiple of align, at most N (an expert cannot take a token twice).
+DISPATCH_FN int dispatch_aligned_rows(int kept_choices, int N, int align) {
+    int rounded = (kept_choices + align - 1) / align * align;
+    return rounded < N ? rounded : N;
+}
+
+// moe_ep_layout's arithmetic, shared by the backends (the cuda one runs it on one thread).
 DISPATCH_FN void ep_layout_compute(int32_t *counts, int32_t *offsets, int32_t *sizes, const int32_t *own_counts,
                                    const int32_t *recv_counts, const int32_t *expert_offsets, int P, int L, int S) {
     int T = S / P;

@@ -28,6 +28,13 @@ int quant_recipe_alignment(QuantRecipe r) {
     return r == QUANT_MXFP8 ? MX_BLOCK : NVFP4_BLOCK;
 }
 
+enum { FP8_ROUTER_PADDING = 16, MXFP8_ROUTER_PADDING = 32, NVFP4_ROUTER_PADDING = 128 };
+
+int quant_router_padding_multiple(QuantRecipe r) {
+    if (r == QUANT_OFF) return 0;
+    return r == QUANT_NVFP4 ? NVFP4_ROUTER_PADDING : r == QUANT_MXFP8 ? MXFP8_ROUTER_PADDING : FP8_ROUTER_PADDING;
+}
+
 // ---- the context -------------------------------------------------------------------------------
 
 static size_t operand_slots(const QuantContext *c) { return (size_t)c->capacity * QUANT_OPERANDS; }

@@ -31,6 +31,10 @@ typedef enum {
 // The GEMM alignment TE requires of every dimension a recipe blocks along the reduction
 // dimension: 16 (FP8, NVFP4), 32 (MXFP8); 0 when off.
 int quant_recipe_alignment(QuantRecipe r);
+// The multiple --moe-router-padding-for-quantization rounds each expert's rows up to, as
+// Megatron-Core's get_align_size_for_quantization: 32 (MXFP8), 128 (NVFP4: its grouped
+// quantize and Hadamard kernels' tile), 16 (the other FP8 recipes); 0 when off.
+int quant_router_padding_multiple(QuantRecipe r);
 
 typedef struct {
     QuantRecipe recipe;

@@ -129,5 +129,40 @@ if "$M" train "${TINY[@]}" --train-iters 2 --save "$d/plain" >"$d/fresh.out" 2>&
 else
     fail resume_without_quantizer_state "$(grep -m1 -e error -e note "$d/fresh.out")"
 fi
-expect_error router_padding_refused "--moe-router-padding-for-quantization is not built" -- "${T[@]}" --fp8-format e4m3 \
+# --moe-router-padding-for-quantization: each expert's rows rounded up to the recipe's
+# multiple with tokens that did not choose it, at probability 0 (Megatron's pad_routing_map;
+# tests/unit/test_grad_moe.c and tests/conformance/megatron_router.py check the rows). The
+# padding rows join the quantizers' amaxes and blocks, so with delayed scaling and NVFP4 the
+# results move (a little), deterministically; under EP=2 (alltoall) each rank pads its own
+# rows before the exchange, as Megatron does.
+check_recipe padded_delayed 0.1 --fp8-format e4m3 --moe-router-padding-for-quantization
+check_recipe padded_nvfp4 0.25 --fp4-format e2m1 --moe-router-padding-for-quantization
+for name in padded_delayed padded_nvfp4; do
+    plain=${name#padded_}
+    if [ -n "$(step_numbers "$work/$name.jsonl")" ] && [ "$(step_numbers "$work/$name.jsonl")" != "$(step_numbers "$work/$plain.jsonl")" ]; then
+        ok "${name}_pads"
+    else
+        fail "${name}_pads" "the same steps as --fp8/fp4 without padding: no padding row reached a quantizer"
+    fi
+done
+expect_error router_padding_needs_quantization "needs --fp8-format or --fp4-format" -- "${T[@]}" \
     --moe-router-padding-for-quantization
+expect_error router_padding_allgather "use alltoall" -- "${T[@]}" --fp8-format e4m3 \
+    --moe-router-padding-for-quantization --moe-token-dispatcher-type allgather
+expect_error router_padding_capacity "choose one" -- "${T[@]}" --fp8-format e4m3 \
+    --moe-router-padding-for-quantization --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity
+mpi_require router_padding_ep
+ep_padded() {
+    rm -f "$work/$1.jsonl"
+    timeout 300 "${MPIRUN[@]}" -np 2 "$M" train "${TINY[@]}" --expert-model-parallel-size 2 --fp8-format e4m3 \
+        --moe-token-dispatcher-type alltoall "${@:2}" --log-jsonl "$work/$1.jsonl" >"$work/$1.out" 2>&1
+}
+if ep_padded ep_plain && ep_padded ep_padded --moe-router-padding-for-quantization &&
+    [ -n "$(step_numbers "$work/ep_padded.jsonl")" ] &&
+    [ "$(step_numbers "$work/ep_padded.jsonl")" != "$(step_numbers "$work/ep_plain.jsonl")" ] &&
+    python3 -c "import math,sys; q,f=map(float,sys.argv[1:]); sys.exit(not (math.isfinite(q) and abs(q-f) <= 0.1))" \
+        "$(last_loss "$work/ep_padded.jsonl")" "$(last_loss "$work/fp32.jsonl")"; then
+    ok router_padding_ep2_alltoall
+else
+    fail router_padding_ep2_alltoall "$(grep -m1 error "$work/ep_padded.out" "$work/ep_plain.out")"
+fi

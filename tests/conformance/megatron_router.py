@@ -12,7 +12,11 @@ compare:
   * the capacity-dropping result (kept map, tokens per expert, padded capacity);
   * aux_loss / seq_aux_loss / global_aux_loss values (moetron logs L/coeff, Megatron
     returns coeff·L), the counts they use, and the z-loss;
-  * dlogits of objective = Σ probs⊙R + Σ coeff·losses (R random) against torch autograd.
+  * dlogits of objective = Σ probs⊙R + Σ coeff·losses (R random) against torch autograd;
+  * with --moe-router-padding-for-quantization: the aligned dispatch plan's rows of each
+    expert (as a map) against Megatron's pad_routing_map of the kept map with its
+    get_fp8_align_size / get_fp4_align_size, each expert's rows in token order (Megatron's
+    permute), every kept choice in a row of its token.
 
 Deliberate differences, checked against a reference of our own instead of Megatron:
   * --moe-token-drop-policy position: moetron keeps the earliest tokens of each expert;
@@ -54,7 +58,11 @@ try:
         switch_load_balancing_loss_func,
         topk_routing_with_score_function,
         z_loss_func,
+        pad_routing_map,
     )
+    from megatron.core.fp4_utils import get_fp4_align_size
+    from megatron.core.fp8_utils import get_fp8_align_size
+    from megatron.core.enums import Fp4Recipe, Fp8Recipe
 except Exception:  # noqa: BLE001 - any import problem of megatron-core is a setup problem
     print("FAIL setup: pip install megatron-core")
     sys.exit(1)
@@ -69,7 +77,8 @@ BALANCE_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
 
 class Case:
     def __init__(self, name, E=8, N=16, S=None, k=2, score="softmax", pre=False, scale=0.0, groups=(0, 0),
-                 bias=False, cf=0.0, policy="probs", pad=False, balance=None, z=1e-3, micro=1, seed=0, skew=0.0):
+                 bias=False, cf=0.0, policy="probs", pad=False, balance=None, z=1e-3, micro=1, seed=0, skew=0.0,
+                 qpad=None):
         self.name, self.E, self.N, self.k = name, E, N, k
         self.S = S or N
         self.score, self.pre, self.scale, self.groups, self.bias = score, pre, scale, groups, bias
@@ -77,6 +86,7 @@ class Case:
         self.balance = {"aux_loss": 1e-2} if balance is None else balance
         self.z, self.micro, self.seed = z, micro, seed
         self.skew = skew  # added to the logits of the low experts (skew·(1 − e/(E−1))): some get too many tokens
+        self.qpad = qpad  # --moe-router-padding-for-quantization with this recipe (tensorwise, mxfp8, nvfp4)
         assert self.N % self.S == 0
 
     def flags(self):
@@ -99,7 +109,16 @@ class Case:
             f += ["--moe-aux-loss-coeff"] + [repr(v) for v in self.balance.values()]
         else:
             f += ["--moe-router-load-balancing-type", "none", "--moe-aux-loss-coeff", "0"]
+        if self.qpad:
+            quant = ["--fp4-format", "e2m1"] if self.qpad == "nvfp4" else ["--fp8-format", "e4m3", "--fp8-recipe",
+                                                                            self.qpad]
+            f += quant + ["--moe-router-padding-for-quantization"]
         return f
+
+    def qpad_multiple(self):
+        if self.qpad == "nvfp4":
+            return get_fp4_align_size(Fp4Recipe.nvfp4)
+        return get_fp8_align_size(Fp8Recipe[self.qpad])
 
 
 def build_cases():
@@ -160,6 +179,12 @@ def build_cases():
                   balance={"aux_loss": 1e-2, "seq_aux_loss": 1e-2}, z=1e-3))
     c.append(Case("own_sqrtsoftplus_k4_groups_capacity", E=16, N=32, S=16, k=4, score="sqrtsoftplus", bias=True,
                   groups=(4, 2), cf=1.0, balance={"aux_loss": 1e-2, "global_aux_loss": 1e-2}, micro=2))
+    # --moe-router-padding-for-quantization: tokens without a (kept) choice pad each expert
+    c.append(Case("qpad_tensorwise_k2", E=8, N=40, k=2, qpad="tensorwise"))
+    c.append(Case("qpad_tensorwise_capacity", E=8, N=20, k=2, cf=1.0, skew=2.0, qpad="tensorwise"))
+    c.append(Case("qpad_tensorwise_short_of_tokens", E=4, N=12, k=2, qpad="tensorwise"))  # 16 > N: all tokens
+    c.append(Case("qpad_mxfp8_sigmoid_k4", E=16, N=48, k=4, score="sigmoid", bias=True, qpad="mxfp8"))
+    c.append(Case("qpad_nvfp4_k1", E=8, N=160, k=1, pre=True, qpad="nvfp4", skew=3.0))
     return c
 
 
@@ -396,6 +421,35 @@ def compare(case, mb, out, ref, notes):
         n, e = np.unravel_index(np.abs(dl - want).argmax(), dl.shape)
         p.append("%sdlogits rel err %.3g (max |ref| %.3g) at (%d,%d): moetron %.9g autograd %.9g" % (
             tag, err, scale, n, e, dl[n, e], want[n, e]))
+    if case.qpad:
+        p += compare_aligned_plan(case, tag, out, want_kept)
+    return p
+
+
+def compare_aligned_plan(case, tag, out, kept_map):
+    """The aligned plan against Megatron's pad_routing_map of the kept map."""
+    N, E, k = case.N, case.E, case.k
+    want = pad_routing_map(torch.tensor(kept_map), case.qpad_multiple()).numpy().astype(bool)
+    offsets, token_of_row = out["aligned_offsets"], out["aligned_token_of_row"]
+    got, p = np.zeros((N, E), dtype=int), []
+    for e in range(E):
+        tokens = token_of_row[offsets[e]:offsets[e + 1]]
+        if (np.diff(tokens) <= 0).any():
+            p.append("%sexpert %d's rows are not in token order: %s" % (tag, e, tokens.tolist()))
+        got[tokens, e] += 1
+    if not (got == want).all():
+        diff = np.argwhere(got != want)[:4].tolist()
+        p.append("%saligned rows differ from pad_routing_map at (token, expert) %s" % (tag, diff))
+    if not (want.sum(0) > kept_map.sum(0)).any():
+        p.append("%sthe case pads nothing (change its sizes)" % tag)
+    idx, row_of_choice = out["topk_idx"], out["aligned_row_of_choice"]
+    for n in range(N):
+        for j in range(k):
+            row, e = row_of_choice[n, j], idx[n, j]
+            if kept_map[n, e] != (row >= 0) or (row >= 0 and not (offsets[e] <= row < offsets[e + 1]
+                                                                 and token_of_row[row] == n)):
+                p.append("%schoice (%d,%d) of expert %d has row %d" % (tag, n, j, e, row))
+                return p
     return p
 
 

@@ -16,12 +16,17 @@
 //      tokens_per_expert, aux_counts (I32 E), seq_counts (I32 N/T,E), global_counts (F64 E),
 //      aux_loss, seq_aux_loss, global_aux_loss (F64 scalars: L/coeff), z_loss (F64, L/coeff),
 //      objective (F64: router_objective), capacity, dropped (I32 scalars),
-//      dlogits (F32 N,E; only with dprobs).
+//      dlogits (F32 N,E; only with dprobs);
+//      with --moe-router-padding-for-quantization (and its --fp8-* / --fp4-* recipe) the
+//      aligned dispatch plan of the kept choices: aligned_offsets (I32 E+1),
+//      aligned_token_of_row (I32 rows), aligned_row_of_choice (I32 N,k).
 #include <string.h>
 
 #include "core/config.h"
 #include "core/safetensors.h"
 #include "model/model.h"
+#include "moe/dispatcher.h"
+#include "ops/quantized_linear.h"
 
 // The tensor `name` (NULL when absent), checked to be F64/F32 of shape (d0) or (d0,d1).
 static const StTensor *find_float(const StFile *f, const char *name, int ndim, int64_t d0, int64_t d1) {
@@ -49,6 +54,24 @@ static double scalar_value(const StFile *f, const StTensor *t) {
 
 static void add_f64_scalar(StWriter *w, const char *name, const double *value) {
     stw_add(w, name, ST_F64, 0, NULL, value);
+}
+
+// The dispatch plan --moe-router-padding-for-quantization makes of the routing, copied into w.
+static void add_aligned_plan(StWriter *w, const RouterOutput *out, const Config *cfg, int N, int k, int E) {
+    int align = quant_router_padding_multiple((QuantRecipe)cfg->quant_recipe);
+    size_t max_rows = dispatch_max_rows(N, k, E, 0, 0, align);
+    DispatchPlan plan = {.N = N, .k = k, .E = E, .align = align,
+                         .rows_per_expert = mt_malloc((size_t)E * sizeof(int32_t)),
+                         .expert_offsets = mt_malloc((size_t)(E + 1) * sizeof(int32_t)),
+                         .row_of_choice = mt_malloc((size_t)N * k * sizeof(int32_t)),
+                         .token_of_row = mt_malloc(MT_MAX(max_rows, 1) * sizeof(int32_t))};
+    dispatch_plan(&plan, out->topk_idx, out->kept, 0);
+    int64_t offsets_shape[1] = {E + 1}, rows_shape[1] = {plan.rows}, nk[2] = {N, k};
+    stw_add_download(w, "aligned_offsets", ST_I32, 1, offsets_shape, plan.expert_offsets);
+    stw_add_download(w, "aligned_token_of_row", ST_I32, 1, rows_shape, plan.token_of_row);
+    stw_add_download(w, "aligned_row_of_choice", ST_I32, 2, nk, plan.row_of_choice);
+    dispatch_plan_free(&plan);
+    free(plan.rows_per_expert), free(plan.expert_offsets), free(plan.row_of_choice), free(plan.token_of_row);
 }
 
 int main(int argc, char **argv) {
@@ -156,6 +179,7 @@ int main(int argc, char **argv) {
     stw_add(&w, "capacity", ST_I32, 0, NULL, &capacity);
     stw_add(&w, "dropped", ST_I32, 0, NULL, &dropped);
     if (dlogits) stw_add_real(&w, "dlogits", 2, ne, dlogits);
+    if (cfg.moe_router_padding_for_quantization) add_aligned_plan(&w, &out, &cfg, N, k, E);
     if (stw_finish(&w, argv[2], err, sizeof err)) mt_die("%s: %s", argv[2], err);
 
     st_close(&in);

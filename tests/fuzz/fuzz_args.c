@@ -38,7 +38,7 @@ static void derived_sizes(const Config *c) {
     if (rc.E > 0) {
         int capacity = dispatch_capacity(N, rc.k, rc.E, rc.capacity_factor);
         if (capacity < 0 || capacity > N) fuzz_fail("capacity %d outside 0..%d tokens", capacity, N);
-        (void)dispatch_max_rows(N, rc.k, rc.E, rc.capacity_factor, rc.pad_to_capacity);
+        (void)dispatch_max_rows(N, rc.k, rc.E, rc.capacity_factor, rc.pad_to_capacity, 1);
     }
     AttentionWidths w = attention_widths(c);
     (void)mt_size_product((int64_t)c->max_positions * w.k, sizeof(real));  // kv_caches_new

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "moe/dispatcher.h"
 #include "op_check.h"
 
 static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
@@ -19,6 +20,7 @@ static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
 typedef struct {
     int N, k, E;
     int drop, pad;  // drop: about 1 choice in 4 dropped; pad: capacity one above the fullest expert
+    int align;      // > 1: an aligned plan (--moe-router-padding-for-quantization)
 } PlanCase;
 
 // k distinct experts per token: token n's choice j is (first_n + j·step_n) mod E, distinct
@@ -45,8 +47,8 @@ static int plan_capacity(const PlanCase *c, const int32_t *topk, const int32_t *
 
 static void check_plan(const PlanCase *c) {
     char name[128];
-    snprintf(name, sizeof(name), "moe_dispatch_plan N=%d k=%d E=%d%s%s", c->N, c->k, c->E, c->drop ? " drop" : "",
-             c->pad ? " pad" : "");
+    snprintf(name, sizeof(name), "moe_dispatch_plan N=%d k=%d E=%d%s%s align=%d", c->N, c->k, c->E,
+             c->drop ? " drop" : "", c->pad ? " pad" : "", c->align);
     int N = c->N, k = c->k, E = c->E;
     size_t nk = (size_t)N * k;
     int32_t *topk = random_topk(c);
@@ -54,14 +56,15 @@ static void check_plan(const PlanCase *c) {
     if (kept)
         for (size_t i = 0; i < nk; i++) kept[i] = kept[i] != 0;
     int capacity = plan_capacity(c, topk, kept);
-    size_t rows = capacity ? (size_t)E * capacity : nk;
+    size_t rows = dispatch_max_rows(N, k, E, 0, 0, c->align);
+    if (capacity) rows = (size_t)E * capacity;
     int32_t *rpe = check_random_ints((size_t)E, 0, 1), *off = check_random_ints((size_t)E + 1, 0, 1);
     int32_t *roc = check_random_ints(nk, 0, 1), *tor = check_random_ints(rows, 0, 1);
     int32_t *d_rpe = check_device_unset_ints((size_t)E), *d_off = check_device_unset_ints((size_t)E + 1);
     int32_t *d_roc = check_device_unset_ints(nk), *d_tor = check_device_unset_ints(rows);
     int32_t *d_topk = check_ints_to_device(topk, nk), *d_kept = kept ? check_ints_to_device(kept, nk) : NULL;
-    cpu()->moe_dispatch_plan(rpe, off, roc, tor, topk, kept, N, k, E, capacity);
-    under()->moe_dispatch_plan(d_rpe, d_off, d_roc, d_tor, d_topk, d_kept, N, k, E, capacity);
+    cpu()->moe_dispatch_plan(rpe, off, roc, tor, topk, kept, N, k, E, capacity, c->align);
+    under()->moe_dispatch_plan(d_rpe, d_off, d_roc, d_tor, d_topk, d_kept, N, k, E, capacity, c->align);
     check_finish();
     size_t plan_rows = (size_t)off[E];
     check_compare_ints(name, "rows_per_expert", rpe, d_rpe, (size_t)E);
@@ -73,8 +76,11 @@ static void check_plan(const PlanCase *c) {
 
 static void check_plans(void) {
     static const PlanCase cases[] = {
-        {7, 2, 5, 0, 0},   {7, 2, 5, 1, 0},    {7, 2, 5, 0, 1},  {7, 2, 5, 1, 1},   {300, 3, 7, 0, 0},
-        {300, 3, 7, 1, 1}, {1000, 2, 31, 1, 0}, {3, 1, 13, 0, 1}, {0, 2, 5, 0, 1},
+        {7, 2, 5, 0, 0, 1},   {7, 2, 5, 1, 0, 1},    {7, 2, 5, 0, 1, 1},  {7, 2, 5, 1, 1, 1},   {300, 3, 7, 0, 0, 1},
+        {300, 3, 7, 1, 1, 1}, {1000, 2, 31, 1, 0, 1}, {3, 1, 13, 0, 1, 1}, {0, 2, 5, 0, 1, 1},
+        // aligned: experts short of tokens to pad with, chunks past one block, drops
+        {7, 2, 5, 0, 0, 16}, {7, 2, 5, 1, 0, 4}, {300, 3, 7, 1, 0, 16}, {1000, 2, 31, 1, 0, 32},
+        {600, 1, 13, 0, 0, 128}, {0, 2, 5, 0, 0, 16},
     };
     for (int i = 0; i < COUNT(cases); i++) check_plan(&cases[i]);
 }

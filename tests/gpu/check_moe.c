@@ -90,6 +90,7 @@ static const RouteCase ROUTES[] = {
 typedef struct {
     int N, k, E, H;
     int drop, pad;  // drop: about 1 choice in 5 dropped; pad: every expert padded past its rows
+    int align;      // > 1: an aligned plan (--moe-router-padding-for-quantization)
 } PlanCase;
 
 // A plan of random routings: k distinct experts per token (rejection from a pool of random
@@ -117,8 +118,8 @@ static DispatchPlan random_plan(const PlanCase *c) {
             if (!kept || kept[i]) capacity = MT_MAX(capacity, ++count[topk[i]]);
         capacity++;
     }
-    size_t rows = c->pad ? (size_t)E * capacity : nk;
-    DispatchPlan plan = {.N = N, .k = k, .E = E};
+    size_t rows = c->pad ? (size_t)E * capacity : dispatch_max_rows(N, k, E, 0, 0, c->align);
+    DispatchPlan plan = {.N = N, .k = k, .E = E, .align = c->align};
     plan.rows_per_expert = check_random_ints((size_t)E, 0, 1);
     plan.expert_offsets = check_random_ints((size_t)E + 1, 0, 1);
     plan.row_of_choice = check_random_ints(nk, 0, 1);
@@ -129,8 +130,8 @@ static DispatchPlan random_plan(const PlanCase *c) {
 
 static void check_permute(const PlanCase *c) {
     char name[128];
-    snprintf(name, sizeof(name), "moe_permute/unpermute N=%d k=%d E=%d H=%d%s%s", c->N, c->k, c->E, c->H,
-             c->drop ? " drop" : "", c->pad ? " pad" : "");
+    snprintf(name, sizeof(name), "moe_permute/unpermute N=%d k=%d E=%d H=%d%s%s align=%d", c->N, c->k, c->E, c->H,
+             c->drop ? " drop" : "", c->pad ? " pad" : "", c->align);
     DispatchPlan plan = random_plan(c);
     int N = c->N, k = c->k, H = c->H, R = plan.expert_offsets[c->E];
     size_t nh = (size_t)N * H, rh = (size_t)R * H, nk = (size_t)N * k;
@@ -165,8 +166,9 @@ static void check_permute(const PlanCase *c) {
 }
 
 static const PlanCase PLANS[] = {
-    {1, 1, 1, 1, 0, 0},   {7, 2, 4, 7, 1, 0},      {257, 2, 8, 64, 0, 1},
-    {33, 6, 64, 4097, 1, 0}, {300, 8, 256, 129, 1, 1},
+    {1, 1, 1, 1, 0, 0, 1},   {7, 2, 4, 7, 1, 0, 1},      {257, 2, 8, 64, 0, 1, 1},
+    {33, 6, 64, 4097, 1, 0, 1}, {300, 8, 256, 129, 1, 1, 1},
+    {257, 2, 8, 64, 1, 0, 16}, {70, 2, 8, 33, 0, 0, 32},  // aligned: padding rows of real tokens
 };
 
 void check_moe_ops(void) {

@@ -37,6 +37,20 @@ static void fill_random(Model *m, uint64_t seed) {
     for (size_t i = 0; i < m->tt.total; i++) m->tt.params[i] = 0.4 * rng_normal(&rng);
 }
 
+// A fixed micro-batch of 2 × 4 tokens (ids below the small vocabulary).
+static Batch eight_tokens(void) {
+    static const int32_t tokens[8] = {1, 5, 7, 2, 12, 0, 3, 3}, targets[8] = {5, 7, 2, 12, 0, 3, 3, 9};
+    return (Batch){.B = 2, .T = 4, .tokens = tokens, .targets = targets};
+}
+
+// Both models' activations for the batch, and both forwards.
+static void forward_pair(Model *a, ModelActs *acts_a, Model *b, ModelActs *acts_b, const Batch *batch) {
+    acts_alloc(acts_a, a, batch->B, batch->T);
+    acts_alloc(acts_b, b, batch->B, batch->T);
+    model_forward(a, acts_a, batch, NULL, 0);
+    model_forward(b, acts_b, batch, NULL, 0);
+}
+
 // ---- 1 expert, top-1 == dense -------------------------------------------------------------
 
 static void test_one_expert_top1_equals_dense_mlp(void) {
@@ -64,13 +78,9 @@ static void test_one_expert_top1_equals_dense_mlp(void) {
         if (src < 0) return;
         memcpy(tt_param(&dense.tt, i), tt_param(&moe.tt, src), dense.tt.descs[i].numel * sizeof(real));
     }
-    int32_t tokens[8] = {1, 5, 7, 2, 12, 0, 3, 3}, targets[8] = {5, 7, 2, 12, 0, 3, 3, 9};
-    Batch batch = {.B = 2, .T = 4, .tokens = tokens, .targets = targets};
+    Batch batch = eight_tokens();
     ModelActs am, ad;
-    acts_alloc(&am, &moe, 2, 4);
-    acts_alloc(&ad, &dense, 2, 4);
-    model_forward(&moe, &am, &batch, NULL, 0);
-    model_forward(&dense, &ad, &batch, NULL, 0);
+    forward_pair(&moe, &am, &dense, &ad, &batch);
     CHECK(memcmp(am.logits, ad.logits, 8 * cm.padded_vocab_size * sizeof(real)) == 0, "logits differ");
     CHECK(am.lm_loss == ad.lm_loss, "loss %.17g vs %.17g", am.lm_loss, ad.lm_loss);
     model_backward(&moe, &am, &batch, 1.0);
@@ -264,10 +274,47 @@ static void test_capacity_above_load_equals_dropless(void) {
     fixture_free(&padded);
 }
 
+// --moe-router-padding-for-quantization's rows (tokens that did not pick the expert, at
+// probability 0) change nothing without a quantizer: a whole model's logits, loss and every
+// gradient equal the unpadded model's (as values: a sum may differ in the sign of a zero).
+static void test_aligned_padding_rows_change_nothing(void) {
+    Config c;
+    small_config(&c, 4, 2, "1", 1);
+    Model plain, aligned;
+    model_build(&plain, &c);
+    model_build(&aligned, &c);
+    aligned.plan.expert_row_align = 3;  // what the flag's recipe sets (16 and up) is above these 8 tokens
+    fill_random(&plain, 21);
+    memcpy(aligned.tt.params, plain.tt.params, plain.tt.total * sizeof(real));
+    Batch batch = eight_tokens();
+    ModelActs ap, aa;
+    forward_pair(&plain, &ap, &aligned, &aa, &batch);
+    int padded_layers = 0;
+    for (int l = 0; l < c.num_layers; l++) padded_layers += aa.layers[l].moe.plan.rows > ap.layers[l].moe.plan.rows;
+    CHECK(padded_layers == c.num_layers, "only %d of %d layers got padding rows", padded_layers, c.num_layers);
+    for (int l = 0; l < c.num_layers; l++)
+        for (int e = 0; e < 4; e++)
+            CHECK(aa.layers[l].moe.plan.host_rows_per_expert[e] % 3 == 0 || aa.layers[l].moe.plan.host_rows_per_expert[e] == 8,
+                  "layer %d expert %d has %d rows", l, e, aa.layers[l].moe.plan.host_rows_per_expert[e]);
+    size_t logits = 8 * (size_t)c.padded_vocab_size;
+    for (size_t i = 0; i < logits; i++) CHECK(aa.logits[i] == ap.logits[i], "logit %zu differs", i);
+    CHECK(aa.lm_loss == ap.lm_loss, "loss %.17g vs %.17g", aa.lm_loss, ap.lm_loss);
+    model_backward(&plain, &ap, &batch, 1.0);
+    model_backward(&aligned, &aa, &batch, 1.0);
+    size_t differ = 0;
+    for (size_t i = 0; i < plain.tt.total; i++) differ += aligned.tt.grads[i] != plain.tt.grads[i];
+    CHECK(differ == 0, "%zu gradients differ", differ);
+    acts_free(&ap);
+    acts_free(&aa);
+    model_free(&plain);
+    model_free(&aligned);
+}
+
 int main(void) {
     RUN(test_one_expert_top1_equals_dense_mlp);
     RUN(test_expert_without_tokens);
     RUN(test_all_tokens_to_one_expert);
     RUN(test_capacity_above_load_equals_dropless);
+    RUN(test_aligned_padding_rows_change_nothing);
     TESTS_DONE();
 }

@@ -620,7 +620,7 @@ static void check_dispatch(const char *what, const int32_t *topk, const int32_t 
     rng_seed(&rng, seed);
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
     for (int r = 0; r < DMAXROWS; r++) token_of_row[r] = -7;  // sentinel: untouched
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL};  // rows: set by the plan
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL, 1};  // rows: set by the plan
     dispatch_plan(&plan, topk, kept, capacity);
     // expected: kept choices per expert, rows per expert, offsets
     int kept_count[DE] = {0}, want_offsets[DE + 1] = {0};
@@ -746,7 +746,7 @@ static void test_dispatch_dropped(void) {
     check_dispatch("dropped", DISPATCH_TOPK, DISPATCH_KEPT, 0, 95);
     // token 4 lost both choices: combine gives it zero, and accumulate leaves it as it was
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL};  // rows: set by the plan
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL, 1};  // rows: set by the plan
     dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 0);
     CHECK(offsets[DE] == 10, "dropped plan has %d rows, expected 10", offsets[DE]);
     real rows[DMAXROWS * DH], out[DN * DH];
@@ -759,38 +759,87 @@ static void test_dispatch_dropped(void) {
     dispatch_plan_free(&plan);
 }
 
+// got[0..n) == want[0..n), each difference named (what[i] = got, expected want)
+static void check_int32s(const char *what, const int32_t *got, const int32_t *want, int n) {
+    for (int i = 0; i < n; i++) CHECK(got[i] == want[i], "%s[%d] = %d, expected %d", what, i, got[i], want[i]);
+}
+
 static void test_dispatch_padded(void) {
     check_dispatch("padded, dropped, capacity 3", DISPATCH_TOPK, DISPATCH_KEPT, 3, 96);
     check_dispatch("padded, dropless, capacity 5", DISPATCH_TOPK, NULL, 5, 97);
     // the padded layout spelled out: expert e owns rows 3e..3e+2; expert 3 is all padding
     int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
-    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL};  // rows: set by the plan
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL, 1};  // rows: set by the plan
     dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 3);
     static const int32_t want_tokens[15] = {0, 3, 5, 0, 1, 6, 3, 5, -1, -1, -1, -1, 2, 6, -1};
     static const int32_t want_rows[DNK] = {0, 3, 4, -1, -1, 12, 6, 1, -1, -1, 2, 7, 5, 13};
-    for (int r = 0; r < 15; r++)
-        CHECK(token_of_row[r] == want_tokens[r], "padded token_of_row[%d] = %d, expected %d", r, token_of_row[r],
-              want_tokens[r]);
+    check_int32s("padded token_of_row", token_of_row, want_tokens, 15);
+    check_int32s("padded row_of_choice", row_of_choice, want_rows, DNK);
+    dispatch_plan_free(&plan);
+}
+
+// --moe-router-padding-for-quantization's plan spelled out (Megatron's pad_routing_map): each
+// expert rounded up to a multiple of 4 with the first tokens that kept no choice of it (a
+// dropped choice counts as none), expert 3 (no tokens) stays empty; every padding row is a
+// copy of its token with value 0, and combine leaves it out.
+static void test_dispatch_aligned(void) {
+    int32_t rpe[DE], offsets[DE + 1], row_of_choice[DNK], token_of_row[DMAXROWS];
+    DispatchPlan plan = {DN, DK, DE, rpe, offsets, row_of_choice, token_of_row, 0, NULL, .align = 4};
+    dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 0);
+    static const int32_t want_offsets[DE + 1] = {0, 4, 8, 12, 12, 16};
+    static const int32_t want_tokens[16] = {0, 1, 3, 5, 0, 1, 2, 6, 0, 1, 3, 5, 0, 1, 2, 6};
+    static const int32_t want_rows[DNK] = {0, 4, 5, -1, -1, 14, 10, 2, -1, -1, 3, 11, 7, 15};
+    check_int32s("aligned expert_offsets", offsets, want_offsets, DE + 1);
+    CHECK(plan.rows == 16 && plan.host_rows_per_expert[3] == 0, "aligned plan: %d rows", plan.rows);
+    check_int32s("aligned token_of_row", token_of_row, want_tokens, 16);
+    check_int32s("aligned row_of_choice", row_of_choice, want_rows, DNK);
+    real x[DN * DH], rows[16 * DH], rv[16], cv[DNK], out[DN * DH], want[DN * DH] = {0};
+    for (int i = 0; i < DN * DH; i++) x[i] = 1 + i;
+    for (int i = 0; i < DNK; i++) cv[i] = 0.5 + i;
+    dispatch_forward(rows, rv, x, cv, &plan, DH);
+    int is_choice[16] = {0};
     for (int i = 0; i < DNK; i++)
-        CHECK(row_of_choice[i] == want_rows[i], "padded row_of_choice[%d] = %d, expected %d", i, row_of_choice[i],
-              want_rows[i]);
+        if (want_rows[i] >= 0) {
+            is_choice[want_rows[i]] = 1;
+            CHECK(rv[want_rows[i]] == cv[i], "aligned value of choice %d", i);
+        }
+    for (int r = 0; r < 16; r++) {
+        for (int h = 0; h < DH; h++) CHECK(rows[r * DH + h] == x[want_tokens[r] * DH + h], "aligned row %d", r);
+        if (!is_choice[r]) CHECK(rv[r] == 0, "aligned padding row %d has value %g", r, (double)rv[r]);
+    }
+    combine_forward(out, rows, &plan, DH, 0);
+    for (int i = 0; i < DNK; i++)
+        if (want_rows[i] >= 0)
+            for (int h = 0; h < DH; h++) want[(i / DK) * DH + h] += x[(i / DK) * DH + h];
+    for (int i = 0; i < DN * DH; i++) CHECK(out[i] == want[i], "aligned combine [%d] = %g, expected %g", i, (double)out[i], (double)want[i]);
+    dispatch_plan_free(&plan);
+    // a multiple above N: every expert with a token takes all N
+    int32_t big_tokens[DE * DN];
+    plan = (DispatchPlan){DN, DK, DE, rpe, offsets, row_of_choice, big_tokens, 0, NULL, .align = 8};
+    dispatch_plan(&plan, DISPATCH_TOPK, DISPATCH_KEPT, 0);
+    for (int e = 0; e < DE; e++) CHECK(rpe[e] == (e == 3 ? 0 : DN), "aligned to 8: expert %d has %d rows", e, rpe[e]);
+    CHECK(plan.rows == 4 * DN, "aligned to 8: %d rows", plan.rows);
     dispatch_plan_free(&plan);
 }
 
 static void test_dispatch_max_rows(void) {
     // N·k dropless or unpadded; E·C padded, C = ceil(k·N/E·factor) capped at N
-    CHECK(dispatch_max_rows(7, 2, 5, 0, 0) == 14, "dropless");
-    CHECK(dispatch_max_rows(7, 2, 5, 0, 1) == 14, "padding without a capacity factor");
-    CHECK(dispatch_max_rows(7, 2, 5, 1.0, 0) == 14, "capacity without padding");
-    CHECK(dispatch_max_rows(7, 2, 5, 1.0, 1) == 15, "padded C=3: %zu", dispatch_max_rows(7, 2, 5, 1.0, 1));
-    CHECK(dispatch_max_rows(7, 2, 5, 0.5, 1) == 14, "padded C=2 (10 rows < N·k): %zu", dispatch_max_rows(7, 2, 5, 0.5, 1));
-    CHECK(dispatch_max_rows(7, 2, 5, 4.0, 1) == 35, "padded C capped at N=7: %zu", dispatch_max_rows(7, 2, 5, 4.0, 1));
-    CHECK(dispatch_max_rows(6, 1, 4, 1.5, 1) == 12, "padded C=ceil(2.25)=3: %zu", dispatch_max_rows(6, 1, 4, 1.5, 1));
+    CHECK(dispatch_max_rows(7, 2, 5, 0, 0, 1) == 14, "dropless");
+    CHECK(dispatch_max_rows(7, 2, 5, 0, 1, 1) == 14, "padding without a capacity factor");
+    CHECK(dispatch_max_rows(7, 2, 5, 1.0, 0, 1) == 14, "capacity without padding");
+    CHECK(dispatch_max_rows(7, 2, 5, 1.0, 1, 1) == 15, "padded C=3: %zu", dispatch_max_rows(7, 2, 5, 1.0, 1, 1));
+    CHECK(dispatch_max_rows(7, 2, 5, 0.5, 1, 1) == 14, "padded C=2 (10 rows < N·k): %zu", dispatch_max_rows(7, 2, 5, 0.5, 1, 1));
+    CHECK(dispatch_max_rows(7, 2, 5, 4.0, 1, 1) == 35, "padded C capped at N=7: %zu", dispatch_max_rows(7, 2, 5, 4.0, 1, 1));
+    CHECK(dispatch_max_rows(6, 1, 4, 1.5, 1, 1) == 12, "padded C=ceil(2.25)=3: %zu", dispatch_max_rows(6, 1, 4, 1.5, 1, 1));
     // a factor whose k·N/E · factor is beyond int: clamped to N before the conversion
     CHECK(dispatch_capacity(1024, 2, 8, 2e7) == 1024, "capacity of factor 2e7: %d", dispatch_capacity(1024, 2, 8, 2e7));
     CHECK(dispatch_capacity(1024, 2, 8, 0) == 0, "dropless capacity: %d", dispatch_capacity(1024, 2, 8, 0));
-    CHECK(dispatch_max_rows(1024, 2, 8, 2e7, 1) == 8192, "padded rows of factor 2e7: %zu",
-          dispatch_max_rows(1024, 2, 8, 2e7, 1));
+    CHECK(dispatch_max_rows(1024, 2, 8, 2e7, 1, 1) == 8192, "padded rows of factor 2e7: %zu",
+          dispatch_max_rows(1024, 2, 8, 2e7, 1, 1));
+    // aligned: align − 1 more rows per expert, at most N per expert
+    CHECK(dispatch_max_rows(7, 2, 5, 0, 0, 4) == 29, "aligned to 4: %zu", dispatch_max_rows(7, 2, 5, 0, 0, 4));
+    CHECK(dispatch_max_rows(7, 2, 5, 0, 0, 16) == 35, "aligned to 16, capped at E·N: %zu",
+          dispatch_max_rows(7, 2, 5, 0, 0, 16));
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------------------------
@@ -875,6 +924,7 @@ int main(void) {
     RUN(test_dispatch_combine);
     RUN(test_dispatch_dropped);
     RUN(test_dispatch_padded);
+    RUN(test_dispatch_aligned);
     RUN(test_dispatch_max_rows);
     RUN(test_adamw_decay);
     RUN(test_adamw_no_decay);

@@ -13,20 +13,18 @@ static void count_kept(int32_t *tokens, const int32_t *topk_idx, const int32_t *
         if (!kept || kept[i]) tokens[topk_idx[i]]++;
 }
 
-void cpu_moe_dispatch_plan(int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice,
-                           int32_t *token_of_row, const int32_t *topk_idx, const int32_t *kept, int N, int k, int E,
-                           int capacity) {
-    int32_t *tokens = mt_malloc((size_t)MT_MAX(E, 1) * sizeof(int32_t));
-    count_kept(tokens, topk_idx, kept, N * k, E);
-    expert_offsets[0] = 0;
-    for (int e = 0; e < E; e++) {
-        MT_ASSERT(capacity == 0 || tokens[e] <= capacity);
-        rows_per_expert[e] = capacity > 0 ? capacity : tokens[e];
-        expert_offsets[e + 1] = expert_offsets[e] + rows_per_expert[e];
-    }
-    // Counting sort: walking (token, choice) in order keeps token order within an expert.
-    int32_t *next_row = tokens;
-    memcpy(next_row, expert_offsets, (size_t)E * sizeof(int32_t));
+// Rows of expert e's segment: capacity when padding to it, its kept choices rounded up to
+// `align` (at most all N tokens) when aligning, else its kept choices.
+static int32_t plan_expert_rows(int32_t kept_choices, int N, int capacity, int align) {
+    if (capacity > 0) return capacity;
+    return align > 1 ? dispatch_aligned_rows(kept_choices, N, align) : kept_choices;
+}
+
+// Counting sort: walking (token, choice) in order keeps token order within an expert; the
+// rows past an expert's choices are its padding (token −1).
+static void plan_rows_in_choice_order(int32_t *row_of_choice, int32_t *token_of_row, int32_t *next_row,
+                                      const int32_t *expert_offsets, const int32_t *topk_idx, const int32_t *kept,
+                                      int N, int k, int E) {
     for (int n = 0; n < N; n++)
         for (int j = 0; j < k; j++) {
             int i = n * k + j;
@@ -38,9 +36,60 @@ void cpu_moe_dispatch_plan(int32_t *rows_per_expert, int32_t *expert_offsets, in
             row_of_choice[i] = row;
             token_of_row[row] = n;
         }
-    for (int e = 0; e < E; e++)  // padding rows
+    for (int e = 0; e < E; e++)
         for (int row = next_row[e]; row < expert_offsets[e + 1]; row++) token_of_row[row] = -1;
+}
+
+// Aligned plan: walking the tokens in order, each expert takes the tokens with a kept
+// choice of it and, while it still needs padding, the tokens without one (their rows carry
+// the token but no choice: value 0) — Megatron's pad_routing_map, "the first zeros of
+// each expert's column".
+static void plan_rows_aligned(int32_t *row_of_choice, int32_t *token_of_row, int32_t *next_row,
+                              const int32_t *expert_offsets, const int32_t *tokens, const int32_t *topk_idx,
+                              const int32_t *kept, int N, int k, int E) {
+    int32_t *pad_left = mt_malloc((size_t)E * sizeof(int32_t)), *choice_of_expert = mt_malloc((size_t)E * sizeof(int32_t));
+    for (int e = 0; e < E; e++) pad_left[e] = expert_offsets[e + 1] - expert_offsets[e] - tokens[e];
+    for (int e = 0; e < E; e++) choice_of_expert[e] = -1;
+    for (int n = 0; n < N; n++) {
+        for (int j = 0; j < k; j++) {
+            int i = n * k + j;
+            if (kept && !kept[i]) row_of_choice[i] = -1;
+            else choice_of_expert[topk_idx[i]] = i;
+        }
+        for (int e = 0; e < E; e++) {
+            int i = choice_of_expert[e];
+            if (i < 0 && pad_left[e] == 0) continue;
+            int row = next_row[e]++;
+            token_of_row[row] = n;
+            if (i >= 0) row_of_choice[i] = row;
+            else pad_left[e]--;
+            choice_of_expert[e] = -1;
+        }
+    }
+    free(pad_left);
+    free(choice_of_expert);
+}
+
+void cpu_moe_dispatch_plan(int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice,
+                           int32_t *token_of_row, const int32_t *topk_idx, const int32_t *kept, int N, int k, int E,
+                           int capacity, int align) {
+    MT_ASSERT(capacity == 0 || align <= 1);
+    int32_t *tokens = mt_malloc((size_t)MT_MAX(E, 1) * sizeof(int32_t));
+    int32_t *next_row = mt_malloc((size_t)MT_MAX(E, 1) * sizeof(int32_t));
+    count_kept(tokens, topk_idx, kept, N * k, E);
+    expert_offsets[0] = 0;
+    for (int e = 0; e < E; e++) {
+        MT_ASSERT(capacity == 0 || tokens[e] <= capacity);
+        rows_per_expert[e] = plan_expert_rows(tokens[e], N, capacity, align);
+        expert_offsets[e + 1] = expert_offsets[e] + rows_per_expert[e];
+    }
+    memcpy(next_row, expert_offsets, (size_t)E * sizeof(int32_t));
+    if (align > 1)
+        plan_rows_aligned(row_of_choice, token_of_row, next_row, expert_offsets, tokens, topk_idx, kept, N, k, E);
+    else
+        plan_rows_in_choice_order(row_of_choice, token_of_row, next_row, expert_offsets, topk_idx, kept, N, k, E);
     free(tokens);
+    free(next_row);
 }
 
 void cpu_moe_keep_local_choices(int32_t *kept, const int32_t *topk_idx, size_t n, int first, int local) {

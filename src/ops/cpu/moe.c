@@ -71,6 +71,7 @@ void cpu_moe_permute(real *rows, real *row_values, const real *x, const real *ch
         }
         memcpy(r, x + (size_t)n * H, H * sizeof(real));
         if (!row_values) continue;
+        row_values[row] = 0;  // an aligned plan's padding row: the token, no choice
         for (int j = 0; j < k; j++)
             if (row_of_choice[n * k + j] == row) row_values[row] = choice_values[n * k + j];
     }

@@ -3,7 +3,8 @@
 // are the cpu's exactly:
 //   * the plan: one block per expert walks the choices in order in chunks of its threads,
 //     an exclusive scan of "this choice is a kept one of mine" giving each its row — the
-//     cpu's stable counting sort, no atomics;
+//     cpu's stable counting sort, no atomics (an aligned plan walks tokens, with a second
+//     scan for its padding tokens);
 //   * the EP layout sums a few hundred counts on one thread, in the cpu's order;
 //   * the segment sort: one block per segment finds where it starts in both orders and copies.
 #include "ops/cuda/block_reduce.cuh"
@@ -62,12 +63,12 @@ __global__ void plan_count_kernel(int32_t *tokens, const int32_t *topk_idx, cons
 }
 
 // rows_per_expert and expert_offsets from the counts, on one thread in expert order.
-__global__ void plan_offsets_kernel(int32_t *rows_per_expert, int32_t *expert_offsets, const int32_t *tokens, int E,
-                                    int capacity) {
+__global__ void plan_offsets_kernel(int32_t *rows_per_expert, int32_t *expert_offsets, const int32_t *tokens, int N,
+                                    int E, int capacity, int align) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     expert_offsets[0] = 0;
     for (int e = 0; e < E; e++) {
-        rows_per_expert[e] = capacity > 0 ? capacity : tokens[e];
+        rows_per_expert[e] = capacity > 0 ? capacity : align > 1 ? dispatch_aligned_rows(tokens[e], N, align) : tokens[e];
         expert_offsets[e + 1] = expert_offsets[e] + rows_per_expert[e];
     }
 }
@@ -83,6 +84,36 @@ __global__ void plan_rows_kernel(int32_t *row_of_choice, int32_t *token_of_row, 
     }
 }
 
+// An aligned plan's rows of expert e (one block per expert, grid-stride): walking the tokens
+// in chunks of the block's threads, a token takes a row when it has a kept choice of e, or
+// when it has none and is among the first (rows − kept choices) such tokens; two exclusive
+// scans give "tokens without a choice before me" and "rows before me" — the cpu's walk.
+__global__ void plan_rows_aligned_kernel(int32_t *row_of_choice, int32_t *token_of_row, const int32_t *expert_offsets,
+                                         const int32_t *tokens, const int32_t *topk_idx, const int32_t *kept, int N,
+                                         int k, int E) {
+    for (int e = blockIdx.x; e < E; e += gridDim.x) {
+        int first = expert_offsets[e], padding = expert_offsets[e + 1] - first - tokens[e];
+        int rows_before = 0, others_before = 0;
+        for (int n0 = 0; n0 < N; n0 += PLAN_THREADS) {
+            int n = n0 + threadIdx.x, choice = -1;
+            for (int j = 0; n < N && j < k; j++) {
+                int i = n * k + j;
+                if (topk_idx[i] == e && (!kept || kept[i])) choice = i;
+            }
+            int other = n < N && choice < 0, others_chunk, rows_chunk;
+            int other_rank = others_before + block_exclusive_scan(other, &others_chunk);
+            int takes = choice >= 0 || (other && other_rank < padding);
+            int row = first + rows_before + block_exclusive_scan(takes, &rows_chunk);
+            if (takes) {
+                token_of_row[row] = n;
+                if (choice >= 0) row_of_choice[choice] = row;
+            }
+            others_before += others_chunk;
+            rows_before += rows_chunk;
+        }
+    }
+}
+
 // Dropped choices get no row.
 __global__ void plan_dropped_kernel(int32_t *row_of_choice, const int32_t *kept, int choices) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < choices; i += gridDim.x * blockDim.x)
@@ -93,18 +124,24 @@ static CudaScratch plan_scratch;  // tokens (E)
 
 void cuda_moe_dispatch_plan(int32_t *rows_per_expert, int32_t *expert_offsets, int32_t *row_of_choice,
                             int32_t *token_of_row, const int32_t *topk_idx, const int32_t *kept, int N, int k, int E,
-                            int capacity) {
+                            int capacity, int align) {
+    MT_ASSERT(capacity == 0 || align <= 1);
     if (E <= 0) return;
     int choices = N * k;
     int32_t *tokens = (int32_t *)scratch_reserve(&plan_scratch, (size_t)E * sizeof(int32_t));
     unsigned blocks = (unsigned)(E < 65535 ? E : 65535);
     plan_count_kernel<<<blocks, PLAN_THREADS, 0, cuda_stream()>>>(tokens, topk_idx, kept, choices, k, E);
     CUDA_CHECK_LAUNCH();
-    plan_offsets_kernel<<<1, 1, 0, cuda_stream()>>>(rows_per_expert, expert_offsets, tokens, E, capacity);
+    plan_offsets_kernel<<<1, 1, 0, cuda_stream()>>>(rows_per_expert, expert_offsets, tokens, N, E, capacity, align);
     CUDA_CHECK_LAUNCH();
     if (choices <= 0 && capacity <= 0) return;
-    plan_rows_kernel<<<blocks, PLAN_THREADS, 0, cuda_stream()>>>(row_of_choice, token_of_row, expert_offsets, tokens,
-                                                                 topk_idx, kept, choices, k, E);
+    if (align > 1)
+        plan_rows_aligned_kernel<<<blocks, PLAN_THREADS, 0, cuda_stream()>>>(row_of_choice, token_of_row,
+                                                                             expert_offsets, tokens, topk_idx, kept, N,
+                                                                             k, E);
+    else
+        plan_rows_kernel<<<blocks, PLAN_THREADS, 0, cuda_stream()>>>(row_of_choice, token_of_row, expert_offsets,
+                                                                     tokens, topk_idx, kept, choices, k, E);
     CUDA_CHECK_LAUNCH();
     if (!kept || choices <= 0) return;
     plan_dropped_kernel<<<cuda_blocks((size_t)choices, FLAT_THREADS), FLAT_THREADS, 0, cuda_stream()>>>(

@@ -232,10 +232,8 @@ __global__ void permute_values_kernel(float *row_values, const float *choice_val
                                       const int32_t *row_of_choice, int R, int k) {
     for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < R; r += gridDim.x * blockDim.x) {
         int n = token_of_row[r];
-        if (n < 0) {  // padding
-            row_values[r] = 0;
-            continue;
-        }
+        row_values[r] = 0;  // padding, or an aligned plan's padding row (the token, no choice)
+        if (n < 0) continue;
         for (int j = 0; j < k; j++)
             if (row_of_choice[n * k + j] == r) row_values[r] = choice_values[n * k + j];
     }
