@@ -1021,9 +1021,6 @@ static void validate_fp8(Config *c) {
     if (!c->quant_recipe) return;
     const char *name = fp4 ? "--fp4-recipe nvfp4" : c->quant_recipe == QUANT_MXFP8 ? "--fp8-recipe mxfp8" : "--fp8-format";
     validate_quant_widths(c, quant_recipe_alignment((QuantRecipe)c->quant_recipe), name);
-    if (c->quant_recipe == QUANT_DELAYED && (c->tensor_model_parallel_size > 1 || c->context_parallel_size > 1))
-        config_die("--fp8-recipe delayed with tensor or context parallelism: moetron keeps each rank's amaxes (no "
-                   "amax reduction over the group); use tensorwise, blockwise or mxfp8");
 #ifdef MT_DOUBLE
     config_die("--fp8-format / --fp4-format: the double-precision build has no quantized GEMMs");
 #endif

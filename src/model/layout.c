@@ -166,6 +166,12 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     p->padded_vocab = c->padded_vocab_size;
     p->vocab = piece(c->padded_vocab_size, p->tp_size, p->tp_rank, &p->vocab_first);
     make_kv_share(p, g && g->described);
+    if (g) {
+        p->dense_amax_groups[0] = g->tp_cp ? g->tp_cp : g->tp;
+        p->dense_amax_groups[1] = g->count;
+        p->expert_amax_groups[0] = g->etp;
+        p->expert_amax_groups[1] = g->edp;
+    }
 }
 
 void layout_plan_single(LayoutPlan *p, const Config *c) { layout_plan_init(p, c, NULL); }

@@ -35,6 +35,7 @@ typedef struct {
     const Comm *tp_cp;  // tensor x context parallel: the ranks sharing a micro-batch's tokens
     const Comm *cp_inner, *cp_outer;  // a2a+p2p: the all-to-all groups and the rings (groups.h)
     const Comm *pp;     // pipeline stages (NULL or size 1: this rank runs the whole model)
+    const Comm *edp;    // expert data parallel: the ranks holding the same experts
     int described;      // the groups are descriptions (parallel_groups_describe): make no communicator
 } ModelGroups;
 
@@ -45,6 +46,8 @@ typedef struct {
     int holds_embedding;          // virtual stage 0: the token embedding first
     int holds_head;               // the last virtual stage: final norm, LM head, loss
 } StageChunk;
+
+enum { AMAX_GROUPS = 2 };  // the groups one amax reduction runs over, one after the other
 
 typedef struct {
     // groups
@@ -61,6 +64,11 @@ typedef struct {
     // The ranks a micro-batch's tokens are split over outside the tensor-parallel blocks
     // (sequence parallelism: TP, CP: CP, both: TP x CP), or NULL when every token is here.
     const Comm *token_group;
+    // Delayed scaling's amax agreement (model/quant_layers.c), as Transformer Engine's amax
+    // reduction group: a dense weight's quantizers are reduced over the tensor x context
+    // parallel ranks, then the data-parallel ones; an expert's over the expert tensor
+    // parallel ranks, then the expert data-parallel ones. NULL: a group of one.
+    const Comm *dense_amax_groups[AMAX_GROUPS], *expert_amax_groups[AMAX_GROUPS];
     // model dimensions, global
     int hidden, layers, experts, topk;
     // --moe-router-padding-for-quantization: each expert's rows of this rank's plan rounded

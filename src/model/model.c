@@ -461,7 +461,10 @@ void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRan
 
 void model_end_global_batch(Model *m, int apply_bias_update) {
     const Config *c = &m->cfg;
-    if (m->quant) quant_context_end_step(m->quant);  // delayed scaling's new scales, once per step
+    if (m->quant) {  // delayed scaling's new scales, once per step, from amaxes every holder agrees on
+        model_quant_reduce_amaxes(m);
+        quant_context_end_step(m->quant);
+    }
     for (int l = 0; l < c->num_layers; l++) {
         const LayerParams *lp = &m->layers[l];
         RouterState *rs = &m->router_state[l];

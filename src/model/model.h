@@ -63,6 +63,7 @@ typedef struct {
                                                // one per pass kind: a forward and a backward may overlap
     struct QuantContext *quant;           // --fp8-format / --fp4-format (ops/quantized_linear.h), else NULL
     struct QuantLinear **quant_of;        // (tt.count) each weight's quantizers; NULL: not quantized
+    uint8_t *quant_of_expert;             // (linears of quant) 1: quantizers of a routed expert's weight
 } Model;
 
 // ---- one micro-batch ------------------------------------------------------------------
@@ -206,6 +207,10 @@ void model_free(Model *m);
 void model_quant_init(Model *m);
 void model_quant_free(Model *m);
 struct QuantLinear *model_quant(const Model *m, TensorId id);
+// Delayed scaling, at the end of a step before the new scales: each quantizer's amax of the
+// step becomes the maximum over the ranks holding copies or shards of its weight (the
+// plan's amax groups), so every rank derives the same scales as one process would.
+void model_quant_reduce_amaxes(Model *m);
 // The whole model's parameters, and those one token uses (the shared ones and k of E
 // experts'), from the one-process layout's table (no allocation; any rank the same).
 void model_parameter_counts(const Config *c, double *all, double *active);

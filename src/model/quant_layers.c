@@ -8,6 +8,7 @@
 
 #include <string.h>
 
+#include "core/device.h"
 #include "ops/quantized_linear.h"
 
 // Megatron-LM's is_first_last_bf16_layer (global layer index).
@@ -52,11 +53,16 @@ void model_quant_init(Model *m) {
                             .seed = (uint64_t)c->seed};
     m->quant = quant_context_new(&qc, count);
     m->quant_of = mt_calloc((size_t)MT_MAX(m->tt.count, 1), sizeof(QuantLinear *));
+    m->quant_of_expert = mt_calloc((size_t)MT_MAX(count, 1), 1);
     TensorId *ids = mt_malloc((size_t)MT_MAX(count, 1) * sizeof(TensorId));
     for (int l = 0; l < c->num_layers; l++) {
         if (!plan_holds_layer(&m->plan, l) || layer_in_bf16(c, l)) continue;
         int n = quantized_tensors(m, l, ids);
-        for (int i = 0; i < n; i++) m->quant_of[ids[i]] = quant_context_linear(m->quant);
+        for (int i = 0; i < n; i++) {
+            QuantLinear *q = quant_context_linear(m->quant);
+            m->quant_of[ids[i]] = q;
+            m->quant_of_expert[q->slot] = (m->tt.descs[ids[i]].flags & TENSOR_EXPERT) != 0;
+        }
     }
     free(ids);
 }
@@ -66,6 +72,49 @@ QuantLinear *model_quant(const Model *m, TensorId id) { return m->quant_of && id
 void model_quant_free(Model *m) {
     quant_context_free(m->quant);
     free(m->quant_of);
+    free(m->quant_of_expert);
     m->quant = NULL;
     m->quant_of = NULL;
+    m->quant_of_expert = NULL;
+}
+
+static int group_of_many(const Comm *g) { return g && g->size > 1; }
+
+// The step amaxes of the linears whose kind (expert or not) is `expert`, packed run by run
+// into amax (back 0: out of the context; 1: back into it); their count.
+static int move_step_amaxes(Model *m, int expert, float *amax, int back) {
+    QuantContext *q = m->quant;
+    int packed = 0;
+    for (int first = 0; first < q->linears;) {
+        int end = first;
+        while (end < q->linears && m->quant_of_expert[end] == m->quant_of_expert[first]) end++;
+        if (m->quant_of_expert[first] == expert) {
+            float *at = amax + (size_t)packed * QUANT_OPERANDS;
+            if (back) quant_context_set_step_amaxes(q, first, end - first, at);
+            else quant_context_step_amaxes(q, first, end - first, at);
+            packed += end - first;
+        }
+        first = end;
+    }
+    return packed;
+}
+
+void model_quant_reduce_amaxes(Model *m) {
+#ifndef MT_DOUBLE  // (the double-precision build has no quantized path: amaxes are fp32 `real`s)
+    if (!m->quant || m->quant->cfg.recipe != QUANT_DELAYED || !m->quant->linears) return;
+    float *amax = device_calloc((size_t)m->quant->linears * QUANT_OPERANDS, sizeof(float));
+    for (int expert = 0; expert <= 1; expert++) {
+        const Comm *const *groups = expert ? m->plan.expert_amax_groups : m->plan.dense_amax_groups;
+        int reduced = 0;
+        for (int i = 0; i < AMAX_GROUPS; i++) reduced |= group_of_many(groups[i]);
+        int linears = reduced ? move_step_amaxes(m, expert, amax, 0) : 0;
+        if (!linears) continue;
+        for (int i = 0; i < AMAX_GROUPS; i++)
+            if (group_of_many(groups[i])) comm_allreduce_max(groups[i], amax, (size_t)linears * QUANT_OPERANDS);
+        move_step_amaxes(m, expert, amax, 1);
+    }
+    device_free(amax);
+#else
+    (void)m;
+#endif
 }

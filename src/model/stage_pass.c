@@ -5,6 +5,7 @@
 #include "model/layers.h"
 #include "model/lm_head.h"
 #include "ops/ops.h"
+#include "ops/quantized_linear.h"
 
 // The phases of a MoE layer in a pass (model/layers.h; PHASE_EXCHANGE: forward only).
 enum { PHASE_BEGIN, PHASE_EXCHANGE, PHASE_EXPERTS, PHASE_END };
@@ -193,6 +194,13 @@ static void backward_layer_done(StagePass *s) {
     s->phase = PHASE_BEGIN;
 }
 
+// The stochastic rounding of layer l's gradients in this phase of its backward draws from
+// the micro-batch's own stream of that piece (whatever ran before on this rank).
+static void seed_gradient_rounding(StagePass *s, int l) {
+    if (s->m->quant)
+        quant_context_seed_rounding(s->m->quant, s->a->input.noise_seed, (uint64_t)l * (PHASE_END + 1) + s->phase);
+}
+
 static int backward_advance(StagePass *s) {
     Model *m = s->m;
     ModelActs *a = s->a;
@@ -208,6 +216,7 @@ static int backward_advance(StagePass *s) {
     while (s->layer >= k->first_layer) {
         int l = s->layer;
         LayerActs *la = &a->layers[l];
+        seed_gradient_rounding(s, l);
         if (s->phase == PHASE_BEGIN) {
             recompute_before_backward(s, l);
             if (!m->layers[l].is_moe) {

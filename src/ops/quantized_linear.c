@@ -28,6 +28,8 @@ int quant_recipe_alignment(QuantRecipe r) {
     return r == QUANT_MXFP8 ? MX_BLOCK : NVFP4_BLOCK;
 }
 
+#define QUANT_RNG_TAG 0x5175616e74ull  // "Quant": the stochastic rounding's draws
+
 enum { FP8_ROUTER_PADDING = 16, MXFP8_ROUTER_PADDING = 32, NVFP4_ROUTER_PADDING = 128 };
 
 int quant_router_padding_multiple(QuantRecipe r) {
@@ -37,6 +39,10 @@ int quant_router_padding_multiple(QuantRecipe r) {
 
 // ---- the context -------------------------------------------------------------------------------
 
+void quant_context_seed_rounding(QuantContext *c, uint64_t micro_batch_seed, uint64_t stream) {
+    rng_seed_stream(&c->rng, micro_batch_seed ^ QUANT_RNG_TAG, stream);
+}
+
 static size_t operand_slots(const QuantContext *c) { return (size_t)c->capacity * QUANT_OPERANDS; }
 
 QuantContext *quant_context_new(const QuantRecipeConfig *cfg, int linears) {
@@ -45,7 +51,7 @@ QuantContext *quant_context_new(const QuantRecipeConfig *cfg, int linears) {
     c->capacity = linears;
     c->linear = mt_calloc((size_t)MT_MAX(linears, 1), sizeof(QuantLinear));
     c->amax = device_calloc(AMAX_SLOTS, sizeof(float));
-    rng_seed_stream(&c->rng, cfg->seed, 0x5175616e74ull);  // "Quant"
+    rng_seed_stream(&c->rng, cfg->seed, QUANT_RNG_TAG);
     if (cfg->recipe == QUANT_DELAYED) {
         size_t slots = operand_slots(c), L = (size_t)cfg->history_len;
         c->history = device_calloc(slots * L, sizeof(float));
@@ -341,6 +347,28 @@ void quant_context_end_step(QuantContext *c) {
         rows_copy_strided(c->history, pitch, c->roll, pitch, pitch, (int)rows);
     }
     rows_copy_strided(c->history, pitch, zeros, sizeof(float), sizeof(float), (int)rows);
+}
+
+// The history rows of linears [first, first + count): their first float each, pitch apart.
+static float *step_amax_rows(const QuantContext *c, int first, int count, size_t *pitch, int *rows) {
+    MT_ASSERT(c->cfg.recipe == QUANT_DELAYED && first >= 0 && count >= 0 && first + count <= c->linears);
+    *pitch = (size_t)c->cfg.history_len * sizeof(float);
+    *rows = count * QUANT_OPERANDS;
+    return c->history + (size_t)first * QUANT_OPERANDS * c->cfg.history_len;
+}
+
+void quant_context_step_amaxes(const QuantContext *c, int first, int count, float *amax) {
+    size_t pitch;
+    int rows;
+    const float *history = step_amax_rows(c, first, count, &pitch, &rows);
+    if (rows) rows_copy_strided(amax, sizeof(float), history, pitch, sizeof(float), rows);
+}
+
+void quant_context_set_step_amaxes(QuantContext *c, int first, int count, const float *amax) {
+    size_t pitch;
+    int rows;
+    float *history = step_amax_rows(c, first, count, &pitch, &rows);
+    if (rows) rows_copy_strided(history, pitch, amax, sizeof(float), sizeof(float), rows);
 }
 
 static size_t delayed_floats(const QuantContext *c) {

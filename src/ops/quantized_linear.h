@@ -80,6 +80,11 @@ QuantContext *quant_context_new(const QuantRecipeConfig *cfg, int linears);
 void quant_context_free(QuantContext *ctx);
 // The next weight matrix's quantizers (its delayed-scaling state zeroed, scales 1).
 QuantLinear *quant_context_linear(QuantContext *ctx);
+// Restarts the stochastic rounding's draws at a stream of a micro-batch's seed (the batch's
+// noise_seed, a piece of its backward): the rounding of a micro-batch's gradients then
+// depends on that micro-batch and piece only, not on what this rank ran before, so data-
+// and pipeline-parallel layouts round as one process does.
+void quant_context_seed_rounding(QuantContext *ctx, uint64_t micro_batch_seed, uint64_t stream);
 
 // y (N,out) = Q(x)·Q(W)ᵀ, overwritten; q NULL: linear_forward.
 void qlinear_forward(QuantLinear *q, real *y, const real *x, const real *W, int N, int in, int out);
@@ -102,6 +107,11 @@ int qlinear_dequantized(QuantLinear *q, QuantOperand op, int columnwise, float *
 // new scale from its history (this step's amax in history[0]), then the history rolled and
 // history[0] zeroed. Nothing for the other recipes.
 void quant_context_end_step(QuantContext *ctx);
+// Delayed scaling's amaxes of this step (history[0]) of the linears [first, first + count):
+// copied out into amax (count·QUANT_OPERANDS floats, tensor memory, in slot-then-operand
+// order) and back in, for the model to reduce them over the ranks that must agree.
+void quant_context_step_amaxes(const QuantContext *ctx, int first, int count, float *amax);
+void quant_context_set_step_amaxes(QuantContext *ctx, int first, int count, const float *amax);
 
 // What a checkpoint keeps of the context, as floats: the histories, the scales and the
 // stochastic rounding's Rng (each 64-bit word as four 16-bit floats, exact). The size is

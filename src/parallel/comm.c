@@ -299,16 +299,20 @@ static void allreduce_in_order(const Comm *g, CommType t, void *x, size_t n) {
 void comm_allreduce_sum(const Comm *g, real *x, size_t n) { allreduce_in_order(g, CT_REAL, x, n); }
 void comm_allreduce_sum_double(const Comm *g, double *x, size_t n) { allreduce_in_order(g, CT_DOUBLE, x, n); }
 
-void comm_allreduce_sum_int64(const Comm *g, int64_t *x, size_t n) {
+// An all-reduce exact in any order (the backend's own), counted as the sums of real numbers move.
+static void allreduce_exact(const Comm *g, CommType t, CommReduceOp op, void *x, size_t n) {
     require_member(g, "all-reduce");
     if (g->size == 1) return;
     size_t *counts = equal_counts(g, 0), *displs = equal_counts(g, 0);
-    split_even(n, g->size, counts, displs);  // counted as the sums of real numbers move
-    count_sent(g, (uint64_t)op_elements_sent(g, OP_ALLREDUCE, counts) * sizeof(int64_t));
+    split_even(n, g->size, counts, displs);
+    count_sent(g, (uint64_t)op_elements_sent(g, OP_ALLREDUCE, counts) * comm_type_size(t));
     free(counts);
     free(displs);
-    WITH_TENSORS(backend_allreduce_int64(g, x, n));
+    WITH_TENSORS(backend_allreduce_exact(g, t, op, x, n));
 }
+
+void comm_allreduce_sum_int64(const Comm *g, int64_t *x, size_t n) { allreduce_exact(g, CT_INT64, REDUCE_SUM, x, n); }
+void comm_allreduce_max(const Comm *g, real *x, size_t n) { allreduce_exact(g, CT_REAL, REDUCE_MAX, x, n); }
 
 // ---- data movement --------------------------------------------------------------------------
 

@@ -61,6 +61,9 @@ void comm_free(Comm *g);
 void comm_allreduce_sum(const Comm *g, real *x, size_t n);
 void comm_allreduce_sum_double(const Comm *g, double *x, size_t n);
 void comm_allreduce_sum_int64(const Comm *g, int64_t *x, size_t n);
+// In place: x (n) becomes the elementwise maximum over the group (exact: any order gives it,
+// but for the sign of a zero that ranks hold as +0 and -0).
+void comm_allreduce_max(const Comm *g, real *x, size_t n);
 // send holds size blocks of `block` elements; rank r receives in recv the sum of block r.
 void comm_reduce_scatter(const Comm *g, const real *send, real *recv, size_t block);
 // As comm_reduce_scatter with block q of counts[q] elements (blocks back to back in send).

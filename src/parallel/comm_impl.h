@@ -41,7 +41,9 @@ void backend_alltoallv(const Comm *g, CommType t, const void *send, const size_t
 // send may be recv + displs[g->rank] (in place).
 void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
                         const size_t *displs);
-void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n);  // integer sums are exact in any order
+// The all-reduces whose result is exact in any order: integer sums, maxima.
+typedef enum { REDUCE_SUM, REDUCE_MAX } CommReduceOp;
+void backend_allreduce_exact(const Comm *g, CommType t, CommReduceOp op, void *x, size_t n);
 void backend_bcast(const Comm *g, void *buf, size_t bytes, int root);
 void backend_barrier(const Comm *g);
 // 1 when g's float sums must run where the data is (the NCCL path: tensor memory is device
@@ -102,7 +104,7 @@ typedef struct {
                       const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs);
     void (*allgatherv)(NcclComm *nc, const Comm *g, CommType t, const void *send, void *recv, const size_t *counts,
                        const size_t *displs);
-    void (*allreduce_int64)(NcclComm *nc, const Comm *g, int64_t *x, size_t n);
+    void (*allreduce_exact)(NcclComm *nc, const Comm *g, CommType t, CommReduceOp op, void *x, size_t n);
     void (*bcast)(NcclComm *nc, const Comm *g, void *buf, size_t bytes, int root);
     NcclPending *(*istart)(NcclComm *nc, const Comm *g, CommOp op, CommType t, const void *send, void *recv,
                            const size_t *counts);

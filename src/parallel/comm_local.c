@@ -27,7 +27,7 @@ void backend_allgatherv(const Comm *g, CommType t, const void *send, void *recv,
                         const size_t *displs) {
     no_groups_of_two();
 }
-void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) { no_groups_of_two(); }
+void backend_allreduce_exact(const Comm *g, CommType t, CommReduceOp op, void *x, size_t n) { no_groups_of_two(); }
 void backend_bcast(const Comm *g, void *buf, size_t bytes, int root) { no_groups_of_two(); }
 void backend_barrier(const Comm *g) { no_groups_of_two(); }
 int backend_sums_on_device(const Comm *g) { return 0; }

@@ -259,18 +259,19 @@ int backend_sums_on_device(const Comm *g) {
 #endif
 }
 
-void backend_allreduce_int64(const Comm *g, int64_t *x, size_t n) {
+void backend_allreduce_exact(const Comm *g, CommType t, CommReduceOp op, void *x, size_t n) {
 #ifdef MT_COMM_NCCL
     NcclComm *nc = nccl_path(g);
     if (nc) {
-        nccl_ops->allreduce_int64(nc, g, x, n);
+        nccl_ops->allreduce_exact(nc, g, t, op, x, n);
         return;
     }
 #endif
+    size_t es = comm_type_size(t);
     watchdog_enter("an all-reduce", g->name);
     for (size_t at = 0; at < n; at += INT_MAX)
-        MPI_Allreduce(MPI_IN_PLACE, x + at, (int)MT_MIN((size_t)INT_MAX, n - at), MPI_INT64_T, MPI_SUM,
-                      g->impl->comm);
+        MPI_Allreduce(MPI_IN_PLACE, (char *)x + at * es, (int)MT_MIN((size_t)INT_MAX, n - at), mpi_type(t),
+                      op == REDUCE_MAX ? MPI_MAX : MPI_SUM, g->impl->comm);
     watchdog_leave();
 }
 

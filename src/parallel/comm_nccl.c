@@ -427,12 +427,13 @@ static void allgatherv(NcclComm *nc, const Comm *g, CommType t, const void *send
     path_wait(f);
 }
 
-static void allreduce_int64(NcclComm *nc, const Comm *g, int64_t *x, size_t n) {
+static void allreduce_exact(NcclComm *nc, const Comm *g, CommType t, CommReduceOp op, void *x, size_t n) {
     size_t zero = 0;
     if (n == 0) return;
     NcclPending *f = flight_begin("an all-reduce", g);
-    View v = view(f, x, sizeof(int64_t), &n, &zero, 1, 1, 1);
-    nccl_ok(nc, ncclAllReduce(v.dev, v.dev, n, ncclInt64, ncclSum, nc->comm, nccl.stream), "ncclAllReduce", g->name);
+    View v = view(f, x, comm_type_size(t), &n, &zero, 1, 1, 1);
+    nccl_ok(nc, ncclAllReduce(v.dev, v.dev, n, nccl_type(t), op == REDUCE_MAX ? ncclMax : ncclSum, nc->comm, nccl.stream),
+            "ncclAllReduce", g->name);
     flight_queued(f);
     path_wait(f);
 }
@@ -485,7 +486,7 @@ static const CommNcclPath path = {
     .comm_free = path_comm_free,
     .alltoallv = alltoallv,
     .allgatherv = allgatherv,
-    .allreduce_int64 = allreduce_int64,
+    .allreduce_exact = allreduce_exact,
     .bcast = bcast,
     .istart = istart,
     .test = path_test,

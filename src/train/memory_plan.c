@@ -7,7 +7,7 @@ ModelGroups plan_model_groups(const ParallelGroups *pg) {
     // global_aux_loss counts: one rank of each micro-batch's (its TP x CP token group's) per data-parallel rank
     return (ModelGroups){.tp = &g[PG_TP], .ep = &g[PG_EP], .etp = &g[PG_ETP], .etp_ep = &g[PG_ETP_EP],
                          .count = &g[PG_DP], .cp = &g[PG_CP], .tp_cp = &g[PG_TP_CP], .cp_inner = &pg->cp_inner,
-                         .cp_outer = &pg->cp_outer, .pp = &g[PG_PP], .described = pg->described};
+                         .cp_outer = &pg->cp_outer, .pp = &g[PG_PP], .edp = &g[PG_EDP], .described = pg->described};
 }
 
 GradGroups plan_grad_groups(const ParallelGroups *pg) {

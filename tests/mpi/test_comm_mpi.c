@@ -105,6 +105,27 @@ static void check_repeatable(void) {
     end();
 }
 
+// Rank r's element i for the maximum: mixed signs, and a zero every rank holds (a tie).
+static real held(int rank, size_t i) { return i % 7 == 0 ? 0 : (real)value(rank, i, 9); }
+
+// The elementwise maximum over the ranks (delayed scaling's amax agreement): every rank
+// gets the largest of the values the ranks hold, with ties and negative values.
+static void check_allreduce_max(void) {
+    begin("comm_allreduce_max");
+    size_t n = 5003;
+    real *x = mt_malloc(n * sizeof(real));
+    for (size_t i = 0; i < n; i++) x[i] = held(world.rank, i);
+    comm_allreduce_max(&world, x, n);
+    for (size_t i = 0; i < n; i++) {
+        real want = held(0, i);
+        for (int q = 1; q < world.size; q++) want = MT_MAX(want, held(q, i));
+        expect(!memcmp(&x[i], &want, sizeof(real)), "element %zu: %.9g, the maximum %.9g", i, (double)x[i],
+               (double)want);
+    }
+    free(x);
+    end();
+}
+
 static void check_allreduce_types(void) {
     begin("comm_allreduce_double_int64");
     size_t n = 3001;
@@ -492,7 +513,8 @@ int main(int argc, char **argv) {
         printf("FAIL badgroup_np%d: [rank %d] formed a group its members disagree on\n", world.size, world.rank);
     } else {
         int ok = 1;
-        void (*checks[])(void) = {check_allreduce, check_repeatable, check_allreduce_types, check_reduce_scatter,
+        void (*checks[])(void) = {check_allreduce, check_repeatable, check_allreduce_types, check_allreduce_max,
+                                  check_reduce_scatter,
                                   check_allgather, check_gather, check_alltoall, check_bcast_barrier, check_subgroups,
                                   check_parallel_groups, check_nonblocking, check_point_to_point};
         for (size_t i = 0; i < sizeof(checks) / sizeof(checks[0]); i++) {
