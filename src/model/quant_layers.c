@@ -78,6 +78,7 @@ void model_quant_free(Model *m) {
     m->quant_of_expert = NULL;
 }
 
+#ifndef MT_DOUBLE  // (the double-precision build has no quantized path: amaxes are fp32 `real`s)
 static int group_of_many(const Comm *g) { return g && g->size > 1; }
 
 // The step amaxes of the linears whose kind (expert or not) is `expert`, packed run by run
@@ -100,7 +101,6 @@ static int move_step_amaxes(Model *m, int expert, float *amax, int back) {
 }
 
 void model_quant_reduce_amaxes(Model *m) {
-#ifndef MT_DOUBLE  // (the double-precision build has no quantized path: amaxes are fp32 `real`s)
     if (!m->quant || m->quant->cfg.recipe != QUANT_DELAYED || !m->quant->linears) return;
     float *amax = device_calloc((size_t)m->quant->linears * QUANT_OPERANDS, sizeof(float));
     for (int expert = 0; expert <= 1; expert++) {
@@ -114,7 +114,7 @@ void model_quant_reduce_amaxes(Model *m) {
         move_step_amaxes(m, expert, amax, 1);
     }
     device_free(amax);
-#else
-    (void)m;
-#endif
 }
+#else
+void model_quant_reduce_amaxes(Model *m) { (void)m; }
+#endif
