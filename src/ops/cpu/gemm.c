@@ -342,25 +342,37 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
     }
 }
 
-// The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only.
+// The packed B blocks of consecutive K blocks that one pass over a block of C rows reuses
+// (a half of a core's L2 here): the C rows then take several K blocks' sums while they sit
+// in cache, instead of one trip through memory per K block.
+#define B_GROUP_BYTES ((size_t)1 << 20)
+
+// The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only. Each element
+// still takes its K blocks in order (gemm.h): only which C rows are visited between two
+// K blocks changes.
 static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     const GemmKernel *kern = p->kernel;
     int mb = MT_MIN(kern->mc, m1 - m0), nb = MT_MIN(NC, n1 - n0), kb = MT_MIN(KC, p->K);
     size_t lane_bytes = panel_depth(kern, kb) * kern->elem_bytes;
+    size_t b_block = (size_t)ceil_div(nb, kern->nr) * kern->nr * lane_bytes;  // one K block of B
+    int group = (int)MT_MAX(1, MT_MIN((size_t)ceil_div(p->K, KC), B_GROUP_BYTES / b_block));
     void *a_raw, *b_raw;
     char *Ap = alloc_aligned((size_t)ceil_div(mb, kern->mr) * kern->mr * lane_bytes, &a_raw);
-    char *Bp = alloc_aligned((size_t)ceil_div(nb, kern->nr) * kern->nr * lane_bytes, &b_raw);
+    char *Bp = alloc_aligned(group * b_block, &b_raw);
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = MT_MIN(NC, n1 - jc);
-        for (int pc = 0; pc < p->K; pc += KC) {
-            int kc = MT_MIN(KC, p->K - pc);
-            real beta = pc == 0 ? p->beta : (real)1;
-            pack_b(p, pc, kc, jc, nc, Bp);
+        for (int pg = 0; pg < p->K; pg += group * KC) {
+            int pend = MT_MIN(p->K, pg + group * KC);
+            for (int pc = pg; pc < pend; pc += KC) pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block);
             for (int ic = m0; ic < m1; ic += kern->mc) {
                 int mc = MT_MIN(kern->mc, m1 - ic);
-                pack_a(p, ic, mc, pc, kc, Ap);
-                macro_kernel(kern, mc, nc, kc, Ap, Bp, p->C + (size_t)ic * p->ldc + jc, p->ldc,
-                             p->alpha, beta);
+                for (int pc = pg; pc < pend; pc += KC) {
+                    int kc = MT_MIN(KC, p->K - pc);
+                    real beta = pc == 0 ? p->beta : (real)1;
+                    pack_a(p, ic, mc, pc, kc, Ap);
+                    macro_kernel(kern, mc, nc, kc, Ap, Bp + (pc - pg) / KC * b_block, p->C + (size_t)ic * p->ldc + jc,
+                                 p->ldc, p->alpha, beta);
+                }
             }
         }
     }

@@ -336,54 +336,71 @@ PACK_TARGET static void pack_amx_a_rows(uint16_t *dst, const real *src, int w, i
         }
 }
 
-// B with its columns contiguous at each k (s_w == 1): two k rows converted, then their
-// elements interleaved into pairs.
+// Depths k and k + 1 of lanes [j0, j0 + lanes) of a source contiguous along the lanes
+// (element (j, k) at src[k·s_k + j]) as bf16 pairs, (k, k + 1) in each 32 bits: lanes 0-15 of
+// the 32 in pairs[0], 16-31 in pairs[1]; zero past the lanes and past kc.
+PACK_TARGET static inline void depth_pairs(__m512i pairs[2], const real *src, int k, int kc, size_t s_k, int j0,
+                                           int lanes) {
+    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);  // lanes 0-15 of both rows
+    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(AMX_HALF));     // lanes 16-31
+    __m512i even = k < kc ? bf16x32(src + (size_t)k * s_k + j0, lanes) : _mm512_setzero_si512();
+    __m512i odd = k + 1 < kc ? bf16x32(src + (size_t)(k + 1) * s_k + j0, lanes) : _mm512_setzero_si512();
+    pairs[0] = _mm512_permutex2var_epi16(even, first, odd);
+    pairs[1] = _mm512_permutex2var_epi16(even, second, odd);
+}
+
+// B with its columns contiguous at each k (s_w == 1): each step's depth pairs are B's
+// layout as they come.
 PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
     int steps = ceil_steps(kc);
-    __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                     5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);  // lanes 0-15 of both rows
-    __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(AMX_HALF));  // lanes 16-31
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
         int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
         for (int s = 0; s < steps; s++) {
             uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
             for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++) {
-                int k = s * LOWP_AMX_DEPTH + 2 * q;
-                __m512i even = k < kc ? bf16x32(src + (size_t)k * s_k + j0, lanes) : _mm512_setzero_si512();
-                __m512i odd = k + 1 < kc ? bf16x32(src + (size_t)(k + 1) * s_k + j0, lanes) : _mm512_setzero_si512();
-                uint16_t *out = step + (size_t)q * LOWP_AMX_TILE * 2;
-                _mm512_store_si512((void *)out, _mm512_permutex2var_epi16(even, first, odd));
-                _mm512_store_si512((void *)(out + LOWP_AMX_TILE), _mm512_permutex2var_epi16(even, second, odd));
+                __m512i pairs[2];
+                depth_pairs(pairs, src, s * LOWP_AMX_DEPTH + 2 * q, kc, s_k, j0, lanes);
+                _mm512_store_si512((void *)(step + (size_t)q * LOWP_AMX_TILE * 2), pairs[0]);
+                _mm512_store_si512((void *)(step + (size_t)q * LOWP_AMX_TILE * 2 + LOWP_AMX_TILE), pairs[1]);
             }
         }
     }
 }
 
-// A with its rows contiguous at each k (s_w == 1, A transposed): each k row converted,
-// then the 32 x 32 block of bf16 transposed through a buffer.
+// A with its rows contiguous at each k (s_w == 1, A transposed): a step's depth pairs
+// ([16 pairs][32 lanes] of 32 bits) transposed to A's [32 lanes][16 pairs], a lane's 16
+// pairs gathered at once.
 PACK_TARGET static void pack_amx_a_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
     int steps = ceil_steps(kc);
-    _Alignas(64) uint16_t by_depth[LOWP_AMX_DEPTH][LOWP_AMX_TILE];
-    for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
-        int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
-        for (int s = 0; s < steps; s++) {
-            uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
-            for (int d = 0; d < LOWP_AMX_DEPTH; d++) {
-                int k = s * LOWP_AMX_DEPTH + d;
-                __m512i row = k < kc ? bf16x32(src + (size_t)k * s_k + j0, lanes) : _mm512_setzero_si512();
-                _mm512_store_si512((void *)by_depth[d], row);
+    _Alignas(64) uint32_t by_pair[LOWP_AMX_DEPTH / 2][LOWP_AMX_TILE];
+    const __m512i pair_rows = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(LOWP_AMX_TILE));
+    for (int s = 0; s < steps; s++)  // each depth row's panels one after the other: one run of its memory
+        for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
+            int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
+            uint32_t *step = (uint32_t *)(dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS);
+            for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++) {
+                __m512i pairs[2];
+                depth_pairs(pairs, src, s * LOWP_AMX_DEPTH + 2 * q, kc, s_k, j0, lanes);
+                _mm512_store_si512((void *)by_pair[q], pairs[0]);
+                _mm512_store_si512((void *)(by_pair[q] + AMX_HALF), pairs[1]);
             }
-            for (int j = 0; j < LOWP_AMX_TILE; j++)
-                for (int d = 0; d < LOWP_AMX_DEPTH; d++) step[j * LOWP_AMX_DEPTH + d] = by_depth[d][j];
+            for (int j = 0; j < LOWP_AMX_TILE; j++) {
+                __m512i lane = _mm512_i32gather_epi32(_mm512_add_epi32(pair_rows, _mm512_set1_epi32(j)), by_pair, 4);
+                _mm512_store_si512((void *)(step + (size_t)j * (LOWP_AMX_DEPTH / 2)), lane);
+            }
         }
-    }
 }
 
 // B with each column contiguous along k (s_k == 1, B transposed): a column's 32 depths
-// converted are its 16 pairs; the 32 x 16 block of pairs transposed through a buffer.
+// converted are its 16 pairs; the 32 x 16 block of pairs transposed through a buffer, 16
+// lanes of a pair gathered at once.
 PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const real *src, int w, int kc, size_t s_w) {
     int steps = ceil_steps(kc);
     _Alignas(64) uint32_t by_lane[LOWP_AMX_TILE][LOWP_AMX_DEPTH / 2];
+    const __m512i lane_rows = _mm512_mullo_epi32(  // pair q of lanes 0-15: by_lane[j][q] at j·16 + q
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(LOWP_AMX_DEPTH / 2));
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
         int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
         for (int s = 0; s < steps; s++) {
@@ -395,7 +412,11 @@ PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const real *src, int w, i
                 _mm512_store_si512((void *)by_lane[j], pairs);
             }
             for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++)
-                for (int j = 0; j < LOWP_AMX_TILE; j++) step[q * LOWP_AMX_TILE + j] = by_lane[j][q];
+                for (int half = 0; half < 2; half++) {
+                    __m512i lanes_of_pair = _mm512_i32gather_epi32(_mm512_add_epi32(lane_rows, _mm512_set1_epi32(q)),
+                                                                   by_lane[half * AMX_HALF], 4);
+                    _mm512_store_si512((void *)(step + q * LOWP_AMX_TILE + half * AMX_HALF), lanes_of_pair);
+                }
         }
     }
 }
