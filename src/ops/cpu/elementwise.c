@@ -13,7 +13,14 @@
 #define PARALLEL_ROWS _Pragma("omp parallel for schedule(static) if (N > 16)")
 
 void cpu_vec_copy(real *dst, const real *src, size_t n) { memcpy(dst, src, n * sizeof(real)); }
-void cpu_vec_zero(real *x, size_t n) { memset(x, 0, n * sizeof(real)); }
+// Large buffers (the gradients) are zeroed by every thread, a chunk each: one core's stores
+// do not reach the memory bandwidth.
+void cpu_vec_zero(real *x, size_t n) {
+    enum { ZERO_CHUNK = 1 << 16 };  // elements
+    size_t chunks = (n + ZERO_CHUNK - 1) / ZERO_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 4)
+    for (size_t c = 0; c < chunks; c++) memset(x + c * ZERO_CHUNK, 0, MT_MIN(ZERO_CHUNK, n - c * ZERO_CHUNK) * sizeof(real));
+}
 
 void cpu_vec_add(real *y, const real *x, size_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
