@@ -7,7 +7,10 @@
 # fp32 curve (both smoothed over 20 steps) after step 20; plus the planned optimizer state.
 # STEPS (default 200) steps, one process, all cores. CURVES=gemm instead compares the GEMM
 # input precisions: --bf16 (the CPU's kernel, and the emulation) and --fp16 (dynamic loss
-# scaling) against fp32, with the same yardstick.
+# scaling) against fp32, with the same yardstick. CURVES=recipes compares the FP8 / FP4
+# recipes (delayed, tensorwise, blockwise, MXFP8, NVFP4; each with --bf16 for the GEMMs
+# they leave unquantized, as Megatron runs them) against --bf16, with the spread between
+# two bf16 runs of different seeds as the yardstick.
 set -eu
 M=${1:-build/moetron}
 TEXT=${2:-$(cd "$(dirname "$0")/.." && pwd)/../shared/data/tinyshakespeare.txt}
@@ -37,10 +40,20 @@ GEMM_VARIANTS=(
     "--bf16 (emulated)|--seed 1234 --bf16|MOETRON_GEMM_BF16=emulated"
     "--fp16 (dynamic loss scale)|--seed 1234 --fp16"
 )
+RECIPE_VARIANTS=(
+    "--bf16 (seed 1234)|--seed 1234 --bf16"
+    "--bf16 (seed 1235: noise)|--seed 1235 --bf16"
+    "delayed (hybrid)|--seed 1234 --bf16 --fp8-format hybrid --fp8-recipe delayed"
+    "tensorwise (e4m3)|--seed 1234 --bf16 --fp8-format e4m3 --fp8-recipe tensorwise"
+    "blockwise (e4m3)|--seed 1234 --bf16 --fp8-format e4m3 --fp8-recipe blockwise"
+    "mxfp8 (e4m3)|--seed 1234 --bf16 --fp8-format e4m3 --fp8-recipe mxfp8"
+    "nvfp4|--seed 1234 --bf16 --fp4-format e2m1 --fp4-recipe nvfp4"
+)
 case "${CURVES:-moments}" in
-moments) VARIANTS=("${MOMENT_VARIANTS[@]}") header="moments (exp_avg / exp_avg_sq)" ;;
-gemm) VARIANTS=("${GEMM_VARIANTS[@]}") header="GEMM inputs" ;;
-*) echo "CURVES=$CURVES: use moments or gemm" >&2; exit 2 ;;
+moments) VARIANTS=("${MOMENT_VARIANTS[@]}") header="moments (exp_avg / exp_avg_sq)" reference=fp32 ;;
+gemm) VARIANTS=("${GEMM_VARIANTS[@]}") header="GEMM inputs" reference=fp32 ;;
+recipes) VARIANTS=("${RECIPE_VARIANTS[@]}") header="recipe" reference=bf16 ;;
+*) echo "CURVES=$CURVES: use moments, gemm or recipes" >&2; exit 2 ;;
 esac
 
 grep -m1 'model name' /proc/cpuinfo
@@ -54,15 +67,15 @@ for v in "${VARIANTS[@]}"; do
     echo "$label" >"$work/$i.label"
     i=$((i + 1))
 done
-python3 - "$work" "$i" "$header" <<'PY'
+python3 - "$work" "$i" "$header" "$reference" <<'PY'
 import json, sys
-work, n, header = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+work, n, header, reference = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def curve(i):  # the steps that trained (a step skipped for a loss-scale overflow has no update)
     return [r["lm_loss"] for r in map(json.loads, open(f"{work}/{i}.jsonl")) if "lm_loss" in r and not r.get("skipped")]
 def smooth(c, w=20):
     return [sum(c[max(0, k - w + 1):k + 1]) / len(c[max(0, k - w + 1):k + 1]) for k in range(len(c))]
 ref = smooth(curve(0))
-print(f"| {header} | optimizer state | loss @50 | @100 | @200 | mean of last 50 | largest gap to fp32 (smoothed, after step 20) |")
+print(f"| {header} | optimizer state | loss @50 | @100 | @200 | mean of last 50 | largest gap to {reference} (smoothed, after step 20) |")
 print("|---|---|---|---|---|---|---|")
 for i in range(n):
     c = curve(i)

@@ -2,20 +2,21 @@
 # test_mpi_fp8.sh — FP8 / FP4 recipes under mpirun against the single-process run of the
 # same recipe: 10 steps, losses (aux included) and gradient norms.
 #
-# Frozen weights (--lr 0), within 1e-6 relative: every micro-batch's forward and backward
-# is then the one-process computation (tensor parallelism aside: its sums run in another
-# order), only the sums of gradients over micro-batches and ranks differ in their last
-# bits (measured: ≤ 3e-8); what must agree is the recipes' state. Delayed scaling reduces
-# its amaxes as Transformer Engine's amax reduction group does: a dense weight's over the
+# Frozen weights (--lr 0), within 1e-6 relative: under data, pipeline and expert
+# parallelism every micro-batch's forward and backward is then the one-process computation,
+# only the sums of gradients over micro-batches and ranks differ in their last bits
+# (measured: ≤ 3e-8); what must agree is the recipes' state. Delayed scaling reduces its
+# amaxes as Transformer Engine's amax reduction group does: a dense weight's over the
 # tensor x context ranks, then the data-parallel ones; an expert's over the expert tensor,
-# then the expert data-parallel ranks (a rank keeping its own amaxes: 2e-5 to 2e-4 off in
+# then the expert data-parallel ranks (a rank keeping its own amaxes: 2e-5 to 1e-4 off in
 # the loss, 2e-3 in the gradient norm, in each layout here). NVFP4's stochastic rounding of
 # a micro-batch's gradients draws from that micro-batch's own streams, whatever else the
 # rank ran (a rank drawing from its own stream: 3e-3 off in the gradient norm, data- and
-# pipeline-parallel). Under TP the gradients of a micro-batch are summed in another order,
-# so one of them may round to the neighbouring FP8 value: its gradient norm is held within
-# 1e-3 (measured 1.4e-4), its losses within 1e-6 (measured 2.6e-8; 1e-4 without the
-# amax reduction).
+# pipeline-parallel). Tensor and context parallelism sum a micro-batch's attention and
+# projections in another order, so a value 1e-9 from a rounding boundary may land on the
+# other side (one FP8 step, 2^-3 relative, for one element): their losses are held within
+# 1e-5 (measured ≤ 3e-8; 1e-4 without the amax reduction) and their gradient norms within
+# 1e-3 (measured 1.4e-4 with TP; 9e-6 with CP in the sanitizer build).
 #
 # Training (the default learning rate), within 1e-2: the same last-bit differences reach
 # the weights, and from the step where a weight lands on the other side of a rounding
@@ -53,16 +54,20 @@ CASE_RTOL=1e-6
 run_case frozen_dp2_delayed 2 -- "${DELAYED[@]}" "${FROZEN[@]}"
 run_case frozen_dp2_nvfp4 2 -- "${NVFP4[@]}" "${FROZEN[@]}"
 run_case frozen_pp2_nvfp4 2 "${PP2[@]}" -- "${NVFP4[@]}" "${FROZEN[@]}"
-run_case frozen_cp2_delayed 2 "${CP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
 run_case frozen_ep2_delayed 2 "${EP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
 full frozen_etp2_ep2_delayed run_case frozen_etp2_ep2_delayed 4 "${EP2[@]}" --expert-tensor-parallel-size 2 -- \
     "${DELAYED[@]}" "${FROZEN[@]}"
 full frozen_dp2_tensorwise run_case frozen_dp2_tensorwise 2 -- "${TENSORWISE[@]}" "${FROZEN[@]}"
 full frozen_dp2_blockwise run_case frozen_dp2_blockwise 2 -- "${BLOCKWISE[@]}" "${FROZEN[@]}"
 full frozen_dp2_mxfp8 run_case frozen_dp2_mxfp8 2 -- "${MXFP8[@]}" "${FROZEN[@]}"
-# TP: the gradient norm within 1e-3, the losses (step, loss, lm_loss) within 1e-6
-CASE_RTOL=1e-3 run_case frozen_tp2_delayed 2 "${TP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}" &&
-    compare frozen_tp2_delayed_losses <(cut -d' ' -f1-3 "$ref.a") <(cut -d' ' -f1-3 "$work/frozen_tp2_delayed.b") 1e-6
+# TP and CP: the gradient norm within 1e-3, the losses (step, loss, lm_loss) within 1e-5
+reordered_case() {
+    local name=$1
+    CASE_RTOL=1e-3 run_case "$@" &&
+        compare "${name}_losses" <(cut -d' ' -f1-3 "$ref.a") <(cut -d' ' -f1-3 "$work/$name.b") 1e-5
+}
+reordered_case frozen_tp2_delayed 2 "${TP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
+reordered_case frozen_cp2_delayed 2 "${CP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
 
 # training: within rounding flips of one process
 CASE_RTOL=1e-2
