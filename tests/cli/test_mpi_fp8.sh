@@ -27,7 +27,9 @@
 # and kept would not follow.
 #
 # Reruns of a layout are bit-identical. Under a sanitizer build the cases marked "full"
-# (mpi_lib.sh) run in the plain build only.
+# (mpi_lib.sh) run in the plain build only: each repeats a path another case takes there
+# (the amax reduction over a group of two: DP, TP, EP; NVFP4's reseeding: PP; training with
+# the distributed optimizer and with PP; a rerun).
 # Skipped without an MPI build (a failure under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -52,7 +54,7 @@ EP2=(--expert-model-parallel-size 2)
 # frozen weights: the recipes' state agrees with one process
 CASE_RTOL=1e-6
 run_case frozen_dp2_delayed 2 -- "${DELAYED[@]}" "${FROZEN[@]}"
-run_case frozen_dp2_nvfp4 2 -- "${NVFP4[@]}" "${FROZEN[@]}"
+full frozen_dp2_nvfp4 run_case frozen_dp2_nvfp4 2 -- "${NVFP4[@]}" "${FROZEN[@]}"
 run_case frozen_pp2_nvfp4 2 "${PP2[@]}" -- "${NVFP4[@]}" "${FROZEN[@]}"
 run_case frozen_ep2_delayed 2 "${EP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
 full frozen_etp2_ep2_delayed run_case frozen_etp2_ep2_delayed 4 "${EP2[@]}" --expert-tensor-parallel-size 2 -- \
@@ -67,15 +69,15 @@ reordered_case() {
         compare "${name}_losses" <(cut -d' ' -f1-3 "$ref.a") <(cut -d' ' -f1-3 "$work/$name.b") 1e-5
 }
 reordered_case frozen_tp2_delayed 2 "${TP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
-reordered_case frozen_cp2_delayed 2 "${CP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
+full frozen_cp2_delayed reordered_case frozen_cp2_delayed 2 "${CP2[@]}" -- "${DELAYED[@]}" "${FROZEN[@]}"
 
 # training: within rounding flips of one process
 CASE_RTOL=1e-2
-run_case dp2_delayed 2 -- "${DELAYED[@]}"
+full dp2_delayed run_case dp2_delayed 2 -- "${DELAYED[@]}"
 run_case dp2_distributed_optimizer_mxfp8 2 --use-distributed-optimizer -- "${MXFP8[@]}"
 run_case pp2_nvfp4 2 "${PP2[@]}" -- "${NVFP4[@]}"
-run_case tp2_delayed 2 "${TP2[@]}" -- "${DELAYED[@]}"
+full tp2_delayed run_case tp2_delayed 2 "${TP2[@]}" -- "${DELAYED[@]}"
 full cp2_delayed run_case cp2_delayed 2 "${CP2[@]}" -- "${DELAYED[@]}"
 full ep2_blockwise run_case ep2_blockwise 2 "${EP2[@]}" -- "${BLOCKWISE[@]}"
-rerun_identical tp2_delayed_rerun tp2_delayed 2 "${TP2[@]}" -- "${DELAYED[@]}"
+full tp2_delayed_rerun rerun_identical tp2_delayed_rerun tp2_delayed 2 "${TP2[@]}" -- "${DELAYED[@]}"
 rerun_identical pp2_nvfp4_rerun pp2_nvfp4 2 "${PP2[@]}" -- "${NVFP4[@]}"
