@@ -92,7 +92,7 @@ LDFLAGS     += -rdynamic
 PLUGIN_SRC  := $(sort $(wildcard src/*/*.cu src/*/*/*.cu)) $(wildcard $(PLUGIN_C))
 PLUGIN_OBJ  := $(patsubst %,$(BUILD)/plugin/%.o,$(basename $(PLUGIN_SRC)))
 PLUGIN_CFLAGS := $(CFLAGS) -fPIC -I$(CUDA_HOME)/include
-PLUGIN_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+PLUGIN_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 NVCCFLAGS   := -std=c++17 -O3 -Isrc -DMT_HAVE_CUDA -Xcompiler -fPIC,-fno-math-errno \
                $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
                -gencode=arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) -MMD -MP

@@ -221,6 +221,12 @@
        (uint8_t *codes, const float *x, const float *scale, size_t n, Fp8Format f), (codes, x, scale, n, f))       \
     OP(void, fp8_dequantize_tensor, fp8_dequantize_tensor,                                                           \
        (float *y, const uint8_t *codes, const float *scale_inv, size_t n, Fp8Format f), (y, codes, scale_inv, n, f)) \
+    OP(void, fp8_transpose, fp8_transpose, (uint8_t *t, const uint8_t *codes, int rows, int cols),                  \
+       (t, codes, rows, cols))                                                                                       \
+    OP(void, fp8_gemm, fp8_gemm,                                                                                     \
+       (float *C, const uint8_t *A, Fp8Format fa, const float *a_scale_inv, const uint8_t *B, Fp8Format fb,       \
+        const float *b_scale_inv, int M, int N, int K, float beta, float *work),                                   \
+       (C, A, fa, a_scale_inv, B, fb, b_scale_inv, M, N, K, beta, work))                                             \
     OP(void, fp8_block_quantize, fp8_block_quantize,                                                                 \
        (uint8_t *codes, float *scale_inv, const float *x, int rows, int cols, const Fp8BlockParams *p),           \
        (codes, scale_inv, x, rows, cols, p))                                                                         \

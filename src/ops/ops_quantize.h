@@ -75,6 +75,21 @@ void fp8_delayed_scale(float *scale, float *scale_inv, const float *history, con
 void fp8_quantize_tensor(uint8_t *codes, const float *x, const float *scale, size_t n, Fp8Format f);
 void fp8_dequantize_tensor(float *y, const uint8_t *codes, const float *scale_inv, size_t n, Fp8Format f);
 
+// fp8_transpose: t (cols, rows) = codes (rows, cols) transposed, one byte per element: the
+// columnwise copy of a per-tensor FP8 operand (its one scale is the rowwise copy's).
+void fp8_transpose(uint8_t *t, const uint8_t *codes, int rows, int cols);
+// fp8_gemm: C (M, N) = (a_scale_inv[0]·A)·(b_scale_inv[0]·B)ᵀ + beta·C, A (M, K) FP8 codes of
+// format fa and B (N, K) of format fb, row-major, both along K (the "TN" layout FP8 tensor
+// cores take); beta 0 (C overwritten: NaN in it does not survive) or 1 (+=). Sums are fp32
+// whatever --bf16 / --fp16 set. work: (M + N)·K floats of tensor memory that a backend without
+// FP8 GEMMs dequantizes A and B into (fp8_dequantize_tensor) before an fp32 mt_gemm: the cpu
+// backend, and the cuda one where cuBLASLt cannot take the call (docs/precision.md); left
+// alone otherwise. Backends agree to fp32 rounding, not bit for bit: the products of the
+// codes are exact, but cuBLASLt scales each sum where the emulation scales each element, and
+// the summation orders differ.
+void fp8_gemm(float *C, const uint8_t *A, Fp8Format fa, const float *a_scale_inv, const uint8_t *B, Fp8Format fb,
+              const float *b_scale_inv, int M, int N, int K, float beta, float *work);
+
 // ---- FP8 in tiles ------------------------------------------------------------------------------
 // codes (rows, cols); scale_inv (ceil(rows / tile_rows), ceil(cols / 128)) row-major, each
 // tile's 1 / scale with its amax over the tile (NaN skipped) and value_for_inf = FLT_MAX.
@@ -107,6 +122,11 @@ void hadamard16(float *y, const float *x, size_t n, uint32_t sign_mask);
 static inline void quant_check_shape(const char *op, int rows, int cols, int even_cols) {
     if (rows < 0 || cols < 0) mt_die("%s: shape (%d, %d) is negative", op, rows, cols);
     if (even_cols && cols % 2) mt_die("%s: %d columns; NVFP4 packs two codes per byte and needs an even count", op, cols);
+}
+
+static inline void quant_check_gemm(const char *op, int M, int N, int K, float beta) {
+    if (M < 0 || N < 0 || K < 0) mt_die("%s: shape (%d, %d, %d) is negative", op, M, N, K);
+    if (beta != 0.0f && beta != 1.0f) mt_die("%s: beta %g; the op overwrites (0) or accumulates (1)", op, beta);
 }
 
 static inline void quant_check_tile_rows(const char *op, int tile_rows, int one, int square) {

@@ -1,6 +1,7 @@
-// quantized_linear.c — the FP8 / FP4 recipes' GEMMs as quantize → dequantize → fp32 GEMM
-// (quantized_linear.h). Every step on tensor memory is an op (quantizers, transposes,
-// copies, mt_gemm), so the cpu and the cuda backend run the same code; the host only picks
+// quantized_linear.c — the FP8 / FP4 recipes' GEMMs (quantized_linear.h): per-tensor FP8 as
+// quantize → fp8_gemm on the codes, the block recipes as quantize → dequantize → fp32 GEMM.
+// Every step on tensor memory is an op (quantizers, transposes, copies, GEMMs), so the cpu
+// and the cuda backend run the same code; the host only picks
 // shapes, seeds and the one amax an all-zero NVFP4 tensor needs to be skipped.
 #include "ops/quantized_linear.h"
 
@@ -18,7 +19,11 @@ enum {
     WORK_T,     // a transposed copy
     WORK_PAD,   // the transposed copy padded to whole Hadamard groups
     WORKS,
-    AMAX_SLOTS = 4,  // amax, fold, scale, scale_inv
+    CODES_A = 0,    // the codes of the GEMM's first operand
+    CODES_B,        // of its second
+    CODES_T,        // the rowwise codes of an operand a GEMM takes transposed
+    AMAX_SCALES = 2,  // c->amax: an amax, a fold, then (scale, scale_inv) per operand
+    AMAX_SLOTS = AMAX_SCALES + 2 * QUANT_OPERANDS,
     RNG_FLOAT_WORDS = 4,  // 16-bit pieces of one 64-bit word (each exact in a float)
     RNG_WORD_BITS = 16,
 };
@@ -68,7 +73,7 @@ QuantContext *quant_context_new(const QuantRecipeConfig *cfg, int linears) {
 void quant_context_free(QuantContext *c) {
     if (!c) return;
     for (int i = 0; i < WORKS; i++) device_free(c->work[i]);
-    device_free(c->codes);
+    for (int i = 0; i < QUANT_CODE_BUFFERS; i++) device_free(c->codes[i]);
     device_free(c->block_scales);
     device_free(c->amax);
     device_free(c->history);
@@ -119,28 +124,59 @@ static float *slot_of(float *base, const QuantLinear *q, QuantOperand op, size_t
     return base + ((size_t)q->slot * QUANT_OPERANDS + op) * per_slot;
 }
 
-// Delayed scaling: history[0] = max(history[0], amax(x)); the codes with the current scale.
-static void delayed_fake_quant(QuantLinear *q, QuantOperand op, float *y, const float *x, size_t n) {
-    QuantContext *c = q->ctx;
-    Fp8Format f = operand_format(c, op);
-    float *history = slot_of(c->history, q, op, (size_t)c->cfg.history_len), *scale = slot_of(c->scale, q, op, 2);
-    quant_amax(c->amax, x, n, AMAX_IGNORE_NAN);
-    vec_copy(c->amax + 1, history, 1);
-    quant_amax(history, c->amax, 2, AMAX_IGNORE_NAN);
-    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, n, 1);
-    fp8_quantize_tensor(codes, x, scale, n, f);
-    fp8_dequantize_tensor(y, codes, scale + 1, n, f);
+// ---- per-tensor FP8 (delayed, tensorwise): codes and one scale -------------------------------
+
+static uint8_t *codes_buffer(QuantContext *c, int which, size_t n) {
+    return grown((void **)&c->codes[which], &c->codes_len[which], n, 1);
 }
 
-// Current scaling (Float8CurrentScaling: amax_epsilon 0, no power-of-2 scales).
-static void tensorwise_fake_quant(QuantContext *c, QuantOperand op, float *y, const float *x, size_t n) {
-    Fp8ScaleParams p = {.format = operand_format(c, op), .pow2_scales = 0, .amax_epsilon = 0};
-    float *scale = c->amax + 2;
+// The (scale, scale_inv) pair of operand op for x (n), in tensor memory. Delayed scaling:
+// history[0] = max(history[0], amax(x)) and the pair the history gave at the last step's end.
+// Current scaling (Float8CurrentScaling: amax_epsilon 0, no power-of-2 scales): from amax(x).
+static const float *tensor_scale(QuantLinear *q, QuantOperand op, const float *x, size_t n) {
+    QuantContext *c = q->ctx;
     quant_amax(c->amax, x, n, AMAX_IGNORE_NAN);
+    if (c->cfg.recipe == QUANT_DELAYED) {
+        float *history = slot_of(c->history, q, op, (size_t)c->cfg.history_len);
+        vec_copy(c->amax + 1, history, 1);
+        quant_amax(history, c->amax, 2, AMAX_IGNORE_NAN);
+        return slot_of(c->scale, q, op, 2);
+    }
+    Fp8ScaleParams p = {.format = operand_format(c, op), .pow2_scales = 0, .amax_epsilon = 0};
+    float *scale = c->amax + AMAX_SCALES + 2 * (int)op;
     fp8_scale_from_amax(scale, scale + 1, c->amax, &p);
-    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, n, 1);
-    fp8_quantize_tensor(codes, x, scale, n, p.format);
-    fp8_dequantize_tensor(y, codes, scale + 1, n, p.format);
+    return scale;
+}
+
+// An operand as fp8_gemm takes it: its codes, format and scale_inv.
+typedef struct {
+    uint8_t *codes;
+    Fp8Format format;
+    const float *scale_inv;
+} TensorCodes;
+
+// x (n) quantized with one scale into codes buffer `which`.
+static TensorCodes tensor_codes(QuantLinear *q, QuantOperand op, const float *x, size_t n, int which) {
+    TensorCodes t = {.codes = codes_buffer(q->ctx, which, n), .format = operand_format(q->ctx, op)};
+    const float *scale = tensor_scale(q, op, x, n);
+    fp8_quantize_tensor(t.codes, x, scale, n, t.format);
+    t.scale_inv = scale + 1;
+    return t;
+}
+
+// x (rows, cols) quantized, its codes transposed into buffer `which`: (cols, rows).
+static TensorCodes tensor_codes_transposed(QuantLinear *q, QuantOperand op, const float *x, int rows, int cols,
+                                           int which) {
+    TensorCodes t = tensor_codes(q, op, x, (size_t)rows * cols, CODES_T);
+    uint8_t *transposed = codes_buffer(q->ctx, which, (size_t)rows * cols);
+    fp8_transpose(transposed, t.codes, rows, cols);
+    t.codes = transposed;
+    return t;
+}
+
+static void tensor_fake_quant(QuantLinear *q, QuantOperand op, float *y, const float *x, size_t n) {
+    TensorCodes t = tensor_codes(q, op, x, n, CODES_A);
+    fp8_dequantize_tensor(y, t.codes, t.scale_inv, n, t.format);
 }
 
 // Float8BlockScaling: E4M3 (E5M2 gradients with hybrid), power-of-2 scales, tiles 1×128 or
@@ -149,7 +185,7 @@ static void blockwise_fake_quant(QuantContext *c, QuantOperand op, float *y, con
     Fp8BlockParams p = {.format = operand_format(c, op), .tile_rows = op == QUANT_WEIGHT ? FP8_BLOCK : 1,
                         .pow2_scales = 1, .amax_epsilon = 0};
     size_t tiles = (size_t)quant_blocks(rows, p.tile_rows) * quant_blocks(cols, FP8_BLOCK);
-    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, (size_t)rows * cols, 1);
+    uint8_t *codes = codes_buffer(c, CODES_A, (size_t)rows * cols);
     float *scale_inv = grown((void **)&c->block_scales, &c->block_scales_len, tiles * sizeof(float), 1);
     fp8_block_quantize(codes, scale_inv, x, rows, cols, &p);
     fp8_block_dequantize(y, codes, scale_inv, rows, cols, &p);
@@ -158,7 +194,7 @@ static void blockwise_fake_quant(QuantContext *c, QuantOperand op, float *y, con
 // MXFP8: 32-element blocks of a row, E8M0 scales by RCEIL (TE's and cuBLAS's rule).
 static void mxfp8_fake_quant(QuantContext *c, QuantOperand op, float *y, const float *x, int rows, int cols) {
     Fp8Format f = operand_format(c, op);
-    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, (size_t)rows * cols, 1);
+    uint8_t *codes = codes_buffer(c, CODES_A, (size_t)rows * cols);
     uint8_t *scales = grown((void **)&c->block_scales, &c->block_scales_len,
                             (size_t)rows * quant_blocks(cols, MX_BLOCK), 1);
     mxfp8_quantize(codes, scales, x, rows, cols, f, MX_SCALE_RCEIL);
@@ -179,7 +215,7 @@ static void nvfp4_fake_quant(QuantContext *c, QuantOperand op, float *y, const f
     }
     Nvfp4Params p = {.tile_rows = op == QUANT_WEIGHT ? NVFP4_BLOCK : 1, .stochastic = op == QUANT_GRAD};
     if (p.stochastic) p.seed = rng_u64(&c->rng);
-    uint8_t *codes = grown((void **)&c->codes, &c->codes_len, n / 2 + 1, 1);
+    uint8_t *codes = codes_buffer(c, CODES_A, n / 2 + 1);
     uint8_t *scales = grown((void **)&c->block_scales, &c->block_scales_len,
                             (size_t)rows * quant_blocks(cols, NVFP4_BLOCK), 1);
     nvfp4_quantize(codes, scales, x, c->amax, rows, cols, &p);
@@ -191,8 +227,8 @@ static void fake_quant_rows(QuantLinear *q, QuantOperand op, float *y, const flo
     QuantContext *c = q->ctx;
     size_t n = (size_t)rows * cols;
     switch (c->cfg.recipe) {
-    case QUANT_DELAYED: delayed_fake_quant(q, op, y, x, n); break;
-    case QUANT_TENSORWISE: tensorwise_fake_quant(c, op, y, x, n); break;
+    case QUANT_DELAYED:
+    case QUANT_TENSORWISE: tensor_fake_quant(q, op, y, x, n); break;
     case QUANT_BLOCKWISE: blockwise_fake_quant(c, op, y, x, rows, cols); break;
     case QUANT_MXFP8: mxfp8_fake_quant(c, op, y, x, rows, cols); break;
     case QUANT_NVFP4: nvfp4_fake_quant(c, op, y, x, rows, cols); break;
@@ -246,8 +282,38 @@ int qlinear_dequantized(QuantLinear *q, QuantOperand op, int columnwise, float *
 }
 
 // ---- the GEMMs -----------------------------------------------------------------------------------
-// The GEMMs take the dequantized values as they are (fp32 inputs, whatever --bf16 / --fp16
-// set): a quantized GEMM multiplies the FP8 / FP4 values exactly and accumulates in fp32.
+// Per-tensor recipes multiply the codes (fp8_gemm: FP8 tensor cores where the backend has
+// them, the dequantized values otherwise). The block recipes take the dequantized values as
+// they are (fp32 inputs, whatever --bf16 / --fp16 set): a quantized GEMM multiplies the FP8 /
+// FP4 values exactly and accumulates in fp32.
+
+static float *fp8_gemm_work(QuantContext *c, int M, int N, int K) {
+    return work(c, WORK_A, ((size_t)M + N) * K);
+}
+
+// y (N, out) = x·Wᵀ: x (N, in) and W (out, in) are both along in as they are.
+static void tensor_forward(QuantLinear *q, real *y, const real *x, const real *W, int N, int in, int out) {
+    TensorCodes a = tensor_codes(q, QUANT_INPUT, x, (size_t)N * in, CODES_A);
+    TensorCodes b = tensor_codes(q, QUANT_WEIGHT, W, (size_t)out * in, CODES_B);
+    fp8_gemm(y, a.codes, a.format, a.scale_inv, b.codes, b.format, b.scale_inv, N, out, in, 0,
+             fp8_gemm_work(q->ctx, N, out, in));
+}
+
+// dx (N, in) += dy·W: dy (N, out) as it is, W's codes transposed to (in, out).
+static void tensor_dgrad(QuantLinear *q, real *dx, const real *dy, const real *W, int N, int in, int out) {
+    TensorCodes a = tensor_codes(q, QUANT_GRAD, dy, (size_t)N * out, CODES_A);
+    TensorCodes b = tensor_codes_transposed(q, QUANT_WEIGHT, W, out, in, CODES_B);
+    fp8_gemm(dx, a.codes, a.format, a.scale_inv, b.codes, b.format, b.scale_inv, N, in, out, 1,
+             fp8_gemm_work(q->ctx, N, in, out));
+}
+
+// dW (out, in) += dyᵀ·x: both transposed to run along the tokens, (out, N) and (in, N).
+static void tensor_wgrad(QuantLinear *q, real *dW, const real *dy, const real *x, int N, int in, int out) {
+    TensorCodes a = tensor_codes_transposed(q, QUANT_GRAD, dy, N, out, CODES_A);
+    TensorCodes b = tensor_codes_transposed(q, QUANT_INPUT, x, N, in, CODES_B);
+    fp8_gemm(dW, a.codes, a.format, a.scale_inv, b.codes, b.format, b.scale_inv, out, in, N, 1,
+             fp8_gemm_work(q->ctx, out, in, N));
+}
 
 static int fp32_gemms_begin(void) {
     int saved = device_gemm_inputs();
@@ -261,6 +327,10 @@ static void fp32_gemms_end(int saved) {
 
 static void quantized_forward(QuantLinear *q, real *y, const real *x, const real *W, int N, int in, int out) {
     QuantContext *c = q->ctx;
+    if (per_tensor(c->cfg.recipe)) {
+        tensor_forward(q, y, x, W, N, in, out);
+        return;
+    }
     float *xq = work(c, WORK_A, (size_t)N * in), *wq = work(c, WORK_B, (size_t)out * in);
     fake_quant_rows(q, QUANT_INPUT, xq, x, N, in);
     fake_quant_rows(q, QUANT_WEIGHT, wq, W, out, in);
@@ -271,6 +341,10 @@ static void quantized_forward(QuantLinear *q, real *y, const real *x, const real
 
 static void quantized_dgrad(QuantLinear *q, real *dx, const real *dy, const real *W, int N, int in, int out) {
     QuantContext *c = q->ctx;
+    if (per_tensor(c->cfg.recipe)) {
+        tensor_dgrad(q, dx, dy, W, N, in, out);
+        return;
+    }
     float *dyq = work(c, WORK_A, (size_t)N * out), *wt = work(c, WORK_B, (size_t)out * in);
     fake_quant_rows(q, QUANT_GRAD, dyq, dy, N, out);
     fake_quant_columns(q, QUANT_WEIGHT, wt, W, out, in);  // Wᵀ (in, out), blocks along out
@@ -281,6 +355,10 @@ static void quantized_dgrad(QuantLinear *q, real *dx, const real *dy, const real
 
 static void quantized_wgrad(QuantLinear *q, real *dW, const real *dy, const real *x, int N, int in, int out) {
     QuantContext *c = q->ctx;
+    if (per_tensor(c->cfg.recipe)) {
+        tensor_wgrad(q, dW, dy, x, N, in, out);
+        return;
+    }
     size_t k = (size_t)columnwise_rows(c, N);
     float *dyt = work(c, WORK_A, k * out), *xt = work(c, WORK_B, k * in);
     fake_quant_columns(q, QUANT_GRAD, dyt, dy, N, out);  // dyᵀ (out, k)

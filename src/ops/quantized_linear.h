@@ -1,9 +1,12 @@
 // quantized_linear.h — FP8 / FP4 training recipes (Megatron-LM's --fp8-format / --fp8-recipe
-// / --fp4-format, Transformer Engine's recipes) as an emulation: every operand of a quantized
-// GEMM is quantized with the quantizer ops (ops_quantize.h) and dequantized to fp32, and the
-// GEMM runs on those values with fp32 inputs. The module owns the recipe and the per-linear
-// quantizer state (delayed scaling's amax histories and scales); the model calls qlinear_*
-// instead of linear_forward / linear_backward, and the experts' GEMMs go through it per group.
+// / --fp4-format, Transformer Engine's recipes): every operand of a quantized GEMM is
+// quantized with the quantizer ops (ops_quantize.h). Per-tensor FP8 (delayed, tensorwise)
+// then multiplies the codes with fp8_gemm (cuBLASLt's FP8 GEMM on the cuda backend where the
+// GPU has one, the dequantized values elsewhere); the block recipes dequantize to fp32 and
+// run the GEMM on those values with fp32 inputs. The module owns the recipe and the
+// per-linear quantizer state (delayed scaling's amax histories and scales); the model calls
+// qlinear_* instead of linear_forward / linear_backward, and the experts' GEMMs go through it
+// per group.
 // A NULL QuantLinear is the plain linear layer, bit for bit.
 //
 // Which operand is quantized how (docs/precision.md, "FP8 and FP4 training"), for y = x·Wᵀ:
@@ -49,6 +52,7 @@ typedef struct {
 typedef enum { QUANT_INPUT, QUANT_WEIGHT, QUANT_GRAD, QUANT_OPERANDS } QuantOperand;
 
 struct QuantContext;
+enum { QUANT_CODE_BUFFERS = 3 };
 
 // One weight matrix's quantizers (a linear layer, or one expert's projection).
 typedef struct QuantLinear {
@@ -67,9 +71,11 @@ typedef struct QuantContext {
     // scratch (tensor memory), grown to the largest operand and then kept
     float *work[4];
     size_t work_len[4];
-    uint8_t *codes, *block_scales;
-    size_t codes_len, block_scales_len;
-    float *amax;               // (2) an amax and a fold
+    uint8_t *codes[QUANT_CODE_BUFFERS];  // a GEMM's two operands, and a copy to transpose
+    size_t codes_len[QUANT_CODE_BUFFERS];
+    uint8_t *block_scales;
+    size_t block_scales_len;
+    float *amax;               // an amax, a fold, and current scaling's (scale, scale_inv) per operand
     int32_t *host_offsets;     // (groups + 1) host memory, the experts' row ranges
     int host_offsets_len;
     Rng rng;                   // draws each stochastic quantization's seed

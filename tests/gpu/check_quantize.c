@@ -107,6 +107,54 @@ static void check_fp8_tensor(size_t n, Fp8Format f, InputKind kind, int pow2) {
     check_free_all();
 }
 
+// The columnwise copy of per-tensor codes, byte for byte.
+static void check_fp8_transpose(int rows, int cols) {
+    char name[96];
+    snprintf(name, sizeof(name), "fp8_transpose %dx%d", rows, cols);
+    size_t n = (size_t)rows * cols;
+    int32_t *values = check_random_ints(n, 0, 256);
+    uint8_t *codes = host_bytes(n), *t = host_bytes(n);
+    for (size_t i = 0; i < n; i++) codes[i] = (uint8_t)values[i];
+    cpu()->fp8_transpose(t, codes, rows, cols);
+    uint8_t *d_t = device_unset_bytes(n);
+    under()->fp8_transpose(d_t, check_device_bytes(codes, n), rows, cols);
+    compare_bytes(name, "transposed", t, d_t, n);
+    check_free_all();
+}
+
+// n random finite codes of format f (NaN and infinity codes moved to finite neighbours).
+static uint8_t *finite_codes(size_t n, Fp8Format f) {
+    int32_t *values = check_random_ints(n, 0, 256);
+    uint8_t *codes = host_bytes(n);
+    for (size_t i = 0; i < n; i++) {
+        int v = values[i], magnitude = v & 0x7F;
+        if (f == FP8_E4M3 && magnitude == 0x7F) v -= 1;
+        if (f == FP8_E5M2 && magnitude >= 0x7C) v -= 4;
+        codes[i] = (uint8_t)v;
+    }
+    return codes;
+}
+
+// C (M, N) = (sa·A)(sb·B)ᵀ + beta·C against the cpu's emulation, normwise (the backends
+// differ in where the scales round and in the summation order: ops_quantize.h). Shapes that
+// are multiples of 16 take cuBLASLt's FP8 GEMM on a Hopper-class GPU, the others the
+// emulation; beta 0 starts C as NaN on the backend under test.
+static void check_fp8_gemm(int M, int N, int K, Fp8Format fa, Fp8Format fb, float beta) {
+    char name[96];
+    snprintf(name, sizeof(name), "fp8_gemm %dx%dx%d %s x %s beta=%g", M, N, K, fp8_name(fa), fp8_name(fb), beta);
+    size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * N;
+    uint8_t *A = finite_codes(na, fa), *B = finite_codes(nb, fb);
+    float scale_inv[2] = {0.1875f, 0.0371f};
+    float *C = check_random(nc, -100, 100), *work = check_random(na + nb, 0, 1);
+    float *d_C = beta != 0.0f ? check_to_device(C, nc) : check_device_nan(nc);
+    float *d_scale_inv = check_to_device(scale_inv, 2), *d_work = check_device_nan(na + nb);
+    cpu()->fp8_gemm(C, A, fa, &scale_inv[0], B, fb, &scale_inv[1], M, N, K, beta, work);
+    under()->fp8_gemm(d_C, check_device_bytes(A, na), fa, d_scale_inv, check_device_bytes(B, nb), fb, d_scale_inv + 1,
+                      M, N, K, beta, d_work);
+    check_compare(name, "C", C, d_C, nc, TOL_FP32);
+    check_free_all();
+}
+
 // DelayedScaling from a history of amaxes (one 0, one NaN, one infinite entry among them).
 static void check_fp8_delayed(int length, AmaxHistoryAlgo algo, int margin) {
     char name[96];
@@ -220,6 +268,17 @@ void check_quantize_ops(void) {
             check_fp8_tensor(LENGTHS[i], FP8_E4M3, kind, 0);
             check_fp8_tensor(LENGTHS[i], FP8_E5M2, kind, i & 1);
         }
+    static const int TRANSPOSES[][2] = {{1, 1}, {3, 96}, {130, 300}, {4097, 33}};
+    for (int s = 0; s < COUNT(TRANSPOSES); s++) check_fp8_transpose(TRANSPOSES[s][0], TRANSPOSES[s][1]);
+    static const int GEMMS[][3] = {{64, 128, 256}, {32, 48, 4096}, {272, 96, 64}, {37, 50, 70}, {16, 16, 0}};
+    for (int s = 0; s < COUNT(GEMMS); s++)
+        for (int beta = 0; beta <= 1; beta++) {
+            int M = GEMMS[s][0], N = GEMMS[s][1], K = GEMMS[s][2];
+            check_fp8_gemm(M, N, K, FP8_E4M3, FP8_E4M3, (float)beta);
+            check_fp8_gemm(M, N, K, FP8_E5M2, FP8_E4M3, (float)beta);
+            check_fp8_gemm(M, N, K, FP8_E4M3, FP8_E5M2, (float)beta);
+        }
+    check_fp8_gemm(64, 64, 64, FP8_E5M2, FP8_E5M2, 1);
     check_fp8_delayed(1, AMAX_HISTORY_MOST_RECENT, 0);
     check_fp8_delayed(16, AMAX_HISTORY_MAX, 1);
     check_fp8_delayed(1024, AMAX_HISTORY_MAX, 0);

@@ -2,6 +2,7 @@
 // arithmetic of ops/quantize_math.h (shared with the cuda kernels): tensors walked tile by
 // tile (one OpenMP iteration each), every element's code from its tile's scale.
 #include "ops/cpu/cpu_ops.h"
+#include "ops/gemm.h"
 #include "ops/quantize_math.h"
 
 // The amax of tile q of x (row pitch cols).
@@ -47,6 +48,31 @@ void cpu_fp8_dequantize_tensor(float *y, const uint8_t *codes, const float *scal
     float s = scale_inv[0];
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) y[i] = fp8_value(f, codes[i], s);
+}
+
+void cpu_fp8_transpose(uint8_t *t, const uint8_t *codes, int rows, int cols) {
+    quant_check_shape("fp8_transpose", rows, cols, 0);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++) t[(size_t)c * rows + r] = codes[(size_t)r * cols + c];
+}
+
+// The emulation: both operands dequantized into work, then one fp32 GEMM.
+void cpu_fp8_gemm(float *C, const uint8_t *A, Fp8Format fa, const float *a_scale_inv, const uint8_t *B, Fp8Format fb,
+                  const float *b_scale_inv, int M, int N, int K, float beta, float *work) {
+    quant_check_gemm("fp8_gemm", M, N, K, beta);
+#ifdef MT_DOUBLE
+    (void)C, (void)A, (void)fa, (void)a_scale_inv, (void)B, (void)fb, (void)b_scale_inv, (void)work;
+    mt_die("fp8_gemm: the double-precision build has no FP8 GEMMs");
+#else
+    float *a = work, *b = work + (size_t)M * K;
+    cpu_fp8_dequantize_tensor(a, A, a_scale_inv, (size_t)M * K, fa);
+    cpu_fp8_dequantize_tensor(b, B, b_scale_inv, (size_t)N * K, fb);
+    GemmInputs saved = mt_gemm_inputs();
+    if (saved != GEMM_INPUTS_FP32) mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    cpu_gemm(0, 1, M, N, K, 1, a, K, b, K, beta, C, N);
+    if (saved != GEMM_INPUTS_FP32) mt_gemm_set_inputs(saved);
+#endif
 }
 
 // ---- FP8 in tiles -------------------------------------------------------------------------------

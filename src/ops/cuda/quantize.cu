@@ -109,6 +109,39 @@ void cuda_fp8_dequantize_tensor(float *y, const uint8_t *codes, const float *sca
     CUDA_CHECK_LAUNCH();
 }
 
+// A 32×32 tile of codes per block, staged in shared memory so that both the reads (along
+// a row of codes) and the writes (along a row of t) are coalesced; threads (32, 8), each
+// moving 4 elements of its column of the tile.
+constexpr int TRANSPOSE_TILE = 32, TRANSPOSE_ROWS = 8;
+
+__global__ void fp8_transpose_kernel(uint8_t *t, const uint8_t *codes, int rows, int cols) {
+    __shared__ uint8_t tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];
+    int c0 = blockIdx.x * TRANSPOSE_TILE;
+    for (long r0 = blockIdx.y * (long)TRANSPOSE_TILE; r0 < rows; r0 += gridDim.y * (long)TRANSPOSE_TILE) {
+        for (int i = threadIdx.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+            long r = r0 + i;
+            int c = c0 + threadIdx.x;
+            if (r < rows && c < cols) tile[i][threadIdx.x] = codes[(size_t)r * cols + c];
+        }
+        __syncthreads();
+        for (int i = threadIdx.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+            long r = r0 + threadIdx.x;
+            int c = c0 + i;
+            if (r < rows && c < cols) t[(size_t)c * rows + r] = tile[threadIdx.x][i];
+        }
+        __syncthreads();
+    }
+}
+
+void cuda_fp8_transpose(uint8_t *t, const uint8_t *codes, int rows, int cols) {
+    quant_check_shape("fp8_transpose", rows, cols, 0);
+    if (rows == 0 || cols == 0) return;
+    int row_tiles = quant_blocks(rows, TRANSPOSE_TILE);
+    dim3 grid((unsigned)quant_blocks(cols, TRANSPOSE_TILE), (unsigned)(row_tiles < CUDA_MAX_ROWS_Y ? row_tiles : CUDA_MAX_ROWS_Y));
+    fp8_transpose_kernel<<<grid, dim3(TRANSPOSE_TILE, TRANSPOSE_ROWS), 0, cuda_stream()>>>(t, codes, rows, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- FP8 in tiles -------------------------------------------------------------------------------
 
 __global__ void fp8_block_quantize_kernel(uint8_t *codes, float *scale_inv, const float *x, int rows, int cols,
