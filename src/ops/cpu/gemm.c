@@ -514,7 +514,7 @@ static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", MR, NR, MC, siz
                                                 pack_bf16_emulated, micro_fp32_flushed};
 static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", MR, NR, MC, sizeof(real), 1, pack_fp16_emulated,
                                                 pack_fp16_emulated, micro_fp32};
-static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", MR, NR, MC, sizeof(uint16_t), 2, pack_bf16_pairs_a,
+static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", LOWP_MR, LOWP_BF16_NR, MC, sizeof(uint16_t), 2, pack_bf16_pairs_a,
                                               pack_bf16_pairs_b, micro_bf16_avx512};
 static const GemmKernel KERNEL_BF16_AMX = {"bf16 amx", LOWP_AMX_TILE, LOWP_AMX_TILE, AMX_MC, sizeof(uint16_t),
                                            LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx};

@@ -145,23 +145,39 @@ PACK_TARGET static void pack_pairs_rows(uint16_t *dst, const real *src, int w, i
     }
 }
 
-// Pair panels of LOWP_NR lanes contiguous at each depth (s_w == 1): two depths' rows
-// converted together, interleaved into pairs (the earlier depth high).
-PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k, uint16_t pad) {
-    int pairs = lowp_pairs(kc);
+// Pair panels of W lanes contiguous at each depth (s_w == 1): per vector of LOWP_NR lanes,
+// two depths' rows converted together and interleaved into pairs (the earlier depth high),
+// stored as one vector when W is a multiple of LOWP_NR, else pair by pair into the panels
+// the lanes fall in (A's panels of LOWP_MR lanes).
+PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_k,
+                                           uint16_t pad) {
+    int pairs = lowp_pairs(kc), whole = W % LOWP_NR == 0;
+    uint32_t *out = (uint32_t *)dst;  // pair q of lane j at [(j / W) * pairs * W + q * W + j % W]
     // output halfword 2i takes the later depth's lane i (input 16 + i), 2i + 1 the earlier's (i)
     __m512i swap = _mm512_set_epi16(15, 31, 14, 30, 13, 29, 12, 28, 11, 27, 10, 26, 9, 25, 8, 24, 7, 23, 6, 22, 5, 21,
                                     4, 20, 3, 19, 2, 18, 1, 17, 0, 16);
-    for (int j0 = 0; j0 < w; j0 += LOWP_NR) {
-        uint16_t *panel = dst + (size_t)j0 * pairs * 2;
-        __mmask16 lanes = (__mmask16)(w - j0 >= LOWP_NR ? 0xFFFF : (1u << (w - j0)) - 1);
-        __m512 padding = _mm512_maskz_mov_ps(lanes, _mm512_set1_ps(bits_float((uint32_t)pad << 16)));
-        for (int q = 0; q < pairs; q++) {
-            int k = 2 * q;
+    _Alignas(64) uint32_t chunk[LOWP_NR];
+    int padded_w = (w + W - 1) / W * W;  // lanes up to the last panel's end: zeros past w
+    // depth pairs outer: each pass reads two whole rows of the block (contiguous), not one
+    // line of each of the block's rows
+    for (int q = 0; q < pairs; q++) {
+        int k = 2 * q;
+        for (int j0 = 0; j0 < padded_w; j0 += LOWP_NR) {  // one vector of lanes
+            int left = MT_MAX(w - j0, 0), count = MT_MIN(LOWP_NR, padded_w - j0);
+            __mmask16 lanes = (__mmask16)(left >= LOWP_NR ? 0xFFFF : (1u << left) - 1);
             __m512 earlier = _mm512_maskz_loadu_ps(lanes, src + (size_t)k * s_k + j0);
-            __m512 later = k + 1 < kc ? _mm512_maskz_loadu_ps(lanes, src + (size_t)(k + 1) * s_k + j0) : padding;
-            __m512i both = (__m512i)_mm512_cvtne2ps_pbh(later, earlier);  // earlier low, later high
-            _mm512_store_si512((void *)(panel + (size_t)q * LOWP_NR * 2), _mm512_permutexvar_epi16(swap, both));
+            __m512 later = k + 1 < kc ? _mm512_maskz_loadu_ps(lanes, src + (size_t)(k + 1) * s_k + j0)
+                                      : _mm512_maskz_mov_ps(lanes, _mm512_set1_ps(bits_float((uint32_t)pad << 16)));
+            __m512i both = _mm512_permutexvar_epi16(swap, (__m512i)_mm512_cvtne2ps_pbh(later, earlier));
+            if (whole) {
+                _mm512_store_si512((void *)(out + (size_t)(j0 / W) * pairs * W + (size_t)q * W + j0 % W), both);
+                continue;
+            }
+            _mm512_store_si512((void *)chunk, both);
+            for (int i = 0; i < count; i++) {
+                int j = j0 + i;
+                out[(size_t)(j / W) * pairs * W + (size_t)q * W + j % W] = chunk[i];
+            }
         }
     }
 }
@@ -169,28 +185,34 @@ PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const real *src, int w
 void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
                           uint16_t pad) {
     if (lowp_have_avx512bf16() && s_k == 1) pack_pairs_rows(dst, src, w, W, kc, s_w, pad);
-    else if (lowp_have_avx512bf16() && s_w == 1 && W == LOWP_NR) pack_pairs_columns(dst, src, w, kc, s_k, pad);
+    else if (lowp_have_avx512bf16() && s_w == 1) pack_pairs_columns(dst, src, w, W, kc, s_k, pad);
     else pack_pairs_scalar(dst, src, w, W, kc, s_w, s_k, pad);
 }
 
-// Six rows of one 16-column vector each: per pair of depths one load of b, six broadcasts
-// of a's pairs, six dot products into independent accumulators.
+// Six rows of two 16-column vectors each: per pair of depths two loads of b, six broadcasts
+// of a's pairs, twelve dot products into independent accumulators.
 __attribute__((target("avx512f,avx512bf16"))) void lowp_micro_avx512bf16(int kc, const uint16_t *a,
                                                                          const uint16_t *b, real *acc) {
-    __m512 c[LOWP_MR];
-    for (int i = 0; i < LOWP_MR; i++) c[i] = _mm512_setzero_ps();
+    __m512 c[LOWP_MR][2];
+    for (int i = 0; i < LOWP_MR; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
     int pairs = lowp_pairs(kc);
-#pragma GCC unroll 2
     for (int q = 0; q < pairs; q++) {
-        __m512bh bq = (__m512bh)_mm512_load_si512((const void *)(b + (size_t)q * LOWP_NR * 2));
+        const uint16_t *bq = b + (size_t)q * LOWP_BF16_NR * 2;
+        __m512bh b0 = (__m512bh)_mm512_load_si512((const void *)bq);
+        __m512bh b1 = (__m512bh)_mm512_load_si512((const void *)(bq + LOWP_NR * 2));
         const uint16_t *aq = a + (size_t)q * LOWP_MR * 2;
         for (int i = 0; i < LOWP_MR; i++) {
             int32_t pair;
             memcpy(&pair, aq + 2 * i, sizeof pair);
-            c[i] = _mm512_dpbf16_ps(c[i], (__m512bh)_mm512_set1_epi32(pair), bq);
+            __m512bh ai = (__m512bh)_mm512_set1_epi32(pair);
+            c[i][0] = _mm512_dpbf16_ps(c[i][0], ai, b0);
+            c[i][1] = _mm512_dpbf16_ps(c[i][1], ai, b1);
         }
     }
-    for (int i = 0; i < LOWP_MR; i++) _mm512_store_ps(acc + i * LOWP_NR, c[i]);
+    for (int i = 0; i < LOWP_MR; i++) {
+        _mm512_store_ps(acc + i * LOWP_BF16_NR, c[i][0]);
+        _mm512_store_ps(acc + i * LOWP_BF16_NR + LOWP_NR, c[i][1]);
+    }
 }
 #else
 int lowp_have_avx512bf16(void) { return 0; }

@@ -2,7 +2,8 @@
 // --fp16; gemm.h has the contract): rounding packed fp32 panels in place (the emulation,
 // which then runs the fp32 micro-kernel), packing bf16 pairs for the AVX-512 BF16
 // micro-kernel, that kernel, and whether the CPU has it. gemm.c owns the blocking and
-// the threads; the tile is gemm.c's MR x NR (6 x 16 fp32).
+// the threads; the emulation's tile is gemm.c's MR x NR (6 x 16 fp32), the AVX-512 BF16
+// kernel's LOWP_MR x LOWP_BF16_NR (6 x 32).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +13,10 @@
 
 #define LOWP_MR 6   // rows of a micro-tile (gemm.c's MR)
 #define LOWP_NR 16  // columns of a micro-tile (gemm.c's NR for float): one 512-bit vector
+// Columns of the AVX-512 BF16 kernel's tile: two vectors, so that its 6 x 2 accumulators
+// (independent dot-product chains) cover the instruction's latency, and each broadcast of
+// A's pair feeds two of them.
+#define LOWP_BF16_NR (2 * LOWP_NR)
 
 // x[0, n) rounded in place to the values of `inputs` (kept as floats): bf16 with fp32
 // subnormals first made ±0, or IEEE half. The emulation's packed panels.
@@ -31,8 +36,9 @@ enum { LOWP_PAD_A = 0x8000, LOWP_PAD_B = 0 };
 void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
                           uint16_t pad);
 
-// acc[MR][NR] = sum over depth k < kc, in order, of a[k][i] * b[k][j] for the bf16 pair
-// panels a ([pairs][MR][2]) and b ([pairs][NR][2], 64-byte aligned); each product added
+// acc[LOWP_MR][LOWP_BF16_NR] = sum over depth k < kc, in order, of a[k][i] * b[k][j] for the
+// bf16 pair panels a ([pairs][LOWP_MR][2]) and b ([pairs][LOWP_BF16_NR][2], 64-byte aligned;
+// lowp_pack_bf16_pairs with W = LOWP_BF16_NR); each product added
 // with one rounding (flush-to-zero), as VDPBF16PS does. Only call when lowp_have_avx512bf16().
 void lowp_micro_avx512bf16(int kc, const uint16_t *a, const uint16_t *b, real *acc);
 int lowp_have_avx512bf16(void);
