@@ -77,6 +77,10 @@ PY
     [ -z "$why" ] && ok "$1" || fail "$1" "$why"
 }
 
+# FROZEN: flags that keep the weights as initialised, so that a layout's every forward and
+# backward is the one-process computation (only the gradient sums' order differs)
+FROZEN=(--lr 0 --min-lr 0)
+
 # reference FLAGS...: the single-process run of the script's SMALL model flags and these, run once; sets $ref to its
 # file prefix ($ref.a: the curve, $ref.jsonl, $ref.ck: its checkpoint)
 nref=0
