@@ -49,7 +49,10 @@ GemmInputs mt_gemm_inputs(void);
 // mt_gemm_set_inputs) or mt_gemm_use_bf16_kernel asks for one of "amx", "avx512-bf16" or
 // "emulated" (falling back the same way when the CPU lacks it; NULL: the default). The
 // AVX-512 BF16 kernel and the emulation give the same bits; AMX sums each block of 32
-// products at a precision of its own, so it differs from them in the last bits.
+// products at a precision of its own, and (alpha 1, beta 0 or 1) onto C's value in its tile
+// accumulators rather than adding each K block's sum to C after it, so it differs from them
+// in the last bits. Every kernel gives an element the same bits whatever the thread count
+// and wherever its tile lies (M, N, the offset of a sub-block).
 const char *mt_gemm_kernel(void);
 void mt_gemm_use_bf16_kernel(const char *name);
 

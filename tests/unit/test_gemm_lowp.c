@@ -3,8 +3,8 @@
 // product added by one fused multiply-add in order over blocks of MT_GEMM_K_BLOCK, bf16
 // flushing subnormals), on random and adversarial values (rounding ties, subnormals,
 // overflow, NaN) and every transpose; the AVX-512 BF16 kernel against the emulation bit
-// for bit where the CPU has it; the same bits on 1 and 2 threads; fp32's bits again after
-// switching back.
+// for bit where the CPU has it; the same bits on 1 and 2 threads and wherever an element's
+// tile lies; fp32's bits again after switching back.
 #include <string.h>
 
 #include "core/float_formats.h"
@@ -273,6 +273,35 @@ static void test_thread_counts_agree(void) {
 #endif
 }
 
+// An element's bits do not depend on where its tile lies: a sub-block of C computed on its
+// own (rows and columns shifted off the kernel's tile grid, as an expert's rows are under
+// expert parallelism) equals the same elements of the whole GEMM, for each bf16 kernel this
+// CPU has, overwriting and accumulating, over several K blocks.
+static void test_elements_whatever_their_tile(void) {
+    static const char *const kernels[] = {"amx", "avx512-bf16", "emulated"};
+    enum { ROW0 = 7, ROWS = 61, COL0 = 3, COLS = 50 };
+    for (int beta = 0; beta <= 1; beta++) {
+        Case c = {0, 1, 100, 70, 700, 0, 1, (float)beta};
+        CaseData d = case_data(&c, VALUES_RANDOM, 11 + beta);
+        for (int n = 0; n < 3; n++) {
+            mt_gemm_set_inputs(GEMM_INPUTS_BF16);
+            mt_gemm_use_bf16_kernel(kernels[n]);
+            run_case(&c, d.A, d.B, d.C0, d.want);
+            memcpy(d.C, d.C0, d.c_n * sizeof(real));
+            mt_gemm(0, 1, ROWS, COLS, c.K, 1, d.A + (size_t)ROW0 * c.K, c.K, d.B + (size_t)COL0 * c.K, c.K, c.beta,
+                    d.C + (size_t)ROW0 * c.N + COL0, c.N);
+            for (int i = ROW0; i < ROW0 + ROWS; i++) {
+                char what[96];
+                snprintf(what, sizeof what, "%s beta %d, row %d of the sub-block", mt_gemm_kernel(), beta, i);
+                count_diff(d.C + (size_t)i * c.N + COL0, d.want + (size_t)i * c.N + COL0, COLS, what);
+            }
+        }
+        mt_gemm_use_bf16_kernel(NULL);
+        mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+        case_free(&d);
+    }
+}
+
 // Switching to bf16 and back (as the router does around its GEMMs) gives fp32's bits again,
 // and bf16 really changes them.
 static void test_switching_back_to_fp32(void) {
@@ -295,6 +324,7 @@ int main(void) {
     RUN(test_bf16_amx_near_the_contract);
     RUN(test_fp16_emulation_is_the_contract);
     RUN(test_thread_counts_agree);
+    RUN(test_elements_whatever_their_tile);
     RUN(test_switching_back_to_fp32);
     return tl_failed_cases != 0;
 }

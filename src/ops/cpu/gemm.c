@@ -99,6 +99,10 @@ typedef struct GemmKernel {
     void (*pack_a)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
     void (*pack_b)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
     void (*micro)(int kc, const void *a, const void *b, real *acc);
+    // Or NULL: C[mr][nr] (rows ldc apart) = the panels' product plus C's own values when
+    // accumulate, summed in the kernel's accumulators starting from C (AMX's tiles), so that
+    // C needs no trip through acc and no separate write-back (alpha 1, beta 0 or 1).
+    void (*micro_into)(int kc, const void *a, const void *b, real *C, size_t ldc, int accumulate);
 } GemmKernel;
 
 // ---------------------------------------------------------------------------
@@ -317,6 +321,22 @@ STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real 
 #define PREFETCH_W(addr) ((void)0)
 #endif
 
+// C[mr, nr] = the kernel's tile product (+ C when accumulate) through micro_into: a whole
+// tile in place, an edge tile through a zero-padded copy, so that every element gets the
+// same arithmetic wherever its tile lies (and so whatever M, N and the threads are).
+static void tile_into(const GemmKernel *kern, int kc, const char *a, const char *b, real *C, size_t ldc, int mr, int nr,
+                      int accumulate) {
+    if (mr == kern->mr && nr == kern->nr) {
+        kern->micro_into(kc, a, b, C, ldc, accumulate);
+        return;
+    }
+    _Alignas(64) real tile[GEMM_TILE_MAX];
+    for (int i = 0; i < kern->mr; i++)
+        for (int j = 0; j < kern->nr; j++) tile[i * kern->nr + j] = accumulate && i < mr && j < nr ? C[i * ldc + j] : 0;
+    kern->micro_into(kc, a, b, tile, (size_t)kern->nr, accumulate);
+    for (int i = 0; i < mr; i++) memcpy(C + i * ldc, tile + i * kern->nr, (size_t)nr * sizeof(real));
+}
+
 // C[mc, nc] = alpha * Ap · Bp + beta * C for one packed A block [mc, kc] and B
 // block [kc, nc]. beta is the caller's beta for the first K block, 1 afterwards
 // (C * 1 is exact, so later blocks simply accumulate).
@@ -325,12 +345,17 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
     _Alignas(64) real acc[GEMM_TILE_MAX];
     size_t lane_bytes = panel_depth(kern, kc) * kern->elem_bytes;  // one lane of a panel
     int full_fp32_tile = kern->mr == MR && kern->nr == NR;
+    int into_c = kern->micro_into && alpha == 1 && (beta == 0 || beta == 1);
     for (int jr = 0; jr < nc; jr += kern->nr) {
         const char *b = Bp + (size_t)jr * lane_bytes;
         int nr = MT_MIN(kern->nr, nc - jr);
         for (int ir = 0; ir < mc; ir += kern->mr) {
             real *c = C + ir * ldc + jr;
             int mr = MT_MIN(kern->mr, mc - ir);
+            if (into_c) {
+                tile_into(kern, kc, Ap + (size_t)ir * lane_bytes, b, c, ldc, mr, nr, beta != 0);
+                continue;
+            }
             for (int i = 0; i < mr; i++) {  // fetch the C tile while the kernel runs
                 PREFETCH_W(c + i * ldc);
                 PREFETCH_W(c + i * ldc + nr - 1);
@@ -504,20 +529,26 @@ static void pack_amx_b(void *dst, const real *src, int w, int W, int kc, size_t 
     lowp_pack_amx_b(dst, src, w, kc, s_w, s_k);
 }
 
-static void micro_amx(int kc, const void *a, const void *b, real *acc) { lowp_micro_amx(kc, a, b, acc); }
+static void micro_amx(int kc, const void *a, const void *b, real *acc) {
+    lowp_micro_amx(kc, a, b, acc, LOWP_AMX_TILE, 0);
+}
+
+static void micro_amx_into(int kc, const void *a, const void *b, real *C, size_t ldc, int accumulate) {
+    lowp_micro_amx(kc, a, b, C, ldc, accumulate);
+}
 
 #define AMX_MC (4 * LOWP_AMX_TILE)  // 128 rows: an A block of 128 x KC bf16 (64 KiB) in L2
 
 static const GemmKernel KERNEL_FP32 = {"portable fp32", MR, NR, MC, sizeof(real), 1, pack_fp32, pack_fp32,
-                                       micro_fp32};
+                                       micro_fp32, NULL};
 static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", MR, NR, MC, sizeof(real), 1, pack_bf16_emulated,
-                                                pack_bf16_emulated, micro_fp32_flushed};
+                                                pack_bf16_emulated, micro_fp32_flushed, NULL};
 static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", MR, NR, MC, sizeof(real), 1, pack_fp16_emulated,
-                                                pack_fp16_emulated, micro_fp32};
+                                                pack_fp16_emulated, micro_fp32, NULL};
 static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", LOWP_MR, LOWP_BF16_NR, MC, sizeof(uint16_t), 2, pack_bf16_pairs_a,
-                                              pack_bf16_pairs_b, micro_bf16_avx512};
+                                              pack_bf16_pairs_b, micro_bf16_avx512, NULL};
 static const GemmKernel KERNEL_BF16_AMX = {"bf16 amx", LOWP_AMX_TILE, LOWP_AMX_TILE, AMX_MC, sizeof(uint16_t),
-                                           LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx};
+                                           LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx, micro_amx_into};
 
 // The inputs' rounding and its kernel: process-wide, set between GEMMs by the thread that
 // runs them.

@@ -484,28 +484,39 @@ __attribute__((target("amx-tile"))) static void amx_configure_thread(void) {
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b,
-                                                                 real *acc) {
-    enum { A_STRIDE = LOWP_AMX_DEPTH * 2, B_STRIDE = LOWP_AMX_TILE * 4, C_STRIDE = LOWP_AMX_TILE * 4 };
+                                                                 real *C, size_t ldc, int accumulate) {
+    enum { A_STRIDE = LOWP_AMX_DEPTH * 2, B_STRIDE = LOWP_AMX_TILE * 4 };
+    size_t c_stride = ldc * sizeof(real);
+    real *c_rows2 = C + AMX_HALF * ldc;  // the C tile's rows 16-31
     amx_configure_thread();
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (accumulate) {
+        _tile_loadd(0, C, c_stride);
+        _tile_loadd(1, C + AMX_HALF, c_stride);
+        _tile_loadd(2, c_rows2, c_stride);
+        _tile_loadd(3, c_rows2 + AMX_HALF, c_stride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
     for (int s = 0; s < ceil_steps(kc); s++) {
         const uint16_t *as = a + (size_t)s * AMX_STEP_ELEMS, *bs = b + (size_t)s * AMX_STEP_ELEMS;
-        _tile_loadd(4, as, A_STRIDE);                              // rows 0-15
-        _tile_loadd(5, as + AMX_HALF * LOWP_AMX_DEPTH, A_STRIDE);  // rows 16-31
-        _tile_loadd(6, bs, B_STRIDE);                              // columns 0-15
-        _tile_loadd(7, bs + AMX_HALF * 2, B_STRIDE);               // columns 16-31
+        // each load just before its first product, so that it overlaps the products before
+        // it (the tile registers are not renamed: a load waits for the last reader of its tile)
+        _tile_loadd(4, as, A_STRIDE);  // rows 0-15
+        _tile_loadd(6, bs, B_STRIDE);  // columns 0-15
         _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, bs + AMX_HALF * 2, B_STRIDE);  // columns 16-31
         _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, as + AMX_HALF * LOWP_AMX_DEPTH, A_STRIDE);  // rows 16-31
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, acc, C_STRIDE);
-    _tile_stored(1, acc + AMX_HALF, C_STRIDE);
-    _tile_stored(2, acc + AMX_HALF * LOWP_AMX_TILE, C_STRIDE);
-    _tile_stored(3, acc + AMX_HALF * LOWP_AMX_TILE + AMX_HALF, C_STRIDE);
+    _tile_stored(0, C, c_stride);
+    _tile_stored(1, C + AMX_HALF, c_stride);
+    _tile_stored(2, c_rows2, c_stride);
+    _tile_stored(3, c_rows2 + AMX_HALF, c_stride);
 }
 #else
 int lowp_have_amx(void) { return 0; }
@@ -518,8 +529,8 @@ void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, 
     pack_amx_b_scalar(dst, src, w, kc, s_w, s_k);
 }
 
-void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b, real *acc) {
-    (void)kc, (void)a, (void)b, (void)acc;
+void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b, real *C, size_t ldc, int accumulate) {
+    (void)kc, (void)a, (void)b, (void)C, (void)ldc, (void)accumulate;
     mt_die("internal error: the AMX GEMM kernel called on a CPU or build without it (please report)");
 }
 #endif

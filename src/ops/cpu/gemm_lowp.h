@@ -68,5 +68,7 @@ void lowp_pack_amx_a(uint16_t *dst, const real *src, int w, int kc, size_t s_w, 
 // dst[ceil(w/32) panels][ceil(kc/32) steps][16 depth pairs][32 lanes][2] <- B's w x kc block
 // (lane j = column), the pairs in depth order: two B tiles (16 columns each) per step.
 void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k);
-// acc[32][32] = a · b over depth kc for one packed A and B panel (64-byte aligned).
-void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b, real *acc);
+// C[32][32] (rows ldc apart) = a · b over depth kc for one packed A and B panel (64-byte
+// aligned), plus C's own values when accumulate: the tile accumulators start from C (or 0)
+// and the products are summed onto them, then stored back to C.
+void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b, real *C, size_t ldc, int accumulate);

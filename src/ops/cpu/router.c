@@ -86,16 +86,20 @@ void cpu_moe_router_statistics(double *z, int64_t *counts, double *columns, int3
     *dropped = count_kept(tokens_per_expert, topk_idx, kept, N * k, E);
     memset(counts, 0, (size_t)(sequences + 1) * E * sizeof(int64_t));
     memset(columns, 0, (size_t)sequences * E * sizeof(double));
-    int32_t idx[k];
-    double sc[E], aux[E];
-    for (int n = 0; n < N; n++) {  // top-k of ŝ (in double, as the losses use it)
-        int b = route_sequence_of(token_index, s->token_first, s->seq_length, n);
+    int32_t *idx = mt_malloc((size_t)MT_MAX(N, 1) * k * sizeof(int32_t));
+#pragma omp parallel for schedule(static) if (N > 64)
+    for (int n = 0; n < N; n++) {  // top-k of ŝ (in double, as the losses use it), a token per thread
+        double sc[E], aux[E];
         route_score_row(sc, logits + (size_t)n * E, E, s->score);
         route_aux_score_row(aux, sc, E, s->score);
-        route_topk(idx, aux, NULL, E, k);
-        for (int j = 0; j < k; j++) counts[(size_t)b * E + idx[j]]++;
+        route_topk(idx + (size_t)n * k, aux, NULL, E, k);
+    }
+    for (int n = 0; n < N; n++) {  // the sums in token order
+        int b = route_sequence_of(token_index, s->token_first, s->seq_length, n);
+        for (int j = 0; j < k; j++) counts[(size_t)b * E + idx[(size_t)n * k + j]]++;
         for (int e = 0; e < E; e++) columns[(size_t)b * E + e] += aux_scores[(size_t)n * E + e];
     }
+    free(idx);
     for (int e = 0; e < E; e++) counts[(size_t)sequences * E + e] = tokens_per_expert[e];
 }
 
