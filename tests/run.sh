@@ -44,8 +44,17 @@ for replay in "$bin"/fuzz/replay_*; do
     t=${replay##*/replay_}
     run_program "fuzz_replay_$t" "$replay" "$root/tests/fuzz/corpus/$t" "$root/tests/fuzz/regressions/$t"
 done
+# Under a sanitizer build these scripts run in the plain suite only, for CI's time budget
+# (docs/testing.md, "Sanitizers", names where their paths run under the sanitizers instead).
+SANITIZER_PLAIN_ONLY=" test_first_use.sh test_fp8.sh test_mpi_cp.sh test_mpi_pp.sh test_precision_optimizer.sh test_reliability.sh "
+sanitized=$("$MOETRON" --version 2>/dev/null | grep -c sanitizers)
 for script in "$root"/tests/cli/test_*.sh; do
-    run_program "$(basename "$script")" bash "$script"
+    name=$(basename "$script")
+    if [ "$sanitized" -gt 0 ] && [[ "$SANITIZER_PLAIN_ONLY" == *" $name "* ]]; then
+        echo "skip $name: sanitizer build (run by the plain build)"
+        continue
+    fi
+    run_program "$name" bash "$script"
 done
 
 # run_python NAME "PYTHON MODULES" SCRIPT ARGS...: a conformance script that needs these
