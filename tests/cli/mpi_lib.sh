@@ -149,3 +149,6 @@ if "$M" --version | grep -q sanitizers; then
 else
     full() { "${@:2}"; }
 fi
+# maybe_full NAME command...: the command when NAME is in the script's SANITIZED list (the
+# cases that represent the script under the sanitizers), otherwise full NAME command...
+maybe_full() { case "${SANITIZED:-}" in *" $1 "*) "${@:2}" ;; *) full "$@" ;; esac; }

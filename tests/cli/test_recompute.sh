@@ -95,15 +95,14 @@ recompute_case() {
     done
 }
 
-# maybe_full NAME command...: the command, or (sanitizer build) a skip unless NAME is in
-# SANITIZED; there only the variants in VARIANTS_RUN run (multi-layer groups, every module)
+# The cases run under the sanitizers (maybe_full, mpi_lib.sh); there only the variants in
+# VARIANTS_RUN run (multi-layer groups, every module)
 SANITIZED=" deepseek_mla_bias_shared ep2_alltoall_global "
 VARIANTS_RUN=" uniform1 uniform2 block3 selective selective_moe "
 if "$M" --version | grep -q sanitizers; then
     VARIANTS_RUN=" uniform2 selective "
     echo "skip recompute_uniform1_block3_selective_moe: sanitizer build (run by the plain build)"
 fi
-maybe_full() { case "$SANITIZED" in *" $1 "*) "${@:2}" ;; *) full "$@" ;; esac; }
 
 for c in "${CASES[@]}"; do
     IFS='|' read -r name flags <<<"$c"

@@ -86,15 +86,20 @@ strict_case() {
     ok "strict_$name"
 }
 
+# The cases that run under the sanitizers (maybe_full, mpi_lib.sh): one of each kind of
+# layout, MLA with expert bias and the forced-balancing/fp64 router; the others repeat their
+# paths and run in the plain build.
+SANITIZED=" strict_dense strict_deepseek_mla_bias_groups strict_shared_gate_forced_fp64_selective strict_ep2_alltoall 
+    strict_tp2_sp_capacity strict_pp2 strict_cp2_a2a "
 for c in "${CASES[@]}"; do
     IFS='|' read -r name flags <<<"$c"
     # shellcheck disable=SC2086
-    strict_case "$name" env -- $flags
+    maybe_full "strict_$name" strict_case "$name" env -- $flags
 done
 
 mpi_require strict_memory_mpi
 for c in "${MPI_CASES[@]}"; do
     IFS='|' read -r name ranks flags <<<"$c"
     # shellcheck disable=SC2086
-    strict_case "$name" "${MPIRUN[@]}" -n "$ranks" -- $flags
+    maybe_full "strict_$name" strict_case "$name" "${MPIRUN[@]}" -n "$ranks" -- $flags
 done
