@@ -42,6 +42,14 @@ static const FlagSpec FLAGS[] = {
     F("make-vocab-size-divisible-by", FLAG_INT, make_vocab_size_divisible_by, TR, 1, "pad the vocabulary to a multiple of this"),
     F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
+    F("rope-type", FLAG_STRING, rope_type, TR, 1, "rope: plain rotary embeddings; yarn: YaRN context extension (--rotary-scaling-factor, --original-max-position-embeddings, --beta-fast, --beta-slow, --mscale, --mscale-all-dim)"),
+    F("rotary-scaling-factor", FLAG_DOUBLE, rotary_scaling_factor, TR, 1, "yarn: context extension factor (frequencies below the ramp divided by it)"),
+    F("original-max-position-embeddings", FLAG_INT, original_max_position_embeddings, TR, 1, "yarn: the context length the model was pretrained on"),
+    F("beta-fast", FLAG_DOUBLE, beta_fast, TR, 1, "yarn: rotations over the original context above which a frequency is kept"),
+    F("beta-slow", FLAG_DOUBLE, beta_slow, TR, 1, "yarn: rotations over the original context below which a frequency is divided by the factor"),
+    F("mscale", FLAG_DOUBLE, mscale, TR, 1, "yarn: cos and sin times (0.1*mscale*ln(s)+1) / (0.1*mscale_all_dim*ln(s)+1)"),
+    F("mscale-all-dim", FLAG_DOUBLE, mscale_all_dim, TR, 1, "yarn: the divisor's term above; with MLA the softmax scale is also multiplied by (0.1*mscale_all_dim*ln(s)+1)^2"),
+    F("rotary-seq-len-interpolation-factor", FLAG_DOUBLE, rotary_seq_len_interpolation_factor, TR, 1, "linear position interpolation: every rotary frequency divided by this (0 = off)"),
     F("rotary-interleaved", FLAG_BOOL, rotary_interleaved, TR, 1, "rotate adjacent pairs (2i, 2i+1) rather than the two halves (DeepSeek-V3's rope_interleave)"),
     F("qk-layernorm", FLAG_BOOL, qk_layernorm, TR, 1, "per-head RMSNorm on queries and keys (Qwen3-MoE family)"),
     F("qk-layernorm-scope", FLAG_STRING, qk_layernorm_scope, TR, 1, "head: one RMSNorm per head (Qwen3-MoE); projection: over all heads of q and of k (OLMoE)"),
@@ -226,6 +234,12 @@ void config_defaults(Config *c) {
     c->make_vocab_size_divisible_by = 128;
     c->norm_epsilon = 1e-5;
     c->rotary_base = 10000;
+    strcpy(c->rope_type, "rope");
+    c->rotary_scaling_factor = 1.0;
+    c->original_max_position_embeddings = 4096;
+    c->beta_fast = 32;
+    c->beta_slow = 1;
+    c->mscale = 1.0;
     c->init_method_std = 0.02;
     strcpy(c->qk_layernorm_scope, "head");
     c->kv_lora_rank = 32;
@@ -601,6 +615,28 @@ static int64_t product_within(int64_t a, int64_t b, int64_t limit) {
     return b == 0 || a <= limit / b ? a * b : -1;
 }
 
+// --rope-type and its YaRN parameters, --rotary-seq-len-interpolation-factor.
+static void validate_rope_scaling(const Config *c) {
+    int yarn = !strcmp(c->rope_type, "yarn");
+    if (!yarn && strcmp(c->rope_type, "rope"))
+        config_die("--rope-type %s is not supported; use rope or yarn", c->rope_type);
+    if (!(c->rotary_scaling_factor >= 1))
+        config_die("--rotary-scaling-factor %g must be at least 1", c->rotary_scaling_factor);
+    if (c->rotary_seq_len_interpolation_factor != 0 && !(c->rotary_seq_len_interpolation_factor >= 1))
+        config_die("--rotary-seq-len-interpolation-factor %g must be at least 1 (or 0: off)",
+                   c->rotary_seq_len_interpolation_factor);
+    if (yarn && c->rotary_seq_len_interpolation_factor != 0)
+        config_die("--rope-type yarn and --rotary-seq-len-interpolation-factor both rescale the frequencies; give one");
+    if (!yarn) return;
+    if (c->original_max_position_embeddings < 1)
+        config_die("--original-max-position-embeddings %d must be positive", c->original_max_position_embeddings);
+    if (!(c->beta_fast > 0) || !(c->beta_slow > 0) || c->beta_slow > c->beta_fast)
+        config_die("--beta-fast %g and --beta-slow %g must be positive with beta-slow <= beta-fast", c->beta_fast,
+                   c->beta_slow);
+    if (!isfinite(c->mscale) || !isfinite(c->mscale_all_dim))
+        config_die("--mscale and --mscale-all-dim must be finite numbers");
+}
+
 // The MLPs and experts are always SwiGLU without biases: the switches Megatron scripts pass
 // say so (and checkpoints record them as true, whatever older ones wrote); their negations
 // are errors.
@@ -655,8 +691,10 @@ static void validate_shape(Config *c) {
     if (c->rotary_base <= 1) config_die("--rotary-base must be greater than 1");
     if (strcmp(c->normalization, "RMSNorm"))
         config_die("--normalization %s is not supported; moetron uses RMSNorm", c->normalization);
-    if (strcmp(c->position_embedding_type, "rope"))
-        config_die("--position-embedding-type %s is not supported; moetron uses rope", c->position_embedding_type);
+    if (!strcmp(c->position_embedding_type, "yarn")) strcpy(c->rope_type, "yarn");  // Megatron's non-MLA spelling
+    else if (strcmp(c->position_embedding_type, "rope"))
+        config_die("--position-embedding-type %s is not supported; moetron uses rope (or yarn)", c->position_embedding_type);
+    validate_rope_scaling(c);
 }
 
 // Index of value in names, or -1.

@@ -28,6 +28,13 @@ typedef struct {
     double norm_epsilon;
     double rotary_base;
     int rotary_interleaved;       // rotate pairs (2i, 2i+1) instead of (i, i + d/2)
+    // RoPE scaling (model/rope_scaling.h): plain, YaRN or linear position interpolation
+    char rope_type[16];           // rope | yarn
+    double rotary_scaling_factor; // yarn: the context extension factor s
+    int original_max_position_embeddings;  // yarn: the context the model was pretrained on
+    double beta_fast, beta_slow;  // yarn: the ramp's ends, in rotations over that context
+    double mscale, mscale_all_dim;  // yarn: the attention-scale terms (MLA: softmax scale too)
+    double rotary_seq_len_interpolation_factor;  // linear interpolation: positions / factor (0 = off)
     int qk_layernorm;
     char qk_layernorm_scope[16];  // head | projection (OLMoE: one norm over all heads)
     double clip_qkv;              // clamp q, k, v to [-x, x] after projection (0 = off)

@@ -76,6 +76,26 @@ static void write_quantization_config(JsonWriter *w) {
     jw_end_object(w);
 }
 
+// rope_parameters as transformers v5 reads them: the type and theta, and YaRN's or linear
+// interpolation's parameters (model/rope_scaling.h).
+static void write_rope_parameters(JsonWriter *w, const Config *c) {
+    int yarn = !strcmp(c->rope_type, "yarn"), linear = !yarn && c->rotary_seq_len_interpolation_factor > 0;
+    jw_key(w, "rope_parameters");
+    jw_begin_object(w);
+    jw_kv_string(w, "rope_type", yarn ? "yarn" : linear ? "linear" : "default");
+    jw_kv_double(w, "rope_theta", c->rotary_base);
+    if (linear) jw_kv_double(w, "factor", c->rotary_seq_len_interpolation_factor);
+    if (yarn) {
+        jw_kv_double(w, "factor", c->rotary_scaling_factor);
+        jw_kv_int(w, "original_max_position_embeddings", c->original_max_position_embeddings);
+        jw_kv_double(w, "beta_fast", c->beta_fast);
+        jw_kv_double(w, "beta_slow", c->beta_slow);
+        jw_kv_double(w, "mscale", c->mscale);
+        jw_kv_double(w, "mscale_all_dim", c->mscale_all_dim);
+    }
+    jw_end_object(w);
+}
+
 // Keys every family shares.
 static void write_common(JsonWriter *w, const Config *c, HfFamily family) {
     jw_key(w, "architectures");
@@ -93,11 +113,7 @@ static void write_common(JsonWriter *w, const Config *c, HfFamily family) {
     jw_kv_int(w, "max_position_embeddings", c->max_positions);
     jw_kv_double(w, "rms_norm_eps", c->norm_epsilon);
     jw_kv_double(w, "rope_theta", c->rotary_base);
-    jw_key(w, "rope_parameters");
-    jw_begin_object(w);
-    jw_kv_string(w, "rope_type", "default");
-    jw_kv_double(w, "rope_theta", c->rotary_base);
-    jw_end_object(w);
+    write_rope_parameters(w, c);
     jw_kv_bool(w, "tie_word_embeddings", !c->untie_embeddings_and_output_weights);
     jw_kv_bool(w, "attention_bias", 0);
     jw_kv_double(w, "attention_dropout", 0);

@@ -56,12 +56,6 @@ static void reject_unsupported(const HfKeys *k, HfFamily family) {
     if (key_double(k, "router_jitter_noise", 0) != 0)
         mt_die("%s: router_jitter_noise %g (noise on the whole MoE input) is not supported; set it to 0 (moetron's "
                "--moe-input-jitter-eps jitters the router input only)", k->path, key_double(k, "router_jitter_noise", 0));
-    if (!key_is_null_or_absent(k, "rope_scaling"))
-        mt_die("%s: rope_scaling is not supported (only plain RoPE); remove it or set it to null", k->path);
-    const JsonValue *rope = json_get(k->root, "rope_parameters");
-    const char *rope_type = rope ? json_get_string(rope, "rope_type") : NULL;
-    if (rope_type && strcmp(rope_type, "default"))
-        mt_die("%s: rope_parameters.rope_type \"%s\" is not supported (only \"default\")", k->path, rope_type);
 }
 
 // The load-balancing loss for fine-tuning, unless given on the command line: the aux
@@ -90,6 +84,100 @@ static void limit_default_seq_length(Config *c, const HfKeys *k) {
     c->seq_length = max_pos;
 }
 
+// The type of a RoPE object: "rope_type", else "type", else default.
+static const char *rope_object_type(const JsonValue *rope) {
+    const char *type = json_get_string(rope, "rope_type");
+    if (!type) type = json_get_string(rope, "type");
+    return type ? type : "default";
+}
+
+// The object describing RoPE's scaling: the older rope_scaling (transformers v4, DeepSeek-V3's
+// published config.json) when it is there, else rope_parameters (v5); NULL for neither.
+// *name is its key, for errors, *type its type.
+static const JsonValue *rope_scaling_object(const HfKeys *k, const char **name, const char **type) {
+    const JsonValue *legacy = key_is_null_or_absent(k, "rope_scaling") ? NULL : json_get(k->root, "rope_scaling");
+    const JsonValue *params = key_is_null_or_absent(k, "rope_parameters") ? NULL : json_get(k->root, "rope_parameters");
+    if (legacy && params && strcmp(rope_object_type(params), "default") &&
+        strcmp(rope_object_type(params), rope_object_type(legacy)))
+        mt_die("%s: rope_scaling (\"%s\") and rope_parameters (\"%s\") disagree; keep one", k->path,
+               rope_object_type(legacy), rope_object_type(params));
+    *name = legacy ? "rope_scaling" : "rope_parameters";
+    const JsonValue *rope = legacy ? legacy : params;
+    *type = rope ? rope_object_type(rope) : "default";
+    return rope;
+}
+
+// A number of the scaling object into *field, noted as read from "<object>.<key>".
+static void read_rope_number(Config *c, const HfKeys *k, const JsonValue *rope, const char *object, const char *key,
+                             double *field) {
+    const JsonValue *v = json_get(rope, key);
+    if (!v || v->type == JSON_NULL) return;  // absent: the config class's default, as set
+    if (!json_get_number(rope, key, field)) mt_die("%s: %s.%s must be a number", k->path, object, key);
+    static char noted[8][64];
+    static int next;
+    char *name = noted[next++ % 8];
+    snprintf(name, sizeof noted[0], "%s.%s", object, key);
+    config_note_file_key(c, field, name);
+}
+
+// YaRN as transformers reads it: factor (else max_position_embeddings over the original
+// context), original_max_position_embeddings (else max_position_embeddings), beta_fast 32,
+// beta_slow 1, mscale and mscale_all_dim as given (absent: the plain ratio's mscale, 0).
+static void read_yarn(Config *c, const HfKeys *k, HfFamily family, const JsonValue *rope, const char *object) {
+    strcpy(c->rope_type, "yarn");
+    // as transformers: the object's value, else max_position_embeddings; a top-level
+    // original_max_position_embeddings (Phi-3's way) before either
+    int64_t original = key_int(k, "max_position_embeddings", 0);
+    json_get_int64(rope, "original_max_position_embeddings", &original);
+    json_get_int64(k->root, "original_max_position_embeddings", &original);
+    if (original < 1 || original > INT32_MAX)
+        mt_die("%s: %s needs original_max_position_embeddings (a positive integer)", k->path, object);
+    c->original_max_position_embeddings = (int)original;
+    int64_t max_pos = key_int(k, "max_position_embeddings", 0);
+    c->rotary_scaling_factor = max_pos > 0 ? (double)max_pos / (double)original : 1.0;
+    read_rope_number(c, k, rope, object, "factor", &c->rotary_scaling_factor);
+    c->beta_fast = 32;
+    c->beta_slow = 1;
+    read_rope_number(c, k, rope, object, "beta_fast", &c->beta_fast);
+    read_rope_number(c, k, rope, object, "beta_slow", &c->beta_slow);
+    // transformers scales cos/sin by mscale(s, mscale) / mscale(s, mscale_all_dim) when both
+    // are given, else by mscale(s, 1): mscale 1 over mscale_all_dim 0 here. MLA's softmax
+    // correction takes mscale_all_dim alone, which moetron ties to the cos/sin scale.
+    double mscale = 0, mscale_all_dim = 0;
+    json_get_number(rope, "mscale", &mscale);
+    json_get_number(rope, "mscale_all_dim", &mscale_all_dim);
+    int both = mscale != 0 && mscale_all_dim != 0;
+    if (!both && mscale_all_dim != 0 && family == HF_DEEPSEEK_V3)
+        mt_die("%s: %s.mscale_all_dim %g without mscale is not supported; give mscale (DeepSeek-V3: 1.0)", k->path,
+               object, mscale_all_dim);
+    c->mscale = both ? mscale : 1.0;
+    c->mscale_all_dim = both ? mscale_all_dim : 0.0;
+    int truncate = 1;
+    json_get_bool(rope, "truncate", &truncate);
+    if (!truncate) mt_die("%s: %s.truncate false is not supported (moetron floors and ceils the correction range)",
+                          k->path, object);
+}
+
+// rope_parameters / rope_scaling: plain ("default"), "yarn" or "linear"; other types are
+// refused by name.
+static void read_rope_scaling(Config *c, const HfKeys *k, HfFamily family) {
+    const char *object, *type;
+    const JsonValue *rope = rope_scaling_object(k, &object, &type);
+    if (!rope || !strcmp(type, "default")) return;
+    const JsonValue *attention_factor = json_get(rope, "attention_factor");
+    if (attention_factor && attention_factor->type != JSON_NULL)
+        mt_die("%s: %s.attention_factor is not supported (moetron derives it from factor, mscale and mscale_all_dim); "
+               "remove it", k->path, object);
+    if (!strcmp(type, "yarn")) {
+        read_yarn(c, k, family, rope, object);
+    } else if (!strcmp(type, "linear")) {
+        c->rotary_seq_len_interpolation_factor = 1.0;
+        read_rope_number(c, k, rope, object, "factor", &c->rotary_seq_len_interpolation_factor);
+    } else {
+        mt_die("%s: %s type \"%s\" is not supported (default, yarn and linear are)", k->path, object, type);
+    }
+}
+
 // Every family: sizes, norms, RoPE, embeddings, router top-k and aux coefficient.
 static void read_common(Config *c, const HfKeys *k, HfFamily family) {
     read_int(c, k, &c->num_layers, "num_hidden_layers", 1);
@@ -114,6 +202,7 @@ static void read_common(Config *c, const HfKeys *k, HfFamily family) {
     int eps_1e6 = family == HF_QWEN3_MOE || family == HF_DEEPSEEK_V3;
     c->norm_epsilon = key_double(k, "rms_norm_eps", eps_1e6 ? 1e-6 : 1e-5);
     config_note_file_key(c, &c->norm_epsilon, "rms_norm_eps");
+    read_rope_scaling(c, k, family);
     const JsonValue *rope = json_get(k->root, "rope_parameters");
     double default_theta = family == HF_MIXTRAL ? 1e6 : 10000;
     double theta = key_double(k, "rope_theta", default_theta);

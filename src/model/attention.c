@@ -22,7 +22,7 @@ static AttentionShape attention_shape(const LayoutPlan *p, int B, int T, int Tk,
                                       const int32_t *key_start) {
     AttentionShape s = {.B = B, .Tq = T, .Tk = Tk, .q_pos0 = pos0, .heads = p->heads, .key_start = key_start,
                         .kv_heads = p->kv_heads, .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
-                        .kv_row_stride = kv_row_stride, .scale = (real)(1.0 / sqrt((double)p->head_dim))};
+                        .kv_row_stride = kv_row_stride, .scale = (real)p->softmax_scale};
     return s;
 }
 
@@ -44,7 +44,7 @@ static CpAttention layer_cp_attention(const LayoutPlan *p, int layer) {
 static RingAttentionShape cp_attention_shape(const LayoutPlan *p, int B, int T, const int32_t *key_start) {
     return (RingAttentionShape){.B = B, .C = T / 2, .heads = p->heads, .kv_heads = p->kv_heads,
                                 .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
-                                .scale = (real)(1.0 / sqrt((double)p->head_dim)), .key_start = key_start};
+                                .scale = (real)p->softmax_scale, .key_start = key_start};
 }
 
 void attention_core_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {

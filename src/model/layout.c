@@ -4,6 +4,7 @@
 
 #include "core/device.h"
 #include "model/cp_batch.h"  // cp_token_index
+#include "model/rope_scaling.h"
 #include "ops/quantized_linear.h"  // quant_router_padding_multiple
 #include "parallel/pipeline_layout.h"
 
@@ -19,6 +20,7 @@ static int piece(int total, int parts, int index, int *first) {
 static void plan_attention(LayoutPlan *p, const Config *c) {
     p->head_dim = c->head_dim;
     p->v_head_dim = c->multi_latent_attention ? c->v_head_dim : c->head_dim;
+    p->softmax_scale = attention_softmax_scale(c);
     p->heads = piece(c->num_attention_heads, p->tp_size, p->tp_rank, &p->heads_first);
     // kv heads split over TP, or (fewer than TP) each held by TP/kv_heads consecutive ranks
     p->kv_parts = MT_MIN(c->kv_heads, p->tp_size);

@@ -95,6 +95,7 @@ typedef struct {
     int kv_heads, kv_first;    // kv heads held (1 when replicated) and the first global one
     int kv_parts;              // pieces k/v projections are cut into (kv heads, or TP when more)
     int head_dim, v_head_dim;
+    double softmax_scale;      // of q·k (model/rope_scaling.h: 1/sqrt(head_dim), MLA with YaRN's correction)
     AttentionWidths width;     // local widths
     int q_norm_width, k_norm_width;  // QK-norm weights held: per head d, or the local projection
     // feed-forward widths of this rank

@@ -7,7 +7,7 @@
 //   per head: [k_n, v] = RMSNorm(c)·W_kv_bᵀ                      (N, heads, dn + dv)
 //   keys    : k = [k_n, RoPE(k_r)] — one rotary key shared by every head
 //   queries : the last dr columns of each head rotated by RoPE
-// then causal attention with scale 1/sqrt(dq) over values of width dv.
+// then causal attention with scale 1/sqrt(dq) (times YaRN's correction: model/rope_scaling.h) over values of width dv.
 // With tensor parallelism a rank computes its heads (q_b, kv_b split by heads) from the
 // whole latent (W_q_a, W_kv_a and their norms on every rank): the gradients those receive
 // from the rank's heads are partial and are summed over TP after backward.

@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "model/layers.h"
 #include "model/lm_head.h"
+#include "model/rope_scaling.h"
 #include "model/stage_pass.h"
 #include "moe/expert_parallel.h"
 #include "ops/ops.h"
@@ -333,7 +334,7 @@ void model_allocate(Model *m) {
     }
     size_t table = (size_t)c->max_positions * c->rope_dim;
     real *cos_sin = mt_malloc(table * sizeof(real));  // computed on the host, then copied
-    rope_table(cos_sin, c->max_positions, c->rope_dim, c->rotary_base);
+    rope_scaled_table(cos_sin, c);
     m->rope_cos_sin = device_calloc(table, sizeof(real));
     device_upload(m->rope_cos_sin, cos_sin, table * sizeof(real));
     free(cos_sin);

@@ -48,6 +48,11 @@ void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const r
 // Hugging Face rotate-half layout, or (2i, 2i + 1) when interleaved (DeepSeek-V3's MLA).
 // cos_sin (max_pos, dim/2, 2) precomputed by rope_table.
 void rope_table(real *cos_sin, int max_pos, int dim, double base);
+// The plain inverse frequencies inv_freq[i] = base^(−2i/dim), i < dim/2 (computed in double,
+// rounded to float), and the table of any frequencies (model/rope_scaling.h scales them):
+// cos_sin[p][i] = (cos(p·inv_freq[i]), sin(p·inv_freq[i])) · scale, angle and products in float.
+void rope_plain_inv_freq(float *inv_freq, int dim, double base);
+void rope_table_from(real *cos_sin, int max_pos, int half, const float *inv_freq, float scale);
 typedef struct {
     int heads;        // rotated vectors per token row
     int dim;          // rotary width of each (even)

@@ -109,8 +109,39 @@ test_seq_length_never_lowered_silently() {
     fi
 }
 
+# --rope-type and YaRN's parameters: bad values refused by flag; YaRN changes the numbers,
+# and Megatron's non-MLA spelling (--position-embedding-type yarn) is the same run.
+test_rope_scaling() {
+    expect_error rope_type_unknown "--rope-type ntk is not supported; use rope or yarn" -- "$M" train --rope-type ntk
+    expect_error yarn_factor_below_one "--rotary-scaling-factor 0.5 must be at least 1" -- \
+        "$M" train --rope-type yarn --rotary-scaling-factor 0.5
+    expect_error yarn_betas_swapped "--beta-fast 1 and --beta-slow 32 must be positive with beta-slow <= beta-fast" -- \
+        "$M" train --rope-type yarn --beta-fast 1 --beta-slow 32
+    expect_error yarn_original_context "--original-max-position-embeddings 0 must be positive" -- \
+        "$M" train --rope-type yarn --original-max-position-embeddings 0
+    expect_error yarn_and_linear "--rope-type yarn and --rotary-seq-len-interpolation-factor both" -- \
+        "$M" train --rope-type yarn --rotary-seq-len-interpolation-factor 2
+    expect_error linear_factor_below_one "--rotary-seq-len-interpolation-factor 0.5 must be at least 1" -- \
+        "$M" train --rotary-seq-len-interpolation-factor 0.5
+    expect_error position_embedding_learned "--position-embedding-type learned_absolute is not supported" -- \
+        "$M" train --position-embedding-type learned_absolute
+    local yarn=(--rotary-scaling-factor 4 --original-max-position-embeddings 16 --beta-slow 0.5)
+    "$M" train "${FAST[@]}" --train-iters 2 --log-jsonl "$work/rope.jsonl" >"$work/rope.log" 2>&1
+    "$M" train "${FAST[@]}" --train-iters 2 --rope-type yarn "${yarn[@]}" --log-jsonl "$work/yarn.jsonl" \
+        >"$work/yarn.log" 2>&1
+    "$M" train "${FAST[@]}" --train-iters 2 --position-embedding-type yarn "${yarn[@]}" \
+        --log-jsonl "$work/yarn_pet.jsonl" >"$work/yarn_pet.log" 2>&1
+    if [ "$(losses "$work/yarn.jsonl" | wc -l)" -eq 2 ] && ! cmp -s <(losses "$work/rope.jsonl") <(losses "$work/yarn.jsonl") &&
+        cmp -s <(losses "$work/yarn.jsonl") <(losses "$work/yarn_pet.jsonl"); then
+        ok yarn_trains_and_differs_from_rope
+    else
+        fail yarn_trains_and_differs_from_rope "$(tail -2 "$work/yarn.log" "$work/yarn_pet.log" | tr '\n' ' ')"
+    fi
+}
+
 test_overflow_repros
 test_flag_bounds
+test_rope_scaling
 if make_models; then
     test_file_values_name_their_key
     test_seq_length_never_lowered_silently

@@ -51,6 +51,11 @@ DEEPSEEK_BASE = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_
                      v_head_dim=12, qk_nope_head_dim=10, max_position_embeddings=128, rms_norm_eps=1e-6,
                      rope_theta=10000.0, eos_token_id=None, bos_token_id=None)
 
+YARN_DEEPSEEK = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=12,
+                     beta_fast=32.0, beta_slow=0.25, mscale=0.9, mscale_all_dim=0.7)
+YARN_QWEN3 = dict(rope_type="yarn", rope_theta=1000.0, factor=8.0, original_max_position_embeddings=10,
+                  beta_fast=16.0, beta_slow=0.5)
+
 # name -> (config class, kwargs, extra config.json keys for moetron only)
 IMPORT_CASES = [
     # clip_qkv small enough that the unit-RMS normalised q and k are clamped in many places
@@ -66,6 +71,22 @@ IMPORT_CASES = [
      dict(DEEPSEEK_BASE, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=3, first_k_dense_replace=0,
           rope_interleave=False, norm_topk_prob=True, tie_word_embeddings=True, n_shared_experts=1),
      {"router_aux_loss_coef": 0.0}),
+    # YaRN as DeepSeek-V3 publishes it (mscale, mscale_all_dim: the cos/sin and softmax
+    # corrections), the original context shorter than the sequence so that positions past it
+    # are compared; beta_slow below 1 gives a ramp of several dimensions, one of them between
+    # its ends. Written the older way (rope_scaling with "type"), as DeepSeek-V3's config.json.
+    ("import_deepseek_v3_yarn", "DeepseekV3Config",
+     dict(DEEPSEEK_BASE, q_lora_rank=24, n_group=1, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+          rope_interleave=True, norm_topk_prob=True, tie_word_embeddings=False, qk_rope_head_dim=16,
+          rope_parameters=YARN_DEEPSEEK),
+     {"router_aux_loss_coef": 0.0, "rope_parameters": None,
+      "rope_scaling": dict({k: v for k, v in YARN_DEEPSEEK.items() if k != "rope_type"}, type="yarn")}),
+    # Qwen3-MoE with YaRN (no mscale terms: cos/sin times mscale(s)), and with linear interpolation
+    ("import_qwen3_moe_yarn", "Qwen3MoeConfig",
+     dict(OLMOE_BASE, moe_intermediate_size=32, head_dim=16, rope_parameters=YARN_QWEN3), {}),
+    ("import_qwen3_moe_linear", "Qwen3MoeConfig",
+     dict(OLMOE_BASE, moe_intermediate_size=32, rope_parameters=dict(rope_type="linear", rope_theta=10000.0,
+                                                                     factor=3.0)), {}),
 ]
 
 MLA_FLAGS = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8",
@@ -88,6 +109,12 @@ EXPORT_CASES = [
     ("export_deepseek_v3_full_q", MLA_FLAGS + DEEPSEEK_ROUTER +
      ["--moe-router-load-balancing-type", "none", "--hf-architecture", "deepseek_v3", "--init-method-std", "0.1"],
      "deepseek_v3", {"q_lora_rank": None, "n_group": 1, "rope_interleave": False}),
+    # Megatron-Core's MLA YaRN flags; the sequence (32) runs past the original context (12)
+    ("export_deepseek_v3_yarn", MLA_FLAGS + DEEPSEEK_ROUTER +
+     ["--moe-router-load-balancing-type", "none", "--hf-architecture", "deepseek_v3", "--init-method-std", "0.1",
+      "--rotary-interleaved", "--rope-type", "yarn", "--rotary-scaling-factor", "4", "--original-max-position-embeddings",
+      "12", "--beta-slow", "0.25", "--mscale", "0.9", "--mscale-all-dim", "0.7", "--max-position-embeddings", "64"],
+     "deepseek_v3", {"rope_parameters": dict(YARN_DEEPSEEK, rope_theta=10000.0)}),
 ]
 
 # name -> (train flags, text the single error line must contain)
@@ -101,8 +128,12 @@ REJECT_CASES = [
 
 # plain HF config.json values moetron cannot represent: name -> (model_type, config changes, key named)
 UNSUPPORTED_CONFIGS = [
-    ("reject_config_rope_scaling", "olmoe", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
-    ("reject_config_rope_type", "qwen3_moe", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type"),
+    ("reject_config_rope_scaling", "olmoe", {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
+     "rope_scaling type \"longrope\""),
+    ("reject_config_rope_type", "qwen3_moe", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+     "rope_parameters type \"dynamic\""),
+    ("reject_config_yarn_attention_factor", "qwen3_moe",
+     {"rope_parameters": dict(YARN_QWEN3, attention_factor=1.5)}, "attention_factor"),
     ("reject_config_hidden_act", "mixtral", {"hidden_act": "gelu"}, "hidden_act"),
     ("reject_config_attention_bias", "olmoe", {"attention_bias": True}, "attention_bias"),
     ("reject_config_jitter", "mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise"),

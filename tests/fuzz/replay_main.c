@@ -69,7 +69,7 @@ static void run_damaged(const char *path, const unsigned char *data, size_t n) {
     if (!n) return;
     unsigned char *copy = malloc(n);
     size_t cuts = n < 96 ? n : 96;
-    char what[64];
+    char what[96];
     for (size_t k = 0; k < cuts; k++) {  // 0 .. n-1 bytes
         snprintf(what, sizeof what, " cut to %zu bytes", k * n / cuts);
         run_one(path, what, data, k * n / cuts);

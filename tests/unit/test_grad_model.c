@@ -245,6 +245,24 @@ static void mla_full_rank_queries(Config *c) {
     c->v_head_dim = 3;
 }
 
+// MLA with YaRN past its original context of 2 positions (the sequence has 5): the scaled
+// frequencies, the cos/sin scale and the softmax correction.
+static void mla_yarn(Config *c) {
+    mla_full_rank_queries(c);
+    c->qk_pos_emb_head_dim = 4;
+    strcpy(c->rope_type, "yarn");
+    c->rotary_scaling_factor = 4;
+    c->original_max_position_embeddings = 2;
+    c->beta_slow = 0.25;
+    c->mscale = 0.9;
+    c->mscale_all_dim = 0.7;
+}
+
+static void test_grad_mla_yarn(void) {
+    Variant v = {"1", 0, 0, 0, 2, 4, 0, 0, 0.1, mla_yarn, 0, 0};
+    check_variant(&v);
+}
+
 static void test_grad_deepseek_v3_mla(void) {
     Variant v = {"[0,1]", 0, 1, 0, 2, 4, 0, 1, 0.0, deepseek_v3, 0, 0};
     check_variant(&v);
@@ -281,6 +299,7 @@ int main(void) {
     RUN(test_grad_olmoe_clip_qkv);
     RUN(test_grad_deepseek_v3_mla);
     RUN(test_grad_mla_full_rank_queries);
+    RUN(test_grad_mla_yarn);
     RUN(test_grad_packed_documents);
     RUN(test_grad_packed_documents_mla);
     TESTS_DONE();

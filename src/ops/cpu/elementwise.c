@@ -120,16 +120,25 @@ void cpu_rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, con
 
 // ---- RoPE ------------------------------------------------------------------------------
 
-void rope_table(real *cos_sin, int max_pos, int dim, double base) {
-    int half = dim / 2;
+void rope_plain_inv_freq(float *inv_freq, int dim, double base) {
+    // rounded to float from double, as the reference implementations' tables come out
+    for (int i = 0; i < dim / 2; i++) inv_freq[i] = (float)(1.0 / pow(base, (double)(2 * i) / dim));
+}
+
+void rope_table_from(real *cos_sin, int max_pos, int half, const float *inv_freq, float scale) {
     for (int p = 0; p < max_pos; p++)
         for (int i = 0; i < half; i++) {
-            // inverse frequency rounded to float first, as the reference implementations do
-            float inv_freq = (float)(1.0 / pow(base, (double)(2 * i) / dim));
-            float angle = (float)p * inv_freq;
-            cos_sin[((size_t)p * half + i) * 2 + 0] = (real)cosf(angle);
-            cos_sin[((size_t)p * half + i) * 2 + 1] = (real)sinf(angle);
+            float angle = (float)p * inv_freq[i];
+            cos_sin[((size_t)p * half + i) * 2 + 0] = (real)(cosf(angle) * scale);
+            cos_sin[((size_t)p * half + i) * 2 + 1] = (real)(sinf(angle) * scale);
         }
+}
+
+void rope_table(real *cos_sin, int max_pos, int dim, double base) {
+    float *inv_freq = mt_malloc((size_t)(dim / 2) * sizeof(float));
+    rope_plain_inv_freq(inv_freq, dim, base);
+    rope_table_from(cos_sin, max_pos, dim / 2, inv_freq, 1.0f);
+    free(inv_freq);
 }
 
 RopeLayout rope_layout_heads(int heads, int head_dim) {
