@@ -89,6 +89,8 @@ static const FlagSpec FLAGS[] = {
     F("moe-shared-expert-intermediate-size", FLAG_INT, moe_shared_expert_intermediate_size, TR, 1, "width of a shared expert every token uses (0 = none)"),
     F("moe-shared-expert-gate", FLAG_BOOL, moe_shared_expert_gate, TR, 1, "scale the shared expert by sigmoid(x*w_gate)"),
     F("moe-router-force-load-balancing", FLAG_BOOL, moe_router_force_load_balancing, TR, 0, "benchmarking: route on random normal logits"),
+    F("moe-routing-trace-path", FLAG_STRING, moe_routing_trace_path, TR, 0, "write every training forward's top-k picks of every MoE layer to DIR/rank_NNNNN.jsonl (one file per rank); with --moe-enable-routing-replay read them from there instead"),
+    F("moe-enable-routing-replay", FLAG_BOOL, moe_enable_routing_replay, TR, 0, "route the training forwards on the picks --moe-routing-trace-path recorded (the probs are the router's scores of those experts), as Megatron-Core's router replay"),
     F("moe-per-layer-logging", FLAG_BOOL, moe_per_layer_logging, TR, 0, "per-MoE-layer metrics in --log-jsonl"),
     // training
     F("micro-batch-size", FLAG_INT, micro_batch_size, TR, 0, "sequences per forward/backward"),
@@ -1075,6 +1077,11 @@ static void validate_moe(Config *c) {
     }
     parse_moe_layer_freq(c);
     validate_router(c);
+    if (c->moe_enable_routing_replay && !c->moe_routing_trace_path[0])
+        config_die("--moe-enable-routing-replay reads the picks from --moe-routing-trace-path; give the directory a "
+                   "recording run wrote");
+    if (c->moe_routing_trace_path[0] && c->num_experts == 0)
+        config_die("--moe-routing-trace-path traces MoE routing; the model has no experts (--num-experts 0)");
 }
 
 // Sizes derived from the batch flags: the routing slots of a micro-batch, the samples the

@@ -73,6 +73,8 @@ typedef struct {
     int moe_shared_expert_intermediate_size;  // 0 = no shared expert
     int moe_shared_expert_gate;
     int moe_router_force_load_balancing;
+    char moe_routing_trace_path[MT_PATH_MAX];  // per-rank JSONL of the training top-k picks ("" = off)
+    int moe_enable_routing_replay;             // read the picks from that trace instead of choosing them
     int moe_per_layer_logging;
     // ---- training ----
     int micro_batch_size;

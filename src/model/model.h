@@ -64,6 +64,7 @@ typedef struct {
     struct QuantContext *quant;           // --fp8-format / --fp4-format (ops/quantized_linear.h), else NULL
     struct QuantLinear **quant_of;        // (tt.count) each weight's quantizers; NULL: not quantized
     uint8_t *quant_of_expert;             // (linears of quant) 1: quantizers of a routed expert's weight
+    struct RoutingTrace *routing_trace;   // --moe-routing-trace-path (moe/routing_trace.h), else NULL
 } Model;
 
 // ---- one micro-batch ------------------------------------------------------------------
@@ -76,6 +77,8 @@ typedef struct {
     const int32_t *key_start;  // (B·T) first key of the row each token sees (--reset-attention-mask); NULL = 0
     int training;            // router input jitter, global-aux and expert-bias bookkeeping
     uint64_t noise_seed;     // seeds jitter / forced-balance noise of this micro-batch
+    long iteration;          // training: the step, and the global sample the micro-batch
+    int64_t first_sample;    // starts at (the routing trace's key: moe/routing_trace.h)
 } Batch;
 
 // Multi-Latent Attention activations (per layer). rq, rkv: ranks; dn, dr, dv: no-position,

@@ -8,6 +8,7 @@
 #include "core/device.h"
 #include "core/rng.h"
 #include "model/layers.h"
+#include "moe/routing_trace.h"
 #include "moe/token_dispatcher.h"
 #include "ops/ops.h"
 
@@ -121,6 +122,24 @@ static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     rs->global_micro_batches += ma->route.group_batches;
 }
 
+// --moe-enable-routing-replay: a training forward's picks (a recomputed one's too) from the
+// trace, put where the router keeps its picks; returns whether it did.
+static int replay_picks(const Model *m, int layer, MoeActs *ma, const Batch *batch, int N) {
+    if (!batch->training || !routing_trace_replays(m->routing_trace)) return 0;
+    const int32_t *picks = routing_trace_replay(m->routing_trace, batch->first_sample, layer, N);
+    device_upload(ma->route.topk_idx, picks, (size_t)N * m->plan.topk * sizeof(int32_t));
+    return 1;
+}
+
+// --moe-routing-trace-path (recording): a training forward's picks, before capacity dropping.
+static void trace_picks(const Model *m, int layer, const MoeActs *ma, const Batch *batch, int N) {
+    if (!m->routing_trace || routing_trace_replays(m->routing_trace)) return;
+    int32_t *picks = mt_malloc((size_t)MT_MAX(N, 1) * m->plan.topk * sizeof(int32_t));
+    device_download(picks, ma->route.topk_idx, (size_t)N * m->plan.topk * sizeof(int32_t));
+    routing_trace_write(m->routing_trace, batch->iteration, batch->first_sample, layer, picks, N);
+    free(picks);
+}
+
 // What the token dispatcher needs of the model, in a forward or a backward pass (each kind
 // its own exchange scratch: the combined schedule overlaps a forward with a backward).
 static MoeDispatchContext dispatch_context(const Model *m, PassKind pass) {
@@ -171,8 +190,10 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
                             .count_group = batch->training ? m->count_group : NULL,
                             .token_group = m->plan.token_group,
                             .token_first = first_local_token(m, N_local), .token_index = token_index};
+    ma->call.replay = replay_picks(m, layer, ma, batch, N_local);
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training && pass == PASS_FORWARD) record_routing(m, layer, ma);
+    if (batch->training && pass == PASS_FORWARD) trace_picks(m, layer, ma, batch, N_local);
     ma->plan.N = N_local;
     MoeDispatchContext ctx = dispatch_context(m, pass);
     token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, la->ln2, &ma->expert_rows);

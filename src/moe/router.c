@@ -201,6 +201,7 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
     MT_ASSERT(!split_over_group(call) || call->token_index || call->token_first == call->token_group->rank * N);
     // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
     RouteShape shape = route_shape(rc);
+    shape.replay = call->replay;
     moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,
                      &shape);
     // over the tokens (ops and collectives): capacity, counts, z-loss and the balance losses

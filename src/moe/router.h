@@ -81,6 +81,9 @@ typedef struct {
     // holds the global index (b·T + t of the whole micro-batch, increasing) of each one
     // instead (token_first unused). NULL: token_first + n.
     const int32_t *token_index;
+    // Router replay: the caller has put the picks in RouterOutput.topk_idx (N, k); the
+    // router keeps them and takes their probs from its scores instead of choosing.
+    int replay;
 } RouterCall;
 
 // N is RouterCall.N (this member's tokens), P the token group's size (1 without one).

@@ -183,6 +183,7 @@ typedef struct {
     int pre_softmax;             // softmax: select on softmax(l) instead of l
     double topk_scaling;         // 0 = none
     int num_groups, group_topk;  // 0 = no group limit
+    int replay;                  // topk_idx holds the picks already (router replay): no selection
 } RouteShape;
 // The per-token part of the router, every token on its own, all arithmetic in double
 // (src/ops/moe_route.h has the formulas; src/moe/router.h the definitions):
@@ -190,7 +191,8 @@ typedef struct {
 //   aux_scores (N,E)  ŝ: softmax as is, the others divided by (Σ_E s + 1e-20)
 //   topk_idx (N,k)    the k experts with the largest selection values, in selection order,
 //                     lowest index on ties, within the group_topk best groups when grouped;
-//                     selection values: logits (softmax), softmax (pre), s + expert_bias
+//                     selection values: logits (softmax), softmax (pre), s + expert_bias.
+//                     With r->replay an input: the picks are kept (k distinct experts each)
 //   topk_probs (N,k)  probs of the chosen experts × topk_scaling, before capacity dropping
 // logits (N,E), expert_bias (E) or NULL (sigmoid / sqrtsoftplus only).
 void moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, real *topk_probs, const real *logits,

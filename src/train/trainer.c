@@ -39,6 +39,7 @@
 #include "train/memory_check.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
+#include "moe/routing_trace.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
 #include "train/run_control.h"
@@ -186,6 +187,8 @@ static const Batch *step_batch(void *ctx, int mb) {
     Batch full = batch_of(db, c->seq_length);
     full.training = 1;
     full.noise_seed = noise_seed(c, first);
+    full.iteration = t->state.iteration;
+    full.first_sample = first;
     rank_batch_of(&t->step_batches[t->fetched++], t, &full);
     return &t->step_batches[mb].batch;
 }
@@ -434,6 +437,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     // --save created, proved writable and locked once everything else has been checked, so
     // that a run refused at start-up leaves no directory behind; rank 0 writes
     if (c->save[0] && comm_world_rank() == 0) checkpoint_claim_save_dir(c->save);
+    t->model.routing_trace = routing_trace_open(c, c->num_experts, c->moe_router_topk);
     pipeline_allocate(&t->pipeline);
     prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
@@ -463,6 +467,7 @@ static void trainer_free(Trainer *t) {
     parallel_groups_free(&t->groups);
     optimizer_free(&t->opt);
     grad_sync_free(&t->sync);
+    routing_trace_close(t->model.routing_trace);
     model_free(&t->model);
 }
 

@@ -30,12 +30,16 @@ static void limit_to_groups(unsigned char *allowed, const double *select, const 
 static void route_token(int32_t *idx, real *probs, const real *logits, const double *s, const real *bias,
                         const RouteShape *r) {
     int E = r->E, k = r->k;
+    double p[k];
+    if (r->replay) {  // the picks are given
+        route_probs(probs, idx, logits, s, r, p);
+        return;
+    }
     double select[E];  // the values top-k runs on
     for (int e = 0; e < E; e++) select[e] = route_select_value(r, logits, s, bias, e);
     unsigned char allowed[E];
     if (r->num_groups > 0) limit_to_groups(allowed, select, r);
     route_topk(idx, select, r->num_groups > 0 ? allowed : NULL, E, k);
-    double p[k];
     route_probs(probs, idx, logits, s, r, p);
 }
 

@@ -168,6 +168,10 @@ __global__ void route_tokens_kernel(float *scores, float *aux_scores, int32_t *t
 
     warp_score_row(s, l, E, r.score, lane);
     warp_write_scores(scores + (size_t)n * E, aux_scores + (size_t)n * E, s, E, r.score, lane);
+    if (r.replay) {  // the picks are given (router replay)
+        if (lane == 0) route_probs(topk_probs + (size_t)n * k, topk_idx + (size_t)n * k, l, s, &r, p);
+        return;
+    }
     for (int e = lane; e < E; e += CUDA_WARP) {
         select[e] = route_select_value(&r, l, s, bias, e);
         allowed[e] = 1;
