@@ -78,7 +78,7 @@ static const FlagSpec FLAGS[] = {
     F("moe-router-group-topk", FLAG_INT, moe_router_group_topk, TR, 1, "group-limited routing: groups a token may use"),
     F("moe-router-enable-expert-bias", FLAG_BOOL, moe_router_enable_expert_bias, TR, 1, "aux-loss-free balancing: a per-expert bias that steers selection (sigmoid/sqrtsoftplus)"),
     F("moe-router-bias-update-rate", FLAG_DOUBLE, moe_router_bias_update_rate, TR, 0, "expert-bias step per global batch"),
-    F("moe-router-load-balancing-type", FLAG_LIST, moe_router_load_balancing_type, TR, 0, "aux_loss, seq_aux_loss, global_aux_loss, none, or several"),
+    F("moe-router-load-balancing-type", FLAG_LIST, moe_router_load_balancing_type, TR, 0, "aux_loss, seq_aux_loss, global_aux_loss, none, or several; or sinkhorn (alone: Sinkhorn-balanced top-k in training, no aux loss)"),
     F("moe-aux-loss-coeff", FLAG_LIST, moe_aux_loss_coeff, TR, 0, "coefficient of each load-balancing loss"),
     F("moe-z-loss-coeff", FLAG_DOUBLE, moe_z_loss_coeff, TR, 0, "router z-loss coefficient (0 = off)"),
     F("moe-input-jitter-eps", FLAG_DOUBLE, moe_input_jitter_eps, TR, 0, "multiply the router input by U(1-eps, 1+eps) in training (0 = off)"),
@@ -708,7 +708,8 @@ static int lookup(const char *value, const char *const *names, int count) {
 
 // --moe-router-load-balancing-type and --moe-aux-loss-coeff: lists of equal length.
 static void parse_balance_losses(Config *c) {
-    static const char *const types[] = {"aux_loss", "seq_aux_loss", "global_aux_loss", "none"};
+    static const char *const types[] = {"aux_loss", "seq_aux_loss", "global_aux_loss", "none", "sinkhorn"};
+    enum { TYPE_NONE = 3, TYPE_SINKHORN = 4, TYPE_NAMES = 5 };
     char type_list[128], coeff_list[128];
     snprintf(type_list, sizeof(type_list), "%s", c->moe_router_load_balancing_type);
     snprintf(coeff_list, sizeof(coeff_list), "%s", c->moe_aux_loss_coeff);
@@ -716,21 +717,49 @@ static void parse_balance_losses(Config *c) {
     char *type = strtok_r(type_list, ",", &type_save), *coeff = strtok_r(coeff_list, ",", &coeff_save);
     int n_types = 0;
     for (int t = 0; t < 3; t++) c->balance_coeff[t] = 0;
+    c->sinkhorn_routing = 0;
     for (; type; type = strtok_r(NULL, ",", &type_save), coeff = coeff ? strtok_r(NULL, ",", &coeff_save) : NULL) {
-        int kind = lookup(type, types, 4);
+        int kind = lookup(type, types, TYPE_NAMES);
         if (kind < 0)
-            config_die("--moe-router-load-balancing-type %s: use aux_loss, seq_aux_loss, global_aux_loss or none", type);
+            config_die("--moe-router-load-balancing-type %s: use aux_loss, seq_aux_loss, global_aux_loss, none or "
+                       "sinkhorn", type);
         n_types++;
+        c->sinkhorn_routing |= kind == TYPE_SINKHORN;
         if (!coeff)
             config_die("--moe-aux-loss-coeff %s has fewer values than --moe-router-load-balancing-type %s; give one "
                    "coefficient per type", c->moe_aux_loss_coeff, c->moe_router_load_balancing_type);
         double value = parse_double("moe-aux-loss-coeff", coeff);
         if (value < 0) config_die("--moe-aux-loss-coeff must be >= 0");
-        if (kind < 3) c->balance_coeff[kind] = value;
+        if (kind < TYPE_NONE) c->balance_coeff[kind] = value;
+        if (kind == TYPE_SINKHORN && value != 0)
+            config_die("--moe-router-load-balancing-type sinkhorn has no aux loss (Megatron-Core asserts it); give "
+                       "--moe-aux-loss-coeff 0");
     }
+    if (c->sinkhorn_routing && n_types > 1)
+        config_die("--moe-router-load-balancing-type sinkhorn balances by itself; give it alone");
     if (coeff && n_types > 0)
         config_die("--moe-aux-loss-coeff %s has more values than --moe-router-load-balancing-type %s", c->moe_aux_loss_coeff,
                c->moe_router_load_balancing_type);
+}
+
+// --moe-router-load-balancing-type sinkhorn, as Megatron-Core routes it: sigmoid scores for
+// top-1, otherwise the softmax over all experts (the probs not renormalised over the k); the
+// router options its Sinkhorn path ignores are refused rather than silently dropped.
+static void validate_sinkhorn(Config *c) {
+    int k1 = c->moe_router_topk == 1;
+    const char *score = k1 ? "sigmoid" : "softmax";
+    if (config_flag_given(c, "moe-router-score-function") && strcmp(c->moe_router_score_function, score))
+        config_die("--moe-router-load-balancing-type sinkhorn scores with %s for --moe-router-topk %d; drop "
+                   "--moe-router-score-function %s", score, c->moe_router_topk, c->moe_router_score_function);
+    if (c->moe_router_enable_expert_bias || c->moe_router_num_groups || c->moe_router_topk_scaling_factor > 0)
+        config_die("--moe-router-load-balancing-type sinkhorn takes no expert bias, group-limited routing or top-k "
+                   "scaling factor (Megatron-Core's Sinkhorn router has none)");
+    if ((c->sequence_parallel && c->tensor_model_parallel_size > 1) || c->context_parallel_size > 1)
+        config_die("--moe-router-load-balancing-type sinkhorn balances over a micro-batch's tokens, which sequence or "
+                   "context parallelism splits over ranks; not supported with them yet");
+    snprintf(c->moe_router_score_function, sizeof c->moe_router_score_function, "%s", score);
+    c->score_function = k1 ? 1 : 0;
+    c->moe_router_pre_softmax = !k1;
 }
 
 static void validate_router(Config *c) {
@@ -747,6 +776,7 @@ static void validate_router(Config *c) {
     c->router_fp64 = dtype == 1;
     parse_balance_losses(c);
     if (c->num_experts == 0) return;
+    if (c->sinkhorn_routing) validate_sinkhorn(c);
     int softmax = c->score_function == 0;
     if (c->moe_router_pre_softmax && !softmax)
         config_die("--moe-router-pre-softmax applies only to --moe-router-score-function softmax");

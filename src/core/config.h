@@ -205,6 +205,7 @@ typedef struct {
     int num_micro_batches;
     int decay_iters;               // --lr-decay-iters, or --train-iters when 0
     double balance_coeff[3];       // per BalanceType (moe/router.h); 0 = off
+    int sinkhorn_routing;          // --moe-router-load-balancing-type sinkhorn
     int score_function;            // ScoreFunction
     int drop_policy;               // DropPolicy
     int router_fp64;

@@ -234,7 +234,8 @@ RouterConfig model_router_config(const Config *c) {
                        .pre_softmax = c->moe_router_pre_softmax, .topk_scaling = c->moe_router_topk_scaling_factor,
                        .num_groups = c->moe_router_num_groups, .group_topk = c->moe_router_group_topk,
                        .capacity_factor = c->moe_expert_capacity_factor, .drop_policy = (DropPolicy)c->drop_policy,
-                       .pad_to_capacity = c->moe_pad_expert_input_to_capacity, .z_loss_coeff = c->moe_z_loss_coeff};
+                       .pad_to_capacity = c->moe_pad_expert_input_to_capacity, .z_loss_coeff = c->moe_z_loss_coeff,
+                       .sinkhorn = c->sinkhorn_routing};
     for (int t = 0; t < BALANCE_TYPES; t++) rc.balance_coeff[t] = c->balance_coeff[t];
     return rc;
 }

@@ -189,7 +189,8 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
                             .global_batches_before = batch->training ? ma->batches_before : 0,
                             .count_group = batch->training ? m->count_group : NULL,
                             .token_group = m->plan.token_group,
-                            .token_first = first_local_token(m, N_local), .token_index = token_index};
+                            .token_first = first_local_token(m, N_local), .token_index = token_index,
+                            .training = batch->training};
     ma->call.replay = replay_picks(m, layer, ma, batch, N_local);
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training && pass == PASS_FORWARD) record_routing(m, layer, ma);

@@ -194,6 +194,17 @@ static void router_losses(RouterWork *w, RouterOutput *out, const RouterConfig *
     out->dropped = (int)out->report[REPORT_DROPPED];
 }
 
+// Sinkhorn routing in training (unless the picks are replayed): the balanced top-k into
+// out->topk_idx (an op); returns whether it chose them.
+static int sinkhorn_picks(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
+    if (!rc->sinkhorn || !call->training || call->replay) return 0;
+    int N = call->N, E = rc->E;
+    double *work = device_calloc((size_t)N * E + N + 2 * (size_t)E, sizeof(double));
+    moe_router_sinkhorn(out->topk_idx, work, logits, N, E, rc->k);
+    device_free(work);
+    return 1;
+}
+
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
     PROF_SCOPE(PROF_ROUTER);
     int N = call->N;
@@ -201,7 +212,7 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
     MT_ASSERT(!split_over_group(call) || call->token_index || call->token_first == call->token_group->rank * N);
     // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
     RouteShape shape = route_shape(rc);
-    shape.replay = call->replay;
+    shape.replay = call->replay || sinkhorn_picks(out, logits, rc, call);
     moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,
                      &shape);
     // over the tokens (ops and collectives): capacity, counts, z-loss and the balance losses

@@ -58,6 +58,7 @@ typedef struct {
     int pad_to_capacity;
     double balance_coeff[BALANCE_TYPES]; // 0 = that loss is off
     double z_loss_coeff;
+    int sinkhorn;                        // training picks the top-k of the Sinkhorn-balanced logits
 } RouterConfig;
 
 // Per-call inputs besides the logits.
@@ -81,6 +82,7 @@ typedef struct {
     // holds the global index (b·T + t of the whole micro-batch, increasing) of each one
     // instead (token_first unused). NULL: token_first + n.
     const int32_t *token_index;
+    int training;                // a training forward (Sinkhorn routing balances only there)
     // Router replay: the caller has put the picks in RouterOutput.topk_idx (N, k); the
     // router keeps them and takes their probs from its scores instead of choosing.
     int replay;

@@ -112,6 +112,22 @@ ROUTE_FN double route_select_value(const RouteShape *r, const real *logits, cons
     return s[e] + (bias ? bias[e] : 0);
 }
 
+// ---- Sinkhorn routing (ops_router.h moe_router_sinkhorn) ------------------------------------------
+
+#define ROUTE_SINKHORN_EPS 1e-8       // Megatron-Core's epsilon in the scale updates
+#define ROUTE_SINKHORN_TOL 1e-4       // its tolerance on the mean change of d1
+#define ROUTE_SINKHORN_MAX_ROUNDS 1000  // a bound Megatron-Core does not have (it loops until converged)
+
+// One scale of a Sinkhorn round: (1/count) / (sum + eps).
+ROUTE_FN double route_sinkhorn_scale(double sum, int count) { return (1.0 / count) / (sum + ROUTE_SINKHORN_EPS); }
+
+// Whether the round that changed d1 by diff (E), summed in order, has converged.
+ROUTE_FN int route_sinkhorn_converged(const double *diff, int E) {
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += diff[e];
+    return !(sum / E > ROUTE_SINKHORN_TOL);
+}
+
 // ---- router statistics and backward ------------------------------------------------------------
 
 // logsumexp of one token's logits (E), in double

@@ -28,6 +28,16 @@ void moe_router_backward(real *dlogits, const real *dprobs, const real *logits, 
 
 // ---- router forward: capacity, statistics, losses ----------------------------------------------
 
+// topk_idx (N,k) overwritten (--moe-router-load-balancing-type sinkhorn, training): each
+// token's k experts of largest value in the Sinkhorn normalisation of c = exp(logits) (N,E),
+// as Megatron-Core's moe_utils.sinkhorn: d0 = 1 (N), d1 = 1 (E); repeat
+//   d0_n = (1/N) / (Σ_e d1_e·c_ne + 1e-8),  d1_e = (1/E) / (Σ_n d0_n·c_ne + 1e-8)
+// until mean_e |d1_e − its previous value| ≤ 1e-4 (at most ROUTE_SINKHORN_MAX_ROUNDS rounds);
+// values d1_e·c_ne·d0_n, top-k descending, lowest index on ties (route_topk). In double; every
+// sum in index order (the error's too), so any backend gives the same rounds.
+// work: N·E + N + 2·E doubles of scratch.
+void moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logits, int N, int E, int k);
+
 // kept (choices) overwritten: 1, or 0 for the choices past `capacity` of their expert
 // (capacity < 0: all kept); topk_probs (choices) of the dropped choices set to 0, the others
 // untouched. The choices n·k + j are in token order; per expert (topk_idx) the kept ones are

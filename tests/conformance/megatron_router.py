@@ -28,6 +28,10 @@ Deliberate differences, checked against a reference of our own instead of Megatr
   * --moe-router-topk 1 with softmax (no pre-softmax): moetron rejects it; Megatron
     accepts it (every prob is 1, so the router gets no gradient from the probs).
 
+Sinkhorn routing (sinkhorn_*): the picks of Megatron-Core's own sinkhorn() (float32) on
+logits whose k-th and (k+1)-th balanced values are clearly apart (moetron computes in
+double), the probs (sigmoid for top-1, else the softmax over all experts) and dlogits.
+
 Prints `ok <case>` or `FAIL <case>: <why>` per case; exits non-zero on any failure.
 Needs torch, numpy, safetensors and megatron-core (pip install megatron-core).
 """
@@ -55,6 +59,7 @@ try:
         compute_routing_scores_for_aux_loss,
         get_capacity,
         group_limited_topk,
+        sinkhorn,
         switch_load_balancing_loss_func,
         topk_routing_with_score_function,
         z_loss_func,
@@ -494,6 +499,61 @@ def run_case(probe, tmp, case):
     return problems, notes
 
 
+# Sinkhorn routing (--moe-router-load-balancing-type sinkhorn): N, E, k
+SINKHORN_CASES = [(16, 8, 1), (32, 8, 2), (64, 16, 4), (40, 4, 2)]
+SINKHORN_GAP = 1e-3   # relative gap between the k-th and (k+1)-th Sinkhorn value of every row
+
+
+def sinkhorn_reference(logits, k):
+    """Megatron-Core's TopKRouter.sinkhorn_load_balancing in training: the picks of its
+    sinkhorn() on the float32 logits, probs sigmoid (top-1) or the softmax over all experts
+    at the picks; the probs' autograd graph on float64 logits."""
+    L = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
+    norm = sinkhorn(torch.tensor(logits, dtype=torch.float32))
+    _, idx = torch.topk(norm, k=k, dim=1)
+    act = torch.sigmoid(L) if k == 1 else torch.softmax(L, dim=-1)
+    routing_map = torch.zeros_like(L).scatter(1, idx, 1).bool()
+    return L, norm.double().numpy(), routing_map, act * routing_map
+
+
+def sinkhorn_gap_ok(norm, k):
+    top = -np.sort(-norm, axis=1)
+    if top.shape[1] <= k:
+        return True
+    return bool(np.all(top[:, k - 1] - top[:, k] > SINKHORN_GAP * top[:, k - 1]))
+
+
+def check_sinkhorn(probe, tmp, N, E, k):
+    """moetron's Sinkhorn picks, probs and router gradient against Megatron-Core's."""
+    rng = np.random.default_rng(77 + N * E + k)
+    for _attempt in range(200):
+        logits = f32(rng.standard_normal((N, E)) * 1.5)
+        L, norm, rmap, probs = sinkhorn_reference(logits, k)
+        if sinkhorn_gap_ok(norm, k):
+            break
+    else:
+        return ["no logits with clear Sinkhorn picks found"]
+    R = f32(rng.standard_normal((N, E)))
+    flags = ["--num-experts", str(E), "--moe-router-topk", str(k), "--seq-length", str(N),
+             "--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0", "--moe-z-loss-coeff", "0"]
+    first = run_probe(probe, tmp, flags, {"logits": logits})
+    idx = first["topk_idx"].astype(np.int64)
+    out = run_probe(probe, tmp, flags, {"logits": logits,
+                                        "dprobs": np.take_along_axis(R, idx, axis=1).astype(np.float32)})
+    problems = []
+    if not np.array_equal(dense(idx, np.ones_like(idx, dtype=np.float64), N, E) > 0, rmap.numpy()):
+        problems.append("picks differ from Megatron's Sinkhorn top-k")
+    got = dense(idx, out["topk_probs"].astype(np.float64), N, E)
+    if np.max(np.abs(got - probs.detach().numpy())) > PROBS_TOL:
+        problems.append("probs max diff %.3g" % np.max(np.abs(got - probs.detach().numpy())))
+    (probs * torch.tensor(R, dtype=torch.float64)).sum().backward()
+    want = L.grad.numpy()
+    err = np.max(np.abs(out["dlogits"] - want)) / max(np.max(np.abs(want)), 1e-30)
+    if err > GRAD_RTOL:
+        problems.append("dlogits relative error %.3g" % err)
+    return problems
+
+
 def check_rejects_softmax_post_k1(probe, tmp):
     case = Case("x", E=8, N=8, k=1)
     try:
@@ -514,7 +574,8 @@ def main():
     torch.manual_seed(0)
     cases = build_cases()
     only = {a[len("router_"):] if a.startswith("router_") else a for a in sys.argv[2:]}
-    unknown = only - {c.name for c in cases} - {"reject_softmax_post_k1"}
+    unknown = only - {c.name for c in cases} - {"reject_softmax_post_k1"} - \
+        {"sinkhorn_n%d_e%d_k%d" % c for c in SINKHORN_CASES}
     if unknown:
         print("FAIL setup: unknown case(s) %s" % ", ".join(sorted(unknown)))
         return 1
@@ -535,6 +596,16 @@ def main():
                 print("FAIL router_%s: %s%s" % (case.name, "; ".join(problems[:4]), extra))
             else:
                 print("ok router_%s%s" % (case.name, extra))
+        for N, E, k in SINKHORN_CASES:
+            name = "sinkhorn_n%d_e%d_k%d" % (N, E, k)
+            if only and name not in only:
+                continue
+            try:
+                problems = check_sinkhorn(probe, tmp, N, E, k)
+            except Exception as exc:  # noqa: BLE001
+                problems = ["%s: %s" % (type(exc).__name__, exc)]
+            failed += bool(problems)
+            print(("FAIL router_%s: %s" % (name, "; ".join(problems))) if problems else "ok router_%s" % name)
         if not only or "reject_softmax_post_k1" in only:
             problems = check_rejects_softmax_post_k1(probe, tmp)
             failed += bool(problems)

@@ -10,7 +10,8 @@
 //      global_counts_before  (E)    optional; global_aux_loss counts of the earlier
 //                                   micro-batches, with global_batches_before (metadata entry
 //                                   or a scalar tensor; default 1)
-// The router flags are moetron's own (--num-experts, --moe-router-topk, ...); --seq-length is
+// The router runs as in training (Sinkhorn routing balances). The router flags are
+// moetron's own (--num-experts, --moe-router-topk, ...); --seq-length is
 // the tokens per sequence for seq_aux_loss and must divide N.
 // OUT: topk_idx, kept (I32 N,k), topk_probs (F32 N,k), scores, aux_scores (F32 N,E),
 //      tokens_per_expert, aux_counts (I32 E), seq_counts (I32 N/T,E), global_counts (F64 E),
@@ -150,7 +151,7 @@ int main(int argc, char **argv) {
         .group_counts = mt_malloc(E * sizeof(double)),
     };
     RouterCall call = {.N = N, .seq_length = cfg.seq_length, .expert_bias = bias,
-                       .global_counts_before = before, .global_batches_before = batches_before};
+                       .global_counts_before = before, .global_batches_before = batches_before, .training = 1};
     router_forward(&out, logits, &rc, &call);
     double objective = router_objective(&out, &rc);
 

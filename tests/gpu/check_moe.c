@@ -69,20 +69,41 @@ static void check_route(const RouteCase *c) {
     check_free_all();
 }
 
-// E, k, score, pre_softmax, topk_scaling, num_groups, group_topk
+// Router replay: the picks given (distinct, random), the probs of each score function.
+static void check_route_replay(ScoreFunction score, int pre_softmax, int k) {
+    char name[128];
+    RouteShape r = {.E = 16, .k = k, .score = score, .pre_softmax = pre_softmax, .topk_scaling = 1.5, .replay = 1};
+    int N = 40;
+    snprintf(name, sizeof(name), "moe_route_tokens replay score=%d pre=%d k=%d", (int)score, pre_softmax, k);
+    size_t ne = (size_t)N * r.E, nk = (size_t)N * k;
+    float *logits = check_random(ne, -4, 4), *d_logits = check_to_device(logits, ne);
+    int32_t *idx = check_random_ints(nk, 0, 1);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) idx[(size_t)n * k + j] = (n * 5 + j * 3) % r.E;  // distinct: 3j mod 16
+    int32_t *d_idx = check_ints_to_device(idx, nk);
+    float *d_scores = check_device_nan(ne), *d_aux = check_device_nan(ne), *d_probs = check_device_nan(nk);
+    float *scores = check_random(ne, 0, 1), *aux = check_random(ne, 0, 1), *probs = check_random(nk, 0, 1);
+    cpu()->moe_route_tokens(scores, aux, idx, probs, logits, NULL, N, &r);
+    under()->moe_route_tokens(d_scores, d_aux, d_idx, d_probs, d_logits, NULL, N, &r);
+    check_compare_ints(name, "topk_idx (kept)", idx, d_idx, nk);
+    check_compare(name, "topk_probs", probs, d_probs, nk, TOL_FP32);
+    check_free_all();
+}
+
+// E, k, score, pre_softmax, topk_scaling, num_groups, group_topk, replay
 static const RouteCase ROUTES[] = {
-    {"softmax", {8, 2, SCORE_SOFTMAX, 0, 0, 0, 0}, 257, 0, 0},
-    {"softmax ties", {8, 2, SCORE_SOFTMAX, 0, 0, 0, 0}, 257, 0, 1},
-    {"softmax-pre scaled", {64, 4, SCORE_SOFTMAX, 1, 2.5, 0, 0}, 33, 0, 0},
-    {"softmax-pre k=1", {2, 1, SCORE_SOFTMAX, 1, 0, 0, 0}, 5, 0, 0},
-    {"softmax E>128", {160, 6, SCORE_SOFTMAX, 0, 0, 0, 0}, 7, 0, 0},
-    {"sigmoid E=1", {1, 1, SCORE_SIGMOID, 0, 0, 0, 0}, 3, 0, 0},
-    {"sigmoid bias groups", {64, 8, SCORE_SIGMOID, 0, 2.5, 8, 4}, 257, 1, 0},
-    {"sigmoid groups ties", {64, 8, SCORE_SIGMOID, 0, 0, 8, 4}, 100, 0, 1},
-    {"sigmoid DeepSeek-V3", {256, 8, SCORE_SIGMOID, 0, 2.5, 8, 4}, 65, 1, 0},
-    {"sqrtsoftplus bias groups", {16, 4, SCORE_SQRTSOFTPLUS, 0, 0, 4, 2}, 100, 1, 0},
-    {"sqrtsoftplus k=1", {12, 1, SCORE_SQRTSOFTPLUS, 0, 0, 0, 0}, 9, 0, 0},
-    {"sigmoid E=3000 (shared memory opt-in)", {3000, 8, SCORE_SIGMOID, 0, 0, 0, 0}, 9, 1, 0},
+    {"softmax", {8, 2, SCORE_SOFTMAX, 0, 0, 0, 0, 0}, 257, 0, 0},
+    {"softmax ties", {8, 2, SCORE_SOFTMAX, 0, 0, 0, 0, 0}, 257, 0, 1},
+    {"softmax-pre scaled", {64, 4, SCORE_SOFTMAX, 1, 2.5, 0, 0, 0}, 33, 0, 0},
+    {"softmax-pre k=1", {2, 1, SCORE_SOFTMAX, 1, 0, 0, 0, 0}, 5, 0, 0},
+    {"softmax E>128", {160, 6, SCORE_SOFTMAX, 0, 0, 0, 0, 0}, 7, 0, 0},
+    {"sigmoid E=1", {1, 1, SCORE_SIGMOID, 0, 0, 0, 0, 0}, 3, 0, 0},
+    {"sigmoid bias groups", {64, 8, SCORE_SIGMOID, 0, 2.5, 8, 4, 0}, 257, 1, 0},
+    {"sigmoid groups ties", {64, 8, SCORE_SIGMOID, 0, 0, 8, 4, 0}, 100, 0, 1},
+    {"sigmoid DeepSeek-V3", {256, 8, SCORE_SIGMOID, 0, 2.5, 8, 4, 0}, 65, 1, 0},
+    {"sqrtsoftplus bias groups", {16, 4, SCORE_SQRTSOFTPLUS, 0, 0, 4, 2, 0}, 100, 1, 0},
+    {"sqrtsoftplus k=1", {12, 1, SCORE_SQRTSOFTPLUS, 0, 0, 0, 0, 0}, 9, 0, 0},
+    {"sigmoid E=3000 (shared memory opt-in)", {3000, 8, SCORE_SIGMOID, 0, 0, 0, 0, 0}, 9, 1, 0},
 };
 
 // ---- permute / unpermute ---------------------------------------------------------------------
@@ -175,5 +196,9 @@ void check_moe_ops(void) {
     static const int LOGITS[][3] = {{1, 1, 1}, {3, 7, 5}, {257, 64, 60}, {33, 4097, 17}, {1000, 256, 256}};
     for (int i = 0; i < COUNT(LOGITS); i++) check_router_logits(LOGITS[i][0], LOGITS[i][1], LOGITS[i][2]);
     for (int i = 0; i < COUNT(ROUTES); i++) check_route(&ROUTES[i]);
+    check_route_replay(SCORE_SOFTMAX, 0, 2);
+    check_route_replay(SCORE_SOFTMAX, 1, 4);
+    check_route_replay(SCORE_SIGMOID, 0, 3);
+    check_route_replay(SCORE_SQRTSOFTPLUS, 0, 1);
     for (int i = 0; i < COUNT(PLANS); i++) check_permute(&PLANS[i]);
 }

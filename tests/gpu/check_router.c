@@ -63,15 +63,15 @@ static void check_backward(const BackwardCase *c) {
     check_free_all();
 }
 
-// E, k, score, pre_softmax, topk_scaling, num_groups, group_topk
+// E, k, score, pre_softmax, topk_scaling, num_groups, group_topk, replay
 static const BackwardCase BACKWARDS[] = {
-    {"softmax", {8, 2, SCORE_SOFTMAX, 0, 0, 0, 0}, 257, 4, 0},
-    {"softmax-pre scaled", {64, 4, SCORE_SOFTMAX, 1, 2.5, 0, 0}, 33, 3, 0},
-    {"softmax k=1 indexed", {4, 1, SCORE_SOFTMAX, 0, 0, 0, 0}, 32, 4, 1},
-    {"sigmoid", {64, 8, SCORE_SIGMOID, 0, 2.5, 8, 4}, 100, 2, 0},
-    {"sigmoid k=1", {5, 1, SCORE_SIGMOID, 0, 0, 0, 0}, 9, 1, 0},
-    {"sqrtsoftplus indexed", {16, 4, SCORE_SQRTSOFTPLUS, 0, 0, 0, 0}, 50, 5, 1},
-    {"sigmoid DeepSeek-V3", {256, 8, SCORE_SIGMOID, 0, 2.5, 8, 4}, 65, 1, 0},
+    {"softmax", {8, 2, SCORE_SOFTMAX, 0, 0, 0, 0, 0}, 257, 4, 0},
+    {"softmax-pre scaled", {64, 4, SCORE_SOFTMAX, 1, 2.5, 0, 0, 0}, 33, 3, 0},
+    {"softmax k=1 indexed", {4, 1, SCORE_SOFTMAX, 0, 0, 0, 0, 0}, 32, 4, 1},
+    {"sigmoid", {64, 8, SCORE_SIGMOID, 0, 2.5, 8, 4, 0}, 100, 2, 0},
+    {"sigmoid k=1", {5, 1, SCORE_SIGMOID, 0, 0, 0, 0, 0}, 9, 1, 0},
+    {"sqrtsoftplus indexed", {16, 4, SCORE_SQRTSOFTPLUS, 0, 0, 0, 0, 0}, 50, 5, 1},
+    {"sigmoid DeepSeek-V3", {256, 8, SCORE_SIGMOID, 0, 2.5, 8, 4, 0}, 65, 1, 0},
 };
 
 
@@ -270,7 +270,25 @@ static void check_expert_bias(int E) {
     check_free_all();
 }
 
+// ---- Sinkhorn routing ----------------------------------------------------------------------------
+
+static void check_sinkhorn(int N, int E, int k) {
+    char name[96];
+    snprintf(name, sizeof(name), "moe_router_sinkhorn N=%d E=%d k=%d", N, E, k);
+    size_t ne = (size_t)N * E, nk = (size_t)N * k, work = ne + N + 2 * (size_t)E;
+    float *logits = check_random(ne, -3, 3), *d_logits = check_to_device(logits, ne);
+    int32_t *idx = check_random_ints(nk, 0, 1), *d_idx = check_device_unset_ints(nk);
+    double *host_work = host_doubles(work);
+    cpu()->moe_router_sinkhorn(idx, host_work, logits, N, E, k);
+    under()->moe_router_sinkhorn(d_idx, check_device_bytes(host_work, work * sizeof(double)), d_logits, N, E, k);
+    check_compare_ints(name, "topk_idx", idx, d_idx, nk);
+    check_free_all();
+}
+
 void check_router_ops(void) {
+    check_sinkhorn(1, 1, 1);
+    check_sinkhorn(64, 8, 2);
+    check_sinkhorn(300, 16, 1);
     check_expert_bias(4);
     check_expert_bias(64);
     check_elementwise(1);

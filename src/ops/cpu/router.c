@@ -1,5 +1,6 @@
 // router.c — the cpu backend's router ops (contracts in ops_router.h): capacity, statistics, losses and the router backward.
 // OpenMP over tokens; every token's result is computed by one thread in a fixed order.
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,38 @@ void cpu_moe_router_capacity(real *topk_probs, int32_t *kept, const int32_t *top
         }
     }
     free(cand);
+}
+
+// ---- Sinkhorn routing ---------------------------------------------------------------------------
+
+void cpu_moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logits, int N, int E, int k) {
+    double *cost = work, *d0 = cost + (size_t)N * E, *d1 = d0 + N, *diff = d1 + E;
+#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+    for (size_t i = 0; i < (size_t)N * E; i++) cost[i] = exp((double)logits[i]);
+    for (int e = 0; e < E; e++) d1[e] = 1;
+    for (int round = 0; round < ROUTE_SINKHORN_MAX_ROUNDS; round++) {
+#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+        for (int n = 0; n < N; n++) {
+            double sum = 0;
+            for (int e = 0; e < E; e++) sum += d1[e] * cost[(size_t)n * E + e];
+            d0[n] = route_sinkhorn_scale(sum, N);
+        }
+#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+        for (int e = 0; e < E; e++) {
+            double sum = 0;
+            for (int n = 0; n < N; n++) sum += d0[n] * cost[(size_t)n * E + e];
+            double next = route_sinkhorn_scale(sum, E);
+            diff[e] = fabs(d1[e] - next);
+            d1[e] = next;
+        }
+        if (route_sinkhorn_converged(diff, E)) break;
+    }
+#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+    for (int n = 0; n < N; n++) {
+        double *row = cost + (size_t)n * E;  // becomes the row's values
+        for (int e = 0; e < E; e++) row[e] = d1[e] * row[e] * d0[n];
+        route_topk(topk_idx + (size_t)n * k, row, NULL, E, k);
+    }
 }
 
 // ---- statistics -------------------------------------------------------------------------------

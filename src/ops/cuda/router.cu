@@ -85,6 +85,50 @@ void cuda_moe_router_capacity(real *topk_probs, int32_t *kept, const int32_t *to
     CUDA_CHECK_LAUNCH();
 }
 
+// ---- Sinkhorn routing ----------------------------------------------------------------------------
+
+constexpr int SINKHORN_THREADS = 256;
+
+// One block: threads over rows, then over columns, each sum in index order; thread 0 decides
+// convergence from the round's changes in expert order (the cpu's rounds exactly).
+__global__ void sinkhorn_kernel(int32_t *topk_idx, double *work, const float *logits, int N, int E, int k) {
+    __shared__ int converged;
+    double *cost = work, *d0 = cost + (size_t)N * E, *d1 = d0 + N, *diff = d1 + E;
+    for (size_t i = threadIdx.x; i < (size_t)N * E; i += SINKHORN_THREADS) cost[i] = exp((double)logits[i]);
+    for (int e = threadIdx.x; e < E; e += SINKHORN_THREADS) d1[e] = 1;
+    __syncthreads();
+    for (int round = 0; round < ROUTE_SINKHORN_MAX_ROUNDS; round++) {
+        for (int n = threadIdx.x; n < N; n += SINKHORN_THREADS) {
+            double sum = 0;
+            for (int e = 0; e < E; e++) sum += d1[e] * cost[(size_t)n * E + e];
+            d0[n] = route_sinkhorn_scale(sum, N);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += SINKHORN_THREADS) {
+            double sum = 0;
+            for (int n = 0; n < N; n++) sum += d0[n] * cost[(size_t)n * E + e];
+            double next = route_sinkhorn_scale(sum, E);
+            diff[e] = fabs(d1[e] - next);
+            d1[e] = next;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) converged = route_sinkhorn_converged(diff, E);
+        __syncthreads();
+        if (converged) break;
+    }
+    for (int n = threadIdx.x; n < N; n += SINKHORN_THREADS) {
+        double *row = cost + (size_t)n * E;
+        for (int e = 0; e < E; e++) row[e] = d1[e] * row[e] * d0[n];
+        route_topk(topk_idx + (size_t)n * k, row, NULL, E, k);
+    }
+}
+
+void cuda_moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logits, int N, int E, int k) {
+    if (N <= 0) return;
+    sinkhorn_kernel<<<1, SINKHORN_THREADS, 0, cuda_stream()>>>(topk_idx, work, logits, N, E, k);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- statistics ---------------------------------------------------------------------------------
 
 constexpr int Z_THREADS = 256;
