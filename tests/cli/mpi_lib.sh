@@ -140,7 +140,7 @@ dropped() {
         "$ref.jsonl" && ok "$1" || fail "$1" "no step of the single-process run dropped a token"
 }
 
-# Under a sanitizer build (-O0, ~10x slower) the cases marked "full" run in the plain
+# Under a sanitizer build (several times slower) the cases marked "full" run in the plain
 # build only: each repeats a code path another case already takes under the sanitizers
 # (both dispatchers, EP with DP, the distributed optimizer, expert bias, capacity and
 # the checkpoint moves stay).
