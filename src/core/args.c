@@ -78,7 +78,7 @@ static const FlagSpec FLAGS[] = {
     F("moe-router-group-topk", FLAG_INT, moe_router_group_topk, TR, 1, "group-limited routing: groups a token may use"),
     F("moe-router-enable-expert-bias", FLAG_BOOL, moe_router_enable_expert_bias, TR, 1, "aux-loss-free balancing: a per-expert bias that steers selection (sigmoid/sqrtsoftplus)"),
     F("moe-router-bias-update-rate", FLAG_DOUBLE, moe_router_bias_update_rate, TR, 0, "expert-bias step per global batch"),
-    F("moe-router-load-balancing-type", FLAG_LIST, moe_router_load_balancing_type, TR, 0, "aux_loss, seq_aux_loss, global_aux_loss, none, or several; or sinkhorn (alone: Sinkhorn-balanced top-k in training, no aux loss)"),
+    F("moe-router-load-balancing-type", FLAG_LIST, moe_router_load_balancing_type, TR, 0, "aux_loss, seq_aux_loss, global_aux_loss, none, or several; or, alone and without an aux loss, sinkhorn (Sinkhorn-balanced top-k in training) or quantile_balancing (a per-expert bias from each step's routing quantiles)"),
     F("moe-aux-loss-coeff", FLAG_LIST, moe_aux_loss_coeff, TR, 0, "coefficient of each load-balancing loss"),
     F("moe-z-loss-coeff", FLAG_DOUBLE, moe_z_loss_coeff, TR, 0, "router z-loss coefficient (0 = off)"),
     F("moe-input-jitter-eps", FLAG_DOUBLE, moe_input_jitter_eps, TR, 0, "multiply the router input by U(1-eps, 1+eps) in training (0 = off)"),
@@ -89,6 +89,7 @@ static const FlagSpec FLAGS[] = {
     F("moe-shared-expert-intermediate-size", FLAG_INT, moe_shared_expert_intermediate_size, TR, 1, "width of a shared expert every token uses (0 = none)"),
     F("moe-shared-expert-gate", FLAG_BOOL, moe_shared_expert_gate, TR, 1, "scale the shared expert by sigmoid(x*w_gate)"),
     F("moe-router-force-load-balancing", FLAG_BOOL, moe_router_force_load_balancing, TR, 0, "benchmarking: route on random normal logits"),
+    F("moe-router-quantile-balancing-ema", FLAG_DOUBLE, moe_router_quantile_balancing_ema, TR, 0, "quantile_balancing: each step's new bias = ema * bias + (1 - ema) * the step's mean quantile, then centred (0 = no memory)"),
     F("moe-routing-trace-path", FLAG_STRING, moe_routing_trace_path, TR, 0, "write every training forward's top-k picks of every MoE layer to DIR/rank_NNNNN.jsonl (one file per rank); with --moe-enable-routing-replay read them from there instead"),
     F("moe-enable-routing-replay", FLAG_BOOL, moe_enable_routing_replay, TR, 0, "route the training forwards on the picks --moe-routing-trace-path recorded (the probs are the router's scores of those experts), as Megatron-Core's router replay"),
     F("moe-per-layer-logging", FLAG_BOOL, moe_per_layer_logging, TR, 0, "per-MoE-layer metrics in --log-jsonl"),
@@ -708,8 +709,9 @@ static int lookup(const char *value, const char *const *names, int count) {
 
 // --moe-router-load-balancing-type and --moe-aux-loss-coeff: lists of equal length.
 static void parse_balance_losses(Config *c) {
-    static const char *const types[] = {"aux_loss", "seq_aux_loss", "global_aux_loss", "none", "sinkhorn"};
-    enum { TYPE_NONE = 3, TYPE_SINKHORN = 4, TYPE_NAMES = 5 };
+    static const char *const types[] = {"aux_loss", "seq_aux_loss", "global_aux_loss", "none", "sinkhorn",
+                                        "quantile_balancing"};
+    enum { TYPE_NONE = 3, TYPE_SINKHORN = 4, TYPE_QUANTILE = 5, TYPE_NAMES = 6 };
     char type_list[128], coeff_list[128];
     snprintf(type_list, sizeof(type_list), "%s", c->moe_router_load_balancing_type);
     snprintf(coeff_list, sizeof(coeff_list), "%s", c->moe_aux_loss_coeff);
@@ -717,26 +719,28 @@ static void parse_balance_losses(Config *c) {
     char *type = strtok_r(type_list, ",", &type_save), *coeff = strtok_r(coeff_list, ",", &coeff_save);
     int n_types = 0;
     for (int t = 0; t < 3; t++) c->balance_coeff[t] = 0;
-    c->sinkhorn_routing = 0;
+    c->sinkhorn_routing = c->quantile_balancing = 0;
     for (; type; type = strtok_r(NULL, ",", &type_save), coeff = coeff ? strtok_r(NULL, ",", &coeff_save) : NULL) {
         int kind = lookup(type, types, TYPE_NAMES);
         if (kind < 0)
-            config_die("--moe-router-load-balancing-type %s: use aux_loss, seq_aux_loss, global_aux_loss, none or "
-                       "sinkhorn", type);
+            config_die("--moe-router-load-balancing-type %s: use aux_loss, seq_aux_loss, global_aux_loss, none, "
+                       "sinkhorn or quantile_balancing", type);
         n_types++;
         c->sinkhorn_routing |= kind == TYPE_SINKHORN;
+        c->quantile_balancing |= kind == TYPE_QUANTILE;
         if (!coeff)
             config_die("--moe-aux-loss-coeff %s has fewer values than --moe-router-load-balancing-type %s; give one "
                    "coefficient per type", c->moe_aux_loss_coeff, c->moe_router_load_balancing_type);
         double value = parse_double("moe-aux-loss-coeff", coeff);
         if (value < 0) config_die("--moe-aux-loss-coeff must be >= 0");
         if (kind < TYPE_NONE) c->balance_coeff[kind] = value;
-        if (kind == TYPE_SINKHORN && value != 0)
-            config_die("--moe-router-load-balancing-type sinkhorn has no aux loss (Megatron-Core asserts it); give "
-                       "--moe-aux-loss-coeff 0");
+        if (kind >= TYPE_SINKHORN && value != 0)
+            config_die("--moe-router-load-balancing-type %s has no aux loss (Megatron-Core asserts it); give "
+                       "--moe-aux-loss-coeff 0", types[kind]);
     }
-    if (c->sinkhorn_routing && n_types > 1)
-        config_die("--moe-router-load-balancing-type sinkhorn balances by itself; give it alone");
+    if ((c->sinkhorn_routing || c->quantile_balancing) && n_types > 1)
+        config_die("--moe-router-load-balancing-type %s balances by itself; give it alone",
+                   c->sinkhorn_routing ? "sinkhorn" : "quantile_balancing");
     if (coeff && n_types > 0)
         config_die("--moe-aux-loss-coeff %s has more values than --moe-router-load-balancing-type %s", c->moe_aux_loss_coeff,
                c->moe_router_load_balancing_type);
@@ -762,6 +766,28 @@ static void validate_sinkhorn(Config *c) {
     c->moe_router_pre_softmax = !k1;
 }
 
+// --moe-router-load-balancing-type quantile_balancing, as Megatron-Core: the picks are the
+// top-k of logits − bias, the probs the configured score function's; each micro-batch's
+// N·k assignments must split evenly over the experts, and k + 1 experts must exist.
+static void validate_quantile_balancing(const Config *c) {
+    int64_t assignments = (int64_t)c->micro_batch_size * c->seq_length * c->moe_router_topk;
+    if (c->moe_router_topk >= c->num_experts)
+        config_die("--moe-router-load-balancing-type quantile_balancing needs --moe-router-topk %d below --num-experts "
+                   "%d (it reads each token's (k+1)-th expert)", c->moe_router_topk, c->num_experts);
+    if (assignments % c->num_experts)
+        config_die("--moe-router-load-balancing-type quantile_balancing needs --micro-batch-size x --seq-length x "
+                   "--moe-router-topk (%lld) to be a multiple of --num-experts %d", (long long)assignments,
+                   c->num_experts);
+    if (c->moe_router_enable_expert_bias || c->moe_router_num_groups)
+        config_die("--moe-router-load-balancing-type quantile_balancing keeps its own per-expert bias; drop "
+                   "--moe-router-enable-expert-bias and group-limited routing");
+    if ((c->sequence_parallel && c->tensor_model_parallel_size > 1) || c->context_parallel_size > 1)
+        config_die("--moe-router-load-balancing-type quantile_balancing takes its quantiles over a micro-batch's "
+                   "tokens, which sequence or context parallelism splits over ranks; not supported with them yet");
+    if (!(c->moe_router_quantile_balancing_ema >= 0 && c->moe_router_quantile_balancing_ema < 1))
+        config_die("--moe-router-quantile-balancing-ema %g must be in [0, 1)", c->moe_router_quantile_balancing_ema);
+}
+
 static void validate_router(Config *c) {
     static const char *const scores[] = {"softmax", "sigmoid", "sqrtsoftplus"};
     static const char *const policies[] = {"probs", "position"};
@@ -777,6 +803,7 @@ static void validate_router(Config *c) {
     parse_balance_losses(c);
     if (c->num_experts == 0) return;
     if (c->sinkhorn_routing) validate_sinkhorn(c);
+    if (c->quantile_balancing) validate_quantile_balancing(c);
     int softmax = c->score_function == 0;
     if (c->moe_router_pre_softmax && !softmax)
         config_die("--moe-router-pre-softmax applies only to --moe-router-score-function softmax");

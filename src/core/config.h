@@ -73,6 +73,7 @@ typedef struct {
     int moe_shared_expert_intermediate_size;  // 0 = no shared expert
     int moe_shared_expert_gate;
     int moe_router_force_load_balancing;
+    double moe_router_quantile_balancing_ema;  // quantile balancing: the bias's memory (0 = none)
     char moe_routing_trace_path[MT_PATH_MAX];  // per-rank JSONL of the training top-k picks ("" = off)
     int moe_enable_routing_replay;             // read the picks from that trace instead of choosing them
     int moe_per_layer_logging;
@@ -206,6 +207,7 @@ typedef struct {
     int decay_iters;               // --lr-decay-iters, or --train-iters when 0
     double balance_coeff[3];       // per BalanceType (moe/router.h); 0 = off
     int sinkhorn_routing;          // --moe-router-load-balancing-type sinkhorn
+    int quantile_balancing;        // --moe-router-load-balancing-type quantile_balancing
     int score_function;            // ScoreFunction
     int drop_policy;               // DropPolicy
     int router_fp64;

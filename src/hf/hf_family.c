@@ -114,6 +114,9 @@ const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf
     Gaps g = {.buf = buf, .cap = cap};
     buf[0] = 0;
     if (family == HF_MOETRON) return NULL;
+    if (c->quantile_balancing && c->num_experts > 0)
+        gap(&g, "quantile-balancing routing (its per-expert bias steers every forward; transformers' families have "
+                "no place for it)");
     if (family != HF_DEEPSEEK_V3) {
         beyond_standard_attention(c, &g);
         beyond_softmax_router(c, &g);
@@ -182,6 +185,7 @@ static const char *part_suffix(HfFamily family, LayerPart part) {
     case PART_EXPERT_UP: return mixtral ? "w3" : "up_proj";
     case PART_EXPERT_DOWN: return mixtral ? "w2" : "down_proj";
     case PART_EXPERT_BIAS: return "mlp.gate.e_score_correction_bias";
+    case PART_QB_BIAS: return "mlp.gate.quantile_balancing_bias";
     case PART_SHARED_GATE: return "mlp.shared_experts.gate_proj";
     case PART_SHARED_UP: return "mlp.shared_experts.up_proj";
     case PART_SHARED_DOWN: return "mlp.shared_experts.down_proj";
@@ -195,7 +199,7 @@ void hf_layer_tensor_name(char *out, HfFamily family, int layer, LayerPart part,
     if (part == PART_EXPERT_GATE || part == PART_EXPERT_UP || part == PART_EXPERT_DOWN)
         snprintf(out, MT_NAME_MAX, "model.layers.%d.%s.experts.%d.%s.weight", layer,
                  family == HF_MIXTRAL ? "block_sparse_moe" : "mlp", expert, suffix);
-    else if (part == PART_EXPERT_BIAS)
+    else if (part == PART_EXPERT_BIAS || part == PART_QB_BIAS)
         snprintf(out, MT_NAME_MAX, "model.layers.%d.%s", layer, suffix);
     else
         snprintf(out, MT_NAME_MAX, "model.layers.%d.%s.weight", layer, suffix);

@@ -38,6 +38,7 @@ typedef enum {
     PART_ROUTER,
     PART_EXPERT_GATE, PART_EXPERT_UP, PART_EXPERT_DOWN, // routed expert `expert`
     PART_EXPERT_BIAS,                                   // router expert bias
+    PART_QB_BIAS,                                       // quantile balancing's per-expert bias (moetron's own)
     PART_SHARED_GATE, PART_SHARED_UP, PART_SHARED_DOWN, // shared expert
     PART_SHARED_EXPERT_GATE,                            // its sigmoid gate [1,H]
 } LayerPart;

@@ -170,7 +170,7 @@ static void build_layer(Builder *b, LayerParams *lp) {
     build_attention(b, lp);
     lp->post_attn_norm = add_norm(b, PART_POST_ATTN_NORM, H);
     lp->is_moe = c->moe_layer[b->layer];
-    lp->expert_bias = lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
+    lp->expert_bias = lp->qb_bias = lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
     if (!lp->is_moe) {
         int64_t F = c->ffn_hidden_size;
         lp->mlp_gate = add_column_parallel(b, PART_MLP_GATE, F, H, p->tp_size, std);
@@ -187,6 +187,9 @@ static void build_layer(Builder *b, LayerParams *lp) {
     lp->expert_bias = has_bias ? add_layer_shard(b, PART_EXPERT_BIAS, -1, E, 0, plan_tp_replicated(p, 0),
                                                  TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0)
                                : -1;
+    if (c->quantile_balancing)
+        lp->qb_bias = add_layer_shard(b, PART_QB_BIAS, -1, E, 0, plan_tp_replicated(p, 0),
+                                      TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0);
     build_shared_expert(b, lp);
     build_experts(b, PART_EXPERT_GATE, I, H, 0, std, &lp->expert_gate);
     build_experts(b, PART_EXPERT_UP, I, H, 0, std, &lp->expert_up);
@@ -235,7 +238,7 @@ RouterConfig model_router_config(const Config *c) {
                        .num_groups = c->moe_router_num_groups, .group_topk = c->moe_router_group_topk,
                        .capacity_factor = c->moe_expert_capacity_factor, .drop_policy = (DropPolicy)c->drop_policy,
                        .pad_to_capacity = c->moe_pad_expert_input_to_capacity, .z_loss_coeff = c->moe_z_loss_coeff,
-                       .sinkhorn = c->sinkhorn_routing};
+                       .sinkhorn = c->sinkhorn_routing, .quantile = c->quantile_balancing};
     for (int t = 0; t < BALANCE_TYPES; t++) rc.balance_coeff[t] = c->balance_coeff[t];
     return rc;
 }
@@ -332,6 +335,10 @@ void model_allocate(Model *m) {
         if (!m->layers[l].is_moe) continue;
         m->router_state[l].global_counts_sum = mt_calloc(c->num_experts, sizeof(double));
         m->router_state[l].bias_counts = mt_calloc(c->num_experts, sizeof(double));
+        if (m->layers[l].qb_bias >= 0) {
+            m->router_state[l].qb_quantile = device_calloc(c->num_experts, sizeof(real));
+            m->router_state[l].qb_quantile_sum = mt_calloc(c->num_experts, sizeof(double));
+        }
     }
     size_t table = (size_t)c->max_positions * c->rope_dim;
     real *cos_sin = mt_malloc(table * sizeof(real));  // computed on the host, then copied
@@ -384,6 +391,8 @@ void model_free(Model *m) {
         if (!m->router_state) continue;  // described, never allocated
         free(m->router_state[l].global_counts_sum);
         free(m->router_state[l].bias_counts);
+        free(m->router_state[l].qb_quantile_sum);
+        device_free(m->router_state[l].qb_quantile);
     }
     free(m->layers);
     free(m->remote_names);
@@ -461,6 +470,30 @@ void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRan
     *experts = part_range(m, part, 1);
 }
 
+// Quantile balancing at the end of a global batch: the micro-batches' mean quantile, averaged
+// over the data-parallel ranks that ran the others (the same on every rank), moves the bias
+// (unless the step was skipped); the sums start again.
+static void quantile_balancing_step(Model *m, const LayerParams *lp, RouterState *rs, int apply) {
+    int E = m->cfg.num_experts;
+    if (apply) {
+        double *mean = mt_malloc((size_t)E * sizeof(double));
+        for (int e = 0; e < E; e++) mean[e] = rs->qb_quantile_sum[e] / MT_MAX(rs->qb_micro_batches, 1);
+        int ranks = m->count_group ? m->count_group->size : 1;
+        if (ranks > 1) {
+            comm_allreduce_sum_double(m->count_group, mean, (size_t)E);
+            for (int e = 0; e < E; e++) mean[e] /= ranks;
+        }
+        real *bias = mt_malloc((size_t)E * sizeof(real));  // the tensor, through the host
+        device_download(bias, tt_param(&m->tt, lp->qb_bias), (size_t)E * sizeof(real));
+        quantile_bias_update(bias, mean, E, m->cfg.moe_router_quantile_balancing_ema);
+        device_upload(tt_param(&m->tt, lp->qb_bias), bias, (size_t)E * sizeof(real));
+        free(bias);
+        free(mean);
+    }
+    memset(rs->qb_quantile_sum, 0, (size_t)E * sizeof(double));
+    rs->qb_micro_batches = 0;
+}
+
 void model_end_global_batch(Model *m, int apply_bias_update) {
     const Config *c = &m->cfg;
     if (m->quant) {  // delayed scaling's new scales, once per step, from amaxes every holder agrees on
@@ -474,6 +507,7 @@ void model_end_global_batch(Model *m, int apply_bias_update) {
         if (c->moe_router_enable_expert_bias && apply_bias_update)
             expert_bias_update(tt_param(&m->tt, lp->expert_bias), rs->bias_counts, c->num_experts,
                                c->moe_router_bias_update_rate);
+        if (lp->qb_bias >= 0) quantile_balancing_step(m, lp, rs, apply_bias_update);
         memset(rs->bias_counts, 0, c->num_experts * sizeof(double));
         memset(rs->global_counts_sum, 0, c->num_experts * sizeof(double));
         rs->global_micro_batches = 0;

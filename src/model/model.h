@@ -35,6 +35,7 @@ typedef struct {
     TensorId mlp_gate, mlp_up, mlp_down;  // dense layers
     TensorId router;                      // MoE layers
     TensorId expert_bias;                 // (E) with --moe-router-enable-expert-bias, else -1
+    TensorId qb_bias;                     // (E) quantile balancing's bias (moe/router.h), else -1
     TensorId *expert_gate, *expert_up, *expert_down;  // (local experts) each: this process's experts
     TensorId shared_gate, shared_up, shared_down;     // shared expert, or -1
     TensorId shared_expert_gate;                      // [1,H] with --moe-shared-expert-gate, or -1

@@ -122,6 +122,17 @@ static void record_routing(const Model *m, int layer, const MoeActs *ma) {
     rs->global_micro_batches += ma->route.group_batches;
 }
 
+// Quantile balancing: a training forward's quantiles, added to the global batch's sums.
+static void add_quantiles(const Model *m, int layer) {
+    RouterState *rs = &m->router_state[layer];
+    int E = m->plan.experts;
+    real *q = mt_malloc((size_t)E * sizeof(real));
+    device_download(q, rs->qb_quantile, (size_t)E * sizeof(real));
+    for (int e = 0; e < E; e++) rs->qb_quantile_sum[e] += q[e];
+    rs->qb_micro_batches++;
+    free(q);
+}
+
 // --moe-enable-routing-replay: a training forward's picks (a recomputed one's too) from the
 // trace, put where the router keeps its picks; returns whether it did.
 static int replay_picks(const Model *m, int layer, MoeActs *ma, const Batch *batch, int N) {
@@ -190,10 +201,14 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
                             .count_group = batch->training ? m->count_group : NULL,
                             .token_group = m->plan.token_group,
                             .token_first = first_local_token(m, N_local), .token_index = token_index,
-                            .training = batch->training};
+                            .training = batch->training,
+                            .qb_bias = lp->qb_bias >= 0 ? tt_param(&m->tt, lp->qb_bias) : NULL,
+                            .qb_quantile = lp->qb_bias >= 0 && batch->training && pass == PASS_FORWARD
+                                               ? m->router_state[layer].qb_quantile : NULL};
     ma->call.replay = replay_picks(m, layer, ma, batch, N_local);
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
     if (batch->training && pass == PASS_FORWARD) record_routing(m, layer, ma);
+    if (ma->call.qb_quantile && !ma->call.replay) add_quantiles(m, layer);
     if (batch->training && pass == PASS_FORWARD) trace_picks(m, layer, ma, batch, N_local);
     ma->plan.N = N_local;
     MoeDispatchContext ctx = dispatch_context(m, pass);

@@ -205,6 +205,18 @@ static int sinkhorn_picks(RouterOutput *out, const real *logits, const RouterCon
     return 1;
 }
 
+// Quantile balancing (unless the picks are replayed): the top-k of logits − bias into
+// out->topk_idx, and in training the quantiles into call->qb_quantile (an op); returns
+// whether it chose the picks.
+static int quantile_picks(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
+    if (!rc->quantile || call->replay) return 0;
+    int N = call->N, E = rc->E;
+    double *work = device_calloc((size_t)N * E + N, sizeof(double));
+    moe_router_quantile(out->topk_idx, call->qb_quantile, work, logits, call->qb_bias, N, E, rc->k);
+    device_free(work);
+    return 1;
+}
+
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
     PROF_SCOPE(PROF_ROUTER);
     int N = call->N;
@@ -212,7 +224,7 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
     MT_ASSERT(!split_over_group(call) || call->token_index || call->token_first == call->token_group->rank * N);
     // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
     RouteShape shape = route_shape(rc);
-    shape.replay = call->replay || sinkhorn_picks(out, logits, rc, call);
+    shape.replay = call->replay || sinkhorn_picks(out, logits, rc, call) || quantile_picks(out, logits, rc, call);
     moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,
                      &shape);
     // over the tokens (ops and collectives): capacity, counts, z-loss and the balance losses
@@ -248,6 +260,14 @@ void router_backward(real *dlogits, const real *dprobs, const real *logits, cons
     RouterGradShape g = grad_shape(rc, call, loss_scale);
     moe_router_backward(dlogits, dprobs, logits, out->topk_idx, out->kept, out->aux_counts, out->global_counts,
                         out->seq_counts, call->token_index, call->N, &g);
+}
+
+void quantile_bias_update(real *bias, const double *mean_quantile, int E, double ema) {
+    double *next = mt_malloc((size_t)E * sizeof(double)), mean = 0;
+    for (int e = 0; e < E; e++) mean += (next[e] = ema * bias[e] + (1 - ema) * mean_quantile[e]);
+    mean /= E;
+    for (int e = 0; e < E; e++) bias[e] = (real)(next[e] - mean);
+    free(next);
 }
 
 void expert_bias_update(real *bias, const double *counts, int E, double rate) {

@@ -59,6 +59,7 @@ typedef struct {
     double balance_coeff[BALANCE_TYPES]; // 0 = that loss is off
     double z_loss_coeff;
     int sinkhorn;                        // training picks the top-k of the Sinkhorn-balanced logits
+    int quantile;                        // quantile balancing: picks the top-k of logits − RouterCall.qb_bias
 } RouterConfig;
 
 // Per-call inputs besides the logits.
@@ -83,6 +84,10 @@ typedef struct {
     // instead (token_first unused). NULL: token_first + n.
     const int32_t *token_index;
     int training;                // a training forward (Sinkhorn routing balances only there)
+    // Quantile balancing (RouterConfig.quantile): the bias (E) the picks subtract, and where a
+    // training forward writes its quantiles (E), or NULL (evaluation, a recomputed forward).
+    const real *qb_bias;
+    real *qb_quantile;
     // Router replay: the caller has put the picks in RouterOutput.topk_idx (N, k); the
     // router keeps them and takes their probs from its scores instead of choosing.
     int replay;
@@ -130,7 +135,18 @@ typedef struct {
     double *global_counts_sum;  // (E) global_aux_loss: top-k counts summed over micro-batches
     int global_micro_batches;
     double *bias_counts;        // (E) expert bias: kept tokens per expert this global batch
+    // quantile balancing: each training forward's quantiles (E, tensor memory, written by the
+    // router), their sum over this global batch's micro-batches (host) and how many there were
+    real *qb_quantile;
+    double *qb_quantile_sum;
+    int qb_micro_batches;
 } RouterState;
+
+// Quantile balancing's bias after a global batch: q̄ = the micro-batches' mean quantile
+// (averaged over the data-parallel group's ranks by the caller), then
+//   bias = ema·bias + (1 − ema)·q̄,  minus its mean over the experts
+// (Megatron-Core's update, in double; the bias is stored rounded). bias (E): host memory.
+void quantile_bias_update(real *bias, const double *mean_quantile, int E, double ema);
 
 // logits (N,E) -> out. Collective over call->token_group (and call->count_group with
 // global_aux_loss): every member calls it at the same point.

@@ -128,6 +128,47 @@ ROUTE_FN int route_sinkhorn_converged(const double *diff, int E) {
     return !(sum / E > ROUTE_SINKHORN_TOL);
 }
 
+// ---- quantile balancing (ops_router.h moe_router_quantile) ----------------------------------------
+
+// One token's picks (k) of v_e = l_e − beta_e (in float), lowest index on ties; returns its
+// (k+1)-th largest v, the best expert not picked. Scratch: v (E).
+ROUTE_FN float route_quantile_token(int32_t *idx, const real *l, const real *beta, int E, int k, double *v) {
+    for (int e = 0; e < E; e++) v[e] = (double)((float)l[e] - (float)beta[e]);
+    route_topk(idx, v, NULL, E, k);
+    int next = -1;
+    for (int e = 0; e < E; e++) {
+        int taken = 0;
+        for (int j = 0; j < k && !taken; j++) taken = idx[j] == e;
+        if (!taken && (next < 0 || v[e] > v[next])) next = e;
+    }
+    return (float)v[next];
+}
+
+// The (rank+1)-th largest of x (n floats, 0 ≤ rank < n), x reordered: a deterministic
+// quickselect (its value is the same whatever the pivots).
+ROUTE_FN float route_select_descending(float *x, int n, int rank) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = x[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (x[i] > pivot) i++;
+            while (x[j] < pivot) j--;
+            if (i <= j) {
+                float t = x[i];
+                x[i] = x[j];
+                x[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (rank <= j) hi = j;
+        else if (rank >= i) lo = i;
+        else return x[rank];
+    }
+    return x[rank];
+}
+
 // ---- router statistics and backward ------------------------------------------------------------
 
 // logsumexp of one token's logits (E), in double

@@ -147,6 +147,9 @@
        (dlogits, dprobs, logits, topk_idx, kept, aux_counts, global_counts, seq_counts, token_index, N, g))         \
     OP(void, moe_router_sinkhorn, moe_router_sinkhorn,                                                               \
        (int32_t *topk_idx, double *work, const real *logits, int N, int E, int k), (topk_idx, work, logits, N, E, k)) \
+    OP(void, moe_router_quantile, moe_router_quantile,                                                               \
+       (int32_t *topk_idx, real *quantile, double *work, const real *logits, const real *beta, int N, int E, int k),\
+       (topk_idx, quantile, work, logits, beta, N, E, k))                                                            \
     OP(void, moe_router_capacity, moe_router_capacity,                                                               \
        (real *topk_probs, int32_t *kept, const int32_t *topk_idx, int choices, int E, int capacity, int by_position), \
        (topk_probs, kept, topk_idx, choices, E, capacity, by_position))                                              \

@@ -38,6 +38,17 @@ void moe_router_backward(real *dlogits, const real *dprobs, const real *logits, 
 // work: N·E + N + 2·E doubles of scratch.
 void moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logits, int N, int E, int k);
 
+// Quantile balancing (--moe-router-load-balancing-type quantile_balancing, Megatron-Core's
+// dual coordinate descent): topk_idx (N,k) overwritten with each token's k experts of
+// largest v_ne = l_ne − beta_e (logits (N,E), beta (E); in float, as Megatron-Core), lowest
+// index on ties. quantile (E), unless NULL, overwritten: with a_n the token's (k+1)-th largest
+// v_ne (k < E) and C = N·k/E (N·k a multiple of E), quantile_e = the (C+1)-th largest of
+// l_ne − a_n over the tokens: the bias that would leave expert e about C tokens (N = 0:
+// quantile untouched).
+// work: N·E + N doubles of scratch.
+void moe_router_quantile(int32_t *topk_idx, real *quantile, double *work, const real *logits, const real *beta, int N,
+                         int E, int k);
+
 // kept (choices) overwritten: 1, or 0 for the choices past `capacity` of their expert
 // (capacity < 0: all kept); topk_probs (choices) of the dropped choices set to 0, the others
 // untouched. The choices n·k + j are in token order; per expert (topk_idx) the kept ones are

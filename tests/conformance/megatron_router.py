@@ -28,6 +28,10 @@ Deliberate differences, checked against a reference of our own instead of Megatr
   * --moe-router-topk 1 with softmax (no pre-softmax): moetron rejects it; Megatron
     accepts it (every prob is 1, so the router gets no gradient from the probs).
 
+Quantile balancing (quantile_*): against a reference written here from Megatron-LM's
+definition (megatron-core 0.16.1 has none): the picks of l − bias, each expert's quantile
+(exactly), the probs and dlogits.
+
 Sinkhorn routing (sinkhorn_*): the picks of Megatron-Core's own sinkhorn() (float32) on
 logits whose k-th and (k+1)-th balanced values are clearly apart (moetron computes in
 double), the probs (sigmoid for top-1, else the softmax over all experts) and dlogits.
@@ -499,6 +503,21 @@ def run_case(probe, tmp, case):
     return problems, notes
 
 
+def probs_and_grad_problems(got_probs, got_dlogits, L, probs, R):
+    """moetron's probs against the reference's (same layout), and its dlogits against the
+    autograd gradient of Σ probs⊙R on the reference's float64 logits L."""
+    problems = []
+    diff = np.max(np.abs(got_probs - probs.detach().numpy()))
+    if diff > PROBS_TOL:
+        problems.append("probs max diff %.3g" % diff)
+    (probs * torch.tensor(R, dtype=torch.float64)).sum().backward()
+    want = L.grad.numpy()
+    err = np.max(np.abs(got_dlogits - want)) / max(np.max(np.abs(want)), 1e-30)
+    if err > GRAD_RTOL:
+        problems.append("dlogits relative error %.3g" % err)
+    return problems
+
+
 # Sinkhorn routing (--moe-router-load-balancing-type sinkhorn): N, E, k
 SINKHORN_CASES = [(16, 8, 1), (32, 8, 2), (64, 16, 4), (40, 4, 2)]
 SINKHORN_GAP = 1e-3   # relative gap between the k-th and (k+1)-th Sinkhorn value of every row
@@ -543,15 +562,62 @@ def check_sinkhorn(probe, tmp, N, E, k):
     problems = []
     if not np.array_equal(dense(idx, np.ones_like(idx, dtype=np.float64), N, E) > 0, rmap.numpy()):
         problems.append("picks differ from Megatron's Sinkhorn top-k")
-    got = dense(idx, out["topk_probs"].astype(np.float64), N, E)
-    if np.max(np.abs(got - probs.detach().numpy())) > PROBS_TOL:
-        problems.append("probs max diff %.3g" % np.max(np.abs(got - probs.detach().numpy())))
-    (probs * torch.tensor(R, dtype=torch.float64)).sum().backward()
-    want = L.grad.numpy()
-    err = np.max(np.abs(out["dlogits"] - want)) / max(np.max(np.abs(want)), 1e-30)
-    if err > GRAD_RTOL:
-        problems.append("dlogits relative error %.3g" % err)
-    return problems
+    return problems + probs_and_grad_problems(dense(idx, out["topk_probs"].astype(np.float64), N, E), out["dlogits"],
+                                              L, probs, R)
+
+
+# Quantile balancing (--moe-router-load-balancing-type quantile_balancing): name, N, E, k, score, pre
+QUANTILE_CASES = [("softmax_k2", 32, 8, 2, "softmax", False), ("softmax_pre_k1", 24, 4, 1, "softmax", True),
+                  ("sigmoid_k4", 64, 16, 4, "sigmoid", False)]
+
+
+def quantile_reference(logits, bias, k, score, pre):
+    """Megatron-LM's quantile balancing (main branch; megatron-core 0.16.1 has none),
+    written here from its definition: the picks are the top-k of l − bias (float32), a_n the
+    token's (k+1)-th largest of l − bias, the quantile of expert e the (C+1)-th largest of
+    l − a over the tokens (C = N·k/E); the probs are the score function's at the picks (the
+    softmax over the picked logits, the pre-softmax scores, or sigmoid scores normalised over
+    the k); their autograd graph on float64 logits."""
+    l32, b32 = torch.tensor(logits, dtype=torch.float32), torch.tensor(bias, dtype=torch.float32)
+    N, E = l32.shape
+    top = (l32 - b32).topk(k + 1, dim=1)
+    idx, alpha = top.indices[:, :k], top.values[:, -1:]
+    quantile = (l32 - alpha).topk(N * k // E + 1, dim=0).values[-1]
+    L = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
+    if score == "softmax" and not pre:
+        probs = torch.softmax(L.gather(1, idx), dim=-1)
+    elif score == "softmax":
+        probs = torch.softmax(L, dim=-1).gather(1, idx)
+    else:
+        s = torch.sigmoid(L).gather(1, idx)
+        probs = s / (s.sum(dim=-1, keepdim=True) + 1e-20) if k > 1 else s
+    return L, idx.numpy(), quantile.numpy(), probs
+
+
+def check_quantile(probe, tmp, N, E, k, score, pre):
+    """moetron's quantile-balancing picks, quantiles, probs and router gradient."""
+    rng = np.random.default_rng(91 + N * E + k)
+    for _attempt in range(200):
+        logits = f32(rng.standard_normal((N, E)) * 1.5)
+        bias = f32(0.3 * rng.standard_normal(E))
+        v = logits - bias
+        top = -np.sort(-v, axis=1)
+        if np.all(top[:, k - 1] - top[:, k] > TIE_GAP) and (k + 1 >= E or np.all(top[:, k] - top[:, k + 1] > TIE_GAP)):
+            break
+    else:
+        return ["no tie-free logits found"]
+    L, idx_ref, quantile_ref, probs = quantile_reference(logits, bias, k, score, pre)
+    R = f32(rng.standard_normal((N, k)))
+    flags = ["--num-experts", str(E), "--moe-router-topk", str(k), "--seq-length", str(N), "--micro-batch-size", "1",
+             "--moe-router-score-function", score, "--moe-router-load-balancing-type", "quantile_balancing",
+             "--moe-aux-loss-coeff", "0", "--moe-z-loss-coeff", "0"] + (["--moe-router-pre-softmax"] if pre else [])
+    out = run_probe(probe, tmp, flags, {"logits": logits, "qb_bias": bias, "dprobs": R})
+    problems = []
+    if not np.array_equal(out["topk_idx"], idx_ref):
+        problems.append("picks differ")
+    if not np.array_equal(out["qb_quantile"], quantile_ref):
+        problems.append("quantiles differ (max %.3g)" % np.max(np.abs(out["qb_quantile"] - quantile_ref)))
+    return problems + probs_and_grad_problems(out["topk_probs"], out["dlogits"], L, probs, R)
 
 
 def check_rejects_softmax_post_k1(probe, tmp):
@@ -575,7 +641,7 @@ def main():
     cases = build_cases()
     only = {a[len("router_"):] if a.startswith("router_") else a for a in sys.argv[2:]}
     unknown = only - {c.name for c in cases} - {"reject_softmax_post_k1"} - \
-        {"sinkhorn_n%d_e%d_k%d" % c for c in SINKHORN_CASES}
+        {"sinkhorn_n%d_e%d_k%d" % c for c in SINKHORN_CASES} - {"quantile_" + c[0] for c in QUANTILE_CASES}
     if unknown:
         print("FAIL setup: unknown case(s) %s" % ", ".join(sorted(unknown)))
         return 1
@@ -606,6 +672,17 @@ def main():
                 problems = ["%s: %s" % (type(exc).__name__, exc)]
             failed += bool(problems)
             print(("FAIL router_%s: %s" % (name, "; ".join(problems))) if problems else "ok router_%s" % name)
+        for name, N, E, k, score, pre in QUANTILE_CASES:
+            name = "quantile_" + name
+            if only and name not in only:
+                continue
+            try:
+                problems = check_quantile(probe, tmp, N, E, k, score, pre)
+            except Exception as exc:  # noqa: BLE001
+                problems = ["%s: %s" % (type(exc).__name__, exc)]
+            failed += bool(problems)
+            print(("FAIL router_%s: %s" % (name, "; ".join(problems))) if problems else
+                  "ok router_%s (own reference: megatron-core %s has no quantile balancing)" % (name, megatron_version()))
         if not only or "reject_softmax_post_k1" in only:
             problems = check_rejects_softmax_post_k1(probe, tmp)
             failed += bool(problems)

@@ -7,6 +7,7 @@
 //      expert_bias           (E)    optional; needs --moe-router-enable-expert-bias
 //                                   (the flag without the tensor means a zero bias)
 //      dprobs                (N,k)  optional; when present router_backward runs (loss scale 1)
+//      qb_bias               (E)    optional; quantile balancing's bias (default 0)
 //      global_counts_before  (E)    optional; global_aux_loss counts of the earlier
 //                                   micro-batches, with global_batches_before (metadata entry
 //                                   or a scalar tensor; default 1)
@@ -17,7 +18,7 @@
 //      tokens_per_expert, aux_counts (I32 E), seq_counts (I32 N/T,E), global_counts (F64 E),
 //      aux_loss, seq_aux_loss, global_aux_loss (F64 scalars: L/coeff), z_loss (F64, L/coeff),
 //      objective (F64: router_objective), capacity, dropped (I32 scalars),
-//      dlogits (F32 N,E; only with dprobs);
+//      dlogits (F32 N,E; only with dprobs); qb_quantile (F32 E; quantile balancing);
 //      with --moe-router-padding-for-quantization (and its --fp8-* / --fp4-* recipe) the
 //      aligned dispatch plan of the kept choices: aligned_offsets (I32 E+1),
 //      aligned_token_of_row (I32 rows), aligned_row_of_choice (I32 N,k).
@@ -113,6 +114,16 @@ int main(int argc, char **argv) {
         if (tb) st_read_real(&in, tb, bias);
     }
 
+    real *qb_bias = NULL, *qb_quantile = NULL;  // quantile balancing: its bias (default 0), its quantiles
+    const StTensor *tq = find_float(&in, "qb_bias", 1, E, 0);
+    if (tq && !cfg.quantile_balancing)
+        mt_die("router_probe: qb_bias given without --moe-router-load-balancing-type quantile_balancing");
+    if (cfg.quantile_balancing) {
+        qb_bias = mt_calloc(E, sizeof(real));
+        qb_quantile = mt_calloc(E, sizeof(real));
+        if (tq) st_read_real(&in, tq, qb_bias);
+    }
+
     real *dprobs = NULL;
     const StTensor *td = find_float(&in, "dprobs", 2, N, k);
     if (td) {
@@ -151,7 +162,8 @@ int main(int argc, char **argv) {
         .group_counts = mt_malloc(E * sizeof(double)),
     };
     RouterCall call = {.N = N, .seq_length = cfg.seq_length, .expert_bias = bias,
-                       .global_counts_before = before, .global_batches_before = batches_before, .training = 1};
+                       .global_counts_before = before, .global_batches_before = batches_before, .training = 1,
+                       .qb_bias = qb_bias, .qb_quantile = qb_quantile};
     router_forward(&out, logits, &rc, &call);
     double objective = router_objective(&out, &rc);
 
@@ -180,12 +192,15 @@ int main(int argc, char **argv) {
     stw_add(&w, "capacity", ST_I32, 0, NULL, &capacity);
     stw_add(&w, "dropped", ST_I32, 0, NULL, &dropped);
     if (dlogits) stw_add_real(&w, "dlogits", 2, ne, dlogits);
+    if (qb_quantile) stw_add_real(&w, "qb_quantile", 1, e1, qb_quantile);
     if (cfg.moe_router_padding_for_quantization) add_aligned_plan(&w, &out, &cfg, N, k, E);
     if (stw_finish(&w, argv[2], err, sizeof err)) mt_die("%s: %s", argv[2], err);
 
     st_close(&in);
     free(logits);
     free(bias);
+    free(qb_bias);
+    free(qb_quantile);
     free(dprobs);
     free(before);
     free(dlogits);

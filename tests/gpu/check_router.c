@@ -285,7 +285,30 @@ static void check_sinkhorn(int N, int E, int k) {
     check_free_all();
 }
 
+// ---- quantile balancing --------------------------------------------------------------------------
+
+static void check_quantile(int N, int E, int k, int with_quantile) {
+    char name[96];
+    snprintf(name, sizeof(name), "moe_router_quantile N=%d E=%d k=%d%s", N, E, k, with_quantile ? " quantile" : "");
+    size_t ne = (size_t)N * E, nk = (size_t)N * k, work = ne + N;
+    float *logits = check_random(ne, -3, 3), *bias = check_random((size_t)E, -0.5f, 0.5f);
+    float *d_logits = check_to_device(logits, ne), *d_bias = check_to_device(bias, (size_t)E);
+    int32_t *idx = check_random_ints(nk, 0, 1), *d_idx = check_device_unset_ints(nk);
+    float *q = with_quantile ? check_random((size_t)E, 0, 1) : NULL;
+    float *d_q = with_quantile ? check_device_nan((size_t)E) : NULL;
+    double *host_work = host_doubles(work);
+    cpu()->moe_router_quantile(idx, q, host_work, logits, bias, N, E, k);
+    under()->moe_router_quantile(d_idx, d_q, check_device_bytes(host_work, work * sizeof(double)), d_logits, d_bias, N,
+                                 E, k);
+    check_compare_ints(name, "topk_idx", idx, d_idx, nk);
+    if (with_quantile) check_compare(name, "quantile", q, d_q, (size_t)E, 0.0);
+    check_free_all();
+}
+
 void check_router_ops(void) {
+    check_quantile(8, 4, 1, 1);
+    check_quantile(256, 16, 2, 1);
+    check_quantile(64, 8, 3, 0);
     check_sinkhorn(1, 1, 1);
     check_sinkhorn(64, 8, 2);
     check_sinkhorn(300, 16, 1);

@@ -87,6 +87,25 @@ void cpu_moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logits
     }
 }
 
+// ---- quantile balancing -------------------------------------------------------------------------
+
+void cpu_moe_router_quantile(int32_t *topk_idx, real *quantile, double *work, const real *logits, const real *beta,
+                             int N, int E, int k) {
+    double *rows = work, *threshold = work + (size_t)N * E;  // (N,E) scratch, (N) a_n
+#pragma omp parallel for schedule(static) if (N > 64)
+    for (int n = 0; n < N; n++)
+        threshold[n] = route_quantile_token(topk_idx + (size_t)n * k, logits + (size_t)n * E, beta, E, k,
+                                            rows + (size_t)n * E);
+    if (!quantile || N == 0) return;
+    int target = (int)((int64_t)N * k / E);
+#pragma omp parallel for schedule(static) if (E > 1)
+    for (int e = 0; e < E; e++) {
+        float *x = (float *)(rows + (size_t)e * N);  // the column's N values, in floats
+        for (int n = 0; n < N; n++) x[n] = (float)logits[(size_t)n * E + e] - (float)threshold[n];
+        quantile[e] = (real)route_select_descending(x, N, target);
+    }
+}
+
 // ---- statistics -------------------------------------------------------------------------------
 
 // Σ_n lse(logits_n)² of the N tokens

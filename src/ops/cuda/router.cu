@@ -129,6 +129,39 @@ void cuda_moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logit
     CUDA_CHECK_LAUNCH();
 }
 
+// ---- quantile balancing -------------------------------------------------------------------------
+
+// One thread per token: its picks and threshold a_n (its row of rows as scratch).
+__global__ void quantile_picks_kernel(int32_t *topk_idx, double *rows, double *threshold, const float *logits,
+                                      const float *beta, int N, int E, int k) {
+    long n = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    threshold[n] = route_quantile_token(topk_idx + n * k, logits + n * E, beta, E, k, rows + n * E);
+}
+
+// One thread per expert: its column's values (floats in its part of rows) and their (target+1)-th largest.
+__global__ void quantile_columns_kernel(float *quantile, double *rows, const double *threshold, const float *logits,
+                                        int N, int E, int target) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    float *x = (float *)(rows + (size_t)e * N);
+    for (int n = 0; n < N; n++) x[n] = logits[(size_t)n * E + e] - (float)threshold[n];
+    quantile[e] = route_select_descending(x, N, target);
+}
+
+void cuda_moe_router_quantile(int32_t *topk_idx, real *quantile, double *work, const real *logits, const real *beta,
+                              int N, int E, int k) {
+    if (N <= 0) return;
+    double *rows = work, *threshold = work + (size_t)N * E;
+    quantile_picks_kernel<<<cuda_blocks((size_t)N, 128), 128, 0, cuda_stream()>>>(topk_idx, rows, threshold, logits,
+                                                                                  beta, N, E, k);
+    CUDA_CHECK_LAUNCH();
+    if (!quantile) return;
+    quantile_columns_kernel<<<cuda_blocks((size_t)E, 64), 64, 0, cuda_stream()>>>(quantile, rows, threshold, logits, N,
+                                                                                  E, (int)((int64_t)N * k / E));
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- statistics ---------------------------------------------------------------------------------
 
 constexpr int Z_THREADS = 256;

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# test_balancing_routers.sh — the routers that balance by how they pick (their picks,
+# probs and gradients are checked against megatron-core, or a reference written from
+# Megatron-LM's definition, by tests/conformance/megatron_router.py):
+#   --moe-router-load-balancing-type sinkhorn: top-2 (softmax) and top-1 (sigmoid) train and
+#     evaluate; the loads are more even than plain top-k routing's on the same model; EP=2
+#     and DP=2 give the single-process numbers (1e-5, 10 steps);
+#   --moe-router-load-balancing-type quantile_balancing: trains with its bias in the
+#     checkpoint (a resumed run continues bit for bit; generate reads it), loads more even than
+#     without balancing, --moe-router-quantile-balancing-ema changes the run, EP=2 and DP=2
+#     equal one process;
+# and the options each ignores, an aux-loss coefficient, a sequence split over ranks and a
+# Hugging Face family that cannot hold the bias are refused with one line.
+set -u
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/mpi_lib.sh"
+SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 4
+       --global-batch-size 8 --num-experts 8 --moe-ffn-hidden-size 32 --eval-interval 5 --eval-iters 1
+       --lr-warmup-iters 2 --log-interval 1 --mock-data-tokens 65536 --train-iters 10)
+SINKHORN=(--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0)
+
+# worst_load FILE: the largest load imbalance of a run's steps
+worst_load() { python3 -c 'import json,sys; print(max(r["load_imbalance"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r))' "$1"; }
+
+for k in 2 1; do
+    if "$M" train "${SMALL[@]}" "${SINKHORN[@]}" --moe-router-topk $k --log-jsonl "$work/k$k.jsonl" \
+        >"$work/k$k.log" 2>&1 && grep -q "held-out loss" "$work/k$k.log" && [ "$(losses "$work/k$k.jsonl" | wc -l)" -eq 10 ]; then
+        ok "sinkhorn_top${k}_trains"
+    else
+        fail "sinkhorn_top${k}_trains" "$(tail -2 "$work/k$k.log" | tr '\n' ' ')"
+    fi
+done
+"$M" train "${SMALL[@]}" --moe-router-topk 2 --moe-router-pre-softmax --moe-router-load-balancing-type none \
+    --moe-aux-loss-coeff 0 --log-jsonl "$work/plain.jsonl" >"$work/plain.log" 2>&1
+sinkhorn_worst=$(worst_load "$work/k2.jsonl") plain_worst=$(worst_load "$work/plain.jsonl")
+if python3 -c 'import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))' "$sinkhorn_worst" "$plain_worst"; then
+    ok sinkhorn_balances_the_load
+else
+    fail sinkhorn_balances_the_load "worst imbalance $sinkhorn_worst with Sinkhorn, $plain_worst without"
+fi
+
+expect_error sinkhorn_aux_coeff "sinkhorn has no aux loss .*give --moe-aux-loss-coeff 0" -- \
+    "$M" train "${SMALL[@]}" --moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0.01
+expect_error sinkhorn_not_alone "sinkhorn balances by itself; give it alone" -- \
+    "$M" train "${SMALL[@]}" --moe-router-load-balancing-type sinkhorn aux_loss --moe-aux-loss-coeff 0 0.01
+expect_error sinkhorn_score_function "sinkhorn scores with softmax for --moe-router-topk 2; drop --moe-router-score-function sigmoid" -- \
+    "$M" train "${SMALL[@]}" "${SINKHORN[@]}" --moe-router-topk 2 --moe-router-score-function sigmoid
+expect_error sinkhorn_expert_bias "sinkhorn takes no expert bias, group-limited routing or top-k scaling factor" -- \
+    "$M" train "${SMALL[@]}" "${SINKHORN[@]}" --moe-router-topk 1 --moe-router-enable-expert-bias
+expect_error sinkhorn_sequence_parallel "sinkhorn balances over a micro-batch's tokens, which sequence or context parallelism splits" -- \
+    "$M" train "${SMALL[@]}" "${SINKHORN[@]}" --tensor-model-parallel-size 2 --sequence-parallel
+
+# ---- quantile balancing ----
+QB=(--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0 --moe-router-topk 2)
+if "$M" train "${SMALL[@]}" "${QB[@]}" --save "$work/qb.ck" --save-interval 5 --log-jsonl "$work/qb.jsonl" \
+    >"$work/qb.log" 2>&1 && grep -q "held-out loss" "$work/qb.log" && [ "$(losses "$work/qb.jsonl" | wc -l)" -eq 10 ]; then
+    ok quantile_balancing_trains
+else
+    fail quantile_balancing_trains "$(tail -2 "$work/qb.log" | tr '\n' ' ')"
+fi
+"$M" train "${SMALL[@]}" --moe-router-topk 2 --moe-router-load-balancing-type none --moe-aux-loss-coeff 0 \
+    --log-jsonl "$work/none.jsonl" >"$work/none.log" 2>&1
+qb_worst=$(worst_load "$work/qb.jsonl") none_worst=$(worst_load "$work/none.jsonl")
+if python3 -c 'import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))' "$qb_worst" "$none_worst"; then
+    ok quantile_balancing_balances_the_load
+else
+    fail quantile_balancing_balances_the_load "worst imbalance $qb_worst with quantile balancing, $none_worst without"
+fi
+# the bias is in the checkpoint: resuming at step 5 gives steps 6-10 bit for bit
+"$M" train "${SMALL[@]}" "${QB[@]}" --load "$work/qb.ck/iter_0000005" --log-jsonl "$work/qb_resumed.jsonl" \
+    >"$work/qb_resumed.log" 2>&1
+if [ -n "$(step_numbers "$work/qb_resumed.jsonl")" ] &&
+    cmp -s <(step_numbers "$work/qb_resumed.jsonl") <(step_numbers "$work/qb.jsonl" | tail -n +6); then
+    ok quantile_balancing_resumes_bit_for_bit
+else
+    fail quantile_balancing_resumes_bit_for_bit "$(diff <(step_numbers "$work/qb_resumed.jsonl") <(step_numbers "$work/qb.jsonl" | tail -n +6) | head -2 | tr '\n' ' ') $(tail -1 "$work/qb_resumed.log")"
+fi
+if "$M" generate --load "$work/qb.ck" --prompt "the cat" --max-new-tokens 4 --temperature 0 >"$work/qb_gen.txt" \
+    2>"$work/qb_gen.err"; then
+    ok quantile_balancing_generates
+else
+    fail quantile_balancing_generates "$(tail -1 "$work/qb_gen.err")"
+fi
+"$M" train "${SMALL[@]}" "${QB[@]}" --moe-router-quantile-balancing-ema 0.9 --log-jsonl "$work/qb_ema.jsonl" \
+    >"$work/qb_ema.log" 2>&1
+if [ -n "$(step_numbers "$work/qb_ema.jsonl")" ] && ! cmp -s <(step_numbers "$work/qb_ema.jsonl") <(step_numbers "$work/qb.jsonl"); then
+    ok quantile_balancing_ema_matters
+else
+    fail quantile_balancing_ema_matters "$(tail -1 "$work/qb_ema.log")"
+fi
+
+expect_error quantile_aux_coeff "quantile_balancing has no aux loss" -- \
+    "$M" train "${SMALL[@]}" --moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0.01
+expect_error quantile_topk_all_experts "needs --moe-router-topk 8 below --num-experts 8" -- \
+    "$M" train "${SMALL[@]}" "${QB[@]}" --moe-router-topk 8
+expect_error quantile_divisible "--moe-router-topk (.*) to be a multiple of --num-experts 7" -- \
+    "$M" train "${SMALL[@]}" "${QB[@]}" --num-experts 7 --micro-batch-size 1 --seq-length 31
+expect_error quantile_expert_bias "keeps its own per-expert bias; drop --moe-router-enable-expert-bias" -- \
+    "$M" train "${SMALL[@]}" "${QB[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+expect_error quantile_ema_range "--moe-router-quantile-balancing-ema 1 must be in \[0, 1)" -- \
+    "$M" train "${SMALL[@]}" "${QB[@]}" --moe-router-quantile-balancing-ema 1
+expect_error quantile_sequence_parallel "quantile_balancing takes its quantiles over a micro-batch's tokens" -- \
+    "$M" train "${SMALL[@]}" "${QB[@]}" --tensor-model-parallel-size 2 --sequence-parallel
+expect_error quantile_hf_family "--hf-architecture mixtral cannot express this model: quantile-balancing routing" -- \
+    "$M" train "${SMALL[@]}" "${QB[@]}" --hf-architecture mixtral
+
+mpi_require balancing_routers_mpi
+run_case sinkhorn_ep2_equals_single 2 --expert-model-parallel-size 2 -- "${SINKHORN[@]}" --moe-router-topk 2
+run_case sinkhorn_dp2_equals_single 2 -- "${SINKHORN[@]}" --moe-router-topk 1
+run_case quantile_ep2_equals_single 2 --expert-model-parallel-size 2 -- "${QB[@]}"
+run_case quantile_dp2_equals_single 2 -- "${QB[@]}" --moe-router-quantile-balancing-ema 0.5
