@@ -89,6 +89,8 @@ static const FlagSpec FLAGS[] = {
     F("moe-shared-expert-intermediate-size", FLAG_INT, moe_shared_expert_intermediate_size, TR, 1, "width of a shared expert every token uses (0 = none)"),
     F("moe-shared-expert-gate", FLAG_BOOL, moe_shared_expert_gate, TR, 1, "scale the shared expert by sigmoid(x*w_gate)"),
     F("moe-router-force-load-balancing", FLAG_BOOL, moe_router_force_load_balancing, TR, 0, "benchmarking: route on random normal logits"),
+    F("moe-use-upcycling", FLAG_BOOL, moe_use_upcycling, TR, 0, "--load names a dense checkpoint: start this MoE model from it, every expert a copy of its layer's MLP (or a slice of it, --moe-upcycling-granularity), as Megatron-Core's upcycling"),
+    F("moe-upcycling-granularity", FLAG_INT, moe_upcycling_granularity, TR, 0, "granular upcycling: each dense MLP cut into this many slices of --moe-ffn-hidden-size (default dense width / this); --num-experts a multiple of it"),
     F("moe-router-quantile-balancing-ema", FLAG_DOUBLE, moe_router_quantile_balancing_ema, TR, 0, "quantile_balancing: each step's new bias = ema * bias + (1 - ema) * the step's mean quantile, then centred (0 = no memory)"),
     F("moe-routing-trace-path", FLAG_STRING, moe_routing_trace_path, TR, 0, "write every training forward's top-k picks of every MoE layer to DIR/rank_NNNNN.jsonl (one file per rank); with --moe-enable-routing-replay read them from there instead"),
     F("moe-enable-routing-replay", FLAG_BOOL, moe_enable_routing_replay, TR, 0, "route the training forwards on the picks --moe-routing-trace-path recorded (the probs are the router's scores of those experts), as Megatron-Core's router replay"),
@@ -238,6 +240,7 @@ void config_defaults(Config *c) {
     c->norm_epsilon = 1e-5;
     c->rotary_base = 10000;
     strcpy(c->rope_type, "rope");
+    c->moe_upcycling_granularity = 1;
     c->rotary_scaling_factor = 1.0;
     c->original_max_position_embeddings = 4096;
     c->beta_fast = 32;
@@ -1123,8 +1126,28 @@ static void validate_fp8(Config *c) {
 #endif
 }
 
+// --moe-use-upcycling: an MoE model from the dense checkpoint --load names (its
+// --ffn-hidden-size F): the experts are F/G wide (G the granularity), their count a
+// multiple of G, as Megatron-Core's upcycling requires.
+static void validate_upcycling(Config *c) {
+    int G = c->moe_upcycling_granularity, F = c->ffn_hidden_size;
+    if (!c->load[0]) config_die("--moe-use-upcycling starts from a dense checkpoint; give it with --load");
+    if (c->num_experts == 0) config_die("--moe-use-upcycling makes an MoE model; give --num-experts");
+    if (G < 1) config_die("--moe-upcycling-granularity %d must be at least 1", G);
+    if (c->num_experts % G)
+        config_die("--num-experts %d is not a multiple of --moe-upcycling-granularity %d", c->num_experts, G);
+    if (!config_flag_given(c, "moe-ffn-hidden-size")) {
+        if (F % G) config_die("the dense --ffn-hidden-size %d does not split into --moe-upcycling-granularity %d", F, G);
+        c->moe_ffn_hidden_size = F / G;
+    }
+    if ((int64_t)c->moe_ffn_hidden_size * G != F)
+        config_die("--moe-ffn-hidden-size %d times --moe-upcycling-granularity %d must be the dense --ffn-hidden-size %d",
+                   c->moe_ffn_hidden_size, G, F);
+}
+
 static void validate_moe(Config *c) {
     require_range("num-experts", c->num_experts, 0, MAX_EXPERTS);
+    if (c->moe_use_upcycling) validate_upcycling(c);
     if (c->num_experts > 0) {
         require_positive("moe-router-topk", c->moe_router_topk);
         if (c->moe_router_topk > c->num_experts)

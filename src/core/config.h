@@ -74,6 +74,8 @@ typedef struct {
     int moe_shared_expert_gate;
     int moe_router_force_load_balancing;
     double moe_router_quantile_balancing_ema;  // quantile balancing: the bias's memory (0 = none)
+    int moe_use_upcycling;         // --load names a dense checkpoint: its MLPs become the experts
+    int moe_upcycling_granularity; // each dense MLP cut into this many experts' widths (granular upcycling)
     char moe_routing_trace_path[MT_PATH_MAX];  // per-rank JSONL of the training top-k picks ("" = off)
     int moe_enable_routing_replay;             // read the picks from that trace instead of choosing them
     int moe_per_layer_logging;

@@ -210,7 +210,7 @@ static int flag_values_equal(const Config *a, const Config *b, const FlagSpec *f
 }
 
 // Flags of the launch rather than of the run: a checkpoint resumes on any process layout,
-// any device and any activation recomputation.
+// any device and any activation recomputation (and an upcycled one as the MoE model it is).
 static int is_launch_flag(const char *name) {
     static const char *const launch[] = {"load", "device", "bf16", "tensor-model-parallel-size", "context-parallel-size",
                                          "pipeline-model-parallel-size", "expert-model-parallel-size",
@@ -224,17 +224,27 @@ static int is_launch_flag(const char *name) {
                                          "moe-shared-expert-overlap", "overlap-moe-expert-parallel-comm",
                                          "delay-wgrad-compute", "recompute-granularity", "recompute-method",
                                          "recompute-num-layers", "recompute-modules", "recompute-activations",
-                                         "distribute-saved-activations"};
+                                         "distribute-saved-activations", "moe-use-upcycling",
+                                         "moe-upcycling-granularity"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
         if (!strcmp(name, launch[i])) return 1;
     return 0;
 }
 
+// --moe-use-upcycling turns the dense checkpoint into an MoE model: the MoE flags of the
+// command line (--num-experts, --moe-*) shape it, whatever the checkpoint had.
+static int upcycling_reshapes(const Config *c, const char *flag) {
+    return c->moe_use_upcycling && (!strcmp(flag, "num-experts") || !strncmp(flag, "moe-", 4));
+}
+
+// Nor does an upcycled run save into the dense checkpoint's directory: only where --save says.
+static int upcycling_leaves(const Config *c, const char *flag) { return c->moe_use_upcycling && !strcmp(flag, "save"); }
+
 static void restore_moetron_flags(Config *c, const JsonValue *flags, const char *path) {
     for (int i = 0; i < config_flag_count(); i++) {
         const FlagSpec *f = config_flag(i);
         const JsonValue *v = json_get(flags, f->name);
-        if (!v || is_launch_flag(f->name)) continue;
+        if (!v || is_launch_flag(f->name) || upcycling_leaves(c, f->name)) continue;
         char text[sizeof(c->data_path) + 64];  // the longest flag value
         if (!json_scalar_text(v, text, sizeof(text)))
             mt_die("%s: moetron.flags.%s must be a number, boolean or string", path, f->name);
@@ -245,7 +255,7 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
         }
         Config saved = *c;
         config_set_flag(&saved, f, text);
-        if (f->architecture && !flag_values_equal(c, &saved, f))
+        if (f->architecture && !flag_values_equal(c, &saved, f) && !upcycling_reshapes(c, f->name))
             mt_die("--%s differs from the checkpoint %s (which has %s); drop the flag to use the checkpoint's model",
                    f->name, path, text);
     }

@@ -6,6 +6,7 @@
 #include "hf/hf_weights.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -296,15 +297,68 @@ static int read_fused_expert(WeightSource *ws, const Model *m, const TensorDesc 
     return 1;
 }
 
-// Read the model tensor d: under its own name, else as a slice of a fused expert tensor.
-static void ws_read_param(WeightSource *ws, const Model *m, const TensorDesc *d, real *out) {
+// ---- upcycling (--moe-use-upcycling) ---------------------------------------------------------
+
+// Megatron-Core's scale of an upcycled expert's SwiGLU matrices: the cube root of the
+// activation scale, G (the granularity), or E·G/k with pre-softmax routing; 1 for plain
+// upcycling, whose first forward is then the dense model's.
+static double upcycling_scale(const Config *c) {
+    int G = c->moe_upcycling_granularity;
+    double activation = c->moe_router_pre_softmax ? (double)c->num_experts * G / c->moe_router_topk : G;
+    return cbrt(activation);
+}
+
+// This rank's piece of an upcycled expert's part (gate, up or down) d: expert e takes slice
+// e mod G of its layer's dense MLP (rows of gate and up, columns of down: I of the dense F),
+// times upcycling_scale. Returns 0 when d is no routed expert's part or not upcycling.
+static int read_upcycled_expert(WeightSource *ws, const Model *m, const TensorDesc *d, real *out) {
+    static const LayerPart dense_parts[3] = {PART_MLP_GATE, PART_MLP_UP, PART_MLP_DOWN};
+    const Config *c = &m->cfg;
+    int part = expert_part(d->name);
+    if (!c->moe_use_upcycling || part < 0 || d->ndim != 2 || d->layer < 0 || d->expert < 0) return 0;
+    char name[MT_NAME_MAX];
+    hf_layer_tensor_name(name, m->family, d->layer, dense_parts[part], -1);
+    int file;
+    const StTensor *t = ws_find(ws, name, &file);
+    if (!t)
+        mt_die("%s: --moe-use-upcycling: tensor %s (layer %d's dense MLP) is missing; --load must name a dense "
+               "checkpoint", ws->where, name, d->layer);
+    int64_t rows = d->shape[0], cols = d->shape[1], I = c->moe_ffn, F = I * c->moe_upcycling_granularity;
+    int down = part == 2, slice = d->expert % c->moe_upcycling_granularity;
+    int64_t dense_shape[2] = {down ? rows : F, down ? F : cols};
+    check_shape(ws, name, t, 2, dense_shape);
+    real *whole = mt_malloc((size_t)(rows * cols) * sizeof(real));  // the expert's global tensor
+    for (int64_t r = 0; r < rows; r++) {
+        StTensor run = element_slice(t, down ? r * F + slice * I : (slice * I + r) * cols, cols);
+        convert_real(ws, file, name, &run, whole + r * cols);
+    }
+    TensorPieceRuns pr = tensor_piece_runs(d->ndim, d->shape, d->shard.axis, d->shard.parts, d->shard.index);
+    real scale = (real)upcycling_scale(c);
+    for (int64_t e = 0; e < (int64_t)d->numel; e++)
+        out[e] = whole[pr.first + e / pr.chunk * pr.stride + e % pr.chunk] * scale;
+    free(whole);
+    ws_mark_used(ws, file, t);
+    return 1;
+}
+
+// Upcycling: what the dense checkpoint cannot hold keeps its initial values (the router,
+// its biases, the shared experts).
+static int upcycling_keeps_init(const Model *m, const TensorDesc *d) {
+    return m->cfg.moe_use_upcycling && ((d->flags & TENSOR_ROUTER) || strstr(d->name, "shared_expert"));
+}
+
+// Read the model tensor d: under its own name, else as a slice of a fused expert tensor (or,
+// upcycling, of its layer's dense MLP). Returns 0 when d keeps its initial values.
+static int ws_read_param(WeightSource *ws, const Model *m, const TensorDesc *d, real *out) {
+    if (read_upcycled_expert(ws, m, d, out)) return 1;
     const StTensor *t = ws_read_named(ws, d->name, d, out);
     if (t) {
         apply_block_scales(ws, d->name, t, d, out);
-        return;
+        return 1;
     }
+    if (upcycling_keeps_init(m, d)) return 0;
     char fused[MT_NAME_MAX + 32] = "";
-    if (read_fused_expert(ws, m, d, out, fused)) return;
+    if (read_fused_expert(ws, m, d, out, fused)) return 1;
     if (fused[0])
         mt_die("%s: tensor %s is missing (and so is the fused %s); the checkpoint does not match its "
                "config.json", ws->where, d->name, fused);
@@ -409,10 +463,9 @@ void hf_weights_load(const char *dir, Model *m) {
     WeightSource ws;
     ws_open(&ws, dir);
     ws_stage(&ws, m);
-    for (int i = 0; i < m->tt.count; i++) {
-        ws_read_param(&ws, m, &m->tt.descs[i], ws.staging);
-        device_upload(tt_param(&m->tt, i), ws.staging, m->tt.descs[i].numel * sizeof(real));
-    }
+    for (int i = 0; i < m->tt.count; i++)
+        if (ws_read_param(&ws, m, &m->tt.descs[i], ws.staging))
+            device_upload(tt_param(&m->tt, i), ws.staging, m->tt.descs[i].numel * sizeof(real));
     ws_skip_mtp_layers(&ws, &m->cfg);
     ws_skip_remote_experts(&ws, m, "");
     ws_reject_unused(&ws);

@@ -470,6 +470,22 @@ void model_grads_part_ranges(const Model *m, int part, ElemRange *dense, ElemRan
     *experts = part_range(m, part, 1);
 }
 
+void model_upcycle_routers(Model *m) {
+    const Config *c = &m->cfg;
+    int G = c->moe_upcycling_granularity, E = c->num_experts, H = c->hidden_size;
+    if (!c->moe_use_upcycling || G == 1) return;
+    real *w = mt_malloc((size_t)E * H * sizeof(real));  // [E, H], whole on every rank
+    for (int l = 0; l < c->num_layers; l++) {
+        const LayerParams *lp = &m->layers[l];
+        if (!lp->is_moe || !plan_holds_layer(&m->plan, l)) continue;
+        MT_ASSERT(m->tt.descs[lp->router].numel == (size_t)E * H);
+        device_download(w, tt_param(&m->tt, lp->router), (size_t)E * H * sizeof(real));
+        for (int e = E - 1; e >= 0; e--) memmove(w + (size_t)e * H, w + (size_t)(e / G) * H, (size_t)H * sizeof(real));
+        device_upload(tt_param(&m->tt, lp->router), w, (size_t)E * H * sizeof(real));
+    }
+    free(w);
+}
+
 // Quantile balancing at the end of a global batch: the micro-batches' mean quantile, averaged
 // over the data-parallel ranks that ran the others (the same on every rank), moves the bias
 // (unless the step was skipped); the sums start again.

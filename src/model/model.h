@@ -281,6 +281,11 @@ int model_part_has_tensor(const Model *m, int part, TensorId id);
 void model_sum_partial_grads(Model *m, int part);
 void model_sum_all_partial_grads(Model *m);
 
+// --moe-use-upcycling with granularity G > 1, after the weights are in: each router keeps
+// its first E/G rows (as initialised), each repeated for G consecutive experts (the slices of
+// one copy of the dense MLP), as Megatron-Core's upcycling sets the router.
+void model_upcycle_routers(Model *m);
+
 // Start a new global batch: apply the expert-bias update from the counts of the one
 // that ended (when enabled and apply_bias_update: not for a skipped step) and clear the
 // router bookkeeping.

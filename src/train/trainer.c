@@ -359,6 +359,19 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
     free(peaks);
 }
 
+// --moe-use-upcycling: the model initialised, then the dense checkpoint's weights read into
+// it (its MLPs into the experts: hf_weights.c), the routers set as Megatron-Core does; the
+// run starts at step 0 with a new optimizer.
+static void upcycle_checkpoint(Trainer *t, const char *resolved) {
+    model_init_weights(&t->model, (uint64_t)t->cfg->seed);
+    watchdog_io_begin();
+    checkpoint_load(resolved, &t->model, NULL, NULL);
+    watchdog_io_end();
+    model_upcycle_routers(&t->model);
+    printf("upcycled %s into %d experts per MoE layer (granularity %d)\n", resolved, t->cfg->num_experts,
+           t->cfg->moe_upcycling_granularity);
+}
+
 // The first and last pipeline stage of this rank's pipeline, when they hold the two copies
 // of a tied embedding. Collective over the world.
 static void make_tied_embedding_group(Trainer *t) {
@@ -426,7 +439,9 @@ static void trainer_setup(Trainer *t, Config *c) {
     model_allocate(&t->model);
     OptimizerOptions options = optimizer_options(c);
     optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, &options);
-    if (c->load[0]) {
+    if (c->load[0] && c->moe_use_upcycling) {
+        upcycle_checkpoint(t, resolved);
+    } else if (c->load[0]) {
         load_checkpoint(t, resolved);
         restore_quant_state(t);
         printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);

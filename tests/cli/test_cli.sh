@@ -24,7 +24,7 @@ test_bad_flags() {
     expect_error groups_divide_experts "does not divide --num-experts" -- "$M" train --moe-router-num-groups 3 --moe-router-group-topk 1
     expect_error group_topk_divides_topk "does not divide --moe-router-topk" -- "$M" train --moe-router-num-groups 4 --moe-router-group-topk 3 --moe-router-topk 2
     expect_error coeff_list_shorter "fewer values than --moe-router-load-balancing-type" -- "$M" train --moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.01
-    expect_error balance_type_unknown "use aux_loss, seq_aux_loss, global_aux_loss or none" -- "$M" train --moe-router-load-balancing-type sinkhorn
+    expect_error balance_type_unknown "use aux_loss, seq_aux_loss, global_aux_loss, none, sinkhorn or quantile_balancing" -- "$M" train --moe-router-load-balancing-type switch
     expect_error top1_softmax_needs_pre "needs --moe-router-pre-softmax" -- "$M" train --moe-router-topk 1
     expect_error pad_needs_capacity "needs --moe-expert-capacity-factor" -- "$M" train --moe-pad-expert-input-to-capacity
     expect_error score_function_unknown "use softmax, sigmoid or sqrtsoftplus" -- "$M" train --moe-router-score-function relu
