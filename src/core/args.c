@@ -387,6 +387,10 @@ void config_values_from_file(Config *c, const char *path, const char *key_prefix
     c->values_key_prefix = key_prefix;
 }
 
+int config_upcycling_reshapes(const Config *c, const char *flag) {
+    return c->moe_use_upcycling && (!strcmp(flag, "num-experts") || !strncmp(flag, "moe-", 4));
+}
+
 void config_note_file_key(Config *c, const void *field, const char *key) {
     size_t offset = (size_t)((const char *)field - (const char *)c);
     for (int i = 0; i < FLAG_COUNT; i++)
@@ -1132,7 +1136,8 @@ static void validate_fp8(Config *c) {
 static void validate_upcycling(Config *c) {
     int G = c->moe_upcycling_granularity, F = c->ffn_hidden_size;
     if (!c->load[0]) config_die("--moe-use-upcycling starts from a dense checkpoint; give it with --load");
-    if (c->num_experts == 0) config_die("--moe-use-upcycling makes an MoE model; give --num-experts");
+    if (c->num_experts == 0 || !config_flag_given(c, "num-experts"))
+        config_die("--moe-use-upcycling makes an MoE model; give --num-experts");
     if (G < 1) config_die("--moe-upcycling-granularity %d must be at least 1", G);
     if (c->num_experts % G)
         config_die("--num-experts %d is not a multiple of --moe-upcycling-granularity %d", c->num_experts, G);

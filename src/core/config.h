@@ -268,6 +268,9 @@ void config_values_from_file(Config *c, const char *path, const char *key_prefix
 // The flag stored at `field` (a field of c) was set from `key` of that file (a string that
 // outlives c); errors about it name the key instead of the flag.
 void config_note_file_key(Config *c, const void *field, const char *key);
+// --moe-use-upcycling turns a dense checkpoint into an MoE model: the MoE flags of the
+// command line (--num-experts, --moe-*) shape it, whatever the checkpoint says.
+int config_upcycling_reshapes(const Config *c, const char *flag);
 // Print the flag reference for a command (--help) or as markdown (docs/flags.md).
 void config_print_help(Command cmd, int markdown);
 

@@ -231,12 +231,6 @@ static int is_launch_flag(const char *name) {
     return 0;
 }
 
-// --moe-use-upcycling turns the dense checkpoint into an MoE model: the MoE flags of the
-// command line (--num-experts, --moe-*) shape it, whatever the checkpoint had.
-static int upcycling_reshapes(const Config *c, const char *flag) {
-    return c->moe_use_upcycling && (!strcmp(flag, "num-experts") || !strncmp(flag, "moe-", 4));
-}
-
 // Nor does an upcycled run save into the dense checkpoint's directory: only where --save says.
 static int upcycling_leaves(const Config *c, const char *flag) { return c->moe_use_upcycling && !strcmp(flag, "save"); }
 
@@ -255,7 +249,7 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
         }
         Config saved = *c;
         config_set_flag(&saved, f, text);
-        if (f->architecture && !flag_values_equal(c, &saved, f) && !upcycling_reshapes(c, f->name))
+        if (f->architecture && !flag_values_equal(c, &saved, f) && !config_upcycling_reshapes(c, f->name))
             mt_die("--%s differs from the checkpoint %s (which has %s); drop the flag to use the checkpoint's model",
                    f->name, path, text);
     }

@@ -179,7 +179,7 @@ static void read_rope_scaling(Config *c, const HfKeys *k, HfFamily family) {
 }
 
 // Every family: sizes, norms, RoPE, embeddings, router top-k and aux coefficient.
-static void read_common(Config *c, const HfKeys *k, HfFamily family) {
+static void read_common(Config *c, const HfKeys *k, HfFamily family, int dense) {
     read_int(c, k, &c->num_layers, "num_hidden_layers", 1);
     if (c->num_layers > MT_MAX_LAYERS)
         mt_die("%s: num_hidden_layers %d exceeds the supported %d", k->path, c->num_layers, MT_MAX_LAYERS);
@@ -212,7 +212,7 @@ static void read_common(Config *c, const HfKeys *k, HfFamily family) {
     config_note_file_key(c, &c->rotary_base, nested ? "rope_parameters.rope_theta" : "rope_theta");
     read_balancing(c, k, family);
     c->untie_embeddings_and_output_weights = !key_bool(k, "tie_word_embeddings", 0);
-    read_int(c, k, &c->moe_router_topk, "num_experts_per_tok", 1);
+    if (!dense) read_int(c, k, &c->moe_router_topk, "num_experts_per_tok", 1);
 }
 
 static void set_layer_pattern(Config *c, const int *moe) {
@@ -231,6 +231,27 @@ static void read_expert_count(Config *c, const HfKeys *k, const char *name, cons
     if (experts < 0) mt_die("%s: missing or non-integer \"%s\"", k->path, name);
     c->num_experts = experts;
     config_note_file_key(c, &c->num_experts, name);
+}
+
+// Dense models (Qwen3, Llama) with the MoE family that names the same tensors: read to
+// train them as they are, or to upcycle them (--moe-use-upcycling, whose --num-experts
+// and --moe-* flags then shape the experts).
+static const struct {
+    const char *model_type;
+    HfFamily family;
+} DENSE_FAMILIES[] = {{"qwen3", HF_QWEN3_MOE}, {"llama", HF_MIXTRAL}};
+
+static HfFamily dense_family_of(const char *model_type) {
+    for (size_t i = 0; model_type && i < sizeof DENSE_FAMILIES / sizeof DENSE_FAMILIES[0]; i++)
+        if (!strcmp(model_type, DENSE_FAMILIES[i].model_type)) return DENSE_FAMILIES[i].family;
+    return HF_FAMILY_COUNT;
+}
+
+static void read_dense(Config *c, const HfKeys *k, HfFamily family) {
+    c->qk_layernorm = family == HF_QWEN3_MOE;  // Qwen3's per-head QK-norm
+    read_int(c, k, &c->ffn_hidden_size, "intermediate_size", 1);
+    if (!c->moe_use_upcycling) c->num_experts = 0;
+    strcpy(c->moe_layer_freq, "1");
 }
 
 static void read_mixtral(Config *c, const HfKeys *k) {
@@ -333,23 +354,31 @@ static void read_deepseek(Config *c, const HfKeys *k) {
 
 void hf_config_read_plain(Config *c, const JsonValue *root, const char *path) {
     const char *type = json_get_string(root, "model_type");
-    HfFamily family = hf_family_from_model_type(type);
+    HfFamily family = hf_family_from_model_type(type), dense_family = dense_family_of(type);
+    int dense = dense_family != HF_FAMILY_COUNT;
+    if (dense) family = dense_family;
     if (family == HF_FAMILY_COUNT || family == HF_MOETRON)
-        mt_die("%s: model_type %s is not supported; moetron reads mixtral, qwen3_moe, olmoe and deepseek_v3", path,
-               type ? type : "(missing)");
-    for (int i = 0; i < config_flag_count(); i++)
-        if (config_flag(i)->architecture && c->flag_given[i] && strcmp(config_flag(i)->name, "hf-architecture"))
-            mt_die("--%s: the model shape comes from %s; drop the flag", config_flag(i)->name, path);
+        mt_die("%s: model_type %s is not supported; moetron reads mixtral, qwen3_moe, olmoe and deepseek_v3 (and the "
+               "dense qwen3 and llama)", path, type ? type : "(missing)");
+    for (int i = 0; i < config_flag_count(); i++) {
+        const char *name = config_flag(i)->name;
+        if (config_flag(i)->architecture && c->flag_given[i] && strcmp(name, "hf-architecture") &&
+            !config_upcycling_reshapes(c, name))
+            mt_die("--%s: the model shape comes from %s; drop the flag", name, path);
+    }
     HfKeys k = {root, path};
     reject_unsupported(&k, family);
-    read_common(c, &k, family);
-    switch (family) {
+    read_common(c, &k, family, dense);
+    switch (dense ? HF_FAMILY_COUNT : family) {
     case HF_MIXTRAL: read_mixtral(c, &k); break;
     case HF_QWEN3_MOE: read_qwen3(c, &k); break;
     case HF_OLMOE: read_olmoe(c, &k); break;
     case HF_DEEPSEEK_V3: read_deepseek(c, &k); break;
-    default: break;
+    default: read_dense(c, &k, family); break;
     }
-    // saved back as the family it came from, unless --hf-architecture says otherwise
-    if (!config_flag_given(c, "hf-architecture")) snprintf(c->hf_architecture, sizeof(c->hf_architecture), "%s", type);
+    // saved back as the family it came from (an upcycled dense model's MoE family; a dense one
+    // as the first family that holds it), unless --hf-architecture says otherwise
+    if (!config_flag_given(c, "hf-architecture"))
+        snprintf(c->hf_architecture, sizeof(c->hf_architecture), "%s",
+                 dense && !c->moe_use_upcycling ? "auto" : hf_model_type(family));
 }

@@ -15,6 +15,9 @@ export_* : moetron trains a model of the family a few steps and saves it; transf
            multi-token-prediction tensors after the last layer.
 finetune_*: `moetron train --load HF_DIR` on such a transformers-made model saves a
            checkpoint of the same family that transformers loads and agrees with.
+upcycle_*: a dense Qwen3 / Llama made by transformers, upcycled by moetron
+           (--moe-use-upcycling): transformers loads the Qwen3-MoE / Mixtral checkpoint and its
+           logits are the dense model's.
 reject_* : --hf-architecture naming a family that cannot express the model is an error
            at start-up, one line naming the feature, before anything is written; a plain
            config.json with a value moetron cannot represent (rope_scaling, gelu, ...) is
@@ -56,6 +59,19 @@ YARN_DEEPSEEK = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_
 YARN_QWEN3 = dict(rope_type="yarn", rope_theta=1000.0, factor=8.0, original_max_position_embeddings=10,
                   beta_fast=16.0, beta_slow=0.5)
 
+# name -> (dense config class, kwargs, the MoE model_type transformers loads back)
+UPCYCLE_CASES = [
+    ("upcycle_qwen3_dense", "Qwen3Config",
+     dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+          head_dim=16, intermediate_size=64, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-6,
+          tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None), "qwen3_moe"),
+    ("upcycle_llama_dense", "LlamaConfig",
+     dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+          intermediate_size=96, max_position_embeddings=128, rope_theta=10000.0, rms_norm_eps=1e-5,
+          tie_word_embeddings=True, eos_token_id=None, bos_token_id=None, pad_token_id=None), "mixtral"),
+]
+
+
 # name -> (config class, kwargs, extra config.json keys for moetron only)
 IMPORT_CASES = [
     # clip_qkv small enough that the unit-RMS normalised q and k are clamped in many places
@@ -81,6 +97,9 @@ IMPORT_CASES = [
           rope_parameters=YARN_DEEPSEEK),
      {"router_aux_loss_coef": 0.0, "rope_parameters": None,
       "rope_scaling": dict({k: v for k, v in YARN_DEEPSEEK.items() if k != "rope_type"}, type="yarn")}),
+    # dense Qwen3 and Llama read as they are (the models upcycle_* starts from)
+    ("import_qwen3_dense", "Qwen3Config", UPCYCLE_CASES[0][2], {}),
+    ("import_llama_dense", "LlamaConfig", UPCYCLE_CASES[1][2], {}),
     # Qwen3-MoE with YaRN (no mscale terms: cos/sin times mscale(s)), and with linear interpolation
     ("import_qwen3_moe_yarn", "Qwen3MoeConfig",
      dict(OLMOE_BASE, moe_intermediate_size=32, head_dim=16, rope_parameters=YARN_QWEN3), {}),
@@ -374,6 +393,28 @@ def run_finetune_case(moetron, name, cfg_cls, cfg_kwargs, model_type, expect, wo
     return check_saved_checkpoint(moetron, name, save, FINETUNE_ITERS, model_type, expect, workdir)
 
 
+def run_upcycle_case(moetron, name, cfg_cls, cfg_kwargs, moe_type, workdir):
+    """A dense transformers model upcycled by moetron (--moe-use-upcycling, 4 experts, top-2,
+    one step that changes no weight): transformers loads the MoE checkpoint as moe_type and
+    its logits are the dense model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    dense, hf_dir = save_random_model(cfg_cls, cfg_kwargs, sum(map(ord, name)), workdir)
+    save = os.path.join(workdir, "ckpt")
+    run_cmd([moetron, "train", "--load", hf_dir, "--moe-use-upcycling", "--num-experts", "4", "--moe-router-topk", "2",
+             "--moe-aux-loss-coeff", "0", "--train-iters", "1", "--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0",
+             "--micro-batch-size", "2", "--global-batch-size", "2", "--seq-length", str(SEQ), "--eval-interval", "0",
+             "--save", save], "moetron train --moe-use-upcycling")
+    moe = AutoModelForCausalLM.from_pretrained(os.path.join(save, "iter_0000001"), dtype=torch.float32,
+                                               **eager_kwargs()).eval()
+    check(moe.config.model_type == moe_type, f"upcycled model_type {moe.config.model_type}, expected {moe_type}")
+    ids = torch.tensor(np.random.default_rng(7).integers(0, VOCAB, size=(BATCH, SEQ)))
+    with torch.no_grad():
+        want, got = dense(ids).logits, moe(ids).logits
+    diff = float((want - got).abs().max())
+    check(diff <= LOGIT_TOL, f"the upcycled model's logits differ from the dense model's by {diff:.3g}")
+
+
 def run_mtp_case(moetron, name, workdir):
     """DeepSeek-V3 files carry multi-token-prediction layers after the last one: moetron skips
     them with a note (as transformers does) and computes the same; without
@@ -483,6 +524,7 @@ def main():
             [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
             [("import_deepseek_v3_mtp_layer_skipped", run_mtp_case, ()),
              ("import_deepseek_v3_fp8_block_scales", run_fp8_case, ())] + \
+            [(c[0], run_upcycle_case, c[1:]) for c in UPCYCLE_CASES] + \
             [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
             [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
     cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
