@@ -44,11 +44,13 @@ static const FlagSpec FLAGS[] = {
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
     F("rope-type", FLAG_STRING, rope_type, TR, 1, "rope: plain rotary embeddings; yarn: YaRN context extension (--rotary-scaling-factor, --original-max-position-embeddings, --beta-fast, --beta-slow, --mscale, --mscale-all-dim)"),
     F("rotary-scaling-factor", FLAG_DOUBLE, rotary_scaling_factor, TR, 1, "yarn: context extension factor (frequencies below the ramp divided by it)"),
-    F("original-max-position-embeddings", FLAG_INT, original_max_position_embeddings, TR, 1, "yarn: the context length the model was pretrained on"),
+    F("original-max-position-embeddings", FLAG_INT, original_max_position_embeddings, TR, 1, "yarn and --use-rope-scaling: the context length the model was pretrained on (0: 4096 for yarn, 8192 for Llama 3's scaling)"),
     F("beta-fast", FLAG_DOUBLE, beta_fast, TR, 1, "yarn: rotations over the original context above which a frequency is kept"),
     F("beta-slow", FLAG_DOUBLE, beta_slow, TR, 1, "yarn: rotations over the original context below which a frequency is divided by the factor"),
     F("mscale", FLAG_DOUBLE, mscale, TR, 1, "yarn: cos and sin times (0.1*mscale*ln(s)+1) / (0.1*mscale_all_dim*ln(s)+1)"),
     F("mscale-all-dim", FLAG_DOUBLE, mscale_all_dim, TR, 1, "yarn: the divisor's term above; with MLA the softmax scale is also multiplied by (0.1*mscale_all_dim*ln(s)+1)^2"),
+    F("use-rope-scaling", FLAG_BOOL, use_rope_scaling, TR, 1, "Llama 3's RoPE scaling: frequencies whose wavelength passes --original-max-position-embeddings (default 8192) divided by --rope-scaling-factor, those below a quarter of it kept, a smooth blend between"),
+    F("rope-scaling-factor", FLAG_DOUBLE, rope_scaling_factor, TR, 1, "--use-rope-scaling: the factor (Llama 3.1: 8)"),
     F("rotary-seq-len-interpolation-factor", FLAG_DOUBLE, rotary_seq_len_interpolation_factor, TR, 1, "linear position interpolation: every rotary frequency divided by this (0 = off)"),
     F("rotary-interleaved", FLAG_BOOL, rotary_interleaved, TR, 1, "rotate adjacent pairs (2i, 2i+1) rather than the two halves (DeepSeek-V3's rope_interleave)"),
     F("qk-layernorm", FLAG_BOOL, qk_layernorm, TR, 1, "per-head RMSNorm on queries and keys (Qwen3-MoE family)"),
@@ -242,7 +244,7 @@ void config_defaults(Config *c) {
     strcpy(c->rope_type, "rope");
     c->moe_upcycling_granularity = 1;
     c->rotary_scaling_factor = 1.0;
-    c->original_max_position_embeddings = 4096;
+    c->rope_scaling_factor = 8;
     c->beta_fast = 32;
     c->beta_slow = 1;
     c->mscale = 1.0;
@@ -626,7 +628,7 @@ static int64_t product_within(int64_t a, int64_t b, int64_t limit) {
 }
 
 // --rope-type and its YaRN parameters, --rotary-seq-len-interpolation-factor.
-static void validate_rope_scaling(const Config *c) {
+static void validate_rope_scaling(Config *c) {
     int yarn = !strcmp(c->rope_type, "yarn");
     if (!yarn && strcmp(c->rope_type, "rope"))
         config_die("--rope-type %s is not supported; use rope or yarn", c->rope_type);
@@ -635,11 +637,17 @@ static void validate_rope_scaling(const Config *c) {
     if (c->rotary_seq_len_interpolation_factor != 0 && !(c->rotary_seq_len_interpolation_factor >= 1))
         config_die("--rotary-seq-len-interpolation-factor %g must be at least 1 (or 0: off)",
                    c->rotary_seq_len_interpolation_factor);
-    if (yarn && c->rotary_seq_len_interpolation_factor != 0)
-        config_die("--rope-type yarn and --rotary-seq-len-interpolation-factor both rescale the frequencies; give one");
+    if (yarn + (c->rotary_seq_len_interpolation_factor != 0) + c->use_rope_scaling > 1)
+        config_die("--rope-type yarn, --rotary-seq-len-interpolation-factor and --use-rope-scaling each rescale the "
+                   "frequencies; give one");
+    if (c->original_max_position_embeddings < 0)
+        config_die("--original-max-position-embeddings %d must be positive (or 0: the scaling's default)",
+                   c->original_max_position_embeddings);
+    if (c->original_max_position_embeddings == 0 && (yarn || c->use_rope_scaling))
+        c->original_max_position_embeddings = yarn ? 4096 : 8192;  // Megatron-Core's defaults
+    if (c->use_rope_scaling && !(c->rope_scaling_factor >= 1))
+        config_die("--rope-scaling-factor %g must be at least 1", c->rope_scaling_factor);
     if (!yarn) return;
-    if (c->original_max_position_embeddings < 1)
-        config_die("--original-max-position-embeddings %d must be positive", c->original_max_position_embeddings);
     if (!(c->beta_fast > 0) || !(c->beta_slow > 0) || c->beta_slow > c->beta_fast)
         config_die("--beta-fast %g and --beta-slow %g must be positive with beta-slow <= beta-fast", c->beta_fast,
                    c->beta_slow);

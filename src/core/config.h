@@ -31,10 +31,12 @@ typedef struct {
     // RoPE scaling (model/rope_scaling.h): plain, YaRN or linear position interpolation
     char rope_type[16];           // rope | yarn
     double rotary_scaling_factor; // yarn: the context extension factor s
-    int original_max_position_embeddings;  // yarn: the context the model was pretrained on
+    int original_max_position_embeddings;  // yarn, llama 3: the pretraining context (0: 4096 yarn, 8192 llama 3)
     double beta_fast, beta_slow;  // yarn: the ramp's ends, in rotations over that context
     double mscale, mscale_all_dim;  // yarn: the attention-scale terms (MLA: softmax scale too)
     double rotary_seq_len_interpolation_factor;  // linear interpolation: positions / factor (0 = off)
+    int use_rope_scaling;         // Llama 3's frequency scaling (Megatron's --use-rope-scaling)
+    double rope_scaling_factor;   // its factor
     int qk_layernorm;
     char qk_layernorm_scope[16];  // head | projection (OLMoE: one norm over all heads)
     double clip_qkv;              // clamp q, k, v to [-x, x] after projection (0 = off)

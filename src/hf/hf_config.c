@@ -76,15 +76,22 @@ static void write_quantization_config(JsonWriter *w) {
     jw_end_object(w);
 }
 
-// rope_parameters as transformers v5 reads them: the type and theta, and YaRN's or linear
-// interpolation's parameters (model/rope_scaling.h).
+// rope_parameters as transformers v5 reads them: the type and theta, and YaRN's, Llama 3's
+// or linear interpolation's parameters (model/rope_scaling.h).
 static void write_rope_parameters(JsonWriter *w, const Config *c) {
     int yarn = !strcmp(c->rope_type, "yarn"), linear = !yarn && c->rotary_seq_len_interpolation_factor > 0;
+    int llama3 = c->use_rope_scaling;
     jw_key(w, "rope_parameters");
     jw_begin_object(w);
-    jw_kv_string(w, "rope_type", yarn ? "yarn" : linear ? "linear" : "default");
+    jw_kv_string(w, "rope_type", yarn ? "yarn" : linear ? "linear" : llama3 ? "llama3" : "default");
     jw_kv_double(w, "rope_theta", c->rotary_base);
     if (linear) jw_kv_double(w, "factor", c->rotary_seq_len_interpolation_factor);
+    if (llama3) {
+        jw_kv_double(w, "factor", c->rope_scaling_factor);
+        jw_kv_double(w, "low_freq_factor", 1);
+        jw_kv_double(w, "high_freq_factor", 4);
+        jw_kv_int(w, "original_max_position_embeddings", c->original_max_position_embeddings);
+    }
     if (yarn) {
         jw_kv_double(w, "factor", c->rotary_scaling_factor);
         jw_kv_int(w, "original_max_position_embeddings", c->original_max_position_embeddings);

@@ -158,7 +158,24 @@ static void read_yarn(Config *c, const HfKeys *k, HfFamily family, const JsonVal
                           k->path, object);
 }
 
-// rope_parameters / rope_scaling: plain ("default"), "yarn" or "linear"; other types are
+// Llama 3's scaling: factor and original_max_position_embeddings; its low and high frequency
+// factors must be Llama 3's 1 and 4 (moetron, as Megatron-Core, fixes them).
+static void read_llama3(Config *c, const HfKeys *k, const JsonValue *rope, const char *object) {
+    double low = 1, high = 4;
+    int64_t original = 0;
+    json_get_number(rope, "low_freq_factor", &low);
+    json_get_number(rope, "high_freq_factor", &high);
+    if (low != 1 || high != 4)
+        mt_die("%s: %s low_freq_factor %g and high_freq_factor %g are not supported (Llama 3's 1 and 4 are)", k->path,
+               object, low, high);
+    if (!json_get_int64(rope, "original_max_position_embeddings", &original) || original < 1 || original > INT32_MAX)
+        mt_die("%s: %s needs original_max_position_embeddings (a positive integer)", k->path, object);
+    c->use_rope_scaling = 1;
+    c->original_max_position_embeddings = (int)original;
+    read_rope_number(c, k, rope, object, "factor", &c->rope_scaling_factor);
+}
+
+// rope_parameters / rope_scaling: plain ("default"), "yarn", "llama3" or "linear"; other types are
 // refused by name.
 static void read_rope_scaling(Config *c, const HfKeys *k, HfFamily family) {
     const char *object, *type;
@@ -170,11 +187,13 @@ static void read_rope_scaling(Config *c, const HfKeys *k, HfFamily family) {
                "remove it", k->path, object);
     if (!strcmp(type, "yarn")) {
         read_yarn(c, k, family, rope, object);
+    } else if (!strcmp(type, "llama3")) {
+        read_llama3(c, k, rope, object);
     } else if (!strcmp(type, "linear")) {
         c->rotary_seq_len_interpolation_factor = 1.0;
         read_rope_number(c, k, rope, object, "factor", &c->rotary_seq_len_interpolation_factor);
     } else {
-        mt_die("%s: %s type \"%s\" is not supported (default, yarn and linear are)", k->path, object, type);
+        mt_die("%s: %s type \"%s\" is not supported (default, yarn, llama3 and linear are)", k->path, object, type);
     }
 }
 

@@ -39,12 +39,30 @@ static void yarn_inv_freq(float *inv_freq, const Config *c) {
     }
 }
 
+// Llama 3's scaling (transformers' "llama3", Megatron-Core's --use-rope-scaling): with L the
+// original context and s the factor, a frequency of wavelength w = 2π/f above L (low
+// frequency factor 1) is divided by s, one below L/4 (high frequency factor 4) kept, and one
+// between blended: (1 − m)·f/s + m·f with m = (L/w − 1) / (4 − 1). In float, as both compute it.
+static void llama3_inv_freq(float *inv_freq, const Config *c) {
+    enum { LOW_FREQ_FACTOR = 1, HIGH_FREQ_FACTOR = 4 };  // Llama 3's, fixed in Megatron-Core too
+    float factor = (float)c->rope_scaling_factor, context = (float)c->original_max_position_embeddings;
+    float low_wavelen = context / LOW_FREQ_FACTOR, high_wavelen = context / HIGH_FREQ_FACTOR;
+    for (int i = 0; i < c->rope_dim / 2; i++) {
+        float f = inv_freq[i], wavelen = (float)(2 * M_PI) / f;
+        float scaled = wavelen > low_wavelen ? f / factor : f;
+        float m = (context / wavelen - LOW_FREQ_FACTOR) / (HIGH_FREQ_FACTOR - LOW_FREQ_FACTOR);
+        int medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        inv_freq[i] = medium ? (1 - m) * scaled / factor + m * scaled : scaled;
+    }
+}
+
 void rope_scaled_inv_freq(float *inv_freq, const Config *c) {
     if (is_yarn(c)) {
         yarn_inv_freq(inv_freq, c);
         return;
     }
     rope_plain_inv_freq(inv_freq, c->rope_dim, c->rotary_base);
+    if (c->use_rope_scaling) llama3_inv_freq(inv_freq, c);
     if (c->rotary_seq_len_interpolation_factor > 0)
         for (int i = 0; i < c->rope_dim / 2; i++) inv_freq[i] /= (float)c->rotary_seq_len_interpolation_factor;
 }

@@ -1,7 +1,7 @@
 // rope_scaling.h — the rotary frequencies of a model and the scales that go with them:
 // plain RoPE, YaRN (DeepSeek-V3's and Qwen3's context extension, Megatron-Core's
-// --rope-type yarn) and linear position interpolation (--rotary-seq-len-interpolation-factor,
-// transformers' "linear"). docs/hf.md, "RoPE scaling", has the formulas.
+// --rope-type yarn), Llama 3's scaling (--use-rope-scaling, transformers' "llama3") and linear
+// position interpolation (--rotary-seq-len-interpolation-factor, transformers' "linear"). docs/hf.md, "RoPE scaling", has the formulas.
 #pragma once
 #include "core/common.h"
 #include "core/config.h"
@@ -11,7 +11,7 @@
 void rope_scaled_table(real *cos_sin, const Config *c);
 
 // The inverse frequencies (rope_dim/2) of the model: plain base^(−2i/d), divided by the
-// linear factor, or YaRN's blend of the plain and the interpolated (divided by the factor)
+// linear factor, rescaled as Llama 3, or YaRN's blend of the plain and the interpolated (divided by the factor)
 // ones over the correction range of dimensions, in float as the reference implementations.
 void rope_scaled_inv_freq(float *inv_freq, const Config *c);
 

@@ -117,9 +117,13 @@ test_rope_scaling() {
         "$M" train --rope-type yarn --rotary-scaling-factor 0.5
     expect_error yarn_betas_swapped "--beta-fast 1 and --beta-slow 32 must be positive with beta-slow <= beta-fast" -- \
         "$M" train --rope-type yarn --beta-fast 1 --beta-slow 32
-    expect_error yarn_original_context "--original-max-position-embeddings 0 must be positive" -- \
-        "$M" train --rope-type yarn --original-max-position-embeddings 0
-    expect_error yarn_and_linear "--rope-type yarn and --rotary-seq-len-interpolation-factor both" -- \
+    expect_error yarn_original_context "--original-max-position-embeddings -1 must be positive (or 0: the scaling's default)" -- \
+        "$M" train --rope-type yarn --original-max-position-embeddings -1
+    expect_error two_rope_scalings "--rope-type yarn, --rotary-seq-len-interpolation-factor and --use-rope-scaling each rescale" -- \
+        "$M" train --rope-type yarn --use-rope-scaling
+    expect_error llama3_factor_below_one "--rope-scaling-factor 0.5 must be at least 1" -- \
+        "$M" train --use-rope-scaling --rope-scaling-factor 0.5
+    expect_error yarn_and_linear "--rope-type yarn, --rotary-seq-len-interpolation-factor and --use-rope-scaling each" -- \
         "$M" train --rope-type yarn --rotary-seq-len-interpolation-factor 2
     expect_error linear_factor_below_one "--rotary-seq-len-interpolation-factor 0.5 must be at least 1" -- \
         "$M" train --rotary-seq-len-interpolation-factor 0.5

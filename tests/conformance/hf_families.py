@@ -100,6 +100,12 @@ IMPORT_CASES = [
     # dense Qwen3 and Llama read as they are (the models upcycle_* starts from)
     ("import_qwen3_dense", "Qwen3Config", UPCYCLE_CASES[0][2], {}),
     ("import_llama_dense", "LlamaConfig", UPCYCLE_CASES[1][2], {}),
+    # Llama 3's RoPE scaling, its original context (16) inside the sequence: some frequencies
+    # divided, some kept, some blended
+    ("import_llama_dense_llama3_rope", "LlamaConfig",
+     dict(UPCYCLE_CASES[1][2], rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                                    low_freq_factor=1.0, high_freq_factor=4.0,
+                                                    original_max_position_embeddings=16)), {}),
     # Qwen3-MoE with YaRN (no mscale terms: cos/sin times mscale(s)), and with linear interpolation
     ("import_qwen3_moe_yarn", "Qwen3MoeConfig",
      dict(OLMOE_BASE, moe_intermediate_size=32, head_dim=16, rope_parameters=YARN_QWEN3), {}),
@@ -128,6 +134,12 @@ EXPORT_CASES = [
     ("export_deepseek_v3_full_q", MLA_FLAGS + DEEPSEEK_ROUTER +
      ["--moe-router-load-balancing-type", "none", "--hf-architecture", "deepseek_v3", "--init-method-std", "0.1"],
      "deepseek_v3", {"q_lora_rank": None, "n_group": 1, "rope_interleave": False}),
+    # Megatron-Core's --use-rope-scaling (Llama 3's), the original context (16) inside the sequence
+    ("export_mixtral_llama3_rope", ["--use-rope-scaling", "--rope-scaling-factor", "4", "--original-max-position-embeddings",
+                                    "16", "--hf-architecture", "mixtral", "--moe-router-load-balancing-type", "none",
+                                    "--init-method-std", "0.1"],
+     "mixtral", {"rope_parameters": dict(rope_type="llama3", rope_theta=10000.0, factor=4.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0, original_max_position_embeddings=16)}),
     # Megatron-Core's MLA YaRN flags; the sequence (32) runs past the original context (12)
     ("export_deepseek_v3_yarn", MLA_FLAGS + DEEPSEEK_ROUTER +
      ["--moe-router-load-balancing-type", "none", "--hf-architecture", "deepseek_v3", "--init-method-std", "0.1",
