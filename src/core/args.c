@@ -773,9 +773,6 @@ static void validate_sinkhorn(Config *c) {
     if (c->moe_router_enable_expert_bias || c->moe_router_num_groups || c->moe_router_topk_scaling_factor > 0)
         config_die("--moe-router-load-balancing-type sinkhorn takes no expert bias, group-limited routing or top-k "
                    "scaling factor (Megatron-Core's Sinkhorn router has none)");
-    if ((c->sequence_parallel && c->tensor_model_parallel_size > 1) || c->context_parallel_size > 1)
-        config_die("--moe-router-load-balancing-type sinkhorn balances over a micro-batch's tokens, which sequence or "
-                   "context parallelism splits over ranks; not supported with them yet");
     snprintf(c->moe_router_score_function, sizeof c->moe_router_score_function, "%s", score);
     c->score_function = k1 ? 1 : 0;
     c->moe_router_pre_softmax = !k1;
@@ -796,9 +793,6 @@ static void validate_quantile_balancing(const Config *c) {
     if (c->moe_router_enable_expert_bias || c->moe_router_num_groups)
         config_die("--moe-router-load-balancing-type quantile_balancing keeps its own per-expert bias; drop "
                    "--moe-router-enable-expert-bias and group-limited routing");
-    if ((c->sequence_parallel && c->tensor_model_parallel_size > 1) || c->context_parallel_size > 1)
-        config_die("--moe-router-load-balancing-type quantile_balancing takes its quantiles over a micro-batch's "
-                   "tokens, which sequence or context parallelism splits over ranks; not supported with them yet");
     if (!(c->moe_router_quantile_balancing_ema >= 0 && c->moe_router_quantile_balancing_ema < 1))
         config_die("--moe-router-quantile-balancing-ema %g must be in [0, 1)", c->moe_router_quantile_balancing_ema);
 }

@@ -194,26 +194,61 @@ static void router_losses(RouterWork *w, RouterOutput *out, const RouterConfig *
     out->dropped = (int)out->report[REPORT_DROPPED];
 }
 
+// The routers that pick over the whole micro-batch (Sinkhorn, quantile balancing) see every
+// member's tokens: the group's logits (N·P, E) gathered in rank order (the picks and
+// quantiles do not depend on the tokens' order), the picks chosen for all of them, each
+// member keeping its own rows. Without a token group the call's own arrays.
+typedef struct {
+    const real *logits;  // (N·P, E)
+    int32_t *picks;      // (N·P, k)
+    real *gathered;      // owned when gathered, else NULL
+    int32_t *group_picks;
+} GroupRouting;
+
+static GroupRouting group_routing_begin(RouterOutput *out, const real *logits, const RouterConfig *rc,
+                                        const RouterCall *call) {
+    GroupRouting g = {.logits = logits, .picks = out->topk_idx};
+    if (!split_over_group(call)) return g;
+    g.gathered = device_calloc((size_t)group_tokens(call) * rc->E, sizeof(real));
+    g.group_picks = device_calloc((size_t)group_tokens(call) * rc->k, sizeof(int32_t));
+    comm_allgather(call->token_group, logits, g.gathered, (size_t)call->N * rc->E);
+    g.logits = g.gathered;
+    g.picks = g.group_picks;
+    return g;
+}
+
+static void group_routing_end(GroupRouting *g, RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
+    if (!g->gathered) return;
+    size_t rows = (size_t)call->N * rc->k;
+    device_copy(out->topk_idx, g->group_picks + (size_t)call->token_group->rank * rows, rows * sizeof(int32_t));
+    device_free(g->gathered);
+    device_free(g->group_picks);
+}
+
 // Sinkhorn routing in training (unless the picks are replayed): the balanced top-k into
-// out->topk_idx (an op); returns whether it chose them.
+// out->topk_idx (an op over the group's tokens); returns whether it chose them.
 static int sinkhorn_picks(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
     if (!rc->sinkhorn || !call->training || call->replay) return 0;
-    int N = call->N, E = rc->E;
+    int N = group_tokens(call), E = rc->E;
+    GroupRouting g = group_routing_begin(out, logits, rc, call);
     double *work = device_calloc((size_t)N * E + N + 2 * (size_t)E, sizeof(double));
-    moe_router_sinkhorn(out->topk_idx, work, logits, N, E, rc->k);
+    moe_router_sinkhorn(g.picks, work, g.logits, N, E, rc->k);
     device_free(work);
+    group_routing_end(&g, out, rc, call);
     return 1;
 }
 
 // Quantile balancing (unless the picks are replayed): the top-k of logits − bias into
-// out->topk_idx, and in training the quantiles into call->qb_quantile (an op); returns
-// whether it chose the picks.
+// out->topk_idx, and in training the quantiles of the group's tokens into call->qb_quantile
+// (an op); returns whether it chose the picks.
 static int quantile_picks(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
     if (!rc->quantile || call->replay) return 0;
-    int N = call->N, E = rc->E;
+    int N = group_tokens(call), E = rc->E;
+    GroupRouting g = group_routing_begin(out, logits, rc, call);
     double *work = device_calloc((size_t)N * E + N, sizeof(double));
-    moe_router_quantile(out->topk_idx, call->qb_quantile, work, logits, call->qb_bias, N, E, rc->k);
+    moe_router_quantile(g.picks, call->qb_quantile, work, g.logits, call->qb_bias, N, E, rc->k);
     device_free(work);
+    group_routing_end(&g, out, rc, call);
     return 1;
 }
 

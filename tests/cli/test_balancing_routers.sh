@@ -3,20 +3,23 @@
 # probs and gradients are checked against megatron-core, or a reference written from
 # Megatron-LM's definition, by tests/conformance/megatron_router.py):
 #   --moe-router-load-balancing-type sinkhorn: top-2 (softmax) and top-1 (sigmoid) train and
-#     evaluate; the loads are more even than plain top-k routing's on the same model; EP=2
-#     and DP=2 give the single-process numbers (1e-5, 10 steps);
+#     evaluate; the loads are more even than plain top-k routing's on the same model; EP=2,
+#     DP=2, TP=2 with SP and CP=2 give the single-process numbers (1e-5, 10 steps);
 #   --moe-router-load-balancing-type quantile_balancing: trains with its bias in the
 #     checkpoint (a resumed run continues bit for bit; generate reads it), loads more even than
-#     without balancing, --moe-router-quantile-balancing-ema changes the run, EP=2 and DP=2
-#     equal one process;
-# and the options each ignores, an aux-loss coefficient, a sequence split over ranks and a
-# Hugging Face family that cannot hold the bias are refused with one line.
+#     without balancing, --moe-router-quantile-balancing-ema changes the run, EP=2, DP=2, CP=2
+#     and TP=2 with SP equal one process;
+# and the options each ignores, an aux-loss coefficient and a Hugging Face family that cannot
+# hold the bias are refused with one line.
 set -u
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/mpi_lib.sh"
 SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 4
        --global-batch-size 8 --num-experts 8 --moe-ffn-hidden-size 32 --eval-interval 5 --eval-iters 1
-       --lr-warmup-iters 2 --log-interval 1 --mock-data-tokens 65536 --train-iters 10)
+       --lr-warmup-iters 2 --log-interval 1 --mock-data-tokens 65536 --train-iters 10
+       --make-vocab-size-divisible-by 512)
+# TP=2 pads the vocabulary to --make-vocab-size-divisible-by x TP: half of SMALL's, the same rows
+TP2_SP=(--tensor-model-parallel-size 2 --sequence-parallel --make-vocab-size-divisible-by 256)
 SINKHORN=(--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0)
 
 # worst_load FILE: the largest load imbalance of a run's steps
@@ -47,8 +50,6 @@ expect_error sinkhorn_score_function "sinkhorn scores with softmax for --moe-rou
     "$M" train "${SMALL[@]}" "${SINKHORN[@]}" --moe-router-topk 2 --moe-router-score-function sigmoid
 expect_error sinkhorn_expert_bias "sinkhorn takes no expert bias, group-limited routing or top-k scaling factor" -- \
     "$M" train "${SMALL[@]}" "${SINKHORN[@]}" --moe-router-topk 1 --moe-router-enable-expert-bias
-expect_error sinkhorn_sequence_parallel "sinkhorn balances over a micro-batch's tokens, which sequence or context parallelism splits" -- \
-    "$M" train "${SMALL[@]}" "${SINKHORN[@]}" --tensor-model-parallel-size 2 --sequence-parallel
 
 # ---- quantile balancing ----
 QB=(--moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0 --moe-router-topk 2)
@@ -99,8 +100,6 @@ expect_error quantile_expert_bias "keeps its own per-expert bias; drop --moe-rou
     "$M" train "${SMALL[@]}" "${QB[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias
 expect_error quantile_ema_range "--moe-router-quantile-balancing-ema 1 must be in \[0, 1)" -- \
     "$M" train "${SMALL[@]}" "${QB[@]}" --moe-router-quantile-balancing-ema 1
-expect_error quantile_sequence_parallel "quantile_balancing takes its quantiles over a micro-batch's tokens" -- \
-    "$M" train "${SMALL[@]}" "${QB[@]}" --tensor-model-parallel-size 2 --sequence-parallel
 expect_error quantile_hf_family "--hf-architecture mixtral cannot express this model: quantile-balancing routing" -- \
     "$M" train "${SMALL[@]}" "${QB[@]}" --hf-architecture mixtral
 
@@ -109,3 +108,9 @@ run_case sinkhorn_ep2_equals_single 2 --expert-model-parallel-size 2 -- "${SINKH
 run_case sinkhorn_dp2_equals_single 2 -- "${SINKHORN[@]}" --moe-router-topk 1
 run_case quantile_ep2_equals_single 2 --expert-model-parallel-size 2 -- "${QB[@]}"
 run_case quantile_dp2_equals_single 2 -- "${QB[@]}" --moe-router-quantile-balancing-ema 0.5
+# the tokens of a micro-batch split over ranks: the logits gathered, picks and quantiles over all
+run_case sinkhorn_tp2_sp_equals_single 2 "${TP2_SP[@]}" -- "${SINKHORN[@]}" --moe-router-topk 2
+run_case quantile_cp2_equals_single 2 --context-parallel-size 2 -- "${QB[@]}"
+full sinkhorn_cp2_equals_single run_case sinkhorn_cp2_equals_single 2 --context-parallel-size 2 -- "${SINKHORN[@]}" \
+    --moe-router-topk 1
+full quantile_tp2_sp_equals_single run_case quantile_tp2_sp_equals_single 2 "${TP2_SP[@]}" -- "${QB[@]}"
