@@ -241,6 +241,20 @@ static int is_launch_flag(const char *name) {
 // Nor does an upcycled run save into the dense checkpoint's directory: only where --save says.
 static int upcycling_leaves(const Config *c, const char *flag) { return c->moe_use_upcycling && !strcmp(flag, "save"); }
 
+// Quantile balancing keeps a tensor per MoE layer (and its own checkpoint family): a resumed
+// run keeps or leaves it as the checkpoint did.
+static void keep_quantile_balancing(const Config *c, const JsonValue *flags, const char *path) {
+    if (c->moe_use_upcycling) return;  // a new MoE model, balanced as the command line says
+    const JsonValue *v = json_get(flags, "moe-router-load-balancing-type");
+    char saved[256] = "";
+    if (!v || !json_scalar_text(v, saved, sizeof saved)) return;
+    int was = strstr(saved, "quantile_balancing") != NULL, is = c->quantile_balancing ||
+              strstr(c->moe_router_load_balancing_type, "quantile_balancing") != NULL;
+    if (was != is)
+        mt_die("--moe-router-load-balancing-type: %s was trained %s quantile_balancing (its bias tensors and checkpoint "
+               "family go with it); keep the checkpoint's balancing type", path, was ? "with" : "without");
+}
+
 static void restore_moetron_flags(Config *c, const JsonValue *flags, const char *path) {
     for (int i = 0; i < config_flag_count(); i++) {
         const FlagSpec *f = config_flag(i);
@@ -260,6 +274,7 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
             mt_die("--%s differs from the checkpoint %s (which has %s); drop the flag to use the checkpoint's model",
                    f->name, path, text);
     }
+    keep_quantile_balancing(c, flags, path);
 }
 
 // A tokenizer.json beside the weights is the model's tokenizer unless --tokenizer-model

@@ -218,12 +218,13 @@ static void read_common(Config *c, const HfKeys *k, HfFamily family, int dense) 
     config_note_file_key(c, &c->max_position_embeddings, "max_position_embeddings");
     limit_default_seq_length(c, k);
     // defaults for absent keys are those of the transformers config classes
-    int eps_1e6 = family == HF_QWEN3_MOE || family == HF_DEEPSEEK_V3;
+    // (a dense model's: LlamaConfig's and Qwen3Config's, 1e-6 and theta 10000 both)
+    int eps_1e6 = family == HF_QWEN3_MOE || family == HF_DEEPSEEK_V3 || dense;
     c->norm_epsilon = key_double(k, "rms_norm_eps", eps_1e6 ? 1e-6 : 1e-5);
     config_note_file_key(c, &c->norm_epsilon, "rms_norm_eps");
     read_rope_scaling(c, k, family);
     const JsonValue *rope = json_get(k->root, "rope_parameters");
-    double default_theta = family == HF_MIXTRAL ? 1e6 : 10000;
+    double default_theta = family == HF_MIXTRAL && !dense ? 1e6 : 10000;
     double theta = key_double(k, "rope_theta", default_theta);
     if (rope) json_get_number(rope, "rope_theta", &theta);
     c->rotary_base = theta;
@@ -270,7 +271,7 @@ static void read_dense(Config *c, const HfKeys *k, HfFamily family) {
     c->qk_layernorm = family == HF_QWEN3_MOE;  // Qwen3's per-head QK-norm
     read_int(c, k, &c->ffn_hidden_size, "intermediate_size", 1);
     if (!c->moe_use_upcycling) c->num_experts = 0;
-    strcpy(c->moe_layer_freq, "1");
+    if (!config_flag_given(c, "moe-layer-freq")) strcpy(c->moe_layer_freq, "1");
 }
 
 static void read_mixtral(Config *c, const HfKeys *k) {

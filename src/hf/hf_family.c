@@ -110,10 +110,22 @@ static void deepseek_gaps(const Config *c, Gaps *g) {
         }
 }
 
+// YaRN's scales as transformers reads them: cos and sin by mscale(s, mscale) / mscale(s,
+// mscale_all_dim) only when both are non-zero (mscale(s, 1) otherwise), and (MLA) the softmax
+// by mscale(s, mscale_all_dim)² only with rope_type yarn.
+static void yarn_as_transformers(const Config *c, Gaps *g) {
+    int yarn = !strcmp(c->rope_type, "yarn"), both = c->mscale != 0 && c->mscale_all_dim != 0;
+    if (yarn && !both && !(c->mscale == 1 && c->mscale_all_dim == 0))
+        gap(g, "YaRN with one of --mscale / --mscale-all-dim zero (transformers then scales cos and sin otherwise)");
+    if (!yarn && c->multi_latent_attention && c->rotary_scaling_factor > 1 && c->mscale_all_dim != 0)
+        gap(g, "MLA's softmax correction (--rotary-scaling-factor, --mscale-all-dim) without --rope-type yarn");
+}
+
 const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf, size_t cap) {
     Gaps g = {.buf = buf, .cap = cap};
     buf[0] = 0;
     if (family == HF_MOETRON) return NULL;
+    yarn_as_transformers(c, &g);
     if (c->quantile_balancing && c->num_experts > 0)
         gap(&g, "quantile-balancing routing (its per-expert bias steers every forward; transformers' families have "
                 "no place for it)");

@@ -341,6 +341,22 @@ static int read_upcycled_expert(WeightSource *ws, const Model *m, const TensorDe
     return 1;
 }
 
+// Upcycling: the dense MLPs of the layers other pipeline stages hold are theirs to read.
+static void ws_skip_other_stages_dense_mlps(WeightSource *ws, const Model *m) {
+    static const LayerPart parts[3] = {PART_MLP_GATE, PART_MLP_UP, PART_MLP_DOWN};
+    if (!m->cfg.moe_use_upcycling) return;
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        if (plan_holds_layer(&m->plan, l)) continue;
+        for (int p = 0; p < 3; p++) {
+            char name[MT_NAME_MAX];
+            hf_layer_tensor_name(name, m->family, l, parts[p], -1);
+            int file;
+            const StTensor *t = ws_find(ws, name, &file);
+            if (t) ws_mark_used(ws, file, t);
+        }
+    }
+}
+
 // Upcycling: what the dense checkpoint cannot hold keeps its initial values (the router,
 // its biases, the shared experts).
 static int upcycling_keeps_init(const Model *m, const TensorDesc *d) {
@@ -468,6 +484,7 @@ void hf_weights_load(const char *dir, Model *m) {
             device_upload(tt_param(&m->tt, i), ws.staging, m->tt.descs[i].numel * sizeof(real));
     ws_skip_mtp_layers(&ws, &m->cfg);
     ws_skip_remote_experts(&ws, m, "");
+    ws_skip_other_stages_dense_mlps(&ws, m);
     ws_reject_unused(&ws);
     ws_close(&ws);
 }

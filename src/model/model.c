@@ -488,10 +488,10 @@ void model_upcycle_routers(Model *m) {
 
 // Quantile balancing at the end of a global batch: the micro-batches' mean quantile, averaged
 // over the data-parallel ranks that ran the others (the same on every rank), moves the bias
-// (unless the step was skipped); the sums start again.
+// (unless the step was skipped, or took no quantile); the sums start again.
 static void quantile_balancing_step(Model *m, const LayerParams *lp, RouterState *rs, int apply) {
     int E = m->cfg.num_experts;
-    if (apply) {
+    if (apply && rs->qb_micro_batches > 0) {
         double *mean = mt_malloc((size_t)E * sizeof(double));
         for (int e = 0; e < E; e++) mean[e] = rs->qb_quantile_sum[e] / MT_MAX(rs->qb_micro_batches, 1);
         int ranks = m->count_group ? m->count_group->size : 1;

@@ -217,10 +217,13 @@ static GroupRouting group_routing_begin(RouterOutput *out, const real *logits, c
     return g;
 }
 
-static void group_routing_end(GroupRouting *g, RouterOutput *out, const RouterConfig *rc, const RouterCall *call) {
+// chose: the group's picks were chosen (this member's rows go to out->topk_idx).
+static void group_routing_end(GroupRouting *g, RouterOutput *out, const RouterConfig *rc, const RouterCall *call,
+                              int chose) {
     if (!g->gathered) return;
     size_t rows = (size_t)call->N * rc->k;
-    device_copy(out->topk_idx, g->group_picks + (size_t)call->token_group->rank * rows, rows * sizeof(int32_t));
+    if (chose)
+        device_copy(out->topk_idx, g->group_picks + (size_t)call->token_group->rank * rows, rows * sizeof(int32_t));
     device_free(g->gathered);
     device_free(g->group_picks);
 }
@@ -234,22 +237,26 @@ static int sinkhorn_picks(RouterOutput *out, const real *logits, const RouterCon
     double *work = device_calloc((size_t)N * E + N + 2 * (size_t)E, sizeof(double));
     moe_router_sinkhorn(g.picks, work, g.logits, N, E, rc->k);
     device_free(work);
-    group_routing_end(&g, out, rc, call);
+    group_routing_end(&g, out, rc, call, 1);
     return 1;
 }
 
-// Quantile balancing (unless the picks are replayed): the top-k of logits − bias into
-// out->topk_idx, and in training the quantiles of the group's tokens into call->qb_quantile
-// (an op); returns whether it chose the picks.
+// Quantile balancing: the top-k of logits − bias into out->topk_idx, and in training the
+// quantiles of the group's tokens into call->qb_quantile (an op); returns whether it chose
+// the picks. Replayed picks stay (the op's go to scratch), but the quantiles are still taken,
+// so that the bias learns as in the recording run.
 static int quantile_picks(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
-    if (!rc->quantile || call->replay) return 0;
+    if (!rc->quantile || (call->replay && !call->qb_quantile)) return 0;
     int N = group_tokens(call), E = rc->E;
     GroupRouting g = group_routing_begin(out, logits, rc, call);
+    int32_t *picks = g.picks, *scratch = NULL;
+    if (call->replay && !g.gathered) picks = scratch = device_calloc((size_t)N * rc->k, sizeof(int32_t));
     double *work = device_calloc((size_t)N * E + N, sizeof(double));
-    moe_router_quantile(g.picks, call->qb_quantile, work, g.logits, call->qb_bias, N, E, rc->k);
+    moe_router_quantile(picks, call->qb_quantile, work, g.logits, call->qb_bias, N, E, rc->k);
     device_free(work);
-    group_routing_end(&g, out, rc, call);
-    return 1;
+    device_free(scratch);
+    group_routing_end(&g, out, rc, call, !call->replay);
+    return !call->replay;
 }
 
 void router_forward(RouterOutput *out, const real *logits, const RouterConfig *rc, const RouterCall *call) {
@@ -259,7 +266,9 @@ void router_forward(RouterOutput *out, const real *logits, const RouterConfig *r
     MT_ASSERT(!split_over_group(call) || call->token_index || call->token_first == call->token_group->rank * N);
     // per token (an op: a kernel on a GPU): scores, ŝ, the top-k and its probs
     RouteShape shape = route_shape(rc);
-    shape.replay = call->replay || sinkhorn_picks(out, logits, rc, call) || quantile_picks(out, logits, rc, call);
+    int chosen = sinkhorn_picks(out, logits, rc, call);
+    chosen |= quantile_picks(out, logits, rc, call);  // also on replayed forwards: their quantiles
+    shape.replay = call->replay || chosen;
     moe_route_tokens(out->scores, out->aux_scores, out->topk_idx, out->topk_probs, logits, call->expert_bias, N,
                      &shape);
     // over the tokens (ops and collectives): capacity, counts, z-loss and the balance losses

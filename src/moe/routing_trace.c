@@ -25,7 +25,8 @@ typedef struct {
 struct RoutingTrace {
     char path[MT_PATH_MAX + 32];  // this rank's file
     int replay, experts, topk;
-    FILE *out;                    // recording
+    const Config *cfg;            // the run's (outlives the trace)
+    FILE *out;                    // recording: made by the first record
     TraceRecord *records;         // replay: every record of the file
     size_t n_records;
 };
@@ -94,6 +95,13 @@ static TraceRecord parse_record(const RoutingTrace *t, const JsonValue *v, long 
     return r;
 }
 
+// Records in (sample, layer) order, for the lookups of replay.
+static int compare_records(const void *a, const void *b) {
+    const TraceRecord *x = a, *y = b;
+    if (x->sample != y->sample) return x->sample < y->sample ? -1 : 1;
+    return (x->layer > y->layer) - (x->layer < y->layer);
+}
+
 // Replay: every line of this rank's file, the header checked against this run.
 static void read_trace(RoutingTrace *t, const Config *c) {
     char err[512];
@@ -121,17 +129,28 @@ static void read_trace(RoutingTrace *t, const Config *c) {
     }
     free(text);
     fclose(f);
+    qsort(t->records, t->n_records, sizeof(TraceRecord), compare_records);
+    for (size_t i = 1; i < t->n_records; i++)
+        if (!compare_records(&t->records[i - 1], &t->records[i]))
+            mt_die("%s: two records of sample %lld, layer %d; the file is damaged", t->path,
+                   (long long)t->records[i].sample, t->records[i].layer);
 }
 
-// Recording: a new file in a directory made if needed.
-static void create_trace(RoutingTrace *t, const Config *c) {
-    if (make_directories(c->moe_routing_trace_path) != 0)
-        mt_die("--moe-routing-trace-path %s: cannot create the directory (%s)", c->moe_routing_trace_path,
-               strerror(errno));
+// Recording: the file must not exist yet; it (and its directory) is made by the first
+// record, so that a run refused at start-up leaves nothing behind.
+static void check_new_trace(const RoutingTrace *t) {
     struct stat st;
     if (stat(t->path, &st) == 0)
         mt_die("--moe-routing-trace-path: %s exists; give a new directory (a trace is never overwritten) or replay it "
                "with --moe-enable-routing-replay", t->path);
+}
+
+static void create_trace(RoutingTrace *t) {
+    const Config *c = t->cfg;
+    if (make_directories(c->moe_routing_trace_path) != 0)
+        mt_die("--moe-routing-trace-path %s: cannot create the directory (%s)", c->moe_routing_trace_path,
+               strerror(errno));
+    check_new_trace(t);
     t->out = fopen(t->path, "w");
     if (!t->out) mt_die("--moe-routing-trace-path: cannot create %s (%s)", t->path, strerror(errno));
     write_header(t->out, c, t->experts, t->topk);
@@ -144,8 +163,9 @@ RoutingTrace *routing_trace_open(const Config *c, int experts, int topk) {
     t->replay = c->moe_enable_routing_replay;
     t->experts = experts;
     t->topk = topk;
+    t->cfg = c;
     if (t->replay) read_trace(t, c);
-    else create_trace(t, c);
+    else check_new_trace(t);
     return t;
 }
 
@@ -161,6 +181,7 @@ int routing_trace_replays(const RoutingTrace *t) { return t && t->replay; }
 
 void routing_trace_write(RoutingTrace *t, long iteration, int64_t first_sample, int layer, const int32_t *picks,
                          int N) {
+    if (!t->out) create_trace(t);
     FILE *f = t->out;
     fprintf(f, "{\"iteration\":%ld,\"sample\":%lld,\"layer\":%d,\"tokens\":%d,\"topk\":[", iteration,
             (long long)first_sample, layer, N);
@@ -174,9 +195,9 @@ void routing_trace_write(RoutingTrace *t, long iteration, int64_t first_sample, 
 }
 
 const int32_t *routing_trace_replay(const RoutingTrace *t, int64_t first_sample, int layer, int N) {
-    for (size_t i = 0; i < t->n_records; i++) {
-        const TraceRecord *r = &t->records[i];
-        if (r->sample != first_sample || r->layer != layer) continue;
+    TraceRecord key = {.sample = first_sample, .layer = layer};
+    const TraceRecord *r = bsearch(&key, t->records, t->n_records, sizeof(TraceRecord), compare_records);
+    if (r) {
         if (r->tokens != N)
             mt_die("%s: the record of sample %lld, layer %d holds %d tokens, this run routes %d there; replay with the "
                    "recording run's flags", t->path, (long long)first_sample, layer, r->tokens, N);

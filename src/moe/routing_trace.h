@@ -10,10 +10,11 @@
 
 typedef struct RoutingTrace RoutingTrace;
 
-// The run's trace: NULL without --moe-routing-trace-path. Recording creates the directory
-// and this rank's file (an existing one is an error: nothing is overwritten); replay reads
-// this rank's file whole and checks that it was written by the same layout. experts and
-// topk: the model's routed experts and k. Fatal with one line naming the file on any problem.
+// The run's trace: NULL without --moe-routing-trace-path. Recording checks that this rank's
+// file does not exist (nothing is overwritten) and makes it, with its directory, at the first
+// record; replay reads this rank's file whole (in memory, indexed by sample and layer) and
+// checks that it was written by the same layout. c must outlive the trace; experts and topk:
+// the model's routed experts and k. Fatal with one line naming the file on any problem.
 RoutingTrace *routing_trace_open(const Config *c, int experts, int topk);
 void routing_trace_close(RoutingTrace *t);  // NULL is fine
 

@@ -127,6 +127,11 @@ test_rope_scaling() {
         "$M" train --rope-type yarn --rotary-seq-len-interpolation-factor 2
     expect_error linear_factor_below_one "--rotary-seq-len-interpolation-factor 0.5 must be at least 1" -- \
         "$M" train --rotary-seq-len-interpolation-factor 0.5
+    expect_error yarn_parameter_without_yarn "--beta-fast applies to --rope-type yarn" -- "$M" train --beta-fast 16
+    expect_error mla_scale_without_mla "--mscale-all-dim applies to --rope-type yarn (or --multi-latent-attention)" -- \
+        "$M" train --mscale-all-dim 1
+    expect_error llama3_factor_without_scaling "--rope-scaling-factor applies to --use-rope-scaling" -- \
+        "$M" train --rope-scaling-factor 8
     expect_error position_embedding_learned "--position-embedding-type learned_absolute is not supported" -- \
         "$M" train --position-embedding-type learned_absolute
     local yarn=(--rotary-scaling-factor 4 --original-max-position-embeddings 16 --beta-slow 0.5)

@@ -90,6 +90,32 @@ else
     fail quantile_balancing_ema_matters "$(tail -1 "$work/qb_ema.log")"
 fi
 
+# replaying the run's own trace: the same numbers, and the bias still learns (the quantiles
+# are taken on the replayed forwards): the same bias saved
+"$M" train "${SMALL[@]}" "${QB[@]}" --train-iters 4 --moe-routing-trace-path "$work/qb.trace" --save "$work/qb_rec.ck" \
+    --log-jsonl "$work/qb_rec.jsonl" >"$work/qb_rec.log" 2>&1
+"$M" train "${SMALL[@]}" "${QB[@]}" --train-iters 4 --moe-routing-trace-path "$work/qb.trace" --moe-enable-routing-replay \
+    --save "$work/qb_rep.ck" --log-jsonl "$work/qb_rep.jsonl" >"$work/qb_rep.log" 2>&1
+if [ -n "$(step_numbers "$work/qb_rep.jsonl")" ] && cmp -s <(step_numbers "$work/qb_rec.jsonl") <(step_numbers "$work/qb_rep.jsonl") &&
+    python3 - "$work/qb_rec.ck" "$work/qb_rep.ck" <<'PY'
+import glob, sys
+import numpy as np
+from safetensors.numpy import load_file
+a, b = (load_file(glob.glob(d + "/iter_*/model.safetensors")[0]) for d in sys.argv[1:3])
+keys = [k for k in a if k.endswith("quantile_balancing_bias")]
+sys.exit(not keys or not all(np.any(a[k] != 0) and np.array_equal(a[k], b[k]) for k in keys))
+PY
+then
+    ok quantile_balancing_replayed_bias_learns
+else
+    fail quantile_balancing_replayed_bias_learns "$(tail -1 "$work/qb_rep.log")"
+fi
+expect_error quantile_switched_on_resume "was trained with quantile_balancing .*keep the checkpoint's balancing type" -- \
+    "$M" train "${SMALL[@]}" --load "$work/qb.ck" --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.01 \
+    --train-iters 12
+expect_error quantile_ema_alone "--moe-router-quantile-balancing-ema applies to --moe-router-load-balancing-type quantile_balancing" -- \
+    "$M" train "${SMALL[@]}" --moe-router-quantile-balancing-ema 0.5
+
 expect_error quantile_aux_coeff "quantile_balancing has no aux loss" -- \
     "$M" train "${SMALL[@]}" --moe-router-load-balancing-type quantile_balancing --moe-aux-loss-coeff 0.01
 expect_error quantile_topk_all_experts "needs --moe-router-topk 8 below --num-experts 8" -- \

@@ -4,7 +4,8 @@
 # micro-batch and MoE layer, each token's k distinct experts); replaying its trace gives the
 # recorded run bit for bit (also with full recomputation, and under EP=2 and TP=2 with SP);
 # replay makes another model route as the recording did (its numbers differ from its own
-# routing's); a trace is never overwritten, and a missing, damaged or other-layout trace,
+# routing's) and an edited trace's picks are the ones used; a trace is never overwritten
+# (nor made, nor a --save directory, by a run refused at start-up), and a missing, damaged or other-layout trace,
 # replay past the recorded steps and tracing a dense model are one-line errors.
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -86,8 +87,35 @@ else
     fail replay_overrides_the_router "$(tail -2 "$work/seed99_replayed.log" | tr '\n' ' ')"
 fi
 
+# an edited trace sending every token to experts 0 and 1: every step's load is then exactly
+# twice the mean (the picks are the trace's, not the router's)
+mkdir -p "$work/edited.trace"
+python3 - "$work/plain.trace/rank_00000.jsonl" "$work/edited.trace/rank_00000.jsonl" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+out = [lines[0]]
+for line in lines[1:]:
+    rec = json.loads(line)
+    rec["topk"] = [[1, 0] for _ in rec["topk"]]
+    out.append(json.dumps(rec))
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+PY
+replay edited_replayed edited env --
+if python3 -c 'import json,sys; l=[r["load_imbalance"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r]; sys.exit(not (len(l) == 3 and all(v == 2.0 for v in l)))' \
+    "$work/edited_replayed.jsonl"; then
+    ok replay_routes_on_the_trace
+else
+    fail replay_routes_on_the_trace "$(grep -o '"load_imbalance":[0-9.]*' "$work/edited_replayed.jsonl" | tr '\n' ' ') $(tail -1 "$work/edited_replayed.log")"
+fi
+
 expect_error trace_not_overwritten "rank_00000.jsonl exists; give a new directory" -- \
     "$M" train "${TINY[@]}" --moe-routing-trace-path "$work/plain.trace"
+# refused at start-up: no --save directory left behind, no trace file made
+expect_error replay_refused_before_saving "nothing.trace/rank_00000.jsonl" -- \
+    "$M" train "${TINY[@]}" --moe-routing-trace-path "$work/nothing.trace" --moe-enable-routing-replay \
+    --save "$work/never_saved"
+[ ! -e "$work/never_saved" ] && [ ! -e "$work/nothing.trace" ] && ok refused_run_leaves_nothing ||
+    fail refused_run_leaves_nothing "$(ls -d "$work"/never_saved "$work"/nothing.trace 2>/dev/null | tr '\n' ' ')"
 expect_error replay_needs_path "--moe-enable-routing-replay reads the picks from --moe-routing-trace-path" -- \
     "$M" train "${TINY[@]}" --moe-enable-routing-replay
 expect_error replay_missing_trace "--moe-enable-routing-replay: .*nothing.trace/rank_00000.jsonl" -- \

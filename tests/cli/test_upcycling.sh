@@ -105,6 +105,11 @@ upcycle granular_g2 --num-experts 8 --moe-router-topk 2 --moe-upcycling-granular
 upcycle pre_softmax --num-experts 4 --moe-router-topk 1 --moe-router-pre-softmax &&
     megatron_weights pre_softmax 4 1 1 1 || fail pre_softmax "$(tail -1 "$work/pre_softmax.log")"
 
+expect_error upcycling_save_not_empty "--save .*upcycled_softmax already holds checkpoints; upcycling starts a new run" -- \
+    "$M" train "${BASE[@]}" --load "$work/dense" --moe-use-upcycling --num-experts 4 "${FROZEN_STEP[@]}" \
+    --save "$work/upcycled_softmax"
+expect_error granularity_alone "--moe-upcycling-granularity applies to --moe-use-upcycling" -- \
+    "$M" train "${BASE[@]}" --moe-upcycling-granularity 2
 expect_error upcycling_needs_load "--moe-use-upcycling starts from a dense checkpoint; give it with --load" -- \
     "$M" train "${BASE[@]}" --moe-use-upcycling --num-experts 4
 expect_error upcycling_needs_experts "--moe-use-upcycling makes an MoE model; give --num-experts" -- \
@@ -124,3 +129,8 @@ timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${BASE[@]}" --global-batch-size 4 -
 curve "$work/single.jsonl" >"$work/single.a"
 curve "$work/ep2.jsonl" >"$work/ep2.b"
 compare upcycled_ep2_equals_single "$work/single.a" "$work/ep2.b"
+# PP=2: each stage reads its layers' dense MLPs (and leaves the other stage's)
+timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${BASE[@]}" --global-batch-size 4 --load "$work/dense" --moe-use-upcycling \
+    --num-experts 4 --train-iters 6 --pipeline-model-parallel-size 2 --log-jsonl "$work/pp2.jsonl" >"$work/pp2.log" 2>&1
+curve "$work/pp2.jsonl" >"$work/pp2.b"
+compare upcycled_pp2_equals_single "$work/single.a" "$work/pp2.b"

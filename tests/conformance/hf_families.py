@@ -405,10 +405,10 @@ def run_finetune_case(moetron, name, cfg_cls, cfg_kwargs, model_type, expect, wo
     return check_saved_checkpoint(moetron, name, save, FINETUNE_ITERS, model_type, expect, workdir)
 
 
-def run_upcycle_case(moetron, name, cfg_cls, cfg_kwargs, moe_type, workdir):
+def run_upcycle_case(moetron, name, cfg_cls, cfg_kwargs, moe_type, extra_flags, expect, workdir):
     """A dense transformers model upcycled by moetron (--moe-use-upcycling, 4 experts, top-2,
-    one step that changes no weight): transformers loads the MoE checkpoint as moe_type and
-    its logits are the dense model's."""
+    extra_flags, one step that changes no weight): transformers loads the MoE checkpoint as
+    moe_type with the config values of expect, and its logits are the dense model's."""
     import torch
     from transformers import AutoModelForCausalLM
     dense, hf_dir = save_random_model(cfg_cls, cfg_kwargs, sum(map(ord, name)), workdir)
@@ -416,10 +416,12 @@ def run_upcycle_case(moetron, name, cfg_cls, cfg_kwargs, moe_type, workdir):
     run_cmd([moetron, "train", "--load", hf_dir, "--moe-use-upcycling", "--num-experts", "4", "--moe-router-topk", "2",
              "--moe-aux-loss-coeff", "0", "--train-iters", "1", "--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0",
              "--micro-batch-size", "2", "--global-batch-size", "2", "--seq-length", str(SEQ), "--eval-interval", "0",
-             "--save", save], "moetron train --moe-use-upcycling")
+             "--save", save] + extra_flags, "moetron train --moe-use-upcycling")
     moe = AutoModelForCausalLM.from_pretrained(os.path.join(save, "iter_0000001"), dtype=torch.float32,
                                                **eager_kwargs()).eval()
     check(moe.config.model_type == moe_type, f"upcycled model_type {moe.config.model_type}, expected {moe_type}")
+    for key, want in expect.items():
+        check(getattr(moe.config, key, None) == want, f"config {key} = {getattr(moe.config, key, None)!r}, expected {want!r}")
     ids = torch.tensor(np.random.default_rng(7).integers(0, VOCAB, size=(BATCH, SEQ)))
     with torch.no_grad():
         want, got = dense(ids).logits, moe(ids).logits
@@ -536,7 +538,9 @@ def main():
             [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
             [("import_deepseek_v3_mtp_layer_skipped", run_mtp_case, ()),
              ("import_deepseek_v3_fp8_block_scales", run_fp8_case, ())] + \
-            [(c[0], run_upcycle_case, c[1:]) for c in UPCYCLE_CASES] + \
+            [(c[0], run_upcycle_case, c[1:] + ([], {})) for c in UPCYCLE_CASES] + \
+            [("upcycle_qwen3_dense_layer_freq", run_upcycle_case,
+              UPCYCLE_CASES[0][1:] + (["--moe-layer-freq", "[0,1]"], {"mlp_only_layers": [0]}))] + \
             [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
             [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
     cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
