@@ -47,10 +47,11 @@ done
 # Under a sanitizer build these scripts run in the plain suite only, for CI's time budget
 # (docs/testing.md, "Sanitizers", names where their paths run under the sanitizers instead).
 SANITIZER_PLAIN_ONLY=" test_first_use.sh test_fp8.sh test_mpi_cp.sh test_mpi_pp.sh test_precision_optimizer.sh test_reliability.sh "
-sanitized=$("$MOETRON" --version 2>/dev/null | grep -c sanitizers)
+source "$root/tests/cli/sanitizer_build.sh"
+sanitizer_build "$MOETRON" && sanitized=1 || sanitized=0
 for script in "$root"/tests/cli/test_*.sh; do
     name=$(basename "$script")
-    if [ "$sanitized" -gt 0 ] && [[ "$SANITIZER_PLAIN_ONLY" == *" $name "* ]]; then
+    if [ "$sanitized" = 1 ] && [[ "$SANITIZER_PLAIN_ONLY" == *" $name "* ]]; then
         echo "skip $name: sanitizer build (run by the plain build)"
         continue
     fi

@@ -627,10 +627,10 @@ static int64_t product_within(int64_t a, int64_t b, int64_t limit) {
     return b == 0 || a <= limit / b ? a * b : -1;
 }
 
-// A parameter of a RoPE scaling given on the command line without that scaling (it would do
-// nothing): refused.
-static void require_scaling_for(const Config *c, const char *flag, int active, const char *scaling) {
-    if (config_flag_given(c, flag) && !active) config_die("--%s applies to %s; give it or drop the flag", flag, scaling);
+// A flag given on the command line without the feature it belongs to (it would do nothing):
+// refused.
+static void require_flag_context(const Config *c, const char *flag, int active, const char *feature) {
+    if (config_flag_given(c, flag) && !active) config_die("--%s applies to %s; give it or drop the flag", flag, feature);
 }
 
 // --rope-type and its YaRN parameters, --use-rope-scaling, --rotary-seq-len-interpolation-factor.
@@ -638,14 +638,14 @@ static void validate_rope_scaling(Config *c) {
     int yarn = !strcmp(c->rope_type, "yarn"), mla = c->multi_latent_attention;
     if (!yarn && strcmp(c->rope_type, "rope"))
         config_die("--rope-type %s is not supported; use rope or yarn", c->rope_type);
-    require_scaling_for(c, "beta-fast", yarn, "--rope-type yarn");
-    require_scaling_for(c, "beta-slow", yarn, "--rope-type yarn");
-    require_scaling_for(c, "mscale", yarn, "--rope-type yarn");
+    require_flag_context(c, "beta-fast", yarn, "--rope-type yarn");
+    require_flag_context(c, "beta-slow", yarn, "--rope-type yarn");
+    require_flag_context(c, "mscale", yarn, "--rope-type yarn");
     // with MLA these two also set the softmax scale's correction (Megatron-Core's), YaRN or not
-    require_scaling_for(c, "mscale-all-dim", yarn || mla, "--rope-type yarn (or --multi-latent-attention)");
-    require_scaling_for(c, "rotary-scaling-factor", yarn || mla, "--rope-type yarn (or --multi-latent-attention)");
-    require_scaling_for(c, "rope-scaling-factor", c->use_rope_scaling, "--use-rope-scaling");
-    require_scaling_for(c, "original-max-position-embeddings", yarn || c->use_rope_scaling,
+    require_flag_context(c, "mscale-all-dim", yarn || mla, "--rope-type yarn (or --multi-latent-attention)");
+    require_flag_context(c, "rotary-scaling-factor", yarn || mla, "--rope-type yarn (or --multi-latent-attention)");
+    require_flag_context(c, "rope-scaling-factor", c->use_rope_scaling, "--use-rope-scaling");
+    require_flag_context(c, "original-max-position-embeddings", yarn || c->use_rope_scaling,
                         "--rope-type yarn or --use-rope-scaling");
     if (!(c->rotary_scaling_factor >= 1))
         config_die("--rotary-scaling-factor %g must be at least 1", c->rotary_scaling_factor);
@@ -828,9 +828,8 @@ static void validate_router(Config *c) {
     if (c->num_experts == 0) return;
     if (c->sinkhorn_routing) validate_sinkhorn(c);
     if (c->quantile_balancing) validate_quantile_balancing(c);
-    if (config_flag_given(c, "moe-router-quantile-balancing-ema") && !c->quantile_balancing)
-        config_die("--moe-router-quantile-balancing-ema applies to --moe-router-load-balancing-type "
-                   "quantile_balancing; give it or drop the flag");
+    require_flag_context(c, "moe-router-quantile-balancing-ema", c->quantile_balancing,
+                         "--moe-router-load-balancing-type quantile_balancing");
     int softmax = c->score_function == 0;
     if (c->moe_router_pre_softmax && !softmax)
         config_die("--moe-router-pre-softmax applies only to --moe-router-score-function softmax");
@@ -1173,8 +1172,7 @@ static void validate_upcycling(Config *c) {
 static void validate_moe(Config *c) {
     require_range("num-experts", c->num_experts, 0, MAX_EXPERTS);
     if (c->moe_use_upcycling) validate_upcycling(c);
-    if (config_flag_given(c, "moe-upcycling-granularity") && !c->moe_use_upcycling)
-        config_die("--moe-upcycling-granularity applies to --moe-use-upcycling; give it or drop the flag");
+    require_flag_context(c, "moe-upcycling-granularity", c->moe_use_upcycling, "--moe-use-upcycling");
     if (c->num_experts > 0) {
         require_positive("moe-router-topk", c->moe_router_topk);
         if (c->moe_router_topk > c->num_experts)

@@ -248,8 +248,8 @@ static void keep_quantile_balancing(const Config *c, const JsonValue *flags, con
     const JsonValue *v = json_get(flags, "moe-router-load-balancing-type");
     char saved[256] = "";
     if (!v || !json_scalar_text(v, saved, sizeof saved)) return;
-    int was = strstr(saved, "quantile_balancing") != NULL, is = c->quantile_balancing ||
-              strstr(c->moe_router_load_balancing_type, "quantile_balancing") != NULL;
+    int was = strstr(saved, "quantile_balancing") != NULL;
+    int is = strstr(c->moe_router_load_balancing_type, "quantile_balancing") != NULL;
     if (was != is)
         mt_die("--moe-router-load-balancing-type: %s was trained %s quantile_balancing (its bias tensors and checkpoint "
                "family go with it); keep the checkpoint's balancing type", path, was ? "with" : "without");

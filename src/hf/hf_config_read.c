@@ -107,17 +107,26 @@ static const JsonValue *rope_scaling_object(const HfKeys *k, const char **name, 
     return rope;
 }
 
+// "<object>.<key>" for the numbers read from a scaling object: the names errors give them
+// (config_note_file_key keeps the pointer, so these live as long as the program).
+static const char *rope_key_name(const char *object, const char *key) {
+    static const char *const names[] = {"rope_parameters.factor", "rope_parameters.beta_fast",
+                                        "rope_parameters.beta_slow", "rope_scaling.factor", "rope_scaling.beta_fast",
+                                        "rope_scaling.beta_slow"};
+    size_t olen = strlen(object);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strncmp(names[i], object, olen) && names[i][olen] == '.' && !strcmp(names[i] + olen + 1, key))
+            return names[i];
+    return key;
+}
+
 // A number of the scaling object into *field, noted as read from "<object>.<key>".
 static void read_rope_number(Config *c, const HfKeys *k, const JsonValue *rope, const char *object, const char *key,
                              double *field) {
     const JsonValue *v = json_get(rope, key);
     if (!v || v->type == JSON_NULL) return;  // absent: the config class's default, as set
     if (!json_get_number(rope, key, field)) mt_die("%s: %s.%s must be a number", k->path, object, key);
-    static char noted[8][64];
-    static int next;
-    char *name = noted[next++ % 8];
-    snprintf(name, sizeof noted[0], "%s.%s", object, key);
-    config_note_file_key(c, field, name);
+    config_note_file_key(c, field, rope_key_name(object, key));
 }
 
 // YaRN as transformers reads it: factor (else max_position_embeddings over the original
@@ -125,15 +134,15 @@ static void read_rope_number(Config *c, const HfKeys *k, const JsonValue *rope, 
 // beta_slow 1, mscale and mscale_all_dim as given (absent: the plain ratio's mscale, 0).
 static void read_yarn(Config *c, const HfKeys *k, HfFamily family, const JsonValue *rope, const char *object) {
     strcpy(c->rope_type, "yarn");
-    // as transformers: the object's value, else max_position_embeddings; a top-level
-    // original_max_position_embeddings (Phi-3's way) before either
-    int64_t original = key_int(k, "max_position_embeddings", 0);
+    // as transformers: the object's value, else max_position_embeddings (read before: 0 when
+    // absent); a top-level original_max_position_embeddings (Phi-3's way) before either
+    int max_pos = c->max_position_embeddings;
+    int64_t original = max_pos;
     json_get_int64(rope, "original_max_position_embeddings", &original);
     json_get_int64(k->root, "original_max_position_embeddings", &original);
     if (original < 1 || original > INT32_MAX)
         mt_die("%s: %s needs original_max_position_embeddings (a positive integer)", k->path, object);
     c->original_max_position_embeddings = (int)original;
-    int64_t max_pos = key_int(k, "max_position_embeddings", 0);
     c->rotary_scaling_factor = max_pos > 0 ? (double)max_pos / (double)original : 1.0;
     read_rope_number(c, k, rope, object, "factor", &c->rotary_scaling_factor);
     c->beta_fast = 32;

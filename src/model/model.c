@@ -493,7 +493,7 @@ static void quantile_balancing_step(Model *m, const LayerParams *lp, RouterState
     int E = m->cfg.num_experts;
     if (apply && rs->qb_micro_batches > 0) {
         double *mean = mt_malloc((size_t)E * sizeof(double));
-        for (int e = 0; e < E; e++) mean[e] = rs->qb_quantile_sum[e] / MT_MAX(rs->qb_micro_batches, 1);
+        for (int e = 0; e < E; e++) mean[e] = rs->qb_quantile_sum[e] / rs->qb_micro_batches;
         int ranks = m->count_group ? m->count_group->size : 1;
         if (ranks > 1) {
             comm_allreduce_sum_double(m->count_group, mean, (size_t)E);

@@ -207,9 +207,11 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
                                                ? m->router_state[layer].qb_quantile : NULL};
     ma->call.replay = replay_picks(m, layer, ma, batch, N_local);
     router_forward(&ma->route, ma->logits, &m->router, &ma->call);
-    if (batch->training && pass == PASS_FORWARD) record_routing(m, layer, ma);
+    if (batch->training && pass == PASS_FORWARD) {
+        record_routing(m, layer, ma);
+        trace_picks(m, layer, ma, batch, N_local);
+    }
     if (ma->call.qb_quantile) add_quantiles(m, layer);
-    if (batch->training && pass == PASS_FORWARD) trace_picks(m, layer, ma, batch, N_local);
     ma->plan.N = N_local;
     MoeDispatchContext ctx = dispatch_context(m, pass);
     token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, la->ln2, &ma->expert_rows);

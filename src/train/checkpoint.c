@@ -618,6 +618,12 @@ static void prune_checkpoints(const char *dir, int keep, long current) {
 static const char save_lock_name[] = "moetron.lock";
 static const char latest_name[] = "latest_checkpointed_iteration.txt";
 
+int checkpoint_dir_has_checkpoints(const char *dir) {
+    char path[CKPT_PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/%s", dir, latest_name);
+    return file_exists(path);
+}
+
 // Creates dir when missing and proves that files can be created in it (a probe file,
 // removed again): a file in its place, a path under a file or a read-only filesystem is
 // found before the first step.

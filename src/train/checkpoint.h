@@ -78,6 +78,9 @@ void checkpoint_save_from(const char *dir, const Model *m, const CkptSource *src
 // Fatal with a clear message when neither exists. out has MT_PATH_MAX + 32 bytes.
 void checkpoint_resolve(char *out, const char *dir);
 
+// Whether DIR already holds checkpoints (its latest_checkpointed_iteration.txt).
+int checkpoint_dir_has_checkpoints(const char *dir);
+
 // DIR/checksums.json, when there is one: every file it lists must have the size and CRC-32
 // it records; fatal with one line naming the file when one differs, is missing or when the
 // manifest itself is damaged. Without the file (Hugging Face directories, older moetron

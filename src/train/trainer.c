@@ -9,7 +9,6 @@
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -35,12 +34,12 @@
 #include "train/checkpoint.h"
 #include "train/ckpt_shards.h"
 #include "moe/expert_parallel.h"
+#include "moe/routing_trace.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
 #include "train/memory_check.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
-#include "moe/routing_trace.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
 #include "train/run_control.h"
@@ -364,9 +363,7 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
 // it (its MLPs into the experts: hf_weights.c), the routers set as Megatron-Core does; the
 // run starts at step 0 with a new optimizer.
 static void upcycle_checkpoint(Trainer *t, const char *resolved) {
-    char latest[MT_PATH_MAX + 64];
-    snprintf(latest, sizeof latest, "%s/latest_checkpointed_iteration.txt", t->cfg->save);
-    if (t->cfg->save[0] && access(latest, F_OK) == 0)
+    if (t->cfg->save[0] && checkpoint_dir_has_checkpoints(t->cfg->save))
         mt_die("--save %s already holds checkpoints; upcycling starts a new run (as Megatron-Core, it needs an empty "
                "--save), or resume it with --load %s and without --moe-use-upcycling", t->cfg->save, t->cfg->save);
     model_init_weights(&t->model, (uint64_t)t->cfg->seed);
@@ -455,9 +452,9 @@ static void trainer_setup(Trainer *t, Config *c) {
         model_init_weights(&t->model, (uint64_t)c->seed);
     }
     dataset_open(&t->data, c);
+    t->model.routing_trace = routing_trace_open(c, c->num_experts, c->moe_router_topk);
     // --save created, proved writable and locked once everything else has been checked, so
     // that a run refused at start-up leaves no directory behind; rank 0 writes
-    t->model.routing_trace = routing_trace_open(c, c->num_experts, c->moe_router_topk);
     if (c->save[0] && comm_world_rank() == 0) checkpoint_claim_save_dir(c->save);
     pipeline_allocate(&t->pipeline);
     prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);

@@ -1,6 +1,7 @@
 # lib.sh — helpers shared by the command-line tests (sourced, not run): the binary $M, a
 # scratch directory $work removed on exit, ok/fail lines, expect_error, losses.
 M=${MOETRON:?set MOETRON to the moetron binary}
+source "$(dirname "${BASH_SOURCE[0]}")/sanitizer_build.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -144,7 +144,7 @@ dropped() {
 # build only: each repeats a code path another case already takes under the sanitizers
 # (both dispatchers, EP with DP, the distributed optimizer, expert bias, capacity and
 # the checkpoint moves stay).
-if "$M" --version | grep -q sanitizers; then
+if sanitizer_build "$M"; then
     full() { echo "skip $1: sanitizer build (run by the plain build)"; }
 else
     full() { "${@:2}"; }

@@ -34,7 +34,7 @@ CK=$work/ck
 LATEST=$CK/latest_checkpointed_iteration.txt
 TOTAL=100000  # the killed runs never finish
 KILLS=16
-if "$M" --version | grep -q sanitizers; then
+if sanitizer_build "$M"; then
     KILLS=4
     echo "skip crash_resume_kills_5_to_16: sanitizer build, 4 kills (the plain build runs 16)"
 fi

@@ -86,7 +86,7 @@ expect_error plan_world_not_divisible "world of 3 processes is not divisible" --
 expect_error plan_batch_per_dp "global-batch-size 8 must be a multiple" -- \
     "$M" plan "${SMALL[@]}" --world-size 16
 
-if "$M" --version | grep -q sanitizers; then
+if sanitizer_build "$M"; then
     echo "skip plan_within_10_percent: sanitizer build (its allocator is resident too)"
     exit 0
 fi

@@ -99,7 +99,7 @@ recompute_case() {
 # VARIANTS_RUN run (multi-layer groups, every module)
 SANITIZED=" deepseek_mla_bias_shared ep2_alltoall_global "
 VARIANTS_RUN=" uniform1 uniform2 block3 selective selective_moe "
-if "$M" --version | grep -q sanitizers; then
+if sanitizer_build "$M"; then
     VARIANTS_RUN=" uniform2 selective "
     echo "skip recompute_uniform1_block3_selective_moe: sanitizer build (run by the plain build)"
 fi

@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"
 # Runs that are interrupted and resumed: long enough to be interrupted, short under the
 # sanitizer build (-O0, ~10x slower).
 LONG=400
-"$M" --version | grep -q sanitizers && LONG=40
+sanitizer_build "$M" && LONG=40
 TINY=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2
       --global-batch-size 4 --num-experts 4 --moe-ffn-hidden-size 64 --eval-interval 0 --lr-warmup-iters 1
       --mock-data-tokens 65536 --log-interval 1)

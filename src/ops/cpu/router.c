@@ -59,17 +59,18 @@ void cpu_moe_router_capacity(real *topk_probs, int32_t *kept, const int32_t *top
 
 void cpu_moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logits, int N, int E, int k) {
     double *cost = work, *d0 = cost + (size_t)N * E, *d1 = d0 + N, *diff = d1 + E;
-#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+    int parallel = (size_t)N * E > 4096;  // threads only for a matrix worth them
+#pragma omp parallel for schedule(static) if (parallel)
     for (size_t i = 0; i < (size_t)N * E; i++) cost[i] = exp((double)logits[i]);
     for (int e = 0; e < E; e++) d1[e] = 1;
     for (int round = 0; round < ROUTE_SINKHORN_MAX_ROUNDS; round++) {
-#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+#pragma omp parallel for schedule(static) if (parallel)
         for (int n = 0; n < N; n++) {
             double sum = 0;
             for (int e = 0; e < E; e++) sum += d1[e] * cost[(size_t)n * E + e];
             d0[n] = route_sinkhorn_scale(sum, N);
         }
-#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+#pragma omp parallel for schedule(static) if (parallel)
         for (int e = 0; e < E; e++) {
             double sum = 0;
             for (int n = 0; n < N; n++) sum += d0[n] * cost[(size_t)n * E + e];
@@ -79,7 +80,7 @@ void cpu_moe_router_sinkhorn(int32_t *topk_idx, double *work, const real *logits
         }
         if (route_sinkhorn_converged(diff, E)) break;
     }
-#pragma omp parallel for schedule(static) if ((size_t)N * E > 4096)
+#pragma omp parallel for schedule(static) if (parallel)
     for (int n = 0; n < N; n++) {
         double *row = cost + (size_t)n * E;  // becomes the row's values
         for (int e = 0; e < E; e++) row[e] = d1[e] * row[e] * d0[n];
