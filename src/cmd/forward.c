@@ -127,6 +127,18 @@ static void add_moe_layer_outputs(StWriter *w, const Model *m, const ModelActs *
     }
 }
 
+// Each multi-token-prediction depth's logits and loss (with targets).
+static void add_mtp_outputs(StWriter *w, const ModelActs *a, const int64_t *logits_shape) {
+    for (int k = 0; k < a->mtp_depths && a->input.targets; k++) {
+        char name[64];
+        snprintf(name, sizeof(name), "mtp.%d.logits", k);
+        stw_add_real_download(w, name, 3, logits_shape, a->mtp[k].logits);
+        real loss = (real)a->mtp_loss[k];
+        snprintf(name, sizeof(name), "mtp.%d.loss", k);
+        stw_add_real(w, name, 0, NULL, &loss);
+    }
+}
+
 int forward_main(Config *c) {
     if (!c->input[0] || !c->dump[0]) mt_die("moetron forward needs --input IN.safetensors and --dump OUT.safetensors");
     Model m;
@@ -143,9 +155,10 @@ int forward_main(Config *c) {
     stw_add_real_download(&w, "logits", 3, logits_shape, a.logits);
     real loss = (real)a.lm_loss;
     stw_add_real(&w, "loss", 0, NULL, &loss);
-    for (int l = 0; l < c->num_layers; l++)
+    for (int l = 0; l < config_all_layers(c); l++)
         if (m.layers[l].is_moe) add_moe_layer_outputs(&w, &m, &a, l);
-    if (c->grads) {  // gradient of lm_loss + Σ coeff·aux, the training objective
+    add_mtp_outputs(&w, &a, logits_shape);
+    if (c->grads) {  // gradient of the training objective: lm_loss + Σ coeff·aux + MTP's share
         vec_zero(m.tt.grads, m.tt.total);
         model_backward(&m, &a, &batch, 1.0);
         char name[MT_NAME_MAX + 8];

@@ -30,6 +30,8 @@
 static const FlagSpec FLAGS[] = {
     // model shape
     F("num-layers", FLAG_INT, num_layers, TR, 1, "transformer blocks"),
+    F("mtp-num-layers", FLAG_INT, mtp_num_layers, TR, 1, "multi-token prediction (DeepSeek-V3): depths after the decoder, depth k predicting the token k+2 ahead through one more transformer layer of the last layer's kind (0 = none)"),
+    F("mtp-loss-scaling-factor", FLAG_DOUBLE, mtp_loss_scaling_factor, TR, 0, "the MTP losses' weight in the objective: each depth's loss times this / --mtp-num-layers"),
     F("hidden-size", FLAG_INT, hidden_size, TR, 1, "model width H"),
     F("ffn-hidden-size", FLAG_INT, ffn_hidden_size, TR, 1, "dense SwiGLU width (0 = 4*H)"),
     F("num-attention-heads", FLAG_INT, num_attention_heads, TR, 1, "query heads"),
@@ -246,6 +248,7 @@ void config_defaults(Config *c) {
     c->rotary_scaling_factor = 1.0;
     c->rope_scaling_factor = 8;
     c->beta_fast = 32;
+    c->mtp_loss_scaling_factor = 0.1;
     c->beta_slow = 1;
     c->mscale = 1.0;
     c->init_method_std = 0.02;
@@ -1189,6 +1192,24 @@ static void validate_moe(Config *c) {
         config_die("--moe-routing-trace-path traces MoE routing; the model has no experts (--num-experts 0)");
 }
 
+// Multi-token prediction: each depth's transformer layer is of the last decoder layer's kind
+// (MoE or dense), as Megatron-Core builds it; its layer index follows the decoder's.
+static void validate_mtp(Config *c) {
+    int D = c->mtp_num_layers, L = c->num_layers;
+    require_range("mtp-num-layers", D, 0, MT_MAX_LAYERS - L);
+    require_flag_context(c, "mtp-loss-scaling-factor", D > 0, "--mtp-num-layers");
+    if (!(c->mtp_loss_scaling_factor >= 0))
+        config_die("--mtp-loss-scaling-factor %g must be >= 0", c->mtp_loss_scaling_factor);
+    if (!D) return;
+    if (c->pipeline_model_parallel_size > 1)
+        config_die("--mtp-num-layers with --pipeline-model-parallel-size %d: multi-token prediction runs without "
+                   "pipeline parallelism for now; drop one of them", c->pipeline_model_parallel_size);
+    if (c->context_parallel_size > 1)
+        config_die("--mtp-num-layers with --context-parallel-size %d: multi-token prediction runs without context "
+                   "parallelism for now; drop one of them", c->context_parallel_size);
+    for (int k = 0; k < D; k++) c->moe_layer[L + k] = c->moe_layer[L - 1];
+}
+
 // Sizes derived from the batch flags: the routing slots of a micro-batch, the samples the
 // run reads (train_iters global batches; validation (train_iters / eval_interval + 1) ·
 // eval_iters micro-batch groups of a global batch) and the tokens `moetron data` dumps.
@@ -1351,6 +1372,7 @@ void config_validate(Config *c) {
     validate_shape(c);
     validate_attention(c);
     validate_moe(c);
+    validate_mtp(c);
     validate_fp8(c);
     validate_checkpoint_format(c);
     validate_parallel(c);

@@ -15,6 +15,8 @@ typedef enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT } WsdDeca
 typedef struct {
     // ---- model shape ----
     int num_layers;
+    int mtp_num_layers;           // multi-token prediction depths after the decoder (0 = none)
+    double mtp_loss_scaling_factor;  // the MTP losses' weight: factor / depths each
     int hidden_size;
     int ffn_hidden_size;          // dense SwiGLU width
     int num_attention_heads;
@@ -215,7 +217,7 @@ typedef struct {
     int score_function;            // ScoreFunction
     int drop_policy;               // DropPolicy
     int router_fp64;
-    int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer
+    int moe_layer[MT_MAX_LAYERS];  // 1 where layer l is an MoE layer (the MTP layers' after the decoder's)
     int cp_comm[MT_MAX_LAYERS];    // per layer: its --cp-comm-type (CpCommType)
     int moment_dtype[2];           // MomentDtype (ops/ops.h) of exp_avg, exp_avg_sq
     int quant_recipe;              // QuantRecipe (ops/quantized_linear.h) of --fp8-* / --fp4-*; 0 = off
@@ -250,6 +252,10 @@ extern const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES];
 extern const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES];  // "p2p", "a2a", "allgather", "a2a+p2p"
 
 typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16, CMD_PLAN = 32 } Command;
+
+// Every transformer layer of the model: the decoder's, then the multi-token-prediction
+// depths' (layer num_layers + k is depth k's).
+static inline int config_all_layers(const Config *c) { return c->num_layers + c->mtp_num_layers; }
 
 void config_defaults(Config *c);
 // Parse argv (after the command word) into c; unknown flags and bad values are fatal.

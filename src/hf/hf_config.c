@@ -174,7 +174,7 @@ static void write_deepseek_keys(JsonWriter *w, const Config *c) {
     jw_kv_int(w, "qk_rope_head_dim", c->qk_pos_emb_head_dim);
     jw_kv_int(w, "v_head_dim", c->v_head_dim);
     jw_kv_bool(w, "rope_interleave", c->rotary_interleaved);
-    jw_kv_int(w, "num_nextn_predict_layers", 0);
+    jw_kv_int(w, "num_nextn_predict_layers", c->mtp_num_layers);
 }
 
 void hf_config_write(JsonWriter *w, const Config *c, HfFamily family) {

@@ -370,10 +370,11 @@ static void read_deepseek(Config *c, const HfKeys *k) {
     if (!norm_topk && c->moe_router_topk > 1)
         mt_die("%s: norm_topk_prob false with sigmoid routing is not supported (moetron renormalises the top-k "
                "sigmoid scores, as Megatron-Core does)", k->path);
-    // multi-token-prediction layers (model.layers.L.*, L >= num_hidden_layers) are not part of
-    // the causal LM: transformers skips their tensors, and so does moetron
+    // multi-token-prediction layers (model.layers.L.*, L >= num_hidden_layers; transformers
+    // skips them): trained as --mtp-num-layers, all of them unless the flag asks for fewer
     int mtp = key_int(k, "num_nextn_predict_layers", 0);
     c->hf_mtp_layers = mtp > 0 ? mtp : 0;
+    if (!config_flag_given(c, "mtp-num-layers")) c->mtp_num_layers = c->hf_mtp_layers;
     int first_dense = key_int(k, "first_k_dense_replace", 0);
     if (first_dense < 0) first_dense = 3;  // the config class default
     int moe[MT_MAX_LAYERS];
@@ -391,8 +392,8 @@ void hf_config_read_plain(Config *c, const JsonValue *root, const char *path) {
                "dense qwen3 and llama)", path, type ? type : "(missing)");
     for (int i = 0; i < config_flag_count(); i++) {
         const char *name = config_flag(i)->name;
-        if (config_flag(i)->architecture && c->flag_given[i] && strcmp(name, "hf-architecture") &&
-            !config_upcycling_reshapes(c, name))
+        int chosen_here = !strcmp(name, "hf-architecture") || !strcmp(name, "mtp-num-layers");
+        if (config_flag(i)->architecture && c->flag_given[i] && !chosen_here && !config_upcycling_reshapes(c, name))
             mt_die("--%s: the model shape comes from %s; drop the flag", name, path);
     }
     HfKeys k = {root, path};
@@ -405,6 +406,9 @@ void hf_config_read_plain(Config *c, const JsonValue *root, const char *path) {
     case HF_DEEPSEEK_V3: read_deepseek(c, &k); break;
     default: read_dense(c, &k, family); break;
     }
+    if (c->mtp_num_layers > c->hf_mtp_layers)
+        mt_die("--mtp-num-layers %d: %s has %d multi-token-prediction layer(s) (num_nextn_predict_layers); give at most "
+               "that many", c->mtp_num_layers, path, c->hf_mtp_layers);
     // saved back as the family it came from (an upcycled dense model's MoE family; a dense one
     // as the first family that holds it), unless --hf-architecture says otherwise
     if (!config_flag_given(c, "hf-architecture"))

@@ -130,6 +130,7 @@ const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf
         gap(&g, "quantile-balancing routing (its per-expert bias steers every forward; transformers' families have "
                 "no place for it)");
     if (family != HF_DEEPSEEK_V3) {
+        if (c->mtp_num_layers) gap(&g, "multi-token prediction (--mtp-num-layers: DeepSeek-V3's layers carry it)");
         beyond_standard_attention(c, &g);
         beyond_softmax_router(c, &g);
     }
@@ -202,6 +203,12 @@ static const char *part_suffix(HfFamily family, LayerPart part) {
     case PART_SHARED_UP: return "mlp.shared_experts.up_proj";
     case PART_SHARED_DOWN: return "mlp.shared_experts.down_proj";
     case PART_SHARED_EXPERT_GATE: return "mlp.shared_expert_gate";
+    case PART_MTP_ENORM: return "enorm";
+    case PART_MTP_HNORM: return "hnorm";
+    case PART_MTP_EH_PROJ: return "eh_proj";
+    case PART_MTP_FINAL_NORM: return "shared_head.norm";
+    case PART_MTP_EMBED: return "embed_tokens";
+    case PART_MTP_HEAD: return "shared_head.head";
     }
     return "?";
 }

@@ -41,6 +41,11 @@ typedef enum {
     PART_QB_BIAS,                                       // quantile balancing's per-expert bias (moetron's own)
     PART_SHARED_GATE, PART_SHARED_UP, PART_SHARED_DOWN, // shared expert
     PART_SHARED_EXPERT_GATE,                            // its sigmoid gate [1,H]
+    // a multi-token-prediction depth's own (its layer index follows the decoder's, as
+    // DeepSeek-V3's num_nextn_predict_layers): the norms of the next token's embedding and of
+    // the previous depth's hidden state, their projection [H, 2H], the norm before the head,
+    // and the copies of the embedding and LM head DeepSeek-V3 checkpoints carry there
+    PART_MTP_ENORM, PART_MTP_HNORM, PART_MTP_EH_PROJ, PART_MTP_FINAL_NORM, PART_MTP_EMBED, PART_MTP_HEAD,
 } LayerPart;
 
 // Writes e.g. "model.layers.3.mlp.experts.5.gate_proj.weight" into out (MT_NAME_MAX).

@@ -390,21 +390,36 @@ static void ws_reject_unused(const WeightSource *ws) {
                        ws->files[i].tensors[k].name);
 }
 
-// DeepSeek-V3's multi-token-prediction layers (model.layers.L.* for L in [layers,
-// layers + mtp)) are not part of the causal LM: their tensors are skipped, with a note.
-static void ws_skip_mtp_layers(WeightSource *ws, const Config *c) {
+// Whether `name` is one of the copies of the embedding and LM head a DeepSeek-V3
+// multi-token-prediction layer carries (moetron's depths use the model's own).
+static int is_mtp_copy(const char *name, HfFamily family, int layer) {
+    char copy[MT_NAME_MAX];
+    hf_layer_tensor_name(copy, family, layer, PART_MTP_EMBED, -1);
+    if (!strcmp(name, copy)) return 1;
+    hf_layer_tensor_name(copy, family, layer, PART_MTP_HEAD, -1);
+    return !strcmp(name, copy);
+}
+
+// DeepSeek-V3's multi-token-prediction layers (model.layers.L.* for L from num_layers): the
+// copies of the embedding and head each carries are skipped, and so are the depths beyond
+// --mtp-num-layers (with a note).
+static void ws_skip_mtp_layers(WeightSource *ws, const Model *m) {
+    const Config *c = &m->cfg;
+    int L = c->num_layers, trained = L + c->mtp_num_layers, present = L + c->hf_mtp_layers;
     long skipped = 0;
     for (int i = 0; i < ws->n_files; i++)
         for (int k = 0; k < ws->files[i].n_tensors; k++) {
+            const char *name = ws->files[i].tensors[k].name;
             int layer, end = 0;
-            if (sscanf(ws->files[i].tensors[k].name, "model.layers.%d.%n", &layer, &end) != 1 || end == 0) continue;
-            if (layer < c->num_layers || layer >= c->num_layers + c->hf_mtp_layers || ws->used[i][k]) continue;
+            if (sscanf(name, "model.layers.%d.%n", &layer, &end) != 1 || end == 0) continue;
+            if (layer < L || ws->used[i][k] || layer >= MT_MAX(trained, present)) continue;
+            if (layer < trained && !is_mtp_copy(name, m->family, layer)) continue;  // read by name, or reported
             ws->used[i][k] = 1;
-            skipped++;
+            skipped += layer >= trained;
         }
     if (skipped)
-        fprintf(stderr, "note: skipped %ld tensors of %d multi-token-prediction layer(s) (num_nextn_predict_layers); moetron "
-               "trains the causal LM only\n", skipped, c->hf_mtp_layers);
+        fprintf(stderr, "note: skipped %ld tensors of %d multi-token-prediction layer(s) (num_nextn_predict_layers) "
+                "beyond --mtp-num-layers %d\n", skipped, present - trained, c->mtp_num_layers);
 }
 
 // With expert parallelism the file also holds the experts of the other ranks (and their
@@ -482,7 +497,7 @@ void hf_weights_load(const char *dir, Model *m) {
     for (int i = 0; i < m->tt.count; i++)
         if (ws_read_param(&ws, m, &m->tt.descs[i], ws.staging))
             device_upload(tt_param(&m->tt, i), ws.staging, m->tt.descs[i].numel * sizeof(real));
-    ws_skip_mtp_layers(&ws, &m->cfg);
+    ws_skip_mtp_layers(&ws, m);
     ws_skip_remote_experts(&ws, m, "");
     ws_skip_other_stages_dense_mlps(&ws, m);
     ws_reject_unused(&ws);

@@ -219,8 +219,8 @@ static void bind_recomputed_moe(ModelActs *a, const Model *m, const StageChunk *
     if (!plan_recomputes(p, RECOMPUTE_MOE)) return;
     MoeActs *shared = &a->recomputed.moe;
     if (m->ep.comm) ep_layer_prepare(shared, &m->ep, p->experts);
-    for (int l = k->first_layer; l < chunk_layer_end(k); l++)
-        if (m->layers[l].is_moe) a->layers[l].moe = *shared;
+    for (int l = k->first_layer; l < chunk_mtp_end(p, k); l++)
+        if (plan_layer_chunk(p, l) == a->chunk && m->layers[l].is_moe) a->layers[l].moe = *shared;
 }
 
 // Selective recomputation: one set of the recomputed parts' buffers, which every layer of
@@ -229,7 +229,8 @@ static void bind_recomputed_moe(ModelActs *a, const Model *m, const StageChunk *
 static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, const StageChunk *k, int B, int T) {
     const LayoutPlan *p = &m->plan;
     int N = B * T, N_local = plan_local_tokens(p, N), H = p->hidden, has_dense = 0, has_moe = 0;
-    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
+    for (int l = k->first_layer; l < chunk_mtp_end(p, k); l++) {
+        if (l >= chunk_layer_end(k) && l < p->layers) continue;  // between the decoder's and the MTP layers
         has_moe |= m->layers[l].is_moe;
         has_dense |= !m->layers[l].is_moe;
     }
@@ -273,6 +274,10 @@ static void plan_layers(BufferPlan *bp, ModelActs *a, const Model *m, const Stag
         buffer_plan_scope(bp, "layer %d: ", l);
         if (!plan_recomputed(p, l)) plan_layer(bp, la, a, m, l, B, T);
         else if (p->recompute_first[l] == l) SAVED(bp, la->x_in, N_local, H);
+    }
+    for (int l = p->layers; l < chunk_mtp_end(p, k); l++) {  // never in a recompute group
+        buffer_plan_scope(bp, "mtp layer %d: ", l);
+        plan_layer(bp, &a->layers[l], a, m, l, B, T);
     }
     if (p->recompute_groups) plan_recompute_slots(bp, a, m, k, B, T);
     buffer_plan_scope(bp, "%s", "");
@@ -341,6 +346,45 @@ static void plan_stage_io(BufferPlan *bp, ModelActs *a, int H, int holds_head) {
     STAGE_IO(bp, a->x_final, a->N_local, H);
 }
 
+// A multi-token-prediction depth's buffers (model.h: MtpActs).
+static void plan_mtp_depth(BufferPlan *bp, MtpActs *d, const ModelActs *a, const LayoutPlan *p) {
+    int N = a->N, N_local = a->N_local, H = p->hidden;
+    STAGE_IO_INT32(bp, d->tokens, N, 1);
+    STAGE_IO_INT32(bp, d->targets, N, 1);
+    STAGE_IO(bp, d->loss_mask, N, 1);
+    SAVED(bp, d->emb, N_local, H);
+    SAVED(bp, d->emb_norm, N_local, H);
+    SAVED(bp, d->emb_rstd, N_local, 1);
+    SAVED(bp, d->hidden_norm, N_local, H);
+    SAVED(bp, d->hidden_rstd, N_local, 1);
+    SAVED(bp, d->cat, N_local, 2 * H);
+    SAVED(bp, d->x_out, N_local, H);
+    SAVED(bp, d->out, N_local, H);
+    SAVED(bp, d->out_rstd, N_local, 1);
+    SAVED_OR_ALIAS(bp, p->sequence_parallel, d->out_full, N, H, d->out);
+    SAVED(bp, d->logits, N, p->vocab);
+    SAVED(bp, d->token_loss, N, 1);
+    SAVED(bp, d->token_lse, N, 1);
+    SAVED(bp, d->loss_weight, N, 1);
+}
+
+// The depths of multi-token prediction and their backward scratch (the chunk holding the head).
+static void plan_mtp(BufferPlan *bp, ModelActs *a, const LayoutPlan *p) {
+    int N_local = a->N_local, H = p->hidden;
+    a->mtp_depths = p->mtp_layers;
+    if (!a->mtp_depths) return;
+    a->mtp = mt_calloc((size_t)a->mtp_depths, sizeof(MtpActs));
+    a->mtp_loss = mt_calloc((size_t)a->mtp_depths, sizeof(double));
+    for (int k = 0; k < a->mtp_depths; k++) {
+        buffer_plan_scope(bp, "mtp depth %d: ", k);
+        plan_mtp_depth(bp, &a->mtp[k], a, p);
+    }
+    buffer_plan_scope(bp, "%s", "");
+    WORKSPACE(bp, a->d_mtp_cat, N_local, 2 * H);
+    WORKSPACE(bp, a->d_mtp_emb, N_local, H);
+    WORKSPACE(bp, a->d_mtp_hidden, N_local, H);
+}
+
 // The final norm, logits and per-token loss (the chunk holding the LM head).
 static void plan_head(BufferPlan *bp, ModelActs *a, const LayoutPlan *p) {
     int N = a->N, N_local = a->N_local, H = p->hidden;
@@ -380,8 +424,8 @@ static int exchange_states(const Model *m, const StageChunk *k) {
     const LayoutPlan *p = &m->plan;
     int states = 0, slots = MT_MAX(p->recompute_group_max, 1);
     unsigned char *slot_seen = mt_calloc((size_t)slots, 1);
-    for (int l = k->first_layer; l < chunk_layer_end(k); l++) {
-        if (!m->layers[l].is_moe) continue;
+    for (int l = k->first_layer; l < chunk_mtp_end(p, k); l++) {
+        if (!m->layers[l].is_moe || plan_layer_chunk(p, l) != k - p->chunk) continue;
         if (plan_recomputes(p, RECOMPUTE_MOE)) states = 1;
         else if (!plan_recomputed(p, l)) states++;
         else if (!slot_seen[l - p->recompute_first[l]]++) states++;
@@ -403,15 +447,16 @@ void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) 
     a->N = B * T;
     a->N_local = plan_local_tokens(p, a->N);
     a->capacity_tokens = a->N;
-    a->num_layers = c->num_layers;
+    a->num_layers = config_all_layers(c);
     int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
     if (sp) buffer_real(bp, &a->sp_workspace, "row-parallel partial sums", N, H, BUF_WORKSPACE);
-    a->layers = mt_calloc(c->num_layers, sizeof(LayerActs));
+    a->layers = mt_calloc((size_t)a->num_layers, sizeof(LayerActs));
     plan_layers(bp, a, m, k, B, T);
     plan_stage_io(bp, a, H, k->holds_head);
     buffer_alias(bp, &a->x_entry, k->layers ? &a->layers[k->first_layer].x_in : &a->x_final);
     if (p->cp_size > 1) SAVED_INT32(bp, a->token_index, N_local, 1);
     if (k->holds_head) plan_head(bp, a, p);
+    if (k->holds_head) plan_mtp(bp, a, p);
     plan_backward_scratch(bp, a, m, k->holds_head);
     if (p->tp_size > 1 && (k->holds_embedding || k->holds_head))  // the vocab-parallel embedding's and loss's
         vocab_scratch_plan(bp, &a->vocab_scratch, N, H);
@@ -438,6 +483,38 @@ static const void *staged(void *dst, const void *src, size_t count, size_t size)
     return dst;
 }
 
+// dst[b,t] = src[b,t+shift] (elements of `size` bytes) within each of the B rows of T, zero
+// bytes past a row's end; in place when dst == src.
+static void roll_rows(void *dst, const void *src, size_t size, int B, int T, int shift) {
+    size_t keep = shift < T ? (size_t)(T - shift) : 0;
+    for (int b = 0; b < B; b++) {
+        char *row = (char *)dst + (size_t)b * T * size;
+        memmove(row, (const char *)src + ((size_t)b * T + (size_t)shift) * size, keep * size);
+        memset(row + keep * size, 0, ((size_t)T - keep) * size);
+    }
+}
+
+// Multi-token prediction's inputs: depth k reads the tokens, labels and loss mask k+1
+// positions ahead along each sequence (token 0 and mask 0 past its end), as Megatron-Core
+// rolls them. Rolled on the host (the caller's batch), then copied.
+static void stage_mtp_inputs(ModelActs *a, const Batch *batch) {
+    int B = batch->B, T = batch->T;
+    size_t n = (size_t)B * T;
+    int32_t *ids = mt_malloc(n * sizeof(int32_t));
+    real *mask = mt_malloc(n * sizeof(real));
+    for (int k = 0; k < a->mtp_depths; k++) {
+        roll_rows(ids, batch->tokens, sizeof(int32_t), B, T, k + 1);
+        device_upload(a->mtp[k].tokens, ids, n * sizeof(int32_t));
+        roll_rows(ids, batch->targets, sizeof(int32_t), B, T, k + 1);
+        device_upload(a->mtp[k].targets, ids, n * sizeof(int32_t));
+        for (size_t i = 0; i < n; i++) mask[i] = batch->loss_mask ? batch->loss_mask[i] : 1;
+        roll_rows(mask, mask, sizeof(real), B, T, k + 1);
+        device_upload(a->mtp[k].loss_mask, mask, n * sizeof(real));
+    }
+    free(ids);
+    free(mask);
+}
+
 const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
     size_t n = (size_t)batch->B * batch->T, cap = (size_t)a->capacity_tokens;
     MT_ASSERT(n <= cap);
@@ -447,6 +524,7 @@ const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
     a->input.positions = staged(a->input_ids + 2 * cap, batch->positions, n, sizeof(int32_t));
     a->input.key_start = staged(a->input_ids + 3 * cap, batch->key_start, n, sizeof(int32_t));
     a->input.loss_mask = staged(a->input_loss_mask, batch->loss_mask, n, sizeof(real));
+    if (batch->targets) stage_mtp_inputs(a, batch);
     return &a->input;
 }
 
@@ -462,6 +540,8 @@ void acts_free(ModelActs *a) {
     for (int s = 0; s < a->recompute_slot_count; s++) ep_layer_free(&a->recompute_slots[s].moe);
     ep_layer_free(&a->recomputed.moe);
     free(a->layers);
+    free(a->mtp);
+    free(a->mtp_loss);
     free(a->recompute_slots);
     free(a->recompute_slot_of);
     buffer_plan_free(&a->buffers);

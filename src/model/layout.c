@@ -137,7 +137,9 @@ int plan_recompute_last(const LayoutPlan *p, int l) {
 
 int plan_layer_chunk(const LayoutPlan *p, int layer) {
     for (int k = 0; k < p->chunks; k++)
-        if (layer >= p->chunk[k].first_layer && layer < chunk_layer_end(&p->chunk[k])) return k;
+        if ((layer >= p->chunk[k].first_layer && layer < chunk_layer_end(&p->chunk[k])) ||
+            (layer >= p->layers && layer < chunk_mtp_end(p, &p->chunk[k])))
+            return k;
     return -1;
 }
 
@@ -152,6 +154,7 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     plan_context_parallel(p, c, g);
     p->hidden = c->hidden_size;
     p->layers = c->num_layers;
+    p->mtp_layers = c->mtp_num_layers;
     plan_pipeline(p, c, g);
     plan_recompute(p, c);
     p->experts = c->num_experts;

@@ -71,6 +71,9 @@ typedef struct {
     const Comm *dense_amax_groups[AMAX_GROUPS], *expert_amax_groups[AMAX_GROUPS];
     // model dimensions, global
     int hidden, layers, experts, topk;
+    // multi-token prediction: its depths' transformer layers [layers, layers + mtp_layers)
+    // run after the decoder's on the chunk holding the head (model/mtp.c)
+    int mtp_layers;
     // --moe-router-padding-for-quantization: each expert's rows of this rank's plan rounded
     // up to a multiple of this (moe/dispatcher.h); 1 without the flag
     int expert_row_align;
@@ -117,7 +120,13 @@ void layout_plan_single(LayoutPlan *p, const Config *c);
 // One past the last layer of a chunk.
 static inline int chunk_layer_end(const StageChunk *k) { return k->first_layer + k->layers; }
 
-// The chunk of this rank that runs decoder layer `layer`, or -1 (another stage's).
+// One past the last multi-token-prediction layer chunk k runs (from p->layers; none
+// unless it holds the head).
+static inline int chunk_mtp_end(const LayoutPlan *p, const StageChunk *k) {
+    return p->layers + (k->holds_head ? p->mtp_layers : 0);
+}
+
+// The chunk of this rank that runs layer `layer` (decoder or MTP), or -1 (another stage's).
 int plan_layer_chunk(const LayoutPlan *p, int layer);
 static inline int plan_holds_layer(const LayoutPlan *p, int layer) { return plan_layer_chunk(p, layer) >= 0; }
 

@@ -196,6 +196,31 @@ static void build_layer(Builder *b, LayerParams *lp) {
     build_experts(b, PART_EXPERT_DOWN, H, I, 1, out_std, &lp->expert_down);
 }
 
+// Multi-token prediction, after the LM head (so the decoder's tensors keep their places
+// and initial values): each depth a transformer layer of the last decoder layer's kind,
+// numbered after the decoder's as DeepSeek-V3 does, then its own norms and projection.
+// The projection is whole on every TP rank (each rank's tokens make part of its gradient
+// with sequence parallelism).
+static void build_mtp(Builder *b) {
+    Model *m = b->m;
+    const Config *c = &m->cfg;
+    const LayoutPlan *p = &m->plan;
+    int64_t H = c->hidden_size;
+    if (!c->mtp_num_layers) return;
+    if (p->holds_head) m->mtp = mt_calloc(c->mtp_num_layers, sizeof(MtpParams));
+    MtpParams unused;
+    for (int k = 0; k < c->mtp_num_layers; k++) {
+        b->layer = c->num_layers + k;
+        MtpParams *mp = m->mtp ? &m->mtp[k] : &unused;
+        build_layer(b, &m->layers[b->layer]);
+        mp->enorm = add_norm(b, PART_MTP_ENORM, H);
+        mp->hnorm = add_norm(b, PART_MTP_HNORM, H);
+        mp->eh_proj = add_replicated(b, PART_MTP_EH_PROJ, H, 2 * H, TENSOR_DECAY, p->sequence_parallel,
+                                     c->init_method_std);
+        mp->final_norm = add_norm(b, PART_MTP_FINAL_NORM, H);
+    }
+}
+
 // Per-group weight pointer arrays over tensors gate[g], up[g], down[g], into the
 // parameters (or the gradients).
 // The groups' quantizers of one projection (model_quant), or NULL when none is quantized.
@@ -300,7 +325,7 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
         tt_skip(&m->tt);  // the last stage's copy below reads it
     else
         add_remote(m, HF_EMBED_NAME);
-    m->layers = mt_calloc(c->num_layers, sizeof(LayerParams));  // indexed by global layer; this rank's stored
+    m->layers = mt_calloc(config_all_layers(c), sizeof(LayerParams));  // indexed by global layer; this rank's stored
     Builder b = {m, 0};
     for (b.layer = 0; b.layer < c->num_layers; b.layer++) build_layer(&b, &m->layers[b.layer]);
     int64_t norm_shape[1] = {c->hidden_size};
@@ -321,6 +346,7 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
     } else if (p->holds_head) {
         m->lm_head = m->embed;
     }
+    build_mtp(&b);
     tt_layout(&m->tt);
 }
 
@@ -328,8 +354,8 @@ void model_allocate(Model *m) {
     const Config *c = &m->cfg;
     tt_allocate(&m->tt);
     model_quant_init(m);
-    m->router_state = mt_calloc(c->num_layers, sizeof(RouterState));
-    for (int l = 0; l < c->num_layers; l++) {
+    m->router_state = mt_calloc(config_all_layers(c), sizeof(RouterState));
+    for (int l = 0; l < config_all_layers(c); l++) {
         if (!plan_holds_layer(&m->plan, l)) continue;
         bind_layer_weights(m, &m->layers[l], m->ep.local);
         if (!m->layers[l].is_moe) continue;
@@ -380,7 +406,7 @@ void model_init_weights(Model *m, uint64_t seed) {
 }
 
 void model_free(Model *m) {
-    for (int l = 0; m->layers && l < m->cfg.num_layers; l++) {
+    for (int l = 0; m->layers && l < config_all_layers(&m->cfg); l++) {
         free(m->layers[l].expert_gate);
         free(m->layers[l].expert_up);
         free(m->layers[l].expert_down);
@@ -395,6 +421,7 @@ void model_free(Model *m) {
         device_free(m->router_state[l].qb_quantile);
     }
     free(m->layers);
+    free(m->mtp);
     free(m->remote_names);
     for (int pass = 0; pass < PASS_KINDS; pass++) {
         ep_buffers_free(m->ep_buffers[pass]);
@@ -411,7 +438,7 @@ void model_free(Model *m) {
 
 int model_moe_layers(const Config *c) {
     int n = 0;
-    for (int l = 0; l < c->num_layers; l++) n += c->moe_layer[l];
+    for (int l = 0; l < config_all_layers(c); l++) n += c->moe_layer[l];
     return n;
 }
 
@@ -516,7 +543,7 @@ void model_end_global_batch(Model *m, int apply_bias_update) {
         model_quant_reduce_amaxes(m);
         quant_context_end_step(m->quant);
     }
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < config_all_layers(c); l++) {
         const LayerParams *lp = &m->layers[l];
         RouterState *rs = &m->router_state[l];
         if (!lp->is_moe || !plan_holds_layer(&m->plan, l)) continue;
@@ -548,8 +575,9 @@ static double attention_macs_per_token(const Config *c) {
 
 double model_train_flops_per_token(const Config *c) {
     double H = c->hidden_size;
-    double per_token_macs = c->padded_vocab_size * H;  // LM head
-    for (int l = 0; l < c->num_layers; l++) {
+    // the LM head, once more per multi-token-prediction depth, with each depth's projection
+    double per_token_macs = c->padded_vocab_size * H * (1 + c->mtp_num_layers) + 2 * H * H * c->mtp_num_layers;
+    for (int l = 0; l < config_all_layers(c); l++) {
         per_token_macs += attention_macs_per_token(c);
         if (c->moe_layer[l])
             per_token_macs += H * c->num_experts + (double)c->moe_router_topk * 3 * H * c->moe_ffn +

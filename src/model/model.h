@@ -45,6 +45,14 @@ typedef struct {
     ExpertWeights ffn_params, ffn_grads;
 } LayerParams;
 
+// A multi-token-prediction depth's own tensors (model/mtp.c); its transformer layer is
+// layers[num_layers + depth], like any other.
+typedef struct {
+    TensorId enorm, hnorm;  // [H] each: the next token's embedding, the previous depth's hidden state
+    TensorId eh_proj;       // [H, 2H] of [enorm(embedding), hnorm(hidden)], whole on every TP rank
+    TensorId final_norm;    // [H] before the shared LM head
+} MtpParams;
+
 typedef struct {
     Config cfg;
     HfFamily family;
@@ -53,10 +61,12 @@ typedef struct {
     const Comm *count_group;              // global_aux_loss counts are summed over it (NULL: here)
     char family_note[256];                // why the family is HF_MOETRON, else ""
     RouterConfig router;                  // the router settings of every MoE layer
-    RouterState *router_state;            // (num_layers), mutable during training forwards
+    RouterState *router_state;            // (all layers), mutable during training forwards
     TensorTable tt;
     TensorId embed, final_norm, lm_head;  // lm_head == embed when tied; -1 on a stage without them
-    LayerParams *layers;                  // (num_layers) by global index; the plan's stage layers built
+    LayerParams *layers;                  // (num_layers + mtp_num_layers) by global index; the plan's
+                                          // stage layers built
+    MtpParams *mtp;                       // (mtp_num_layers) on the stage holding the head, else NULL
     real *rope_cos_sin;                   // (max_positions, head_dim/2, 2)
     char (*remote_names)[MT_NAME_MAX];    // (n_remote) tensors other expert-parallel ranks hold
     int n_remote;
@@ -91,6 +101,23 @@ typedef struct {
     real *k_rope;                     // (N,dr) the shared rotary key, after RoPE
     real *kv_b;                       // (N, heads·(dn+dv)) per head [k no-position part, v]
 } MlaActs;
+
+// A multi-token-prediction depth k's activations (model/mtp.c): its inputs rolled k+1
+// tokens left along each sequence, the two norms and their projection (the input of its
+// transformer layer, layers[num_layers + k].x_in), the final norm and its loss.
+typedef struct {
+    int32_t *tokens, *targets;  // (N) the tokens k+1 ahead (0 past a sequence's end) and their labels
+    real *loss_mask;            // (N) the labels' mask, 0 past a sequence's end
+    real *emb;                  // (N_local,H) embedding of tokens
+    real *emb_norm, *emb_rstd;  // (N_local,H), (N_local)
+    real *hidden_norm, *hidden_rstd;  // of the previous depth's output (depth 0: the final norm's)
+    real *cat;                  // (N_local,2H) [emb_norm, hidden_norm]
+    real *x_out;                // (N_local,H) the transformer layer's output
+    real *out, *out_rstd;       // (N_local,H), (N_local) after the depth's final norm
+    real *out_full;             // (N,H) out of every token: gathered with sequence parallelism, else out
+    real *logits;               // (N,V/TP)
+    real *token_loss, *token_lse, *loss_weight;  // (N)
+} MtpActs;
 
 typedef struct {
     // N: the micro-batch's tokens; N_local: this rank's (N/TP with sequence parallelism, else N)
@@ -140,7 +167,9 @@ typedef struct {
     BufferPlan buffers;     // every buffer below as a spec, in one allocation (model/activations.c)
     double exchange_bytes;  // with expert parallelism, the MoE layers' exchange state outside the plan
                             // (moe/expert_parallel.h, at its bound: ep_layer_bytes per state)
-    LayerActs *layers;      // (num_layers), host memory; the plan's stage layers laid out
+    LayerActs *layers;      // (num_layers + MTP layers), host memory; the plan's stage layers laid out
+    MtpActs *mtp;           // (MTP depths) on the chunk holding the head (mtp_depths of them), else NULL
+    int mtp_depths;
     // --recompute-granularity selective: the buffers every layer shares for the parts it
     // recomputes (model/activations.c), each (when that part is recomputed) sized as one layer's
     struct {
@@ -180,12 +209,17 @@ typedef struct {
     real *d_shared_gate;    // (N_local)
     real *d_shared_gate_full;  // (N) this rank's part before the sum over TP (or d_shared_gate)
     real *d_gate, *d_up, *d_act;
+    // multi-token prediction: (N_local,2H) d(cat); (N_local,H) d(emb); d(hidden) handed to the
+    // previous depth (depth 0: to the final norm's output)
+    real *d_mtp_cat, *d_mtp_emb, *d_mtp_hidden;
     // results of the last forward
     double lm_loss;         // mean masked cross-entropy
     double balance_loss[3]; // per BalanceType: mean over MoE layers of L / coeff
     double z_loss;          // mean over MoE layers of L_z / coeff
     double dropped_frac;    // dropped choices / all choices, over MoE layers
     double aux_objective;   // Σ over MoE layers of the router losses with coefficients
+    double *mtp_loss;       // (mtp_depths) each depth's mean masked cross-entropy (with targets)
+    double mtp_objective;   // their sum times --mtp-loss-scaling-factor / depths
 } ModelActs;
 
 // The router settings a validated Config describes.

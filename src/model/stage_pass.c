@@ -71,9 +71,9 @@ static void forward_layer_done(StagePass *s) {
     s->phase = PHASE_BEGIN;
 }
 
-static void add_router_losses(StagePass *s) {
+static void add_router_losses(StagePass *s, int l) {
     ModelActs *a = s->a;
-    const RouterOutput *r = &a->layers[s->layer].moe.route;
+    const RouterOutput *r = &a->layers[l].moe.route;
     for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] += r->balance_loss[t];
     a->z_loss += r->z_loss;
     a->aux_objective += router_objective(r, &s->m->router);
@@ -85,14 +85,17 @@ static void add_router_losses(StagePass *s) {
 static void forward_epilogue(StagePass *s) {
     const Config *c = &s->m->cfg;
     ModelActs *a = s->a;
+    a->lm_loss = a->mtp_objective = 0;
+    if (chunk_of(s)->holds_head) {
+        lm_head_forward(s->m, a, s->batch);
+        if (s->batch->targets) mtp_forward(s);  // adds its MoE layers' router losses
+    }
     int moe_layers = model_moe_layers(c);
     if (moe_layers) {
         for (int t = 0; t < BALANCE_TYPES; t++) a->balance_loss[t] /= moe_layers;
         a->z_loss /= moe_layers;
     }
     a->dropped_frac = moe_layers ? (double)s->dropped / ((double)a->N_local * c->moe_router_topk * moe_layers) : 0;
-    a->lm_loss = 0;
-    if (chunk_of(s)->holds_head) lm_head_forward(s->m, a, s->batch);
     s->finished = 1;
 }
 
@@ -126,11 +129,25 @@ static int forward_advance(StagePass *s) {
             return 1;
         }
         moe_forward_end(m, l, la, N);
-        add_router_losses(s);
+        add_router_losses(s, l);
         forward_layer_done(s);
     }
     forward_epilogue(s);
     return 0;
+}
+
+void stage_block_forward(StagePass *s, int l, real *x_out) {
+    const Model *m = s->m;
+    ModelActs *a = s->a;
+    LayerActs *la = &a->layers[l];
+    attention_and_norm_forward(m, l, la, a, NULL);
+    if (!m->layers[l].is_moe) {
+        mlp_forward(m, l, la, a->N);
+    } else {
+        moe_forward(m, l, la, s->batch, token_index_of(s), PASS_FORWARD);
+        add_router_losses(s, l);
+    }
+    layer_output(m, a, la, x_out);
 }
 
 // ---- recomputation --------------------------------------------------------------------------
@@ -180,15 +197,17 @@ static void recompute_before_backward(StagePass *s, int l) {
 
 // x_out = x_mid + ffn(RMSNorm(x_mid)): with d_resid = d(x_mid) after the FFN's backward,
 // the norm's and the attention block's (d(x_mid) -> d(x_in)); the layer's gradients are then final.
-static void backward_layer_done(StagePass *s) {
-    Model *m = s->m;
-    ModelActs *a = s->a;
-    int l = s->layer;
+static void norm_and_attention_backward(Model *m, ModelActs *a, int l) {
     LayerActs *la = &a->layers[l];
     const LayerParams *lp = &m->layers[l];
     rmsnorm_backward(a->d_resid, tt_grad(&m->tt, lp->post_attn_norm), a->d_norm, la->x_mid,
                      tt_param(&m->tt, lp->post_attn_norm), la->ln2_rstd, a->N_local, m->plan.hidden);
     attention_block_backward(m, l, la, a);
+}
+
+static void backward_layer_done(StagePass *s) {
+    int l = s->layer;
+    norm_and_attention_backward(s->m, s->a, l);
     if (s->ready) s->ready(s->ctx, l);
     s->layer--;
     s->phase = PHASE_BEGIN;
@@ -201,15 +220,33 @@ static void seed_gradient_rounding(StagePass *s, int l) {
         quant_context_seed_rounding(s->m->quant, s->a->input.noise_seed, (uint64_t)l * (PHASE_END + 1) + s->phase);
 }
 
+void stage_block_backward(StagePass *s, int l) {
+    Model *m = s->m;
+    ModelActs *a = s->a;
+    LayerActs *la = &a->layers[l];
+    recompute_before_backward(s, l);
+    if (m->layers[l].is_moe) moe_backward(m, l, la, a, a->d_resid, s->loss_scale);
+    else mlp_backward(m, l, la, a, a->d_resid);
+    norm_and_attention_backward(m, a, l);
+}
+
+// The head's backward, multi-token prediction's between its two halves: d_resid = d(x_final).
+static void head_backward(StagePass *s) {
+    Model *m = s->m;
+    ModelActs *a = s->a;
+    if (a->mtp_depths) mtp_backward(s);  // first: it uses the scratch the head's halves pass on
+    lm_head_backward_loss(m, a, &a->input, s->loss_scale);
+    if (a->mtp_depths) vec_add(a->d_norm, a->d_mtp_hidden, (size_t)a->N_local * m->plan.hidden);
+    lm_head_backward_norm(m, a);
+    if (s->ready) s->ready(s->ctx, GRADS_HEAD);
+}
+
 static int backward_advance(StagePass *s) {
     Model *m = s->m;
     ModelActs *a = s->a;
     const StageChunk *k = chunk_of(s);
     if (!s->started) {
-        if (k->holds_head) {  // sets d_resid = d(x_final); else it holds the next stage's gradient
-            lm_head_backward(m, a, &a->input, s->loss_scale);
-            if (s->ready) s->ready(s->ctx, GRADS_HEAD);
-        }
+        if (k->holds_head) head_backward(s);  // sets d_resid = d(x_final); else it holds the next stage's gradient
         s->layer = chunk_layer_end(k) - 1;
         s->started = 1;
     }

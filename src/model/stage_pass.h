@@ -31,3 +31,16 @@ void stage_pass_backward(StagePass *s, Model *m, ModelActs *a, double loss_scale
 // Runs the pass to its next token exchange in flight, or to its end; returns 1 while steps
 // remain, 0 once the pass is complete.
 int stage_pass_advance(StagePass *s);
+
+// One whole transformer layer l of a forward pass (no exchange left in flight): its x_in ->
+// x_out (N_local,H), its router losses counted in the pass; and its backward, a->d_resid =
+// d(x_out) -> d(x_in), recomputing what it needs first. For the layers outside the chunk's
+// layer sequence: multi-token prediction's (model/mtp.c).
+void stage_block_forward(StagePass *s, int l, real *x_out);
+void stage_block_backward(StagePass *s, int l);
+
+// Multi-token prediction (model/mtp.c) on the chunk holding the head: its forward after the
+// head's (with targets), and its backward before the head's loss backward, leaving
+// d(the final norm's output) of its depth 0 in a->d_mtp_hidden.
+void mtp_forward(StagePass *s);
+void mtp_backward(StagePass *s);

@@ -53,7 +53,7 @@ void model_sum_partial_grads(Model *m, int part) {
 
 void model_sum_all_partial_grads(Model *m) {
     model_sum_partial_grads(m, GRADS_HEAD);
-    for (int l = m->cfg.num_layers - 1; l >= 0; l--)
+    for (int l = config_all_layers(&m->cfg) - 1; l >= 0; l--)
         if (plan_holds_layer(&m->plan, l)) model_sum_partial_grads(m, l);
     model_sum_partial_grads(m, GRADS_EMBEDDING);
 }

@@ -163,6 +163,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     char eta[32];
     format_duration(eta, sizeof(eta), r->eta_s);
     printf("step %5ld/%d | loss %.4f | lm %.4f", r->step, mt->train_iters, r->loss, r->lm_loss);
+    for (int k = 0; k < r->mtp_depths; k++) printf(" | mtp_%d %.4f", k + 1, r->mtp_loss[k]);
     print_router_losses(r);
     printf(" | grad %.3f | lr %.3e | %7.0f tok/s | %.3f TFLOP/s | imbalance %.2f", r->grad_norm, r->lr,
            r->tokens_per_s, r->tflops, r->router.load_imbalance);
@@ -215,6 +216,11 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     if (r->loss_spike) jw_kv_bool(&w, "loss_spike", 1);
     for (int t = 1; t < 3; t++)
         if (r->balance_coeff[t] > 0) jw_kv_double(&w, BALANCE_KEYS[t], r->router.balance[t]);
+    for (int k = 0; k < r->mtp_depths; k++) {
+        char key[32];
+        snprintf(key, sizeof(key), "mtp_%d_loss", k + 1);
+        jw_kv_double(&w, key, r->mtp_loss[k]);
+    }
     for (int l = 0; l < r->n_layers; l++)
         write_layer_stats(&w, r, &r->layers[l], r->tokens_per_expert + (size_t)l * r->num_experts);
     jw_end_object(&w);

@@ -18,6 +18,8 @@ typedef struct {
 typedef struct {
     long step;
     double loss, lm_loss, grad_norm, lr;
+    const double *mtp_loss;        // (mtp_depths) each multi-token-prediction depth's loss
+    int mtp_depths;
     RouterStats router;            // over all MoE layers
     const double *balance_coeff;   // (3) which load-balancing losses are on (> 0)
     double z_loss_coeff;           // the console shows z only when the z-loss is on

@@ -14,14 +14,13 @@ static double imbalance_of(const double *counts, int E) {
 
 void accumulate_router_stats(StepLosses *s, const Model *m, const ModelActs *a, double w) {
     const Config *c = &m->cfg;
-    const StageChunk *k = &m->plan.chunk[a->chunk];
     int i = 0, moe_layers = model_moe_layers(c);
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < config_all_layers(c); l++) {
         if (!m->layers[l].is_moe) continue;
         int64_t *counts = s->counts + (size_t)i * c->num_experts;
         RouterStats *ls = &s->layers[i++];  // indexed over the whole model's MoE layers
         ls->layer = l;
-        if (l < k->first_layer || l >= chunk_layer_end(k)) continue;  // another chunk's or stage's
+        if (plan_layer_chunk(&m->plan, l) != a->chunk) continue;  // another chunk's or stage's
         const RouterOutput *r = &a->layers[l].moe.route;
         ls->dropped_tokens += r->dropped;
         const double *group_tokens = router_host_group_tokens_per_expert(r, c->num_experts);  // the token group's
@@ -63,10 +62,12 @@ static const double *stats_unpack(const double *in, RouterStats *r) {
 void step_losses_allreduce(StepLosses *s, const Comm *dp) {
     if (dp->size == 1) return;
     size_t n_counts = (size_t)s->moe_layers * s->num_experts;
-    size_t n = 2 + STATS_DOUBLES * (1 + (size_t)s->moe_layers) + n_counts;
+    size_t n = 3 + (size_t)s->mtp_depths + STATS_DOUBLES * (1 + (size_t)s->moe_layers) + n_counts;
     double *buf = mt_malloc(n * sizeof(double)), *p = buf;
     *p++ = s->lm_loss;
     *p++ = s->aux_objective;
+    *p++ = s->mtp_objective;
+    for (int k = 0; k < s->mtp_depths; k++) *p++ = s->mtp_loss[k];
     p = stats_pack(p, &s->router);
     for (int l = 0; l < s->moe_layers; l++) p = stats_pack(p, &s->layers[l]);
     for (size_t i = 0; i < n_counts; i++) *p++ = (double)s->counts[i];  // exact below 2^53
@@ -74,6 +75,8 @@ void step_losses_allreduce(StepLosses *s, const Comm *dp) {
     const double *q = buf;
     s->lm_loss = *q++;
     s->aux_objective = *q++;
+    s->mtp_objective = *q++;
+    for (int k = 0; k < s->mtp_depths; k++) s->mtp_loss[k] = *q++;
     q = stats_unpack(q, &s->router);
     for (int l = 0; l < s->moe_layers; l++) q = stats_unpack(q, &s->layers[l]);
     for (size_t i = 0; i < n_counts; i++) s->counts[i] = (int64_t)*q++;
@@ -84,7 +87,7 @@ void step_losses_allreduce(StepLosses *s, const Comm *dp) {
 // group's with sequence parallelism), summed over the data-parallel ranks.
 void router_state_allreduce(Model *m, const Comm *dp) {
     if (dp->size == 1) return;
-    for (int l = 0; l < m->cfg.num_layers; l++)
+    for (int l = 0; l < config_all_layers(&m->cfg); l++)
         if (m->layers[l].is_moe && m->cfg.moe_router_enable_expert_bias && plan_holds_layer(&m->plan, l))
             comm_allreduce_sum_double(dp, m->router_state[l].bias_counts, m->cfg.num_experts);
 }

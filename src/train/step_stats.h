@@ -7,6 +7,9 @@
 
 typedef struct {
     double lm_loss, aux_objective;
+    double mtp_objective;  // multi-token prediction's share of the objective
+    double *mtp_loss;      // (mtp_depths) each depth's loss
+    int mtp_depths;
     RouterStats router;   // over MoE layers
     RouterStats *layers;  // (MoE layers) per layer
     int64_t *counts;      // (MoE layers, E) kept tokens per expert

@@ -67,8 +67,9 @@ typedef struct {
     Metrics metrics;
     double peak_flops, flops_per_token;
     MemoryNeed memory_need;     // what this process holds (check_memory)
-    RouterStats *layer_stats;   // (num_layers) scratch for per-layer router statistics
-    int64_t *layer_counts;      // (num_layers, num_experts) kept tokens per expert this step
+    RouterStats *layer_stats;   // (all layers) scratch for per-layer router statistics
+    int64_t *layer_counts;      // (all layers, num_experts) kept tokens per expert this step
+    double *mtp_loss;           // (mtp depths) this step's loss of each
     // the step's micro-batches (train_step_micro_batches)
     struct RankBatch *step_batches;  // (micro-batches per rank) this rank's part of each, as fetched
     DataBatch *step_data;       // (micro-batches per rank) copies of them with PP (chunks revisit them)
@@ -209,6 +210,8 @@ static void forward_done(void *ctx, const ModelActs *a, int mb) {
     StepLosses *s = t->step_losses;
     s->lm_loss += a->lm_loss * weight;  // 0 on chunks without the head
     s->aux_objective += a->aux_objective * weight;
+    s->mtp_objective += a->mtp_objective * weight;
+    for (int k = 0; k < a->mtp_depths; k++) s->mtp_loss[k] += a->mtp_loss[k] * weight;
     accumulate_router_stats(s, &t->model, a, weight);
 }
 
@@ -243,9 +246,10 @@ static void measure_bubble(Trainer *t) {
 static StepLosses train_step_micro_batches(Trainer *t) {
     const Config *c = t->cfg;
     StepLosses s = {.layers = t->layer_stats, .counts = t->layer_counts, .num_experts = c->num_experts,
-                    .moe_layers = model_moe_layers(c)};
-    memset(t->layer_stats, 0, c->num_layers * sizeof(RouterStats));
-    memset(t->layer_counts, 0, (size_t)c->num_layers * MT_MAX(c->num_experts, 1) * sizeof(int64_t));
+                    .moe_layers = model_moe_layers(c), .mtp_loss = t->mtp_loss, .mtp_depths = c->mtp_num_layers};
+    memset(t->layer_stats, 0, config_all_layers(c) * sizeof(RouterStats));
+    memset(t->layer_counts, 0, (size_t)config_all_layers(c) * MT_MAX(c->num_experts, 1) * sizeof(int64_t));
+    memset(t->mtp_loss, 0, (size_t)c->mtp_num_layers * sizeof(double));
     vec_zero(t->model.tt.grads, t->model.tt.total);
     t->step_losses = &s;
     t->fetched = 0;
@@ -436,7 +440,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     // before the large buffers exist (the same plan as `moetron plan`'s)
     t->memory_need = memory_plan(c, &t->model, &t->pipeline, &grad_groups, device_active() == DEVICE_CUDA);
     memory_check_fits(&t->memory_need);
-    grad_sync_init(&t->sync, &grad_groups, &t->model.tt, c->use_distributed_optimizer, c->num_layers + 2);
+    grad_sync_init(&t->sync, &grad_groups, &t->model.tt, c->use_distributed_optimizer, config_all_layers(c) + 2);
     FlatRange shards[REGIONS];
     int n_shards = grad_sync_shards(&t->sync, shards);
     model_allocate(&t->model);
@@ -459,8 +463,9 @@ static void trainer_setup(Trainer *t, Config *c) {
     pipeline_allocate(&t->pipeline);
     prefetch_start(&t->prefetch, &t->data, c, c->micro_batch_size);
     data_batch_alloc(&t->eval_batch, c, c->micro_batch_size);
-    t->layer_stats = mt_calloc(c->num_layers, sizeof(RouterStats));
-    t->layer_counts = mt_calloc((size_t)c->num_layers * MT_MAX(c->num_experts, 1), sizeof(int64_t));
+    t->layer_stats = mt_calloc(config_all_layers(c), sizeof(RouterStats));
+    t->layer_counts = mt_calloc((size_t)config_all_layers(c) * MT_MAX(c->num_experts, 1), sizeof(int64_t));
+    t->mtp_loss = mt_calloc((size_t)MT_MAX(c->mtp_num_layers, 1), sizeof(double));
     setup_loss_scaler(t);
     metrics_open(&t->metrics, c, t->state.iteration);
     t->flops_per_token = model_train_flops_per_token(c);
@@ -471,6 +476,7 @@ static void trainer_free(Trainer *t) {
     metrics_close(&t->metrics);
     free(t->state.quant_bits);
     free(t->layer_stats);
+    free(t->mtp_loss);
     free(t->layer_counts);
     prefetch_stop(&t->prefetch);
     data_batch_free(&t->eval_batch);
@@ -662,6 +668,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
     double flops = tokens_per_step * t->flops_per_token / o->step_s;
     int moe_layers = model_moe_layers(c);
     StepRecord r = {.step = o->step, .loss = o->loss, .lm_loss = s->lm_loss, .router = s->router,
+                    .mtp_loss = s->mtp_loss, .mtp_depths = s->mtp_depths,
                     .balance_coeff = c->balance_coeff, .z_loss_coeff = c->moe_z_loss_coeff,
                     .layers = c->moe_per_layer_logging ? s->layers : NULL,
                     .n_layers = c->moe_per_layer_logging ? moe_layers : 0,
@@ -711,7 +718,7 @@ int train_main(Config *c) {
         StepLosses s = train_step_micro_batches(&t);
         unscale_grads(&t);
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),
-                         .loss = s.lm_loss + s.aux_objective, .lr = lr_at(c, step - 1 - t.state.overflow_skips),
+                         .loss = s.lm_loss + s.aux_objective + s.mtp_objective, .lr = lr_at(c, step - 1 - t.state.overflow_skips),
                          .loss_scale = loss_scale};
         o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr, &o.overflow);
         o.loss_spike = !o.skipped && run_control_loss_spike(&rc, step, o.loss);

@@ -1,6 +1,7 @@
 // test_grad_model.c — finite-difference gradient checks of the whole model, every
 // parameter tensor, in double precision (the library is compiled with real = double).
-// Objective = lm_loss + Σ_layers coeff·aux, exactly what training minimises.
+// Objective = lm_loss + Σ_layers coeff·aux + the multi-token-prediction losses' share,
+// exactly what training minimises.
 #include <string.h>
 
 #include "core/config.h"
@@ -45,13 +46,13 @@ static void tiny_config(Config *c, const Variant *v) {
 static double objective(Model *m, ModelActs *a, const Batch *b) {
     model_end_global_batch(m, 1);  // each evaluation starts a fresh global batch (global aux counts)
     model_forward(m, a, b, NULL, 0);
-    return a->lm_loss + a->aux_objective;
+    return a->lm_loss + a->aux_objective + a->mtp_objective;
 }
 
 // Routing decisions of every MoE layer, to detect a perturbation that flips a top-k.
 static void routing_snapshot(const Model *m, const ModelActs *a, int32_t *out) {
     size_t at = 0;
-    for (int l = 0; l < m->cfg.num_layers; l++)
+    for (int l = 0; l < config_all_layers(&m->cfg); l++)
         if (m->layers[l].is_moe) {
             size_t n = (size_t)a->N * m->cfg.moe_router_topk;
             memcpy(out + at, a->layers[l].moe.route.topk_idx, n * sizeof(int32_t));
@@ -100,7 +101,7 @@ static void check_variant(const Variant *v) {
     int32_t routing0[4096], routing1[4096];
     routing_snapshot(&m, &a, routing0);
     size_t routing_len = 0;
-    for (int l = 0; l < c.num_layers; l++) routing_len += m.layers[l].is_moe ? (size_t)N * c.moe_router_topk : 0;
+    for (int l = 0; l < config_all_layers(&c); l++) routing_len += m.layers[l].is_moe ? (size_t)N * c.moe_router_topk : 0;
     const double eps = 1e-6;
     int checked = 0, skipped = 0, worst_tensor = -1, tensor_failures = 0;
     double worst = 0;
@@ -283,6 +284,35 @@ static void test_grad_packed_documents_mla(void) {
     check_variant(&v);
 }
 
+// Multi-token prediction: two depths, weighed as much as the main loss.
+static void mtp_two_depths(Config *c) {
+    c->mtp_num_layers = 2;
+    c->mtp_loss_scaling_factor = 2.0;
+}
+
+static void deepseek_v3_mtp(Config *c) {
+    deepseek_v3(c);
+    c->mtp_num_layers = 1;
+    c->mtp_loss_scaling_factor = 0.7;
+}
+
+// MoE depths (the last decoder layer's kind), untied head, masked tokens rolled along.
+static void test_grad_mtp_moe_depths(void) {
+    Variant v = {"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1, mtp_two_depths, 0, 0};
+    check_variant(&v);
+}
+
+// Dense depths with a tied embedding and head.
+static void test_grad_mtp_dense_depths_tied(void) {
+    Variant v = {"[1,0]", 1, 0, 0, 2, 4, 1, 0, 0.1, mtp_two_depths, 0, 0};
+    check_variant(&v);
+}
+
+static void test_grad_mtp_deepseek_v3(void) {
+    Variant v = {"[0,1]", 0, 1, 0, 2, 4, 0, 1, 0.0, deepseek_v3_mtp, 0, 0};
+    check_variant(&v);
+}
+
 static void test_grad_dense_qwen3(void) {
     Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0, NULL, 0, 0};
     check_variant(&v);
@@ -302,5 +332,8 @@ int main(void) {
     RUN(test_grad_mla_yarn);
     RUN(test_grad_packed_documents);
     RUN(test_grad_packed_documents_mla);
+    RUN(test_grad_mtp_moe_depths);
+    RUN(test_grad_mtp_dense_depths_tied);
+    RUN(test_grad_mtp_deepseek_v3);
     TESTS_DONE();
 }
