@@ -30,7 +30,7 @@
 static const FlagSpec FLAGS[] = {
     // model shape
     F("num-layers", FLAG_INT, num_layers, TR, 1, "transformer blocks"),
-    F("mtp-num-layers", FLAG_INT, mtp_num_layers, TR, 1, "multi-token prediction (DeepSeek-V3): depths after the decoder, depth k predicting the token k+2 ahead through one more transformer layer of the last layer's kind (0 = none)"),
+    F("mtp-num-layers", FLAG_INT, mtp_num_layers, TR | CMD_FORWARD, 1, "multi-token prediction (DeepSeek-V3): depths after the decoder, depth k predicting the token k+2 ahead through one more transformer layer of the last layer's kind (0 = none); with --load of a Hugging Face DeepSeek-V3 directory, its first N num_nextn_predict_layers (without the flag they are skipped)"),
     F("mtp-loss-scaling-factor", FLAG_DOUBLE, mtp_loss_scaling_factor, TR, 0, "the MTP losses' weight in the objective: each depth's loss times this / --mtp-num-layers"),
     F("hidden-size", FLAG_INT, hidden_size, TR, 1, "model width H"),
     F("ffn-hidden-size", FLAG_INT, ffn_hidden_size, TR, 1, "dense SwiGLU width (0 = 4*H)"),

@@ -371,10 +371,10 @@ static void read_deepseek(Config *c, const HfKeys *k) {
         mt_die("%s: norm_topk_prob false with sigmoid routing is not supported (moetron renormalises the top-k "
                "sigmoid scores, as Megatron-Core does)", k->path);
     // multi-token-prediction layers (model.layers.L.*, L >= num_hidden_layers; transformers
-    // skips them): trained as --mtp-num-layers, all of them unless the flag asks for fewer
+    // skips them, and saves a config that names one without its tensors): the first
+    // --mtp-num-layers of them are the model's depths, the others skipped
     int mtp = key_int(k, "num_nextn_predict_layers", 0);
     c->hf_mtp_layers = mtp > 0 ? mtp : 0;
-    if (!config_flag_given(c, "mtp-num-layers")) c->mtp_num_layers = c->hf_mtp_layers;
     int first_dense = key_int(k, "first_k_dense_replace", 0);
     if (first_dense < 0) first_dense = 3;  // the config class default
     int moe[MT_MAX_LAYERS];

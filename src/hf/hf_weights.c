@@ -419,7 +419,8 @@ static void ws_skip_mtp_layers(WeightSource *ws, const Model *m) {
         }
     if (skipped)
         fprintf(stderr, "note: skipped %ld tensors of %d multi-token-prediction layer(s) (num_nextn_predict_layers) "
-                "beyond --mtp-num-layers %d\n", skipped, present - trained, c->mtp_num_layers);
+                "beyond --mtp-num-layers %d (give the flag to train them)\n", skipped, present - trained,
+                c->mtp_num_layers);
 }
 
 // With expert parallelism the file also holds the experts of the other ranks (and their

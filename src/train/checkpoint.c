@@ -132,16 +132,41 @@ static uint64_t stored_bytes(const Model *m, const TensorDesc *d) {
     return tensor_numel(d) * st_dtype_size(stored_dtype(m, d)) + scale_numel(m, d, grid) * sizeof(float);
 }
 
+// What the model files hold: every tensor of the table under its name, then the copies
+// DeepSeek-V3's files carry (each multi-token-prediction layer holds the embedding and the
+// LM head again; moetron's depths use the model's own, and reading skips the copies).
+typedef struct {
+    char name[MT_NAME_MAX];
+    int tensor;  // the table's tensor whose values it holds
+} SavedTensor;
+
+static int saved_tensors(const Model *m, SavedTensor **out) {
+    const Config *c = &m->cfg;
+    int copies = m->family == HF_DEEPSEEK_V3 ? c->mtp_num_layers : 0, n = 0;
+    SavedTensor *s = *out = mt_malloc(((size_t)m->tt.count + 2 * (size_t)copies) * sizeof(*s));
+    for (int i = 0; i < m->tt.count; i++, n++) {
+        snprintf(s[n].name, sizeof(s[n].name), "%s", m->tt.descs[i].name);
+        s[n].tensor = i;
+    }
+    for (int k = 0; k < copies; k++) {
+        hf_layer_tensor_name(s[n].name, m->family, c->num_layers + k, PART_MTP_EMBED, -1);
+        s[n++].tensor = m->embed;
+        hf_layer_tensor_name(s[n].name, m->family, c->num_layers + k, PART_MTP_HEAD, -1);
+        s[n++].tensor = m->lm_head;
+    }
+    return n;
+}
+
 // Assigns every tensor to a shard as huggingface_hub's split_torch_state_dict_into_shards
 // (used by transformers' save_pretrained) does: in tensor order, a tensor joins the shard
 // being filled unless that would take it past max_bytes, which closes the shard first; a
 // tensor larger than max_bytes alone becomes a shard of its own at once. Shards are numbered
 // in the order they are closed. Returns the number of shards.
-static int plan_shards(const Model *m, int64_t max_bytes, int *shard_of) {
+static int plan_shards(const Model *m, const SavedTensor *saved, int count, int64_t max_bytes, int *shard_of) {
     uint64_t max = max_bytes > 0 ? (uint64_t)max_bytes : UINT64_MAX, filled = 0;
     int n_shards = 0, open_from = 0;  // the shard being filled holds the unassigned tensors from open_from on
-    for (int i = 0; i < m->tt.count; i++) {
-        uint64_t bytes = stored_bytes(m, &m->tt.descs[i]);
+    for (int i = 0; i < count; i++) {
+        uint64_t bytes = stored_bytes(m, &m->tt.descs[saved[i].tensor]);
         shard_of[i] = -1;
         if (bytes > max) {
             shard_of[i] = n_shards++;
@@ -157,7 +182,7 @@ static int plan_shards(const Model *m, int64_t max_bytes, int *shard_of) {
         filled += bytes;
     }
     int open = 0;
-    for (int k = open_from; k < m->tt.count; k++)
+    for (int k = open_from; k < count; k++)
         if (shard_of[k] < 0) shard_of[k] = n_shards, open = 1;
     return n_shards + open;
 }
@@ -179,21 +204,22 @@ static int compare_entries(const void *a, const void *b) {
 
 // model.safetensors.index.json as transformers writes it: sorted keys, total_size the bytes of
 // tensor data in all shards, total_parameters their elements (block scales included).
-static void write_shard_index(const char *dir, const Model *m, const int *shard_of, int n_shards) {
-    IndexEntry *sorted = mt_malloc(2 * (size_t)m->tt.count * sizeof(*sorted));
+static void write_shard_index(const char *dir, const Model *m, const SavedTensor *saved, int count,
+                              const int *shard_of, int n_shards) {
+    IndexEntry *sorted = mt_malloc(2 * (size_t)count * sizeof(*sorted));
     uint64_t total_size = 0, total_parameters = 0;
     int n = 0;
-    for (int i = 0; i < m->tt.count; i++) {
-        const TensorDesc *d = &m->tt.descs[i];
+    for (int i = 0; i < count; i++) {
+        const TensorDesc *d = &m->tt.descs[saved[i].tensor];
         int64_t grid[2];
         uint64_t scales = scale_numel(m, d, grid);
         total_size += stored_bytes(m, d);
         total_parameters += tensor_numel(d) + scales;
         sorted[n].shard = shard_of[i];
-        snprintf(sorted[n++].name, sizeof(sorted->name), "%s", d->name);
+        snprintf(sorted[n++].name, sizeof(sorted->name), "%s", saved[i].name);
         if (!scales) continue;
         sorted[n].shard = shard_of[i];
-        snprintf(sorted[n++].name, sizeof(sorted->name), "%s" HF_FP8_SCALE_SUFFIX, d->name);
+        snprintf(sorted[n++].name, sizeof(sorted->name), "%s" HF_FP8_SCALE_SUFFIX, saved[i].name);
     }
     qsort(sorted, (size_t)n, sizeof(*sorted), compare_entries);
     JsonWriter w;
@@ -229,13 +255,14 @@ static void stream_close(StWriter *w, const char *path) {
     if (stw_stream_close(w, err, sizeof(err))) mt_die("writing %s: %s", path, err);
 }
 
-// d in the header of its shard: the tensor, and after it its block scales when it has them.
-static void declare_model_tensor(StWriter *w, const Model *m, const TensorDesc *d) {
-    stw_declare(w, d->name, stored_dtype(m, d), d->ndim, d->shape);
+// d (saved as `saved_name`) in the header of its shard: the tensor, and after it its block
+// scales when it has them.
+static void declare_model_tensor(StWriter *w, const Model *m, const TensorDesc *d, const char *saved_name) {
+    stw_declare(w, saved_name, stored_dtype(m, d), d->ndim, d->shape);
     int64_t grid[2];
     if (!scale_numel(m, d, grid)) return;
     char name[MT_NAME_MAX + sizeof(HF_FP8_SCALE_SUFFIX)];
-    snprintf(name, sizeof(name), "%s" HF_FP8_SCALE_SUFFIX, d->name);
+    snprintf(name, sizeof(name), "%s" HF_FP8_SCALE_SUFFIX, saved_name);
     stw_declare(w, name, ST_F32, 2, grid);
 }
 
@@ -294,8 +321,10 @@ static void note_unaligned_fp8(const Model *m) {
 // One shard at a time, one tensor at a time: the writer holds no more than the tensor the
 // source hands it (the parameters themselves in one process), and with fp8 its codes.
 static void write_model_files(const char *dir, const Model *m, const CkptSource *src) {
-    int *shard_of = mt_malloc((size_t)m->tt.count * sizeof(*shard_of));
-    int n_shards = plan_shards(m, m->cfg.max_shard_bytes, shard_of);
+    SavedTensor *saved;
+    int count = saved_tensors(m, &saved);
+    int *shard_of = mt_malloc((size_t)count * sizeof(*shard_of));
+    int n_shards = plan_shards(m, saved, count, m->cfg.max_shard_bytes, shard_of);
     Fp8Staging fp8 = {NULL, NULL};
     if (src->writer) fp8 = fp8_staging(m), note_unaligned_fp8(m);
     char file[64], path[CKPT_PATH_MAX + 128];
@@ -304,20 +333,21 @@ static void write_model_files(const char *dir, const Model *m, const CkptSource 
         snprintf(path, sizeof(path), "%s/%s", dir, file);
         StWriter w;
         stw_init(&w);
-        for (int i = 0; src->writer && i < m->tt.count; i++)
-            if (shard_of[i] == s) declare_model_tensor(&w, m, &m->tt.descs[i]);
+        for (int i = 0; src->writer && i < count; i++)
+            if (shard_of[i] == s) declare_model_tensor(&w, m, &m->tt.descs[saved[i].tensor], saved[i].name);
         if (src->writer) stream_open(&w, path);
-        for (int i = 0; i < m->tt.count; i++) {
+        for (int i = 0; i < count; i++) {
             if (shard_of[i] != s) continue;
-            const real *v = src->values(src->ctx, i, CKPT_PARAMS);
-            if (src->writer) stream_model_tensor(&w, m, &m->tt.descs[i], v, &fp8);
+            const real *v = src->values(src->ctx, saved[i].tensor, CKPT_PARAMS);
+            if (src->writer) stream_model_tensor(&w, m, &m->tt.descs[saved[i].tensor], v, &fp8);
         }
         if (src->writer) stream_close(&w, path);
     }
-    if (n_shards > 1 && src->writer) write_shard_index(dir, m, shard_of, n_shards);
+    if (n_shards > 1 && src->writer) write_shard_index(dir, m, saved, count, shard_of, n_shards);
     free(fp8.codes);
     free(fp8.scale_inv);
     free(shard_of);
+    free(saved);
 }
 
 // ---- optimizer state, trainer state, tokenizer ------------------------------------------

@@ -12,20 +12,22 @@ const char *parallel_dim_name(ParallelDim d) {
 // Elements this rank sends in an all-reduce of n over g (parallel/comm.h's count).
 static double allreduce_elements(double n, const Comm *g) { return (double)comm_allreduce_elements_sent(g, (size_t)n); }
 
-// Every layer of this rank's chunks: how many, how many MoE, how many with a shared expert.
+// Every layer of this rank's chunks (the multi-token-prediction depths' included): how many,
+// how many MoE, how many with a shared expert, how many are MTP depths.
 typedef struct {
-    int layers, moe, shared;
+    int layers, moe, shared, mtp;
 } RankLayers;
 
 static RankLayers rank_layers(const Model *m) {
-    RankLayers r = {0, 0, 0};
+    RankLayers r = {0, 0, 0, 0};
     const LayoutPlan *p = &m->plan;
-    for (int k = 0; k < p->chunks; k++)
-        for (int l = p->chunk[k].first_layer; l < chunk_layer_end(&p->chunk[k]); l++) {
-            r.layers++;
-            r.moe += m->layers[l].is_moe;
-            r.shared += m->layers[l].is_moe && p->shared_ffn > 0;
-        }
+    for (int l = 0; l < p->layers + p->mtp_layers; l++) {
+        if (!plan_holds_layer(p, l)) continue;
+        r.layers++;
+        r.moe += m->layers[l].is_moe;
+        r.shared += m->layers[l].is_moe && p->shared_ffn > 0;
+        r.mtp += l >= p->layers;
+    }
     return r;
 }
 
@@ -33,23 +35,27 @@ static RankLayers rank_layers(const Model *m) {
 // of the micro-batch's N x H activations each way, per attention, dense or shared-expert
 // block and for the embedding and the head; without SP an all-reduce per block each way),
 // the vocabulary-parallel loss (row maxima gathered, two statistics per token summed), the
-// gradient norm, and with SP the replicated norms' partial gradients.
+// gradient norm, and with SP the replicated norms' partial gradients. Each multi-token-
+// prediction depth looks up the embedding and runs the head once more, and with SP adds its
+// two norms, final norm and [H, 2H] projection to the partial gradients.
 static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estimated) {
     const LayoutPlan *p = &m->plan;
     int P = p->tp_size, H = p->hidden;
     if (P <= 1) return 0;
     RankLayers r = rank_layers(m);
-    int ends = p->holds_embedding + p->holds_head;  // the vocabulary-parallel ends this rank has
+    int heads = p->holds_head * (1 + r.mtp);
+    int ends = p->holds_embedding + r.mtp + heads;  // the vocabulary-parallel ends this rank runs
     double X = (double)N * H, per_mb;
     int blocks = r.layers + (r.layers - r.moe) + r.shared;  // attention; the dense FFN or shared expert
     if (p->sequence_parallel)  // 4 collectives a block, 2 an end: (P-1)/P of X each
         per_mb = (4.0 * blocks + 2.0 * ends) * (P - 1) * X / P * REAL;
     else  // 2 all-reduces a block, 1 an end
         per_mb = (2.0 * blocks + ends) * allreduce_elements(X, p->tp) * REAL;
-    if (p->holds_head) per_mb += (double)(P - 1) * N * REAL + allreduce_elements(2.0 * N, p->tp) * DOUBLE;
+    per_mb += heads * ((double)(P - 1) * N * REAL + allreduce_elements(2.0 * N, p->tp) * DOUBLE);
     double step = M * per_mb + allreduce_elements(1, p->tp) * DOUBLE;
     if (p->sequence_parallel)
-        step += (r.layers * allreduce_elements(2.0 * H, p->tp) + (p->holds_head ? allreduce_elements(H, p->tp) : 0)) * REAL;
+        step += (r.layers * allreduce_elements(2.0 * H, p->tp) + (p->holds_head ? allreduce_elements(H, p->tp) : 0) +
+                 r.mtp * allreduce_elements(3.0 * H + 2.0 * H * H, p->tp)) * REAL;
     *estimated = r.moe > 0 || c->multi_latent_attention || c->qk_layernorm || p->kv_share.size > 1;
     return step;
 }

@@ -11,8 +11,11 @@ export_* : moetron trains a model of the family a few steps and saves it; transf
            loads the checkpoint with AutoModelForCausalLM (clean loading info, the
            expected model_type) and gives the same logits, routing and gradients.
            import_deepseek_v3_fp8_block_scales stores the weights as F8_E4M3 with 128x128
-           weight_scale_inv blocks (DeepSeek-V3's published format); _mtp_layer_skipped adds
-           multi-token-prediction tensors after the last layer.
+           weight_scale_inv blocks (DeepSeek-V3's published format).
+*_mtp    : a multi-token-prediction layer after the last one, read (import) and written
+           (export) with DeepSeek-V3's names; its logits, loss and every gradient of lm loss +
+           0.1 · mtp loss against transformers' DeepSeek-V3 modules composed as Megatron-Core's
+           MTP depth.
 finetune_*: `moetron train --load HF_DIR` on such a transformers-made model saves a
            checkpoint of the same family that transformers loads and agrees with.
 upcycle_*: a dense Qwen3 / Llama made by transformers, upcycled by moetron
@@ -429,35 +432,197 @@ def run_upcycle_case(moetron, name, cfg_cls, cfg_kwargs, moe_type, extra_flags, 
     check(diff <= LOGIT_TOL, f"the upcycled model's logits differ from the dense model's by {diff:.3g}")
 
 
-def run_mtp_case(moetron, name, workdir):
-    """DeepSeek-V3 files carry multi-token-prediction layers after the last one: moetron skips
-    them with a note (as transformers does) and computes the same; without
-    num_nextn_predict_layers they are unexpected tensors."""
+MTP_FACTOR = 0.1  # --mtp-loss-scaling-factor's default
+MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.norm.")  # a depth's own tensors, after its layer's
+MTP_COPIES = ("embed_tokens.", "shared_head.head.")                # the copies DeepSeek-V3's files carry
+
+
+def fuse_experts(sd, n_experts):
+    """transformers v5's fused expert parameters from per-expert tensors (names relative to a layer)."""
+    import torch
+    out = {k: v for k, v in sd.items() if ".experts." not in k}
+    base = "mlp.experts."
+    if base + "0.gate_proj.weight" in sd:
+        out[base + "gate_up_proj"] = torch.stack(
+            [torch.cat([sd[f"{base}{e}.gate_proj.weight"], sd[f"{base}{e}.up_proj.weight"]]) for e in range(n_experts)])
+        out[base + "down_proj"] = torch.stack([sd[f"{base}{e}.down_proj.weight"] for e in range(n_experts)])
+    return out
+
+
+class MtpDepth:
+    """One multi-token-prediction depth as DeepSeek-V3 and Megatron-Core define it, built from
+    transformers' own DeepSeek-V3 modules and a checkpoint's model.layers.L.* tensors:
+    out = shared_head.norm(layer_L(eh_proj([enorm(embed(token t+1)), hnorm(h_t)])))."""
+
+    def __init__(self, cfg, tensors, layer):
+        import torch
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+        H, p = cfg.hidden_size, f"model.layers.{layer}."
+        own = {k[len(p):]: torch.from_numpy(np.array(v, np.float32)) for k, v in tensors.items() if k.startswith(p)}
+        self.layer = DeepseekV3DecoderLayer(cfg, layer).float()
+        block = {k: v for k, v in own.items() if not k.startswith(MTP_OWN + MTP_COPIES)}
+        self.layer.load_state_dict(fuse_experts(block, cfg.n_routed_experts), strict=True)
+        self.enorm, self.hnorm, self.final = (DeepseekV3RMSNorm(H, cfg.rms_norm_eps) for _ in range(3))
+        self.eh_proj = torch.nn.Linear(2 * H, H, bias=False)
+        with torch.no_grad():
+            for mod, key in ((self.enorm, "enorm.weight"), (self.hnorm, "hnorm.weight"),
+                             (self.final, "shared_head.norm.weight"), (self.eh_proj, "eh_proj.weight")):
+                mod.weight.copy_(own[key])
+        self.prefix = p
+
+    def forward(self, model, h, ids):
+        """logits of the depth from the main model's final-norm output h and its input ids."""
+        import torch
+        B, T = ids.shape
+        ahead = torch.roll(ids, -1, dims=1)
+        ahead[:, -1] = 0
+        x = self.eh_proj(torch.cat([self.enorm(model.model.embed_tokens(ahead)), self.hnorm(h)], -1))
+        pos = torch.arange(T)[None].expand(B, T)
+        causal = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
+        x = self.layer(x, attention_mask=causal, position_ids=pos,
+                       position_embeddings=model.model.rotary_emb(x, pos))
+        return model.lm_head(self.final(x if not isinstance(x, tuple) else x[0]))
+
+    def gradients(self):
+        """Its parameters' gradients under their checkpoint names."""
+        import torch
+        mods = {"": self.layer, "enorm.": self.enorm, "hnorm.": self.hnorm, "shared_head.norm.": self.final,
+                "eh_proj.": self.eh_proj}
+        grads = {self.prefix + pre + n: (q.grad if q.grad is not None else torch.zeros_like(q))
+                 for pre, mod in mods.items() for n, q in mod.named_parameters()}
+        grads.update({self.prefix + n: torch.zeros_like(b) for n, b in self.layer.named_buffers()
+                      if n.endswith("e_score_correction_bias")})  # a checkpoint tensor, not trained
+        return grads
+
+
+def compare_mtp(dump, model, tensors, ids, labels):
+    """moetron's main and depth-0 logits and losses, and every gradient of lm loss +
+    MTP_FACTOR · mtp loss, against transformers' modules composed as MtpDepth."""
+    import torch
+    L = model.config.num_hidden_layers
+    depth = MtpDepth(model.config, tensors, L)
+    ids_t = torch.from_numpy(ids.astype(np.int64))
+    h = model.model(input_ids=ids_t, use_cache=False).last_hidden_state
+    logits, mtp_logits = model.lm_head(h), depth.forward(model, h, ids_t)
+    lab = torch.from_numpy(labels.astype(np.int64))
+    ahead = torch.roll(lab, -1, dims=1)
+    ahead[:, -1] = -100
+
+    def ce(lg, lb):
+        lb = lb.reshape(-1)
+        return torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1])[lb >= 0].double(), lb[lb >= 0])
+    loss, mtp_loss = ce(logits, lab), ce(mtp_logits, ahead)
+    d_logits, at = maxdiff_where(dump["logits"], logits.detach().numpy())
+    check(d_logits <= LOGIT_TOL, f"logits max abs diff {d_logits:.3e} at {at}")
+    d_mtp, at = maxdiff_where(dump["mtp.0.logits"], mtp_logits.detach().numpy())
+    check(d_mtp <= LOGIT_TOL, f"mtp.0.logits max abs diff {d_mtp:.3e} at {at}")
+    for key, want in (("loss", loss), ("mtp.0.loss", mtp_loss)):
+        got = scalar(dump[key], key)
+        want = want.item()
+        check(abs(got - want) <= LOSS_TOL, f"{key} moetron {got:.8f} vs transformers {want:.8f}")
+    model.zero_grad(set_to_none=True)
+    (loss + MTP_FACTOR * mtp_loss).backward()
+    grads = dict(hf_gradients(model), **depth.gradients())
+    names = [k[len("grad."):] for k in dump if k.startswith("grad.")]
+    check(any(n.startswith(depth.prefix + "eh_proj") for n in names), "no gradient of the MTP projection dumped")
+    rel, where = compare_grads_l2(dump, names, grads, model.config.moe_intermediate_size)
+    return (f"logits diff {d_logits:.1e}, mtp logits diff {d_mtp:.1e}, {len(names)} gradients, worst rel L2 "
+            f"{rel:.1e} in {where}")
+
+
+def random_mtp_tensors(cfg, layer, model, seed):
+    """A depth's tensors as DeepSeek-V3 files hold them (import_init's scales; the copies of the
+    embedding and head included), per-expert names."""
+    import torch
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+    torch.manual_seed(seed)
+    block = DeepseekV3DecoderLayer(cfg, layer).float()
+    import_init(block, seed)
+    H, p = cfg.hidden_size, f"model.layers.{layer}."
+    sd = {k: v.detach().numpy() for k, v in block.state_dict().items()}
+    for k in list(sd):
+        if k.endswith("e_score_correction_bias"):
+            sd[k] = (0.05 * np.random.default_rng(seed).standard_normal(sd[k].shape)).astype(np.float32)
+    sd = split_fused({p + k: v for k, v in sd.items()}, False)
+    rng = np.random.default_rng(seed + 1)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        sd[p + norm + ".weight"] = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
+    sd[p + "eh_proj.weight"] = (0.1 * rng.standard_normal((H, 2 * H))).astype(np.float32)
+    sd[p + "embed_tokens.weight"] = model.model.embed_tokens.weight.detach().numpy().copy()
+    sd[p + "shared_head.head.weight"] = model.lm_head.weight.detach().numpy().copy()
+    return sd
+
+
+def run_mtp_import_case(moetron, name, workdir):
+    """A DeepSeek-V3 checkpoint with a multi-token-prediction layer after the last one (as
+    DeepSeek-V3 publishes them: num_nextn_predict_layers, its own norms and eh_proj, copies of the
+    embedding and head): moetron reads it as --mtp-num-layers 1 and computes what transformers'
+    modules composed as DeepSeek-V3's MTP compute; without num_nextn_predict_layers the tensors are
+    unexpected."""
     from safetensors.numpy import load_file, save_file
 
     kwargs = dict(DEEPSEEK_BASE, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=2,
-                  first_k_dense_replace=1, num_nextn_predict_layers=1)
-    model, hf_dir = save_random_model("DeepseekV3Config", kwargs, 11, workdir)
+                  first_k_dense_replace=1, num_nextn_predict_layers=1, tie_word_embeddings=False)
+    model, hf_dir = save_random_model("DeepseekV3Config", kwargs, 11, workdir, bias_seed=11)
     st_path = os.path.join(hf_dir, "model.safetensors")
     tensors = load_file(st_path)
-    mtp = f"model.layers.{kwargs['num_hidden_layers']}."
-    tensors[mtp + "eh_proj.weight"] = np.zeros((64, 128), np.float32)
-    tensors[mtp + "self_attn.kv_b_proj.weight"] = np.zeros((4 * 22, 16), np.float32)
+    tensors.update(random_mtp_tensors(model.config, kwargs["num_hidden_layers"], model, 12))
     save_file(tensors, st_path, metadata={"format": "pt"})
-    update_config(hf_dir, {"router_aux_loss_coef": 0.0})  # --grads: the LM-loss gradients transformers computes
+    update_config(hf_dir, {"router_aux_loss_coef": 0.0})  # --grads: no load-balancing term
     in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
-    ids, labels = make_inputs(in_path, 11, VOCAB, BATCH, SEQ, extra_ignored=False)
+    ids, labels = make_inputs(in_path, 11, VOCAB, BATCH, SEQ, extra_ignored=True)
     cmd = [moetron, "forward", "--load", hf_dir, "--input", in_path, "--dump", out_path, "--grads"]
+    run_cmd(cmd + ["--mtp-num-layers", "1"], "moetron forward --mtp-num-layers 1")
+    detail = compare_mtp(load_dump(out_path), model, tensors, ids, labels)
+    # without the flag the layer is skipped (with a note), as transformers does: the causal LM's numbers
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CMD_TIMEOUT)
-    check(p.returncode == 0, f"moetron forward failed: {p.stderr.decode()[-300:]}")
-    check(b"skipped 2 tensors of 1 multi-token-prediction layer" in p.stderr, f"no note: {p.stderr[-300:]!r}")
-    detail = compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
+    check(p.returncode == 0 and b"skipped 42 tensors of 1 multi-token-prediction layer" in p.stderr,
+          f"without --mtp-num-layers: {p.stderr.decode()[-300:]}")
+    compare_forward(load_dump(out_path), model, ids, labels, BATCH * SEQ)
+    p = subprocess.run(cmd + ["--mtp-num-layers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=CMD_TIMEOUT)
+    err = p.stderr.decode().strip().splitlines()
+    check(p.returncode != 0 and len(err) == 1 and "has 1 multi-token-prediction layer" in err[0],
+          f"--mtp-num-layers 2 of 1: expected one error line, got {err[:3]}")
     update_config(hf_dir, {"num_nextn_predict_layers": 0})
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=CMD_TIMEOUT)
     err = p.stderr.decode().strip().splitlines()
+    mtp = f"model.layers.{kwargs['num_hidden_layers']}."
     check(p.returncode != 0 and len(err) == 1 and "unexpected tensor " + mtp in err[0],
           f"without num_nextn_predict_layers: expected one 'unexpected tensor' line, got {err[:3]}")
-    return detail
+    return detail + "; skipped without the flag, as transformers"
+
+
+def run_mtp_export_case(moetron, name, workdir):
+    """moetron trains a DeepSeek-V3 with --mtp-num-layers 1 and saves it: config.json says
+    num_nextn_predict_layers 1, the MTP layer's tensors carry DeepSeek-V3's names (with the
+    embedding and head copies), transformers loads the rest cleanly, and moetron's forward of the
+    checkpoint is what transformers' modules compute."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+    save = os.path.join(workdir, "ckpt")
+    flags = MLA_FLAGS + DEEPSEEK_ROUTER + ["--hf-architecture", "deepseek_v3", "--init-method-std", "0.1",
+                                           "--untie-embeddings-and-output-weights", "--mtp-num-layers", "1",
+                                           "--moe-router-load-balancing-type", "none"]
+    run_cmd([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], "moetron train")
+    it_dir = os.path.join(save, f"iter_{TRAIN_ITERS:07d}")
+    model, info = AutoModelForCausalLM.from_pretrained(it_dir, dtype=torch.float32, output_loading_info=True,
+                                                       **eager_kwargs())
+    L = model.config.num_hidden_layers
+    mtp = f"model.layers.{L}."
+    info["unexpected_keys"] = [k for k in info.get("unexpected_keys", []) if not k.startswith(mtp)]
+    bad = {k: v for k, v in info.items() if v}
+    check(not bad, f"transformers loading info not clean besides the MTP layer: {bad}")
+    check(model.config.num_nextn_predict_layers == 1, f"num_nextn_predict_layers {model.config.num_nextn_predict_layers}")
+    tensors = load_file(os.path.join(it_dir, "model.safetensors"))
+    for copy, main in (("embed_tokens.weight", "model.embed_tokens.weight"), ("shared_head.head.weight", "lm_head.weight")):
+        check(np.array_equal(tensors.get(mtp + copy), tensors[main]), f"{mtp}{copy} is not a copy of {main}")
+    model.eval()
+    in_path, out_path = os.path.join(workdir, "in.safetensors"), os.path.join(workdir, "out.safetensors")
+    ids, labels = make_inputs(in_path, 5, 257, BATCH, SEQ, extra_ignored=False)
+    run_cmd([moetron, "forward", "--load", save, "--input", in_path, "--dump", out_path, "--grads"], "moetron forward")
+    return compare_mtp(load_dump(out_path), model, tensors, ids, labels)
 
 
 FP8_BLOCK = 128
@@ -536,7 +701,8 @@ def main():
     cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
             [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
             [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
-            [("import_deepseek_v3_mtp_layer_skipped", run_mtp_case, ()),
+            [("import_deepseek_v3_mtp", run_mtp_import_case, ()),
+             ("export_deepseek_v3_mtp", run_mtp_export_case, ()),
              ("import_deepseek_v3_fp8_block_scales", run_fp8_case, ())] + \
             [(c[0], run_upcycle_case, c[1:] + ([], {})) for c in UPCYCLE_CASES] + \
             [("upcycle_qwen3_dense_layer_freq", run_upcycle_case,
