@@ -1204,9 +1204,6 @@ static void validate_mtp(Config *c) {
     if (c->pipeline_model_parallel_size > 1)
         config_die("--mtp-num-layers with --pipeline-model-parallel-size %d: multi-token prediction runs without "
                    "pipeline parallelism for now; drop one of them", c->pipeline_model_parallel_size);
-    if (c->context_parallel_size > 1)
-        config_die("--mtp-num-layers with --context-parallel-size %d: multi-token prediction runs without context "
-                   "parallelism for now; drop one of them", c->context_parallel_size);
     for (int k = 0; k < D; k++) c->moe_layer[L + k] = c->moe_layer[L - 1];
 }
 

@@ -483,35 +483,25 @@ static const void *staged(void *dst, const void *src, size_t count, size_t size)
     return dst;
 }
 
-// dst[b,t] = src[b,t+shift] (elements of `size` bytes) within each of the B rows of T, zero
-// bytes past a row's end; in place when dst == src.
-static void roll_rows(void *dst, const void *src, size_t size, int B, int T, int shift) {
-    size_t keep = shift < T ? (size_t)(T - shift) : 0;
-    for (int b = 0; b < B; b++) {
-        char *row = (char *)dst + (size_t)b * T * size;
-        memmove(row, (const char *)src + ((size_t)b * T + (size_t)shift) * size, keep * size);
-        memset(row + keep * size, 0, ((size_t)T - keep) * size);
-    }
-}
-
-// Multi-token prediction's inputs: depth k reads the tokens, labels and loss mask k+1
-// positions ahead along each sequence (token 0 and mask 0 past its end), as Megatron-Core
-// rolls them. Rolled on the host (the caller's batch), then copied.
+// Multi-token prediction's inputs (mtp_roll_inputs): the batch's own (a context-parallel
+// rank's, rolled before slicing), or rolled here from the batch.
 static void stage_mtp_inputs(ModelActs *a, const Batch *batch) {
-    int B = batch->B, T = batch->T;
-    size_t n = (size_t)B * T;
-    int32_t *ids = mt_malloc(n * sizeof(int32_t));
-    real *mask = mt_malloc(n * sizeof(real));
-    for (int k = 0; k < a->mtp_depths; k++) {
-        roll_rows(ids, batch->tokens, sizeof(int32_t), B, T, k + 1);
-        device_upload(a->mtp[k].tokens, ids, n * sizeof(int32_t));
-        roll_rows(ids, batch->targets, sizeof(int32_t), B, T, k + 1);
-        device_upload(a->mtp[k].targets, ids, n * sizeof(int32_t));
-        for (size_t i = 0; i < n; i++) mask[i] = batch->loss_mask ? batch->loss_mask[i] : 1;
-        roll_rows(mask, mask, sizeof(real), B, T, k + 1);
-        device_upload(a->mtp[k].loss_mask, mask, n * sizeof(real));
+    size_t n = (size_t)batch->B * batch->T, all = n * a->mtp_depths;
+    int32_t *tokens = NULL, *targets = NULL;
+    real *mask = NULL;
+    if (!batch->mtp_tokens) {
+        tokens = mt_malloc(all * sizeof(int32_t)), targets = mt_malloc(all * sizeof(int32_t));
+        mask = mt_malloc(all * sizeof(real));
+        mtp_roll_inputs(batch, a->mtp_depths, tokens, targets, mask);
     }
-    free(ids);
+    for (int k = 0; k < a->mtp_depths; k++) {
+        size_t at = (size_t)k * n;
+        device_upload(a->mtp[k].tokens, (tokens ? tokens : batch->mtp_tokens) + at, n * sizeof(int32_t));
+        device_upload(a->mtp[k].targets, (targets ? targets : batch->mtp_targets) + at, n * sizeof(int32_t));
+        device_upload(a->mtp[k].loss_mask, (mask ? mask : batch->mtp_loss_mask) + at, n * sizeof(real));
+    }
+    free(tokens);
+    free(targets);
     free(mask);
 }
 
@@ -524,7 +514,7 @@ const Batch *acts_stage_batch(ModelActs *a, const Batch *batch) {
     a->input.positions = staged(a->input_ids + 2 * cap, batch->positions, n, sizeof(int32_t));
     a->input.key_start = staged(a->input_ids + 3 * cap, batch->key_start, n, sizeof(int32_t));
     a->input.loss_mask = staged(a->input_loss_mask, batch->loss_mask, n, sizeof(real));
-    if (batch->targets) stage_mtp_inputs(a, batch);
+    if (batch->targets && a->mtp_depths) stage_mtp_inputs(a, batch);
     return &a->input;
 }
 

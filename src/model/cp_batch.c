@@ -21,7 +21,36 @@ static void *slice_rows(const void *src, int B, int T, int cp_size, int cp_rank,
     return dst;
 }
 
-void cp_batch_slice(CpBatch *s, const Batch *full, int cp_size, int cp_rank) {
+// The multi-token-prediction inputs of full, rolled along its sequences, each depth's
+// (B, T) sliced for the rank.
+static void slice_mtp_inputs(CpBatch *s, const Batch *full, int cp_size, int cp_rank, int depths) {
+    int B = full->B, T = full->T;
+    size_t n = (size_t)B * T, local = n / cp_size;
+    int32_t *tokens = mt_malloc(depths * n * sizeof(int32_t)), *targets = mt_malloc(depths * n * sizeof(int32_t));
+    real *mask = mt_malloc(depths * n * sizeof(real));
+    mtp_roll_inputs(full, depths, tokens, targets, mask);
+    s->mtp_tokens = mt_malloc(depths * local * sizeof(int32_t));
+    s->mtp_targets = mt_malloc(depths * local * sizeof(int32_t));
+    s->mtp_loss_mask = mt_malloc(depths * local * sizeof(real));
+    struct {
+        void *dst;
+        const void *src;
+        size_t size;
+    } arrays[] = {{s->mtp_tokens, tokens, sizeof(int32_t)}, {s->mtp_targets, targets, sizeof(int32_t)},
+                  {s->mtp_loss_mask, mask, sizeof(real)}};
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
+        for (int k = 0; k < depths; k++) {
+            void *piece = slice_rows((const char *)arrays[i].src + k * n * arrays[i].size, B, T, cp_size, cp_rank,
+                                     arrays[i].size);
+            memcpy((char *)arrays[i].dst + k * local * arrays[i].size, piece, local * arrays[i].size);
+            free(piece);
+        }
+    free(tokens);
+    free(targets);
+    free(mask);
+}
+
+void cp_batch_slice(CpBatch *s, const Batch *full, int cp_size, int cp_rank, int mtp_depths) {
     int B = full->B, T = full->T, local = T / cp_size;
     MT_ASSERT(cp_size >= 1 && cp_rank >= 0 && cp_rank < cp_size && T % (2 * cp_size) == 0);
     memset(s, 0, sizeof(*s));
@@ -42,6 +71,11 @@ void cp_batch_slice(CpBatch *s, const Batch *full, int cp_size, int cp_rank) {
     s->batch.loss_mask = s->loss_mask;
     s->batch.positions = s->positions;
     s->batch.key_start = s->key_start;
+    if (!mtp_depths || !full->targets) return;
+    slice_mtp_inputs(s, full, cp_size, cp_rank, mtp_depths);
+    s->batch.mtp_tokens = s->mtp_tokens;
+    s->batch.mtp_targets = s->mtp_targets;
+    s->batch.mtp_loss_mask = s->mtp_loss_mask;
 }
 
 void cp_batch_free(CpBatch *s) {
@@ -50,5 +84,8 @@ void cp_batch_free(CpBatch *s) {
     free(s->positions);
     free(s->key_start);
     free(s->loss_mask);
+    free(s->mtp_tokens);
+    free(s->mtp_targets);
+    free(s->mtp_loss_mask);
     memset(s, 0, sizeof(*s));
 }

@@ -24,10 +24,14 @@ typedef struct {
     Batch batch;  // B, T/CP, and the arrays below (NULL where the full batch has none)
     int32_t *tokens, *targets, *positions, *key_start;
     real *loss_mask;
+    int32_t *mtp_tokens, *mtp_targets;  // (depths, B·T/CP) with multi-token prediction and targets
+    real *mtp_loss_mask;
 } CpBatch;
 
 // Slices full (B rows of T tokens, T divisible by 2·CP) for rank cp_rank. Positions are
 // always given: the full batch's, or the token's index in its sequence when it has none.
-// key_start stays a position in the full sequence. cp_batch_free releases the arrays.
-void cp_batch_slice(CpBatch *s, const Batch *full, int cp_size, int cp_rank);
+// key_start stays a position in the full sequence. With mtp_depths and targets, the
+// multi-token-prediction inputs rolled along the whole sequences, then sliced the same way.
+// cp_batch_free releases the arrays.
+void cp_batch_slice(CpBatch *s, const Batch *full, int cp_size, int cp_rank, int mtp_depths);
 void cp_batch_free(CpBatch *s);

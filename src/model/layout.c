@@ -70,6 +70,8 @@ static void plan_context_parallel(LayoutPlan *p, const Config *c, const ModelGro
     p->cp_inner = group_or_self(g ? g->cp_inner : NULL, &self_inner, "cp_inner");
     p->cp_outer = g && g->cp_outer ? g->cp_outer : p->cp;
     for (int l = 0; l < c->num_layers; l++) p->cp_comm[l] = (CpCommType)c->cp_comm[l];
+    for (int l = c->num_layers; l < config_all_layers(c); l++)  // the MTP layers': the last layer's
+        p->cp_comm[l] = p->cp_comm[c->num_layers - 1];
     p->token_group = p->cp_size > 1 ? (p->sequence_parallel ? g->tp_cp : p->cp) : p->sequence_parallel ? p->tp : NULL;
 }
 

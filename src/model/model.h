@@ -90,6 +90,11 @@ typedef struct {
     uint64_t noise_seed;     // seeds jitter / forced-balance noise of this micro-batch
     long iteration;          // training: the step, and the global sample the micro-batch
     int64_t first_sample;    // starts at (the routing trace's key: moe/routing_trace.h)
+    // Multi-token prediction's inputs when the batch is a context-parallel rank's slice
+    // (model/cp_batch.h): (depths, B·T) each, rolled along the whole sequences before the
+    // slicing (mtp_roll_inputs); NULL: the model rolls tokens, targets and loss_mask itself.
+    const int32_t *mtp_tokens, *mtp_targets;
+    const real *mtp_loss_mask;
 } Batch;
 
 // Multi-Latent Attention activations (per layer). rq, rkv: ranks; dn, dr, dv: no-position,
@@ -221,6 +226,11 @@ typedef struct {
     double *mtp_loss;       // (mtp_depths) each depth's mean masked cross-entropy (with targets)
     double mtp_objective;   // their sum times --mtp-loss-scaling-factor / depths
 } ModelActs;
+
+// Multi-token prediction's inputs of a batch with targets: depth k's tokens, labels and loss
+// mask, each (depths, B·T), rolled k+1 positions left along each sequence with token 0 and
+// mask 0 past its end, as Megatron-Core rolls them (model/mtp.c).
+void mtp_roll_inputs(const Batch *b, int depths, int32_t *tokens, int32_t *targets, real *loss_mask);
 
 // The router settings a validated Config describes.
 RouterConfig model_router_config(const Config *c);

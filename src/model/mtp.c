@@ -22,6 +22,29 @@
 #include "ops/ops.h"
 #include "ops/ops_parallel.h"
 
+// dst[b,t] = src[b,t+shift] (elements of `size` bytes) within each of the B rows of T, zero
+// bytes past a row's end.
+static void roll_rows(void *dst, const void *src, size_t size, int B, int T, int shift) {
+    size_t keep = shift < T ? (size_t)(T - shift) : 0;
+    for (int b = 0; b < B; b++) {
+        char *row = (char *)dst + (size_t)b * T * size;
+        memcpy(row, (const char *)src + ((size_t)b * T + (size_t)shift) * size, keep * size);
+        memset(row + keep * size, 0, ((size_t)T - keep) * size);
+    }
+}
+
+void mtp_roll_inputs(const Batch *b, int depths, int32_t *tokens, int32_t *targets, real *loss_mask) {
+    size_t n = (size_t)b->B * b->T;
+    real *ones = b->loss_mask ? NULL : mt_malloc(n * sizeof(real));
+    for (size_t i = 0; ones && i < n; i++) ones[i] = 1;
+    for (int k = 0; k < depths; k++) {
+        roll_rows(tokens + k * n, b->tokens, sizeof(int32_t), b->B, b->T, k + 1);
+        roll_rows(targets + k * n, b->targets, sizeof(int32_t), b->B, b->T, k + 1);
+        roll_rows(loss_mask + k * n, ones ? ones : b->loss_mask, sizeof(real), b->B, b->T, k + 1);
+    }
+    free(ones);
+}
+
 // What depth k reads as the previous depth's output: the final norm's (depth 0) or depth k−1's.
 static const real *depth_input(const ModelActs *a, int k) { return k ? a->mtp[k - 1].out : a->lnf; }
 

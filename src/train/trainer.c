@@ -97,7 +97,7 @@ static void rank_batch_of(RankBatch *r, const Trainer *t, const Batch *full) {
     memset(r, 0, sizeof(*r));
     r->batch = *full;
     if (cp->size == 1) return;
-    cp_batch_slice(&r->cp, full, cp->size, cp->rank);  // keeps the batch's other fields
+    cp_batch_slice(&r->cp, full, cp->size, cp->rank, t->cfg->mtp_num_layers);  // keeps the batch's other fields
     r->batch = r->cp.batch;
 }
 

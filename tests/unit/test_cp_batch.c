@@ -49,7 +49,7 @@ static void check_slices(int cp, int with_positions) {
     long work0 = -1;
     for (int r = 0; r < cp; r++) {
         CpBatch s;
-        cp_batch_slice(&s, &f.batch, cp, r);
+        cp_batch_slice(&s, &f.batch, cp, r, 0);
         CHECK(s.batch.B == ROWS && s.batch.T == local, "CP=%d rank %d: shape %d x %d", cp, r, s.batch.B, s.batch.T);
         long work = 0;
         for (int b = 0; b < ROWS; b++)
@@ -80,6 +80,31 @@ static void test_slices(void) {
         }
 }
 
+// Multi-token prediction's inputs of a rank: its tokens' k+1-th successors in the whole
+// sequence (across the chunk boundaries), with their targets and masks; 0 past the end.
+static void test_mtp_inputs_rolled_before_slicing(void) {
+    enum { DEPTHS = 2, CP = 2 };
+    FullBatch f;
+    make_full(&f, 0);
+    int local = SEQ / CP;
+    for (int r = 0; r < CP; r++) {
+        CpBatch s;
+        cp_batch_slice(&s, &f.batch, CP, r, DEPTHS);
+        CHECK(s.batch.mtp_tokens && s.batch.mtp_targets && s.batch.mtp_loss_mask, "rank %d: MTP inputs given", r);
+        for (int k = 0; k < DEPTHS; k++)
+            for (int b = 0; b < ROWS; b++)
+                for (int t = 0; t < local; t++) {
+                    int n = k * ROWS * local + b * local + t, ahead = cp_token_index(SEQ, CP, r, t) + k + 1;
+                    int inside = ahead < SEQ, full = b * SEQ + ahead;
+                    CHECK(s.batch.mtp_tokens[n] == (inside ? f.tokens[full] : 0) &&
+                              s.batch.mtp_targets[n] == (inside ? f.targets[full] : 0) &&
+                              s.batch.mtp_loss_mask[n] == (inside ? f.loss_mask[full] : 0),
+                          "rank %d depth %d row %d token %d: not the token %d ahead", r, k, b, t, k + 1);
+                }
+        cp_batch_free(&s);
+    }
+}
+
 // Arrays the full batch lacks stay absent (positions excepted: always given).
 static void test_absent_arrays(void) {
     FullBatch f;
@@ -88,7 +113,7 @@ static void test_absent_arrays(void) {
     f.batch.loss_mask = NULL;
     f.batch.key_start = NULL;
     CpBatch s;
-    cp_batch_slice(&s, &f.batch, 2, 1);
+    cp_batch_slice(&s, &f.batch, 2, 1, 0);
     CHECK(!s.batch.targets && !s.batch.loss_mask && !s.batch.key_start, "absent arrays stay NULL");
     CHECK(s.batch.positions && s.batch.positions[0] == SEQ / 4, "positions given: %d",
           s.batch.positions ? s.batch.positions[0] : -1);
@@ -98,6 +123,7 @@ static void test_absent_arrays(void) {
 int main(void) {
     RUN(test_chunks_as_megatron);
     RUN(test_slices);
+    RUN(test_mtp_inputs_rolled_before_slicing);
     RUN(test_absent_arrays);
     return tl_failed_cases != 0;
 }
