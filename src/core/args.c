@@ -131,7 +131,7 @@ static const FlagSpec FLAGS[] = {
     F("sequence-parallel", FLAG_BOOL, sequence_parallel, TR, 0, "with TP: norms, residuals and the router work on 1/TP of the tokens (all-gather before, reduce-scatter after each tensor-parallel block); needed for MoE layers with TP"),
     F("context-parallel-size", FLAG_INT, context_parallel_size, TR, 0, "processes a sequence is split over (CP)"),
     F("pipeline-model-parallel-size", FLAG_INT, pipeline_model_parallel_size, TR, 0, "pipeline stages the layers are split over (PP)"),
-    F("pipeline-model-parallel-layout", FLAG_STRING, pipeline_model_parallel_layout, TR, 0, "the layers of each pipeline stage in Megatron's syntax: E embedding, t decoder layer, L loss, | between stages, (..)*n and x*n repeat, e.g. \"E|(tt|)*3,tL\"; PP x virtual stages"),
+    F("pipeline-model-parallel-layout", FLAG_STRING, pipeline_model_parallel_layout, TR, 0, "the layers of each pipeline stage in Megatron's syntax: E embedding, t decoder layer, m multi-token-prediction layer (all in the stage of L), L loss, | between stages, (..)*n and x*n repeat, e.g. \"E|(tt|)*3,tL\"; PP x virtual stages"),
     F("decoder-first-pipeline-num-layers", FLAG_INT, decoder_first_pipeline_num_layers, TR, 0, "decoder layers on the first pipeline rank, the rest even over the others (-1: an even split)"),
     F("decoder-last-pipeline-num-layers", FLAG_INT, decoder_last_pipeline_num_layers, TR, 0, "decoder layers on the last pipeline rank, the rest even over the others (-1: an even split)"),
     F("account-for-embedding-in-pipeline-split", FLAG_BOOL, account_for_embedding_in_pipeline_split, TR, 0, "the embedding counts as a layer of the first stage in the even split"),
@@ -1201,9 +1201,6 @@ static void validate_mtp(Config *c) {
     if (!(c->mtp_loss_scaling_factor >= 0))
         config_die("--mtp-loss-scaling-factor %g must be >= 0", c->mtp_loss_scaling_factor);
     if (!D) return;
-    if (c->pipeline_model_parallel_size > 1)
-        config_die("--mtp-num-layers with --pipeline-model-parallel-size %d: multi-token prediction runs without "
-                   "pipeline parallelism for now; drop one of them", c->pipeline_model_parallel_size);
     for (int k = 0; k < D; k++) c->moe_layer[L + k] = c->moe_layer[L - 1];
 }
 

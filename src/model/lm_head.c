@@ -16,14 +16,18 @@ static double *loss_sums_block(void) {
     return block;
 }
 
+// The embedding table this stage holds: its own, or the last pipeline stage's copy.
+static TensorId embedding_table(const Model *m) { return m->embed >= 0 ? m->embed : m->embed_copy; }
+
 void embedding_lookup(const Model *m, ModelActs *a, real *out, const int32_t *tokens) {
     VocabSlice slice = vocab_slice_of_plan(&m->plan);
-    vocab_embedding_forward(&slice, &a->vocab_scratch, out, tokens, tt_param(&m->tt, m->embed), a->N, m->plan.hidden);
+    vocab_embedding_forward(&slice, &a->vocab_scratch, out, tokens, tt_param(&m->tt, embedding_table(m)), a->N,
+                            m->plan.hidden);
 }
 
 void embedding_lookup_backward(Model *m, ModelActs *a, const real *d_out, const int32_t *tokens) {
     VocabSlice slice = vocab_slice_of_plan(&m->plan);
-    vocab_embedding_backward(&slice, &a->vocab_scratch, tt_grad(&m->tt, m->embed), d_out, tokens, a->N,
+    vocab_embedding_backward(&slice, &a->vocab_scratch, tt_grad(&m->tt, embedding_table(m)), d_out, tokens, a->N,
                              m->plan.hidden);
 }
 

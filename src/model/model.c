@@ -317,11 +317,14 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
     TensorShard vocab_rows = plan_tp_shard(&m->plan, 0, m->plan.tp_size);
     const LayoutPlan *p = &m->plan;
     int tied = !c->untie_embeddings_and_output_weights, embed_index = m->tt.described;
-    m->embed = m->final_norm = m->lm_head = -1;  // on other stages
+    // the last pipeline stage reads the embedding too when its head is tied or its
+    // multi-token-prediction depths look tokens up
+    int copies_embedding = p->holds_head && !p->holds_embedding && (tied || c->mtp_num_layers);
+    m->embed = m->final_norm = m->lm_head = m->embed_copy = -1;  // on other stages
     if (p->holds_embedding)
         m->embed = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
                                 c->init_method_std, -1, -1);
-    else if (tied && p->holds_head)
+    else if (copies_embedding)
         tt_skip(&m->tt);  // the last stage's copy below reads it
     else
         add_remote(m, HF_EMBED_NAME);
@@ -339,12 +342,18 @@ void model_describe(Model *m, const Config *cfg, const ModelGroups *groups) {
                                    : add_remote(m, HF_LM_HEAD_NAME);
     } else if (p->holds_head && !p->holds_embedding) {
         // a tied LM head on the last pipeline stage: a copy of the first stage's embedding,
-        // kept equal by summing the two copies' gradients (model_sum_tied_grads)
+        // kept equal by summing the two copies' gradients (the trainer's sum_tied_embedding)
         m->lm_head = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
                                   c->init_method_std, -1, -1);
         tt_mark_copy(&m->tt, m->lm_head, embed_index);
     } else if (p->holds_head) {
         m->lm_head = m->embed;
+    }
+    if (copies_embedding && tied) m->embed_copy = m->lm_head;
+    if (copies_embedding && !tied) {  // the depths' own copy, kept equal as the tied head is
+        m->embed_copy = tt_add_shard(&m->tt, HF_EMBED_NAME, 2, embed_shape, vocab_rows, TENSOR_DECAY, INIT_NORMAL,
+                                     c->init_method_std, -1, -1);
+        tt_mark_copy(&m->tt, m->embed_copy, embed_index);
     }
     build_mtp(&b);
     tt_layout(&m->tt);

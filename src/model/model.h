@@ -64,6 +64,8 @@ typedef struct {
     RouterState *router_state;            // (all layers), mutable during training forwards
     TensorTable tt;
     TensorId embed, final_norm, lm_head;  // lm_head == embed when tied; -1 on a stage without them
+    TensorId embed_copy;                  // a last pipeline stage's copy of the first stage's embedding: the
+                                          // tied LM head, or the multi-token-prediction depths' table; else -1
     LayerParams *layers;                  // (num_layers + mtp_num_layers) by global index; the plan's
                                           // stage layers built
     MtpParams *mtp;                       // (mtp_num_layers) on the stage holding the head, else NULL

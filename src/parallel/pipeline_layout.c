@@ -62,11 +62,30 @@ static int unroll(const char *in, char *out, size_t cap, int groups) {
     return 1;
 }
 
+// Where the multi-token-prediction layers (m) may stand: after every decoder layer, all in
+// the stage of the loss (where moetron runs them, after the head), as many as --mtp-num-layers.
+static int check_mtp_placement(const char *s, int mtp_stage, int last_stage, const Config *c, char *err,
+                               size_t n) {
+    const char *flag = "--pipeline-model-parallel-layout";
+    int count = 0;
+    for (const char *p = s; *p; p++) count += *p == 'm';
+    if (count != c->mtp_num_layers)
+        return refuse(err, n, "%s has %d multi-token-prediction layers (m) but --mtp-num-layers is %d", flag, count,
+                      c->mtp_num_layers);
+    const char *first = strchr(s, 'm');
+    if (first && strchr(first, 't'))
+        return refuse(err, n, "%s: the multi-token-prediction layers (m) come after every decoder layer (t)", flag);
+    if (count && mtp_stage != last_stage)
+        return refuse(err, n, "%s: moetron runs the multi-token-prediction layers (m) in the stage of the loss (L), "
+                      "after the LM head; put every m in that stage", flag);
+    return 0;
+}
+
 // Counts the decoder layers of each stage of the unrolled string; E and L must be the very
 // first and last entries.
 static int parse_stages(PipelineLayout *pl, const char *s, const Config *c, char *err, size_t n) {
     const char *flag = "--pipeline-model-parallel-layout";
-    int stage = 0, embeddings = 0, losses = 0, decoders = 0;
+    int stage = 0, embeddings = 0, losses = 0, decoders = 0, mtp_stage = -1;
     memset(pl->layers, 0, sizeof(pl->layers));
     char last = 0;
     for (const char *p = s; *p; p++) {
@@ -74,12 +93,10 @@ static int parse_stages(PipelineLayout *pl, const char *s, const Config *c, char
             if (++stage >= PP_MAX_STAGES) return refuse(err, n, "%s has more than %d stages", flag, PP_MAX_STAGES);
             continue;
         }
-        if (*p == 'm')
-            return refuse(err, n, "%s: 'm' (a multi-token prediction layer) needs MTP, which moetron does not have yet; "
-                          "remove it", flag);
-        if (!strchr("EtL", *p))
-            return refuse(err, n, "%s: '%c' is not a layer (E embedding, t decoder layer, L loss, | between stages, "
-                          "(..)*n or x*n to repeat)", flag, *p);
+        if (*p == 'm') mtp_stage = stage;
+        if (!strchr("EtmL", *p))
+            return refuse(err, n, "%s: '%c' is not a layer (E embedding, t decoder layer, m multi-token-prediction "
+                          "layer, L loss, | between stages, (..)*n or x*n to repeat)", flag, *p);
         if (*p == 'E' && (embeddings++ || p != s))
             return refuse(err, n, "%s must start with E (the embedding), once", flag);
         losses += *p == 'L';
@@ -91,6 +108,7 @@ static int parse_stages(PipelineLayout *pl, const char *s, const Config *c, char
     if (losses != 1 || last != 'L') return refuse(err, n, "%s must end with L (the loss), once", flag);
     if (decoders != c->num_layers)
         return refuse(err, n, "%s has %d decoder layers (t) but --num-layers is %d", flag, decoders, c->num_layers);
+    if (check_mtp_placement(s, mtp_stage, pl->stages - 1, c, err, n)) return 1;
     if (pl->stages % pl->pp)
         return refuse(err, n, "%s has %d stages, not a multiple of --pipeline-model-parallel-size %d", flag,
                       pl->stages, pl->pp);

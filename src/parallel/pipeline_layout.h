@@ -6,7 +6,8 @@
 // stage 0 also runs the embedding, stage pp·v − 1 the final norm, LM head and loss. Rank r
 // holds virtual stages r, r + pp, r + 2pp, ... (its chunks 0, 1, 2, ...). The placement:
 //   --pipeline-model-parallel-layout  Megatron's string: "E|(tt|)*3,tL" — E embedding,
-//                                     t decoder layer, L loss, | between stages, (..)*n and
+//                                     t decoder layer, m multi-token-prediction layer (in
+//                                     the stage of L), L loss, | between stages, (..)*n and
 //                                     x*n repeat, commas ignored; pp·v stages
 //   --decoder-first/last-pipeline-num-layers  those counts on the first / last rank, the rest
 //                                     even over the middle ranks

@@ -151,7 +151,8 @@ static double pp_bytes(const Config *c, const Model *m, int M, int N_local) {
         int v = p->chunk[k].virtual_stage;
         bytes += M * ((v < stages - 1 ? activation : 0) + (v > 0 ? activation : 0));
     }
-    if (!c->untie_embeddings_and_output_weights && (p->holds_embedding || p->holds_head)) {
+    int copies = !c->untie_embeddings_and_output_weights || c->mtp_num_layers;  // a tied head, MTP's table
+    if (copies && (p->holds_embedding || p->holds_head)) {
         Comm ends = {.name = "embd", .rank = !p->holds_embedding, .size = 2};  // the first and the last stage
         bytes += allreduce_elements((double)p->vocab * p->hidden, &ends) * REAL;
     }

@@ -55,7 +55,7 @@ typedef struct {
     Dataset data;
     RunTokenizer *tokenizer;  // read once at start-up; NULL: byte-level
     Pipeline pipeline;          // the schedule of a step and the activations it keeps
-    Comm tied_embedding;        // PP with a tied LM head: the first and last stage (size 0 elsewhere)
+    Comm tied_embedding;        // PP with two copies of the embedding: the first and last stage (size 0 elsewhere)
     Prefetcher prefetch;        // training micro-batches, read ahead on a thread
     DataBatch eval_batch;       // validation micro-batches
     ParallelGroups groups;      // every process group of the layout
@@ -147,7 +147,7 @@ static void grads_ready(void *ctx, int part) {
 static void sum_tied_embedding(Trainer *t) {
     if (t->tied_embedding.size < 2) return;
     const Model *m = &t->model;
-    TensorId id = m->plan.holds_embedding ? m->embed : m->lm_head;
+    TensorId id = m->plan.holds_embedding ? m->embed : m->embed_copy;
     comm_allreduce_sum(&t->tied_embedding, tt_grad(&m->tt, id), m->tt.descs[id].numel);
 }
 
@@ -379,12 +379,13 @@ static void upcycle_checkpoint(Trainer *t, const char *resolved) {
            t->cfg->moe_upcycling_granularity);
 }
 
-// The first and last pipeline stage of this rank's pipeline, when they hold the two copies
-// of a tied embedding. Collective over the world.
+// The first and last pipeline stage of this rank's pipeline, when they hold two copies of
+// the embedding (a tied LM head, or multi-token prediction's table). Collective over the world.
 static void make_tied_embedding_group(Trainer *t) {
     const Comm *pp = &t->groups.comm[PG_PP];
+    const Config *c = t->cfg;
     t->tied_embedding = (Comm){.name = "embd"};
-    if (pp->size == 1 || t->cfg->untie_embeddings_and_output_weights) return;  // the same answer on every rank
+    if (pp->size == 1 || (c->untie_embeddings_and_output_weights && !c->mtp_num_layers)) return;  // the same on every rank
     int64_t me = comm_world_rank(), *stages = mt_malloc((size_t)pp->size * sizeof(int64_t));
     comm_allgather_int64(pp, &me, stages, 1);
     int ends[2] = {(int)stages[0], (int)stages[pp->size - 1]};  // the middle stages stay out

@@ -161,7 +161,7 @@ fail_mid_schedule() {
 fail_mid_schedule
 
 # bad placements and schedules: one line naming the flags
-expect_error pp_layout_mtp "'m' (a multi-token prediction layer) needs MTP" -- \
+expect_error pp_layout_mtp "has 1 multi-token-prediction layers (m) but --mtp-num-layers is 0" -- \
     "$M" train "${SMALL[@]}" "${PP2[@]}" --pipeline-model-parallel-layout "Et|tt|m|tL"
 expect_error pp_layout_count "--pipeline-model-parallel-layout has 3 decoder layers (t) but --num-layers is 4" -- \
     "$M" train "${SMALL[@]}" "${PP2[@]}" --pipeline-model-parallel-layout "Et|ttL"

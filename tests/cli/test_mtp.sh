@@ -6,10 +6,12 @@
 # objective lm_loss + F/D x the depths' sum (without router losses); the depths learn; F=0
 # leaves the model as it is without MTP, bit for bit; a resumed run (the depths restored from
 # the checkpoint) continues bit for bit; dense depths (last layer dense) train; DP=2, EP=2,
-# TP=2 with SP, TP=2 without SP (a dense model) and the distributed optimizer give the
-# single-process numbers and MTP losses (1e-5, 10 steps); PP, CP, a Hugging Face family
-# without MTP, a factor without depths, a negative factor, a negative depth count and another
-# depth count than the checkpoint's are refused with one line.
+# TP=2 with SP, TP=2 without SP (a dense model), the distributed optimizer, CP=2 (the depths'
+# inputs rolled across the ranks' chunks) and PP=2 (the depths on the last stage with their
+# copy of the embedding: tied, untied with a layout string's m) give the single-process
+# numbers and MTP losses (1e-5, 10 steps); a Hugging Face family without MTP, a factor without
+# depths, a negative factor, a negative depth count, another depth count than the
+# checkpoint's and m placed outside the loss's stage are refused with one line.
 set -u
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/mpi_lib.sh"
@@ -128,10 +130,12 @@ else
     fail mtp_dense_depths "$why $(tail -1 "$work/dense.log")"
 fi
 
-expect_error mtp_pipeline "--mtp-num-layers.*multi-token prediction runs without pipeline parallelism for now" -- \
-    "$M" train "${SMALL[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2
-expect_error mtp_context "--mtp-num-layers.*multi-token prediction runs without context parallelism for now" -- \
-    "$M" train "${SMALL[@]}" "${MTP[@]}" --context-parallel-size 2
+expect_error mtp_layout_count "--pipeline-model-parallel-layout has 1 multi-token-prediction layers (m) but --mtp-num-layers is 2" -- \
+    "$M" train "${SMALL[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|tmL"
+expect_error mtp_layout_after_decoders "the multi-token-prediction layers (m) come after every decoder layer" -- \
+    "$M" train "${SMALL[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Etm|mtL"
+expect_error mtp_layout_stage "runs the multi-token-prediction layers (m) in the stage of the loss" -- \
+    "$M" train "${SMALL[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t|mm|L"
 expect_error mtp_factor_alone "--mtp-loss-scaling-factor applies to --mtp-num-layers" -- \
     "$M" train "${SMALL[@]}" --mtp-loss-scaling-factor 0.5
 expect_error mtp_factor_negative "--mtp-loss-scaling-factor -1 must be >= 0" -- \
@@ -165,3 +169,8 @@ maybe_full mtp_ep2_equals_single mtp_case mtp_ep2_equals_single 2 --expert-model
 maybe_full mtp_tp2_dense_equals_single mtp_case mtp_tp2_dense_equals_single 2 "${TP2[@]}" -- "${MTP[@]}" --num-experts 0
 maybe_full mtp_distopt_dp2_equals_single mtp_case mtp_distopt_dp2_equals_single 2 --use-distributed-optimizer -- \
     "${MTP[@]}"
+maybe_full mtp_cp2_equals_single mtp_case mtp_cp2_equals_single 2 --context-parallel-size 2 -- "${MTP[@]}"
+maybe_full mtp_pp2_equals_single mtp_case mtp_pp2_equals_single 2 --pipeline-model-parallel-size 2 -- "${MTP[@]}"
+maybe_full mtp_pp2_untied_layout_equals_single mtp_case mtp_pp2_untied_layout_equals_single 2 \
+    --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|tmmL" -- "${MTP[@]}" \
+    --untie-embeddings-and-output-weights
