@@ -21,6 +21,7 @@
 #include "model/stage_pass.h"
 #include "ops/ops.h"
 #include "ops/ops_parallel.h"
+#include "ops/quantized_linear.h"
 
 // dst[b,t] = src[b,t+shift] (elements of `size` bytes) within each of the B rows of T, zero
 // bytes past a row's end.
@@ -79,7 +80,8 @@ static void depth_forward(StagePass *s, int k) {
     rmsnorm_forward(d->emb_norm, d->emb_rstd, d->emb, tt_param(&m->tt, mp->enorm), N_local, H, eps);
     rmsnorm_forward(d->hidden_norm, d->hidden_rstd, depth_input(a, k), tt_param(&m->tt, mp->hnorm), N_local, H, eps);
     concat_halves(d->cat, d->emb_norm, d->hidden_norm, N_local, H, 0);
-    linear_forward(a->layers[l].x_in, d->cat, tt_param(&m->tt, mp->eh_proj), N_local, 2 * H, H);
+    qlinear_forward(model_quant(m, mp->eh_proj), a->layers[l].x_in, d->cat, tt_param(&m->tt, mp->eh_proj), N_local,
+                    2 * H, H);
     stage_block_forward(s, l, d->x_out);
     rmsnorm_forward(d->out, d->out_rstd, d->x_out, tt_param(&m->tt, mp->final_norm), N_local, H, eps);
     TpRegion region = model_tp_region(m);
@@ -113,8 +115,8 @@ static void depth_backward(StagePass *s, int k) {
                      tt_param(&m->tt, mp->final_norm), d->out_rstd, N_local, H);
     stage_block_backward(s, l);  // d_resid: d(x_out) -> d(x_in)
     vec_zero(a->d_mtp_cat, 2 * n);
-    linear_backward(a->d_mtp_cat, tt_grad(&m->tt, mp->eh_proj), a->d_resid, d->cat, tt_param(&m->tt, mp->eh_proj),
-                    N_local, 2 * H, H);
+    qlinear_backward(model_quant(m, mp->eh_proj), a->d_mtp_cat, tt_grad(&m->tt, mp->eh_proj), a->d_resid, d->cat,
+                     tt_param(&m->tt, mp->eh_proj), N_local, 2 * H, H);
     concat_halves(a->d_mtp_cat, a->d_norm, a->d_resid, N_local, H, 1);  // d(emb_norm), d(hidden_norm)
     vec_zero(a->d_mtp_emb, n);
     rmsnorm_backward(a->d_mtp_emb, tt_grad(&m->tt, mp->enorm), a->d_norm, d->emb, tt_param(&m->tt, mp->enorm),

@@ -3,7 +3,9 @@
 // attention (q/k/v or MLA's projections, o_proj), the dense FFN, the shared expert and the
 // routed experts (each expert its own quantizers, as TE's GroupedLinear); not the router,
 // the shared-expert gate, norms, the attention core, the embedding or the LM head; no
-// layer of the first / last ones --first-last-layers-bf16 keeps.
+// layer of the first / last ones --first-last-layers-bf16 keeps. The multi-token-prediction
+// depths' layers and projections under the FP8 recipes, as Megatron-Core's global FP8
+// context; FP4 leaves them in high precision (Megatron-Core does not quantize them to FP4).
 #include "model/model.h"
 
 #include <string.h>
@@ -11,8 +13,9 @@
 #include "core/device.h"
 #include "ops/quantized_linear.h"
 
-// Megatron-LM's is_first_last_bf16_layer (global layer index).
+// Megatron-LM's is_first_last_bf16_layer (global layer index); a depth's layer with FP4.
 static int layer_in_bf16(const Config *c, int layer) {
+    if (layer >= c->num_layers) return c->quant_recipe == QUANT_NVFP4;
     if (!c->first_last_layers_bf16) return 0;
     return layer < c->num_layers_at_start_in_bf16 || layer >= c->num_layers - c->num_layers_at_end_in_bf16;
 }
@@ -20,8 +23,9 @@ static int layer_in_bf16(const Config *c, int layer) {
 // The weight tensors of layer l the recipe quantizes, into ids (when non-NULL); their count.
 static int quantized_tensors(const Model *m, int l, TensorId *ids) {
     const LayerParams *lp = &m->layers[l];
-    TensorId attention[] = {lp->q_proj, lp->k_proj, lp->v_proj, lp->o_proj, lp->q_a_proj, lp->q_b_proj,
-                            lp->kv_a_proj, lp->kv_b_proj, lp->shared_gate, lp->shared_up, lp->shared_down};
+    TensorId eh_proj = l >= m->plan.layers ? m->mtp[l - m->plan.layers].eh_proj : -1;  // a depth's projection
+    TensorId attention[] = {lp->q_proj,  lp->k_proj,    lp->v_proj,      lp->o_proj,      lp->q_a_proj, lp->q_b_proj,
+                            lp->kv_a_proj, lp->kv_b_proj, lp->shared_gate, lp->shared_up, lp->shared_down, eh_proj};
     int n = 0, per = (int)(sizeof(attention) / sizeof(attention[0]));
     for (int i = 0; i < per; i++)
         if (attention[i] >= 0) {
@@ -44,7 +48,7 @@ void model_quant_init(Model *m) {
     const Config *c = &m->cfg;
     if (!c->quant_recipe) return;
     int count = 0;
-    for (int l = 0; l < c->num_layers; l++)
+    for (int l = 0; l < config_all_layers(c); l++)
         if (plan_holds_layer(&m->plan, l) && !layer_in_bf16(c, l)) count += quantized_tensors(m, l, NULL);
     QuantRecipeConfig qc = {.recipe = (QuantRecipe)c->quant_recipe, .hybrid = !strcmp(c->fp8_format, "hybrid"),
                             .history_len = c->fp8_amax_history_len, .margin = c->fp8_margin,
@@ -55,7 +59,7 @@ void model_quant_init(Model *m) {
     m->quant_of = mt_calloc((size_t)MT_MAX(m->tt.count, 1), sizeof(QuantLinear *));
     m->quant_of_expert = mt_calloc((size_t)MT_MAX(count, 1), 1);
     TensorId *ids = mt_malloc((size_t)MT_MAX(count, 1) * sizeof(TensorId));
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < config_all_layers(c); l++) {
         if (!plan_holds_layer(&m->plan, l) || layer_in_bf16(c, l)) continue;
         int n = quantized_tensors(m, l, ids);
         for (int i = 0; i < n; i++) {
