@@ -129,6 +129,8 @@ const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf
     if (c->quantile_balancing && c->num_experts > 0)
         gap(&g, "quantile-balancing routing (its per-expert bias steers every forward; transformers' families have "
                 "no place for it)");
+    if (c->moe_latent_size && c->num_experts > 0)
+        gap(&g, "latent MoE (--moe-latent-size: transformers' families have no latent projections)");
     if (family != HF_DEEPSEEK_V3) {
         beyond_standard_attention(c, &g);
         beyond_softmax_router(c, &g);
@@ -202,6 +204,8 @@ static const char *part_suffix(HfFamily family, LayerPart part) {
     case PART_SHARED_UP: return "mlp.shared_experts.up_proj";
     case PART_SHARED_DOWN: return "mlp.shared_experts.down_proj";
     case PART_SHARED_EXPERT_GATE: return "mlp.shared_expert_gate";
+    case PART_FC1_LATENT_PROJ: return "mlp.fc1_latent_proj";
+    case PART_FC2_LATENT_PROJ: return "mlp.fc2_latent_proj";
     }
     return "?";
 }

@@ -41,6 +41,7 @@ typedef enum {
     PART_QB_BIAS,                                       // quantile balancing's per-expert bias (moetron's own)
     PART_SHARED_GATE, PART_SHARED_UP, PART_SHARED_DOWN, // shared expert
     PART_SHARED_EXPERT_GATE,                            // its sigmoid gate [1,H]
+    PART_FC1_LATENT_PROJ, PART_FC2_LATENT_PROJ,         // latent MoE: [L,H], [H,L] (moetron's own)
 } LayerPart;
 
 // Writes e.g. "model.layers.3.mlp.experts.5.gate_proj.weight" into out (MT_NAME_MAX).
