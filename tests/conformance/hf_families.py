@@ -38,8 +38,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_conformance import (BASE_TRAIN, CMD_TIMEOUT, LOGIT_TOL, LOSS_TOL, PROB_TOL,  # noqa: E402
-                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, hf_view, import_init, run_cases,
-                            load_dump, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
+                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, hf_view, import_init,
+                            load_dump, main_over, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
 
 BATCH, SEQ = 2, 20
 VOCAB = 300
@@ -528,11 +528,6 @@ def run_reject_case(moetron, name, flags, expect, workdir):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
-        return 2
-    moetron = os.path.abspath(sys.argv[1])
-    wanted = sys.argv[2:]
     cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
             [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
             [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
@@ -543,13 +538,7 @@ def main():
               UPCYCLE_CASES[0][1:] + (["--moe-layer-freq", "[0,1]"], {"mlp_only_layers": [0]}))] + \
             [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
             [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
-    cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
-    import torch
-    import transformers
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(min(8, os.cpu_count() or 1))
-    return run_cases(moetron, cases, "hffam")
+    return main_over(__doc__, cases, "hffam")
 
 
 if __name__ == "__main__":
