@@ -78,6 +78,7 @@ run_python() {
 run_python hf_conformance "torch transformers safetensors" "$root/tests/conformance/hf_conformance.py" "$MOETRON"
 run_python hf_families "torch transformers safetensors" "$root/tests/conformance/hf_families.py" "$MOETRON"
 run_python hf_export "torch transformers safetensors" "$root/tests/conformance/hf_export.py" "$MOETRON"
+run_python latent_moe "torch transformers safetensors" "$root/tests/conformance/latent_moe.py" "$MOETRON"
 # Megatron-Core's own router functions on the same logits as build/router_probe.
 run_python megatron_router "torch safetensors megatron" "$root/tests/conformance/megatron_router.py" "$bin/router_probe"
 run_python megatron_loss_scaler "torch megatron" "$root/tests/conformance/megatron_loss_scaler.py" "$MOETRON"

@@ -91,6 +91,7 @@ static const FlagSpec FLAGS[] = {
     F("moe-token-drop-policy", FLAG_STRING, moe_token_drop_policy, TR, 1, "probs, position: which tokens an over-full expert keeps"),
     F("moe-pad-expert-input-to-capacity", FLAG_BOOL, moe_pad_expert_input_to_capacity, TR, 1, "give every expert exactly its capacity of rows"),
     F("moe-shared-expert-intermediate-size", FLAG_INT, moe_shared_expert_intermediate_size, TR, 1, "width of a shared expert every token uses (0 = none)"),
+    F("moe-latent-size", FLAG_INT, moe_latent_size, TR, 1, "latent MoE: tokens projected from H to this width before dispatch (fc1_latent_proj), routed experts of this width, the combined result projected back (fc2_latent_proj); the router and the shared expert read H (0 = off)"),
     F("moe-shared-expert-gate", FLAG_BOOL, moe_shared_expert_gate, TR, 1, "scale the shared expert by sigmoid(x*w_gate)"),
     F("moe-router-force-load-balancing", FLAG_BOOL, moe_router_force_load_balancing, TR, 0, "benchmarking: route on random normal logits"),
     F("moe-use-upcycling", FLAG_BOOL, moe_use_upcycling, TR, 0, "--load names a dense checkpoint: start this MoE model from it, every expert a copy of its layer's MLP (or a slice of it, --moe-upcycling-granularity), as Megatron-Core's upcycling"),
@@ -1081,6 +1082,7 @@ static void validate_quant_widths(const Config *c, int align, const char *recipe
     w[n++] = (QuantWidth){"--hidden-size", c->hidden_size};
     w[n++] = (QuantWidth){"--ffn-hidden-size", c->ffn_hidden_size};
     if (c->num_experts) w[n++] = (QuantWidth){"the expert FFN width", c->moe_ffn};
+    if (c->moe_latent_size) w[n++] = (QuantWidth){"--moe-latent-size", c->moe_latent_size};
     w[n++] = (QuantWidth){"--moe-shared-expert-intermediate-size", c->moe_shared_expert_intermediate_size};
     if (c->multi_latent_attention) {
         w[n++] = (QuantWidth){"--q-lora-rank", c->q_lora_rank};
@@ -1172,8 +1174,22 @@ static void validate_upcycling(Config *c) {
                    c->moe_ffn_hidden_size, G, F);
 }
 
+// --moe-latent-size: a positive width, and only for a model with routed experts (a
+// checkpoint's 0 restored without the flag means off).
+static void validate_latent_moe(const Config *c) {
+    if (!config_flag_given(c, "moe-latent-size") && c->moe_latent_size == 0) return;
+    if (c->num_experts == 0)
+        config_die("--moe-latent-size projects the routed experts' tokens; the model has no experts (give --num-experts "
+                   "or drop the flag)");
+    require_dimension("moe-latent-size", c->moe_latent_size);
+    if (c->moe_use_upcycling)
+        config_die("--moe-latent-size with --moe-use-upcycling: the dense MLPs the experts are copied from are "
+                   "--hidden-size wide, not latent; drop one of the two");
+}
+
 static void validate_moe(Config *c) {
     require_range("num-experts", c->num_experts, 0, MAX_EXPERTS);
+    validate_latent_moe(c);
     if (c->moe_use_upcycling) validate_upcycling(c);
     require_flag_context(c, "moe-upcycling-granularity", c->moe_use_upcycling, "--moe-use-upcycling");
     if (c->num_experts > 0) {

@@ -75,6 +75,7 @@ typedef struct {
     char moe_token_drop_policy[16];           // probs | position
     int moe_pad_expert_input_to_capacity;
     int moe_shared_expert_intermediate_size;  // 0 = no shared expert
+    int moe_latent_size;          // routed experts' width L (fc1/fc2 latent projections); 0 = off (H)
     int moe_shared_expert_gate;
     int moe_router_force_load_balancing;
     double moe_router_quantile_balancing_ema;  // quantile balancing: the bias's memory (0 = none)

@@ -129,6 +129,8 @@ const char *hf_family_cannot_express(HfFamily family, const Config *c, char *buf
     if (c->quantile_balancing && c->num_experts > 0)
         gap(&g, "quantile-balancing routing (its per-expert bias steers every forward; transformers' families have "
                 "no place for it)");
+    if (c->moe_latent_size && c->num_experts > 0)
+        gap(&g, "latent MoE (--moe-latent-size: transformers' families have no latent projections)");
     if (family != HF_DEEPSEEK_V3) {
         if (c->mtp_num_layers) gap(&g, "multi-token prediction (--mtp-num-layers: DeepSeek-V3's layers carry it)");
         beyond_standard_attention(c, &g);
@@ -209,6 +211,8 @@ static const char *part_suffix(HfFamily family, LayerPart part) {
     case PART_MTP_FINAL_NORM: return "shared_head.norm";
     case PART_MTP_EMBED: return "embed_tokens";
     case PART_MTP_HEAD: return "shared_head.head";
+    case PART_FC1_LATENT_PROJ: return "mlp.fc1_latent_proj";
+    case PART_FC2_LATENT_PROJ: return "mlp.fc2_latent_proj";
     }
     return "?";
 }

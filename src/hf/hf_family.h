@@ -41,6 +41,7 @@ typedef enum {
     PART_QB_BIAS,                                       // quantile balancing's per-expert bias (moetron's own)
     PART_SHARED_GATE, PART_SHARED_UP, PART_SHARED_DOWN, // shared expert
     PART_SHARED_EXPERT_GATE,                            // its sigmoid gate [1,H]
+    PART_FC1_LATENT_PROJ, PART_FC2_LATENT_PROJ,         // latent MoE: [L,H], [H,L] (moetron's own)
     // a multi-token-prediction depth's own (its layer index follows the decoder's, as
     // DeepSeek-V3's num_nextn_predict_layers): the norms of the next token's embedding and of
     // the previous depth's hidden state, their projection [H, 2H], the norm before the head,

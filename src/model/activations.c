@@ -60,7 +60,7 @@ static void plan_router(BufferPlan *bp, MoeActs *ma, const LayoutPlan *p, int N,
 static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, int B, int T) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
-    int N_all = B * T, N = plan_local_tokens(p, N_all), H = p->hidden, I = p->moe_ffn;
+    int N_all = B * T, N = plan_local_tokens(p, N_all), H = p->hidden, I = p->moe_ffn, Hr = p->moe_hidden;
     size_t choices = (size_t)N * p->topk, rows = moe_rows(c, p, N, N_all), Is = p->shared_ffn;
     if (c->moe_input_jitter_eps > 0) {
         SAVED(bp, ma->jittered_input, N, H);
@@ -81,13 +81,17 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
         SAVED_OR_ALIAS(bp, p->sequence_parallel, ma->shared_gate_full, N_all, 1, ma->shared_gate);
         SAVED(bp, ma->shared_out, N, H);
     }
+    if (c->moe_latent_size) {  // the rows dispatched, and the combined ones fc2 reads
+        SAVED(bp, ma->latent_in, N, Hr);
+        SAVED(bp, ma->latent_out, N, Hr);
+    }
     size_t dispatched = local_dispatched_rows(m, rows), computed = local_expert_rows(m, rows);
-    SAVED(bp, ma->rows_in, dispatched, H);
+    SAVED(bp, ma->rows_in, dispatched, Hr);
     SAVED(bp, ma->row_probs, dispatched, 1);
     SAVED(bp, ma->experts.gate, computed, I);
     SAVED(bp, ma->experts.up, computed, I);
     SAVED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, a->recomputed.moe_act);
-    SAVED(bp, ma->rows_out, dispatched, H);
+    SAVED(bp, ma->rows_out, dispatched, Hr);
 }
 
 static void plan_mla(BufferPlan *bp, MlaActs *ma, ModelActs *a, const Config *c, int heads, int N, int own_up) {
@@ -296,10 +300,15 @@ static void plan_mla_scratch(BufferPlan *bp, ModelActs *a, const Config *c, int 
 }
 
 // dispatched: the local plan's rows whose gradients the dispatcher needs (local_dispatched_rows)
-static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const LayoutPlan *p, size_t dispatched) {
-    int N = a->N, N_local = a->N_local, H = p->hidden, sp = p->sequence_parallel;
-    WORKSPACE(bp, a->d_rows_in, dispatched, H);
-    WORKSPACE(bp, a->d_rows_out, dispatched, H);
+static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const Model *m, size_t dispatched) {
+    const LayoutPlan *p = &m->plan;
+    int N = a->N, N_local = a->N_local, H = p->hidden, Hr = p->moe_hidden, sp = p->sequence_parallel;
+    WORKSPACE(bp, a->d_rows_in, dispatched, Hr);
+    WORKSPACE(bp, a->d_rows_out, dispatched, Hr);
+    if (m->cfg.moe_latent_size) {
+        WORKSPACE(bp, a->d_latent_out, N_local, Hr);
+        WORKSPACE(bp, a->d_latent_in, N_local, Hr);
+    }
     WORKSPACE(bp, a->d_row_probs, dispatched, 1);
     WORKSPACE(bp, a->d_choice_probs, N_local, p->topk);
     WORKSPACE(bp, a->d_router_logits, N_local, p->experts);
@@ -335,7 +344,7 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, 
     WORKSPACE(bp, a->d_gate, ffn_scratch, 1);
     WORKSPACE(bp, a->d_up, ffn_scratch, 1);
     WORKSPACE(bp, a->d_act, ffn_scratch, 1);
-    if (rows) plan_moe_scratch(bp, a, p, local_dispatched_rows(m, rows));
+    if (rows) plan_moe_scratch(bp, a, m, local_dispatched_rows(m, rows));
 }
 
 // The batch as the model reads it (acts_stage_batch) and what leaves the last block.
@@ -405,7 +414,7 @@ EpExchangeShape acts_exchange_shape(const Model *m, int B, int T) {
     int limit = dispatch_capacity(B * T * p->cp_size, p->topk, p->experts, c->moe_expert_capacity_factor);
     return (EpExchangeShape){.tokens = plan_local_tokens(p, B * T), .topk = p->topk, .align = p->expert_row_align,
                              .capacity = c->moe_pad_expert_input_to_capacity ? limit : 0, .expert_limit = limit,
-                             .hidden = p->hidden, .moe_ffn = p->moe_ffn,
+                             .hidden = p->moe_hidden, .moe_ffn = p->moe_ffn,
                              .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT)};
 }
 

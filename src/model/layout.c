@@ -170,6 +170,7 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     p->etp_size = g && g->etp ? g->etp->size : 1;
     p->etp_rank = g && g->etp ? g->etp->rank : 0;
     p->moe_ffn = piece(c->moe_ffn, p->etp_size, p->etp_rank, &unused);
+    p->moe_hidden = c->moe_latent_size ? c->moe_latent_size : c->hidden_size;
     p->padded_vocab = c->padded_vocab_size;
     p->vocab = piece(c->padded_vocab_size, p->tp_size, p->tp_rank, &p->vocab_first);
     make_kv_share(p, g && g->described);

@@ -105,6 +105,8 @@ typedef struct {
     int ffn;         // dense SwiGLU: ffn_hidden_size / TP
     int shared_ffn;  // shared expert: moe_shared_expert_intermediate_size / TP
     int moe_ffn;     // each routed expert: moe_ffn_hidden_size / ETP
+    int moe_hidden;  // the routed experts' rows (dispatch, exchange, experts, combine): the
+                     // latent width with --moe-latent-size, else hidden
     // vocabulary
     int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
     int padded_vocab;        // all rows

@@ -141,6 +141,19 @@ static void build_attention(Builder *b, LayerParams *lp) {
     lp->o_proj = add_row_parallel(b, PART_O_PROJ, H, att_width, out_std);
 }
 
+// Latent MoE (--moe-latent-size L): fc1 [L,H] takes the routed experts' tokens to L, fc2
+// [H,L] (an output projection's init) brings their combined rows back; whole on every TP
+// rank, each rank's tokens making part of the gradient with sequence parallelism.
+static void build_latent_projections(Builder *b, LayerParams *lp) {
+    const Config *c = &b->m->cfg;
+    const LayoutPlan *p = &b->m->plan;
+    int64_t H = c->hidden_size, L = c->moe_latent_size;
+    double std = c->init_method_std, out_std = std / sqrt(2.0 * c->num_layers);
+    if (!L) return;
+    lp->fc1_latent_proj = add_replicated(b, PART_FC1_LATENT_PROJ, L, H, TENSOR_DECAY, p->sequence_parallel, std);
+    lp->fc2_latent_proj = add_replicated(b, PART_FC2_LATENT_PROJ, H, L, TENSOR_DECAY, p->sequence_parallel, out_std);
+}
+
 // One part of every routed expert (all gates, then all ups, then all downs: each part a
 // contiguous [E, ...] block, as the fused Hugging Face layouts), split over ETP along
 // `axis`. Experts of other expert-parallel ranks are counted and named, not stored.
@@ -171,6 +184,7 @@ static void build_layer(Builder *b, LayerParams *lp) {
     lp->post_attn_norm = add_norm(b, PART_POST_ATTN_NORM, H);
     lp->is_moe = c->moe_layer[b->layer];
     lp->expert_bias = lp->qb_bias = lp->shared_gate = lp->shared_up = lp->shared_down = lp->shared_expert_gate = -1;
+    lp->fc1_latent_proj = lp->fc2_latent_proj = -1;
     if (!lp->is_moe) {
         int64_t F = c->ffn_hidden_size;
         lp->mlp_gate = add_column_parallel(b, PART_MLP_GATE, F, H, p->tp_size, std);
@@ -190,10 +204,12 @@ static void build_layer(Builder *b, LayerParams *lp) {
     if (c->quantile_balancing)
         lp->qb_bias = add_layer_shard(b, PART_QB_BIAS, -1, E, 0, plan_tp_replicated(p, 0),
                                       TENSOR_ROUTER | TENSOR_NOT_TRAINED, INIT_ZEROS, 0);
+    build_latent_projections(b, lp);
     build_shared_expert(b, lp);
-    build_experts(b, PART_EXPERT_GATE, I, H, 0, std, &lp->expert_gate);
-    build_experts(b, PART_EXPERT_UP, I, H, 0, std, &lp->expert_up);
-    build_experts(b, PART_EXPERT_DOWN, H, I, 1, out_std, &lp->expert_down);
+    int64_t rows_width = p->moe_hidden;  // H, or the latent width
+    build_experts(b, PART_EXPERT_GATE, I, rows_width, 0, std, &lp->expert_gate);
+    build_experts(b, PART_EXPERT_UP, I, rows_width, 0, std, &lp->expert_up);
+    build_experts(b, PART_EXPERT_DOWN, rows_width, I, 1, out_std, &lp->expert_down);
 }
 
 // Multi-token prediction, after the LM head (so the decoder's tensors keep their places
@@ -583,14 +599,15 @@ static double attention_macs_per_token(const Config *c) {
 }
 
 double model_train_flops_per_token(const Config *c) {
-    double H = c->hidden_size;
+    double H = c->hidden_size, latent = c->moe_latent_size;  // latent MoE: fc1 and fc2, experts L wide
+    double expert_width = latent ? latent : H;
     // the LM head, once more per multi-token-prediction depth, with each depth's projection
     double per_token_macs = c->padded_vocab_size * H * (1 + c->mtp_num_layers) + 2 * H * H * c->mtp_num_layers;
     for (int l = 0; l < config_all_layers(c); l++) {
         per_token_macs += attention_macs_per_token(c);
         if (c->moe_layer[l])
-            per_token_macs += H * c->num_experts + (double)c->moe_router_topk * 3 * H * c->moe_ffn +
-                              3 * H * c->moe_shared_expert_intermediate_size;
+            per_token_macs += H * c->num_experts + (double)c->moe_router_topk * 3 * expert_width * c->moe_ffn +
+                              3 * H * c->moe_shared_expert_intermediate_size + 2 * H * latent;
         else
             per_token_macs += 3 * H * c->ffn_hidden_size;
     }

@@ -39,6 +39,7 @@ typedef struct {
     TensorId *expert_gate, *expert_up, *expert_down;  // (local experts) each: this process's experts
     TensorId shared_gate, shared_up, shared_down;     // shared expert, or -1
     TensorId shared_expert_gate;                      // [1,H] with --moe-shared-expert-gate, or -1
+    TensorId fc1_latent_proj, fc2_latent_proj;        // [L,H], [H,L] with --moe-latent-size, or -1
     ExpertWeights shared_params, shared_grads;        // the shared expert as one group
     // The FFN's SwiGLU weights as per-group pointers (1 group for a dense layer, one per
     // expert for MoE), into the parameters and into the gradients; set by model_build.
@@ -211,6 +212,8 @@ typedef struct {
     // Multi-Latent Attention: (N,heads·(dn+dv)), (N,rkv) ×2, (N,dr), (N,rq) ×2
     real *d_kv_b, *d_latent_norm, *d_latent, *d_k_rope, *d_q_a_norm, *d_q_a;
     real *d_rows_in, *d_rows_out, *d_row_probs, *d_choice_probs, *d_router_logits, *d_router_input;
+    real *d_latent_out;     // (N_local,L) latent MoE: the gradient of the combined rows (fc2's input)
+    real *d_latent_in;      // (N_local,L) latent MoE: the gradient of the dispatched rows (fc1's output)
     real *d_shared_in;      // (N_local,H) shared expert input gradient
     real *d_shared_in_full; // (N,H) this rank's part of it before the sum over TP (or d_shared_in)
     real *d_shared_gate;    // (N_local)

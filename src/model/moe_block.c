@@ -1,7 +1,8 @@
 // moe_block.c — the model's MoE feed-forward block (moe_forward / moe_backward on a layer's
 // LayerActs): router → token dispatcher → experts → combine, composed from the pieces in
 // moe/ as mlp.c composes the dense FFN, plus the tensor-parallel shared expert every token
-// uses.
+// uses; with latent MoE fc1 takes the dispatched tokens to the latent width and fc2 brings
+// the combined rows back.
 #include <math.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@
 #include "moe/routing_trace.h"
 #include "moe/token_dispatcher.h"
 #include "ops/ops.h"
+#include "ops/quantized_linear.h"
 
 enum { NOISE_JITTER = 1, NOISE_FORCED_LOGITS = 2 };  // random streams of a layer
 
@@ -152,19 +154,60 @@ static void trace_picks(const Model *m, int layer, const MoeActs *ma, const Batc
 }
 
 // What the token dispatcher needs of the model, in a forward or a backward pass (each kind
-// its own exchange scratch: the combined schedule overlaps a forward with a backward).
+// its own exchange scratch: the combined schedule overlaps a forward with a backward); its
+// rows are the latent width with latent MoE.
 static MoeDispatchContext dispatch_context(const Model *m, PassKind pass) {
-    return (MoeDispatchContext){.hidden = m->plan.hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
+    return (MoeDispatchContext){.hidden = m->plan.moe_hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
                                 .ep = &m->ep, .buffers = m->ep_buffers[pass],
                                 .act_shared = plan_recomputes(&m->plan, RECOMPUTE_MOE_ACT)};
 }
 
+// Latent MoE (--moe-latent-size): the layer's routed experts work in the latent width, fc1
+// before the dispatch, fc2 after the combine; the router and the shared expert read ln2.
+static int latent(const LayerParams *lp) { return lp->fc1_latent_proj >= 0; }
+
 // The backward scratch of a that the dispatcher fills or hands the experts; the routed
-// experts' input gradient goes to a->d_norm.
-static MoeBackwardBuffers dispatch_backward_buffers(ModelActs *a) {
+// experts' input gradient goes to a->d_norm (with latent MoE to a->d_latent_in, fc1's output).
+static MoeBackwardBuffers dispatch_backward_buffers(const LayerParams *lp, ModelActs *a) {
     return (MoeBackwardBuffers){.d_rows_out = a->d_rows_out, .d_rows_in = a->d_rows_in, .d_row_probs = a->d_row_probs,
-                                .d_gate = a->d_gate, .d_up = a->d_up, .d_act = a->d_act, .d_x = a->d_norm,
-                                .d_choice_probs = a->d_choice_probs};
+                                .d_gate = a->d_gate, .d_up = a->d_up, .d_act = a->d_act,
+                                .d_x = latent(lp) ? a->d_latent_in : a->d_norm, .d_choice_probs = a->d_choice_probs};
+}
+
+// The rows the dispatcher moves (N,·): ln2 itself, or with latent MoE latent_in (N,L) = ln2·W_fc1ᵀ.
+static const real *dispatch_input(const Model *m, const LayerParams *lp, LayerActs *la, int N) {
+    if (!latent(lp)) return la->ln2;
+    qlinear_forward(model_quant(m, lp->fc1_latent_proj), la->moe.latent_in, la->ln2,
+                    tt_param(&m->tt, lp->fc1_latent_proj), N, m->plan.hidden, m->plan.moe_hidden);
+    return la->moe.latent_in;
+}
+
+// Where the combine writes (N,·): ffn_out, or with latent MoE latent_out (N,L), which fc2 reads.
+static real *combine_output(const LayerParams *lp, LayerActs *la) {
+    return latent(lp) ? la->moe.latent_out : la->ffn_out;
+}
+
+// The gradient of the combine's output: d_out (N,H) itself, or with latent MoE through fc2:
+// d_latent_out (N,L) = d_out·W_fc2 and W_fc2's gradient += d_outᵀ·latent_out.
+static const real *combine_output_gradient(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a,
+                                           const real *d_out) {
+    if (!latent(lp)) return d_out;
+    int N = a->N_local, H = m->plan.hidden, L = m->plan.moe_hidden;
+    vec_zero(a->d_latent_out, (size_t)N * L);
+    qlinear_backward(model_quant(m, lp->fc2_latent_proj), a->d_latent_out, tt_grad(&m->tt, lp->fc2_latent_proj), d_out,
+                     la->moe.latent_out, tt_param(&m->tt, lp->fc2_latent_proj), N, L, H);
+    return a->d_latent_out;
+}
+
+// Latent MoE: the dispatched rows' gradient d_latent_in (N,L) through fc1 into d_norm (N,H),
+// overwritten as the dispatcher overwrites it without latent MoE; W_fc1's gradient +=
+// d_latent_inᵀ·ln2.
+static void dispatch_input_backward(Model *m, const LayerParams *lp, LayerActs *la, ModelActs *a) {
+    if (!latent(lp)) return;
+    int N = a->N_local, H = m->plan.hidden, L = m->plan.moe_hidden;
+    vec_zero(a->d_norm, (size_t)N * H);
+    qlinear_backward(model_quant(m, lp->fc1_latent_proj), a->d_norm, tt_grad(&m->tt, lp->fc1_latent_proj),
+                     a->d_latent_in, la->ln2, tt_param(&m->tt, lp->fc1_latent_proj), N, H, L);
 }
 
 // --moe-shared-expert-overlap: the shared expert computes while the routed rows travel.
@@ -214,7 +257,7 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
     if (ma->call.qb_quantile) add_quantiles(m, layer);
     ma->plan.N = N_local;
     MoeDispatchContext ctx = dispatch_context(m, pass);
-    token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, la->ln2, &ma->expert_rows);
+    token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, dispatch_input(m, lp, la, N_local), &ma->expert_rows);
     if (shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
 }
 
@@ -232,17 +275,21 @@ void moe_forward_experts(const Model *m, int layer, LayerActs *la) {
     ExpertRows *rows = &ma->expert_rows;
     if (d->dispatch_finish) d->dispatch_finish(&ctx, ma, rows);
     experts_forward(rows->rows_out, rows->acts, rows->rows_in, rows->row_probs, &lp->ffn_params, &rows->shape);
-    d->combine(&ctx, ma, rows, la->ffn_out);
+    d->combine(&ctx, ma, rows, combine_output(lp, la));
 }
 
 void moe_forward_end(const Model *m, int layer, LayerActs *la, int N) {
     const LayerParams *lp = &m->layers[layer];
     const TokenDispatcher *d = token_dispatcher_of(&m->ep);
     MoeDispatchContext ctx = dispatch_context(m, la->moe.pass);
-    if (d->combine_finish) d->combine_finish(&ctx, &la->moe, la->ffn_out);
+    int N_local = plan_local_tokens(&m->plan, N);
+    if (d->combine_finish) d->combine_finish(&ctx, &la->moe, combine_output(lp, la));
+    if (latent(lp))  // ffn_out (N,H) = latent_out·W_fc2ᵀ
+        qlinear_forward(model_quant(m, lp->fc2_latent_proj), la->ffn_out, la->moe.latent_out,
+                        tt_param(&m->tt, lp->fc2_latent_proj), N_local, m->plan.moe_hidden, m->plan.hidden);
     if (lp->shared_gate < 0) return;
     if (!shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
-    vec_add(la->ffn_out, la->moe.shared_out, (size_t)plan_local_tokens(&m->plan, N) * m->plan.hidden);
+    vec_add(la->ffn_out, la->moe.shared_out, (size_t)N_local * m->plan.hidden);
 }
 
 void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, const int32_t *token_index,
@@ -256,8 +303,9 @@ void moe_forward(const Model *m, int layer, LayerActs *la, const Batch *batch, c
 void moe_backward_begin(Model *m, int layer, LayerActs *la, ModelActs *a, const real *d_out) {
     const LayerParams *lp = &m->layers[layer];
     MoeDispatchContext ctx = dispatch_context(m, PASS_BACKWARD);
-    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
-    token_dispatcher_of(&m->ep)->combine_backward(&ctx, &la->moe, &grads, d_out, &la->moe.expert_rows);
+    MoeBackwardBuffers grads = dispatch_backward_buffers(lp, a);
+    const real *d_combined = combine_output_gradient(m, lp, la, a, d_out);
+    token_dispatcher_of(&m->ep)->combine_backward(&ctx, &la->moe, &grads, d_combined, &la->moe.expert_rows);
     if (shared_overlapped(m, lp)) shared_expert_backward(m, lp, la, a, d_out);
 }
 
@@ -279,7 +327,7 @@ void moe_backward_experts(Model *m, int layer, LayerActs *la, ModelActs *a) {
     MoeActs *ma = &la->moe;
     const TokenDispatcher *d = token_dispatcher_of(&m->ep);
     MoeDispatchContext ctx = dispatch_context(m, PASS_BACKWARD);
-    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
+    MoeBackwardBuffers grads = dispatch_backward_buffers(lp, a);
     ExpertRows *rows = &ma->expert_rows;
     if (d->combine_backward_finish) d->combine_backward_finish(&ctx, ma, rows);
     experts_backward_data(rows->d_rows_in, rows->d_row_probs, rows->d_rows_out, rows->acts, rows->row_probs,
@@ -301,8 +349,9 @@ void moe_backward_end(Model *m, int layer, LayerActs *la, ModelActs *a, const re
     int N = a->N_local, H = m->plan.hidden, E = m->plan.experts;
     const TokenDispatcher *d = token_dispatcher_of(&m->ep);
     MoeDispatchContext ctx = dispatch_context(m, PASS_BACKWARD);
-    MoeBackwardBuffers grads = dispatch_backward_buffers(a);
+    MoeBackwardBuffers grads = dispatch_backward_buffers(lp, a);
     if (d->dispatch_backward_finish) d->dispatch_backward_finish(&ctx, ma, &grads);
+    dispatch_input_backward(m, lp, la, a);
     // router: probs → logits → (router input, W_router); with forced balancing the random
     // logits pass their gradient straight through to the real ones
     router_backward(a->d_router_logits, a->d_choice_probs, ma->logits, &ma->route, &m->router, &ma->call, loss_scale);

@@ -1,7 +1,7 @@
 // quant_layers.c — which of the model's weight matrices the FP8 / FP4 recipe quantizes
 // (ops/quantized_linear.h), as Megatron-LM with Transformer Engine: the linear layers of
-// attention (q/k/v or MLA's projections, o_proj), the dense FFN, the shared expert and the
-// routed experts (each expert its own quantizers, as TE's GroupedLinear); not the router,
+// attention (q/k/v or MLA's projections, o_proj), the dense FFN, the shared expert, latent
+// MoE's projections and the routed experts (each expert its own quantizers, as TE's GroupedLinear); not the router,
 // the shared-expert gate, norms, the attention core, the embedding or the LM head; no
 // layer of the first / last ones --first-last-layers-bf16 keeps. The multi-token-prediction
 // depths' layers and projections under the FP8 recipes, as Megatron-Core's global FP8
@@ -24,8 +24,9 @@ static int layer_in_bf16(const Config *c, int layer) {
 static int quantized_tensors(const Model *m, int l, TensorId *ids) {
     const LayerParams *lp = &m->layers[l];
     TensorId eh_proj = l >= m->plan.layers ? m->mtp[l - m->plan.layers].eh_proj : -1;  // a depth's projection
-    TensorId attention[] = {lp->q_proj,  lp->k_proj,    lp->v_proj,      lp->o_proj,      lp->q_a_proj, lp->q_b_proj,
-                            lp->kv_a_proj, lp->kv_b_proj, lp->shared_gate, lp->shared_up, lp->shared_down, eh_proj};
+    TensorId attention[] = {lp->q_proj,      lp->k_proj,      lp->v_proj,      lp->o_proj,       lp->q_a_proj,
+                            lp->q_b_proj,    lp->kv_a_proj,   lp->kv_b_proj,   lp->shared_gate,  lp->shared_up,
+                            lp->shared_down, lp->fc1_latent_proj, lp->fc2_latent_proj, eh_proj};
     int n = 0, per = (int)(sizeof(attention) / sizeof(attention[0]));
     for (int i = 0; i < per; i++)
         if (attention[i] >= 0) {

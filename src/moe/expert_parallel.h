@@ -69,7 +69,7 @@ typedef struct {
     int capacity;    // rows per expert when padded to capacity (RouterOutput.capacity), else 0
     int expert_limit;  // rows per expert the capacity factor keeps at most (RouterOutput.expert_limit), 0: dropless
     int align;       // > 1: each source's rows of an expert rounded up to a multiple of it (DispatchPlan.align)
-    int hidden, moe_ffn;
+    int hidden, moe_ffn;  // a row's width (H, or the latent width) and each expert's FFN here
     int act_shared;  // --recompute-modules moe_act: the SwiGLU product is the pass's, not the layer's
 } EpExchangeShape;
 // The most rows this rank's experts can be sent for one layer: from each of the ETP·EP

@@ -18,11 +18,14 @@ typedef struct {
     double *counts_before;
     int batches_before;
     int pass;           // PassKind of the forward in progress: which exchange scratch it uses
+    // latent MoE (--moe-latent-size L): the rows the dispatcher moves and the combine's result
+    real *latent_in;    // (N,L) ln2·W_fc1ᵀ
+    real *latent_out;   // (N,L) the combined expert rows, before fc2
     RouterCall call;
     RouterOutput route;
     DispatchPlan plan;
     ExpertRows expert_rows; // the rows this rank's experts computed (set by the token dispatcher)
-    real *rows_in;      // (rows,H) permuted inputs
+    real *rows_in;      // (rows,H) permuted inputs (rows of L with latent MoE, as below)
     real *row_probs;    // (rows)
     ExpertActs experts; // (rows,I) each
     real *rows_out;     // (rows,H)

@@ -14,7 +14,8 @@
 
 // What a dispatcher needs of the layer's model, built by the caller.
 typedef struct {
-    int hidden, experts, moe_ffn;  // H, E (all of them) and I (each expert's FFN on this rank)
+    int hidden, experts, moe_ffn;  // a row's width (H, or L with latent MoE), E (all of them) and
+                                   // I (each expert's FFN on this rank)
     const ExpertParallel *ep;
     struct EpBuffers *buffers;     // the exchange's scratch (expert parallelism), or NULL: one
                                    // set per pass kind (a forward and a backward may overlap)
@@ -26,7 +27,7 @@ typedef struct {
 // The backward buffers of the caller a dispatcher fills or hands the experts (rows: the
 // most a plan of these N tokens can have).
 typedef struct {
-    real *d_rows_out, *d_rows_in;  // (rows,H)
+    real *d_rows_out, *d_rows_in;  // (rows,H) (H: the context's row width, throughout)
     real *d_row_probs;             // (rows)
     real *d_gate, *d_up, *d_act;   // (rows,I) the experts' scratch
     real *d_x;                     // (N,H) the gradient of the dispatched x

@@ -35,9 +35,10 @@ static RankLayers rank_layers(const Model *m) {
 // of the micro-batch's N x H activations each way, per attention, dense or shared-expert
 // block and for the embedding and the head; without SP an all-reduce per block each way),
 // the vocabulary-parallel loss (row maxima gathered, two statistics per token summed), the
-// gradient norm, and with SP the replicated norms' partial gradients. Each multi-token-
-// prediction depth looks up the embedding and runs the head once more, and with SP adds its
-// two norms, final norm and [H, 2H] projection to the partial gradients.
+// gradient norm, and with SP the replicated norms' (and latent MoE's projections') partial
+// gradients. Each multi-token-prediction depth looks up the embedding and runs the head once
+// more, and with SP adds its two norms, final norm and [H, 2H] projection to the partial
+// gradients.
 static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estimated) {
     const LayoutPlan *p = &m->plan;
     int P = p->tp_size, H = p->hidden;
@@ -53,8 +54,9 @@ static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estim
         per_mb = (2.0 * blocks + ends) * allreduce_elements(X, p->tp) * REAL;
     per_mb += heads * ((double)(P - 1) * N * REAL + allreduce_elements(2.0 * N, p->tp) * DOUBLE);
     double step = M * per_mb + allreduce_elements(1, p->tp) * DOUBLE;
-    if (p->sequence_parallel)
+    if (p->sequence_parallel)  // latent MoE's projections too (2·H·L a MoE layer)
         step += (r.layers * allreduce_elements(2.0 * H, p->tp) + (p->holds_head ? allreduce_elements(H, p->tp) : 0) +
+                 r.moe * allreduce_elements(2.0 * H * c->moe_latent_size, p->tp) +
                  r.mtp * allreduce_elements(3.0 * H + 2.0 * H * H, p->tp)) * REAL;
     *estimated = r.moe > 0 || c->multi_latent_attention || c->qk_layernorm || p->kv_share.size > 1;
     return step;
@@ -126,7 +128,7 @@ static double ep_bytes(const Model *m, int M, int N, int *estimated) {
     if (!ep->gather) return 0;
     const LayoutPlan *p = &m->plan;
     RankLayers r = rank_layers(m);
-    int H = p->hidden, k = p->topk, G = ep->gather->size;
+    int H = p->moe_hidden, k = p->topk, G = ep->gather->size;  // the rows' width: latent with latent MoE
     double per_layer;
     if (ep->dispatcher == DISPATCH_ALLGATHER) {
         per_layer = (double)(G - 1) * (4.0 * N * H + 4.0 * N * k) * REAL;

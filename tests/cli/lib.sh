@@ -63,6 +63,18 @@ wait_for() {
     grep -q -m1 -- "$pattern" < <(timeout 600 tail --pid="$pid" -s 0.05 -n +1 -F "$file" 2>/dev/null)
 }
 
+# same_steps NAME A B [FROM [LOG]]: JSONL log A has the steps of B from its FROM-th step on
+# (default 1) bit for bit (step_numbers); LOG's last line tells why A has none
+same_steps() {
+    local a b
+    a=$(step_numbers "$2") b=$(step_numbers "$3" | tail -n +"${4:-1}")
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then
+        ok "$1"
+    else
+        fail "$1" "$(diff <(echo "$a") <(echo "$b") | head -2 | tr '\n' ' ') ${5:+$(tail -1 "$5")}"
+    fi
+}
+
 # step_numbers FILE: each step's loss, lm loss, aux loss, z loss and gradient norm of a JSONL
 # log, one line per step in Python's repr (every bit shows; no timings)
 step_numbers() { python3 - "$1" <<'PY'

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_recompute.sh — activation recomputation (--recompute-granularity full, and selective
-# with every module) changes memory, never results. For every model family and MoE feature, and under mpirun for TP+SP, EP
+# with every module) changes memory, never results. For every model family and MoE feature (latent MoE too), and under mpirun for TP+SP, EP
 # (both dispatchers, the shared-expert overlap), CP, PP (also interleaved with the combined
 # 1F1B schedule) and DP with the distributed optimizer: 3 steps with the uniform method in
 # groups of 1 and of 2, with the block method, and selective recomputation of core_attn,
@@ -35,6 +35,7 @@ CASES=(
     "capacity_padded|--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity"
     "deepseek_mla_bias_shared|--hf-architecture deepseek_v3 ${MLA[*]} --q-lora-rank 16 --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-shared-expert-intermediate-size 64 --moe-layer-freq [0,1,1,1]"
     "forced_fp64_gate|--moe-router-force-load-balancing --moe-router-dtype fp64 --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate"
+    "latent_shared_jitter|--moe-latent-size 24 --moe-shared-expert-intermediate-size 32 --moe-input-jitter-eps 0.01"
 )
 # name | ranks | flags: the parallel layouts
 MPI_CASES=(

@@ -738,14 +738,14 @@ def run_cases(moetron, cases, prefix):
     return 1 if failed else 0
 
 
-def main():
+def main_over(doc, all_cases, prefix):
+    """A conformance script's main: `SCRIPT MOETRON_BINARY [CASE ...]` runs the (name, runner,
+    args) cases whose names start with a CASE (all without one); doc's usage line otherwise."""
     if len(sys.argv) < 2:
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        print(doc.strip().splitlines()[2], file=sys.stderr)
         return 2
     moetron = os.path.abspath(sys.argv[1])
     wanted = sys.argv[2:]
-    all_cases = [(c[0], run_case, c[1:]) for c in CASES] + [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES]
-    all_cases += [(c[0], run_import_layout_case, c[1:]) for c in LAYOUT_CASES]
     cases = [c for c in all_cases if not wanted or any(c[0].startswith(w) for w in wanted)]
     if not cases:
         print(f"no case matches {wanted}", file=sys.stderr)
@@ -762,7 +762,13 @@ def main():
     if not os.access(moetron, os.X_OK):
         print(f"FAIL setup: {moetron} is not an executable")
         return 1
-    return run_cases(moetron, cases, "hfconf")
+    return run_cases(moetron, cases, prefix)
+
+
+def main():
+    all_cases = [(c[0], run_case, c[1:]) for c in CASES] + [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES]
+    all_cases += [(c[0], run_import_layout_case, c[1:]) for c in LAYOUT_CASES]
+    return main_over(__doc__, all_cases, "hfconf")
 
 
 if __name__ == "__main__":

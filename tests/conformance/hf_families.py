@@ -41,8 +41,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_conformance import (BASE_TRAIN, CMD_TIMEOUT, LOGIT_TOL, LOSS_TOL, PROB_TOL,  # noqa: E402
-                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, hf_view, import_init, run_cases,
-                            load_dump, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
+                            ROUTER_TOL, TRAIN_ITERS, CaseFailure, check, compare_grads_l2, hf_view, import_init,
+                            load_dump, main_over, make_inputs, maxdiff_where, run_cmd, scalar, split_fused, to_f64)
 
 BATCH, SEQ = 2, 20
 VOCAB = 300
@@ -554,15 +554,17 @@ def random_mtp_tensors(cfg, layer, model, seed):
 
 
 def run_mtp_import_case(moetron, name, workdir):
-    """A DeepSeek-V3 checkpoint with a multi-token-prediction layer after the last one (as
-    DeepSeek-V3 publishes them: num_nextn_predict_layers, its own norms and eh_proj, copies of the
-    embedding and head): moetron reads it as --mtp-num-layers 1 and computes what transformers'
+    """A DeepSeek-V3 checkpoint with YaRN and a multi-token-prediction layer after the last one
+    (as DeepSeek-V3 publishes them: num_nextn_predict_layers, its own norms and eh_proj, copies of
+    the embedding and head): moetron reads it as --mtp-num-layers 1 and computes what transformers'
     modules composed as DeepSeek-V3's MTP compute; without num_nextn_predict_layers the tensors are
     unexpected."""
     from safetensors.numpy import load_file, save_file
 
+    # YaRN as DeepSeek-V3 publishes it, its original context inside the sequence
     kwargs = dict(DEEPSEEK_BASE, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=2,
-                  first_k_dense_replace=1, num_nextn_predict_layers=1, tie_word_embeddings=False)
+                  first_k_dense_replace=1, num_nextn_predict_layers=1, tie_word_embeddings=False,
+                  qk_rope_head_dim=16, rope_parameters=YARN_DEEPSEEK)
     model, hf_dir = save_random_model("DeepseekV3Config", kwargs, 11, workdir, bias_seed=11)
     st_path = os.path.join(hf_dir, "model.safetensors")
     tensors = load_file(st_path)
@@ -594,7 +596,7 @@ def run_mtp_import_case(moetron, name, workdir):
 
 
 def run_mtp_export_case(moetron, name, workdir):
-    """moetron trains a DeepSeek-V3 with --mtp-num-layers 1 and saves it: config.json says
+    """moetron trains a DeepSeek-V3 with YaRN and --mtp-num-layers 1 and saves it: config.json says
     num_nextn_predict_layers 1, the MTP layer's tensors carry DeepSeek-V3's names (with the
     embedding and head copies), transformers loads the rest cleanly, and moetron's forward of the
     checkpoint is what transformers' modules compute."""
@@ -604,7 +606,10 @@ def run_mtp_export_case(moetron, name, workdir):
     save = os.path.join(workdir, "ckpt")
     flags = MLA_FLAGS + DEEPSEEK_ROUTER + ["--hf-architecture", "deepseek_v3", "--init-method-std", "0.1",
                                            "--untie-embeddings-and-output-weights", "--mtp-num-layers", "1",
-                                           "--moe-router-load-balancing-type", "none"]
+                                           "--moe-router-load-balancing-type", "none", "--rope-type", "yarn",
+                                           "--rotary-scaling-factor", "4", "--original-max-position-embeddings", "12",
+                                           "--beta-slow", "0.25", "--mscale", "0.9", "--mscale-all-dim", "0.7",
+                                           "--max-position-embeddings", "64"]
     run_cmd([moetron, "train"] + BASE_TRAIN + flags + ["--save", save], "moetron train")
     it_dir = os.path.join(save, f"iter_{TRAIN_ITERS:07d}")
     model, info = AutoModelForCausalLM.from_pretrained(it_dir, dtype=torch.float32, output_loading_info=True,
@@ -693,11 +698,6 @@ def run_reject_case(moetron, name, flags, expect, workdir):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__.strip().splitlines()[2], file=sys.stderr)
-        return 2
-    moetron = os.path.abspath(sys.argv[1])
-    wanted = sys.argv[2:]
     cases = [(c[0], run_import_case, c[1:]) for c in IMPORT_CASES] + \
             [(c[0], run_export_case, c[1:]) for c in EXPORT_CASES] + \
             [(c[0], run_finetune_case, c[1:]) for c in FINETUNE_CASES] + \
@@ -709,13 +709,7 @@ def main():
               UPCYCLE_CASES[0][1:] + (["--moe-layer-freq", "[0,1]"], {"mlp_only_layers": [0]}))] + \
             [(c[0], run_reject_case, c[1:]) for c in REJECT_CASES] + \
             [(c[0], run_unsupported_config_case, c[1:]) for c in UNSUPPORTED_CONFIGS]
-    cases = [c for c in cases if not wanted or any(c[0].startswith(w) for w in wanted)]
-    import torch
-    import transformers
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(min(8, os.cpu_count() or 1))
-    return run_cases(moetron, cases, "hffam")
+    return main_over(__doc__, cases, "hffam")
 
 
 if __name__ == "__main__":

@@ -313,6 +313,36 @@ static void test_grad_mtp_deepseek_v3(void) {
     check_variant(&v);
 }
 
+// Latent MoE: fc1 takes the routed experts' tokens from hidden 8 to 5, the experts are 5 wide,
+// fc2 brings the combined rows back; a gated shared expert on the full width beside them,
+// the router on ln2 with input jitter in training (fc1 reads ln2 without it).
+static void latent_moe(Config *c) {
+    c->moe_latent_size = 5;
+    c->moe_shared_expert_intermediate_size = 4;
+    c->moe_shared_expert_gate = 1;
+    c->moe_input_jitter_eps = 0.1;
+}
+
+// Latent MoE with a latent width above the hidden size, capacity dropping, every layer MoE.
+static void latent_moe_wide(Config *c) {
+    c->moe_latent_size = 11;
+    c->moe_expert_capacity_factor = 1.0;
+}
+
+// Both features: a latent MoE depth of multi-token prediction.
+static void latent_moe_mtp(Config *c) {
+    latent_moe(c);
+    c->mtp_num_layers = 1;
+    c->mtp_loss_scaling_factor = 1.5;
+}
+
+static void test_grad_latent_moe(void) {
+    const Variant variants[] = {{"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1, latent_moe, 1, 0},
+                                {"1", 0, 0, 1, 2, 3, 0, 0, 0.2, latent_moe_wide, 0, 0},
+                                {"[0,1]", 1, 0, 0, 2, 4, 1, 0, 0.1, latent_moe_mtp, 1, 0}};
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) check_variant(&variants[i]);
+}
+
 static void test_grad_dense_qwen3(void) {
     Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0, NULL, 0, 0};
     check_variant(&v);
@@ -335,5 +365,6 @@ int main(void) {
     RUN(test_grad_mtp_moe_depths);
     RUN(test_grad_mtp_dense_depths_tied);
     RUN(test_grad_mtp_deepseek_v3);
+    RUN(test_grad_latent_moe);
     TESTS_DONE();
 }
