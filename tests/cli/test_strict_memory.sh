@@ -4,7 +4,8 @@
 # block is closed to host code except while an op, a collective or a copy runs; a host access
 # ends the run naming the place. For every model family and MoE feature this trains with
 # evaluation and a checkpoint, resumes from it and generates from it (sampled and greedy);
-# dense, EP, DP with the distributed optimizer, TP with sequence parallelism, PP and CP run
+# dense, EP, DP with the distributed optimizer, TP with sequence parallelism, PP and CP (with
+# multi-token prediction too) run
 # under mpirun the same way. Every strict run gives the same losses and gradient norms as
 # the plain cpu run, bit for bit, and generates the same text.
 set -u
@@ -25,6 +26,7 @@ CASES=(
     "capacity_position_padded|--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position --moe-pad-expert-input-to-capacity"
     "deepseek_mla_bias_groups|--hf-architecture deepseek_v3 ${MLA[*]} --q-lora-rank 16 --rotary-interleaved --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5 --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-shared-expert-intermediate-size 64 --moe-layer-freq [0,1]"
     "precision_offload_fp16_bf16|--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp16 --exp-avg-sq-dtype bf16 --optimizer-cpu-offload --optimizer-offload-fraction 0.5"
+    "mtp_latent|--mtp-num-layers 2 --moe-latent-size 16 --moe-shared-expert-intermediate-size 32"
     "shared_gate_forced_fp64_selective|--moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate --moe-router-force-load-balancing --moe-router-dtype fp64 --moe-router-score-function sqrtsoftplus --recompute-granularity selective --recompute-modules core_attn moe_act layernorm mlp shared_experts"
 )
 # name | ranks | flags: the parallel layouts
@@ -36,6 +38,8 @@ MPI_CASES=(
     "dp2_precision_fp8_fp16|2|--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype fp16"
     "tp2_sp_capacity|2|--tensor-model-parallel-size 2 --sequence-parallel --moe-expert-capacity-factor 1.0"
     "pp2|2|--pipeline-model-parallel-size 2"
+    "pp2_mtp_untied|2|--pipeline-model-parallel-size 2 --mtp-num-layers 1 --untie-embeddings-and-output-weights"
+    "cp2_mtp|2|--context-parallel-size 2 --mtp-num-layers 1"
     "cp2_capacity_position|2|--context-parallel-size 2 --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position"
     "cp2_a2a|2|--context-parallel-size 2 --cp-comm-type a2a"
 )
