@@ -5,8 +5,7 @@
 # ends the run naming the place. For every model family and MoE feature this trains with
 # evaluation and a checkpoint, resumes from it and generates from it (sampled and greedy);
 # dense, EP, DP with the distributed optimizer, TP with sequence parallelism, PP and CP (with
-# multi-token prediction too) run
-# under mpirun the same way. Every strict run gives the same losses and gradient norms as
+# multi-token prediction too) run under mpirun the same way. Every strict run gives the same losses and gradient norms as
 # the plain cpu run, bit for bit, and generates the same text.
 set -u
 source "$(dirname "$0")/lib.sh"
