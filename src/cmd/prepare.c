@@ -37,6 +37,7 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/progress.h"
 #include "core/timer.h"
 #include "data/indexed.h"
 #include "tokenizer/bpe.h"
@@ -406,37 +407,6 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-// ---- progress ----------------------------------------------------------------------------
-
-typedef struct {
-    const char *what;
-    int64_t total;
-    double start, last;
-    int tty, quarters;  // plain lines printed at 25/50/75 %
-} Progress;
-
-static void format_eta(char *out, size_t cap, double seconds) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(out, cap, "%ldh%02ldm", s / 3600, s / 60 % 60);
-    else if (s >= 60) snprintf(out, cap, "%ldm%02lds", s / 60, s % 60);
-    else snprintf(out, cap, "%lds", s);
-}
-
-static void progress_show(Progress *pg, int64_t done, int final) {
-    double now = now_seconds(), elapsed = now - pg->start;
-    int quarter = pg->total ? (int)(4 * done / pg->total) : 4;
-    if (!final && (pg->tty ? now - pg->last < 0.2 : quarter <= pg->quarters || quarter >= 4)) return;
-    pg->last = now;
-    pg->quarters = quarter;
-    double mb = done / 1e6, rate = elapsed > 0 ? mb / elapsed : 0;
-    char eta[32];
-    format_eta(eta, sizeof eta, final ? elapsed : rate > 0 ? (pg->total - done) / 1e6 / rate : 0);
-    fprintf(stderr, "%s%-10s %8.1f / %.1f MB %3d%% | %6.1f MB/s | %s %s%s%s", pg->tty ? "\r" : "", pg->what, mb,
-            pg->total / 1e6, pg->total ? (int)(100 * done / pg->total) : 100, rate, final ? "took" : "ETA", eta,
-            pg->tty ? "\033[K" : "", pg->tty && !final ? "" : "\n");
-    fflush(stderr);
-}
-
 // ---- one pass over the input ---------------------------------------------------------------
 
 static void reset_batch(Batch *b) {
@@ -485,7 +455,8 @@ static void run_pass(Prep *p, Pass pass, const char *what) {
     pthread_t *threads = mt_malloc((size_t)p->workers * sizeof(pthread_t));
     for (int i = 0; i < p->workers; i++)
         if (pthread_create(&threads[i], NULL, worker_main, p)) mt_die("cannot start a worker thread");
-    Progress pg = {.what = what, .total = p->total_bytes, .start = now_seconds(), .tty = isatty(2)};
+    Progress pg;
+    progress_begin(&pg, what, "MB", BYTES_PER_MB, (double)p->total_bytes, PROGRESS_ALWAYS);
     int64_t written = 0, bytes_done = 0;
     for (;;) {
         while (p->n_filled - written < p->n_slots) {
@@ -503,15 +474,15 @@ static void run_pass(Prep *p, Pass pass, const char *what) {
         while (!b->done) pthread_cond_wait(&p->done_cv, &p->mu);
         pthread_mutex_unlock(&p->mu);
         if (b->error[0]) {
-            if (pg.tty) fputc('\n', stderr);
+            if (pg.tty && pg.shown) fputc('\n', stdout);
             mt_die("%s", b->error);
         }
         consume_batch(p, b);
         bytes_done += (int64_t)b->len;
         written++;
-        if (!p->quiet) progress_show(&pg, bytes_done, 0);
+        if (!p->quiet) progress_update(&pg, (double)bytes_done);
     }
-    if (!p->quiet) progress_show(&pg, bytes_done, 1);
+    if (!p->quiet) progress_end(&pg);
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
     pthread_cond_broadcast(&p->ready_cv);

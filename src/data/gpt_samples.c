@@ -6,6 +6,7 @@
 
 #include "core/common.h"
 #include "core/np_random.h"
+#include "core/progress.h"
 #include "data/blend.h"
 
 #define SEPARATE_FINAL_EPOCH_THRESHOLD 0.80  // GPTDataset's threshold
@@ -93,11 +94,15 @@ static void shuffled_epochs(int32_t *out, int64_t first, int64_t count, int64_t 
 // walk the documents in order, each sample taking seq_length + 1 tokens and the next sample
 // starting on its last token.
 static void build_sample_index(GptIndex *g, const int32_t *sequence_lengths, int seq_length) {
+    enum { REPORT_EVERY = 1 << 16 };  // samples between progress updates
     int64_t *out = g->sample_index;
     int64_t doc = 0, offset = 0;
     out[0] = 0;
     out[1] = 0;
+    Progress pg;
+    progress_begin(&pg, "sample index", "k samples", 1e3, (double)g->n_samples, PROGRESS_WHEN_SLOW);
     for (int64_t s = 1; s <= g->n_samples; s++) {
+        if (s % REPORT_EVERY == 0) progress_update(&pg, (double)s);
         int64_t remaining = (int64_t)seq_length + 1;
         for (;;) {
             int64_t available = sequence_lengths[g->document_index[doc]] - offset;
@@ -113,6 +118,8 @@ static void build_sample_index(GptIndex *g, const int32_t *sequence_lengths, int
         out[2 * s] = doc;
         out[2 * s + 1] = offset;
     }
+    progress_update(&pg, (double)g->n_samples);
+    progress_end(&pg);
 }
 
 void gpt_index_build(GptIndex *g, const int32_t *sequence_lengths, int64_t first, int64_t count,

@@ -12,6 +12,7 @@
 
 #include "core/device.h"
 #include "core/json.h"
+#include "core/progress.h"
 #include "core/safetensors.h"
 #include "hf/hf_fp8.h"
 
@@ -495,9 +496,16 @@ void hf_weights_load(const char *dir, Model *m) {
     WeightSource ws;
     ws_open(&ws, dir);
     ws_stage(&ws, m);
-    for (int i = 0; i < m->tt.count; i++)
+    Progress pg;
+    progress_begin(&pg, "loading", "MB", BYTES_PER_MB, (double)m->tt.total * sizeof(real), PROGRESS_WHEN_SLOW);
+    double loaded = 0;
+    for (int i = 0; i < m->tt.count; i++) {
         if (ws_read_param(&ws, m, &m->tt.descs[i], ws.staging))
             device_upload(tt_param(&m->tt, i), ws.staging, m->tt.descs[i].numel * sizeof(real));
+        loaded += (double)m->tt.descs[i].numel * sizeof(real);
+        progress_update(&pg, loaded);
+    }
+    progress_end(&pg);
     ws_skip_mtp_layers(&ws, m);
     ws_skip_remote_experts(&ws, m, "");
     ws_skip_other_stages_dense_mlps(&ws, m);

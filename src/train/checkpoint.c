@@ -14,6 +14,7 @@
 #include "core/device.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/progress.h"
 #include "core/safetensors.h"
 #include "hf/hf_config.h"
 #include "hf/hf_fp8.h"
@@ -328,6 +329,10 @@ static void write_model_files(const char *dir, const Model *m, const CkptSource 
     Fp8Staging fp8 = {NULL, NULL};
     if (src->writer) fp8 = fp8_staging(m), note_unaligned_fp8(m);
     char file[64], path[CKPT_PATH_MAX + 128];
+    double bytes = 0, written = 0;
+    for (int i = 0; i < count; i++) bytes += (double)stored_bytes(m, &m->tt.descs[saved[i].tensor]);
+    Progress pg;
+    progress_begin(&pg, "saving", "MB", BYTES_PER_MB, bytes, PROGRESS_WHEN_SLOW);
     for (int s = 0; s < n_shards; s++) {
         shard_file_name(file, sizeof(file), s, n_shards);
         snprintf(path, sizeof(path), "%s/%s", dir, file);
@@ -340,9 +345,12 @@ static void write_model_files(const char *dir, const Model *m, const CkptSource 
             if (shard_of[i] != s) continue;
             const real *v = src->values(src->ctx, saved[i].tensor, CKPT_PARAMS);
             if (src->writer) stream_model_tensor(&w, m, &m->tt.descs[saved[i].tensor], v, &fp8);
+            written += (double)stored_bytes(m, &m->tt.descs[saved[i].tensor]);
+            if (src->writer) progress_update(&pg, written);
         }
         if (src->writer) stream_close(&w, path);
     }
+    if (src->writer) progress_end(&pg);
     if (n_shards > 1 && src->writer) write_shard_index(dir, m, saved, count, shard_of, n_shards);
     free(fp8.codes);
     free(fp8.scale_inv);

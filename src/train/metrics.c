@@ -11,6 +11,7 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/progress.h"
 #include "core/timer.h"
 #include "ops/gemm.h"
 
@@ -64,13 +65,6 @@ void metrics_open(Metrics *mt, const Config *c, long resumed_iteration) {
     if (c->load[0]) drop_records_after(c->log_jsonl, resumed_iteration);
     mt->jsonl_fd = open(c->log_jsonl, O_WRONLY | O_APPEND | O_CREAT, 0644);
     if (mt->jsonl_fd < 0) mt_die("--log-jsonl %s: cannot open for appending: %s", c->log_jsonl, strerror(errno));
-}
-
-static void format_duration(char *out, size_t cap, double seconds) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(out, cap, "%ldh%02ldm", s / 3600, s / 60 % 60);
-    else if (s >= 60) snprintf(out, cap, "%ldm%02lds", s / 60, s % 60);
-    else snprintf(out, cap, "%lds", s);
 }
 
 // Writes all len bytes; 0, or the errno of the failure (ENOSPC when nothing more fits).

@@ -14,6 +14,7 @@
 #endif
 
 #include "core/profile.h"
+#include "core/progress.h"
 #include "core/timer.h"
 #include "data/dataset.h"
 #include "hf/hf_config.h"
@@ -29,6 +30,7 @@
 #include "parallel/groups.h"
 #include "parallel/watchdog.h"
 #include "train/grad_sync.h"
+#include "train/run_summary.h"
 #include "train/step_stats.h"
 #include "data/prefetch.h"
 #include "train/checkpoint.h"
@@ -75,6 +77,7 @@ typedef struct {
     DataBatch *step_data;       // (micro-batches per rank) copies of them with PP (chunks revisit them)
     int fetched;                // micro-batches of the step fetched so far
     StepLosses *step_losses;
+    RunSummary summary;         // what the run prints at its end
     double parameters, active_parameters;  // of the whole model
 } Trainer;
 
@@ -274,7 +277,10 @@ static double evaluate(Trainer *t) {
     const Config *c = t->cfg;
     int B = c->micro_batch_size, L = c->seq_length;
     double total = 0;
+    Progress pg;
+    progress_begin(&pg, "evaluation", "batches", 1, c->eval_iters, PROGRESS_WHEN_SLOW);
     for (int i = 0; i < c->eval_iters; i++) {
+        progress_update(&pg, i);
         dataset_batch(&t->data, DATA_VALID, (int64_t)i * B, &t->eval_batch);
         Batch full = batch_of(&t->eval_batch, L);
         RankBatch rank;
@@ -282,6 +288,8 @@ static double evaluate(Trainer *t) {
         total += pipeline_forward_only(&t->pipeline, &rank.batch);
         rank_batch_free(&rank);
     }
+    progress_update(&pg, c->eval_iters);
+    progress_end(&pg);
     comm_allreduce_sum_double(&t->groups.comm[PG_PP], &total, 1);  // the last stage's
     return total / c->eval_iters;
 }
@@ -570,6 +578,7 @@ static void save_checkpoint(Trainer *t) {
     double *after = rank_peak_memory();
     watchdog_io_end();
     printf("saved checkpoint %s/iter_%07ld\n", t->cfg->save, t->state.iteration);
+    run_summary_saved(&t->summary, t->state.iteration);
     print_rank_memory("memory: peak RSS per rank before saving:", before);
     print_rank_memory("; with the save:", after);
     printf("\n");
@@ -691,6 +700,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .loss_scaling = t->scaler.kind != LOSS_SCALING_NONE, .loss_scale = o->loss_scale,
                     .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
     metrics_log_step(&t->metrics, &r);
+    run_summary_step(&t->summary, &r);
 }
 
 int train_main(Config *c) {
@@ -731,8 +741,11 @@ int train_main(Config *c) {
         profile_step_done(&profile, step, first_step, c->train_iters, o.step_s);
         prof_enable(0);  // evaluation and saving are not part of the steps
         if (step % c->log_interval == 0 || step == c->train_iters || o.skipped || o.loss_spike) log_step(&t, &s, &o);
-        if (c->eval_interval > 0 && c->eval_iters > 0 && (step % c->eval_interval == 0 || step == c->train_iters))
-            metrics_log_eval(&t.metrics, step, evaluate(&t));
+        if (c->eval_interval > 0 && c->eval_iters > 0 && (step % c->eval_interval == 0 || step == c->train_iters)) {
+            double loss = evaluate(&t);
+            metrics_log_eval(&t.metrics, step, loss);
+            run_summary_eval(&t.summary, step, loss);
+        }
         const char *stop = step < c->train_iters ? run_control_stop_reason(&rc, step, &world) : NULL;
         save_due |= c->save[0] && ((c->save_interval > 0 && step % c->save_interval == 0) || stop);
         int saved = save_due && run_control_may_save(&rc, step);
@@ -753,6 +766,7 @@ int train_main(Config *c) {
     double total = now_seconds() - start;
     printf("data: training waited %.2f s for data in all (%.1f%% of %.1f s)\n", t.prefetch.waited_s,
            total > 0 ? 100 * t.prefetch.waited_s / total : 0, total);
+    run_summary_print(&t.summary, t.state.iteration - first_step + 1, total, c->save);
     profile_print(&profile);
     comm_free(&world);
     trainer_free(&t);
