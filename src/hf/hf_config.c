@@ -255,11 +255,26 @@ static void keep_quantile_balancing(const Config *c, const JsonValue *flags, con
                "family go with it); keep the checkpoint's balancing type", path, was ? "with" : "without");
 }
 
+// A model flag given on the command line that a checkpoint saved before the flag existed
+// (its model has the flag's default) cannot take another value.
+static void check_flag_newer_than_checkpoint(const Config *c, const FlagSpec *f, int index, const char *path) {
+    if (!f->architecture || !c->flag_given[index] || config_upcycling_reshapes(c, f->name)) return;
+    Config defaults;
+    config_defaults(&defaults);
+    if (!flag_values_equal(c, &defaults, f))
+        mt_die("--%s differs from the checkpoint %s (saved before the flag existed: its model has the default); drop "
+               "the flag to use the checkpoint's model", f->name, path);
+}
+
 static void restore_moetron_flags(Config *c, const JsonValue *flags, const char *path) {
     for (int i = 0; i < config_flag_count(); i++) {
         const FlagSpec *f = config_flag(i);
         const JsonValue *v = json_get(flags, f->name);
-        if (!v || is_launch_flag(f->name) || upcycling_leaves(c, f->name)) continue;
+        if (is_launch_flag(f->name) || upcycling_leaves(c, f->name)) continue;
+        if (!v) {
+            check_flag_newer_than_checkpoint(c, f, i, path);
+            continue;
+        }
         char text[sizeof(c->data_path) + 64];  // the longest flag value
         if (!json_scalar_text(v, text, sizeof(text)))
             mt_die("%s: moetron.flags.%s must be a number, boolean or string", path, f->name);

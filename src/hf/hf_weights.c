@@ -346,7 +346,7 @@ static int read_upcycled_expert(WeightSource *ws, const Model *m, const TensorDe
 static void ws_skip_other_stages_dense_mlps(WeightSource *ws, const Model *m) {
     static const LayerPart parts[3] = {PART_MLP_GATE, PART_MLP_UP, PART_MLP_DOWN};
     if (!m->cfg.moe_use_upcycling) return;
-    for (int l = 0; l < m->cfg.num_layers; l++) {
+    for (int l = 0; l < config_all_layers(&m->cfg); l++) {
         if (plan_holds_layer(&m->plan, l)) continue;
         for (int p = 0; p < 3; p++) {
             char name[MT_NAME_MAX];

@@ -527,7 +527,7 @@ void model_upcycle_routers(Model *m) {
     int G = c->moe_upcycling_granularity, E = c->num_experts, H = c->hidden_size;
     if (!c->moe_use_upcycling || G == 1) return;
     real *w = mt_malloc((size_t)E * H * sizeof(real));  // [E, H], whole on every rank
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < config_all_layers(c); l++) {
         const LayerParams *lp = &m->layers[l];
         if (!lp->is_moe || !plan_holds_layer(&m->plan, l)) continue;
         MT_ASSERT(m->tt.descs[lp->router].numel == (size_t)E * H);

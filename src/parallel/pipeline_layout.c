@@ -64,8 +64,8 @@ static int unroll(const char *in, char *out, size_t cap, int groups) {
 
 // Where the multi-token-prediction layers (m) may stand: after every decoder layer, all in
 // the stage of the loss (where moetron runs them, after the head), as many as --mtp-num-layers.
-static int check_mtp_placement(const char *s, int mtp_stage, int last_stage, const Config *c, char *err,
-                               size_t n) {
+// mtp_outside: an m stands in another stage than the last.
+static int check_mtp_placement(const char *s, int mtp_outside, const Config *c, char *err, size_t n) {
     const char *flag = "--pipeline-model-parallel-layout";
     int count = 0;
     for (const char *p = s; *p; p++) count += *p == 'm';
@@ -75,7 +75,7 @@ static int check_mtp_placement(const char *s, int mtp_stage, int last_stage, con
     const char *first = strchr(s, 'm');
     if (first && strchr(first, 't'))
         return refuse(err, n, "%s: the multi-token-prediction layers (m) come after every decoder layer (t)", flag);
-    if (count && mtp_stage != last_stage)
+    if (mtp_outside)
         return refuse(err, n, "%s: moetron runs the multi-token-prediction layers (m) in the stage of the loss (L), "
                       "after the LM head; put every m in that stage", flag);
     return 0;
@@ -85,7 +85,7 @@ static int check_mtp_placement(const char *s, int mtp_stage, int last_stage, con
 // first and last entries.
 static int parse_stages(PipelineLayout *pl, const char *s, const Config *c, char *err, size_t n) {
     const char *flag = "--pipeline-model-parallel-layout";
-    int stage = 0, embeddings = 0, losses = 0, decoders = 0, mtp_stage = -1;
+    int stage = 0, embeddings = 0, losses = 0, decoders = 0, last_mtp_stage = -1, mtp_stages = 0;
     memset(pl->layers, 0, sizeof(pl->layers));
     char last = 0;
     for (const char *p = s; *p; p++) {
@@ -93,7 +93,7 @@ static int parse_stages(PipelineLayout *pl, const char *s, const Config *c, char
             if (++stage >= PP_MAX_STAGES) return refuse(err, n, "%s has more than %d stages", flag, PP_MAX_STAGES);
             continue;
         }
-        if (*p == 'm') mtp_stage = stage;
+        if (*p == 'm' && last_mtp_stage != stage) last_mtp_stage = stage, mtp_stages++;
         if (!strchr("EtmL", *p))
             return refuse(err, n, "%s: '%c' is not a layer (E embedding, t decoder layer, m multi-token-prediction "
                           "layer, L loss, | between stages, (..)*n or x*n to repeat)", flag, *p);
@@ -108,7 +108,8 @@ static int parse_stages(PipelineLayout *pl, const char *s, const Config *c, char
     if (losses != 1 || last != 'L') return refuse(err, n, "%s must end with L (the loss), once", flag);
     if (decoders != c->num_layers)
         return refuse(err, n, "%s has %d decoder layers (t) but --num-layers is %d", flag, decoders, c->num_layers);
-    if (check_mtp_placement(s, mtp_stage, pl->stages - 1, c, err, n)) return 1;
+    int mtp_outside = mtp_stages > 1 || (mtp_stages == 1 && last_mtp_stage != pl->stages - 1);
+    if (check_mtp_placement(s, mtp_outside, c, err, n)) return 1;
     if (pl->stages % pl->pp)
         return refuse(err, n, "%s has %d stages, not a multiple of --pipeline-model-parallel-size %d", flag,
                       pl->stages, pl->pp);

@@ -89,9 +89,8 @@ static double cp_bytes(const Config *c, const Model *m, int M, int N, int *estim
     if (p->cp_size <= 1) return 0;
     *estimated = 1;
     double bytes = 0;
-    for (int k = 0; k < p->chunks; k++)
-        for (int l = p->chunk[k].first_layer; l < chunk_layer_end(&p->chunk[k]); l++)
-            bytes += cp_layer_bytes(p, p->cp_comm[l], p->cp_inner->size, (double)N);
+    for (int l = 0; l < p->layers + p->mtp_layers; l++)  // the multi-token-prediction depths' too
+        if (plan_holds_layer(p, l)) bytes += cp_layer_bytes(p, p->cp_comm[l], p->cp_inner->size, (double)N);
     return M * bytes;
 }
 

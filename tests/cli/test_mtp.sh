@@ -136,6 +136,24 @@ expect_error mtp_layout_after_decoders "the multi-token-prediction layers (m) co
     "$M" train "${SMALL[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Etm|mtL"
 expect_error mtp_layout_stage "runs the multi-token-prediction layers (m) in the stage of the loss" -- \
     "$M" train "${SMALL[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t|mm|L"
+expect_error mtp_layout_split "runs the multi-token-prediction layers (m) in the stage of the loss" -- \
+    "$M" train "${SMALL[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t|m|mL"
+# a checkpoint saved before the flag existed (its flags lack the key): its model has no depths
+python3 - "$work/mtp.ck/iter_0000005/config.json" "$work/old.ck" <<'PY'
+import json, os, shutil, sys, zlib
+src, dst = os.path.dirname(sys.argv[1]), sys.argv[2] + "/iter_0000005"
+shutil.copytree(src, dst)
+cfg = json.load(open(sys.argv[1]))
+del cfg["moetron"]["flags"]["mtp-num-layers"]
+data = json.dumps(cfg).encode()
+open(dst + "/config.json", "wb").write(data)
+sums = json.load(open(dst + "/checksums.json"))  # the edited file's own checksum, as a save writes it
+sums["files"]["config.json"] = {"bytes": len(data), "crc32": "%08x" % zlib.crc32(data)}
+json.dump(sums, open(dst + "/checksums.json", "w"))
+open(sys.argv[2] + "/latest_checkpointed_iteration.txt", "w").write("5")
+PY
+expect_error mtp_older_checkpoint "--mtp-num-layers differs from the checkpoint .*saved before the flag existed" -- \
+    "$M" train "${SMALL[@]}" --load "$work/old.ck" --mtp-num-layers 1
 expect_error mtp_factor_alone "--mtp-loss-scaling-factor applies to --mtp-num-layers" -- \
     "$M" train "${SMALL[@]}" --mtp-loss-scaling-factor 0.5
 expect_error mtp_factor_negative "--mtp-loss-scaling-factor -1 must be >= 0" -- \

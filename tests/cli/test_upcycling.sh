@@ -7,7 +7,8 @@
 # experts as Megatron-Core's conversion does (slices of the dense MLP times the cube root of
 # the activation scale) and the routers' rows in repeated pairs; EP=2 upcycles to the
 # single-process numbers; the upcycled checkpoint loads as the MoE model it is, the dense
-# directory gets nothing; bad combinations are one-line errors.
+# directory gets nothing; a multi-token-prediction depth is upcycled as the decoder layers
+# (granular, and PP=2 equal to one process); bad combinations are one-line errors.
 set -u
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/mpi_lib.sh"
@@ -29,13 +30,13 @@ save_file({"input_ids": ids, "labels": labels}, sys.argv[1])
 PY
 "$M" forward --load "$work/dense" --input "$work/in.safetensors" --dump "$work/dense.out" >/dev/null 2>&1
 
-# upcycle NAME FLAGS...: the dense checkpoint upcycled with FLAGS, one step that changes no
-# weight, saved to $work/NAME
+# upcycle NAME FLAGS...: the dense checkpoint ($DENSE, default $work/dense) upcycled with
+# FLAGS, one step that changes no weight, saved to $work/NAME
 upcycle() {
     local name=$1
     shift
-    "$M" train "${BASE[@]}" --load "$work/dense" --moe-use-upcycling "$@" "${FROZEN_STEP[@]}" --save "$work/$name" \
-        >"$work/$name.log" 2>&1
+    "$M" train "${BASE[@]}" --load "${DENSE:-$work/dense}" --moe-use-upcycling "$@" "${FROZEN_STEP[@]}" \
+        --save "$work/$name" >"$work/$name.log" 2>&1
 }
 
 # same_logits NAME: the upcycled checkpoint's logits are the dense model's
@@ -69,8 +70,8 @@ fi
 # megatron_weights NAME E G K PRE: the experts and routers as Megatron-Core's upcycling writes them
 megatron_weights() {
     local why
-    why=$(python3 - "$work/dense" "$work/$1" "$2" "$3" "$4" "$5" 2>&1 <<'PY'
-import glob, sys
+    why=$(python3 - "${DENSE:-$work/dense}" "$work/$1" "$2" "$3" "$4" "$5" 2>&1 <<'PY'
+import glob, re, sys
 import numpy as np
 from safetensors.numpy import load_file
 dense_dir, moe_dir, E, G, k, pre = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
@@ -79,7 +80,10 @@ m = load_file(sorted(glob.glob(moe_dir + "/iter_*/model.safetensors"))[-1])
 scale = np.cbrt(E * G / k if pre else G)
 mixtral = any("block_sparse_moe" in name for name in m)  # the family the run chose names the experts
 names = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"} if mixtral else {n: n for n in ("gate_proj", "up_proj", "down_proj")}
-for layer in range(2):
+layers = sorted({int(re.match(r"model\.layers\.(\d+)\.mlp\.gate_proj", n).group(1)) for n in d
+                 if re.match(r"model\.layers\.\d+\.mlp\.gate_proj", n)})
+if not layers: print("the dense checkpoint has no MLP"); sys.exit()
+for layer in layers:
     p = f"model.layers.{layer}.mlp."
     moe = f"model.layers.{layer}.block_sparse_moe." if mixtral else p
     F = d[p + "gate_proj.weight"].shape[0]
@@ -104,6 +108,12 @@ upcycle granular_g2 --num-experts 8 --moe-router-topk 2 --moe-upcycling-granular
     megatron_weights granular_g2 8 2 2 0 || fail granular_g2 "$(tail -1 "$work/granular_g2.log")"
 upcycle pre_softmax --num-experts 4 --moe-router-topk 1 --moe-router-pre-softmax &&
     megatron_weights pre_softmax 4 1 1 1 || fail pre_softmax "$(tail -1 "$work/pre_softmax.log")"
+# a dense model with a multi-token-prediction depth: its layer (2) is upcycled as the others
+"$M" train "${BASE[@]}" --num-experts 0 --ffn-hidden-size 64 --mtp-num-layers 1 --train-iters 2 --save "$work/dense_mtp" \
+    >"$work/dense_mtp.log" 2>&1 || fail dense_mtp_checkpoint "$(tail -1 "$work/dense_mtp.log")"
+DENSE=$work/dense_mtp upcycle granular_mtp --num-experts 4 --moe-router-topk 2 --moe-upcycling-granularity 2 \
+    --mtp-num-layers 1 && DENSE=$work/dense_mtp megatron_weights granular_mtp 4 2 2 0 ||
+    fail granular_mtp "$(tail -1 "$work/granular_mtp.log")"
 
 expect_error upcycling_save_not_empty "--save .*upcycled_softmax already holds checkpoints; upcycling starts a new run" -- \
     "$M" train "${BASE[@]}" --load "$work/dense" --moe-use-upcycling --num-experts 4 "${FROZEN_STEP[@]}" \
@@ -134,3 +144,16 @@ timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${BASE[@]}" --global-batch-size 4 -
     --num-experts 4 --train-iters 6 --pipeline-model-parallel-size 2 --log-jsonl "$work/pp2.jsonl" >"$work/pp2.log" 2>&1
 curve "$work/pp2.jsonl" >"$work/pp2.b"
 compare upcycled_pp2_equals_single "$work/single.a" "$work/pp2.b"
+# PP=2 with a multi-token-prediction depth: the first stage leaves its dense MLP to the last
+upcycle_mtp_pp2() {
+    "$M" train "${BASE[@]}" --global-batch-size 4 --load "$work/dense_mtp" --moe-use-upcycling --num-experts 4 \
+        --mtp-num-layers 1 --train-iters 4 --log-jsonl "$work/mtp_single.jsonl" >"$work/mtp_single.log" 2>&1
+    timeout 600 "${MPIRUN[@]}" -np 2 "$M" train "${BASE[@]}" --global-batch-size 4 --load "$work/dense_mtp" \
+        --moe-use-upcycling --num-experts 4 --mtp-num-layers 1 --train-iters 4 --pipeline-model-parallel-size 2 \
+        --log-jsonl "$work/mtp_pp2.jsonl" >"$work/mtp_pp2.log" 2>&1 ||
+        { fail upcycled_mtp_pp2_equals_single "$(tail -2 "$work/mtp_pp2.log" | tr '\n' ' ')"; return; }
+    curve "$work/mtp_single.jsonl" >"$work/mtp_single.a"
+    curve "$work/mtp_pp2.jsonl" >"$work/mtp_pp2.b"
+    compare upcycled_mtp_pp2_equals_single "$work/mtp_single.a" "$work/mtp_pp2.b"
+}
+full upcycled_mtp_pp2_equals_single upcycle_mtp_pp2
