@@ -40,7 +40,9 @@ static void log_in_directory(const char *dir, char *path, size_t size) {
     if (count > 1)
         mt_die("%s: %d %s files in this directory (%s, %s%s); give the one to report", dir, count, LOG_EXTENSION,
                found[0], found[1], count > 2 ? ", ..." : "");
-    int n = snprintf(path, size, "%s/%s", dir, found[0]);
+    size_t dir_len = strlen(dir);
+    while (dir_len > 1 && dir[dir_len - 1] == '/') dir_len--;  // "run/" joins as "run/x.jsonl"
+    int n = snprintf(path, size, "%.*s/%s", (int)dir_len, dir, found[0]);
     if (n < 0 || (size_t)n >= size) mt_die("%s/%s: the path is too long", dir, found[0]);
 }
 

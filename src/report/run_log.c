@@ -143,7 +143,7 @@ void run_log_read(RunLog *log, const char *path) {
         r.line++;
         if (blank(text, (size_t)len)) continue;
         int whole = text[len - 1] == '\n';
-        JsonValue *record = json_parse(text, (size_t)len, err, sizeof(err));
+        JsonValue *record = json_parse(text, (size_t)len - (size_t)whole, err, sizeof(err));
         if (!record && !whole) {  // the last line, which a running trainer is still writing
             log->cut_short = 1;
             break;
