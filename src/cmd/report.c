@@ -81,11 +81,14 @@ int report_main(Config *c) {
     TextBuffer page = {0};
     report_page(&page, &log, run_name);
     char err[256];
-    if (write_file_atomic(output, page.text, page.len, err, sizeof(err)))
+    int failed = write_file_atomic(output, page.text, page.len, err, sizeof(err));
+    tb_free(&page);
+    if (failed) {
+        run_log_free(&log);
         mt_die("--output %s: cannot write the page: %s", output, err);
+    }
     printf("moetron report: wrote %s (%ld step records, %ld evaluations%s)\n", output, log.step_records,
            log.eval_records, log.cut_short ? "; the last line, still being written, left out" : "");
-    tb_free(&page);
     run_log_free(&log);
     return 0;
 }

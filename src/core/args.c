@@ -497,8 +497,8 @@ void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
             continue;
         }
         if (strncmp(arg, "--", 2) != 0)
-            mt_die("unexpected argument '%s'; flags start with -- (see moetron %s --help)", arg,
-                   command_name(cmd));
+            mt_die("unexpected argument '%s'; %s (see moetron %s --help)", arg,
+                   cmd == CMD_REPORT ? "moetron report takes one RUN" : "flags start with --", command_name(cmd));
         char name[128];
         const char *eq = strchr(arg + 2, '=');
         size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);

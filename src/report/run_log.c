@@ -8,15 +8,36 @@
 #include "core/fileio.h"
 #include "core/json.h"
 
-// What a reader keeps while going through the lines.
+// What a reader holds while going through the lines; reader_close releases it, once (before a
+// fatal error too, so that nothing is left allocated).
 typedef struct {
     RunLog *log;
+    FILE *fp;
+    char *text;         // the line being read, and its buffer's size
+    size_t text_cap;
+    JsonValue *record;  // the line parsed
     long line;          // 1-based number of the line being read
     int *hint;          // [hints] series index of the key at each position of the last record
     size_t hints;
     double *values;     // scratch for one array's numbers
     size_t values_cap;
+    char error[512];    // why the line is refused ("" while none is)
 } Reader;
+
+static void reader_close(Reader *r) {
+    if (r->fp) fclose(r->fp);
+    json_free(r->record);
+    free(r->text);
+    free(r->hint);
+    free(r->values);
+}
+
+// Ends the command with r->error (the file's path and the line are in it).
+__attribute__((noreturn)) static void reader_fail(Reader *r) {
+    reader_close(r);
+    run_log_free(r->log);
+    mt_die("%s", r->error);
+}
 
 static LogSeries *add_series(RunLog *log, const char *key, int dims, int is_array) {
     if (log->count == log->capacity) {
@@ -33,7 +54,8 @@ static LogSeries *add_series(RunLog *log, const char *key, int dims, int is_arra
 }
 
 // The series of the record's item at `position` named key: found through the position's
-// hint (records repeat their keys in the same order), else searched, else created.
+// hint (records repeat their keys in the same order), else searched, else created. NULL with
+// r->error when the key had another number of values before.
 static LogSeries *series_for(Reader *r, size_t position, const char *key, int dims, int is_array) {
     RunLog *log = r->log;
     if (position >= r->hints) {
@@ -49,11 +71,12 @@ static LogSeries *series_for(Reader *r, size_t position, const char *key, int di
         r->hint[position] = at;
     }
     LogSeries *s = &log->series[at];
-    if (s->is_array != is_array || s->bins.dims != dims)
-        mt_die("%s line %ld: \"%s\" has %d value%s where earlier records have %d; the file mixes runs of different "
-               "models: give each run its own --log-jsonl file",
-               log->path, r->line, key, dims, dims == 1 ? "" : "s", s->bins.dims);
-    return s;
+    if (s->is_array == is_array && s->bins.dims == dims) return s;
+    snprintf(r->error, sizeof(r->error),
+             "%s line %ld: \"%s\" has %d value%s where earlier records have %d; the file mixes runs of different "
+             "models: give each run its own --log-jsonl file",
+             log->path, r->line, key, dims, dims == 1 ? "" : "s", s->bins.dims);
+    return NULL;
 }
 
 static void note_scalar(LogSeries *s, double step, double value) {
@@ -85,27 +108,36 @@ static int read_numbers(Reader *r, const JsonValue *array) {
 }
 
 // Every numeric key of one record (numbers, null for a non-finite value, arrays of numbers);
-// other values (switches such as "skipped", strings) are not plotted.
-static void add_record(Reader *r, const JsonValue *record, double step) {
+// other values (switches such as "skipped", strings) are not plotted. 0 with r->error when
+// refused.
+static int add_record(Reader *r, const JsonValue *record, double step) {
     for (size_t i = 0; i < record->count; i++) {
         const char *key = record->keys[i];
         const JsonValue *v = &record->items[i];
+        LogSeries *s = NULL;
         if (!strcmp(key, "step")) continue;
         if (v->type == JSON_NUMBER || v->type == JSON_NULL) {
-            note_scalar(series_for(r, i, key, 1, 0), step, v->type == JSON_NUMBER ? v->number : NAN);
+            if (!(s = series_for(r, i, key, 1, 0))) return 0;
+            note_scalar(s, step, v->type == JSON_NUMBER ? v->number : NAN);
         } else if (v->type == JSON_ARRAY && read_numbers(r, v)) {
-            LogSeries *s = series_for(r, i, key, (int)v->count, 1);
+            if (!(s = series_for(r, i, key, (int)v->count, 1))) return 0;
             binned_add(&s->bins, step, r->values);
         }
     }
+    return 1;
 }
 
-static void add_line(Reader *r, const JsonValue *record) {
+// The parsed line r->record into the log; 0 with r->error when refused.
+static int add_line(Reader *r) {
     RunLog *log = r->log;
+    const JsonValue *record = r->record;
     int64_t step;
-    if (record->type != JSON_OBJECT || !json_get_int64(record, "step", &step))
-        mt_die("%s line %ld: a record without an integer \"step\"; give the file --log-jsonl wrote", log->path,
-               r->line);
+    if (record->type != JSON_OBJECT || !json_get_int64(record, "step", &step)) {
+        snprintf(r->error, sizeof(r->error),
+                 "%s line %ld: a record without an integer \"step\"; give the file --log-jsonl wrote", log->path,
+                 r->line);
+        return 0;
+    }
     if (json_get(record, "eval_loss")) {
         log->eval_records++;
     } else {
@@ -113,7 +145,7 @@ static void add_line(Reader *r, const JsonValue *record) {
         log->last_step = step;
         log->step_records++;
     }
-    add_record(r, record, (double)step);
+    return add_record(r, record, (double)step);
 }
 
 static int blank(const char *text, size_t len) {
@@ -133,32 +165,35 @@ void run_log_read(RunLog *log, const char *path) {
     log->path = mt_strdup(path);
     char err[256];
     uint64_t size;
-    FILE *fp = open_input_stream(path, INFILE_LOG, &size, err, sizeof(err));
-    if (!fp) mt_die("%s: %s; give the --log-jsonl file of a run, or the directory holding it", path, err);
     Reader r = {.log = log};
-    char *text = NULL;
-    size_t text_cap = 0;
+    r.fp = open_input_stream(path, INFILE_LOG, &size, err, sizeof(err));
+    if (!r.fp) {
+        snprintf(r.error, sizeof(r.error), "%s: %s; give the --log-jsonl file of a run, or the directory holding it",
+                 path, err);
+        reader_fail(&r);
+    }
     ssize_t len;
-    while ((len = getline(&text, &text_cap, fp)) > 0) {
+    while ((len = getline(&r.text, &r.text_cap, r.fp)) > 0) {
         r.line++;
-        if (blank(text, (size_t)len)) continue;
-        int whole = text[len - 1] == '\n';
-        JsonValue *record = json_parse(text, (size_t)len - (size_t)whole, err, sizeof(err));
-        if (!record && !whole) {  // the last line, which a running trainer is still writing
+        if (blank(r.text, (size_t)len)) continue;
+        int whole = r.text[len - 1] == '\n';
+        r.record = json_parse(r.text, (size_t)len - (size_t)whole, err, sizeof(err));
+        if (!r.record && !whole) {  // the last line, which a running trainer is still writing
             log->cut_short = 1;
             break;
         }
-        if (!record)
-            mt_die("%s line %ld: not a JSON record (%s); delete or repair that line", path, r.line, column_of(err));
-        add_line(&r, record);
-        json_free(record);
+        if (!r.record)
+            snprintf(r.error, sizeof(r.error), "%s line %ld: not a JSON record (%s); delete or repair that line", path,
+                     r.line, column_of(err));
+        if (!r.record || !add_line(&r)) reader_fail(&r);
+        json_free(r.record);
+        r.record = NULL;
     }
-    int read_error = ferror(fp);
-    fclose(fp);
-    free(text);
-    free(r.hint);
-    free(r.values);
-    if (read_error) mt_die("%s: read error after line %ld", path, r.line);
+    if (ferror(r.fp)) {
+        snprintf(r.error, sizeof(r.error), "%s: read error after line %ld", path, r.line);
+        reader_fail(&r);
+    }
+    reader_close(&r);
 }
 
 void run_log_free(RunLog *log) {

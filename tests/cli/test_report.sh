@@ -5,7 +5,7 @@
 # URL anywhere; RUN as a directory; a long synthetic run binned to bounded columns with
 # exact means; a last line cut short left out; a log without per-layer keys and a dense run
 # say so; names HTML-escaped; refusals with one line (missing, damaged middle line, a record
-# without step, a directory with no or two logs, no RUN, --output the log). In headless
+# without step, a directory with no or two logs, no RUN or two, --output the log or unwritable). In headless
 # Chromium (skipped only without it, and under the sanitizer build) the script draws every
 # canvas and the screenshot shows the charts and the heatmap's colours.
 set -u
@@ -161,7 +161,10 @@ test_refusals() {
     : >"$work/two/b.jsonl"
     expect_error report_directory_two_logs "two: 2 .jsonl files in this directory" -- "$M" report "$work/two"
     expect_error report_no_run "moetron report needs RUN" -- "$M" report
+    expect_error report_two_runs "unexpected argument 'b'; moetron report takes one RUN" -- "$M" report a b
     expect_error report_output_is_log "that is the log itself" -- "$M" report "$work/dense.jsonl" --output "$work/dense.jsonl"
+    expect_error report_unwritable "--output $work/none/x/p.html: cannot write the page" -- \
+        "$M" report "$work/dense.jsonl" --output "$work/none/x/p.html"
 }
 
 # render NAME PAGE PNG: PAGE in headless Chromium: the DOM after the script ran (NAME.dom) and
