@@ -23,6 +23,7 @@ static void usage(FILE *out) {
             "  data       dump the first training samples in Megatron-Core's order (--data-path --num-samples --dump)\n"
             "  prepare    tokenize .txt/.jsonl into Megatron .bin/.idx (--input --output-prefix --tokenizer-model)\n"
             "  plan       per-rank memory and FLOPs of a training run, without allocating it (train's flags, --world-size)\n"
+            "  report     an HTML page of a run's --log-jsonl: losses, throughput, tokens per expert (RUN [--output FILE])\n"
             "  flags      print the flag reference as markdown (docs/flags.md)\n",
             MOETRON_VERSION);
 }
@@ -86,8 +87,9 @@ static int run_command(int argc, char **argv) {
     else if (!strcmp(argv[1], "data")) cmd = CMD_DATA;
     else if (!strcmp(argv[1], "prepare")) cmd = CMD_PREPARE;
     else if (!strcmp(argv[1], "plan")) cmd = CMD_PLAN;
+    else if (!strcmp(argv[1], "report")) cmd = CMD_REPORT;
     else {
-        mt_die("unknown command '%s'; use train, generate, forward, data, prepare or plan", argv[1]);
+        mt_die("unknown command '%s'; use train, generate, forward, data, prepare, plan or report", argv[1]);
     }
     if (has_help_flag(argc - 2, argv + 2)) {
         config_print_help(cmd, 0);
@@ -104,6 +106,7 @@ static int run_command(int argc, char **argv) {
     if (cmd == CMD_DATA) return data_main(&c);
     if (cmd == CMD_PREPARE) return prepare_main(&c);
     if (cmd == CMD_PLAN) return plan_main(&c);
+    if (cmd == CMD_REPORT) return report_main(&c);
     return forward_main(&c);
 }
 

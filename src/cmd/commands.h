@@ -10,3 +10,5 @@ int data_main(Config *c);
 int prepare_main(Config *c);
 // `moetron plan`: what each rank of a training run would hold and compute, without allocating it.
 int plan_main(Config *c);
+// `moetron report RUN`: the HTML page of a run's --log-jsonl (docs/metrics.md, "moetron report").
+int report_main(Config *c);

@@ -224,6 +224,7 @@ static const FlagSpec FLAGS[] = {
     F("output-prefix", FLAG_STRING, output_prefix, CMD_PREPARE, 0, "writes PREFIX_<key>_document.bin/.idx (and PREFIX_tokenizer.json when training one)"),
     F("append-eod", FLAG_BOOL, append_eod, CMD_PREPARE, 0, "end every document with the end-of-document token"),
     F("workers", FLAG_INT, workers, CMD_PREPARE, 0, "tokenizer threads"),
+    F("output", FLAG_STRING, report_output, CMD_REPORT, 0, "the HTML page to write (default: the log's path with .html for .jsonl)"),
 };
 #define FLAG_COUNT ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 _Static_assert(sizeof(FLAGS) / sizeof(FLAGS[0]) <= sizeof(((Config *)0)->flag_given),
@@ -477,6 +478,7 @@ static const char *command_name(Command cmd) {
            : cmd == CMD_FORWARD  ? "forward"
            : cmd == CMD_DATA     ? "data"
            : cmd == CMD_PLAN     ? "plan"
+           : cmd == CMD_REPORT   ? "report"
                                  : "prepare";
 }
 
@@ -489,9 +491,14 @@ void config_parse_args(Config *c, Command cmd, int argc, char **argv) {
     c->command = cmd;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
+        if (cmd == CMD_REPORT && strncmp(arg, "--", 2) != 0 && !c->report_run[0]) {  // `moetron report RUN`
+            if (strlen(arg) >= sizeof(c->report_run)) mt_die("%.64s...: the path is too long", arg);
+            snprintf(c->report_run, sizeof(c->report_run), "%s", arg);
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0)
-            mt_die("unexpected argument '%s'; flags start with -- (see moetron %s --help)", arg,
-                   command_name(cmd));
+            mt_die("unexpected argument '%s'; %s (see moetron %s --help)", arg,
+                   cmd == CMD_REPORT ? "moetron report takes one RUN" : "flags start with --", command_name(cmd));
         char name[128];
         const char *eq = strchr(arg + 2, '=');
         size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
@@ -1424,7 +1431,7 @@ void config_print_help(Command cmd, int markdown) {
             const FlagSpec *f = &FLAGS[i];
             format_default(&defaults, f, def, sizeof(def));
             char cmds[64] = "";
-            for (unsigned bit = CMD_TRAIN; bit <= CMD_PLAN; bit <<= 1)
+            for (unsigned bit = CMD_TRAIN; bit <= CMD_LAST; bit <<= 1)
                 if (f->commands & bit)
                     snprintf(cmds + strlen(cmds), sizeof(cmds) - strlen(cmds), "%s%s", cmds[0] ? " " : "",
                              command_name((Command)bit));
@@ -1432,7 +1439,7 @@ void config_print_help(Command cmd, int markdown) {
         }
         return;
     }
-    printf("usage: moetron %s [flags]\n\n", command_name(cmd));
+    printf("usage: moetron %s%s [flags]\n\n", command_name(cmd), cmd == CMD_REPORT ? " RUN" : "");
     for (int i = 0; i < FLAG_COUNT; i++) {
         const FlagSpec *f = &FLAGS[i];
         if (!(f->commands & accepted_by(cmd))) continue;

@@ -199,6 +199,9 @@ typedef struct {
     char output_prefix[MT_PATH_MAX];
     int append_eod;
     int workers;
+    // ---- report ----
+    char report_run[MT_PATH_MAX];     // RUN, the one argument that is not a flag: a --log-jsonl file or its directory
+    char report_output[MT_PATH_MAX];  // --output: the HTML page ("" = RUN's log with .html for .jsonl)
 
     // ---- derived by config_validate (not flags) ----
     int head_dim, kv_heads, padded_vocab_size, moe_ffn, max_positions;
@@ -252,7 +255,8 @@ typedef enum {
 extern const char *const RECOMPUTE_MODULE_NAMES[RECOMPUTE_MODULES];
 extern const char *const CP_COMM_TYPE_NAMES[CP_COMM_TYPES];  // "p2p", "a2a", "allgather", "a2a+p2p"
 
-typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16, CMD_PLAN = 32 } Command;
+typedef enum { CMD_TRAIN = 1, CMD_GENERATE = 2, CMD_FORWARD = 4, CMD_DATA = 8, CMD_PREPARE = 16, CMD_PLAN = 32, CMD_REPORT = 64 } Command;
+#define CMD_LAST CMD_REPORT  // the highest command bit
 
 // Every transformer layer of the model: the decoder's, then the multi-token-prediction
 // depths' (layer num_layers + k is depth k's).
