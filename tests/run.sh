@@ -91,6 +91,8 @@ run_python quantizers "torch numpy safetensors torchao" "$root/tests/conformance
 # The byte-level BPE tokenizer (build/tokenize_probe, moetron generate) against Hugging Face tokenizers.
 run_python tokenizer_conformance "tokenizers" "$root/tests/conformance/tokenizer_conformance.py" "$bin/tokenize_probe"
 run_python prepare_conformance "tokenizers megatron numpy" "$root/tests/conformance/prepare_conformance.py" "$MOETRON"
+# TensorBoard event files (--tensorboard-dir) read back by tensorboard's EventAccumulator.
+run_python tensorboard_events "tensorboard numpy" "$root/tests/conformance/tensorboard_events.py" "$MOETRON"
 
 passed=$(grep -c '^ok ' "$log")
 failed=$(grep -c '^FAIL ' "$log")

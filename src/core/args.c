@@ -202,6 +202,21 @@ static const FlagSpec FLAGS[] = {
     F("load", FLAG_STRING, load, ALL, 0, "checkpoint directory to resume from / to use"),
     F("log-interval", FLAG_INT, log_interval, TR, 0, "print a line every N steps"),
     F("log-jsonl", FLAG_STRING, log_jsonl, TR, 0, "append one JSON object per logged step to this file"),
+    F("tensorboard-dir", FLAG_STRING, tensorboard_dir, TR, 0, "write TensorBoard event files here (created when missing; a resumed run adds a new file); Megatron-LM's tags, written by world rank 0"),
+    F("tensorboard-log-interval", FLAG_INT, tensorboard_log_interval, TR, 0, "TensorBoard scalars of every N-th step"),
+    F("tensorboard-queue-size", FLAG_INT, tensorboard_queue_size, TR, 0, "accepted for Megatron scripts: moetron writes each logged step's scalars at once (no queue)"),
+    F("log-timers-to-tensorboard", FLAG_BOOL, log_timers_to_tensorboard, TR, 0, "TensorBoard: iteration-time (seconds per step), and throughput with --log-throughput"),
+    F("log-validation-ppl-to-tensorboard", FLAG_BOOL, log_validation_ppl_to_tensorboard, TR, 0, "TensorBoard: lm loss validation ppl"),
+    F("log-memory-to-tensorboard", FLAG_BOOL, log_memory_to_tensorboard, TR, 0, "TensorBoard: mem-peak-resident-bytes (the peak resident memory of world rank 0)"),
+    F("log-world-size-to-tensorboard", FLAG_BOOL, log_world_size_to_tensorboard, TR, 0, "TensorBoard: world-size"),
+    F("log-loss-scale-to-tensorboard", FLAG_BOOL, log_loss_scale_to_tensorboard, TR, 0, "TensorBoard: loss-scale (1 without loss scaling; --no-log-loss-scale-to-tensorboard: leave it out)"),
+    F("log-params-norm", FLAG_BOOL, log_params_norm, TR, 0, "the L2 norm of all parameters after each logged step: console and TensorBoard params-norm, JSONL params_norm"),
+    F("log-num-zeros-in-grad", FLAG_BOOL, log_num_zeros_in_grad, TR, 0, "not supported: moetron does not count zero gradients (refused)"),
+    F("log-throughput", FLAG_BOOL, log_throughput, TR, 0, "TensorBoard throughput (model TFLOP/s per process) with --log-timers-to-tensorboard; the console always shows TFLOP/s"),
+    F("wandb-project", FLAG_STRING, wandb_project, TR, 0, "accepted for Megatron scripts: nothing is sent to Weights & Biases (a note at start-up); TensorBoard and --log-jsonl hold the values"),
+    F("wandb-exp-name", FLAG_STRING, wandb_exp_name, TR, 0, "accepted, as --wandb-project"),
+    F("wandb-save-dir", FLAG_STRING, wandb_save_dir, TR, 0, "accepted, as --wandb-project"),
+    F("wandb-entity", FLAG_STRING, wandb_entity, TR, 0, "accepted, as --wandb-project"),
     F("peak-tflops", FLAG_DOUBLE, peak_tflops, TR, 0, "device peak for MFU (0 = measure this machine's GEMM ceiling)"),
     F("hf-architecture", FLAG_STRING, hf_architecture, TR, 1, "auto, mixtral, qwen3_moe, olmoe, deepseek_v3: the Hugging Face family checkpoints are saved as"),
     F("ckpt-dtype", FLAG_STRING, ckpt_dtype, TR, 0, "fp32, bf16, fp8: dtype of the weights in model safetensors (bf16 and fp8 keep fp32 master weights in optimizer.safetensors; fp8: DeepSeek-V3's E4M3 linear weights with 128x128 block scales, the rest bf16)"),
@@ -321,6 +336,9 @@ void config_defaults(Config *c) {
     strcpy(c->split, "969,30,1");
     c->mock_data_tokens = 1 << 22;
     c->log_interval = 1;
+    c->tensorboard_log_interval = 1;
+    c->tensorboard_queue_size = 1000;
+    c->log_loss_scale_to_tensorboard = 1;
     c->max_new_tokens = 100;
     strcpy(c->json_keys, "text");
     c->workers = 1;
@@ -1249,6 +1267,16 @@ static void validate_batch_sizes(const Config *c) {
                    (long long)c->num_samples, c->seq_length, (long long)MAX_CORPUS_TOKENS);
 }
 
+// The logging flags of Megatron-LM that moetron takes (docs/metrics.md, "TensorBoard").
+static void validate_logging(Config *c) {
+    require_positive("log-interval", c->log_interval);
+    require_positive("tensorboard-log-interval", c->tensorboard_log_interval);
+    require_positive("tensorboard-queue-size", c->tensorboard_queue_size);
+    if (c->log_num_zeros_in_grad)
+        config_die("--log-num-zeros-in-grad is not supported: moetron does not count zero gradients; drop the flag "
+                   "(--log-params-norm and the grad-norm tag are logged)");
+}
+
 static void validate_training(Config *c) {
     require_positive("micro-batch-size", c->micro_batch_size);
     require_positive("global-batch-size", c->global_batch_size);
@@ -1272,7 +1300,6 @@ static void validate_training(Config *c) {
     if (c->clip_grad < 0 || c->weight_decay < 0) config_die("--clip-grad and --weight-decay must be >= 0");
     if (c->eval_interval < 0 || c->eval_iters < 0 || c->save_interval < 0 || c->exit_interval < 0)
         config_die("--eval-interval, --eval-iters, --save-interval and --exit-interval must be >= 0");
-    require_positive("log-interval", c->log_interval);
     require_positive("nan-skip-limit", c->nan_skip_limit);
     if (!(c->distributed_timeout_minutes > 0)) config_die("--distributed-timeout-minutes must be positive");
     if (c->exit_duration_in_mins < 0 || c->keep_checkpoints < 0 || c->loss_spike_factor < 0)
@@ -1394,6 +1421,7 @@ void config_validate(Config *c) {
     validate_checkpoint_format(c);
     validate_parallel(c);
     validate_training(c);
+    validate_logging(c);
     validate_tensor_parallel(c);
     validate_context_parallel(c);
     validate_pipeline(c);

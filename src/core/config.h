@@ -7,7 +7,7 @@
 
 #define MT_MAX_LAYERS 256
 #define MT_PATH_MAX 1024
-#define MT_FLAG_SLOTS 192  // at least the number of flags (checked in args.c)
+#define MT_FLAG_SLOTS 256  // at least the number of flags (checked in args.c)
 
 typedef enum { LR_CONSTANT, LR_LINEAR, LR_COSINE, LR_WSD } LrDecayStyle;
 typedef enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT } WsdDecayStyle;
@@ -177,6 +177,23 @@ typedef struct {
     char load[MT_PATH_MAX];
     int log_interval;
     char log_jsonl[MT_PATH_MAX];
+    // TensorBoard (Megatron-LM's flags; docs/metrics.md, "TensorBoard")
+    char tensorboard_dir[MT_PATH_MAX];  // event files written here by world rank 0 ("" = none)
+    int tensorboard_log_interval;       // scalars of every N-th step
+    int tensorboard_queue_size;         // accepted; moetron writes each logged step at once
+    int log_timers_to_tensorboard;      // iteration-time (and throughput with log_throughput)
+    int log_validation_ppl_to_tensorboard;
+    int log_memory_to_tensorboard;
+    int log_world_size_to_tensorboard;
+    int log_loss_scale_to_tensorboard;  // on by default, as Megatron's
+    int log_params_norm;                // the L2 norm of the parameters after each logged step
+    int log_num_zeros_in_grad;          // refused: moetron does not count zero gradients
+    int log_throughput;                 // TFLOP/s per process in TensorBoard (with the timers)
+    // Weights & Biases: accepted for Megatron scripts, nothing is sent (a note says so)
+    char wandb_project[256];
+    char wandb_exp_name[256];
+    char wandb_save_dir[MT_PATH_MAX];
+    char wandb_entity[256];
     double peak_tflops;
     char hf_architecture[32];     // auto | mixtral | qwen3_moe | olmoe | deepseek_v3
     char ckpt_dtype[16];          // fp32 | bf16 | fp8: weights in model safetensors

@@ -268,3 +268,23 @@ int make_directories(const char *dir) {
     errno = errnum;
     return rc;
 }
+
+// Writes all len bytes; 0, or the errno of the failure (ENOSPC when nothing more fits).
+static int write_all(int fd, const char *data, size_t len) {
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno;
+        if (n == 0) return ENOSPC;
+        data += n, len -= (size_t)n;
+    }
+    return 0;
+}
+
+int append_whole(int fd, const void *data, size_t len, int *partial_left) {
+    *partial_left = 0;
+    off_t before = lseek(fd, 0, SEEK_END);
+    int errnum = write_all(fd, data, len);
+    if (errnum) *partial_left = before >= 0 && lseek(fd, 0, SEEK_END) > before && ftruncate(fd, before);
+    return errnum;
+}

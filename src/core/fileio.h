@@ -69,3 +69,9 @@ void atomic_abort(AtomicFile *af);
 // mkdir -p: creates dir and every missing parent (mode 0777 before the umask). Returns 0
 // when the directory exists afterwards; -1 with errno set otherwise.
 int make_directories(const char *dir);
+
+// Appends len bytes to fd (a log opened O_APPEND) in plain write calls, nothing buffered.
+// Returns 0, or the errno of the failure (ENOSPC when the disk is full); then the part
+// written is cut off again, so the file keeps whole records, and *partial_left is set when
+// even that failed.
+int append_whole(int fd, const void *data, size_t len, int *partial_left);

@@ -136,18 +136,20 @@ static int counts_piece(const GradSync *g, const TensorDesc *d) {
     return group->rank % (group->size / s->parts) == 0;
 }
 
-// Σ of squares over [range) of the tensors this rank counts; the whole range at once when
-// no tensor is split (the one-process sum, bit for bit). Split: each counted piece's sum
-// into one tensor block, one download of them all, added on the host in tensor order.
-static double counted_sum_squares(const GradSync *g, const TensorTable *tt, FlatRange range) {
-    if (g->tp->size == 1 && g->etp->size == 1 && !g->has_copies) return grad_sum_squares(tt, range.begin, range.end);
+// Σ of squares over [range) of values (tt->grads or tt->params) of the tensors this rank
+// counts; the whole range at once when no tensor is split (the one-process sum, bit for
+// bit). Split: each counted piece's sum into one tensor block, one download of them all,
+// added on the host in tensor order.
+static double counted_sum_squares(const GradSync *g, const TensorTable *tt, const real *values, FlatRange range) {
+    if (g->tp->size == 1 && g->etp->size == 1 && !g->has_copies)
+        return vec_sum_squares(values + range.begin, (size_t)(range.end - range.begin));
     double *piece_sums = device_calloc((size_t)tt->count, sizeof(double));  // (pieces) in tensor order
     int pieces = 0;
     for (int i = 0; i < tt->count; i++) {
         const TensorDesc *d = &tt->descs[i];
         int64_t from = MT_MAX((int64_t)d->offset, range.begin), to = MT_MIN((int64_t)(d->offset + d->numel), range.end);
         if (from < to && counts_piece(g, d))
-            vec_sum_squares_to(piece_sums + pieces++, tt->grads + from, (size_t)(to - from));
+            vec_sum_squares_to(piece_sums + pieces++, values + from, (size_t)(to - from));
     }
     double *host = mt_calloc(pieces ? (size_t)pieces : 1, sizeof(double)), sum = 0;
     device_download(host, piece_sums, (size_t)pieces * sizeof(double));  // the range's one wait
@@ -159,11 +161,11 @@ static double counted_sum_squares(const GradSync *g, const TensorTable *tt, Flat
 
 // Dense tensors are the same on every expert-parallel rank and experts differ, so the norm
 // adds the dense shards over dp and tp, the expert shards over edp, ep and etp.
-double grad_sync_norm(const GradSync *g, const TensorTable *tt) {
+static double counted_norm(const GradSync *g, const TensorTable *tt, const real *values) {
     double sum[REGIONS];
     for (int i = 0; i < REGIONS; i++) {
         const GradRegion *r = &g->region[i];
-        sum[i] = counted_sum_squares(g, tt, r->shard);
+        sum[i] = counted_sum_squares(g, tt, values, r->shard);
         if (r->sharded) comm_allreduce_sum_double(r->comm, &sum[i], 1);
     }
     comm_allreduce_sum_double(g->tp, &sum[REGION_DENSE], 1);
@@ -172,6 +174,12 @@ double grad_sync_norm(const GradSync *g, const TensorTable *tt) {
     if (g->pp) comm_allreduce_sum_double(g->pp, sum, REGIONS);
     return sqrt(sum[REGION_DENSE] + sum[REGION_EXPERT]);
 }
+
+double grad_sync_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->grads); }
+
+// Every rank holds every parameter of its tensors (after grad_sync_gather_params), so each
+// counts its shard of a sharded region like the gradients'.
+double grad_sync_params_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->params); }
 
 void grad_sync_gather_params(GradSync *g, TensorTable *tt) {
     for (int i = 0; i < REGIONS; i++) {

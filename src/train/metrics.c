@@ -14,6 +14,7 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "ops/gemm.h"
+#include "train/metrics_tensorboard.h"
 
 // Whether one line of the log (without its newline) is a record of a step after `iteration`.
 static int record_after(const char *line, size_t len, long iteration) {
@@ -56,10 +57,22 @@ static void drop_records_after(const char *path, long iteration) {
     free(text);
 }
 
-void metrics_open(Metrics *mt, const Config *c, long resumed_iteration) {
+// --wandb-*: Megatron scripts pass them; nothing is sent, and the run says so once.
+static void note_wandb(const Config *c) {
+    const char *given = c->wandb_project[0] ? "--wandb-project" : c->wandb_exp_name[0] ? "--wandb-exp-name"
+                        : c->wandb_save_dir[0] ? "--wandb-save-dir" : c->wandb_entity[0] ? "--wandb-entity" : NULL;
+    if (given)
+        printf("note: %s: moetron does not log to Weights & Biases; the same values are in --tensorboard-dir and "
+               "--log-jsonl\n", given);
+}
+
+void metrics_open(Metrics *mt, const Config *c, long resumed_iteration, int writes_tensorboard) {
     memset(mt, 0, sizeof(*mt));
     mt->jsonl_fd = -1;
-    mt->train_iters = c->train_iters;
+    mt->tb.fd = -1;
+    mt->cfg = c;
+    note_wandb(c);
+    if (c->tensorboard_dir[0] && writes_tensorboard) tb_open(&mt->tb, c->tensorboard_dir);
     if (!c->log_jsonl[0]) return;
     mt->jsonl_path = c->log_jsonl;
     if (c->load[0]) drop_records_after(c->log_jsonl, resumed_iteration);
@@ -67,32 +80,31 @@ void metrics_open(Metrics *mt, const Config *c, long resumed_iteration) {
     if (mt->jsonl_fd < 0) mt_die("--log-jsonl %s: cannot open for appending: %s", c->log_jsonl, strerror(errno));
 }
 
-// Writes all len bytes; 0, or the errno of the failure (ENOSPC when nothing more fits).
-static int write_all(int fd, const char *data, size_t len) {
-    while (len > 0) {
-        ssize_t n = write(fd, data, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return errno;
-        if (n == 0) return ENOSPC;
-        data += n, len -= (size_t)n;
-    }
-    return 0;
+static int console_due(const Metrics *mt, long step, int notable) {
+    return step % mt->cfg->log_interval == 0 || step == mt->cfg->train_iters || notable;
+}
+
+// From the flags alone (not whether this process writes): every process takes the same steps.
+static int tensorboard_due(const Metrics *mt, long step) {
+    return mt->cfg->tensorboard_dir[0] && step % mt->cfg->tensorboard_log_interval == 0;
+}
+
+int metrics_step_due(const Metrics *mt, long step, int notable) {
+    return console_due(mt, step, notable) || tensorboard_due(mt, step);
 }
 
 // Appends one record (its line in plain writes, nothing buffered). A record that cannot be
 // written whole (a full disk) stops the run: its partial line is cut off again, so the log
 // keeps whole records of the steps before.
 static void write_jsonl(Metrics *mt, JsonWriter *w, long step) {
-    off_t before = lseek(mt->jsonl_fd, 0, SEEK_END);
     size_t len = jw_len(w);
     char *line = mt_malloc(len + 1);
     memcpy(line, jw_text(w), len);
     line[len] = '\n';
-    int errnum = write_all(mt->jsonl_fd, line, len + 1);
+    int partial_left, errnum = append_whole(mt->jsonl_fd, line, len + 1, &partial_left);
     free(line);
     jw_free(w);
     if (!errnum) return;
-    int partial_left = before >= 0 && lseek(mt->jsonl_fd, 0, SEEK_END) > before && ftruncate(mt->jsonl_fd, before);
     mt_die("--log-jsonl %s: cannot write the record of step %ld: %s%s; the run stops here (the checkpoints saved "
            "so far are intact): free space or log elsewhere, then resume with --load",
            mt->jsonl_path, step, strerror(errnum), partial_left ? " (a partial line is left at its end)" : "");
@@ -153,10 +165,17 @@ static void print_layer_summaries(const StepRecord *r) {
     }
 }
 
+static void log_step_console_and_jsonl(Metrics *mt, const StepRecord *r);
+
 void metrics_log_step(Metrics *mt, const StepRecord *r) {
+    if (console_due(mt, r->step, r->skipped || r->loss_spike)) log_step_console_and_jsonl(mt, r);
+    if (tensorboard_due(mt, r->step)) tensorboard_log_step(&mt->tb, mt->cfg, r);
+}
+
+static void log_step_console_and_jsonl(Metrics *mt, const StepRecord *r) {
     char eta[32];
     format_duration(eta, sizeof(eta), r->eta_s);
-    printf("step %5ld/%d | loss %.4f | lm %.4f", r->step, mt->train_iters, r->loss, r->lm_loss);
+    printf("step %5ld/%d | loss %.4f | lm %.4f", r->step, mt->cfg->train_iters, r->loss, r->lm_loss);
     for (int k = 0; k < r->mtp_depths; k++) printf(" | mtp_%d %.4f", k + 1, r->mtp_loss[k]);
     print_router_losses(r);
     printf(" | grad %.3f | lr %.3e | %7.0f tok/s | %.3f TFLOP/s | imbalance %.2f", r->grad_norm, r->lr,
@@ -167,6 +186,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     if (r->loss_scaling) printf(" | loss scale %g", r->loss_scale);
     if (r->skipped) printf(r->overflow ? " | skipped (gradient overflow)" : " | skipped");
     if (r->loss_spike) printf(" | loss spike");
+    if (r->has_params_norm) printf(" | params norm %.3f", r->params_norm);
     printf(" | ETA %s\n", eta);
     print_layer_summaries(r);
     mt_flush_stdout();
@@ -205,6 +225,7 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     jw_kv_int(&w, "pp_bytes", (int64_t)r->pp_bytes);
     jw_kv_int(&w, "threads", r->threads);
     if (r->loss_scaling) jw_kv_double(&w, "loss_scale", r->loss_scale);
+    if (r->has_params_norm) jw_kv_double(&w, "params_norm", r->params_norm);
     if (r->skipped) jw_kv_bool(&w, "skipped", 1);
     if (r->overflow) jw_kv_bool(&w, "overflow", 1);
     if (r->loss_spike) jw_kv_bool(&w, "loss_spike", 1);
@@ -221,16 +242,18 @@ void metrics_log_step(Metrics *mt, const StepRecord *r) {
     write_jsonl(mt, &w, r->step);
 }
 
-void metrics_log_eval(Metrics *mt, long step, double loss) {
-    printf("eval at step %ld | held-out loss %.4f | perplexity %.3f\n", step, loss, exp(loss));
+void metrics_log_eval(Metrics *mt, long step, int64_t consumed_samples, double loss) {
+    double ppl = exp(loss);
+    printf("eval at step %ld | held-out loss %.4f | perplexity %.3f\n", step, loss, ppl);
     mt_flush_stdout();
+    tensorboard_log_eval(&mt->tb, mt->cfg, step, consumed_samples, loss, ppl);
     if (mt->jsonl_fd < 0) return;
     JsonWriter w;
     jw_init_compact(&w);
     jw_begin_object(&w);
     jw_kv_int(&w, "step", step);
     jw_kv_double(&w, "eval_loss", loss);
-    jw_kv_double(&w, "eval_ppl", exp(loss));
+    jw_kv_double(&w, "eval_ppl", ppl);
     jw_end_object(&w);
     write_jsonl(mt, &w, step);
 }
@@ -238,6 +261,7 @@ void metrics_log_eval(Metrics *mt, long step, double loss) {
 void metrics_close(Metrics *mt) {
     if (mt->jsonl_fd >= 0) close(mt->jsonl_fd);
     mt->jsonl_fd = -1;
+    tb_close(&mt->tb);
 }
 
 double peak_memory_mb(void) {

@@ -1,9 +1,11 @@
-// metrics.h — what a training run reports: a console line per logged step and one JSON
-// object per logged step in --log-jsonl (keys in docs/metrics.md).
+// metrics.h — what a training run reports: a console line per logged step, one JSON
+// object per logged step in --log-jsonl, and TensorBoard scalars in --tensorboard-dir (keys
+// and tags in docs/metrics.md).
 #pragma once
 #include <stdio.h>
 
 #include "core/config.h"
+#include "train/tensorboard.h"
 
 // Router statistics of one MoE layer (or of all of them), averaged over micro-batches.
 typedef struct {
@@ -17,7 +19,12 @@ typedef struct {
 
 typedef struct {
     long step;
+    int64_t consumed_samples;      // training samples consumed after this step
+    int batch_size;                // global batch size of the step (samples)
+    int world_size;                // processes of the run
     double loss, lm_loss, grad_norm, lr;
+    int has_params_norm;           // --log-params-norm: params_norm is set
+    double params_norm;            // L2 norm of all parameters after the step
     const double *mtp_loss;        // (mtp_depths) each multi-token-prediction depth's loss
     int mtp_depths;
     RouterStats router;            // over all MoE layers
@@ -49,14 +56,20 @@ typedef struct {
 typedef struct {
     int jsonl_fd;            // --log-jsonl, open for appending; -1 without it
     const char *jsonl_path;
-    int train_iters;
+    const Config *cfg;       // the run's flags (intervals, what TensorBoard gets)
+    TbWriter tb;             // --tensorboard-dir, open on the process that writes it
 } Metrics;
 
-// Opens --log-jsonl. With --load, first drops the records of the steps after
-// resumed_iteration (they run again), so the log holds one record per step.
-void metrics_open(Metrics *mt, const Config *c, long resumed_iteration);
+// Opens --log-jsonl, and --tensorboard-dir when writes_tensorboard (one process writes it).
+// With --load, first drops the JSONL records of the steps after resumed_iteration (they run
+// again), so the log holds one record per step. Notes that --wandb-* flags send nothing.
+void metrics_open(Metrics *mt, const Config *c, long resumed_iteration, int writes_tensorboard);
+// Whether step is logged anywhere: the console and JSONL every --log-interval steps, the
+// last step and notable ones (skipped, loss spike); TensorBoard every
+// --tensorboard-log-interval steps. The same answer on every process.
+int metrics_step_due(const Metrics *mt, long step, int notable);
 void metrics_log_step(Metrics *mt, const StepRecord *r);
-void metrics_log_eval(Metrics *mt, long step, double loss);
+void metrics_log_eval(Metrics *mt, long step, int64_t consumed_samples, double loss);
 void metrics_close(Metrics *mt);
 
 // Peak resident memory of this process in MiB.

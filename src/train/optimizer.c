@@ -108,10 +108,6 @@ double optimizer_state_bytes(const MomentDtype dtype[ADAMW_MOMENTS], double elem
     return bytes + fragments * (double)sizeof(MomentScales);
 }
 
-double grad_sum_squares(const TensorTable *tt, int64_t begin, int64_t end) {
-    return vec_sum_squares(tt->grads + begin, (size_t)(end - begin));
-}
-
 // Moment k from element index `index` on: host memory for the offloaded ones, else tensor memory.
 static void *moment_at(const Optimizer *o, int k, size_t index) {
     size_t bytes = moment_bytes(o->dtype[k]);

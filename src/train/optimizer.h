@@ -69,8 +69,6 @@ void optimizer_free(Optimizer *o);
 size_t optimizer_moment_base(const Optimizer *o, int r);
 // Bytes of moment state for `elements` elements of the ranges and `fragments` fragments.
 double optimizer_state_bytes(const MomentDtype dtype[ADAMW_MOMENTS], double elements, double fragments);
-// Σ gradient² over [begin, end) (fixed summation order)
-double grad_sum_squares(const TensorTable *tt, int64_t begin, int64_t end);
 // Clip to c->clip_grad (Megatron: scale by clip/(norm + 1e-6) when that is < 1), then step
 // the optimizer's ranges.
 void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_norm);

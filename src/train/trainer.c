@@ -432,6 +432,7 @@ static void trainer_setup(Trainer *t, Config *c) {
         config_from_checkpoint(c, resolved);
     }
     t->tokenizer = run_tokenizer_open(c);  // before any work: checkpoints carry what is read here
+    tb_check_dir(c->tensorboard_dir);
     setup_parallel(t);
     if (comm_world_size() > 1) {
         watchdog_start(60 * c->distributed_timeout_minutes);
@@ -476,7 +477,7 @@ static void trainer_setup(Trainer *t, Config *c) {
     t->layer_counts = mt_calloc((size_t)config_all_layers(c) * MT_MAX(c->num_experts, 1), sizeof(int64_t));
     t->mtp_loss = mt_calloc((size_t)MT_MAX(c->mtp_num_layers, 1), sizeof(double));
     setup_loss_scaler(t);
-    metrics_open(&t->metrics, c, t->state.iteration);
+    metrics_open(&t->metrics, c, t->state.iteration, comm_world_rank() == 0);  // rank 0 writes the logs
     t->flops_per_token = model_train_flops_per_token(c);
     t->peak_flops = c->peak_tflops > 0 ? c->peak_tflops * 1e12 : measure_gemm_ceiling_flops();
 }
@@ -677,7 +678,11 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
     double tokens_per_step = (double)c->global_batch_size * c->seq_length;
     double flops = tokens_per_step * t->flops_per_token / o->step_s;
     int moe_layers = model_moe_layers(c);
-    StepRecord r = {.step = o->step, .loss = o->loss, .lm_loss = s->lm_loss, .router = s->router,
+    StepRecord r = {.step = o->step, .consumed_samples = t->state.consumed_train_samples,
+                    .batch_size = c->global_batch_size, .world_size = comm_world_size(),
+                    .has_params_norm = c->log_params_norm,
+                    .params_norm = c->log_params_norm ? grad_sync_params_norm(&t->sync, &t->model.tt) : 0,
+                    .loss = o->loss, .lm_loss = s->lm_loss, .router = s->router,
                     .mtp_loss = s->mtp_loss, .mtp_depths = s->mtp_depths,
                     .balance_coeff = c->balance_coeff, .z_loss_coeff = c->moe_z_loss_coeff,
                     .layers = c->moe_per_layer_logging ? s->layers : NULL,
@@ -740,10 +745,10 @@ int train_main(Config *c) {
         thread_governor_after_step(&threads, o.step_s);
         profile_step_done(&profile, step, first_step, c->train_iters, o.step_s);
         prof_enable(0);  // evaluation and saving are not part of the steps
-        if (step % c->log_interval == 0 || step == c->train_iters || o.skipped || o.loss_spike) log_step(&t, &s, &o);
+        if (metrics_step_due(&t.metrics, step, o.skipped || o.loss_spike)) log_step(&t, &s, &o);
         if (c->eval_interval > 0 && c->eval_iters > 0 && (step % c->eval_interval == 0 || step == c->train_iters)) {
             double loss = evaluate(&t);
-            metrics_log_eval(&t.metrics, step, loss);
+            metrics_log_eval(&t.metrics, step, t.state.consumed_train_samples, loss);
             run_summary_eval(&t.summary, step, loss);
         }
         const char *stop = step < c->train_iters ? run_control_stop_reason(&rc, step, &world) : NULL;

@@ -1,4 +1,5 @@
-// test_crc32.c — CRC-32 of checkpoint checksums against known values (zlib's crc32).
+// test_crc32.c — CRC-32 of checkpoint checksums against known values (zlib's crc32), and
+// CRC-32C (TFRecord's) against the check value and RFC 3720's test vectors.
 #include <stdio.h>
 #include <string.h>
 
@@ -10,6 +11,17 @@ static void test_known_values(void) {
     CHECK(crc32_update(0, "123456789", 9) == 0xCBF43926u, "the check value: %08x", crc32_update(0, "123456789", 9));
     const char *fox = "The quick brown fox jumps over the lazy dog";
     CHECK(crc32_update(0, fox, strlen(fox)) == 0x414FA339u, "fox: %08x", crc32_update(0, fox, strlen(fox)));
+}
+
+static void test_crc32c_known_values(void) {
+    CHECK(crc32c_update(0, "", 0) == 0, "empty");
+    CHECK(crc32c_update(0, "123456789", 9) == 0xE3069283u, "the check value: %08x", crc32c_update(0, "123456789", 9));
+    unsigned char zeros[32] = {0}, ones[32], ascending[32];
+    for (int i = 0; i < 32; i++) ones[i] = 0xFF, ascending[i] = (unsigned char)i;
+    CHECK(crc32c_update(0, zeros, 32) == 0x8A9136AAu, "32 zero bytes: %08x", crc32c_update(0, zeros, 32));
+    CHECK(crc32c_update(0, ones, 32) == 0x62A8AB43u, "32 0xFF bytes: %08x", crc32c_update(0, ones, 32));
+    CHECK(crc32c_update(0, ascending, 32) == 0x46DD794Eu, "0..31: %08x", crc32c_update(0, ascending, 32));
+    CHECK(crc32c_update(crc32c_update(0, "12345", 5), "6789", 4) == 0xE3069283u, "in two pieces");
 }
 
 static void test_pieces_equal_whole(void) {
@@ -44,6 +56,7 @@ static void test_file(void) {
 
 int main(void) {
     RUN(test_known_values);
+    RUN(test_crc32c_known_values);
     RUN(test_pieces_equal_whole);
     RUN(test_file);
     return tl_failed_cases != 0;
