@@ -8,6 +8,7 @@
 #include "core/device.h"
 #include "ops/gemm.h"
 #include "parallel/comm.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 #define MOETRON_VERSION "0.1.0"
@@ -98,6 +99,7 @@ static int run_command(int argc, char **argv) {
     Config c;
     config_defaults(&c);
     config_parse_args(&c, cmd, argc - 2, argv + 2);
+    if (cmd == CMD_TRAIN) checkpoint_load_nothing_yet(&c);
     // With --load the checkpoint fills in the flags not given; validation follows that.
     if (!c.load[0]) config_validate(&c);
     if (cmd == CMD_TRAIN || cmd == CMD_GENERATE || cmd == CMD_FORWARD) use_device(&c);

@@ -656,6 +656,28 @@ static void prune_checkpoints(const char *dir, int keep, long current) {
 static const char save_lock_name[] = "moetron.lock";
 static const char latest_name[] = "latest_checkpointed_iteration.txt";
 
+// Whether paths a and b name the same directory (the same file when both exist, else the
+// same text but for trailing slashes).
+static int same_directory(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (!stat(a, &sa) && !stat(b, &sb)) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    size_t la = strlen(a), lb = strlen(b);
+    while (la > 1 && a[la - 1] == '/') la--;
+    while (lb > 1 && b[lb - 1] == '/') lb--;
+    return la == lb && !strncmp(a, b, la);
+}
+
+void checkpoint_load_nothing_yet(Config *c) {
+    char hf_config[CKPT_PATH_MAX + 64];
+    snprintf(hf_config, sizeof(hf_config), "%s/config.json", c->load);
+    if (!c->load[0] || !c->save[0] || !same_directory(c->load, c->save) || checkpoint_dir_has_checkpoints(c->load) ||
+        file_exists(hf_config))
+        return;
+    printf("note: --load %s holds no checkpoint yet (it is the --save directory): training starts from scratch, as "
+           "Megatron-LM does\n", c->load);
+    c->load[0] = 0;
+}
+
 int checkpoint_dir_has_checkpoints(const char *dir) {
     char path[CKPT_PATH_MAX + 64];
     snprintf(path, sizeof(path), "%s/%s", dir, latest_name);

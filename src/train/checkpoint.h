@@ -81,6 +81,12 @@ void checkpoint_resolve(char *out, const char *dir);
 // Whether DIR already holds checkpoints (its latest_checkpointed_iteration.txt).
 int checkpoint_dir_has_checkpoints(const char *dir);
 
+// Megatron-LM's scripts give --load and --save the same directory from the first run on:
+// while it holds no checkpoint (nor a Hugging Face model), a training run starts from
+// scratch, as Megatron-LM's does, with a note; --load is then cleared. A --load elsewhere
+// that holds nothing stays an error (checkpoint_resolve): a mistyped path is not a new run.
+void checkpoint_load_nothing_yet(Config *c);
+
 // DIR/checksums.json, when there is one: every file it lists must have the size and CRC-32
 // it records; fatal with one line naming the file when one differs, is missing or when the
 // manifest itself is damaged. Without the file (Hugging Face directories, older moetron
