@@ -105,7 +105,7 @@ upcycle granular_g2 --num-experts 8 --moe-router-topk 2 --moe-upcycling-granular
 upcycle pre_softmax --num-experts 4 --moe-router-topk 1 --moe-router-pre-softmax &&
     megatron_weights pre_softmax 4 1 1 1 || fail pre_softmax "$(tail -1 "$work/pre_softmax.log")"
 
-expect_error upcycling_save_not_empty "--save .*upcycled_softmax already holds checkpoints; upcycling starts a new run" -- \
+expect_error upcycling_save_not_empty "--save .*upcycled_softmax already holds checkpoints; --moe-use-upcycling starts a new run" -- \
     "$M" train "${BASE[@]}" --load "$work/dense" --moe-use-upcycling --num-experts 4 "${FROZEN_STEP[@]}" \
     --save "$work/upcycled_softmax"
 expect_error granularity_alone "--moe-upcycling-granularity applies to --moe-use-upcycling" -- \
