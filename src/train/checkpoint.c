@@ -656,6 +656,12 @@ int checkpoint_dir_has_checkpoints(const char *dir) {
     return file_exists(path);
 }
 
+int checkpoint_dir_loadable(const char *dir) {
+    char path[CKPT_PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    return checkpoint_dir_has_checkpoints(dir) || file_exists(path);
+}
+
 // Creates dir when missing and proves that files can be created in it (a probe file,
 // removed again): a file in its place, a path under a file or a read-only filesystem is
 // found before the first step.

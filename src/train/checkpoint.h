@@ -82,6 +82,8 @@ void checkpoint_resolve(char *out, const char *dir);
 
 // Whether DIR already holds checkpoints (its latest_checkpointed_iteration.txt).
 int checkpoint_dir_has_checkpoints(const char *dir);
+// Whether --load DIR finds anything to read: checkpoints, or a config.json in DIR itself.
+int checkpoint_dir_loadable(const char *dir);
 
 // DIR/checksums.json, when there is one: every file it lists must have the size and CRC-32
 // it records; fatal with one line naming the file when one differs, is missing or when the

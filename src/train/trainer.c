@@ -459,10 +459,21 @@ static void load_training_checkpoint(Trainer *t, const char *resolved) {
            c->no_load_rng && !c->finetune ? "; --no-load-rng: fresh random streams" : "");
 }
 
+// Megatron-LM's auto-resume idiom, --load and --save naming one directory: the first run
+// finds nothing there and starts afresh (as Megatron-LM does), the next ones resume.
+static void skip_empty_resume_dir(Config *c) {
+    if (!c->load[0] || strcmp(c->load, c->save) || checkpoint_dir_loadable(c->load)) return;
+    printf("note: --load %s holds no checkpoint yet: a new run starts (it resumes there once --save wrote one)\n",
+           c->load);
+    c->load[0] = 0;
+    config_validate(c);  // main validates a run without --load before it starts (core/config.h)
+}
+
 static void trainer_setup(Trainer *t, Config *c) {
     memset(t, 0, sizeof(*t));
     t->cfg = c;
     char resolved[MT_PATH_MAX + 32];
+    skip_empty_resume_dir(c);
     if (c->load[0]) {
         checkpoint_resolve(resolved, c->load);
         config_from_checkpoint(c, resolved);

@@ -165,3 +165,20 @@ picks() { grep '"topk"' "$1/rank_00000.jsonl" | sed 's/.*"topk"//'; }
     fail no_load_rng_restarts_streams "the resumed steps routed differently from a new run's"
 [ "$(picks "$work/trace_resume")" != "$(picks "$work/trace_fresh")" ] && ok full_resume_continues_streams ||
     fail full_resume_continues_streams "a full resume repeated the first steps' draws"
+
+# Megatron's auto-resume idiom: --load and --save one directory; the first run finds nothing and
+# starts afresh, the next resumes (its steps appended to the recorded --log-jsonl); elsewhere an
+# empty --load stays an error
+"$M" train "${TINY[@]}" --train-iters 2 --load "$work/auto" --save "$work/auto" --log-jsonl "$work/auto1.jsonl" \
+    >"$work/auto1.log" 2>&1 || fail auto_resume_first_run "$(tail -1 "$work/auto1.log")"
+"$M" train "${TINY[@]}" --train-iters 3 --load "$work/auto" --save "$work/auto" >"$work/auto2.log" 2>&1 ||
+    fail auto_resume_second_run "$(tail -1 "$work/auto2.log")"
+if grep -q "^note: --load .*auto holds no checkpoint yet: a new run starts" "$work/auto1.log" &&
+   [ "$(step_numbers "$work/auto1.jsonl" | cut -d' ' -f1 | tr '\n' ' ')" = "1 2 3 " ] &&
+   grep -q "^loaded .*auto/iter_0000002 (iteration 2)" "$work/auto2.log"; then
+    ok auto_resume_idiom
+else
+    fail auto_resume_idiom "$(head -1 "$work/auto1.log") / $(grep loaded "$work/auto2.log")"
+fi
+expect_error empty_load_elsewhere "no latest_checkpointed_iteration.txt and no config.json" \
+    -- "$M" train "${TINY[@]}" --train-iters 1 --load "$work/nothing_here" --save "$work/other_save"
