@@ -17,6 +17,7 @@
 #include "core/common.h"
 #include "core/config.h"
 #include "core/device.h"
+#include "core/layer_pattern.h"
 #include "ops/gemm.h"
 #include "ops/quantized_linear.h"
 #include "parallel/pipeline_layout.h"
@@ -25,7 +26,13 @@
 #define DT (CMD_TRAIN | CMD_DATA)  // training data: train and `moetron data`
 #define TR CMD_TRAIN
 #define F(name, type, field, cmds, arch, help) \
-    {name, type, offsetof(Config, field), sizeof(((Config *)0)->field), cmds, arch, help}
+    {name, type, offsetof(Config, field), sizeof(((Config *)0)->field), cmds, arch, help, FLAG_IMPLEMENTED, NULL}
+// A Megatron-LM flag moetron keeps a field for whose only value is what moetron does.
+#define F_NOOP(name, type, field, cmds, help) \
+    {name, type, offsetof(Config, field), sizeof(((Config *)0)->field), cmds, 0, help, FLAG_NOOP, NULL}
+// The entries of megatron_compat_flags.h: no field, checked as they are parsed.
+#define NOOP(name, type, cmds, accepts, help) {name, type, 0, 0, cmds, 0, help, FLAG_NOOP, accepts}
+#define UNSUPPORTED(name, type, cmds, help) {name, type, 0, 0, cmds, 0, help, FLAG_UNSUPPORTED, NULL}
 
 static const FlagSpec FLAGS[] = {
     // model shape
@@ -44,7 +51,7 @@ static const FlagSpec FLAGS[] = {
     F("make-vocab-size-divisible-by", FLAG_INT, make_vocab_size_divisible_by, TR, 1, "pad the vocabulary to a multiple of this"),
     F("norm-epsilon", FLAG_DOUBLE, norm_epsilon, TR, 1, "RMSNorm epsilon"),
     F("rotary-base", FLAG_DOUBLE, rotary_base, TR, 1, "RoPE base theta"),
-    F("rope-type", FLAG_STRING, rope_type, TR, 1, "rope: plain rotary embeddings; yarn: YaRN context extension (--rotary-scaling-factor, --original-max-position-embeddings, --beta-fast, --beta-slow, --mscale, --mscale-all-dim)"),
+    F("rope-type", FLAG_STRING, rope_type, TR, 1, "rope: plain rotary embeddings; yarn: YaRN context extension (--rotary-scaling-factor, --original-max-position-embeddings, --beta-fast, --beta-slow, --mscale, --mscale-all-dim); with --multi-latent-attention and a --rotary-scaling-factor other than 1 the default is yarn (Megatron-Core's MLA default)"),
     F("rotary-scaling-factor", FLAG_DOUBLE, rotary_scaling_factor, TR, 1, "yarn: context extension factor (frequencies below the ramp divided by it)"),
     F("original-max-position-embeddings", FLAG_INT, original_max_position_embeddings, TR, 1, "yarn and --use-rope-scaling: the context length the model was pretrained on (0: 4096 for yarn, 8192 for Llama 3's scaling)"),
     F("beta-fast", FLAG_DOUBLE, beta_fast, TR, 1, "yarn: rotations over the original context above which a frequency is kept"),
@@ -66,16 +73,16 @@ static const FlagSpec FLAGS[] = {
     F("v-head-dim", FLAG_INT, v_head_dim, TR, 1, "MLA: value head width"),
     F("untie-embeddings-and-output-weights", FLAG_BOOL, untie_embeddings_and_output_weights, TR, 1, "separate LM head instead of the embedding matrix"),
     F("init-method-std", FLAG_DOUBLE, init_method_std, TR, 0, "std of the normal weight init; output projections get std/sqrt(2*layers)"),
-    F("swiglu", FLAG_BOOL, swiglu, TR, 0, "accepted for Megatron scripts; SwiGLU is always used"),
-    F("disable-bias-linear", FLAG_BOOL, disable_bias_linear, TR, 0, "accepted for Megatron scripts; linear layers never have biases"),
-    F("normalization", FLAG_STRING, normalization, TR, 0, "RMSNorm (the only normalisation)"),
+    F_NOOP("swiglu", FLAG_BOOL, swiglu, TR, "no-op: the MLPs and experts are always SwiGLU (--no-swiglu is refused)"),
+    F_NOOP("disable-bias-linear", FLAG_BOOL, disable_bias_linear, TR, "no-op: linear layers never have biases (--no-disable-bias-linear is refused)"),
+    F_NOOP("normalization", FLAG_STRING, normalization, TR, "no-op at RMSNorm: the only normalisation (LayerNorm is refused)"),
     F("position-embedding-type", FLAG_STRING, position_embedding_type, TR, 0, "rope (the only position embedding)"),
     // mixture of experts
     F("num-experts", FLAG_INT, num_experts, TR, 1, "routed experts per MoE layer (0 = dense model)"),
     F("moe-ffn-hidden-size", FLAG_INT, moe_ffn_hidden_size, TR, 1, "expert SwiGLU width (0 = --ffn-hidden-size)"),
     F("moe-router-topk", FLAG_INT, moe_router_topk, TR, 1, "experts per token"),
-    F("moe-layer-freq", FLAG_STRING, moe_layer_freq, TR, 1, "N: every N-th layer is MoE (from layer 0); or a list like [0,1,1,1]"),
-    F("moe-router-pre-softmax", FLAG_BOOL, moe_router_pre_softmax, TR, 1, "softmax over all experts before top-k (default: top-k of logits, then softmax over the k)"),
+    F("moe-layer-freq", FLAG_STRING, moe_layer_freq, TR, 1, "N: every N-th layer is MoE (from layer 0); or a list like [0,1,1,1], also written as Megatron's Python expressions [0]*1+[1]*3 or ([0]+[1]*3)"),
+    F("moe-router-pre-softmax", FLAG_BOOL, moe_router_pre_softmax, TR, 1, "softmax over all experts before top-k (default: top-k of logits, then softmax over the k); with sigmoid or sqrtsoftplus scores it changes nothing, as in Megatron (whose DeepSeek-V3 scripts pass it)"),
     F("moe-router-score-function", FLAG_STRING, moe_router_score_function, TR, 1, "softmax, sigmoid, sqrtsoftplus"),
     F("moe-router-topk-scaling-factor", FLAG_DOUBLE, moe_router_topk_scaling_factor, TR, 1, "multiply the routing probs by this (0 = off)"),
     F("moe-router-num-groups", FLAG_INT, moe_router_num_groups, TR, 1, "group-limited routing: expert groups (0 = off)"),
@@ -114,7 +121,13 @@ static const FlagSpec FLAGS[] = {
     F("distributed-timeout-minutes", FLAG_DOUBLE, distributed_timeout_minutes, TR, 0, "end every rank when a collective waits longer than this (MPI runs)"),
     F("lr", FLAG_DOUBLE, lr, TR, 0, "peak learning rate"),
     F("min-lr", FLAG_DOUBLE, min_lr, TR, 0, "learning rate at the end of decay"),
-    F("lr-warmup-iters", FLAG_INT, lr_warmup_iters, TR, 0, "linear warmup steps from 0"),
+    F("train-samples", FLAG_INT64, train_samples, TR, 0, "sample-based run: train this many samples, --train-iters = this / --global-batch-size (as Megatron; not with --train-iters)"),
+    F("lr-warmup-iters", FLAG_INT, lr_warmup_iters, TR, 0, "linear warmup steps from --lr-warmup-init"),
+    F("lr-warmup-fraction", FLAG_DOUBLE, lr_warmup_fraction, TR, 0, "warmup over this fraction of the decay steps (--lr-decay-iters, or --lr-decay-samples), as Megatron; not with --lr-warmup-iters / --lr-warmup-samples (0 = off)"),
+    F("lr-warmup-samples", FLAG_INT64, lr_warmup_samples, TR, 0, "with --train-samples: the warmup in samples (steps of --global-batch-size samples each, fractions kept)"),
+    F("lr-warmup-init", FLAG_DOUBLE, lr_warmup_init, TR, 0, "the learning rate warmup starts from"),
+    F("lr-decay-samples", FLAG_INT64, lr_decay_samples, TR, 0, "with --train-samples: the decay in samples (0 = --train-samples)"),
+    F("lr-wsd-decay-samples", FLAG_INT64, lr_wsd_decay_samples, TR, 0, "with --train-samples and WSD: the final decay in samples"),
     F("lr-decay-style", FLAG_STRING, lr_decay_style, TR, 0, "constant, linear, cosine, WSD"),
     F("lr-decay-iters", FLAG_INT, lr_decay_iters, TR, 0, "steps over which lr decays (0 = --train-iters)"),
     F("lr-wsd-decay-iters", FLAG_INT, lr_wsd_decay_iters, TR, 0, "WSD: length of the final decay phase"),
@@ -147,7 +160,7 @@ static const FlagSpec FLAGS[] = {
     F("expert-tensor-parallel-size", FLAG_INT, expert_tensor_parallel_size, TR, 0, "processes each expert's tensors are split over (ETP)"),
     F("cp-comm-type", FLAG_LIST, cp_comm_type, TR, 0, "with CP: p2p (ring attention), a2a (all-to-all over heads), allgather (gather K/V) or a2a+p2p; one value, or one per layer"),
     F("hierarchical-context-parallel-sizes", FLAG_LIST, hierarchical_context_parallel_sizes, TR, 0, "a2a+p2p: the sizes of the inner all-to-all group and the outer ring (product: --context-parallel-size)"),
-    F("moe-token-dispatcher-type", FLAG_STRING, moe_token_dispatcher_type, TR, 0, "alltoall, allgather: how tokens reach experts on other expert-parallel ranks (one process: the same)"),
+    F("moe-token-dispatcher-type", FLAG_STRING, moe_token_dispatcher_type, TR, 0, "alltoall, allgather: how tokens reach experts on other expert-parallel ranks (one process: the same); flex (Megatron's fused DeepEP / HybridEP exchange) runs as alltoall, the same tokens reaching the same experts"),
     F("device", FLAG_STRING, device, ALL, 0, "cpu, cuda, auto: where the model computes (auto: a GPU when this build has CUDA and one is visible, else the cpu; default $MOETRON_DEVICE, else auto); cpu-strict: the cpu with tensor memory closed to host code outside ops (a check for developers)"),
     F("bf16", FLAG_BOOL, bf16, ALL, 0, "GEMM inputs rounded to bf16 (nearest even), fp32 accumulation, fp32 master weights, everything else fp32 (docs/precision.md); the cpu uses AVX-512 BF16 where the CPU has it and an exact emulation elsewhere"),
     F("fp16", FLAG_BOOL, fp16, ALL, 0, "GEMM inputs rounded to IEEE half, fp32 accumulation, fp32 master weights, with loss scaling (dynamic unless --loss-scale): steps whose gradients overflow are skipped"),
@@ -191,7 +204,7 @@ static const FlagSpec FLAGS[] = {
     F("valid-data-path", FLAG_LIST, valid_data_path, DT, 0, "Megatron prefixes (optionally weighted) for validation"),
     F("test-data-path", FLAG_LIST, test_data_path, DT, 0, "Megatron prefixes (optionally weighted) for test"),
     F("data-cache-path", FLAG_STRING, data_cache_path, DT, 0, "directory for the sample-index caches (default: beside the data)"),
-    F("split", FLAG_STRING, split, DT, 0, "train,valid,test proportions (of the documents for Megatron data, of the samples for text)"),
+    F("split", FLAG_STRING, split, DT, 0, "train,valid,test proportions (of the documents for Megatron data, of the samples for text); as Megatron reads it, any characters separate the numbers (98,2,0 98/2/0 '99 1 0'), missing parts are 0"),
     F("eod-mask-loss", FLAG_BOOL, eod_mask_loss, DT, 0, "no loss where the input token is end-of-document (as Megatron-Core)"),
     F("reset-position-ids", FLAG_BOOL, reset_position_ids, DT, 0, "positions restart at 0 after each end-of-document"),
     F("reset-attention-mask", FLAG_BOOL, reset_attention_mask, DT, 0, "tokens attend only to earlier tokens of their own document"),
@@ -200,6 +213,9 @@ static const FlagSpec FLAGS[] = {
     F("save", FLAG_STRING, save, TR, 0, "checkpoint directory to write"),
     F("save-interval", FLAG_INT, save_interval, TR, 0, "save every N steps (0 = only at the end)"),
     F("load", FLAG_STRING, load, ALL, 0, "checkpoint directory to resume from / to use"),
+    F("finetune", FLAG_BOOL, finetune, TR, 0, "--load the weights only: start at iteration 0 with a fresh optimizer, learning-rate schedule, random streams and data position (as Megatron)"),
+    F("no-load-optim", FLAG_BOOL, no_load_optim, TR, 0, "--load the weights and trainer state (iteration, data position) but not the optimizer's: fresh AdamW moments and step count, loss scaler, and a learning-rate schedule from its start (as Megatron, whose schedule is optimizer state)"),
+    F("no-load-rng", FLAG_BOOL, no_load_rng, TR, 0, "--load without the random state: the random streams (router jitter and forced-balance logits, stochastic rounding) start afresh at the loaded iteration, as a new run's first step"),
     F("log-interval", FLAG_INT, log_interval, TR, 0, "print a line every N steps"),
     F("log-jsonl", FLAG_STRING, log_jsonl, TR, 0, "append one JSON object per logged step to this file"),
     F("tensorboard-dir", FLAG_STRING, tensorboard_dir, TR, 0, "write TensorBoard event files here (created when missing; a resumed run adds a new file); Megatron-LM's tags, written by world rank 0"),
@@ -240,6 +256,8 @@ static const FlagSpec FLAGS[] = {
     F("append-eod", FLAG_BOOL, append_eod, CMD_PREPARE, 0, "end every document with the end-of-document token"),
     F("workers", FLAG_INT, workers, CMD_PREPARE, 0, "tokenizer threads"),
     F("output", FLAG_STRING, report_output, CMD_REPORT, 0, "the HTML page to write (default: the log's path with .html for .jsonl)"),
+    // Megatron-LM flags accepted as no-ops or refused (docs/flags.md's status column)
+#include "core/megatron_compat_flags.h"
 };
 #define FLAG_COUNT ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 _Static_assert(sizeof(FLAGS) / sizeof(FLAGS[0]) <= sizeof(((Config *)0)->flag_given),
@@ -439,9 +457,52 @@ static double parse_double(const char *flag, const char *text) {
     return v;
 }
 
+// Whether value is one of the comma-separated `accepts` (numerically for a number flag).
+static int value_accepted(const FlagSpec *f, const char *value) {
+    char list[256];
+    snprintf(list, sizeof(list), "%s", f->accepts);
+    char *save;
+    for (char *a = strtok_r(list, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+        if (f->type == FLAG_DOUBLE || f->type == FLAG_INT || f->type == FLAG_INT64) {
+            if (parse_double(f->name, value) == strtod(a, NULL)) return 1;
+        } else if (!strcmp(value, a)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+// A flag of megatron_compat_flags.h (no field): an unsupported one is refused, a no-op's
+// value must be of its type and, when it lists them, one of the values it accepts.
+static void check_compat_flag(const FlagSpec *f, const char *value) {
+    if (f->status == FLAG_UNSUPPORTED) config_die("--%s is not supported: %s", f->name, f->help);
+    if (f->type == FLAG_BOOL) {
+        if (strcmp(value, "1") && strcmp(value, "true") && strcmp(value, "0") && strcmp(value, "false"))
+            config_die("--%s is a switch: give it without a value", f->name);
+        return;
+    }
+    if (f->type == FLAG_INT || f->type == FLAG_INT64) parse_integer(f->name, value);
+    if (f->type == FLAG_DOUBLE) parse_double(f->name, value);
+    if (f->accepts && !value_accepted(f, value)) {
+        char choices[256];
+        snprintf(choices, sizeof(choices), "%s", f->accepts);
+        char *last = strrchr(choices, ',');
+        if (last) *last = '|';  // "a,b,c" -> "a, b or c"
+        char listed[300];
+        size_t at = 0;
+        for (const char *p = choices; *p && at + 5 < sizeof(listed); p++)
+            at += (size_t)snprintf(listed + at, sizeof(listed) - at, "%s", *p == ',' ? ", " : *p == '|' ? " or " : (char[]){*p, 0});
+        config_die("--%s %s is not supported; give %s (%s)", f->name, value, listed, f->help);
+    }
+}
+
 // Store a textual value into the field a flag describes.
 void config_set_flag(Config *c, const FlagSpec *f, const char *value) {
     naming = c;
+    if (f->size == 0) {
+        check_compat_flag(f, value);
+        return;
+    }
     char *field = (char *)c + f->offset;
     switch (f->type) {
     case FLAG_INT: {
@@ -564,47 +625,42 @@ static void parse_moe_layer_freq(Config *c) {
         for (int l = 0; l < c->num_layers; l++) c->moe_layer[l] = 0;
         return;
     }
-    if (s[0] != '[') {
+    if (s[0] != '[' && s[0] != '(') {  // N; else a list expression (core/layer_pattern.h)
         long long every = parse_integer("moe-layer-freq", s);
         require_positive("moe-layer-freq", every);
         for (int l = 0; l < c->num_layers; l++) c->moe_layer[l] = (l % every == 0);
         return;
     }
-    int count = 0;
-    const char *p = s + 1;
-    for (;;) {
-        while (isspace((unsigned char)*p)) p++;
-        if (*p == ']' && count == 0) break;
-        if (*p != '0' && *p != '1')
-            config_die("--moe-layer-freq %s: list entries must be 0 or 1, e.g. [0,1,1,1]", s);
-        if (count >= c->num_layers)
-            config_die("--moe-layer-freq %s has more entries than --num-layers %d", s, c->num_layers);
-        c->moe_layer[count++] = *p++ - '0';
-        while (isspace((unsigned char)*p)) p++;
-        if (*p == ',') { p++; continue; }
-        if (*p == ']') break;
-        config_die("--moe-layer-freq %s: expected ',' or ']' in the list", s);
-    }
-    if (p[1] != 0) config_die("--moe-layer-freq %s: unexpected text after ']'", s);
+    char err[128];
+    int count = layer_pattern_expand(s, c->moe_layer, c->num_layers, err, sizeof(err));
+    if (count < 0) config_die("--moe-layer-freq %s: %s (e.g. [0,1,1,1] or [0]*1+[1]*3)", s, err);
     if (count != c->num_layers)
         config_die("--moe-layer-freq %s has %d entries but --num-layers is %d", s, count, c->num_layers);
 }
 
+// --split as Megatron reads it (parse_and_normalize_split): every run of digits and dots is
+// a proportion, whatever separates them ("969,30,1", "98/2/0", "99 1 0", "'99,1,0'");
+// missing parts are 0. Signs and letters are refused rather than skipped.
 static void parse_split(Config *c) {
     double parts[3] = {0, 0, 0}, total = 0;
     int n = 0;
-    const char *p = c->split;
-    while (*p) {
-        if (n == 3) config_die("--split '%s' has more than 3 parts (train,valid,test)", c->split);
+    for (const char *p = c->split; *p;) {
+        if (!isdigit((unsigned char)*p) && *p != '.') {
+            if (isalpha((unsigned char)*p) || *p == '-' || *p == '+')
+                config_die("--split '%s': expected non-negative proportions like 969,30,1", c->split);
+            p++;
+            continue;
+        }
+        size_t len = strspn(p, "0123456789.");
+        char number[64];
         char *end;
-        double v = strtod(p, &end);
-        if (end == p || v < 0 || !isfinite(v)) config_die("--split '%s': expected numbers like 969,30,1", c->split);
+        snprintf(number, sizeof(number), "%.*s", (int)MT_MIN(len, sizeof(number) - 1), p);
+        double v = strtod(number, &end);
+        if (*end || end == number || !isfinite(v)) config_die("--split '%s': '%s' is not a number", c->split, number);
+        if (n == 3) config_die("--split '%s' has more than 3 parts (train,valid,test)", c->split);
         parts[n++] = v;
         total += v;
-        p = end;
-        while (*p == ' ') p++;
-        if (*p == ',' || *p == '/') p++;
-        else if (*p) config_die("--split '%s': expected numbers separated by commas", c->split);
+        p += len;
     }
     if (total <= 0) config_die("--split '%s' must have a positive sum", c->split);
     for (int i = 0; i < 3; i++) c->split_fraction[i] = parts[i] / total;
@@ -663,7 +719,19 @@ static void require_flag_context(const Config *c, const char *flag, int active, 
 }
 
 // --rope-type and its YaRN parameters, --use-rope-scaling, --rotary-seq-len-interpolation-factor.
+// Megatron-Core's MLA configuration defaults to YaRN (MLATransformerConfig); with the default
+// --rotary-scaling-factor 1 YaRN is plain rotary, so an MLA run that neither names a
+// --rope-type nor read one from a file takes yarn once the factor asks for scaling.
+static void default_mla_rope_type(Config *c) {
+    int index = 0;
+    find_flag("rope-type", &index);
+    if (c->multi_latent_attention && !c->flag_given[index] && !c->value_key[index] && c->rotary_scaling_factor != 1 &&
+        !strcmp(c->rope_type, "rope"))
+        strcpy(c->rope_type, "yarn");
+}
+
 static void validate_rope_scaling(Config *c) {
+    default_mla_rope_type(c);
     int yarn = !strcmp(c->rope_type, "yarn"), mla = c->multi_latent_attention;
     if (!yarn && strcmp(c->rope_type, "rope"))
         config_die("--rope-type %s is not supported; use rope or yarn", c->rope_type);
@@ -752,7 +820,7 @@ static void validate_shape(Config *c) {
     if (c->norm_epsilon <= 0) config_die("--norm-epsilon must be positive");
     if (c->rotary_base <= 1) config_die("--rotary-base must be greater than 1");
     if (strcmp(c->normalization, "RMSNorm"))
-        config_die("--normalization %s is not supported; moetron uses RMSNorm", c->normalization);
+        config_die("--normalization %s is not supported; give RMSNorm (moetron's only normalisation)", c->normalization);
     if (!strcmp(c->position_embedding_type, "yarn")) strcpy(c->rope_type, "yarn");  // Megatron's non-MLA spelling
     else if (strcmp(c->position_embedding_type, "rope"))
         config_die("--position-embedding-type %s is not supported; moetron uses rope (or yarn)", c->position_embedding_type);
@@ -860,8 +928,6 @@ static void validate_router(Config *c) {
     require_flag_context(c, "moe-router-quantile-balancing-ema", c->quantile_balancing,
                          "--moe-router-load-balancing-type quantile_balancing");
     int softmax = c->score_function == 0;
-    if (c->moe_router_pre_softmax && !softmax)
-        config_die("--moe-router-pre-softmax applies only to --moe-router-score-function softmax");
     if (softmax && c->moe_router_topk == 1 && !c->moe_router_pre_softmax)
         config_die("--moe-router-topk 1 with softmax needs --moe-router-pre-softmax (the softmax of one logit is "
                "always 1 and the router would never learn)");
@@ -1075,11 +1141,14 @@ static void validate_recompute(Config *c) {
                    c->num_layers);
 }
 
-static void validate_parallel(const Config *c) {
+static void validate_parallel(Config *c) {
     if (!device_name_known(c->device)) config_die("--device %s: use %s", c->device, DEVICE_NAMES);
     static const char *const dispatchers[] = {"alltoall", "allgather"};
+    int flex = !strcmp(c->moe_token_dispatcher_type, "flex");  // Megatron's fused all-to-all (DeepEP, HybridEP)
+    if (flex) strcpy(c->moe_token_dispatcher_type, "alltoall");
+    require_flag_context(c, "moe-flex-dispatcher-backend", flex, "--moe-token-dispatcher-type flex");
     if (lookup(c->moe_token_dispatcher_type, dispatchers, 2) < 0)
-        config_die("--moe-token-dispatcher-type %s: use alltoall or allgather", c->moe_token_dispatcher_type);
+        config_die("--moe-token-dispatcher-type %s: use alltoall, allgather or flex", c->moe_token_dispatcher_type);
 }
 
 static void validate_checkpoint_format(Config *c) {
@@ -1277,6 +1346,62 @@ static void validate_logging(Config *c) {
                    "(--log-params-norm and the grad-norm tag are logged)");
 }
 
+// Sample-based runs (--train-samples, as Megatron): the iterations, and the schedule's
+// lengths in samples, refused beside their iteration-based counterparts.
+static void validate_sample_based(Config *c) {
+    if (c->train_samples < 0 || c->lr_warmup_samples < 0 || c->lr_decay_samples < 0 || c->lr_wsd_decay_samples < 0)
+        config_die("--train-samples, --lr-warmup-samples, --lr-decay-samples and --lr-wsd-decay-samples must be >= 0");
+    if (c->train_samples == 0) {
+        if (c->lr_warmup_samples || c->lr_decay_samples || c->lr_wsd_decay_samples)
+            config_die("--lr-warmup-samples, --lr-decay-samples and --lr-wsd-decay-samples go with --train-samples; "
+                       "give it, or use --lr-warmup-iters, --lr-decay-iters, --lr-wsd-decay-iters");
+        return;
+    }
+    if (config_flag_given(c, "train-iters"))
+        config_die("--train-iters and --train-samples exclude each other (as in Megatron); give one");
+    if (c->lr_warmup_iters || c->lr_decay_iters || c->lr_wsd_decay_iters)
+        config_die("--train-samples counts the schedule in samples: give --lr-warmup-samples, --lr-decay-samples, "
+                   "--lr-wsd-decay-samples instead of the -iters flags");
+    int64_t iters = c->train_samples / c->global_batch_size;  // Megatron's floor
+    if (iters > INT_MAX) config_die("--train-samples %lld is above the supported %d steps of --global-batch-size %d",
+                                    (long long)c->train_samples, INT_MAX, c->global_batch_size);
+    c->train_iters = (int)iters;
+}
+
+// The learning-rate schedule in optimizer steps (train/lr_schedule.h): Megatron's
+// scheduler counts samples, so lengths given in samples become fractional steps.
+static void validate_lr_schedule(Config *c) {
+    if (c->train_iters < 0) config_die("--train-iters must be >= 0");
+    if (c->lr < 0 || c->min_lr < 0) config_die("--lr and --min-lr must be >= 0");
+    if (c->min_lr > c->lr) config_die("--min-lr %g is larger than --lr %g", c->min_lr, c->lr);
+    if (!(c->lr_warmup_init >= 0 && c->lr_warmup_init <= c->lr))
+        config_die("--lr-warmup-init %g must be in [0, --lr %g]", c->lr_warmup_init, c->lr);
+    if (c->lr_warmup_iters < 0) config_die("--lr-warmup-iters must be >= 0");
+    if (c->lr_decay_iters < 0 || c->lr_wsd_decay_iters < 0)
+        config_die("--lr-decay-iters and --lr-wsd-decay-iters must be >= 0");
+    validate_sample_based(c);
+    if (!(c->lr_warmup_fraction >= 0 && c->lr_warmup_fraction < 1))
+        config_die("--lr-warmup-fraction %g must be in [0, 1)", c->lr_warmup_fraction);
+    if (c->lr_warmup_fraction > 0 && (c->lr_warmup_iters || c->lr_warmup_samples))
+        config_die("--lr-warmup-fraction excludes --lr-warmup-iters and --lr-warmup-samples (as in Megatron); give one");
+    c->decay_iters = c->lr_decay_iters ? c->lr_decay_iters : c->train_iters;
+    double gbs = c->global_batch_size;
+    if (c->train_samples) {
+        c->decay_steps = (double)(c->lr_decay_samples ? c->lr_decay_samples : c->train_samples) / gbs;
+        c->warmup_steps = (double)c->lr_warmup_samples / gbs;
+        c->wsd_decay_steps = (double)c->lr_wsd_decay_samples / gbs;
+    } else {
+        c->decay_steps = c->decay_iters;
+        c->warmup_steps = c->lr_warmup_iters;
+        c->wsd_decay_steps = c->lr_wsd_decay_iters;
+    }
+    if (c->lr_warmup_fraction > 0) c->warmup_steps = c->lr_warmup_fraction * c->decay_steps;
+    if (c->warmup_steps > c->decay_steps && c->decay_steps > 0)
+        config_die("the warmup of %g steps (--lr-warmup-iters / --lr-warmup-samples) is longer than the %g decay steps "
+                   "(--lr-decay-iters / --lr-decay-samples, default --train-iters / --train-samples); shorten it",
+                   c->warmup_steps, c->decay_steps);
+}
+
 static void validate_training(Config *c) {
     require_positive("micro-batch-size", c->micro_batch_size);
     require_positive("global-batch-size", c->global_batch_size);
@@ -1284,22 +1409,14 @@ static void validate_training(Config *c) {
         config_die("--global-batch-size %d is not a multiple of --micro-batch-size %d", c->global_batch_size,
                c->micro_batch_size);
     c->num_micro_batches = c->global_batch_size / c->micro_batch_size;
-    if (c->train_iters < 0) config_die("--train-iters must be >= 0");
-    if (c->lr < 0 || c->min_lr < 0) config_die("--lr and --min-lr must be >= 0");
-    if (c->min_lr > c->lr) config_die("--min-lr %g is larger than --lr %g", c->min_lr, c->lr);
-    if (c->lr_warmup_iters < 0) config_die("--lr-warmup-iters must be >= 0");
-    if (c->lr_decay_iters < 0 || c->lr_wsd_decay_iters < 0)
-        config_die("--lr-decay-iters and --lr-wsd-decay-iters must be >= 0");
-    c->decay_iters = c->lr_decay_iters ? c->lr_decay_iters : c->train_iters;
-    if (c->lr_warmup_iters > c->decay_iters && c->decay_iters > 0)
-        config_die("--lr-warmup-iters %d is longer than the %d decay steps (--lr-decay-iters, default --train-iters)",
-               c->lr_warmup_iters, c->decay_iters);
+    validate_lr_schedule(c);
     if (c->adam_beta1 < 0 || c->adam_beta1 >= 1 || c->adam_beta2 < 0 || c->adam_beta2 >= 1)
         config_die("--adam-beta1 and --adam-beta2 must be in [0, 1)");
     if (c->adam_eps <= 0) config_die("--adam-eps must be positive");
     if (c->clip_grad < 0 || c->weight_decay < 0) config_die("--clip-grad and --weight-decay must be >= 0");
     if (c->eval_interval < 0 || c->eval_iters < 0 || c->save_interval < 0 || c->exit_interval < 0)
         config_die("--eval-interval, --eval-iters, --save-interval and --exit-interval must be >= 0");
+    require_positive("log-interval", c->log_interval);
     require_positive("nan-skip-limit", c->nan_skip_limit);
     if (!(c->distributed_timeout_minutes > 0)) config_die("--distributed-timeout-minutes must be positive");
     if (c->exit_duration_in_mins < 0 || c->keep_checkpoints < 0 || c->loss_spike_factor < 0)
@@ -1437,8 +1554,18 @@ void config_validate(Config *c) {
 
 // ---- help -----------------------------------------------------------------------------
 
+static const char *status_name(FlagStatus s) {
+    return s == FLAG_IMPLEMENTED ? "implemented" : s == FLAG_NOOP ? "no-op" : "not supported";
+}
+
 static void format_default(const Config *d, const FlagSpec *f, char *out, size_t cap) {
     const char *field = (const char *)d + f->offset;
+    if (f->size == 0) {  // a compat flag: off, or the first value it accepts
+        snprintf(out, cap, "%s", f->type == FLAG_BOOL ? "off" : f->accepts ? f->accepts : "(any)");
+        char *comma = strchr(out, ',');
+        if (comma) *comma = 0;
+        return;
+    }
     switch (f->type) {
     case FLAG_INT: snprintf(out, cap, "%d", *(const int *)field); break;
     case FLAG_INT64: snprintf(out, cap, "%lld", (long long)*(const int64_t *)field); break;
@@ -1454,7 +1581,7 @@ void config_print_help(Command cmd, int markdown) {
     config_defaults(&defaults);
     char def[256];
     if (markdown) {
-        printf("| flag | commands | default | meaning |\n|---|---|---|---|\n");
+        printf("| flag | commands | default | status | meaning |\n|---|---|---|---|---|\n");
         for (int i = 0; i < FLAG_COUNT; i++) {
             const FlagSpec *f = &FLAGS[i];
             format_default(&defaults, f, def, sizeof(def));
@@ -1463,7 +1590,7 @@ void config_print_help(Command cmd, int markdown) {
                 if (f->commands & bit)
                     snprintf(cmds + strlen(cmds), sizeof(cmds) - strlen(cmds), "%s%s", cmds[0] ? " " : "",
                              command_name((Command)bit));
-            printf("| `--%s` | %s | %s | %s |\n", f->name, cmds, def, f->help);
+            printf("| `--%s` | %s | %s | %s | %s |\n", f->name, cmds, def, status_name(f->status), f->help);
         }
         return;
     }
@@ -1472,6 +1599,6 @@ void config_print_help(Command cmd, int markdown) {
         const FlagSpec *f = &FLAGS[i];
         if (!(f->commands & accepted_by(cmd))) continue;
         format_default(&defaults, f, def, sizeof(def));
-        printf("  --%-36s %s [%s]\n", f->name, f->help, def);
+        printf("  --%-36s %s%s [%s]\n", f->name, f->status == FLAG_UNSUPPORTED ? "not supported: " : "", f->help, def);
     }
 }

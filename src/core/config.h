@@ -7,7 +7,7 @@
 
 #define MT_MAX_LAYERS 256
 #define MT_PATH_MAX 1024
-#define MT_FLAG_SLOTS 256  // at least the number of flags (checked in args.c)
+#define MT_FLAG_SLOTS 320  // at least the number of flags (checked in args.c)
 
 typedef enum { LR_CONSTANT, LR_LINEAR, LR_COSINE, LR_WSD } LrDecayStyle;
 typedef enum { WSD_LINEAR, WSD_COSINE, WSD_EXPONENTIAL, WSD_MINUS_SQRT } WsdDecayStyle;
@@ -98,6 +98,10 @@ typedef struct {
     double distributed_timeout_minutes;  // a collective waiting longer ends the job
     double lr, min_lr;
     int lr_warmup_iters;
+    double lr_warmup_fraction;    // warmup = this x the decay steps (0 = --lr-warmup-iters / -samples)
+    double lr_warmup_init;        // the learning rate warmup starts from
+    int64_t train_samples;        // sample-based runs: train_iters = this / global batch (0 = --train-iters)
+    int64_t lr_warmup_samples, lr_decay_samples, lr_wsd_decay_samples;  // the schedule in samples
     char lr_decay_style[32];
     int lr_decay_iters;           // 0 = train_iters
     int lr_wsd_decay_iters;
@@ -175,6 +179,9 @@ typedef struct {
     char save[MT_PATH_MAX];
     int save_interval;
     char load[MT_PATH_MAX];
+    int finetune;                 // --load: the weights only; iteration 0, fresh optimizer, schedule, RNG, data
+    int no_load_optim;            // --load: fresh AdamW moments, loss scaler and learning-rate schedule
+    int no_load_rng;              // --load: the random streams start afresh at the loaded iteration
     int log_interval;
     char log_jsonl[MT_PATH_MAX];
     // TensorBoard (Megatron-LM's flags; docs/metrics.md, "TensorBoard")
@@ -232,6 +239,9 @@ typedef struct {
     int hf_mtp_layers;             // DeepSeek-V3 num_nextn_predict_layers: layers after the last whose tensors are skipped
     int num_micro_batches;
     int decay_iters;               // --lr-decay-iters, or --train-iters when 0
+    // the learning-rate schedule in optimizer steps (fractional for sample-based flags, as
+    // Megatron's scheduler counts samples): warmup, decay and WSD's final decay
+    double warmup_steps, decay_steps, wsd_decay_steps;
     double balance_coeff[3];       // per BalanceType (moe/router.h); 0 = off
     int sinkhorn_routing;          // --moe-router-load-balancing-type sinkhorn
     int quantile_balancing;        // --moe-router-load-balancing-type quantile_balancing
@@ -307,14 +317,21 @@ void config_print_help(Command cmd, int markdown);
 // Iterate over the flags that describe the model and training (stored in checkpoints).
 // FLAG_LIST: one or more values ("--flag a b" or "--flag a,b"), stored comma-separated.
 typedef enum { FLAG_INT, FLAG_INT64, FLAG_DOUBLE, FLAG_BOOL, FLAG_STRING, FLAG_LIST } FlagType;
+// What a flag does (docs/flags.md's status column): implemented; a Megatron-LM flag that
+// only names an implementation choice moetron always makes (accepted, changes nothing;
+// values outside `accepts` refused); a Megatron-LM flag for something moetron does not do
+// (refused whenever given).
+typedef enum { FLAG_IMPLEMENTED, FLAG_NOOP, FLAG_UNSUPPORTED } FlagStatus;
 typedef struct {
     const char *name;   // without the leading "--"
     FlagType type;
     size_t offset;      // into Config
-    size_t size;        // for strings: buffer size
+    size_t size;        // for strings: buffer size; 0: no field (FLAG_NOOP, FLAG_UNSUPPORTED flags store nothing)
     unsigned commands;  // Command mask where the flag is accepted
     int architecture;   // 1 when the flag shapes the model (must match a checkpoint)
     const char *help;
+    FlagStatus status;
+    const char *accepts;  // FLAG_NOOP: the values accepted, comma-separated (NULL: any of its type)
 } FlagSpec;
 // Set a flag from its textual value (the same checks as on the command line).
 void config_set_flag(Config *c, const FlagSpec *f, const char *value);

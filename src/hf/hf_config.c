@@ -38,7 +38,7 @@ static void write_moetron_section(JsonWriter *w, const Config *c) {
     jw_begin_object(w);
     for (int i = 0; i < config_flag_count(); i++) {
         const FlagSpec *f = config_flag(i);
-        if (!(f->commands & CMD_TRAIN)) continue;
+        if (!(f->commands & CMD_TRAIN) || f->size == 0) continue;  // compat flags store nothing
         jw_key(w, f->name);
         write_flag_value(w, c, f);
     }
@@ -232,7 +232,7 @@ static int is_launch_flag(const char *name) {
                                          "delay-wgrad-compute", "recompute-granularity", "recompute-method",
                                          "recompute-num-layers", "recompute-modules", "recompute-activations",
                                          "distribute-saved-activations", "moe-use-upcycling",
-                                         "moe-upcycling-granularity"};
+                                         "moe-upcycling-granularity", "finetune", "no-load-optim", "no-load-rng"};
     for (size_t i = 0; i < sizeof(launch) / sizeof(launch[0]); i++)
         if (!strcmp(name, launch[i])) return 1;
     return 0;
@@ -270,7 +270,7 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
     for (int i = 0; i < config_flag_count(); i++) {
         const FlagSpec *f = config_flag(i);
         const JsonValue *v = json_get(flags, f->name);
-        if (is_launch_flag(f->name) || upcycling_leaves(c, f->name)) continue;
+        if (f->size == 0 || is_launch_flag(f->name) || upcycling_leaves(c, f->name)) continue;  // size 0: a no-op flag
         if (!v) {
             check_flag_newer_than_checkpoint(c, f, i, path);
             continue;

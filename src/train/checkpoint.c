@@ -444,6 +444,8 @@ static void write_trainer_state(const char *path, const TrainerState *st, long o
     jw_kv_int(&w, "optimizer_step", optimizer_step);
     jw_kv_int(&w, "world_size", 1);
     if (st->quant_bits) write_quant_state(&w, st);
+    if (st->lr_schedule_start) jw_kv_int(&w, "lr_schedule_start", st->lr_schedule_start);
+    if (st->rng_start_sample) jw_kv_int(&w, "rng_start_sample", st->rng_start_sample);
     if (st->loss_scaling || st->overflow_skips) {
         jw_kv_double(&w, "loss_scale", st->loss_scaler.scale);
         jw_kv_int(&w, "loss_scale_growth_tracker", st->loss_scaler.growth_tracker);
@@ -683,6 +685,7 @@ int checkpoint_dir_has_checkpoints(const char *dir) {
     snprintf(path, sizeof(path), "%s/%s", dir, latest_name);
     return file_exists(path);
 }
+
 
 // Creates dir when missing and proves that files can be created in it (a probe file,
 // removed again): a file in its place, a path under a file or a read-only filesystem is
@@ -996,6 +999,16 @@ void checkpoint_read_trainer_state(const char *dir, TrainerState *st, long *opti
     st->iteration = (long)iteration;
     st->consumed_train_samples = consumed;
     *optimizer_step = (long)step;
+    // where a --no-load-optim / --no-load-rng resume restarted the schedule and the random
+    // streams (absent: at the run's start)
+    int64_t lr_start = 0, rng_start = 0;
+    if ((json_get(root, "lr_schedule_start") && !json_get_int64(root, "lr_schedule_start", &lr_start)) ||
+        (json_get(root, "rng_start_sample") && !json_get_int64(root, "rng_start_sample", &rng_start)) ||
+        lr_start < 0 || lr_start > iteration || rng_start < 0 || rng_start > consumed)
+        mt_die("%s: lr_schedule_start and rng_start_sample must be integers from 0 to iteration and "
+               "consumed_train_samples", path);
+    st->lr_schedule_start = (long)lr_start;
+    st->rng_start_sample = rng_start;
     read_loss_scaler_state(root, path, st);
     read_quant_state(root, path, st);
     json_free(root);

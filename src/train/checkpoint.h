@@ -29,6 +29,8 @@ typedef struct {
     int loss_scaling;              // the run scales its loss: the two below are saved (and were found, on load)
     LossScalerState loss_scaler;
     long overflow_skips;           // steps skipped for a gradient overflow: the LR schedule is behind by these
+    long lr_schedule_start;        // the iteration the LR schedule (re)started at (--no-load-optim), else 0
+    int64_t rng_start_sample;      // the sample the random streams count from (--no-load-rng), else 0
     // The FP8 / FP4 quantizers' state (amax histories, scales, stochastic rounding's Rng) of
     // every rank, each rank's floats as their bits: [quant_ranks][quant_floats], or NULL.
     size_t quant_ranks, quant_floats;

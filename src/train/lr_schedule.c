@@ -3,9 +3,9 @@
 #include <math.h>
 
 static double wsd_coefficient(const Config *c, long s) {
-    long anneal_start = c->decay_iters - c->lr_wsd_decay_iters;
-    if (s <= anneal_start || c->lr_wsd_decay_iters <= 0) return 1.0;
-    double r = (double)(s - anneal_start) / c->lr_wsd_decay_iters;
+    double anneal_start = c->decay_steps - c->wsd_decay_steps;
+    if (s <= anneal_start || c->wsd_decay_steps <= 0) return 1.0;
+    double r = (s - anneal_start) / c->wsd_decay_steps;
     switch (c->wsd_style) {
     case WSD_LINEAR: return 1.0 - r;
     case WSD_COSINE: return 0.5 * (cos(M_PI * r) + 1.0);
@@ -16,15 +16,15 @@ static double wsd_coefficient(const Config *c, long s) {
 }
 
 double lr_at(const Config *c, long s) {
-    long warmup = c->lr_warmup_iters, decay = c->decay_iters;
-    if (warmup > 0 && s <= warmup) return c->lr * (double)s / warmup;
+    double warmup = c->warmup_steps, decay = c->decay_steps;
+    if (warmup > 0 && s <= warmup) return c->lr_warmup_init + (c->lr - c->lr_warmup_init) * (double)s / warmup;
     if (c->decay_style == LR_CONSTANT) return c->lr;
     if (s > decay) return c->min_lr;
     double coeff;
     if (c->decay_style == LR_WSD) {
         coeff = wsd_coefficient(c, s);
     } else {
-        double r = decay > warmup ? (double)(s - warmup) / (decay - warmup) : 1.0;
+        double r = decay > warmup ? (s - warmup) / (decay - warmup) : 1.0;
         coeff = c->decay_style == LR_LINEAR ? 1.0 - r : 0.5 * (cos(M_PI * r) + 1.0);
     }
     return c->min_lr + coeff * (c->lr - c->min_lr);

@@ -190,7 +190,7 @@ static const Batch *step_batch(void *ctx, int mb) {
     }
     Batch full = batch_of(db, c->seq_length);
     full.training = 1;
-    full.noise_seed = noise_seed(c, first);
+    full.noise_seed = noise_seed(c, first - t->state.rng_start_sample);
     full.iteration = t->state.iteration;
     full.first_sample = first;
     rank_batch_of(&t->step_batches[t->fetched++], t, &full);
@@ -371,13 +371,19 @@ static void load_checkpoint(Trainer *t, const char *resolved) {
     free(peaks);
 }
 
+// A run that starts at iteration 0 from another model's weights (flag: --moe-use-upcycling or
+// --finetune) needs a --save without checkpoints: its iterations would replace theirs.
+static void require_fresh_save_dir(const Config *c, const char *flag) {
+    if (c->save[0] && checkpoint_dir_has_checkpoints(c->save))
+        mt_die("--save %s already holds checkpoints; --%s starts a new run at iteration 0 (it needs an empty --save), "
+               "or resume it with --load %s and without --%s", c->save, flag, c->save, flag);
+}
+
 // --moe-use-upcycling: the model initialised, then the dense checkpoint's weights read into
 // it (its MLPs into the experts: hf_weights.c), the routers set as Megatron-Core does; the
 // run starts at step 0 with a new optimizer.
 static void upcycle_checkpoint(Trainer *t, const char *resolved) {
-    if (t->cfg->save[0] && checkpoint_dir_has_checkpoints(t->cfg->save))
-        mt_die("--save %s already holds checkpoints; upcycling starts a new run (as Megatron-Core, it needs an empty "
-               "--save), or resume it with --load %s and without --moe-use-upcycling", t->cfg->save, t->cfg->save);
+    require_fresh_save_dir(t->cfg, "moe-use-upcycling");
     model_init_weights(&t->model, (uint64_t)t->cfg->seed);
     watchdog_io_begin();
     checkpoint_load(resolved, &t->model, NULL, NULL);
@@ -423,6 +429,44 @@ static void setup_loss_scaler(Trainer *t) {
     t->state.loss_scaler = t->scaler.state;
 }
 
+// The optimizer as a run starts it: this rank's shards of the state, fresh moments.
+static void init_optimizer(Trainer *t) {
+    FlatRange shards[REGIONS];
+    int n_shards = grad_sync_shards(&t->sync, shards);
+    OptimizerOptions options = optimizer_options(t->cfg);
+    optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, &options);
+}
+
+// --load for training, as Megatron's flags say: everything (a resume); --finetune the
+// weights only (iteration 0, fresh optimizer, schedule, random streams and data position;
+// the quantizers' state is the model's and stays); --no-load-optim fresh AdamW moments, step
+// count and loss scaler, the learning-rate schedule restarting here; --no-load-rng the random
+// streams restarting here. The checkpoint is read whole (its F32 master weights are the
+// weights), then the optimizer made afresh.
+static void load_training_checkpoint(Trainer *t, const char *resolved) {
+    const Config *c = t->cfg;
+    if (c->finetune) require_fresh_save_dir(c, "finetune");
+    load_checkpoint(t, resolved);
+    if (c->finetune || c->no_load_optim) {
+        optimizer_free(&t->opt);
+        init_optimizer(t);
+        t->state.loss_scaling = 0;
+        t->state.overflow_skips = 0;
+        t->state.lr_schedule_start = t->state.iteration;
+    }
+    if (c->finetune) {
+        TrainerState fresh = {.quant_bits = t->state.quant_bits, .quant_ranks = t->state.quant_ranks,
+                              .quant_floats = t->state.quant_floats};
+        t->state = fresh;
+    }
+    if (c->no_load_rng) t->state.rng_start_sample = t->state.consumed_train_samples;
+    restore_quant_state(t);
+    printf("loaded %s (iteration %ld%s%s%s)\n", resolved, t->state.iteration,
+           c->finetune ? "; --finetune: the weights only, from iteration 0" : "",
+           c->no_load_optim && !c->finetune ? "; --no-load-optim: a fresh optimizer and learning-rate schedule" : "",
+           c->no_load_rng && !c->finetune ? "; --no-load-rng: fresh random streams" : "");
+}
+
 static void trainer_setup(Trainer *t, Config *c) {
     memset(t, 0, sizeof(*t));
     t->cfg = c;
@@ -451,17 +495,12 @@ static void trainer_setup(Trainer *t, Config *c) {
     t->memory_need = memory_plan(c, &t->model, &t->pipeline, &grad_groups, device_active() == DEVICE_CUDA);
     memory_check_fits(&t->memory_need);
     grad_sync_init(&t->sync, &grad_groups, &t->model.tt, c->use_distributed_optimizer, config_all_layers(c) + 2);
-    FlatRange shards[REGIONS];
-    int n_shards = grad_sync_shards(&t->sync, shards);
     model_allocate(&t->model);
-    OptimizerOptions options = optimizer_options(c);
-    optimizer_init_ranges(&t->opt, &t->model.tt, shards, n_shards, &options);
+    init_optimizer(t);
     if (c->load[0] && c->moe_use_upcycling) {
         upcycle_checkpoint(t, resolved);
     } else if (c->load[0]) {
-        load_checkpoint(t, resolved);
-        restore_quant_state(t);
-        printf("loaded %s (iteration %ld)\n", resolved, t->state.iteration);
+        load_training_checkpoint(t, resolved);
     } else {
         model_init_weights(&t->model, (uint64_t)c->seed);
     }
@@ -734,7 +773,7 @@ int train_main(Config *c) {
         StepLosses s = train_step_micro_batches(&t);
         unscale_grads(&t);
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),
-                         .loss = s.lm_loss + s.aux_objective + s.mtp_objective, .lr = lr_at(c, step - 1 - t.state.overflow_skips),
+                         .loss = s.lm_loss + s.aux_objective + s.mtp_objective, .lr = lr_at(c, step - 1 - t.state.overflow_skips - t.state.lr_schedule_start),
                          .loss_scale = loss_scale};
         o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr, &o.overflow);
         o.loss_spike = !o.skipped && run_control_loss_spike(&rc, step, o.loss);

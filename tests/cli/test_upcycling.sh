@@ -115,7 +115,7 @@ DENSE=$work/dense_mtp upcycle granular_mtp --num-experts 4 --moe-router-topk 2 -
     --mtp-num-layers 1 && DENSE=$work/dense_mtp megatron_weights granular_mtp 4 2 2 0 ||
     fail granular_mtp "$(tail -1 "$work/granular_mtp.log")"
 
-expect_error upcycling_save_not_empty "--save .*upcycled_softmax already holds checkpoints; upcycling starts a new run" -- \
+expect_error upcycling_save_not_empty "--save .*upcycled_softmax already holds checkpoints; --moe-use-upcycling starts a new run" -- \
     "$M" train "${BASE[@]}" --load "$work/dense" --moe-use-upcycling --num-experts 4 "${FROZEN_STEP[@]}" \
     --save "$work/upcycled_softmax"
 expect_error granularity_alone "--moe-upcycling-granularity applies to --moe-use-upcycling" -- \
