@@ -87,7 +87,8 @@ Tokenizer *tokenizer_open_config(const Config *c, TokenizerFile *file) {
     const char *name = c->tokenizer_type;
     switch (type) {
     case TOKENIZER_TYPE_NULL:
-        if (c->vocab_size <= 0) mt_die("--tokenizer-type NullTokenizer needs --vocab-size N (ids 0..N-1)");
+        if (!config_flag_given(c, "vocab-size") && !c->load[0])
+            mt_die("--tokenizer-type NullTokenizer needs --vocab-size N (ids 0..N-1, end of document N-1)");
         return tokenizer_null(c->vocab_size);
     case TOKENIZER_TYPE_GPT2BPE:
         require_flag(c->vocab_file, name, "vocab-file", "vocab.json (GPT-2's)");
