@@ -90,6 +90,9 @@ run_python precision_optimizer "torch numpy safetensors" "$root/tests/conformanc
 run_python quantizers "torch numpy safetensors torchao" "$root/tests/conformance/quantizers.py" "$bin/quant_probe"
 # The byte-level BPE tokenizer (build/tokenize_probe, moetron generate) against Hugging Face tokenizers.
 run_python tokenizer_conformance "tokenizers" "$root/tests/conformance/tokenizer_conformance.py" "$bin/tokenize_probe"
+# --tokenizer-type's tokenizers (SentencePiece .model BPE/Unigram, Llama-2 / DeepSeek-V3 tokenizer.json,
+# GPT-2 vocab/merges, NullTokenizer) against sentencepiece and tokenizers, on random Unicode.
+run_python tokenizer_types "tokenizers sentencepiece" "$root/tests/conformance/tokenizer_types.py" "$bin/tokenize_probe"
 run_python prepare_conformance "tokenizers megatron numpy" "$root/tests/conformance/prepare_conformance.py" "$MOETRON"
 # TensorBoard event files (--tensorboard-dir) read back by tensorboard's EventAccumulator.
 run_python tensorboard_events "tensorboard numpy" "$root/tests/conformance/tensorboard_events.py" "$MOETRON"

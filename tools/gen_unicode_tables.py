@@ -12,6 +12,8 @@ Unicode version, and characters added since are neither letters nor numbers.
 
 The tables the tokenizer needs, as sorted arrays searched by binary search:
   * \\p{L} (general categories Lu Ll Lt Lm Lo) and \\p{N} (Nd Nl No) as codepoint ranges;
+  * \\p{P} (Pc Pd Ps Pe Pi Pf Po), \\p{S} (Sm Sc Sk So) and \\p{M} (Mn Mc Me), for DeepSeek-V3's
+    pre-tokenizer, and Nd / Nl / Pc, the non-letters of Rust regex's \\w (added tokens' single_word);
   * the canonical combining class of every non-starter, as ranges of equal class;
   * canonical decompositions (one step: a codepoint -> one or two codepoints; Hangul
     syllables are algorithmic and left out);
@@ -104,6 +106,19 @@ def main():
         "// \\p{N}: general categories Nd, Nl, No. {first, last} inclusive.",
         emit_rows("uc_number_ranges", "UcRange",
                   ranges(lambda cp: ud.category(chr(cp)).startswith("N")), 4),
+        "",
+        "// \\p{P}: general categories Pc, Pd, Ps, Pe, Pi, Pf, Po.",
+        emit_rows("uc_punct_ranges", "UcRange", ranges(lambda cp: ud.category(chr(cp)).startswith("P")), 4),
+        "",
+        "// \\p{S}: general categories Sm, Sc, Sk, So.",
+        emit_rows("uc_symbol_ranges", "UcRange", ranges(lambda cp: ud.category(chr(cp)).startswith("S")), 4),
+        "",
+        "// \\p{M}: general categories Mn, Mc, Me.",
+        emit_rows("uc_mark_ranges", "UcRange", ranges(lambda cp: ud.category(chr(cp)).startswith("M")), 4),
+        "",
+        "// Nd, Nl and Pc: the characters of \\w that are neither letters nor marks.",
+        emit_rows("uc_word_extra_ranges", "UcRange",
+                  ranges(lambda cp: ud.category(chr(cp)) in ("Nd", "Nl", "Pc")), 4),
         "",
         "// Canonical combining class of non-starters: {first, last, class}.",
         emit_rows("uc_ccc_ranges", "UcClassRange", class_ranges(), 4),

@@ -7,7 +7,9 @@
 //        tokenize_probe --json TOKENIZER.json TEXTS.json    TEXTS.json is a JSON array of strings; prints one
 //                                                           line per text: "<ids space separated>|<hex of the
 //                                                           bytes the ids decode to>"
-// Errors (an unusable tokenizer.json included) are one line on stderr and exit status 1.
+// TOKENIZER is a tokenizer.json, or sp:MODEL (a SentencePiece .model), gpt2:VOCAB,MERGES
+// (GPT-2's vocab.json and merges.txt), null:N (NullTokenizer with N ids).
+// Errors (an unusable tokenizer file included) are one line on stderr and exit status 1.
 #include <string.h>
 
 #include "core/common.h"
@@ -15,6 +17,21 @@
 #include "core/json.h"
 #include "core/timer.h"
 #include "tokenizer/tokenizer.h"
+
+static Tokenizer *open_tokenizer(const char *spec) {
+    if (!strncmp(spec, "sp:", 3)) return tokenizer_load_sentencepiece(spec + 3);
+    if (!strncmp(spec, "null:", 5)) return tokenizer_null(atoi(spec + 5));
+    if (strncmp(spec, "gpt2:", 5)) return tokenizer_load(spec);
+    char vocab[4096];
+    const char *comma = strchr(spec + 5, ',');
+    if (!comma || comma - (spec + 5) >= (long)sizeof vocab) mt_die("%s: expected gpt2:VOCAB,MERGES", spec);
+    snprintf(vocab, sizeof vocab, "%.*s", (int)(comma - (spec + 5)), spec + 5);
+    size_t len;
+    char *json = tokenizer_json_from_gpt2_files(vocab, comma + 1, &len);
+    Tokenizer *t = tokenizer_parse(json, len, vocab);
+    free(json);
+    return t;
+}
 
 static char *read_or_die(const char *path, size_t *len) {
     char err[256];
@@ -24,7 +41,7 @@ static char *read_or_die(const char *path, size_t *len) {
 }
 
 static int encode_file(const char *tokenizer_path, const char *text_path) {
-    Tokenizer *t = tokenizer_load(tokenizer_path);
+    Tokenizer *t = open_tokenizer(tokenizer_path);
     size_t len;
     char *text = read_or_die(text_path, &len);
     int32_t *ids;
@@ -38,7 +55,7 @@ static int encode_file(const char *tokenizer_path, const char *text_path) {
 }
 
 static int decode_file(const char *tokenizer_path, const char *ids_path) {
-    Tokenizer *t = tokenizer_load(tokenizer_path);
+    Tokenizer *t = open_tokenizer(tokenizer_path);
     size_t len;
     char *text = read_or_die(ids_path, &len);
     int32_t *ids = mt_malloc((len / 2 + 1) * sizeof(int32_t));  // ids are at least "0 " apart
@@ -62,7 +79,7 @@ static int decode_file(const char *tokenizer_path, const char *ids_path) {
 }
 
 static int bench_file(int repeat, const char *tokenizer_path, const char *text_path) {
-    Tokenizer *t = tokenizer_load(tokenizer_path);
+    Tokenizer *t = open_tokenizer(tokenizer_path);
     size_t len;
     char *text = read_or_die(text_path, &len);
     int n = 0;
@@ -80,7 +97,7 @@ static int bench_file(int repeat, const char *tokenizer_path, const char *text_p
 }
 
 static int encode_json_texts(const char *tokenizer_path, const char *texts_path) {
-    Tokenizer *t = tokenizer_load(tokenizer_path);
+    Tokenizer *t = open_tokenizer(tokenizer_path);
     char err[256];
     JsonValue *texts = json_parse_file(texts_path, err, sizeof err);
     if (!texts) mt_die("%s: %s", texts_path, err);

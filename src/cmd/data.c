@@ -13,6 +13,7 @@
 #include "core/timer.h"
 #include "data/megatron_data.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_type.h"
 
 // The vocabulary the token ids are checked against: --vocab-size when given, else the size of
 // --tokenizer-model; without either the ids are not checked (there is no model to fit).
@@ -21,11 +22,12 @@ static TokenVocab data_vocab(const Config *c, char *source, size_t n) {
         snprintf(source, n, "--vocab-size %d", c->vocab_size);
         return (TokenVocab){c->vocab_size, source};
     }
-    if (!c->tokenizer_model[0]) return (TokenVocab){0, ""};
-    Tokenizer *tok = tokenizer_load(c->tokenizer_model);
+    if (!config_has_tokenizer(c)) return (TokenVocab){0, ""};
+    Tokenizer *tok = tokenizer_open_config(c, NULL);
     int size = tokenizer_vocab_size(tok);
     tokenizer_free(tok);
-    snprintf(source, n, "--tokenizer-model %s (%d tokens)", c->tokenizer_model, size);
+    char named[MT_PATH_MAX + 32];
+    snprintf(source, n, "%s (%d tokens)", tokenizer_source(c, named, sizeof named), size);
     return (TokenVocab){size, source};
 }
 

@@ -16,6 +16,7 @@
 #include "data/dataset.h"
 #include "ops/ops_state.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_type.h"
 #include "tokenizer/utf8_stream.h"
 
 // The next token from one position's logits (tensor memory): the sampling op on the device
@@ -102,11 +103,13 @@ static int32_t *encode_prompt(const Config *c, const Tokenizer *tok, int *len) {
 int generate_main(Config *c) {
     Model m;
     load_model_for_inference(&m, c);
-    // --tokenizer-model, which --load sets to the checkpoint's tokenizer.json unless given
-    Tokenizer *tok = c->tokenizer_model[0] ? tokenizer_load(c->tokenizer_model) : NULL;
+    // --tokenizer-type / --tokenizer-model; --load sets the model to the checkpoint's tokenizer unless given
+    Tokenizer *tok = config_has_tokenizer(c) ? tokenizer_open_config(c, NULL) : NULL;
+    char source[MT_PATH_MAX + 32];
     if (tok && tokenizer_vocab_size(tok) > c->vocab_size)
         mt_die("tokenizer %s has %d tokens but the model's vocabulary (--vocab-size) is %d; use the tokenizer the "
-               "model was trained with", c->tokenizer_model, tokenizer_vocab_size(tok), c->vocab_size);
+               "model was trained with", tokenizer_source(c, source, sizeof source), tokenizer_vocab_size(tok),
+               c->vocab_size);
     int32_t stop[TOKENIZER_MAX_END_IDS];
     int n_stop = stop_ids(tok, stop);
     int prompt_len;

@@ -43,6 +43,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/bpe_train.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_type.h"
 
 #define MAX_KEYS 16
 #define BATCH_BYTES (256 << 10)   // a batch ends at the first record boundary past this
@@ -203,10 +204,11 @@ static void configure(Prep *p, const Config *c) {
     parse_keys(p, c->json_keys);
     if (p->kind == INPUT_TEXT && p->n_keys != 1)
         mt_die("--input %s is plain text, which makes one dataset: give one --json-keys name (default text)", c->input);
-    p->train_vocab = config_flag_given(c, "vocab-size");
-    if (p->train_vocab && c->tokenizer_model[0])
+    // NullTokenizer takes its vocabulary from --vocab-size; otherwise the flag trains a BPE
+    p->train_vocab = config_flag_given(c, "vocab-size") && tokenizer_type_of(c) != TOKENIZER_TYPE_NULL;
+    if (p->train_vocab && config_has_tokenizer(c))
         mt_die("--vocab-size trains a new tokenizer; with --tokenizer-model %s leave it out", c->tokenizer_model);
-    if (!p->train_vocab && !c->tokenizer_model[0])
+    if (!p->train_vocab && !config_has_tokenizer(c))
         mt_die("moetron prepare needs a tokenizer: --tokenizer-model tokenizer.json, or --vocab-size N to train a "
                "byte-level BPE on the input");
     if (p->train_vocab && (c->vocab_size < 257 || c->vocab_size > MAX_VOCAB))
@@ -545,15 +547,18 @@ int prepare_main(Config *c) {
     double start = now_seconds();
 
     char tok_final[MT_PATH_MAX], tok_tmp[MT_PATH_MAX];
-    const char *tok_path = c->tokenizer_model;
+    char source[MT_PATH_MAX + 32];
+    const char *tok_path = tokenizer_source(c, source, sizeof source);
+    Tokenizer *tok;
     if (p.train_vocab) {
         path_printf(tok_final, "%s_tokenizer.json", p.out_prefix);
         temporary_path(tok_final, tok_tmp);
         train_tokenizer(&p, c->vocab_size, tok_tmp);
-        tok_path = tok_tmp;
+        tok = tokenizer_load(tok_tmp);
+        tok_path = tok_final;
+    } else {
+        tok = tokenizer_open_config(c, NULL);
     }
-    Tokenizer *tok = tokenizer_load(tok_path);
-    if (p.train_vocab) tok_path = tok_final;
     p.tok = tok;
     p.eod = p.append_eod ? end_of_document_id(tok, tok_path) : -1;
     int vocab = tokenizer_vocab_size(tok);

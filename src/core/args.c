@@ -237,7 +237,10 @@ static const FlagSpec FLAGS[] = {
     F("hf-architecture", FLAG_STRING, hf_architecture, TR, 1, "auto, mixtral, qwen3_moe, olmoe, deepseek_v3: the Hugging Face family checkpoints are saved as"),
     F("ckpt-dtype", FLAG_STRING, ckpt_dtype, TR, 0, "fp32, bf16, fp8: dtype of the weights in model safetensors (bf16 and fp8 keep fp32 master weights in optimizer.safetensors; fp8: DeepSeek-V3's E4M3 linear weights with 128x128 block scales, the rest bf16)"),
     F("max-shard-size", FLAG_STRING, max_shard_size, TR, 0, "split model safetensors into shards above this size (e.g. 5GB, 500MB, or bytes)"),
-    F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL | CMD_DATA | CMD_PREPARE, 0, "tokenizer.json (byte-level BPE): tokenizes --data-path text and generate's prompt, copied into checkpoints (default: the one in --load)"),
+    F("tokenizer-model", FLAG_STRING, tokenizer_model, ALL | CMD_DATA | CMD_PREPARE, 0, "tokenizer.json (or, with --tokenizer-type, its directory or a SentencePiece .model): tokenizes --data-path text and generate's prompt, copied into checkpoints (default: the one in --load)"),
+    F("tokenizer-type", FLAG_STRING, tokenizer_type, ALL | CMD_DATA | CMD_PREPARE, 0, "HuggingFaceTokenizer (--tokenizer-model DIR or tokenizer.json), GPT2BPETokenizer (--vocab-file, --merge-file), SentencePieceTokenizer, GPTSentencePieceTokenizer or Llama2Tokenizer (--tokenizer-model x.model), NullTokenizer (--vocab-size; the text is token ids, end of document vocab-size - 1); default: --tokenizer-model's tokenizer.json"),
+    F("vocab-file", FLAG_STRING, vocab_file, ALL | CMD_DATA | CMD_PREPARE, 0, "GPT2BPETokenizer: GPT-2's vocab.json"),
+    F("merge-file", FLAG_STRING, merge_file, ALL | CMD_DATA | CMD_PREPARE, 0, "GPT2BPETokenizer: GPT-2's merges.txt"),
     // generate
     F("prompt", FLAG_STRING, prompt, CMD_GENERATE, 0, "text to continue"),
     F("max-new-tokens", FLAG_INT, max_new_tokens, CMD_GENERATE, 0, "tokens to generate"),

@@ -205,7 +205,10 @@ typedef struct {
     char hf_architecture[32];     // auto | mixtral | qwen3_moe | olmoe | deepseek_v3
     char ckpt_dtype[16];          // fp32 | bf16 | fp8: weights in model safetensors
     char max_shard_size[32];      // "5GB", "500MB", bytes: split model safetensors above this
-    char tokenizer_model[MT_PATH_MAX]; // tokenizer.json (Hugging Face byte-level BPE)           // 0 = measure this machine's GEMM ceiling at start-up
+    char tokenizer_model[MT_PATH_MAX]; // tokenizer.json, its directory, or a SentencePiece .model
+    char tokenizer_type[32];      // Megatron-LM's --tokenizer-type ("": tokenizer.json when --tokenizer-model is given)
+    char vocab_file[MT_PATH_MAX]; // GPT2BPETokenizer: vocab.json
+    char merge_file[MT_PATH_MAX]; // GPT2BPETokenizer: merges.txt           // 0 = measure this machine's GEMM ceiling at start-up
     // ---- generate ----
     char prompt[4096];
     int max_new_tokens;

@@ -143,8 +143,8 @@ static int32_t tokenizer_eod(const Config *c) {
     }
     int32_t eod = c->run_tokenizer->eos_id;
     if (eod < 0 && needed)
-        mt_die("--tokenizer-model %s has no end-of-text token (<|endoftext|>, </s>, ...), which --eod-mask-loss and "
-               "--reset-* use", c->tokenizer_model);
+        mt_die("tokenizer %s has no end-of-text token (<|endoftext|>, </s>, ...), which --eod-mask-loss and "
+               "--reset-* use", c->run_tokenizer->path);
     return eod;
 }
 

@@ -293,11 +293,19 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
 }
 
 // A tokenizer.json beside the weights is the model's tokenizer unless --tokenizer-model
-// names another.
+// names another; else a tokenizer.model (a SentencePiece model a run with
+// --tokenizer-type SentencePieceTokenizer saved), read as SentencePieceTokenizer unless
+// --tokenizer-type says otherwise.
 static void use_directory_tokenizer(Config *c, const char *ckpt_dir) {
     char path[MT_PATH_MAX + 32];
+    static const char sentencepiece[] = "SentencePieceTokenizer";
+    if (config_flag_given(c, "tokenizer-model")) return;
     snprintf(path, sizeof(path), "%s/tokenizer.json", ckpt_dir);
-    if (config_flag_given(c, "tokenizer-model") || access(path, R_OK) != 0) return;
+    if (access(path, R_OK) != 0) {
+        snprintf(path, sizeof(path), "%s/tokenizer.model", ckpt_dir);
+        if (access(path, R_OK) != 0) return;
+        if (!c->tokenizer_type[0]) memcpy(c->tokenizer_type, sentencepiece, sizeof sentencepiece);
+    }
     if (strlen(path) >= sizeof(c->tokenizer_model))
         mt_die("--load %s: the path of its tokenizer.json is longer than %d bytes", ckpt_dir, MT_PATH_MAX - 1);
     memcpy(c->tokenizer_model, path, strlen(path) + 1);

@@ -97,7 +97,7 @@ void bpe_model_init(BpeModel *m) {
     memset(m, 0, sizeof *m);
     strmap_init(&m->vocab);
     m->unk_id = -1;
-    for (int b = 0; b < 256; b++) m->byte_id[b] = -1;
+    for (int b = 0; b < 256; b++) m->byte_id[b] = m->fallback_id[b] = -1;
 }
 
 void bpe_model_free(BpeModel *m) {
@@ -113,6 +113,9 @@ void bpe_index_bytes(BpeModel *m) {
         char utf8[4];
         size_t n = utf8_encode(byte_level_char((unsigned char)b), utf8);
         m->byte_id[b] = strmap_get(&m->vocab, utf8, n);
+        char fallback[8];
+        snprintf(fallback, sizeof fallback, "<0x%02X>", b);
+        m->fallback_id[b] = strmap_get(&m->vocab, fallback, strlen(fallback));
     }
 }
 
@@ -187,8 +190,10 @@ static void push_pair(const BpeModel *m, BpeScratch *s, int32_t pos) {
         heap_push(s, (Candidate){.rank = m->merges.ranks[slot], .pos = pos, .merged = m->merges.merged[slot]});
 }
 
-// The piece written in the byte-level alphabet, looked up as one vocabulary token.
+// The piece written in the byte-level alphabet (char_level: as it is), looked up as one
+// vocabulary token.
 static int32_t whole_piece_id(const BpeModel *m, const unsigned char *bytes, size_t n, BpeScratch *s) {
+    if (m->char_level) return strmap_get(&m->vocab, (const char *)bytes, n);
     if (s->text_cap < 2 * n) {
         s->text_cap = 2 * n;
         s->text = mt_realloc(s->text, s->text_cap);
@@ -198,23 +203,50 @@ static int32_t whole_piece_id(const BpeModel *m, const unsigned char *bytes, siz
     return strmap_get(&m->vocab, s->text, len);
 }
 
-// The initial symbols: one per byte; a byte without a token becomes unk_id (consecutive
-// ones fused into one when fuse_unk), or is dropped when there is no unk_token.
+static void add_symbol(BpeScratch *s, size_t *count, int32_t id) {
+    s->sym[*count] = (Symbol){.id = id, .prev = (int32_t)*count - 1, .next = (int32_t)*count + 1};
+    (*count)++;
+}
+
+// The "<0xXX>" ids of bytes[0..n) as symbols, when byte_fallback has them all: 1, else 0.
+static int add_fallback_symbols(const BpeModel *m, const unsigned char *bytes, size_t n, BpeScratch *s,
+                                size_t *count) {
+    if (!m->byte_fallback) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (m->fallback_id[bytes[i]] < 0) return 0;
+    for (size_t i = 0; i < n; i++) add_symbol(s, count, m->fallback_id[bytes[i]]);
+    return 1;
+}
+
+// The initial symbols: one per byte (char_level: per character); a unit without a token
+// becomes its byte-fallback tokens (char_level), else unk_id (consecutive ones fused into
+// one when fuse_unk), or is dropped when there is no unk_token.
 static size_t initial_symbols(const BpeModel *m, const unsigned char *bytes, size_t n, BpeScratch *s) {
     if (s->sym_cap < n) {
         s->sym_cap = n;
         s->sym = mt_realloc(s->sym, n * sizeof(Symbol));
     }
-    size_t count = 0;
+    size_t count = 0, width;
     int last_was_unk = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = m->byte_id[bytes[i]];
+    for (size_t i = 0; i < n; i += width) {
+        int32_t id;
+        if (m->char_level) {
+            uint32_t cp;
+            width = utf8_decode((const char *)bytes + i, n - i, &cp);
+            id = strmap_get(&m->vocab, (const char *)bytes + i, width);
+            if (id < 0 && add_fallback_symbols(m, bytes + i, width, s, &count)) {
+                last_was_unk = 0;
+                continue;
+            }
+        } else {
+            width = 1;
+            id = m->byte_id[bytes[i]];
+        }
         int unk = id < 0;
         if (unk && m->unk_id < 0) continue;
         if (unk && last_was_unk && m->fuse_unk) continue;
         last_was_unk = unk;
-        s->sym[count] = (Symbol){.id = unk ? m->unk_id : id, .prev = (int32_t)count - 1, .next = (int32_t)count + 1};
-        count++;
+        add_symbol(s, &count, unk ? m->unk_id : id);
     }
     if (count) s->sym[count - 1].next = -1;
     return count;

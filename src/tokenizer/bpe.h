@@ -1,5 +1,7 @@
-// bpe.h — the byte-level BPE model: vocabulary, merge ranks, the GPT-2 byte alphabet and
-// the merge loop that turns one pre-tokenised piece (raw bytes) into token ids.
+// bpe.h — the BPE model: vocabulary, merge ranks, the GPT-2 byte alphabet and the merge
+// loop that turns one pre-tokenised piece into token ids. A byte-level model starts from
+// the piece's bytes (through the alphabet); a character-level one (SentencePiece-style, as
+// Llama-2 and Mixtral) from its UTF-8 characters, with byte fallback for the unknown ones.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +29,9 @@ typedef struct {
     int32_t unk_id;          // -1 without unk_token
     int fuse_unk;            // consecutive unknown characters become one unk
     int ignore_merges;       // a piece that is itself a vocabulary token is not merged
+    int char_level;          // symbols are the piece's characters, not its bytes
+    int byte_fallback;       // char_level: an unknown character becomes its bytes' "<0xXX>" tokens
+    int32_t fallback_id[256];  // the id of "<0xXX>" for each byte; -1 when absent
 } BpeModel;
 
 // GPT-2's byte -> character alphabet: bytes 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF stand for
@@ -41,7 +46,7 @@ void bpe_model_free(BpeModel *m);
 // Adds merge (left, right) -> merged with the given rank; a later duplicate of a pair
 // replaces the earlier one (as Hugging Face's map construction does).
 void bpe_add_merge(BpeModel *m, int32_t left, int32_t right, int32_t rank, int32_t merged);
-// Fills byte_id from the vocabulary (call after the vocabulary is complete).
+// Fills byte_id and fallback_id from the vocabulary (call after the vocabulary is complete).
 void bpe_index_bytes(BpeModel *m);
 
 // Working memory of bpe_encode_piece, reused from piece to piece.
@@ -49,7 +54,7 @@ typedef struct BpeScratch BpeScratch;
 BpeScratch *bpe_scratch_new(void);
 void bpe_scratch_free(BpeScratch *s);
 
-// Appends the ids of one piece (raw bytes) to out: each byte starts as its one-character
-// token, then the adjacent pair of lowest merge rank is merged (the leftmost among equal
+// Appends the ids of one piece (raw bytes) to out: each byte (char_level: each character)
+// starts as its token, then the adjacent pair of lowest merge rank is merged (the leftmost among equal
 // ranks) until no pair has a merge. O(n log n) in the piece length.
 void bpe_encode_piece(const BpeModel *m, const unsigned char *bytes, size_t n, BpeScratch *s, IdVec *out);

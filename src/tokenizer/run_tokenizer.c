@@ -7,31 +7,11 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "tokenizer/tokenizer_type.h"
 
 const char *const tokenizer_companion_files[TOKENIZER_COMPANION_COUNT] = {
     [COMPANION_TOKENIZER_CONFIG] = "tokenizer_config.json", [COMPANION_SPECIAL_TOKENS_MAP] = "special_tokens_map.json",
     [COMPANION_GENERATION_CONFIG] = "generation_config.json"};
-
-// How messages name the tokenizer: by its flag, or as the one --load found.
-static const char *source_name(const Config *c) {
-    return config_flag_given(c, "tokenizer-model") ? "--tokenizer-model" : "--load's tokenizer.json";
-}
-
-static void read_tokenizer_json(RunTokenizer *rt, const Config *c) {
-    const char *what = source_name(c), *path = rt->path;
-    struct stat s;
-    if (stat(path, &s)) mt_die("%s %s: cannot open it: %s", what, path, strerror(errno));
-    if (S_ISDIR(s.st_mode)) mt_die("%s %s is a directory; give its tokenizer.json file", what, path);
-    char err[512];
-    rt->json.bytes = read_file_all(path, INFILE_CONFIG, &rt->json.len, err, sizeof(err));
-    if (!rt->json.bytes) mt_die("%s %s: cannot read it: %s", what, path, err);
-    JsonValue *root = json_parse((const char *)rt->json.bytes, rt->json.len, err, sizeof(err));
-    if (!root || root->type != JSON_OBJECT || !json_get(root, "model"))
-        mt_die("%s %s is not a tokenizer.json (%s); give the tokenizer.json file of a Hugging Face byte-level BPE "
-               "tokenizer", what, path, root ? "no \"model\" object" : err);
-    json_free(root);
-    rt->tok = tokenizer_parse((const char *)rt->json.bytes, rt->json.len, path);
-}
 
 // The companions present in the tokenizer's directory.
 static void read_companions(RunTokenizer *rt) {
@@ -50,11 +30,14 @@ static void read_companions(RunTokenizer *rt) {
 }
 
 RunTokenizer *run_tokenizer_open(Config *c) {
-    if (!c->tokenizer_model[0]) return NULL;
+    if (!config_has_tokenizer(c)) return NULL;
     RunTokenizer *rt = mt_calloc(1, sizeof(*rt));
-    snprintf(rt->path, sizeof(rt->path), "%s", c->tokenizer_model);
-    read_tokenizer_json(rt, c);
-    read_companions(rt);
+    TokenizerFile file;
+    rt->tok = tokenizer_open_config(c, &file);
+    snprintf(rt->path, sizeof(rt->path), "%s", file.bytes ? file.path : "NullTokenizer");
+    rt->json = (FileBytes){file.bytes, file.len};
+    rt->file_name = file.name;
+    if (file.bytes && tokenizer_type_of(c) != TOKENIZER_TYPE_GPT2BPE) read_companions(rt);
     rt->n_end_ids = tokenizer_end_of_text_ids(rt->tok, rt->end_ids);
     rt->eos_id = rt->n_end_ids ? rt->end_ids[0] : -1;
     rt->bos_id = tokenizer_bos_id(rt->tok) >= 0 ? tokenizer_bos_id(rt->tok) : rt->eos_id;

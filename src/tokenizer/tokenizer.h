@@ -1,17 +1,23 @@
-// tokenizer.h — Hugging Face byte-level BPE tokenizers (tokenizer.json), encode and decode
-// with the same ids as the `tokenizers` library.
+// tokenizer.h — the tokenizers of Megatron's --tokenizer-type: Hugging Face tokenizer.json
+// (byte-level BPE as GPT-2 / Llama-3 / Qwen2 / DeepSeek-V3, and SentencePiece-style BPE with
+// byte fallback as Llama-2 / Mixtral), SentencePiece .model files (BPE and Unigram) and
+// NullTokenizer; encode and decode with the same ids as the `tokenizers` and
+// `sentencepiece` libraries.
 //
 // What a tokenizer.json may hold (anything else is rejected with one line naming the file):
 //   model          {"type": "BPE", "vocab": {token: id}, "merges": ["a b", ...] or [["a", "b"], ...],
-//                   "ignore_merges", "unk_token", "fuse_unk"; no dropout, no byte_fallback,
+//                   "ignore_merges", "unk_token", "fuse_unk", "byte_fallback"; no dropout,
 //                   no continuing_subword_prefix / end_of_word_suffix}
-//   normalizer     null or NFC (also a Sequence of NFC)
-//   pre_tokenizer  ByteLevel{add_prefix_space, use_regex}, or
-//                  Sequence[Split{Regex: a supported pattern, Isolated}, ByteLevel{...}]
-//                  (supported patterns: GPT-2, Llama-3, Qwen2; see pretokenize.h)
-//   added_tokens   [{id, content, special, normalized, lstrip, rstrip, single_word=false}]
+//   normalizer     null, NFC, Prepend{prepend}, Replace{pattern: {String}, content}, or a
+//                  Sequence of them (Llama-2: [Prepend "▁", Replace " " -> "▁"])
+//   pre_tokenizer  null, ByteLevel{add_prefix_space, use_regex},
+//                  Metaspace{replacement, prepend_scheme | add_prefix_space, split}, or
+//                  Sequence[Split{Regex: a supported pattern, Isolated}..., ByteLevel|Metaspace]
+//                  (supported patterns: GPT-2, Llama-3, Qwen2, DeepSeek-V3's three; pretokenize.h)
+//                  Without ByteLevel the BPE starts from characters (byte fallback for unknown ones).
+//   added_tokens   [{id, content, special, normalized, lstrip, rstrip, single_word}]
 //   post_processor null, ByteLevel, TemplateProcessing (its "single" template), or a Sequence
-//   decoder        ByteLevel
+//   decoder        ByteLevel, Metaspace, or Sequence[Replace "▁" -> " ", ByteFallback, Fuse, Strip " " 1 0]
 //
 // Encoding follows the library: added tokens are found first (leftmost, longest; those with
 // normalized=false in the raw text, the others in the normalized text), the text between
@@ -28,6 +34,17 @@ typedef struct Tokenizer Tokenizer;
 Tokenizer *tokenizer_load(const char *path);
 // The same from the text of a tokenizer.json already read; path names it in messages.
 Tokenizer *tokenizer_parse(const char *json, size_t len, const char *path);
+// A SentencePiece model file (tokenizer.model: BPE or Unigram, see sp_model.h and
+// tokenizer_sentencepiece.c); problems are fatal with one line naming the file.
+Tokenizer *tokenizer_load_sentencepiece(const char *path);
+Tokenizer *tokenizer_parse_sentencepiece(const uint8_t *bytes, size_t len, const char *path);
+// Megatron's NullTokenizer: ids written in decimal, end of document vocab_size - 1.
+Tokenizer *tokenizer_null(int vocab_size);
+// GPT-2's vocab.json + merges.txt as the text of the tokenizer.json that `tokenizers`'
+// ByteLevelBPETokenizer(vocab, merges) is (ByteLevel pre-tokenizer and decoder, no added
+// tokens); malloc'ed, its length in *len. A malformed merges.txt is fatal with one line
+// naming the file and line.
+char *tokenizer_json_from_gpt2_files(const char *vocab_path, const char *merges_path, size_t *len);
 void tokenizer_free(Tokenizer *t);  // NULL is fine
 
 // Encodes text[0..len) (UTF-8; invalid bytes are kept as bytes) with the post-processor's

@@ -5,8 +5,10 @@
 #include "core/common.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "tokenizer/sp_normalizer.h"
 #include "tokenizer/tokenizer_internal.h"
 #include "tokenizer/unicode.h"
+#include "tokenizer/unigram.h"
 
 #define MAX_TOKEN_ID (1 << 24)  // ids at or above this are rejected as out of range
 
@@ -144,8 +146,6 @@ static void load_merges(Tokenizer *t, const JsonValue *model, const char *path) 
 static void check_model_options(const JsonValue *model, const char *path) {
     const JsonValue *dropout = json_get(model, "dropout");
     if (dropout && dropout->type != JSON_NULL) TOK_DIE(path, "model.dropout is not supported (only null)");
-    if (optional_bool(model, "byte_fallback", 0, "model", path))
-        TOK_DIE(path, "model.byte_fallback=true is not supported (byte-level BPE needs no byte fallback)");
     if (*optional_string(model, "continuing_subword_prefix", "model", path))
         TOK_DIE(path, "model.continuing_subword_prefix is not supported (only null or \"\")");
     if (*optional_string(model, "end_of_word_suffix", "model", path))
@@ -162,6 +162,7 @@ static void load_model(Tokenizer *t, const JsonValue *root, const char *path) {
     load_merges(t, model, path);
     t->bpe.ignore_merges = optional_bool(model, "ignore_merges", 0, "model", path);
     t->bpe.fuse_unk = optional_bool(model, "fuse_unk", 0, "model", path);
+    t->bpe.byte_fallback = optional_bool(model, "byte_fallback", 0, "model", path);
     const char *unk = optional_string(model, "unk_token", "model", path);
     if (*unk) {
         t->bpe.unk_id = strmap_get(&t->bpe.vocab, unk, strlen(unk));
@@ -172,38 +173,107 @@ static void load_model(Tokenizer *t, const JsonValue *root, const char *path) {
 
 // ---- normalizer, pre-tokenizer, post-processor, decoder -----------------------------
 
+// A copy of the string at key, which must be present (empty allowed only when allow_empty).
+static char *required_string(const JsonValue *obj, const char *key, int allow_empty, size_t *len, const char *where,
+                             const char *path) {
+    const JsonValue *v = json_get(obj, key);
+    if (!v || v->type != JSON_STRING || (!allow_empty && !v->length))
+        TOK_DIE(path, "%s.%s must be a%s string", where, key, allow_empty ? "" : " non-empty");
+    char *copy = mt_malloc(v->length + 1);
+    memcpy(copy, v->string, v->length + 1);
+    *len = v->length;
+    return copy;
+}
+
+// The string of a {"String": s} pattern (Replace); a {"Regex": ...} pattern is refused.
+static const JsonValue *string_pattern(const JsonValue *step, const char *where, const char *path) {
+    const JsonValue *pattern = json_get(step, "pattern");
+    const JsonValue *str = pattern && pattern->type == JSON_OBJECT ? json_get(pattern, "String") : NULL;
+    if (!str || str->type != JSON_STRING || !str->length)
+        TOK_DIE(path, "%s: only a non-empty {\"String\": ...} pattern is supported", where);
+    return str;
+}
+
+static const char NORMALIZERS[] = "null, NFC, Prepend, Replace or a Sequence of them";
+
+static void load_norm_step(Tokenizer *t, const JsonValue *n, const char *type, const char *path) {
+    if (t->n_norm == TOKENIZER_MAX_NORM_STEPS)
+        TOK_DIE(path, "normalizer: more than %d steps are not supported", TOKENIZER_MAX_NORM_STEPS);
+    NormStep *step = &t->norm[t->n_norm];
+    if (!strcmp(type, "NFC")) {
+        step->kind = NORM_NFC;
+    } else if (!strcmp(type, "Prepend")) {
+        step->kind = NORM_PREPEND;
+        step->text = required_string(n, "prepend", 0, &step->text_len, "normalizer Prepend", path);
+    } else if (!strcmp(type, "Replace")) {
+        step->kind = NORM_REPLACE;
+        const JsonValue *from = string_pattern(n, "normalizer Replace", path);
+        step->text = mt_malloc(from->length + 1);
+        memcpy(step->text, from->string, from->length + 1);
+        step->text_len = from->length;
+        step->content = required_string(n, "content", 1, &step->content_len, "normalizer Replace", path);
+    } else {
+        TOK_DIE(path, "normalizer %s is not supported (only %s)", type, NORMALIZERS);
+    }
+    t->n_norm++;
+}
+
 static void load_normalizer(Tokenizer *t, const JsonValue *root, const char *path) {
     const JsonValue *n = json_get(root, "normalizer");
     const char *type = component_type(n, "normalizer", path);
     if (!strcmp(type, "Sequence")) {
         const JsonValue *items = array_at(n, "normalizers", "normalizer", path);
-        for (size_t i = 0; i < items->count; i++) {
-            const char *item = component_type(&items->items[i], "normalizer.normalizers[]", path);
-            if (strcmp(item, "NFC"))
-                TOK_DIE(path, "normalizer %s is not supported (only null or NFC)", item);
-            t->nfc = 1;
-        }
-    } else if (!strcmp(type, "NFC")) {
-        t->nfc = 1;
+        for (size_t i = 0; i < items->count; i++)
+            load_norm_step(t, &items->items[i], component_type(&items->items[i], "normalizer.normalizers[]", path),
+                           path);
     } else if (*type) {
-        TOK_DIE(path, "normalizer %s is not supported (only null or NFC)", type);
+        load_norm_step(t, n, type, path);
     }
 }
 
 static void load_byte_level(Tokenizer *t, const JsonValue *b, const char *where, const char *path) {
+    t->pre = PRE_BYTE_LEVEL;
     t->add_prefix_space = optional_bool(b, "add_prefix_space", 1, where, path);
     t->use_regex = optional_bool(b, "use_regex", 1, where, path);
+}
+
+// One character of at most 4 bytes (Metaspace's replacement), copied into buf.
+static size_t one_character(const JsonValue *obj, const char *key, char *buf, const char *where, const char *path) {
+    const JsonValue *v = json_get(obj, key);
+    uint32_t cp;
+    if (!v || v->type != JSON_STRING || !v->length || utf8_decode(v->string, v->length, &cp) != v->length)
+        TOK_DIE(path, "%s.%s must be one character", where, key);
+    memcpy(buf, v->string, v->length);
+    return v->length;
+}
+
+// Metaspace{replacement, prepend_scheme "always" | "first" | "never" (older files:
+// add_prefix_space), split}.
+static void load_metaspace(Tokenizer *t, const JsonValue *m, const char *path) {
+    static const char where[] = "pre_tokenizer Metaspace";
+    t->pre = PRE_METASPACE;
+    t->metaspace_len = one_character(m, "replacement", t->metaspace, where, path);
+    const char *scheme = optional_string(m, "prepend_scheme", where, path);
+    if (!*scheme) t->prepend_scheme = optional_bool(m, "add_prefix_space", 1, where, path) ? PREPEND_ALWAYS
+                                                                                          : PREPEND_NEVER;
+    else if (!strcmp(scheme, "always")) t->prepend_scheme = PREPEND_ALWAYS;
+    else if (!strcmp(scheme, "first")) t->prepend_scheme = PREPEND_FIRST;
+    else if (!strcmp(scheme, "never")) t->prepend_scheme = PREPEND_NEVER;
+    else TOK_DIE(path, "%s.prepend_scheme \"%s\" is not one of always, first, never", where, scheme);
+    t->metaspace_split = optional_bool(m, "split", 1, where, path);
 }
 
 static void load_split(Tokenizer *t, const JsonValue *s, const char *path) {
     const JsonValue *pattern = json_get(s, "pattern");
     const char *regex = pattern ? json_get_string(pattern, "Regex") : NULL;
     if (!regex) TOK_DIE(path, "pre_tokenizer Split: only a {\"Regex\": ...} pattern is supported");
-    t->split = pretok_pattern_from_regex(regex);
+    if (t->n_splits == TOKENIZER_MAX_SPLITS)
+        TOK_DIE(path, "pre_tokenizer: more than %d Splits are not supported", TOKENIZER_MAX_SPLITS);
+    PretokPattern p = t->splits[t->n_splits++] = pretok_pattern_from_regex(regex);
     char shown[400];
-    if (t->split == PRETOK_NONE)
-        TOK_DIE(path, "pre_tokenizer Split pattern \"%s\" is not supported (only the GPT-2, Llama-3 and Qwen2 "
-                "patterns)",
+    if (p == PRETOK_NONE)
+        TOK_DIE(path, "pre_tokenizer Split pattern \"%s\" is not supported (only the GPT-2, Llama-3, Qwen2 and "
+                "DeepSeek-V3 patterns)",
                 printable(regex, strlen(regex), shown, sizeof shown));
     const char *behavior = json_get_string(s, "behavior");
     if (!behavior || strcmp(behavior, "Isolated"))
@@ -212,27 +282,30 @@ static void load_split(Tokenizer *t, const JsonValue *s, const char *path) {
         TOK_DIE(path, "pre_tokenizer Split invert=true is not supported");
 }
 
+static const char PRE_TOKENIZERS[] = "null, ByteLevel, Metaspace, or a Sequence of Splits then ByteLevel or Metaspace";
+
+// A pre-tokenizer that ends the sequence (or stands alone); 0 when type is none of them.
+static int load_final_pre(Tokenizer *t, const JsonValue *p, const char *type, const char *path) {
+    if (!strcmp(type, "ByteLevel")) load_byte_level(t, p, "pre_tokenizer ByteLevel", path);
+    else if (!strcmp(type, "Metaspace")) load_metaspace(t, p, path);
+    else return 0;
+    return 1;
+}
+
 static void load_pre_tokenizer(Tokenizer *t, const JsonValue *root, const char *path) {
-    static const char expected[] = "ByteLevel or Sequence[Split, ByteLevel]";
     const JsonValue *p = json_get(root, "pre_tokenizer");
     const char *type = component_type(p, "pre_tokenizer", path);
-    if (!strcmp(type, "ByteLevel")) {
-        load_byte_level(t, p, "pre_tokenizer", path);
-        return;
-    }
-    if (strcmp(type, "Sequence"))
-        TOK_DIE(path, "pre_tokenizer %s is not supported (only %s)", *type ? type : "null", expected);
+    if (!*type || load_final_pre(t, p, type, path)) return;
+    if (strcmp(type, "Sequence")) TOK_DIE(path, "pre_tokenizer %s is not supported (only %s)", type, PRE_TOKENIZERS);
     const JsonValue *items = array_at(p, "pretokenizers", "pre_tokenizer", path);
-    size_t n = items->count;
-    if (n < 1 || n > 2) TOK_DIE(path, "pre_tokenizer Sequence of %zu items is not supported (only %s)", n, expected);
-    if (n == 2) {
-        if (strcmp(component_type(&items->items[0], "pre_tokenizer.pretokenizers[0]", path), "Split"))
-            TOK_DIE(path, "pre_tokenizer Sequence must be [Split, ByteLevel]");
-        load_split(t, &items->items[0], path);
+    for (size_t i = 0; i < items->count; i++) {
+        const char *item = component_type(&items->items[i], "pre_tokenizer.pretokenizers[]", path);
+        if (t->pre != PRE_NONE) TOK_DIE(path, "pre_tokenizer Sequence: %s after %s is not supported (only %s)", item,
+                                        t->pre == PRE_BYTE_LEVEL ? "ByteLevel" : "Metaspace", PRE_TOKENIZERS);
+        if (!strcmp(item, "Split")) load_split(t, &items->items[i], path);
+        else if (!load_final_pre(t, &items->items[i], item, path))
+            TOK_DIE(path, "pre_tokenizer %s is not supported (only %s)", item, PRE_TOKENIZERS);
     }
-    if (strcmp(component_type(&items->items[n - 1], "pre_tokenizer.pretokenizers[]", path), "ByteLevel"))
-        TOK_DIE(path, "pre_tokenizer Sequence must end with ByteLevel (only %s)", expected);
-    load_byte_level(t, &items->items[n - 1], "pre_tokenizer ByteLevel", path);
 }
 
 static void append_ids(const Tokenizer *t, int32_t **ids, int *count, const JsonValue *arr, const char *what,
@@ -285,9 +358,56 @@ static void load_processor(Tokenizer *t, const JsonValue *p, const char *path) {
     }
 }
 
-static void load_decoder(const JsonValue *root, const char *path) {
-    const char *type = component_type(json_get(root, "decoder"), "decoder", path);
-    if (strcmp(type, "ByteLevel")) TOK_DIE(path, "decoder %s is not supported (only ByteLevel)", *type ? type : "null");
+static const char DECODERS[] =
+    "ByteLevel, Metaspace, or a Sequence of Replace(\"\u2581\" -> \" \"), ByteFallback, Fuse, Strip(\" \", 1, 0)";
+
+// The replacement character that decodes to ' ': Replace's pattern (content must be " ").
+static void load_replace_decoder(Tokenizer *t, const JsonValue *d, const char *path) {
+    const JsonValue *from = string_pattern(d, "decoder Replace", path);
+    const char *content = json_get_string(d, "content");
+    uint32_t cp;
+    if (!content || strcmp(content, " ") || utf8_decode(from->string, from->length, &cp) != from->length)
+        TOK_DIE(path, "decoder Replace is supported only from one character to \" \" (only %s)", DECODERS);
+    memcpy(t->decode_space, from->string, from->length);
+    t->decode_space_len = from->length;
+    t->decode = DECODE_METASPACE;
+}
+
+static void load_strip_decoder(Tokenizer *t, const JsonValue *d, const char *path) {
+    const char *content = json_get_string(d, "content");
+    int64_t start = -1, stop = -1;
+    if (!content || strcmp(content, " ") || !json_get_int64(d, "start", &start) || !json_get_int64(d, "stop", &stop) ||
+        start < 0 || start > 1 || stop != 0)
+        TOK_DIE(path, "decoder Strip is supported only as Strip(\" \", start 0 or 1, stop 0) (only %s)", DECODERS);
+    t->decode_strip_space = (int)start;
+}
+
+static void load_decoder_item(Tokenizer *t, const JsonValue *d, const char *type, const char *path) {
+    if (!strcmp(type, "Replace")) load_replace_decoder(t, d, path);
+    else if (!strcmp(type, "ByteFallback")) t->decode_byte_fallback = 1;
+    else if (!strcmp(type, "Strip")) load_strip_decoder(t, d, path);
+    else if (strcmp(type, "Fuse")) TOK_DIE(path, "decoder %s is not supported (only %s)", type, DECODERS);
+}
+
+static void load_decoder(Tokenizer *t, const JsonValue *root, const char *path) {
+    const JsonValue *d = json_get(root, "decoder");
+    const char *type = component_type(d, "decoder", path);
+    if (!strcmp(type, "ByteLevel")) {
+        t->decode = DECODE_BYTE_LEVEL;
+    } else if (!strcmp(type, "Metaspace")) {
+        t->decode = DECODE_METASPACE;
+        t->decode_space_len = one_character(d, "replacement", t->decode_space, "decoder Metaspace", path);
+        const char *scheme = optional_string(d, "prepend_scheme", "decoder Metaspace", path);
+        t->decode_strip_space = *scheme ? strcmp(scheme, "never") != 0
+                                        : optional_bool(d, "add_prefix_space", 1, "decoder Metaspace", path);
+    } else if (!strcmp(type, "Sequence")) {
+        const JsonValue *items = array_at(d, "decoders", "decoder", path);
+        for (size_t i = 0; i < items->count; i++)
+            load_decoder_item(t, &items->items[i], component_type(&items->items[i], "decoder.decoders[]", path), path);
+        if (t->decode != DECODE_METASPACE) TOK_DIE(path, "decoder Sequence without Replace (only %s)", DECODERS);
+    } else {
+        TOK_DIE(path, "decoder %s is not supported (only %s)", *type ? type : "null", DECODERS);
+    }
 }
 
 // truncation and padding change what encode returns; only their absence is supported
@@ -319,7 +439,7 @@ static void load_added_token(Tokenizer *t, const JsonValue *a, size_t index, con
     tok->normalized = optional_bool(a, "normalized", !tok->special, where, path);
     tok->lstrip = optional_bool(a, "lstrip", 0, where, path);
     tok->rstrip = optional_bool(a, "rstrip", 0, where, path);
-    if (optional_bool(a, "single_word", 0, where, path)) TOK_DIE(path, "%s: single_word=true is not supported", where);
+    tok->single_word = optional_bool(a, "single_word", 0, where, path);
     for (int i = 0; i < t->added_count - 1; i++)
         if (t->added[i].id == tok->id) TOK_DIE(path, "%s: id %d is given to another added token too", where, tok->id);
     t->vocab_size = MT_MAX(t->vocab_size, tok->id + 1);
@@ -333,6 +453,7 @@ static int compare_added(const void *x, const void *y) {
 }
 
 static void build_added_set(AddedTokenSet *set, const Tokenizer *t, int normalized) {
+    free(set->tokens);
     set->tokens = mt_malloc((size_t)(t->added_count + 1) * sizeof(AddedToken *));
     set->count = 0;
     for (int i = 0; i < t->added_count; i++)
@@ -352,34 +473,84 @@ static void load_added_tokens(Tokenizer *t, const JsonValue *root, const char *p
         t->added = mt_calloc(added->count + 1, sizeof(AddedToken));
         for (size_t i = 0; i < added->count; i++) load_added_token(t, &added->items[i], i, path);
     }
+    tokenizer_index_added(t);
+}
+
+void tokenizer_index_added(Tokenizer *t) {
     build_added_set(&t->raw_set, t, 0);
     build_added_set(&t->normalized_set, t, 1);
 }
 
 // ---- decode table --------------------------------------------------------------------
 
-// Appends the ByteLevel decoding of one token string: its characters through the byte
-// alphabet, or its own bytes when a character is outside the alphabet.
-static void append_decoded(Tokenizer *t, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n > *cap) {
-        *cap = MT_MAX(2 * *cap, *len + n + 4096);
-        t->decoded = mt_realloc(t->decoded, *cap);
-    }
-    size_t start = *len;
+typedef struct {
+    char *v;
+    size_t len, cap;
+} DecodeBuf;
+
+static void reserve(Tokenizer *t, DecodeBuf *b, size_t n) {
+    if (b->len + n <= b->cap) return;
+    b->cap = MT_MAX(2 * b->cap, b->len + n + 4096);
+    b->v = t->decoded = mt_realloc(t->decoded, b->cap);
+}
+
+// ByteLevel: the token's characters through the byte alphabet, or its own bytes when a
+// character is outside the alphabet.
+static void append_byte_level(Tokenizer *t, DecodeBuf *b, const char *s, size_t n) {
+    reserve(t, b, n);
+    size_t start = b->len;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         i += utf8_decode(s + i, n - i, &cp);
-        int b = cp == UC_INVALID ? -1 : byte_level_byte(cp);
-        if (b < 0) {  // not all in the alphabet: the raw bytes
-            memcpy(t->decoded + start, s, n);
-            *len = start + n;
+        int byte = cp == UC_INVALID ? -1 : byte_level_byte(cp);
+        if (byte < 0) {  // not all in the alphabet: the raw bytes
+            memcpy(b->v + start, s, n);
+            b->len = start + n;
             return;
         }
-        t->decoded[(*len)++] = (char)b;
+        b->v[b->len++] = (char)byte;
     }
 }
 
-static void build_decode_table(Tokenizer *t) {
+// "<0xXX>" (upper-case hex, as byte-fallback tokens are written): its byte, else -1.
+static int fallback_byte(const char *s, size_t n) {
+    static const char hex[] = "0123456789ABCDEF";
+    if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>') return -1;
+    const char *hi = memchr(hex, s[3], 16), *lo = memchr(hex, s[4], 16);
+    return hi && lo && s[3] && s[4] ? (int)((hi - hex) * 16 + (lo - hex)) : -1;
+}
+
+// Metaspace / SentencePiece: the replacement character as ' ', a byte-fallback token as its byte.
+static void append_metaspace(Tokenizer *t, DecodeBuf *b, const char *s, size_t n) {
+    int byte = t->decode_byte_fallback ? fallback_byte(s, n) : -1;
+    reserve(t, b, n);
+    if (byte >= 0) {
+        b->v[b->len++] = (char)byte;
+        return;
+    }
+    size_t rep = t->decode_space_len;
+    for (size_t i = 0; i < n;)
+        if (rep && i + rep <= n && !memcmp(s + i, t->decode_space, rep)) b->v[b->len++] = ' ', i += rep;
+        else b->v[b->len++] = s[i++];
+}
+
+static void append_decoded(Tokenizer *t, DecodeBuf *b, int32_t id, const char *s, size_t n) {
+    if (t->control && t->control[id]) return;
+    if (t->unk_surface && id == t->bpe.unk_id) {
+        reserve(t, b, t->unk_surface_len);
+        memcpy(b->v + b->len, t->unk_surface, t->unk_surface_len);
+        b->len += t->unk_surface_len;
+    } else if (t->decode == DECODE_NULL) {
+        reserve(t, b, 16);
+        b->len += (size_t)snprintf(b->v + b->len, 16, " %d", id);
+    } else if (t->decode == DECODE_METASPACE) {
+        append_metaspace(t, b, s, n);
+    } else {
+        append_byte_level(t, b, s, n);
+    }
+}
+
+void tokenizer_build_decode_table(Tokenizer *t) {
     const char **text = mt_calloc((size_t)t->vocab_size, sizeof(char *));
     size_t *text_len = mt_calloc((size_t)t->vocab_size, sizeof(size_t));
     for (size_t i = 0; i < t->bpe.vocab.count; i++) {
@@ -391,12 +562,12 @@ static void build_decode_table(Tokenizer *t) {
         text_len[t->added[i].id] = t->added[i].length;
     }
     t->decoded_offset = mt_malloc((size_t)(t->vocab_size + 1) * sizeof(size_t));
-    size_t len = 0, cap = 0;
+    DecodeBuf b = {0};
     for (int id = 0; id < t->vocab_size; id++) {
-        t->decoded_offset[id] = len;
-        if (text[id]) append_decoded(t, &len, &cap, text[id], text_len[id]);
+        t->decoded_offset[id] = b.len;
+        if (text[id] || t->decode == DECODE_NULL) append_decoded(t, &b, id, text[id], text_len[id]);
     }
-    t->decoded_offset[t->vocab_size] = len;
+    t->decoded_offset[t->vocab_size] = b.len;
     free(text);
     free(text_len);
 }
@@ -418,23 +589,37 @@ Tokenizer *tokenizer_parse(const char *json, size_t len, const char *path) {
     JsonValue *root = json_parse(json, len, err, sizeof err);
     if (!root) TOK_DIE(path, "%s", err);
     if (root->type != JSON_OBJECT) TOK_DIE(path, "the file must hold a JSON object");
-    Tokenizer *t = mt_calloc(1, sizeof(Tokenizer));
-    bpe_model_init(&t->bpe);
+    Tokenizer *t = tokenizer_new(TOKENIZER_HF);
     load_model(t, root, path);
     load_normalizer(t, root, path);
     load_pre_tokenizer(t, root, path);
+    t->bpe.char_level = t->pre != PRE_BYTE_LEVEL;
     load_added_tokens(t, root, path);
     load_processor(t, json_get(root, "post_processor"), path);
-    load_decoder(root, path);
+    load_decoder(t, root, path);
     check_truncation_padding(root, path);
     json_free(root);
-    build_decode_table(t);
+    tokenizer_build_decode_table(t);
+    return t;
+}
+
+Tokenizer *tokenizer_new(TokenizerKind kind) {
+    Tokenizer *t = mt_calloc(1, sizeof(Tokenizer));
+    t->kind = kind;
+    bpe_model_init(&t->bpe);
+    t->bos_id = t->eos_id = -1;
     return t;
 }
 
 void tokenizer_free(Tokenizer *t) {
     if (!t) return;
     bpe_model_free(&t->bpe);
+    unigram_free(t->unigram);
+    sp_normalizer_free(t->sp_norm);
+    for (int i = 0; i < t->n_norm; i++) free(t->norm[i].text), free(t->norm[i].content);
+    free(t->control);
+    free(t->sp_model_pieces);
+    free(t->unk_surface);
     for (int i = 0; i < t->added_count; i++) free(t->added[i].content);
     free(t->added);
     free(t->raw_set.tokens);

@@ -95,6 +95,19 @@ UcClass uc_class(uint32_t cp) {
     return UC_OTHER;
 }
 
+int uc_is_punct(uint32_t cp) { return in_ranges(uc_punct_ranges, uc_punct_ranges_count, cp); }
+int uc_is_symbol(uint32_t cp) { return in_ranges(uc_symbol_ranges, uc_symbol_ranges_count, cp); }
+int uc_is_mark(uint32_t cp) { return in_ranges(uc_mark_ranges, uc_mark_ranges_count, cp); }
+
+#define ZERO_WIDTH_NON_JOINER 0x200C
+#define ZERO_WIDTH_JOINER 0x200D
+
+int uc_is_word(uint32_t cp) {
+    if (cp == ZERO_WIDTH_NON_JOINER || cp == ZERO_WIDTH_JOINER) return 1;
+    return uc_class(cp) == UC_LETTER || uc_is_mark(cp) ||
+           in_ranges(uc_word_extra_ranges, uc_word_extra_ranges_count, cp);
+}
+
 int uc_combining_class(uint32_t cp) {
     if (cp < 0x300 || cp == UC_INVALID) return 0;  // U+0300 is the first non-starter
     const uint32_t *row =

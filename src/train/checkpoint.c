@@ -38,7 +38,7 @@ static int file_exists(const char *path) {
 // that go with tokenizer.json (tokenizer_companion_files) come with it.
 static const char *const fixed_files[] = {"config.json", "model.safetensors", "model.safetensors.index.json",
                                           "optimizer.safetensors", "trainer_state.json", "tokenizer.json",
-                                          "checksums.json"};
+                                          "tokenizer.model", "checksums.json"};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static int in_list(const char *name, const char *const *list, size_t n) {
@@ -523,7 +523,7 @@ static void write_tokenizer_config(const char *dir, const RunTokenizer *rt, cons
 // (never re-read from their path, which a --keep-checkpoints prune may have removed);
 // generation_config.json and tokenizer_config.json from the tokenizer when it had none.
 static void copy_tokenizer_files(const RunTokenizer *rt, const Config *c, const char *dir) {
-    write_bytes(dir, "tokenizer.json", &rt->json);
+    if (rt->json.bytes) write_bytes(dir, rt->file_name, &rt->json);
     for (int i = 0; i < TOKENIZER_COMPANION_COUNT; i++)
         if (rt->companions[i].bytes) write_bytes(dir, tokenizer_companion_files[i], &rt->companions[i]);
     if (!rt->companions[COMPANION_GENERATION_CONFIG].bytes) write_generation_config(dir, rt);

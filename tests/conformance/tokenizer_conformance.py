@@ -328,9 +328,14 @@ def malformed_cases(good):
         "split_unknown_pattern": edit(lambda j: j.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": r"\p{N}+|[^\p{N}]+"}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]})),
-        "metaspace": edit(lambda j: j.update(pre_tokenizer={"type": "Metaspace", "replacement": "▁"})),
+        "metaspace_bad_scheme": edit(lambda j: j.update(pre_tokenizer={"type": "Metaspace", "replacement": "▁",
+                                                                       "prepend_scheme": "sometimes"})),
+        "replace_regex": edit(lambda j: j.update(normalizer={"type": "Replace", "pattern": {"Regex": " +"},
+                                                             "content": "▁"})),
         "nfkc": edit(lambda j: j.update(normalizer={"type": "NFKC"})),
-        "byte_fallback": edit(lambda j: j["model"].update(byte_fallback=True)),
+        "strip_decoder_stop": edit(lambda j: j.update(decoder={"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "Strip", "content": " ",
+                                                                            "start": 1, "stop": 1}]})),
         "dropout": edit(lambda j: j["model"].update(dropout=0.1)),
         "added_bad_id": edit(lambda j: j["added_tokens"].append({"id": -1, "content": "x", "special": True})),
         "added_duplicate_id": edit(lambda j: j["added_tokens"].append(dict(j["added_tokens"][0], content="<other>"))),

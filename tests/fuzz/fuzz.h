@@ -28,6 +28,11 @@ int fuzz_run(void (*body)(void *ctx), void *ctx);
 // The last "moetron: error: ..." line caught by fuzz_run (without the newline), "" if none.
 const char *fuzz_error(void);
 
+// Encodes text with a loaded tokenizer and decodes the ids: every id must lie in the
+// vocabulary and the decoded length must not depend on the buffer (fuzz_fail otherwise).
+struct Tokenizer;
+void fuzz_tokenizer_round_trip(const struct Tokenizer *t, const char *text, size_t len);
+
 // A private directory (created on first use, removed at exit) and files in it.
 const char *fuzz_dir(void);
 // Writes data to fuzz_dir()/name and returns the path (a static buffer per call site is the

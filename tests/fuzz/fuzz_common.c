@@ -17,6 +17,7 @@
 #include "core/json.h"
 #include "hf/hf_config.h"
 #include "hf/hf_family.h"
+#include "tokenizer/tokenizer.h"
 
 // ---- allocations made while a parser runs ------------------------------------------------
 // ASan (clang's and gcc's) calls these hooks on every malloc/calloc/realloc/free. Without a
@@ -327,4 +328,18 @@ void fuzz_check_config_round_trip(const Config *c) {
 #undef SAME
     if (memcmp(a->moe_layer, b->moe_layer, sizeof a->moe_layer))
         fuzz_fail("config.json round trip changed the MoE layer pattern");
+}
+
+void fuzz_tokenizer_round_trip(const Tokenizer *t, const char *text, size_t len) {
+    int32_t *ids;
+    int n = tokenizer_encode(t, text, len, &ids);
+    int vocab = tokenizer_vocab_size(t);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) fuzz_fail("id %d out of the vocabulary (%d)", ids[i], vocab);
+    char small[64];
+    size_t need = tokenizer_decode(t, ids, n, small, sizeof small);
+    char *out = malloc(need + 1);
+    if (tokenizer_decode(t, ids, n, out, need + 1) != need) fuzz_fail("tokenizer_decode is not deterministic");
+    free(out);
+    free(ids);
 }

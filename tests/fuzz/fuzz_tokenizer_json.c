@@ -15,26 +15,12 @@ typedef struct {
 static const char sample[] = "Hello world, it's 2024! <|endoftext|> <s> caf\xc3\xa9 e\xcc\x81 \xe6\x97\xa5\xe6\x9c\xac "
                              "\xf0\x9f\x98\x80\r\n\n  x\xff\xfe";
 
-static void encode_decode(const Tokenizer *t, const char *text, size_t len) {
-    int32_t *ids;
-    int n = tokenizer_encode(t, text, len, &ids);
-    int vocab = tokenizer_vocab_size(t);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= vocab) fuzz_fail("id %d out of the vocabulary (%d)", ids[i], vocab);
-    char small[64];
-    size_t need = tokenizer_decode(t, ids, n, small, sizeof small);
-    char *out = malloc(need + 1);
-    if (tokenizer_decode(t, ids, n, out, need + 1) != need) fuzz_fail("tokenizer_decode is not deterministic");
-    free(out);
-    free(ids);
-}
-
 static void body(void *ctx) {
     const Input *in = ctx;
     const char *path = fuzz_write("tokenizer.json", in->data, in->size);
     Tokenizer *t = tokenizer_load(path);
-    encode_decode(t, sample, sizeof sample - 1);
-    encode_decode(t, (const char *)in->data, in->size);
+    fuzz_tokenizer_round_trip(t, sample, sizeof sample - 1);
+    fuzz_tokenizer_round_trip(t, (const char *)in->data, in->size);
     int vocab = tokenizer_vocab_size(t);
     if (vocab <= 0) fuzz_fail("vocabulary size %d", vocab);
     for (int32_t id = -1; id <= vocab && id < 4096; id++) {
