@@ -169,6 +169,16 @@ test_loss_falls() {
     if awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < f - 2.0)}'; then ok loss_falls; else fail loss_falls "lm loss $first -> $last"; fi
 }
 
+# docs/megatron-flags.md: every Megatron-LM flag with moetron's status, from the committed
+# list and `moetron flags`
+test_megatron_flags_doc_current() {
+    if diff <(python3 "$root/tools/megatron_flags_doc.py" "$M") "$root/docs/megatron-flags.md" >"$work/mflags.diff"; then
+        ok megatron_flags_doc_current
+    else
+        fail megatron_flags_doc_current "docs/megatron-flags.md differs (python3 tools/megatron_flags_doc.py build/moetron > docs/megatron-flags.md): $(head -3 "$work/mflags.diff" | tr '\n' ' ')"
+    fi
+}
+
 test_flags_doc_current() {
     if diff <("$M" flags) <(sed -n '/^| flag |/,/^$/p' "$root/docs/flags.md" | sed '/^$/d') >"$work/flags.diff"; then
         ok flags_doc_current
@@ -188,3 +198,4 @@ test_generate
 test_data_path
 test_loss_falls
 test_flags_doc_current
+test_megatron_flags_doc_current
