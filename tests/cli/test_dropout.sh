@@ -3,8 +3,8 @@
 # on a tiny dense + MoE model, 3 steps: dropout changes training (against p = 0); evaluation
 # is unaffected (held-out loss at --lr 0 equal with and without); a rerun and a resume give the
 # same losses bit for bit; --recompute-granularity full and selective core_attn equal no
-# recompute bit for bit; and under mpirun DP=2, TP=2 with SP (and dense without), EP=2, PP=2 and CP=2 (p2p and
-# a2a) equal one process within 1e-5 (the masks hash global coordinates). p outside [0, 1)
+# recompute bit for bit; and under mpirun DP=2, TP=2 with SP (and dense without), EP=2, PP=2 and CP=2 (p2p,
+# a2a, allgather) equal one process within 1e-5 (the masks hash global coordinates). p outside [0, 1)
 # is refused with one line.
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -73,3 +73,4 @@ run_case dropout_ep2 2 --expert-model-parallel-size 2 -- "${DROP[@]}"
 run_case dropout_pp2 2 --pipeline-model-parallel-size 2 -- "${DROP[@]}"
 run_case dropout_cp2 2 --context-parallel-size 2 -- "${DROP[@]}"
 run_case dropout_cp2_a2a 2 --context-parallel-size 2 --cp-comm-type a2a -- "${DROP[@]}"
+run_case dropout_cp2_allgather 2 --context-parallel-size 2 --cp-comm-type allgather -- "${DROP[@]}"
