@@ -92,6 +92,8 @@ static const FlagSpec FLAGS[] = {
     F("moe-router-load-balancing-type", FLAG_LIST, moe_router_load_balancing_type, TR, 0, "aux_loss, seq_aux_loss, global_aux_loss, none, or several; or, alone and without an aux loss, sinkhorn (Sinkhorn-balanced top-k in training) or quantile_balancing (a per-expert bias from each step's routing quantiles)"),
     F("moe-aux-loss-coeff", FLAG_LIST, moe_aux_loss_coeff, TR, 0, "coefficient of each load-balancing loss"),
     F("moe-z-loss-coeff", FLAG_DOUBLE, moe_z_loss_coeff, TR, 0, "router z-loss coefficient (0 = off)"),
+    F("attention-dropout", FLAG_DOUBLE, attention_dropout, TR, 0, "dropout probability on the attention softmax probabilities in training (default 0; Megatron's is 0.1)"),
+    F("hidden-dropout", FLAG_DOUBLE, hidden_dropout, TR, 0, "dropout probability on the attention and MLP/MoE outputs before each residual add, in training (default 0; Megatron's is 0.1)"),
     F("moe-input-jitter-eps", FLAG_DOUBLE, moe_input_jitter_eps, TR, 0, "multiply the router input by U(1-eps, 1+eps) in training (0 = off)"),
     F("moe-router-dtype", FLAG_STRING, moe_router_dtype, TR, 0, "fp32, fp64: precision of the router logits"),
     F("moe-expert-capacity-factor", FLAG_DOUBLE, moe_expert_capacity_factor, TR, 1, "capacity per expert = ceil(k*N/E * factor) (0 = dropless)"),
@@ -970,6 +972,8 @@ static void require_projection_width(const char *width_flag, int width, const Co
 
 // --qk-layernorm-scope, --clip-qkv and Multi-Latent Attention.
 static void validate_attention(Config *c) {
+    if (!(c->attention_dropout >= 0 && c->attention_dropout < 1)) config_die("--attention-dropout must be in [0, 1)");
+    if (!(c->hidden_dropout >= 0 && c->hidden_dropout < 1)) config_die("--hidden-dropout must be in [0, 1)");
     static const char *const scopes[] = {"head", "projection"};
     int scope = lookup(c->qk_layernorm_scope, scopes, 2);
     if (scope < 0) config_die("--qk-layernorm-scope %s: use head or projection", c->qk_layernorm_scope);

@@ -70,6 +70,7 @@ typedef struct {
     char moe_aux_loss_coeff[128];             // list, one per load-balancing type
     double moe_z_loss_coeff;
     double moe_input_jitter_eps;
+    double attention_dropout, hidden_dropout;  // training only, 0 = off (model/dropout.h)
     char moe_router_dtype[16];                // fp32 | fp64
     double moe_expert_capacity_factor;        // 0 = dropless
     char moe_token_drop_policy[16];           // probs | position

@@ -21,8 +21,6 @@ NOOP("transformer-impl", FLAG_STRING, TR, "transformer_engine,local", "no-op: ev
 NOOP("use-rotary-position-embeddings", FLAG_BOOL, TR, NULL, "no-op: rotary position embeddings are always used"),
 NOOP("no-position-embedding", FLAG_BOOL, TR, NULL, "no-op: there is no learned absolute position embedding (rotary only)"),
 NOOP("rotary-percent", FLAG_DOUBLE, TR, "1", "no-op at 1: rotary embeddings turn the whole head (partial rotary is not supported)"),
-NOOP("attention-dropout", FLAG_DOUBLE, TR, "0", "no-op at 0: moetron trains without dropout; Megatron's default is 0.1, so a Megatron script must pass 0"),
-NOOP("hidden-dropout", FLAG_DOUBLE, TR, "0", "no-op at 0: moetron trains without dropout; Megatron's default is 0.1, so a Megatron script must pass 0"),
 NOOP("softmax-type", FLAG_STRING, TR, "vanilla", "no-op at vanilla: the plain attention softmax (off-by-one and learnable sinks are not supported)"),
 NOOP("glu-linear-offset", FLAG_DOUBLE, TR, "0", "no-op at 0: SwiGLU's linear half without an offset"),
 UNSUPPORTED("quick-geglu", FLAG_BOOL, TR, "the MLPs are SwiGLU; drop the flag (gpt-oss's activation is not supported)"),
@@ -42,7 +40,7 @@ NOOP("no-bias-dropout-fusion", FLAG_BOOL, TR, NULL, "no-op: a kernel fusion choi
 NOOP("no-rope-fusion", FLAG_BOOL, TR, NULL, "no-op: a kernel fusion choice"),
 NOOP("no-persist-layer-norm", FLAG_BOOL, TR, NULL, "no-op: a kernel choice"),
 NOOP("no-gradient-accumulation-fusion", FLAG_BOOL, TR, NULL, "no-op: weight gradients are always accumulated in fp32"),
-NOOP("te-rng-tracker", FLAG_BOOL, TR, NULL, "no-op: Transformer Engine's RNG tracker (moetron has no dropout to seed)"),
+NOOP("te-rng-tracker", FLAG_BOOL, TR, NULL, "no-op: Transformer Engine's RNG tracker (moetron's dropout masks are hashes of their coordinates, with no generator state)"),
 NOOP("export-force-local-attention", FLAG_BOOL, TR, NULL, "no-op: there is one attention implementation"),
 // precision: what moetron always computes in fp32
 NOOP("accumulate-allreduce-grads-in-fp32", FLAG_BOOL, TR, NULL, "no-op: gradients are always accumulated and reduced in fp32"),

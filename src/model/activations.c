@@ -331,7 +331,11 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, 
     if (holds_head) WORKSPACE(bp, a->d_token_loss, N, 1);
     buffer_real(bp, &a->d_resid, "a->d_resid", N_local, H, BUF_STAGE_IO);  // the gradient a stage hands back
     WORKSPACE(bp, a->d_norm, N_local, H);
-    WORKSPACE_OR_ALIAS(bp, sp, a->d_out_full, N, H, a->d_resid);
+    // --hidden-dropout: a branch's gradient is a dropped copy of d_resid (model/dropout.h)
+    int dropout = c->hidden_dropout > 0;
+    if (dropout) WORKSPACE(bp, a->d_branch, N_local, H);
+    if (sp) WORKSPACE(bp, a->d_out_full, N, H);
+    else buffer_alias(bp, &a->d_out_full, dropout ? &a->d_branch : &a->d_resid);
     WORKSPACE_OR_ALIAS(bp, sp, a->d_norm_full, N, H, a->d_norm);
     WORKSPACE(bp, a->d_att, N, w.out);
     WORKSPACE(bp, a->d_q, N, w.q);

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "model/cp_attention.h"
+#include "model/dropout.h"
 #include "model/layers.h"
 #include "model/sharded_norm.h"
 #include "ops/ops.h"
@@ -22,8 +23,13 @@ static AttentionShape attention_shape(const LayoutPlan *p, int B, int T, int Tk,
                                       const int32_t *key_start) {
     AttentionShape s = {.B = B, .Tq = T, .Tk = Tk, .q_pos0 = pos0, .heads = p->heads, .key_start = key_start,
                         .kv_heads = p->kv_heads, .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
-                        .kv_row_stride = kv_row_stride, .scale = (real)p->softmax_scale};
+                        .kv_row_stride = kv_row_stride, .scale = (real)p->softmax_scale, .head_first = p->heads_first};
     return s;
+}
+
+// --attention-dropout's mask of layer `layer` in a's pass (none outside training).
+static DropoutMask probs_dropout(const Model *m, int layer, const ModelActs *a) {
+    return dropout_mask(&a->input, layer, DROPOUT_ATTENTION_PROBS, m->cfg.attention_dropout);
 }
 
 // Copy this chunk's keys and values into the cache at positions pos0 .. pos0+T (batch 1).
@@ -41,19 +47,22 @@ static CpAttention layer_cp_attention(const LayoutPlan *p, int layer) {
     return (CpAttention){.type = p->cp_comm[layer], .cp = p->cp, .inner = p->cp_inner, .outer = p->cp_outer};
 }
 
-static RingAttentionShape cp_attention_shape(const LayoutPlan *p, int B, int T, const int32_t *key_start) {
+static RingAttentionShape cp_attention_shape(const LayoutPlan *p, int B, int T, const int32_t *key_start,
+                                             DropoutMask dropout) {
     return (RingAttentionShape){.B = B, .C = T / 2, .heads = p->heads, .kv_heads = p->kv_heads,
                                 .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
-                                .scale = (real)p->softmax_scale, .key_start = key_start};
+                                .scale = (real)p->softmax_scale, .key_start = key_start, .dropout = dropout,
+                                .head_first = p->heads_first};
 }
 
-void attention_core_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
+void attention_core_forward(const Model *m, int layer, LayerActs *la, const ModelActs *a, KvCache *kv) {
     const LayoutPlan *c = &m->plan;
+    const TokenLayout *tokens = &a->tokens;
     int B = tokens->B, T = tokens->T, pos0 = tokens->pos0;
     if (c->cp_size > 1) {
         MT_ASSERT(!kv);  // generation runs on one process
         CpAttention g = layer_cp_attention(c, layer);
-        RingAttentionShape s = cp_attention_shape(c, B, T, tokens->key_start);
+        RingAttentionShape s = cp_attention_shape(c, B, T, tokens->key_start, probs_dropout(m, layer, a));
         cp_attention_forward(&g, la->att, la->lse, la->q, la->k, la->v, &s);
     } else if (kv) {
         kv_cache_store(kv, la->k, la->v, T, pos0);
@@ -61,6 +70,7 @@ void attention_core_forward(const Model *m, int layer, LayerActs *la, const Toke
         attention_forward(la->att, la->lse, la->q, kv->k, kv->v, &s);
     } else {
         AttentionShape s = attention_shape(c, B, T, T, pos0, T, tokens->key_start);
+        s.dropout = probs_dropout(m, layer, a);
         attention_forward(la->att, la->lse, la->q, la->k, la->v, &s);
     }
 }
@@ -73,11 +83,12 @@ void attention_core_backward(const Model *m, int layer, LayerActs *la, ModelActs
     vec_zero(a->d_v, (size_t)a->N * w.v);
     if (c->cp_size > 1) {
         CpAttention g = layer_cp_attention(c, layer);
-        RingAttentionShape s = cp_attention_shape(c, a->B, a->T, a->tokens.key_start);
+        RingAttentionShape s = cp_attention_shape(c, a->B, a->T, a->tokens.key_start, probs_dropout(m, layer, a));
         cp_attention_backward(&g, a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
         return;
     }
     AttentionShape s = attention_shape(c, a->B, a->T, a->T, 0, a->T, a->tokens.key_start);
+    s.dropout = probs_dropout(m, layer, a);
     attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
 }
 
@@ -183,8 +194,9 @@ TpRegion model_tp_region(const Model *m) {
     return (TpRegion){.tp = m->plan.tp, .sequence_parallel = m->plan.sequence_parallel};
 }
 
-void attention_block_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv) {
+void attention_block_forward(const Model *m, int layer, LayerActs *la, const ModelActs *a, KvCache *kv) {
     const Config *c = &m->cfg;
+    const TokenLayout *tokens = &a->tokens;
     const LayerParams *lp = &m->layers[layer];
     const TensorTable *tt = &m->tt;
     TpRegion region = model_tp_region(m);
@@ -193,11 +205,12 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, const Tok
     tp_enter_forward(&region, la->ln1, la->ln1_full, N, H);
     if (c->multi_latent_attention) mla_forward(m, layer, la, tokens);
     else standard_qkv_forward(m, lp, la, tokens);
-    attention_core_forward(m, layer, la, tokens, kv);
-    // x_mid = x_in + Σ_tp att·W_oᵀ
+    attention_core_forward(m, layer, la, a, kv);
+    // x_mid = x_in + dropout(Σ_tp att·W_oᵀ)
     qlinear_forward(model_quant(m, lp->o_proj), la->attn_partial, la->att, tt_param(tt, lp->o_proj), N,
                     m->plan.width.out, H);
     tp_exit_forward(&region, la->attn_partial, la->x_mid, N, H);
+    hidden_dropout(m, a, layer, DROPOUT_ATTENTION_OUT, la->x_mid, la->x_mid);
     vec_add(la->x_mid, la->x_in, (size_t)N_local * H);
 }
 
@@ -211,9 +224,10 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     // log-sum-exps again (buffers every layer shares)
     if (c->multi_latent_attention && plan_recomputes(&m->plan, RECOMPUTE_MLA_UP_PROJ))
         mla_recompute_up_projections(m, layer, la, &a->tokens);
-    if (plan_recomputes(&m->plan, RECOMPUTE_CORE_ATTN)) attention_core_forward(m, layer, la, &a->tokens, NULL);
-    // o_proj: d_att = d_x_mid·W_o ; dW_o += d_x_midᵀ·att, with d_x_mid of all N tokens
-    tp_exit_backward(&region, a->d_resid, a->d_out_full, N, H);
+    if (plan_recomputes(&m->plan, RECOMPUTE_CORE_ATTN)) attention_core_forward(m, layer, la, a, NULL);
+    // o_proj: d_att = d_out·W_o ; dW_o += d_outᵀ·att, with d_out of all N tokens
+    const real *d_out = hidden_dropout_backward(m, a, layer, DROPOUT_ATTENTION_OUT);  // d(o_proj's output)
+    tp_exit_backward(&region, d_out, a->d_out_full, N, H);
     vec_zero(a->d_att, (size_t)N * att_width);
     qlinear_backward(model_quant(m, lp->o_proj), a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att,
                      tt_param(tt, lp->o_proj), N, att_width, H);

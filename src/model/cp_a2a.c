@@ -90,6 +90,7 @@ static RingAttentionShape super_shape(const A2aLayout *l, const RingAttentionSha
     r.C = l->A * s->C;
     r.heads = s->heads / l->A;
     r.kv_heads = s->kv_heads / l->A;
+    r.head_first = s->head_first + l->inner->rank * r.heads;  // this member's head slice
     r.key_start = key_start;
     return r;
 }

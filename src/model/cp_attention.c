@@ -96,7 +96,7 @@ static AttentionShape block_shape(const RingAttentionShape *s, const QueryChunk 
     AttentionShape a = {.B = s->B, .Tq = s->C, .Tk = s->C, .q_pos0 = qc->chunk * s->C, .k_pos0 = key_chunk * s->C,
                         .heads = s->heads, .kv_heads = s->kv_heads, .head_dim = s->head_dim,
                         .v_head_dim = v_dim(s), .kv_row_stride = CHUNKS_PER_RANK * s->C, .scale = s->scale,
-                        .key_start = qc->key_start};
+                        .key_start = qc->key_start, .dropout = s->dropout, .head_first = s->head_first};
     return a;
 }
 

@@ -20,6 +20,8 @@ typedef struct {
     real scale;
     const int32_t *key_start;   // (B·2C) of the local queries, positions in the whole
                                 // sequence (packed documents), or NULL
+    DropoutMask dropout;        // attention dropout as AttentionShape's (hashed by global head
+    int head_first;             // and the chunks' positions in the whole sequence)
 } RingAttentionShape;
 
 // q (B, 2C, heads, d), k (B, 2C, kv_heads, d), v (B, 2C, kv_heads, dv) of this rank's chunks

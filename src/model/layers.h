@@ -17,13 +17,15 @@ void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
 // --recompute-modules mla_up_proj: q, k, v (and kv_b) again from the latents the forward kept.
 void mla_recompute_up_projections(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens);
 
-// Causal attention of the ready q, k, v of la (or against the cache when kv) -> la->att.
-void attention_core_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv);
+// Causal attention of the ready q, k, v of la (or against the cache when kv) -> la->att, for
+// a's tokens; with --attention-dropout in a training pass on the probabilities (model/dropout.h).
+void attention_core_forward(const Model *m, int layer, LayerActs *la, const ModelActs *a, KvCache *kv);
 // d_att -> d_q, d_k, d_v (overwritten)
 void attention_core_backward(const Model *m, int layer, LayerActs *la, ModelActs *a);
 
-// x_in -> x_mid = x_in + o_proj(attention(rope(qknorm(q,k)), v)),  q,k,v from RMSNorm(x_in)
-void attention_block_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *tokens, KvCache *kv);
+// x_in -> x_mid = x_in + dropout(o_proj(attention(rope(qknorm(q,k)), v))),  q,k,v from RMSNorm(x_in);
+// a: the pass's tokens (a->tokens) and batch (a->input: dropout, model/dropout.h)
+void attention_block_forward(const Model *m, int layer, LayerActs *la, const ModelActs *a, KvCache *kv);
 void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a);
 
 // ln2 (N,H) -> ffn_out (N,H): dense SwiGLU

@@ -76,7 +76,7 @@ static void plan_context_parallel(LayoutPlan *p, const Config *c, const ModelGro
 }
 
 void plan_token_index(const LayoutPlan *p, int32_t *index, int B, int T_local) {
-    int N_local = plan_local_tokens(p, B * T_local), first = p->sequence_parallel ? p->tp_rank * N_local : 0;
+    int N_local = plan_local_tokens(p, B * T_local), first = plan_first_local_token(p, N_local);
     int T = T_local * p->cp_size;
     int32_t *host = mt_malloc((size_t)MT_MAX(N_local, 1) * sizeof(int32_t));  // index is tensor memory
     for (int n = 0; n < N_local; n++) {

@@ -146,6 +146,12 @@ static inline int plan_local_tokens(const LayoutPlan *p, int N) {
     return p->sequence_parallel ? N / p->tp_size : N;
 }
 
+// The index of this rank's first token among the micro-batch's N = N_local·TP (sequence
+// parallelism splits them in rank order; without context parallelism).
+static inline int plan_first_local_token(const LayoutPlan *p, int N_local) {
+    return p->sequence_parallel ? p->tp_rank * N_local : 0;
+}
+
 // The global index (b·T + t in the whole micro-batch of B sequences of T = T_local·CP) of
 // this rank's N_local tokens, increasing, into index (N_local); T_local the tokens of a
 // sequence here. Used where work must match one process token by token (router, noise).

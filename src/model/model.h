@@ -206,6 +206,7 @@ typedef struct {
     VocabScratch vocab_scratch;  // the vocab-parallel embedding's (tensor parallelism only)
     real *d_token_loss;     // (N)
     real *d_resid, *d_norm;  // (N_local,H)
+    real *d_branch;          // (N_local,H) with --hidden-dropout: d_resid dropped (a branch's gradient)
     real *d_out_full;        // (N,H) d_resid of every token entering a row-parallel backward (or d_resid)
     real *d_norm_full;       // (N,H) this rank's part of d_norm before its sum over TP (or d_norm)
     real *d_att, *d_q, *d_k, *d_v, *d_q_raw, *d_k_raw, *d_logits;

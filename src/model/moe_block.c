@@ -16,11 +16,6 @@
 
 enum { NOISE_JITTER = 1, NOISE_FORCED_LOGITS = 2 };  // random streams of a layer
 
-// The first token of this rank's among the micro-batch's (sequence parallelism splits them).
-static int first_local_token(const Model *m, int N_local) {
-    return m->plan.sequence_parallel ? m->plan.tp_rank * N_local : 0;
-}
-
 // A layer's noise stream over the micro-batch's tokens in order, each token drawing
 // `per_token` values, so that every layout draws the same values for a token: this rank
 // skips the draws of the tokens that are not its own.
@@ -41,7 +36,7 @@ static LayerNoise layer_noise(const Model *m, const Batch *batch, int layer, int
                               size_t per_token, const int32_t *token_index) {
     LayerNoise z = {.stream = stream, .per_token = per_token, .token_index = token_index};
     rng_seed_stream(&z.rng, batch->noise_seed, (uint64_t)layer * 16 + stream);
-    if (!token_index) noise_skip_tokens(&z, (size_t)first_local_token(m, N_local));
+    if (!token_index) noise_skip_tokens(&z, (size_t)plan_first_local_token(&m->plan, N_local));
     return z;
 }
 
@@ -243,7 +238,7 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
                             .global_batches_before = batch->training ? ma->batches_before : 0,
                             .count_group = batch->training ? m->count_group : NULL,
                             .token_group = m->plan.token_group,
-                            .token_first = first_local_token(m, N_local), .token_index = token_index,
+                            .token_first = plan_first_local_token(&m->plan, N_local), .token_index = token_index,
                             .training = batch->training,
                             .qb_bias = lp->qb_bias >= 0 ? tt_param(&m->tt, lp->qb_bias) : NULL,
                             .qb_quantile = lp->qb_bias >= 0 && batch->training && pass == PASS_FORWARD

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "model/dropout.h"
 #include "model/layers.h"
 #include "model/lm_head.h"
 #include "ops/ops.h"
@@ -26,16 +27,15 @@ static const int32_t *token_index_of(const StagePass *s) { return s->m->plan.cp_
 
 // The attention block and the norm before the FFN: x_in -> x_mid, ln2.
 static void attention_and_norm_forward(const Model *m, int l, LayerActs *la, const ModelActs *a, KvCache *kv) {
-    attention_block_forward(m, l, la, &a->tokens, kv);
+    attention_block_forward(m, l, la, a, kv);
     rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, m->layers[l].post_attn_norm), a->N_local,
                     m->plan.hidden, (real)m->cfg.norm_epsilon);
 }
 
-// x_out = x_mid + ffn_out: the next block's input.
-static void layer_output(const Model *m, const ModelActs *a, const LayerActs *la, real *x_out) {
-    size_t n = (size_t)a->N_local * m->plan.hidden;
-    vec_copy(x_out, la->x_mid, n);
-    vec_add(x_out, la->ffn_out, n);
+// x_out = x_mid + dropout(ffn_out): the next block's input.
+static void layer_output(const Model *m, const ModelActs *a, int l, const LayerActs *la, real *x_out) {
+    hidden_dropout(m, a, l, DROPOUT_FFN_OUT, x_out, la->ffn_out);
+    vec_add(x_out, la->x_mid, (size_t)a->N_local * m->plan.hidden);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ static void forward_prologue(StagePass *s) {
 // The layer's output into the next block's input (or the chunk's output).
 static void forward_layer_done(StagePass *s) {
     ModelActs *a = s->a;
-    layer_output(s->m, a, &a->layers[s->layer],
+    layer_output(s->m, a, s->layer, &a->layers[s->layer],
                  s->layer + 1 < chunk_layer_end(chunk_of(s)) ? a->layers[s->layer + 1].x_in : a->x_final);
     s->layer++;
     s->phase = PHASE_BEGIN;
@@ -147,7 +147,7 @@ void stage_block_forward(StagePass *s, int l, real *x_out) {
         moe_forward(m, l, la, s->batch, token_index_of(s), PASS_FORWARD);
         add_router_losses(s, l);
     }
-    layer_output(m, a, la, x_out);
+    layer_output(m, a, l, la, x_out);
 }
 
 // ---- recomputation --------------------------------------------------------------------------
@@ -166,7 +166,7 @@ static void recompute_group(StagePass *s, int last) {
         attention_and_norm_forward(m, l, la, a, NULL);
         if (m->layers[l].is_moe) moe_forward(m, l, la, batch, token_index_of(s), PASS_RECOMPUTE);
         else mlp_forward(m, l, la, batch->B * batch->T);
-        if (l < last) layer_output(m, a, la, a->layers[l + 1].x_in);
+        if (l < last) layer_output(m, a, l, la, a->layers[l + 1].x_in);
     }
 }
 
@@ -225,8 +225,9 @@ void stage_block_backward(StagePass *s, int l) {
     ModelActs *a = s->a;
     LayerActs *la = &a->layers[l];
     recompute_before_backward(s, l);
-    if (m->layers[l].is_moe) moe_backward(m, l, la, a, a->d_resid, s->loss_scale);
-    else mlp_backward(m, l, la, a, a->d_resid);
+    const real *d_ffn = hidden_dropout_backward(m, a, l, DROPOUT_FFN_OUT);
+    if (m->layers[l].is_moe) moe_backward(m, l, la, a, d_ffn, s->loss_scale);
+    else mlp_backward(m, l, la, a, d_ffn);
     norm_and_attention_backward(m, a, l);
 }
 
@@ -256,12 +257,13 @@ static int backward_advance(StagePass *s) {
         seed_gradient_rounding(s, l);
         if (s->phase == PHASE_BEGIN) {
             recompute_before_backward(s, l);
+            s->d_ffn = hidden_dropout_backward(m, a, l, DROPOUT_FFN_OUT);
             if (!m->layers[l].is_moe) {
-                mlp_backward(m, l, la, a, a->d_resid);
+                mlp_backward(m, l, la, a, s->d_ffn);
                 backward_layer_done(s);
                 continue;
             }
-            moe_backward_begin(m, l, la, a, a->d_resid);
+            moe_backward_begin(m, l, la, a, s->d_ffn);
             s->phase = PHASE_EXPERTS;
             return 1;
         }
@@ -270,7 +272,7 @@ static int backward_advance(StagePass *s) {
             s->phase = PHASE_END;
             return 1;
         }
-        moe_backward_end(m, l, la, a, a->d_resid, s->loss_scale);
+        moe_backward_end(m, l, la, a, s->d_ffn, s->loss_scale);
         backward_layer_done(s);
     }
     if (k->holds_embedding) {  // else d_resid is d(x_entry), for the previous stage

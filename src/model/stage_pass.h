@@ -23,6 +23,7 @@ typedef struct {
     int started, finished;
     int layer, phase;        // the layer in progress and its phase (0: before its MoE exchange)
     long dropped;            // forward: the chunk's dropped routing choices so far
+    const real *d_ffn;       // backward: d(the layer's FFN output), a->d_resid or its dropped copy
 } StagePass;
 
 // A pass of a->chunk, not started: model_stage_forward's / model_stage_backward's contracts.

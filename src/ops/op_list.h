@@ -64,6 +64,7 @@
        (real *dx, const real *cos_sin, const TokenLayout *t, const RopeLayout *l), (dx, cos_sin, t, l))            \
     OP(void, clamp_forward, clamp_forward, (real *y, const real *x, size_t n, real limit), (y, x, n, limit))       \
     OP(void, clamp_backward, clamp_backward, (real *d, const real *x, size_t n, real limit), (d, x, n, limit))     \
+    OP(void, dropout_apply, dropout_apply, (real *y, const real *x, const DropoutShape *s), (y, x, s))             \
     OP(void, attention_forward, attention_forward,                                                                   \
        (real *out, real *lse, const real *q, const real *k, const real *v, const AttentionShape *s),             \
        (out, lse, q, k, v, s))                                                                                       \

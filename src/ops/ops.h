@@ -80,6 +80,24 @@ void rope_backward(real *dx, const real *cos_sin, const TokenLayout *t, const Ro
 void clamp_forward(real *y, const real *x, size_t n, real limit);
 void clamp_backward(real *d, const real *x, size_t n, real limit);
 
+// ---- dropout: inverted, its mask a hash of the element's coordinates (ops/dropout_math.h) ---
+// One site's mask over one micro-batch: element (row, col) is kept when its hash clears
+// threshold, and a kept value is multiplied by scale; threshold 0 keeps everything.
+typedef struct {
+    uint64_t stream;     // the site's stream (model/dropout.c: run, micro-batch, layer, site)
+    uint32_t threshold;  // floor(p·2³²)
+    real scale;          // (real)(1 / (1 − p))
+} DropoutMask;
+typedef struct {
+    DropoutMask mask;
+    int rows, cols;
+    int row_first;             // the global row of row 0 (row_index NULL)
+    const int32_t *row_index;  // (rows) each row's global row, or NULL
+} DropoutShape;
+// y (rows, cols) = x ⊙ kept · scale, element (r, c) hashed as (row_index[r] or row_first + r, c);
+// y may be x. The same call is its own backward (on the gradient).
+void dropout_apply(real *y, const real *x, const DropoutShape *s);
+
 // ---- causal attention, flash style: no (T×T) matrix is kept, only each row's lse -----
 // Positions: query t (0 ≤ t < Tq) of batch row b sits at position q_pos0 + t, key j
 // (0 ≤ j < Tk) at position k_pos0 + j. The query sees key j when
@@ -99,6 +117,12 @@ typedef struct {
     int kv_row_stride;   // rows between batch rows in k/v (Tk in training, cache capacity)
     real scale;          // usually 1/sqrt(head_dim)
     const int32_t *key_start;  // (B·Tq) position of the first key each query may see (NULL: 0)
+    // Attention dropout on the probabilities (threshold 0: none): P·V becomes (P ⊙ Z)·V with
+    // Z = kept·scale, the lse staying that of the undropped P. The element of query t and key
+    // j of batch row b and head h is hashed as row ((b·2¹⁶ + head_first + h)·2³² + q_pos0 + t),
+    // column k_pos0 + j: global head and positions, the same under any split of heads or keys.
+    DropoutMask dropout;
+    int head_first;            // the global index of head 0
 } AttentionShape;
 // q (B·Tq, heads, d), k (B·kv_row_stride, kv_heads, d), v (B·kv_row_stride, kv_heads, dv)
 // -> out (B·Tq, heads, dv),
@@ -109,6 +133,8 @@ void attention_forward(real *out, real *lse, const real *q, const real *k, const
 // P = e^(scale·q·k − lse) and D = rowsum(dout ⊙ out): given the out and lse merged over
 // every key block (attention_merge), each block's call adds that block's share of dq and
 // the block's whole dk, dv, so the sums over the blocks are the unsplit gradients.
+// With dropout (out the dropped output): dV += (P⊙Z)ᵀ·dout, dS = P ⊙ (Z ⊙ dout·Vᵀ − D)·scale,
+// D = rowsum(dout ⊙ out) still, since Σ_j P_j Z_j (dout·V_j) = dout·out.
 void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
                         const real *lse, const real *q, const real *k, const real *v,
                         const AttentionShape *s);

@@ -2,7 +2,7 @@
 // reference (op_check.h), forward and backward, on the shapes the model uses: multi-head and grouped
 // (8 query heads on 2 kv heads), head widths 1 to 256, MLA's wider queries than values
 // (192 / 128), sequence lengths around the 64-token tiles (1, 17, 64, 65, 130, 200),
-// document masks (key_start), decoding against a KV cache (Tq = 1, q_pos0 = Tk − 1,
+// document masks (key_start), attention dropout (the same mask on both: the hash), decoding against a KV cache (Tq = 1, q_pos0 = Tk − 1,
 // kv_row_stride > Tk), a prefill chunk after a cached prefix (q_pos0 > 0), and the key
 // blocks of a context-parallel ring (k_pos0 > 0): a diagonal block, an earlier block some of
 // whose queries' documents start after it (out = 0, lse = −∞ there), keys after some queries.
@@ -23,34 +23,38 @@ typedef struct {
     int heads, kv_heads, head_dim, v_head_dim;
     int documents;  // key_start from random document restarts (else NULL)
     int repeat;     // also check that a second run gives the same bits
+    double dropout; // attention dropout probability (heads hashed from head_first = heads)
 } AttentionCase;
 
 static const AttentionCase attention_cases[] = {
-    // name                                        B   Tq   Tk pos0 kpos0 stride  h kv    d   dv doc rep
-    {"attention mha d64 T64",                      2,  64,  64,   0,    0,    64,  4, 4,  64,  64, 0, 0},
-    {"attention gqa d64 T200",                     2, 200, 200,   0,    0,   200,  8, 2,  64,  64, 0, 1},
-    {"attention mha d8 T17",                       2,  17,  17,   0,    0,    17,  4, 4,   8,   8, 0, 0},
-    {"attention gqa d8 T200",                      2, 200, 200,   0,    0,   200,  8, 2,   8,   8, 0, 0},
-    {"attention gqa d128 T1",                      2,   1,   1,   0,    0,     1,  8, 2, 128, 128, 0, 0},
-    {"attention gqa d128 T17",                     2,  17,  17,   0,    0,    17,  8, 2, 128, 128, 0, 0},
-    {"attention mha d128 T64",                     2,  64,  64,   0,    0,    64,  4, 4, 128, 128, 0, 0},
-    {"attention mla d192/v128 T200",               2, 200, 200,   0,    0,   200,  4, 4, 192, 128, 0, 0},
-    {"attention mla gqa d192/v128 T17",            2,  17,  17,   0,    0,    17,  8, 2, 192, 128, 0, 0},
-    {"attention gqa d64 T200 documents",           2, 200, 200,   0,    0,   200,  8, 2,  64,  64, 1, 1},
-    {"attention mha d8 T64 documents",             2,  64,  64,   0,    0,    64,  4, 4,   8,   8, 1, 0},
-    {"attention mla d192/v128 T64 documents",      2,  64,  64,   0,    0,    64,  4, 4, 192, 128, 1, 0},
-    {"attention gqa d128 decode",                  2,   1, 200, 199,    0,   256,  8, 2, 128, 128, 0, 0},
-    {"attention gqa d64 decode documents",         2,   1,  77,  76,    0,   128,  8, 2,  64,  64, 1, 0},
-    {"attention mla d192/v128 decode",             2,   1,  64,  63,    0,    96,  4, 4, 192, 128, 0, 0},
-    {"attention gqa d64 chunk after 47 documents", 2,  17,  64,  47,    0,    80,  8, 2,  64,  64, 1, 0},
-    {"attention mha d1 T65",                       1,  65,  65,   0,    0,    65,  2, 2,   1,   1, 0, 0},
-    {"attention mha d256 T130",                    1, 130, 130,   0,    0,   130,  2, 2, 256, 256, 0, 0},
-    {"attention gqa d96/v40 T100 documents",       1, 100, 100,   0,    0,   100,  4, 1,  96,  40, 1, 0},
-    {"attention gqa d64 ring diagonal documents",  2,  70,  70, 140,  140,    70,  8, 2,  64,  64, 1, 1},
-    {"attention gqa d64 ring earlier documents",   2,  70,  70, 210,   70,    70,  8, 2,  64,  64, 1, 1},
-    {"attention mla d192/v128 ring earlier",       2,  65,  65, 130,   65,    65,  4, 4, 192, 128, 0, 0},
-    {"attention mha d8 ring keys after queries",   2, 100, 100,   0,   30,   100,  4, 4,   8,   8, 0, 0},
-    {"attention gqa d128 decode ring documents",   2,   1,  64, 300,  100,    64,  8, 2, 128, 128, 1, 0},
+    // name                                        B   Tq   Tk pos0 kpos0 stride  h kv    d   dv doc rep drop
+    {"attention mha d64 T64",                      2,  64,  64,   0,    0,    64,  4, 4,  64,  64, 0, 0, 0},
+    {"attention gqa d64 T200",                     2, 200, 200,   0,    0,   200,  8, 2,  64,  64, 0, 1, 0},
+    {"attention mha d8 T17",                       2,  17,  17,   0,    0,    17,  4, 4,   8,   8, 0, 0, 0},
+    {"attention gqa d8 T200",                      2, 200, 200,   0,    0,   200,  8, 2,   8,   8, 0, 0, 0},
+    {"attention gqa d128 T1",                      2,   1,   1,   0,    0,     1,  8, 2, 128, 128, 0, 0, 0},
+    {"attention gqa d128 T17",                     2,  17,  17,   0,    0,    17,  8, 2, 128, 128, 0, 0, 0},
+    {"attention mha d128 T64",                     2,  64,  64,   0,    0,    64,  4, 4, 128, 128, 0, 0, 0},
+    {"attention mla d192/v128 T200",               2, 200, 200,   0,    0,   200,  4, 4, 192, 128, 0, 0, 0},
+    {"attention mla gqa d192/v128 T17",            2,  17,  17,   0,    0,    17,  8, 2, 192, 128, 0, 0, 0},
+    {"attention gqa d64 T200 documents",           2, 200, 200,   0,    0,   200,  8, 2,  64,  64, 1, 1, 0},
+    {"attention mha d8 T64 documents",             2,  64,  64,   0,    0,    64,  4, 4,   8,   8, 1, 0, 0},
+    {"attention mla d192/v128 T64 documents",      2,  64,  64,   0,    0,    64,  4, 4, 192, 128, 1, 0, 0},
+    {"attention gqa d128 decode",                  2,   1, 200, 199,    0,   256,  8, 2, 128, 128, 0, 0, 0},
+    {"attention gqa d64 decode documents",         2,   1,  77,  76,    0,   128,  8, 2,  64,  64, 1, 0, 0},
+    {"attention mla d192/v128 decode",             2,   1,  64,  63,    0,    96,  4, 4, 192, 128, 0, 0, 0},
+    {"attention gqa d64 chunk after 47 documents", 2,  17,  64,  47,    0,    80,  8, 2,  64,  64, 1, 0, 0},
+    {"attention mha d1 T65",                       1,  65,  65,   0,    0,    65,  2, 2,   1,   1, 0, 0, 0},
+    {"attention mha d256 T130",                    1, 130, 130,   0,    0,   130,  2, 2, 256, 256, 0, 0, 0},
+    {"attention gqa d96/v40 T100 documents",       1, 100, 100,   0,    0,   100,  4, 1,  96,  40, 1, 0, 0},
+    {"attention gqa d64 ring diagonal documents",  2,  70,  70, 140,  140,    70,  8, 2,  64,  64, 1, 1, 0},
+    {"attention gqa d64 ring earlier documents",   2,  70,  70, 210,   70,    70,  8, 2,  64,  64, 1, 1, 0},
+    {"attention mla d192/v128 ring earlier",       2,  65,  65, 130,   65,    65,  4, 4, 192, 128, 0, 0, 0},
+    {"attention mha d8 ring keys after queries",   2, 100, 100,   0,   30,   100,  4, 4,   8,   8, 0, 0, 0},
+    {"attention gqa d128 decode ring documents",   2,   1,  64, 300,  100,    64,  8, 2, 128, 128, 1, 0, 0},
+    {"attention gqa d64 T200 dropout 0.3",         2, 200, 200,   0,    0,   200,  8, 2,  64,  64, 1, 1, 0.3},
+    {"attention mla d192/v128 T17 dropout 0.1",    2,  17,  17,   0,    0,    17,  4, 4, 192, 128, 0, 0, 0.1},
+    {"attention gqa d64 ring earlier dropout 0.5", 2,  70,  70, 210,   70,    70,  8, 2,  64,  64, 1, 1, 0.5},
 };
 
 // key_start (B·Tq): each batch row is cut into documents at random positions (about one
@@ -120,6 +124,11 @@ static void check_attention_case(const AttentionCase *c) {
                         .kv_heads = c->kv_heads, .head_dim = c->head_dim, .v_head_dim = c->v_head_dim,
                         .kv_row_stride = c->kv_row_stride, .scale = 1.0f / sqrtf((float)c->head_dim),
                         .key_start = c->documents ? document_starts(c) : NULL};
+    if (c->dropout > 0) {
+        s.dropout = (DropoutMask){.stream = 0xD0D0CAFEULL, .threshold = (uint32_t)(c->dropout * 4294967296.0),
+                                  .scale = (real)(1 / (1 - c->dropout))};
+        s.head_first = c->heads;
+    }
     AttentionShape sd = s;  // the same shape with a device copy of key_start
     if (s.key_start) sd.key_start = check_ints_to_device(s.key_start, (size_t)c->B * c->Tq);
     float *d_q = check_to_device(q, n.q), *d_k = check_to_device(k, n.k), *d_v = check_to_device(v, n.v);

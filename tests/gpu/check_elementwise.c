@@ -1,4 +1,4 @@
-// check_elementwise.c — the backend under test's vector, embedding, RMSNorm, RoPE, clamp,
+// check_elementwise.c — the backend under test's vector, dropout, embedding, RMSNorm, RoPE, clamp,
 // SwiGLU, softmax, cross-entropy and AdamW ops against the cpu backend (op_check.h).
 //
 // Every case: random host inputs; copies made before the cpu op runs (so in-place
@@ -74,6 +74,34 @@ static void check_clamp(size_t n) {
     check_compare(name, "y", y, d_y, n, TOL_FP32);
     check_compare(name, "y in place", y, d_inplace, n, TOL_FP32);
     check_compare(name, "d", d, d_d, n, TOL_FP32);
+    check_free_all();
+}
+
+// ---- dropout: the same mask bit for bit (tolerance 0), by row_first and by row_index ----------
+
+static void check_dropout(int rows, int cols, double p) {
+    char name[96];
+    snprintf(name, sizeof(name), "dropout %dx%d p=%g", rows, cols, p);
+    size_t n = (size_t)rows * cols;
+    float *x = check_random(n, -2, 2), *y = check_random(n, 0, 1), *y_index = check_random(n, 0, 1);
+    int32_t *index = check_random_ints((size_t)rows, 0, 1 << 30);
+    DropoutShape s = {.mask = {.stream = 0x1234567890ABCDEFULL, .threshold = (uint32_t)(p * 4294967296.0),
+                               .scale = (real)(1 / (1 - p))},
+                      .rows = rows, .cols = cols, .row_first = 12345};
+    DropoutShape s_index = s;
+    s_index.row_index = index;
+    cpu()->dropout_apply(y, x, &s);
+    cpu()->dropout_apply(y_index, x, &s_index);
+
+    float *d_x = check_to_device(x, n), *d_y = check_device_nan(n), *d_y_index = check_device_nan(n);
+    float *d_inplace = check_to_device(x, n);
+    s_index.row_index = check_ints_to_device(index, (size_t)rows);
+    under()->dropout_apply(d_y, d_x, &s);
+    under()->dropout_apply(d_y_index, d_x, &s_index);
+    under()->dropout_apply(d_inplace, d_inplace, &s);  // y == x
+    check_compare(name, "y", y, d_y, n, 0);
+    check_compare(name, "y by row_index", y_index, d_y_index, n, 0);
+    check_compare(name, "y in place", y, d_inplace, n, 0);
     check_free_all();
 }
 
@@ -349,6 +377,9 @@ void check_elementwise_ops(void) {
             check_cross_entropy(N, C);
             for (int variant = 0; variant < 4; variant++) check_swiglu(N, C, variant & 1, variant >> 1);
         }
+    check_dropout(1, 1, 0.5);
+    check_dropout(257, 4097, 0.1);
+    check_dropout(3, 64, 0.9);
     check_embedding(4099, 64, 1);       // one run of every token: the unrolled loads and a tail
     check_embedding(1000, 3, 262144);   // a large vocabulary, mostly unique tokens
     check_embedding(20000, 130, 7);     // a few very long runs

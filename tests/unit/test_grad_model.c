@@ -49,6 +49,22 @@ static double objective(Model *m, ModelActs *a, const Batch *b) {
     return a->lm_loss + a->aux_objective + a->mtp_objective;
 }
 
+// A variant with dropout: its objective differs from the same model's without (so the masks
+// are really applied), and not in evaluation (batch.training = 0: no dropout there).
+static void dropout_changes_objective(Model *m, ModelActs *a, Batch *batch) {
+    double with = objective(m, a, batch), hidden = m->cfg.hidden_dropout, attention = m->cfg.attention_dropout;
+    m->cfg.hidden_dropout = m->cfg.attention_dropout = 0;
+    double without = objective(m, a, batch);
+    batch->training = 0;
+    double eval_without = objective(m, a, batch);
+    m->cfg.hidden_dropout = hidden;
+    m->cfg.attention_dropout = attention;
+    double eval_with = objective(m, a, batch);
+    batch->training = 1;
+    CHECK(with != without, "dropout changed nothing: %.17g", with);
+    CHECK(eval_with == eval_without, "dropout in evaluation: %.17g vs %.17g", eval_with, eval_without);
+}
+
 // Routing decisions of every MoE layer, to detect a perturbation that flips a top-k.
 static void routing_snapshot(const Model *m, const ModelActs *a, int32_t *out) {
     size_t at = 0;
@@ -94,6 +110,7 @@ static void check_variant(const Variant *v) {
                    .key_start = v->documents ? key_start : NULL};
     ModelActs a;
     acts_alloc(&a, &m, B, T);
+    if (c.hidden_dropout > 0 || c.attention_dropout > 0) dropout_changes_objective(&m, &a, &batch);
     objective(&m, &a, &batch);
     memset(m.tt.grads, 0, m.tt.total * sizeof(real));
     model_backward(&m, &a, &batch, 1.0);
@@ -343,6 +360,36 @@ static void test_grad_latent_moe(void) {
     for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) check_variant(&variants[i]);
 }
 
+// --hidden-dropout (and, with attention_dropout, --attention-dropout) in training: for a fixed
+// noise_seed the masks are fixed, so the objective is a smooth function of the parameters.
+static void hidden_dropout(Config *c) { c->hidden_dropout = 0.3; }
+static void hidden_dropout_shared_mtp(Config *c) {
+    hidden_dropout(c);
+    c->moe_shared_expert_intermediate_size = 4;
+    c->mtp_num_layers = 1;
+    c->mtp_loss_scaling_factor = 0.5;
+}
+
+static void attention_dropout(Config *c) { c->attention_dropout = 0.4; }
+static void both_dropouts_mla(Config *c) {
+    mla_full_rank_queries(c);
+    hidden_dropout(c);
+    attention_dropout(c);
+}
+
+static void test_grad_hidden_dropout(void) {
+    const Variant variants[] = {{"1", 1, 1, 0, 2, 0, 1, 1, 0.0, hidden_dropout, 1, 0},
+                                {"[0,1]", 1, 0, 0, 2, 4, 1, 1, 0.1, hidden_dropout_shared_mtp, 1, 0}};
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) check_variant(&variants[i]);
+}
+
+// GQA with packed documents; MLA (queries wider than values) with both dropouts.
+static void test_grad_attention_dropout(void) {
+    const Variant variants[] = {{"[0,1]", 1, 1, 0, 2, 4, 1, 1, 0.1, attention_dropout, 1, 1},
+                                {"1", 0, 1, 0, 2, 4, 0, 1, 0.1, both_dropouts_mla, 1, 0}};
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) check_variant(&variants[i]);
+}
+
 static void test_grad_dense_qwen3(void) {
     Variant v = {"1", 1, 1, 0, 2, 0, 1, 1, 0.0, NULL, 0, 0};
     check_variant(&v);
@@ -366,5 +413,7 @@ int main(void) {
     RUN(test_grad_mtp_dense_depths_tied);
     RUN(test_grad_mtp_deepseek_v3);
     RUN(test_grad_latent_moe);
+    RUN(test_grad_hidden_dropout);
+    RUN(test_grad_attention_dropout);
     TESTS_DONE();
 }

@@ -8,6 +8,9 @@
 //   S = scale·Q Kᵀ,  P = exp(S − lse) (0 outside the keys [first, end) row t sees),  O = P V
 //   D_t = dO_t·O_t,  dP = dO Vᵀ,  dS = P ⊙ (dP − D) · scale
 //   dQ += dS K,  dK += dSᵀ Q,  dV += Pᵀ dO
+// With attention dropout (Z = kept·scale of each (query, key), ops/dropout_math.h) the forward
+// multiplies P by Z before O = P V (lse stays that of P), and the backward uses
+//   dV += (P ⊙ Z)ᵀ dO,  dS = P ⊙ (Z ⊙ dP − D) · scale   (D = dO·O with the dropped O).
 // The products are GEMMs on strided views (heads are interleaved in each token row).
 // Backward work is split over (batch row, kv head): the thread that owns a kv head owns
 // its dK/dV and the dQ of the query heads that read it, so no two threads write the same
@@ -18,6 +21,7 @@
 #include "core/profile.h"
 #include "ops/cpu/row_reduce.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/dropout_math.h"
 
 enum { QUERY_TILE = 64 };
 
@@ -71,6 +75,22 @@ static void unseen_rows(real *out, real *lse_row, const AttentionShape *s, const
     }
 }
 
+// The dropout row key of query t of (b, h); 0 without dropout.
+static uint64_t dropout_key(const AttentionShape *s, int b, int h, int t) {
+    return dropout_row_key(s->dropout.stream, dropout_attention_row(b, s->head_first + h, s->q_pos0 + t));
+}
+
+// Z of key j of the query whose dropout_key is key.
+static real dropout_z(const AttentionShape *s, uint64_t key, int j) {
+    return dropout_kept(key, (uint64_t)(s->k_pos0 + j), s->dropout.threshold) ? s->dropout.scale : 0;
+}
+
+// A row of P (keys [first, end) seen) multiplied by Z: the probabilities P·V uses.
+static void drop_probs(real *p, const AttentionShape *s, int b, int h, int t, KeyRange seen) {
+    uint64_t key = dropout_key(s, b, h, t);
+    for (int j = seen.first; j < seen.end; j++) p[j] *= dropout_z(s, key, j);
+}
+
 // scores (rows, keys) = scale · Q[t0 : t0+rows] · K[0 : keys]ᵀ
 static void tile_scores(real *scores, const real *q, const real *k, const AttentionShape *s, const HeadView *v,
                         int t0, int rows, int keys) {
@@ -103,6 +123,7 @@ static void attend_head(real *out, real *lse_row, real *scores, const real *q, c
             for (int j = seen.first; j < seen.end; j++) row[j] *= inv;
             for (int j = seen.end; j < keys; j++) row[j] = 0;
             lse_row[t0 + r] = max + (real)log((double)sum);
+            if (s->dropout.threshold) drop_probs(row, s, b, h, t0 + r, seen);
         }
         // O[t0 : t0+rows] = P · V[0 : keys]
         cpu_gemm(0, 0, rows, value_width(s), keys, 1, scores, keys, v + view.v_offset, view.v_stride, 0,
@@ -122,6 +143,17 @@ void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, c
             for (int h = 0; h < s->heads; h++)
                 attend_head(out, lse + ((size_t)b * s->heads + h) * s->Tq, scores, q, k, v, s, b, h);
         free(scores);
+    }
+}
+
+// With dropout, a row of the backward: dp (dO·Vᵀ) becomes dS = P ⊙ (Z ⊙ dP − D)·scale and p
+// (P) becomes P ⊙ Z, over the keys [first, end) seen.
+static void dropped_ds(real *p, real *dp, real D, const AttentionShape *s, int b, int h, int t, KeyRange seen) {
+    uint64_t key = dropout_key(s, b, h, t);
+    for (int j = seen.first; j < seen.end; j++) {
+        real z = dropout_z(s, key, j);
+        dp[j] = p[j] * (z * dp[j] - D) * s->scale;
+        p[j] *= z;
     }
 }
 
@@ -150,7 +182,9 @@ static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, r
             for (int j = 0; j < seen.first; j++) p[j] = dp[j] = 0;
             // (two loops: fused, the exponential's vector code runs ~5x slower; elementwise.c's SwiGLU)
             for (int j = seen.first; j < seen.end; j++) p[j] = real_exp(p[j] - lse_row[t0 + r]);
-            for (int j = seen.first; j < seen.end; j++) dp[j] = p[j] * (dp[j] - D) * s->scale;  // now dS
+            if (s->dropout.threshold) dropped_ds(p, dp, D, s, b, h, t0 + r, seen);
+            else
+                for (int j = seen.first; j < seen.end; j++) dp[j] = p[j] * (dp[j] - D) * s->scale;  // now dS
             for (int j = MT_MAX(seen.end, seen.first); j < keys; j++) p[j] = dp[j] = 0;
         }
         // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO

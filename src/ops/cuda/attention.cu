@@ -25,6 +25,10 @@
 //   dk/dv    block (key tile, kv head, b): for each query head of the kv head's group in
 //            order, for each query tile that sees the key tile, in order: recompute Pᵀ and
 //            dSᵀ (keys as rows), dV += Pᵀ dO, dK += dSᵀ Q.
+// Attention dropout (ops.h; the mask of ops/dropout_math.h, so the cpu backend's bits): the
+// forward multiplies each tile's P by Z = kept·scale after the online softmax has summed
+// it (l, hence lse, stay those of P); the backward uses dS = P ⊙ (Z ⊙ dP − D)·scale and
+// P ⊙ Z for dV.
 // Determinism without atomics: every element of out, lse, dq, dk and dv is written by
 // exactly one thread of one block, which sums its terms in a fixed order (key tiles or
 // (query head, query tile) pairs in increasing order, chunks of the head width in
@@ -50,6 +54,7 @@
 #include <math.h>
 
 #include "ops/cuda/cuda_internal.h"
+#include "ops/dropout_math.h"
 
 static_assert(sizeof(real) == sizeof(float), "the cuda backend stores float");
 
@@ -71,6 +76,10 @@ struct AttnGeom {
     float scale;
     const int32_t *key_start;
     size_t q_stride, o_stride, k_stride, v_stride;  // elements between consecutive token rows
+    int q_pos0, head_first;       // attention dropout's coordinates (AttentionShape)
+    uint64_t drop_stream;
+    uint32_t drop_threshold;      // 0: no dropout
+    float drop_scale;
 };
 
 AttnGeom make_geom(const AttentionShape *s) {
@@ -81,6 +90,8 @@ AttnGeom make_geom(const AttentionShape *s) {
     g.kv_row_stride = s->kv_row_stride, g.scale = s->scale, g.key_start = s->key_start;
     g.q_stride = (size_t)g.heads * g.d, g.o_stride = (size_t)g.heads * g.dv;
     g.k_stride = (size_t)g.kv_heads * g.d, g.v_stride = (size_t)g.kv_heads * g.dv;
+    g.q_pos0 = s->q_pos0, g.head_first = s->head_first;
+    g.drop_stream = s->dropout.stream, g.drop_threshold = s->dropout.threshold, g.drop_scale = s->dropout.scale;
     return g;
 }
 
@@ -115,6 +126,13 @@ __device__ __forceinline__ int first_key(const AttnGeom &g, int b, int t) {
 // Whether query t (whose first visible key is `first`) sees key j.
 __device__ __forceinline__ bool sees(const AttnGeom &g, int t, int first, int j) {
     return t < g.Tq && j < g.Tk && j >= first && j <= g.q_shift + t;
+}
+
+// Z of query t and key j of (b, h): dropout's kept·scale (1 without dropout).
+__device__ __forceinline__ float dropout_z(const AttnGeom &g, int b, int h, int t, int j) {
+    if (!g.drop_threshold) return 1.f;
+    const uint64_t key = dropout_row_key(g.drop_stream, dropout_attention_row(b, g.head_first + h, g.q_pos0 + t));
+    return dropout_kept(key, (uint64_t)(g.k_pos0 + j), g.drop_threshold) ? g.drop_scale : 0.f;
 }
 
 // ---- shared memory ----------------------------------------------------------------------
@@ -316,6 +334,16 @@ __device__ __forceinline__ void online_softmax(float (&s)[RPT][4], float (&m)[RP
     }
 }
 
+// P (own queries t0 + row × keys k0 + col) multiplied by Z, after online_softmax summed it.
+template <int RPT>
+__device__ __forceinline__ void drop_probs(float (&s)[RPT][4], const AttnGeom &g, int b, int h, int t0, int k0) {
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+    for (int i = 0; i < RPT; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) s[i][j] *= dropout_z(g, b, h, t0 + ty * RPT + i, k0 + tx + 16 * j);
+}
+
 // first[r] for the 64 queries t0 + r of batch row b (threads 0..63); no barrier.
 __device__ __forceinline__ void load_first_keys(int *first, const AttnGeom &g, int b, int t0) {
     if (threadIdx.x < WALK) first[threadIdx.x] = first_key(g, b, t0 + threadIdx.x);
@@ -354,6 +382,7 @@ __global__ void __launch_bounds__(NT) attention_forward_kernel(float *out, float
                             sm.stage);
         mask_scores<RPT>(s, g, sm.first, t0, k0);
         online_softmax<RPT, WV / 16>(s, m, l, o);
+        if (g.drop_threshold) drop_probs<RPT>(s, g, b, h, t0, k0);
         __syncthreads();  // the previous tile's readers of probs are done
         store_probs<OWN, RPT>(sm.probs, s);
         accumulate_tile<OWN, WV, WV>(o, sm.probs, v + v_offset(g, b, k0, kvh), g.v_stride, keys, g.dv, sm.stage);
@@ -409,15 +438,16 @@ __device__ __forceinline__ bool sees_any(const AttnGeom &g, int t, int first, in
     return t < g.Tq && lo <= hi;
 }
 
-// P and dS of a recomputed 64 × 64 tile: s (scores) becomes P = e^(scale·s − lse) where
-// the query sees the key (0 elsewhere), dp (dP) becomes dS = P ⊙ (dP − D)·scale. The
+// P and dS of a recomputed 64 × 64 tile of (b, h): s (scores) becomes P ⊙ Z, P = e^(scale·s − lse)
+// where the query sees the key (0 elsewhere), dp (dP) becomes dS = P ⊙ (Z ⊙ dP − D)·scale
+// (Z = 1 without dropout). The
 // fragment's rows are queries t0 + row and its columns keys k0 + col (dq kernel), or with
 // KEY_ROWS the rows are keys k0 + row and the columns queries t0 + col (dk/dv kernel);
 // first, lse and dsum are indexed by the query's place in its tile.
 template <bool KEY_ROWS>
 __device__ __forceinline__ void probs_and_ds(float (&s)[4][4], float (&dp)[4][4], const AttnGeom &g,
-                                             const int *first, const float *lse, const float *dsum, int t0,
-                                             int k0) {
+                                             const int *first, const float *lse, const float *dsum, int b, int h,
+                                             int t0, int k0) {
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -425,8 +455,10 @@ __device__ __forceinline__ void probs_and_ds(float (&s)[4][4], float (&dp)[4][4]
         for (int j = 0; j < 4; j++) {
             const int query = KEY_ROWS ? tx + 16 * j : ty * 4 + i, key = KEY_ROWS ? ty * 4 + i : tx + 16 * j;
             const bool seen = sees(g, t0 + query, first[query], k0 + key);
+            const float z = dropout_z(g, b, h, t0 + query, k0 + key);
             s[i][j] = seen ? expf(s[i][j] * g.scale - lse[query]) : 0.f;
-            dp[i][j] = s[i][j] * (dp[i][j] - dsum[query]) * g.scale;
+            dp[i][j] = s[i][j] * (z * dp[i][j] - dsum[query]) * g.scale;
+            s[i][j] *= z;
         }
 }
 
@@ -466,7 +498,7 @@ __global__ void __launch_bounds__(NT) attention_dq_kernel(float *dq, const float
         score_tile<64, MAX_WIDTH>(s, q_tile, g.q_stride, rows, k_tile, g.k_stride, keys, g.d, sm.stage);
         score_tile<64, MAX_WIDTH>(dp, do_tile, g.o_stride, rows, v + v_offset(g, b, k0, kvh), g.v_stride, keys,
                                   g.dv, sm.stage);
-        probs_and_ds<false>(s, dp, g, sm.first, sm.lse, sm.dsum, t0, k0);
+        probs_and_ds<false>(s, dp, g, sm.first, sm.lse, sm.dsum, b, h, t0, k0);
         __syncthreads();  // the previous tile's readers of probs are done
         store_probs<64, 4>(sm.probs, dp);
         accumulate_tile<64, MAX_WIDTH, WD>(acc, sm.probs, k_tile, g.k_stride, keys, g.d, sm.stage);
@@ -500,7 +532,7 @@ __global__ void __launch_bounds__(NT) attention_dkdv_kernel(float *dk, float *dv
             float s[4][4], dp[4][4];  // Sᵀ and dPᵀ: keys × queries
             score_tile<64, MAX_WIDTH>(s, k_tile, g.k_stride, keys, q_tile, g.q_stride, rows, g.d, sm.stage);
             score_tile<64, MAX_WIDTH>(dp, v_tile, g.v_stride, keys, do_tile, g.o_stride, rows, g.dv, sm.stage);
-            probs_and_ds<true>(s, dp, g, sm.first, sm.lse, sm.dsum, t0, k0);
+            probs_and_ds<true>(s, dp, g, sm.first, sm.lse, sm.dsum, b, h, t0, k0);
             __syncthreads();  // the previous tile's readers of probs are done
             store_probs<64, 4>(sm.probs, s);
             accumulate_tile<64, MAX_WIDTH, WV>(acc_v, sm.probs, do_tile, g.o_stride, rows, g.dv, sm.stage);
