@@ -217,7 +217,7 @@ static const FlagSpec FLAGS[] = {
     F("load", FLAG_STRING, load, ALL, 0, "checkpoint directory to resume from / to use"),
     F("finetune", FLAG_BOOL, finetune, TR, 0, "--load the weights only: start at iteration 0 with a fresh optimizer, learning-rate schedule, random streams and data position (as Megatron)"),
     F("no-load-optim", FLAG_BOOL, no_load_optim, TR, 0, "--load the weights and trainer state (iteration, data position) but not the optimizer's: fresh AdamW moments and step count, loss scaler, and a learning-rate schedule from its start (as Megatron, whose schedule is optimizer state)"),
-    F("no-load-rng", FLAG_BOOL, no_load_rng, TR, 0, "--load without the random state: the random streams (router jitter and forced-balance logits, stochastic rounding) start afresh at the loaded iteration, as a new run's first step"),
+    F("no-load-rng", FLAG_BOOL, no_load_rng, TR, 0, "--load without the random state: the random streams (router jitter and forced-balance logits, dropout masks, stochastic rounding) start afresh at the loaded iteration, as a new run's first step"),
     F("log-interval", FLAG_INT, log_interval, TR, 0, "print a line every N steps"),
     F("log-jsonl", FLAG_STRING, log_jsonl, TR, 0, "append one JSON object per logged step to this file"),
     F("tensorboard-dir", FLAG_STRING, tensorboard_dir, TR, 0, "write TensorBoard event files here (created when missing; a resumed run adds a new file); Megatron-LM's tags, written by world rank 0"),

@@ -241,6 +241,12 @@ static int is_launch_flag(const char *name) {
 // Nor does an upcycled run save into the dense checkpoint's directory: only where --save says.
 static int upcycling_leaves(const Config *c, const char *flag) { return c->moe_use_upcycling && !strcmp(flag, "save"); }
 
+// --finetune starts a new run from the weights: its logs are its own, not the checkpoint's
+// run's (whose records and events a run from step 0 would otherwise cut and mix into).
+static int finetune_leaves(const Config *c, const char *flag) {
+    return c->finetune && (!strcmp(flag, "log-jsonl") || !strcmp(flag, "tensorboard-dir"));
+}
+
 // Quantile balancing keeps a tensor per MoE layer (and its own checkpoint family): a resumed
 // run keeps or leaves it as the checkpoint did.
 static void keep_quantile_balancing(const Config *c, const JsonValue *flags, const char *path) {
@@ -270,7 +276,8 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
     for (int i = 0; i < config_flag_count(); i++) {
         const FlagSpec *f = config_flag(i);
         const JsonValue *v = json_get(flags, f->name);
-        if (f->size == 0 || is_launch_flag(f->name) || upcycling_leaves(c, f->name)) continue;  // size 0: a no-op flag
+        if (f->size == 0 || is_launch_flag(f->name) || upcycling_leaves(c, f->name) || finetune_leaves(c, f->name))
+            continue;  // size 0: a no-op flag
         if (!v) {
             check_flag_newer_than_checkpoint(c, f, i, path);
             continue;
@@ -299,12 +306,19 @@ static void restore_moetron_flags(Config *c, const JsonValue *flags, const char 
 static void use_directory_tokenizer(Config *c, const char *ckpt_dir) {
     char path[MT_PATH_MAX + 32];
     static const char sentencepiece[] = "SentencePieceTokenizer";
+    static const char huggingface[] = "HuggingFaceTokenizer";
     if (config_flag_given(c, "tokenizer-model")) return;
     snprintf(path, sizeof(path), "%s/tokenizer.json", ckpt_dir);
     if (access(path, R_OK) != 0) {
         snprintf(path, sizeof(path), "%s/tokenizer.model", ckpt_dir);
         if (access(path, R_OK) != 0) return;
         if (!c->tokenizer_type[0]) memcpy(c->tokenizer_type, sentencepiece, sizeof sentencepiece);
+    } else if (!strcmp(c->tokenizer_type, "GPT2BPETokenizer") && !config_flag_given(c, "vocab-file") &&
+               !config_flag_given(c, "merge-file")) {
+        // the checkpoint holds vocab.json and merges.txt as the tokenizer.json they make: read
+        // that, never the files' original paths again
+        memcpy(c->tokenizer_type, huggingface, sizeof huggingface);
+        c->vocab_file[0] = c->merge_file[0] = 0;
     }
     if (strlen(path) >= sizeof(c->tokenizer_model))
         mt_die("--load %s: the path of its tokenizer.json is longer than %d bytes", ckpt_dir, MT_PATH_MAX - 1);

@@ -675,8 +675,9 @@ void checkpoint_load_nothing_yet(Config *c) {
     if (!c->load[0] || !c->save[0] || !same_directory(c->load, c->save) || checkpoint_dir_has_checkpoints(c->load) ||
         file_exists(hf_config))
         return;
-    printf("note: --load %s holds no checkpoint yet (it is the --save directory): training starts from scratch, as "
-           "Megatron-LM does\n", c->load);
+    if (comm_world_rank() == 0)  // before the trainer silences the other ranks
+        printf("note: --load %s holds no checkpoint yet (it is the --save directory): training starts from scratch, "
+               "as Megatron-LM does\n", c->load);
     c->load[0] = 0;
 }
 

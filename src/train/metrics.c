@@ -80,7 +80,7 @@ void metrics_open(Metrics *mt, const Config *c, long resumed_iteration, int writ
     if (mt->jsonl_fd < 0) mt_die("--log-jsonl %s: cannot open for appending: %s", c->log_jsonl, strerror(errno));
 }
 
-static int console_due(const Metrics *mt, long step, int notable) {
+int metrics_console_due(const Metrics *mt, long step, int notable) {
     return step % mt->cfg->log_interval == 0 || step == mt->cfg->train_iters || notable;
 }
 
@@ -90,7 +90,7 @@ static int tensorboard_due(const Metrics *mt, long step) {
 }
 
 int metrics_step_due(const Metrics *mt, long step, int notable) {
-    return console_due(mt, step, notable) || tensorboard_due(mt, step);
+    return metrics_console_due(mt, step, notable) || tensorboard_due(mt, step);
 }
 
 // Appends one record (its line in plain writes, nothing buffered). A record that cannot be
@@ -168,7 +168,7 @@ static void print_layer_summaries(const StepRecord *r) {
 static void log_step_console_and_jsonl(Metrics *mt, const StepRecord *r);
 
 void metrics_log_step(Metrics *mt, const StepRecord *r) {
-    if (console_due(mt, r->step, r->skipped || r->loss_spike)) log_step_console_and_jsonl(mt, r);
+    if (metrics_console_due(mt, r->step, r->skipped || r->loss_spike)) log_step_console_and_jsonl(mt, r);
     if (tensorboard_due(mt, r->step)) tensorboard_log_step(&mt->tb, mt->cfg, r);
 }
 

@@ -68,6 +68,8 @@ void metrics_open(Metrics *mt, const Config *c, long resumed_iteration, int writ
 // last step and notable ones (skipped, loss spike); TensorBoard every
 // --tensorboard-log-interval steps. The same answer on every process.
 int metrics_step_due(const Metrics *mt, long step, int notable);
+// Whether the console (and the JSONL) show that step.
+int metrics_console_due(const Metrics *mt, long step, int notable);
 void metrics_log_step(Metrics *mt, const StepRecord *r);
 void metrics_log_eval(Metrics *mt, long step, int64_t consumed_samples, double loss);
 void metrics_close(Metrics *mt);

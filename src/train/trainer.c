@@ -744,7 +744,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .loss_scaling = t->scaler.kind != LOSS_SCALING_NONE, .loss_scale = o->loss_scale,
                     .eta_s = o->elapsed_s / (o->step - o->first_step + 1) * (c->train_iters - o->step)};
     metrics_log_step(&t->metrics, &r);
-    run_summary_step(&t->summary, &r);
+    if (metrics_console_due(&t->metrics, r.step, r.skipped || r.loss_spike)) run_summary_step(&t->summary, &r);
 }
 
 int train_main(Config *c) {

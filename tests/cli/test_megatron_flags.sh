@@ -113,6 +113,13 @@ mv "$work/base.save" "$work/base"
 run resume --train-iters 6 --load "$work/base"
 run no_optim --train-iters 6 --load "$work/base" --no-load-optim
 run finetune --train-iters 3 --load "$work/base" --finetune
+# --finetune's logs are its own: without --log-jsonl it leaves the loaded run's log alone
+"$M" train "${TINY[@]}" --train-iters 3 --load "$work/base" --finetune --save "$work/ft_own_log" >"$work/ft_own_log.log" 2>&1
+if [ "$(grep -c '"loss"' "$work/base.jsonl")" = 3 ] && grep -q "^step" "$work/ft_own_log.log"; then
+    ok finetune_leaves_the_loaded_runs_log
+else
+    fail finetune_leaves_the_loaded_runs_log "$(grep -c '"loss"' "$work/base.jsonl") records in base.jsonl; $(tail -1 "$work/ft_own_log.log")"
+fi
 # the references: the checkpoint with its moments zeroed and its optimizer step 0 (a fresh
 # AdamW); for --no-load-optim the schedule restarting at iteration 3, for --finetune the
 # iteration and data position back at 0 (three steps each: a warmup's first step has lr 0,

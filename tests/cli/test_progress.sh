@@ -54,5 +54,13 @@ for want in "^summary: 6 steps in " "loss [0-9.]+ at step 1 -> [0-9.]+ at step 6
 done
 [ "$summary_ok" = 1 ] && ok run_summary
 
+# a step TensorBoard logs but the console does not is not in the summary either
+"$M" train "${TINY[@]}" --train-iters 4 --log-interval 4 --eval-interval 0 --tensorboard-dir "$work/tb" >"$work/tb.log" 2>&1
+if grep -Eq "^summary: 4 steps in .* \| loss [0-9.]+ at step 4 -> [0-9.]+ at step 4" "$work/tb.log"; then
+    ok run_summary_follows_the_console
+else
+    fail run_summary_follows_the_console "$(grep -A1 '^summary' "$work/tb.log" | tr '\n' ' ')"
+fi
+
 expect_error progress_bad_value "MOETRON_PROGRESS=sometimes: use always or never" -- \
     env MOETRON_PROGRESS=sometimes "$M" train "${TINY[@]}" --train-iters 1

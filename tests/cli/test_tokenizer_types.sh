@@ -31,6 +31,24 @@ expect_error sp_malformed_model "tokenizer $work/cut.model: not a SentencePiece 
 expect_error null_needs_vocab "NullTokenizer needs --vocab-size" -- \
     "$M" prepare --input "$work/x.txt" --output-prefix "$work/n" --tokenizer-type NullTokenizer
 
+# ---- GPT2BPETokenizer: the checkpoint carries vocab.json and merges.txt (as its tokenizer.json) --------
+python3 - "$work/x.txt" "$work/gpt2" <<'PY' >"$work/gpt2.log" 2>&1
+import os, sys
+from tokenizers import ByteLevelBPETokenizer
+tok = ByteLevelBPETokenizer()
+tok.train([sys.argv[1]], vocab_size=300, min_frequency=1, show_progress=False)
+os.makedirs(sys.argv[2])
+tok.save_model(sys.argv[2])
+PY
+if "$M" train "${TINY[@]}" --train-iters 1 --tokenizer-type GPT2BPETokenizer --vocab-file "$work/gpt2/vocab.json" \
+    --merge-file "$work/gpt2/merges.txt" --data-path "$work/x.txt" --save "$work/gpt2.ck" >"$work/gpt2_train.log" 2>&1 &&
+    rm -r "$work/gpt2" && "$M" generate --load "$work/gpt2.ck" --prompt "the cat" --max-new-tokens 3 --temperature 0 \
+    >"$work/gpt2_gen.out" 2>"$work/gpt2_gen.err" && grep -q "^the cat" "$work/gpt2_gen.out"; then
+    ok gpt2_checkpoint_needs_no_original_files
+else
+    fail gpt2_checkpoint_needs_no_original_files "$(tail -1 "$work/gpt2.log") $(tail -1 "$work/gpt2_train.log") $(tail -1 "$work/gpt2_gen.err" 2>/dev/null)"
+fi
+
 # ---- SentencePiece: prepare, train on text, checkpoint, generate ---------------------------------------
 "$M" prepare --input "$work/x.txt" "${SP[@]}" --append-eod --output-prefix "$work/sp" >"$work/prep.out" 2>&1 &&
     [ -s "$work/sp_text_document.bin" ] && ok sp_prepare || fail sp_prepare "$(tail -1 "$work/prep.out")"
