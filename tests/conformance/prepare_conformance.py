@@ -231,8 +231,8 @@ def check_train(d, records):
                   "P_tokenizer.json", "gen.jsonl"]
     if files_in(d) != want_files:
         return report("train", "files %s, expected %s" % (files_in(d), want_files))
-    if "tokenizing" not in r.stderr or "100%" not in r.stderr:
-        return report("train", "no progress lines on stderr: %r" % r.stderr[-300:])
+    if "tokenizing" not in r.stdout or "100%" not in r.stdout:  # core/progress.h: on stdout
+        return report("train", "no progress lines on stdout: %r" % r.stdout[-300:])
     tok = Tokenizer.from_file(os.path.join(d, "P_tokenizer.json"))
     if tok.get_vocab_size() != 600:
         return report("train", "vocabulary %d, expected 600" % tok.get_vocab_size())
