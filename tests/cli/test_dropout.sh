@@ -68,9 +68,12 @@ mpi_require dropout_layouts
 run_case dropout_dp2 2 -- "${DROP[@]}"
 # (the vocabulary is padded to --make-vocab-size-divisible-by x TP: 128 x 2 is one process's 256)
 run_case dropout_tp2_sp 2 --tensor-model-parallel-size 2 --make-vocab-size-divisible-by 128 --sequence-parallel -- "${DROP[@]}"
-run_case dropout_tp2_dense 2 --tensor-model-parallel-size 2 --make-vocab-size-divisible-by 128 -- "${DROP[@]}" --num-experts 0
-run_case dropout_ep2 2 --expert-model-parallel-size 2 -- "${DROP[@]}"
-run_case dropout_pp2 2 --pipeline-model-parallel-size 2 -- "${DROP[@]}"
+# under the sanitizers DP, TP with SP and the CP ring represent the layouts (mpi_lib.sh: full)
+full dropout_tp2_dense run_case dropout_tp2_dense 2 --tensor-model-parallel-size 2 --make-vocab-size-divisible-by 128 -- \
+    "${DROP[@]}" --num-experts 0
+full dropout_ep2 run_case dropout_ep2 2 --expert-model-parallel-size 2 -- "${DROP[@]}"
+full dropout_pp2 run_case dropout_pp2 2 --pipeline-model-parallel-size 2 -- "${DROP[@]}"
 run_case dropout_cp2 2 --context-parallel-size 2 -- "${DROP[@]}"
-run_case dropout_cp2_a2a 2 --context-parallel-size 2 --cp-comm-type a2a -- "${DROP[@]}"
-run_case dropout_cp2_allgather 2 --context-parallel-size 2 --cp-comm-type allgather -- "${DROP[@]}"
+full dropout_cp2_a2a run_case dropout_cp2_a2a 2 --context-parallel-size 2 --cp-comm-type a2a -- "${DROP[@]}"
+full dropout_cp2_allgather run_case dropout_cp2_allgather 2 --context-parallel-size 2 --cp-comm-type allgather -- \
+    "${DROP[@]}"
