@@ -99,6 +99,9 @@ struct Tokenizer {
 // NullTokenizer (tokenizer_null.c): the text's whitespace-separated decimal ids appended to
 // out; anything else, or an id outside the vocabulary, is fatal with one line.
 void null_tokenizer_encode(const Tokenizer *t, const char *text, size_t len, IdVec *out);
+// A byte-fallback token's text "<0xXX>" (upper-case hex, n bytes): its byte, else -1
+// (tokenizer_load.c).
+int tokenizer_fallback_byte(const char *s, size_t n);
 // Fills t->decoded / decoded_offset: the bytes each id decodes to (tokenizer_load.c).
 void tokenizer_build_decode_table(Tokenizer *t);
 // Sorts the added tokens into raw_set / normalized_set (tokenizer_load.c).

@@ -512,8 +512,7 @@ static void append_byte_level(Tokenizer *t, DecodeBuf *b, const char *s, size_t 
     }
 }
 
-// "<0xXX>" (upper-case hex, as byte-fallback tokens are written): its byte, else -1.
-static int fallback_byte(const char *s, size_t n) {
+int tokenizer_fallback_byte(const char *s, size_t n) {
     static const char hex[] = "0123456789ABCDEF";
     if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>') return -1;
     const char *hi = memchr(hex, s[3], 16), *lo = memchr(hex, s[4], 16);
@@ -522,7 +521,7 @@ static int fallback_byte(const char *s, size_t n) {
 
 // Metaspace / SentencePiece: the replacement character as ' ', a byte-fallback token as its byte.
 static void append_metaspace(Tokenizer *t, DecodeBuf *b, const char *s, size_t n) {
-    int byte = t->decode_byte_fallback ? fallback_byte(s, n) : -1;
+    int byte = t->decode_byte_fallback ? tokenizer_fallback_byte(s, n) : -1;
     reserve(t, b, n);
     if (byte >= 0) {
         b->v[b->len++] = (char)byte;

@@ -34,14 +34,6 @@ static const char *shown(const SpPiece *p, char *buf, size_t cap) {
 
 static int is_vocab_piece(int type) { return type == SP_NORMAL || type == SP_USER_DEFINED; }
 
-// "<0xXX>": its byte, else -1.
-static int byte_piece_value(const SpPiece *p) {
-    static const char hex[] = "0123456789ABCDEF";
-    if (p->len != 6 || memcmp(p->text, "<0x", 3) || p->text[5] != '>' || !p->text[3] || !p->text[4]) return -1;
-    const char *hi = memchr(hex, p->text[3], 16), *lo = memchr(hex, p->text[4], 16);
-    return hi && lo ? (int)((hi - hex) * 16 + (lo - hex)) : -1;
-}
-
 static void add_user_defined(Tokenizer *t, const SpPiece *p, int32_t id) {
     t->added = mt_realloc(t->added, (size_t)(t->added_count + 1) * sizeof(AddedToken));
     AddedToken *a = &t->added[t->added_count++];
@@ -68,7 +60,7 @@ static void add_piece(Tokenizer *t, const SpModelProto *m, int32_t id, const cha
         t->bpe.unk_id = id;
     }
     if (p->type == SP_BYTE) {
-        int b = byte_piece_value(p);
+        int b = tokenizer_fallback_byte(p->text, p->len);
         if (b < 0) SP_DIE(path, "BYTE piece \"%s\" is not of the form <0xXX>", shown(p, buf, sizeof buf));
         t->bpe.fallback_id[b] = id;
     }
