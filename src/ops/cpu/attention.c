@@ -11,10 +11,12 @@
 // With attention dropout (Z = kept·scale of each (query, key), ops/dropout_math.h) the forward
 // multiplies P by Z before O = P V (lse stays that of P), and the backward uses
 //   dV += (P ⊙ Z)ᵀ dO,  dS = P ⊙ (Z ⊙ dP − D) · scale   (D = dO·O with the dropped O).
-// The products are GEMMs on strided views (heads are interleaved in each token row).
-// Backward work is split over (batch row, kv head): the thread that owns a kv head owns
-// its dK/dV and the dQ of the query heads that read it, so no two threads write the same
-// memory and every sum runs in a fixed order whatever the thread count.
+// The products are GEMMs; the query heads that share a kv head are stacked into one GEMM
+// (HeadStack below), so K and V are read and packed once for the group.
+// Forward work is split over (batch row, kv head, stack, query tile), each writing its own
+// rows of out and lse. Backward work is split over (batch row, kv head): the thread that owns
+// a kv head owns its dK/dV and the dQ of the query heads that read it, so no two threads
+// write the same memory and every sum runs in a fixed order whatever the thread count.
 #include <math.h>
 #include <string.h>
 
@@ -91,58 +93,139 @@ static void drop_probs(real *p, const AttentionShape *s, int b, int h, int t, Ke
     for (int j = seen.first; j < seen.end; j++) p[j] *= dropout_z(s, key, j);
 }
 
-// scores (rows, keys) = scale · Q[t0 : t0+rows] · K[0 : keys]ᵀ
-static void tile_scores(real *scores, const real *q, const real *k, const AttentionShape *s, const HeadView *v,
-                        int t0, int rows, int keys) {
-    cpu_gemm(0, 1, rows, keys, s->head_dim, s->scale, q + v->q_offset + (size_t)t0 * v->q_stride, v->q_stride,
-            k + v->k_offset, v->k_stride, 0, scores, keys);
+// The query heads of one kv head are taken together, up to STACKED_HEADS at a time: their
+// tiles' rows stacked head after head (row g·rows + i is query t0 + i of head h0 + g) into
+// one GEMM against the kv head's keys, so that K and V are packed once for all of them.
+// Each element of a product is the same sum as with one head at a time. The stacked
+// operands are copied in (and the outputs back) through a per-thread scratch.
+typedef struct {
+    int h0, count;  // query heads [h0, h0 + count), all reading one kv head
+} HeadStack;
+
+// Query heads per stack: up to STACKED_HEADS of a kv head's group, fewer when one head's
+// score tile is large (long keys), so that a score scratch stays within SCORE_SCRATCH_MAX.
+static int stack_heads(const AttentionShape *s, int tile_keys) {
+    enum { STACKED_HEADS = 4 };
+    const size_t SCORE_SCRATCH_MAX = (size_t)8 << 20;
+    size_t one_head = (size_t)QUERY_TILE * tile_keys * sizeof(real);
+    int fit = (int)MT_MAX(1, SCORE_SCRATCH_MAX / one_head);
+    return MT_MIN(MT_MIN(STACKED_HEADS, s->heads / s->kv_heads), fit);
 }
 
-static void attend_head(real *out, real *lse_row, real *scores, const real *q, const real *k, const real *v,
-                        const AttentionShape *s, int b, int h) {
-    HeadView view = head_view(s, b, h);
-    for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
-        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows);
-        if (keys <= 0) {
-            unseen_rows(out, lse_row, s, &view, t0, rows);
-            continue;
-        }
-        tile_scores(scores, q, k, s, &view, t0, rows, keys);
-        for (int r = 0; r < rows; r++) {  // softmax over the visible keys [first, end) of row r
-            real *row = scores + (size_t)r * keys;
-            KeyRange seen = visible_keys(s, b, t0 + r);
-            if (seen.first >= seen.end) {  // a zero row of P: out = 0
-                memset(row, 0, (size_t)keys * sizeof(real));
-                lse_row[t0 + r] = -INFINITY;
-                continue;
-            }
-            real max = row_max(row + seen.first, seen.end - seen.first);
-            for (int j = seen.first; j < seen.end; j++) row[j] = real_exp(row[j] - max);
-            real sum = (real)row_sum(row + seen.first, seen.end - seen.first), inv = 1 / sum;
-            for (int j = 0; j < seen.first; j++) row[j] = 0;
-            for (int j = seen.first; j < seen.end; j++) row[j] *= inv;
-            for (int j = seen.end; j < keys; j++) row[j] = 0;
-            lse_row[t0 + r] = max + (real)log((double)sum);
-            if (s->dropout.threshold) drop_probs(row, s, b, h, t0 + r, seen);
-        }
-        // O[t0 : t0+rows] = P · V[0 : keys]
-        cpu_gemm(0, 0, rows, value_width(s), keys, 1, scores, keys, v + view.v_offset, view.v_stride, 0,
-                out + view.o_offset + (size_t)t0 * view.o_stride, view.o_stride);
+// Stacks of one kv head's query heads.
+static int stacks_per_kv_head(const AttentionShape *s, int per_stack) {
+    int group = s->heads / s->kv_heads;
+    return (group + per_stack - 1) / per_stack;
+}
+
+static HeadStack head_stack(const AttentionShape *s, int kvh, int stack, int per_stack) {
+    int group = s->heads / s->kv_heads, first = stack * per_stack;
+    HeadStack hs = {.h0 = kvh * group + first, .count = MT_MIN(per_stack, group - first)};
+    return hs;
+}
+
+// dst (count·rows, width) <- rows [t0, t0 + rows) of each head of the stack, from x whose
+// head h row t starts at offset(h) + t·stride (the head's view).
+typedef enum { VIEW_Q, VIEW_O } ViewKind;
+
+static size_t view_row(const HeadView *v, ViewKind kind, int t) {
+    return kind == VIEW_Q ? v->q_offset + (size_t)t * v->q_stride : v->o_offset + (size_t)t * v->o_stride;
+}
+
+static void gather_rows(real *dst, const real *x, const AttentionShape *s, int b, HeadStack hs, ViewKind kind, int t0,
+                        int rows, int width) {
+    for (int g = 0; g < hs.count; g++) {
+        HeadView view = head_view(s, b, hs.h0 + g);
+        for (int i = 0; i < rows; i++)
+            memcpy(dst + ((size_t)g * rows + i) * width, x + view_row(&view, kind, t0 + i), (size_t)width * sizeof(real));
     }
+}
+
+// The inverse of gather_rows: src's stacked rows written back to x.
+static void scatter_rows(real *x, const real *src, const AttentionShape *s, int b, HeadStack hs, ViewKind kind, int t0,
+                         int rows, int width) {
+    for (int g = 0; g < hs.count; g++) {
+        HeadView view = head_view(s, b, hs.h0 + g);
+        for (int i = 0; i < rows; i++)
+            memcpy(x + view_row(&view, kind, t0 + i), src + ((size_t)g * rows + i) * width, (size_t)width * sizeof(real));
+    }
+}
+
+// scores (stacked rows, keys) = scale · Q_stacked · K[0 : keys]ᵀ (K of the stack's kv head)
+static void stacked_scores(real *scores, const real *q_stacked, const real *k, const AttentionShape *s, const HeadView *v,
+                           int stacked_rows, int keys) {
+    cpu_gemm(0, 1, stacked_rows, keys, s->head_dim, s->scale, q_stacked, s->head_dim, k + v->k_offset, v->k_stride, 0,
+             scores, keys);
+}
+
+// A row of scores over the keys [0, keys) becomes the probabilities of the visible keys
+// (zero elsewhere); returns the row's lse (−∞ and a zero row when it sees no key).
+static real softmax_row(real *row, int keys, KeyRange seen) {
+    if (seen.first >= seen.end) {
+        memset(row, 0, (size_t)keys * sizeof(real));
+        return -INFINITY;
+    }
+    real max = row_max(row + seen.first, seen.end - seen.first);
+    for (int j = seen.first; j < seen.end; j++) row[j] = real_exp(row[j] - max);
+    real sum = (real)row_sum(row + seen.first, seen.end - seen.first), inv = 1 / sum;
+    for (int j = 0; j < seen.first; j++) row[j] = 0;
+    for (int j = seen.first; j < seen.end; j++) row[j] *= inv;
+    for (int j = seen.end; j < keys; j++) row[j] = 0;
+    return max + (real)log((double)sum);
+}
+
+// Per-thread scratch of the forward: the stacked Q tile, its scores, its output.
+typedef struct {
+    real *q, *scores, *out;
+} ForwardScratch;
+
+// Queries [t0, t0 + rows) of the heads of hs (batch row b): out and lse.
+static void attend_tile(real *out, real *lse, const ForwardScratch *w, const real *q, const real *k, const real *v,
+                        const AttentionShape *s, int b, HeadStack hs, int t0) {
+    int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows), dv = value_width(s);
+    HeadView kv_view = head_view(s, b, hs.h0);
+    for (int g = 0; g < hs.count && keys <= 0; g++) {
+        HeadView view = head_view(s, b, hs.h0 + g);
+        unseen_rows(out, lse + ((size_t)b * s->heads + hs.h0 + g) * s->Tq, s, &view, t0, rows);
+    }
+    if (keys <= 0) return;
+    gather_rows(w->q, q, s, b, hs, VIEW_Q, t0, rows, s->head_dim);
+    stacked_scores(w->scores, w->q, k, s, &kv_view, hs.count * rows, keys);
+    for (int g = 0; g < hs.count; g++) {
+        int h = hs.h0 + g;
+        real *lse_row = lse + ((size_t)b * s->heads + h) * s->Tq;
+        for (int i = 0; i < rows; i++) {
+            real *row = w->scores + ((size_t)g * rows + i) * keys;
+            KeyRange seen = visible_keys(s, b, t0 + i);
+            lse_row[t0 + i] = softmax_row(row, keys, seen);
+            if (s->dropout.threshold && seen.first < seen.end) drop_probs(row, s, b, h, t0 + i, seen);
+        }
+    }
+    // O_stacked = P · V[0 : keys]
+    cpu_gemm(0, 0, hs.count * rows, dv, keys, 1, w->scores, keys, v + kv_view.v_offset, kv_view.v_stride, 0, w->out, dv);
+    scatter_rows(out, w->out, s, b, hs, VIEW_O, t0, rows, dv);
 }
 
 void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                        const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
-    int tile_keys = max_tile_keys(s);
+    int tile_keys = max_tile_keys(s), per_stack = stack_heads(s, tile_keys);
+    int stacks = stacks_per_kv_head(s, per_stack), tiles = (s->Tq + QUERY_TILE - 1) / QUERY_TILE;
+    size_t stacked_rows = (size_t)per_stack * QUERY_TILE;
 #pragma omp parallel
     {
-        real *scores = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));
-#pragma omp for collapse(2) schedule(dynamic)
+        ForwardScratch w = {mt_malloc(stacked_rows * s->head_dim * sizeof(real)),
+                            mt_malloc(stacked_rows * tile_keys * sizeof(real)),
+                            mt_malloc(stacked_rows * value_width(s) * sizeof(real))};
+#pragma omp for collapse(4) schedule(dynamic)
         for (int b = 0; b < s->B; b++)
-            for (int h = 0; h < s->heads; h++)
-                attend_head(out, lse + ((size_t)b * s->heads + h) * s->Tq, scores, q, k, v, s, b, h);
-        free(scores);
+            for (int kvh = 0; kvh < s->kv_heads; kvh++)
+                for (int stack = 0; stack < stacks; stack++)
+                    for (int tile = 0; tile < tiles; tile++)
+                        attend_tile(out, lse, &w, q, k, v, s, b, head_stack(s, kvh, stack, per_stack), tile * QUERY_TILE);
+        free(w.q);
+        free(w.scores);
+        free(w.out);
     }
 }
 
@@ -157,61 +240,87 @@ static void dropped_ds(real *p, real *dp, real D, const AttentionShape *s, int b
     }
 }
 
-// Backward of one query head of one batch row; dk/dv are the head's kv-head gradients.
-static void attention_head_backward(real *dq, real *dk, real *dv, real *probs, real *dprobs, const real *dout,
-                                    const real *out, const real *lse_row, const real *q, const real *k,
-                                    const real *v, const AttentionShape *s, int b, int h) {
-    HeadView view = head_view(s, b, h);
-    int d = s->head_dim, v_width = value_width(s);
-    for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE) {
-        int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows);
-        if (keys <= 0) continue;  // no row of the tile sees a key: no gradient
-        const real *q_tile = q + view.q_offset + (size_t)t0 * view.q_stride;
-        const real *dout_tile = dout + view.o_offset + (size_t)t0 * view.o_stride;
-        tile_scores(probs, q, k, s, &view, t0, rows, keys);
-        // dP = dO · Vᵀ
-        cpu_gemm(0, 1, rows, keys, v_width, 1, dout_tile, view.o_stride, v + view.v_offset, view.v_stride, 0, dprobs, keys);
-        for (int r = 0; r < rows; r++) {
-            real *p = probs + (size_t)r * keys, *dp = dprobs + (size_t)r * keys;
-            const real *o_row = out + view.o_offset + (size_t)(t0 + r) * view.o_stride;
-            const real *do_row = dout_tile + (size_t)r * view.o_stride;
-            real D = 0;
-            for (int i = 0; i < v_width; i++) D += do_row[i] * o_row[i];
-            KeyRange seen = visible_keys(s, b, t0 + r);
-            seen.first = MT_MIN(seen.first, keys);  // an empty range zeroes the whole row
-            for (int j = 0; j < seen.first; j++) p[j] = dp[j] = 0;
-            // (two loops: fused, the exponential's vector code runs ~5x slower; elementwise.c's SwiGLU)
-            for (int j = seen.first; j < seen.end; j++) p[j] = real_exp(p[j] - lse_row[t0 + r]);
-            if (s->dropout.threshold) dropped_ds(p, dp, D, s, b, h, t0 + r, seen);
-            else
-                for (int j = seen.first; j < seen.end; j++) dp[j] = p[j] * (dp[j] - D) * s->scale;  // now dS
-            for (int j = MT_MAX(seen.end, seen.first); j < keys; j++) p[j] = dp[j] = 0;
+// One row of the backward (query t of head h): p holds its scaled scores and becomes P (⊙ Z
+// with dropout), dp holds dO·Vᵀ and becomes dS; zero outside the keys the row sees.
+static void backward_row(real *p, real *dp, int keys, const real *o_row, const real *do_row, real lse,
+                         const AttentionShape *s, int b, int h, int t) {
+    int v_width = value_width(s);
+    real D = 0;
+    for (int i = 0; i < v_width; i++) D += do_row[i] * o_row[i];
+    KeyRange seen = visible_keys(s, b, t);
+    seen.first = MT_MIN(seen.first, keys);  // an empty range zeroes the whole row
+    for (int j = 0; j < seen.first; j++) p[j] = dp[j] = 0;
+    // (two loops: fused, the exponential's vector code runs ~5x slower; elementwise.c's SwiGLU)
+    for (int j = seen.first; j < seen.end; j++) p[j] = real_exp(p[j] - lse);
+    if (s->dropout.threshold) dropped_ds(p, dp, D, s, b, h, t, seen);
+    else
+        for (int j = seen.first; j < seen.end; j++) dp[j] = p[j] * (dp[j] - D) * s->scale;  // now dS
+    for (int j = MT_MAX(seen.end, seen.first); j < keys; j++) p[j] = dp[j] = 0;
+}
+
+// Per-thread scratch of the backward: stacked Q, dO and dQ tiles, P and dP (then dS).
+typedef struct {
+    real *q, *dout, *dq, *probs, *dprobs;
+} BackwardScratch;
+
+// Queries [t0, t0 + rows) of the heads of hs (batch row b): their dq, and their share of the
+// kv head's dk and dv.
+static void attention_tile_backward(real *dq, real *dk, real *dv, const BackwardScratch *w, const real *dout,
+                                    const real *out, const real *lse, const real *q, const real *k, const real *v,
+                                    const AttentionShape *s, int b, HeadStack hs, int t0) {
+    int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows);
+    if (keys <= 0) return;  // no row of the tile sees a key: no gradient
+    int d = s->head_dim, v_width = value_width(s), R = hs.count * rows;
+    HeadView kv_view = head_view(s, b, hs.h0);
+    gather_rows(w->q, q, s, b, hs, VIEW_Q, t0, rows, d);
+    gather_rows(w->dout, dout, s, b, hs, VIEW_O, t0, rows, v_width);
+    gather_rows(w->dq, dq, s, b, hs, VIEW_Q, t0, rows, d);
+    stacked_scores(w->probs, w->q, k, s, &kv_view, R, keys);
+    // dP = dO · Vᵀ
+    cpu_gemm(0, 1, R, keys, v_width, 1, w->dout, v_width, v + kv_view.v_offset, kv_view.v_stride, 0, w->dprobs, keys);
+    for (int g = 0; g < hs.count; g++) {
+        int h = hs.h0 + g;
+        HeadView view = head_view(s, b, h);
+        const real *lse_row = lse + ((size_t)b * s->heads + h) * s->Tq;
+        for (int i = 0; i < rows; i++) {
+            size_t r = (size_t)g * rows + i;
+            backward_row(w->probs + r * keys, w->dprobs + r * keys, keys, out + view_row(&view, VIEW_O, t0 + i),
+                         w->dout + r * v_width, lse_row[t0 + i], s, b, h, t0 + i);
         }
-        // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
-        cpu_gemm(0, 0, rows, d, keys, 1, dprobs, keys, k + view.k_offset, view.k_stride, 1,
-                dq + view.q_offset + (size_t)t0 * view.q_stride, view.q_stride);
-        cpu_gemm(1, 0, keys, d, rows, 1, dprobs, keys, q_tile, view.q_stride, 1, dk + view.k_offset, view.k_stride);
-        cpu_gemm(1, 0, keys, v_width, rows, 1, probs, keys, dout_tile, view.o_stride, 1, dv + view.v_offset, view.v_stride);
     }
+    // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
+    cpu_gemm(0, 0, R, d, keys, 1, w->dprobs, keys, k + kv_view.k_offset, kv_view.k_stride, 1, w->dq, d);
+    scatter_rows(dq, w->dq, s, b, hs, VIEW_Q, t0, rows, d);
+    cpu_gemm(1, 0, keys, d, R, 1, w->dprobs, keys, w->q, d, 1, dk + kv_view.k_offset, kv_view.k_stride);
+    cpu_gemm(1, 0, keys, v_width, R, 1, w->probs, keys, w->dout, v_width, 1, dv + kv_view.v_offset, kv_view.v_stride);
 }
 
 void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
                         const real *lse, const real *q, const real *k, const real *v,
                         const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
-    int group = s->heads / s->kv_heads;
-    int tile_keys = max_tile_keys(s);
+    int tile_keys = max_tile_keys(s), per_stack = stack_heads(s, tile_keys);
+    int stacks = stacks_per_kv_head(s, per_stack);
+    size_t stacked_rows = (size_t)per_stack * QUERY_TILE;
 #pragma omp parallel
     {
-        real *probs = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));
-        real *dprobs = mt_malloc((size_t)QUERY_TILE * tile_keys * sizeof(real));
+        BackwardScratch w = {mt_malloc(stacked_rows * s->head_dim * sizeof(real)),
+                             mt_malloc(stacked_rows * value_width(s) * sizeof(real)),
+                             mt_malloc(stacked_rows * s->head_dim * sizeof(real)),
+                             mt_malloc(stacked_rows * tile_keys * sizeof(real)),
+                             mt_malloc(stacked_rows * tile_keys * sizeof(real))};
+        // a thread owns a kv head's dk, dv (and its query heads' dq): no two write the same memory
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < s->B; b++)
             for (int kvh = 0; kvh < s->kv_heads; kvh++)
-                for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                    attention_head_backward(dq, dk, dv, probs, dprobs, dout, out,
-                                            lse + ((size_t)b * s->heads + h) * s->Tq, q, k, v, s, b, h);
-        free(probs);
-        free(dprobs);
+                for (int stack = 0; stack < stacks; stack++)
+                    for (int t0 = 0; t0 < s->Tq; t0 += QUERY_TILE)
+                        attention_tile_backward(dq, dk, dv, &w, dout, out, lse, q, k, v, s, b,
+                                                head_stack(s, kvh, stack, per_stack), t0);
+        free(w.q);
+        free(w.dout);
+        free(w.dq);
+        free(w.probs);
+        free(w.dprobs);
     }
 }
