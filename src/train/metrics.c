@@ -270,11 +270,9 @@ double peak_memory_mb(void) {
     return u.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-// The best rate of a square GEMM in the precision the model's GEMMs use: 512 wide on the
-// cpu, 8192 on a GPU (large enough to reach its tensor-core peak).
-double measure_gemm_ceiling_flops(void) {
-    enum { REPEATS = 12 };
-    const size_t size = device_active() == DEVICE_CUDA ? 8192 : 512;
+// The best rate of `repeats` timed size x size x size GEMMs (after one warm-up) in the
+// precision the model's GEMMs use, on the active device.
+static double best_square_gemm_flops(size_t size, int repeats) {
     real *a = device_calloc(size * size, sizeof(real));
     real *b = device_calloc(size * size, sizeof(real));
     real *c = device_calloc(size * size, sizeof(real));
@@ -286,7 +284,7 @@ double measure_gemm_ceiling_flops(void) {
     int n = (int)size;
     mt_gemm(0, 0, n, n, n, 1, a, n, b, n, 0, c, n);  // warm up
     double best = INFINITY;
-    for (int r = 0; r < REPEATS; r++) {
+    for (int r = 0; r < repeats; r++) {
         double t0 = now_seconds();
         mt_gemm(0, 0, n, n, n, 1, a, n, b, n, 0, c, n);  // complete on return (ops/dispatch.c)
         double t = now_seconds() - t0;
@@ -296,4 +294,15 @@ double measure_gemm_ceiling_flops(void) {
     device_free(b);
     device_free(c);
     return 2.0 * (double)size * size * size / best;
+}
+
+// The GEMM ceiling: on a GPU an 8192-wide square GEMM (large enough to reach its tensor-core
+// peak); on the cpu the best of 512-wide ones, and with 16-bit inputs also of 1024-wide ones
+// (AMX and AVX-512 BF16 reach their rate only there: 512 reads up to ~2x low on AMX).
+double measure_gemm_ceiling_flops(void) {
+    enum { REPEATS = 12, WIDE_REPEATS = 4 };
+    if (device_active() == DEVICE_CUDA) return best_square_gemm_flops(8192, REPEATS);
+    double best = best_square_gemm_flops(512, REPEATS);
+    if (mt_gemm_inputs() != GEMM_INPUTS_FP32) best = fmax(best, best_square_gemm_flops(1024, WIDE_REPEATS));
+    return best;
 }
