@@ -302,6 +302,61 @@ static void test_elements_whatever_their_tile(void) {
     }
 }
 
+// The grouped GEMMs (all groups' problems cut into cells on all threads at once) give each
+// group the bits of mt_gemm on that group alone on one thread, for fp32 and every 16-bit
+// kernel: uneven groups (one large enough to be cut, an empty one, one row), two K blocks.
+static void test_grouped_equals_one_by_one(void) {
+#ifdef _OPENMP
+    static const GemmInputs modes[] = {GEMM_INPUTS_FP32, GEMM_INPUTS_BF16, GEMM_INPUTS_BF16, GEMM_INPUTS_BF16,
+                                       GEMM_INPUTS_FP16};
+    static const char *const kernels[] = {NULL, "amx", "avx512-bf16", "emulated", NULL};
+    enum { G = 6, N = 70, K = 300 };
+    const int32_t rows[G] = {300, 0, 7, 61, 129, 1};
+    size_t total = 0, first[G], stride = (size_t)N * K;
+    for (int g = 0; g < G; g++) first[g] = total, total += (size_t)rows[g];
+    real *A = mt_malloc(total * K * sizeof(real)), *W = mt_malloc(G * stride * sizeof(real));
+    real *C0 = mt_malloc(total * N * sizeof(real)), *C = mt_malloc(total * N * sizeof(real));
+    real *want = mt_malloc(total * N * sizeof(real));
+    real *dW0 = mt_malloc(G * stride * sizeof(real)), *dW = mt_malloc(G * stride * sizeof(real));
+    real *dW_want = mt_malloc(G * stride * sizeof(real));
+    fill(A, total * K, VALUES_RANDOM, 21);
+    fill(W, G * stride, VALUES_RANDOM, 22);
+    fill(C0, total * N, VALUES_RANDOM, 23);
+    fill(dW0, G * stride, VALUES_RANDOM, 24);
+    int threads = omp_get_max_threads();
+    for (int m = 0; m < 5; m++) {
+        mt_gemm_set_inputs(modes[m]);
+        mt_gemm_use_bf16_kernel(kernels[m]);
+        for (int alpha_one = 0; alpha_one <= 1; alpha_one++) {
+            real alpha = alpha_one ? 1 : (real)1.5, beta = alpha_one ? 1 : (real)0.5;
+            memcpy(want, C0, total * N * sizeof(real));
+            memcpy(dW_want, dW0, G * stride * sizeof(real));
+            omp_set_num_threads(1);
+            for (int g = 0; g < G; g++) {
+                if (!rows[g]) continue;
+                mt_gemm(0, 1, rows[g], N, K, alpha, A + first[g] * K, K, W + g * stride, K, beta, want + first[g] * N, N);
+                // W_g[N, K] += alpha · C0_g[rows, N]ᵀ · A_g[rows, K]
+                mt_gemm(1, 0, N, K, rows[g], alpha, C0 + first[g] * N, N, A + first[g] * K, K, 1, dW_want + g * stride, K);
+            }
+            omp_set_num_threads(2);
+            memcpy(C, C0, total * N * sizeof(real));
+            memcpy(dW, dW0, G * stride * sizeof(real));
+            mt_gemm_grouped(0, 1, G, rows, NULL, N, K, alpha, A, K, W, stride, K, beta, C, N);
+            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, alpha, C0, A, dW, stride);
+            char what[96];
+            snprintf(what, sizeof what, "grouped, %s, alpha %g", mt_gemm_kernel(), (double)alpha);
+            count_diff(C, want, total * N, what);
+            snprintf(what, sizeof what, "grouped wgrad, %s, alpha %g", mt_gemm_kernel(), (double)alpha);
+            count_diff(dW, dW_want, G * stride, what);
+        }
+    }
+    omp_set_num_threads(threads);
+    mt_gemm_use_bf16_kernel(NULL);
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    free(A), free(W), free(C0), free(C), free(want), free(dW0), free(dW), free(dW_want);
+#endif
+}
+
 // Switching to bf16 and back (as the router does around its GEMMs) gives fp32's bits again,
 // and bf16 really changes them.
 static void test_switching_back_to_fp32(void) {
@@ -325,6 +380,7 @@ int main(void) {
     RUN(test_fp16_emulation_is_the_contract);
     RUN(test_thread_counts_agree);
     RUN(test_elements_whatever_their_tile);
+    RUN(test_grouped_equals_one_by_one);
     RUN(test_switching_back_to_fp32);
     return tl_failed_cases != 0;
 }

@@ -602,30 +602,49 @@ const char *mt_gemm_kernel(void) {
 // Public API
 // ---------------------------------------------------------------------------
 
-// C = alpha op(A) op(B) + beta C with kern's tiles (OpenBLAS for fp32 when it is chosen).
-static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K, real alpha,
-                      const real *A, int lda, const real *B, int ldb, real beta, real *C, int ldc) {
-    PROF_SCOPE(PROF_GEMM);
+// Whether kern's GEMMs go to OpenBLAS (fp32 when it is the backend).
+static int uses_blas(const GemmKernel *kern) {
+#ifdef MT_HAVE_CBLAS
+    return kern == &KERNEL_FP32 && backend_get() == BACKEND_BLAS;
+#else
+    (void)kern;
+    return 0;
+#endif
+}
+
+// C = alpha op(A) op(B) + beta C: the cases with nothing to multiply (M or N 0: nothing; K 0
+// or alpha 0: C = beta·C) done here (returns 0), else *p is the problem for kern (returns 1).
+static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K,
+                        real alpha, const real *A, int lda, const real *B, int ldb, real beta, real *C, int ldc) {
     MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
-    if (M == 0 || N == 0) return;
+    if (M == 0 || N == 0) return 0;
     MT_ASSERT(ldc >= N);
     if (K == 0 || alpha == 0) {
         scale_c(M, N, beta, C, (size_t)ldc);
-        return;
+        return 0;
     }
     MT_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
-#ifdef MT_HAVE_CBLAS
-    if (kern == &KERNEL_FP32 && backend_get() == BACKEND_BLAS) {
-        gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-#endif
-    GemmProblem p = {
+    *p = (GemmProblem){
         .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
         .A = A, .a_rs = trans_a ? 1 : (size_t)lda, .a_ks = trans_a ? (size_t)lda : 1,
         .B = B, .b_ks = trans_b ? 1 : (size_t)ldb, .b_cs = trans_b ? (size_t)ldb : 1,
         .C = C, .ldc = (size_t)ldc, .kernel = kern,
     };
+    return 1;
+}
+
+// C = alpha op(A) op(B) + beta C with kern's tiles (OpenBLAS for fp32 when it is chosen).
+static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K, real alpha,
+                      const real *A, int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+    PROF_SCOPE(PROF_GEMM);
+    GemmProblem p;
+    if (!gemm_prepare(&p, kern, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+#ifdef MT_HAVE_CBLAS
+    if (uses_blas(kern)) {
+        gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#endif
     gemm_portable(&p);
 }
 
@@ -634,31 +653,119 @@ void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const r
     gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// ---------------------------------------------------------------------------
+// Grouped GEMMs: the groups' problems on all threads at once, in one parallel region. Each
+// problem is cut into rectangles of whole panels (cells), more of them for the larger
+// problems, about CELLS_PER_THREAD cells a thread over the whole call; the cells are handed
+// out largest first, so no thread waits at a barrier between groups while another finishes
+// a large one. Every element is still summed by one thread with the kernel's arithmetic
+// wherever its tile lies, so the result is that of the groups one by one.
+// ---------------------------------------------------------------------------
+enum { CELLS_PER_THREAD = 4 };
+
+static double problem_work(const GemmProblem *p) { return (double)p->M * p->N * p->K; }
+
+#ifdef _OPENMP
+typedef struct {
+    const GemmProblem *p;
+    int gm, gn, t;  // cell t of p's gm x gn grid
+    double work;
+} GemmCell;
+
+static int larger_cell_first(const void *x, const void *y) {
+    const GemmCell *a = x, *b = y;
+    if (a->work != b->work) return a->work < b->work ? 1 : -1;
+    return a < b ? -1 : a > b;
+}
+
+// The cells of count problems over nth threads, largest first; returns how many.
+static int cut_cells(GemmCell *cells, const GemmProblem *probs, int count, int nth) {
+    double total = 0;
+    for (int i = 0; i < count; i++) total += problem_work(&probs[i]);
+    double unit = total / (CELLS_PER_THREAD * nth);  // the work of a cell, roughly
+    int n = 0;
+    for (int i = 0; i < count; i++) {
+        const GemmProblem *p = &probs[i];
+        int parts = (int)MT_MAX(1, MT_MIN(nth, problem_work(p) / unit + 0.5)), gm, gn;
+        choose_grid(p->kernel, ceil_div(p->M, p->kernel->mr), ceil_div(p->N, p->kernel->nr), parts, &gm, &gn);
+        for (int t = 0; t < gm * gn; t++) cells[n++] = (GemmCell){p, gm, gn, t, problem_work(p) / (gm * gn)};
+    }
+    qsort(cells, (size_t)n, sizeof *cells, larger_cell_first);
+    return n;
+}
+#endif
+
+static void gemm_problems(const GemmProblem *probs, int count) {
+    double total = 0;
+    for (int i = 0; i < count; i++) total += problem_work(&probs[i]);
+#ifdef _OPENMP
+    int nth = omp_get_max_threads();
+    if (total > PAR_MIN_WORK && nth > 1) {
+        GemmCell *cells = mt_malloc((size_t)count * nth * sizeof *cells);
+        int n = cut_cells(cells, probs, count, nth);
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int c = 0; c < n; c++) gemm_grid_part(cells[c].p, cells[c].gm, cells[c].gn, cells[c].t);
+        free(cells);
+        return;
+    }
+#endif
+    for (int i = 0; i < count; i++) gemm_rect(&probs[i], 0, probs[i].M, 0, probs[i].N);
+}
+
+// The groups' problems (groups with rows and something to multiply), run together; or,
+// when OpenBLAS runs fp32, one by one through it.
+typedef struct {
+    GemmProblem *probs;
+    int count;
+} GroupedRun;
+
+static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A,
+                        int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+    if (uses_blas(g_kernel)) {
+        gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (gemm_prepare(&run->probs[run->count], g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                     ldc))
+        run->count++;
+}
+
+static void grouped_finish(GroupedRun *run) {
+    gemm_problems(run->probs, run->count);
+    free(run->probs);
+}
+
 // host_counts is not needed here: the cpu reads counts itself.
 void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
                       int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
                       real *C, int ldc) {
+    PROF_SCOPE(PROF_GEMM);
+    GroupedRun run = {mt_malloc((size_t)MT_MAX(groups, 1) * sizeof(GemmProblem)), 0};
     size_t first = 0;  // the group's first row
     for (int g = 0; g < groups; g++) {
         int rows = counts[g];
         MT_ASSERT(rows >= 0);
         if (rows > 0)
-            cpu_gemm(trans_a, trans_b, rows, N, K, alpha, A + first * (trans_a ? 1 : (size_t)lda), lda,
-                     B + (size_t)g * b_stride, ldb, beta, C + first * ldc, ldc);
+            grouped_add(&run, trans_a, trans_b, rows, N, K, alpha, A + first * (trans_a ? 1 : (size_t)lda), lda,
+                        B + (size_t)g * b_stride, ldb, beta, C + first * ldc, ldc);
         first += (size_t)rows;
     }
+    grouped_finish(&run);
 }
 
 void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
                             real alpha, const real *dY, const real *X, real *W, size_t w_stride) {
+    PROF_SCOPE(PROF_GEMM);
+    GroupedRun run = {mt_malloc((size_t)MT_MAX(groups, 1) * sizeof(GemmProblem)), 0};
     size_t first = 0;
     for (int g = 0; g < groups; g++) {
         int rows = counts[g];
         MT_ASSERT(rows >= 0);
         // W_g[out, in] += alpha * (dY_g[rows, out])^T · X_g[rows, in]
         if (rows > 0)
-            cpu_gemm(1, 0, out, in, rows, alpha, dY + first * out, out, X + first * in, in, (real)1,
-                     W + (size_t)g * w_stride, in);
+            grouped_add(&run, 1, 0, out, in, rows, alpha, dY + first * out, out, X + first * in, in, (real)1,
+                        W + (size_t)g * w_stride, in);
         first += (size_t)rows;
     }
+    grouped_finish(&run);
 }
