@@ -19,6 +19,9 @@
 // write the same memory and every sum runs in a fixed order whatever the thread count.
 #include <math.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "core/profile.h"
 #include "ops/cpu/row_reduce.h"
@@ -96,8 +99,10 @@ static void drop_probs(real *p, const AttentionShape *s, int b, int h, int t, Ke
 // The query heads of one kv head are taken together, up to STACKED_HEADS at a time: their
 // tiles' rows stacked head after head (row g·rows + i is query t0 + i of head h0 + g) into
 // one GEMM against the kv head's keys, so that K and V are packed once for all of them.
-// Each element of a product is the same sum as with one head at a time. The stacked
-// operands are copied in (and the outputs back) through a per-thread scratch.
+// The scores, out, dP and dQ get the same sums as with one head at a time; dK and dV sum
+// the stack's rows (every head's tile) in one GEMM, so their last bits depend on how many
+// heads a stack holds (fixed by the shapes: never by the threads, in the backward). The
+// stacked operands are copied in (and the outputs back) through a per-thread scratch.
 typedef struct {
     int h0, count;  // query heads [h0, h0 + count), all reading one kv head
 } HeadStack;
@@ -110,6 +115,14 @@ static int stack_heads(const AttentionShape *s, int tile_keys) {
     size_t one_head = (size_t)QUERY_TILE * tile_keys * sizeof(real);
     int fit = (int)MT_MAX(1, SCORE_SCRATCH_MAX / one_head);
     return MT_MIN(MT_MIN(STACKED_HEADS, s->heads / s->kv_heads), fit);
+}
+
+static int thread_count(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
 // Stacks of one kv head's query heads.
@@ -210,7 +223,12 @@ void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, c
                        const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
     int tile_keys = max_tile_keys(s), per_stack = stack_heads(s, tile_keys);
-    int stacks = stacks_per_kv_head(s, per_stack), tiles = (s->Tq + QUERY_TILE - 1) / QUERY_TILE;
+    int tiles = (s->Tq + QUERY_TILE - 1) / QUERY_TILE;
+    // fewer heads a stack while that leaves threads without work (generation: one tile); the
+    // forward's bits do not depend on the stacking
+    while (per_stack > 1 && (long)s->B * s->kv_heads * stacks_per_kv_head(s, per_stack) * tiles < thread_count())
+        per_stack--;
+    int stacks = stacks_per_kv_head(s, per_stack);
     size_t stacked_rows = (size_t)per_stack * QUERY_TILE;
 #pragma omp parallel
     {

@@ -675,7 +675,8 @@ typedef struct {
 static int larger_cell_first(const void *x, const void *y) {
     const GemmCell *a = x, *b = y;
     if (a->work != b->work) return a->work < b->work ? 1 : -1;
-    return a < b ? -1 : a > b;
+    if (a->p != b->p) return a->p < b->p ? -1 : 1;  // problems of one array: their order
+    return a->t - b->t;
 }
 
 // The cells of count problems over nth threads, largest first; returns how many.
