@@ -302,6 +302,39 @@ static void test_elements_whatever_their_tile(void) {
     }
 }
 
+// Each operand packs to the same panels whichever way it is stored: a GEMM on transposed
+// copies of A and B (op(A) = A, Aᵀ; op(B) = B, Bᵀ) gives the bits of the one on plain copies,
+// for every 16-bit kernel (the packers for rows and for columns, edge panels included).
+static void test_transposes_agree(void) {
+    static const GemmInputs modes[] = {GEMM_INPUTS_BF16, GEMM_INPUTS_BF16, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16};
+    static const char *const kernels[] = {"amx", "avx512-bf16", "emulated", NULL};
+    enum { M = 70, N = 45, K = 300 };
+    real *A = mt_malloc(M * K * sizeof(real)), *At = mt_malloc(M * K * sizeof(real));
+    real *B = mt_malloc(K * N * sizeof(real)), *Bt = mt_malloc(K * N * sizeof(real));
+    real *want = mt_malloc(M * N * sizeof(real)), *C = mt_malloc(M * N * sizeof(real));
+    fill(A, M * K, VALUES_RANDOM, 31);
+    fill(B, K * N, VALUES_RANDOM, 32);
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) At[k * M + i] = A[i * K + k];
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < N; j++) Bt[j * K + k] = B[k * N + j];
+    for (int m = 0; m < 4; m++) {
+        mt_gemm_set_inputs(modes[m]);
+        mt_gemm_use_bf16_kernel(kernels[m]);
+        mt_gemm(0, 0, M, N, K, 1, A, K, B, N, 0, want, N);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                mt_gemm(ta, tb, M, N, K, 1, ta ? At : A, ta ? M : K, tb ? Bt : B, tb ? K : N, 0, C, N);
+                char what[64];
+                snprintf(what, sizeof what, "%s, %c%c", mt_gemm_kernel(), ta ? 'T' : 'N', tb ? 'T' : 'N');
+                count_diff(C, want, M * N, what);
+            }
+    }
+    mt_gemm_use_bf16_kernel(NULL);
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    free(A), free(At), free(B), free(Bt), free(want), free(C);
+}
+
 // The grouped GEMMs (all groups' problems cut into cells on all threads at once) give each
 // group the bits of mt_gemm on that group alone on one thread, for fp32 and every 16-bit
 // kernel: uneven groups (one large enough to be cut, an empty one, one row), two K blocks.
@@ -380,6 +413,7 @@ int main(void) {
     RUN(test_fp16_emulation_is_the_contract);
     RUN(test_thread_counts_agree);
     RUN(test_elements_whatever_their_tile);
+    RUN(test_transposes_agree);
     RUN(test_grouped_equals_one_by_one);
     RUN(test_switching_back_to_fp32);
     return tl_failed_cases != 0;

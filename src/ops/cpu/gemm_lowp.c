@@ -372,6 +372,34 @@ PACK_TARGET static inline void depth_pairs(__m512i pairs[2], const real *src, in
     pairs[1] = _mm512_permutex2var_epi16(even, second, odd);
 }
 
+// The 16 x 16 matrix of 32-bit elements whose row i is r[i], transposed in place (row i
+// becomes column i): 32-bit, then 64-bit interleaves within each 128-bit block, then two
+// rounds of 128-bit block shuffles.
+PACK_TARGET static inline void transpose16_epi32(__m512i r[16]) {
+    enum { EVEN_BLOCKS = 0x88, ODD_BLOCKS = 0xdd };  // blocks (0, 2 | 0, 2) and (1, 3 | 1, 3) of (a | b)
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // u[i + c]: column c (+4, +8, +12 in the other blocks) of rows i..i+3
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], EVEN_BLOCKS);        // columns c, c+8 of rows 0-7
+        __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], ODD_BLOCKS);         // columns c+4, c+12 of rows 0-7
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], EVEN_BLOCKS);   // the same of rows 8-15
+        __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], ODD_BLOCKS);
+        r[c] = _mm512_shuffle_i32x4(v0, w0, EVEN_BLOCKS);
+        r[c + 8] = _mm512_shuffle_i32x4(v0, w0, ODD_BLOCKS);
+        r[c + 4] = _mm512_shuffle_i32x4(v1, w1, EVEN_BLOCKS);
+        r[c + 12] = _mm512_shuffle_i32x4(v1, w1, ODD_BLOCKS);
+    }
+}
+
 // B with its columns contiguous at each k (s_w == 1): each step's depth pairs are B's
 // layout as they come.
 PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
@@ -391,54 +419,54 @@ PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const real *src, int w
 }
 
 // A with its rows contiguous at each k (s_w == 1, A transposed): a step's depth pairs
-// ([16 pairs][32 lanes] of 32 bits) transposed to A's [32 lanes][16 pairs], a lane's 16
-// pairs gathered at once.
+// ([16 pairs][32 lanes] of 32 bits) transposed to A's [32 lanes][16 pairs] in registers,
+// lanes 0-15 and 16-31 as two 16 x 16 blocks.
 PACK_TARGET static void pack_amx_a_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
     int steps = ceil_steps(kc);
-    _Alignas(64) uint32_t by_pair[LOWP_AMX_DEPTH / 2][LOWP_AMX_TILE];
-    const __m512i pair_rows = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(LOWP_AMX_TILE));
     for (int s = 0; s < steps; s++)  // each depth row's panels one after the other: one run of its memory
         for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
             int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
             uint32_t *step = (uint32_t *)(dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS);
+            __m512i low[AMX_HALF], high[AMX_HALF];  // [pair q]: lanes 0-15, lanes 16-31
             for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++) {
                 __m512i pairs[2];
                 depth_pairs(pairs, src, s * LOWP_AMX_DEPTH + 2 * q, kc, s_k, j0, lanes);
-                _mm512_store_si512((void *)by_pair[q], pairs[0]);
-                _mm512_store_si512((void *)(by_pair[q] + AMX_HALF), pairs[1]);
+                low[q] = pairs[0];
+                high[q] = pairs[1];
             }
-            for (int j = 0; j < LOWP_AMX_TILE; j++) {
-                __m512i lane = _mm512_i32gather_epi32(_mm512_add_epi32(pair_rows, _mm512_set1_epi32(j)), by_pair, 4);
-                _mm512_store_si512((void *)(step + (size_t)j * (LOWP_AMX_DEPTH / 2)), lane);
+            transpose16_epi32(low);  // now [lane j]: its 16 pairs
+            transpose16_epi32(high);
+            for (int j = 0; j < AMX_HALF; j++) {
+                _mm512_store_si512((void *)(step + (size_t)j * (LOWP_AMX_DEPTH / 2)), low[j]);
+                _mm512_store_si512((void *)(step + (size_t)(AMX_HALF + j) * (LOWP_AMX_DEPTH / 2)), high[j]);
             }
         }
 }
 
 // B with each column contiguous along k (s_k == 1, B transposed): a column's 32 depths
-// converted are its 16 pairs; the 32 x 16 block of pairs transposed through a buffer, 16
-// lanes of a pair gathered at once.
+// converted are its 16 pairs; the 32 x 16 block of pairs transposed in registers (columns
+// 0-15 and 16-31 as two 16 x 16 blocks) to B's [16 pairs][32 lanes].
 PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const real *src, int w, int kc, size_t s_w) {
     int steps = ceil_steps(kc);
-    _Alignas(64) uint32_t by_lane[LOWP_AMX_TILE][LOWP_AMX_DEPTH / 2];
-    const __m512i lane_rows = _mm512_mullo_epi32(  // pair q of lanes 0-15: by_lane[j][q] at j·16 + q
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(LOWP_AMX_DEPTH / 2));
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
         int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
         for (int s = 0; s < steps; s++) {
             uint32_t *step = (uint32_t *)(dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS);
             int depths = MT_MIN(LOWP_AMX_DEPTH, kc - s * LOWP_AMX_DEPTH);
-            for (int j = 0; j < LOWP_AMX_TILE; j++) {
-                __m512i pairs = j < lanes ? bf16x32(src + (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
-                                          : _mm512_setzero_si512();
-                _mm512_store_si512((void *)by_lane[j], pairs);
+            __m512i low[AMX_HALF], high[AMX_HALF];  // [lane j]: its 16 pairs, lanes 0-15 and 16-31
+            for (int j = 0; j < AMX_HALF; j++) {
+                low[j] = j < lanes ? bf16x32(src + (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
+                                   : _mm512_setzero_si512();
+                high[j] = AMX_HALF + j < lanes
+                              ? bf16x32(src + (size_t)(j0 + AMX_HALF + j) * s_w + s * LOWP_AMX_DEPTH, depths)
+                              : _mm512_setzero_si512();
             }
-            for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++)
-                for (int half = 0; half < 2; half++) {
-                    __m512i lanes_of_pair = _mm512_i32gather_epi32(_mm512_add_epi32(lane_rows, _mm512_set1_epi32(q)),
-                                                                   by_lane[half * AMX_HALF], 4);
-                    _mm512_store_si512((void *)(step + q * LOWP_AMX_TILE + half * AMX_HALF), lanes_of_pair);
-                }
+            transpose16_epi32(low);  // now [pair q]: lanes 0-15 of it
+            transpose16_epi32(high);
+            for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++) {
+                _mm512_store_si512((void *)(step + q * LOWP_AMX_TILE), low[q]);
+                _mm512_store_si512((void *)(step + q * LOWP_AMX_TILE + AMX_HALF), high[q]);
+            }
         }
     }
 }
