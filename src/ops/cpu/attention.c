@@ -164,11 +164,18 @@ static void scatter_rows(real *x, const real *src, const AttentionShape *s, int 
     }
 }
 
-// scores (stacked rows, keys) = scale · Q_stacked · K[0 : keys]ᵀ (K of the stack's kv head)
+// scores (stacked rows, keys) = Q_stacked · K[0 : keys]ᵀ (K of the stack's kv head), not yet
+// scaled: with alpha 1 the GEMM may sum straight into scores (AMX), and scale_seen then
+// rounds scale·sum once, as alpha = scale would (head_dim within one K block).
 static void stacked_scores(real *scores, const real *q_stacked, const real *k, const AttentionShape *s, const HeadView *v,
                            int stacked_rows, int keys) {
-    cpu_gemm(0, 1, stacked_rows, keys, s->head_dim, s->scale, q_stacked, s->head_dim, k + v->k_offset, v->k_stride, 0,
-             scores, keys);
+    cpu_gemm(0, 1, stacked_rows, keys, s->head_dim, 1, q_stacked, s->head_dim, k + v->k_offset, v->k_stride, 0, scores,
+             keys);
+}
+
+// The scores of the keys [first, end) a row sees, times the attention's scale.
+static void scale_seen(real *row, KeyRange seen, real scale) {
+    for (int j = seen.first; j < seen.end; j++) row[j] *= scale;
 }
 
 // A row of scores over the keys [0, keys) becomes the probabilities of the visible keys
@@ -210,6 +217,7 @@ static void attend_tile(real *out, real *lse, const ForwardScratch *w, const rea
         for (int i = 0; i < rows; i++) {
             real *row = w->scores + ((size_t)g * rows + i) * keys;
             KeyRange seen = visible_keys(s, b, t0 + i);
+            scale_seen(row, seen, s->scale);
             lse_row[t0 + i] = softmax_row(row, keys, seen);
             if (s->dropout.threshold && seen.first < seen.end) drop_probs(row, s, b, h, t0 + i, seen);
         }
@@ -258,7 +266,7 @@ static void dropped_ds(real *p, real *dp, real D, const AttentionShape *s, int b
     }
 }
 
-// One row of the backward (query t of head h): p holds its scaled scores and becomes P (⊙ Z
+// One row of the backward (query t of head h): p holds its unscaled scores and becomes P (⊙ Z
 // with dropout), dp holds dO·Vᵀ and becomes dS; zero outside the keys the row sees.
 static void backward_row(real *p, real *dp, int keys, const real *o_row, const real *do_row, real lse,
                          const AttentionShape *s, int b, int h, int t) {
@@ -268,6 +276,7 @@ static void backward_row(real *p, real *dp, int keys, const real *o_row, const r
     KeyRange seen = visible_keys(s, b, t);
     seen.first = MT_MIN(seen.first, keys);  // an empty range zeroes the whole row
     for (int j = 0; j < seen.first; j++) p[j] = dp[j] = 0;
+    scale_seen(p, seen, s->scale);
     // (two loops: fused, the exponential's vector code runs ~5x slower; elementwise.c's SwiGLU)
     for (int j = seen.first; j < seen.end; j++) p[j] = real_exp(p[j] - lse);
     if (s->dropout.threshold) dropped_ds(p, dp, D, s, b, h, t, seen);
