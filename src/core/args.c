@@ -229,7 +229,7 @@ static const FlagSpec FLAGS[] = {
     F("log-world-size-to-tensorboard", FLAG_BOOL, log_world_size_to_tensorboard, TR, 0, "TensorBoard: world-size"),
     F("log-loss-scale-to-tensorboard", FLAG_BOOL, log_loss_scale_to_tensorboard, TR, 0, "TensorBoard: loss-scale (1 without loss scaling; --no-log-loss-scale-to-tensorboard: leave it out)"),
     F("log-params-norm", FLAG_BOOL, log_params_norm, TR, 0, "the L2 norm of all parameters after each logged step: console and TensorBoard params-norm, JSONL params_norm"),
-    F("log-num-zeros-in-grad", FLAG_BOOL, log_num_zeros_in_grad, TR, 0, "not supported: moetron does not count zero gradients (refused)"),
+    F("log-num-zeros-in-grad", FLAG_BOOL, log_num_zeros_in_grad, TR, 0, "log how many gradient elements are exactly zero after clipping, each element of the model counted once (console: zeros, JSONL: num_zeros, TensorBoard: num-zeros)"),
     F("log-throughput", FLAG_BOOL, log_throughput, TR, 0, "TensorBoard throughput (model TFLOP/s per process) with --log-timers-to-tensorboard; the console always shows TFLOP/s"),
     F("wandb-project", FLAG_STRING, wandb_project, TR, 0, "accepted for Megatron scripts: nothing is sent to Weights & Biases (a note at start-up); TensorBoard and --log-jsonl hold the values"),
     F("wandb-exp-name", FLAG_STRING, wandb_exp_name, TR, 0, "accepted, as --wandb-project"),
@@ -1348,9 +1348,6 @@ static void validate_logging(Config *c) {
     require_positive("log-interval", c->log_interval);
     require_positive("tensorboard-log-interval", c->tensorboard_log_interval);
     require_positive("tensorboard-queue-size", c->tensorboard_queue_size);
-    if (c->log_num_zeros_in_grad)
-        config_die("--log-num-zeros-in-grad is not supported: moetron does not count zero gradients; drop the flag "
-                   "(--log-params-norm and the grad-norm tag are logged)");
 }
 
 // Sample-based runs (--train-samples, as Megatron): the iterations, and the schedule's

@@ -195,7 +195,7 @@ typedef struct {
     int log_world_size_to_tensorboard;
     int log_loss_scale_to_tensorboard;  // on by default, as Megatron's
     int log_params_norm;                // the L2 norm of the parameters after each logged step
-    int log_num_zeros_in_grad;          // refused: moetron does not count zero gradients
+    int log_num_zeros_in_grad;          // count the zeros of the clipped gradients each step
     int log_throughput;                 // TFLOP/s per process in TensorBoard (with the timers)
     // Weights & Biases: accepted for Megatron scripts, nothing is sent (a note says so)
     char wandb_project[256];

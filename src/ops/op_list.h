@@ -49,6 +49,7 @@
     OP(void, vec_scale, vec_scale, (real *x, real s, size_t n), (x, s, n))                                          \
     OP(double, vec_sum_squares, vec_sum_squares, (const real *x, size_t n), (x, n))                                  \
     OP(void, vec_sum_squares_to, vec_sum_squares_to, (double *sum, const real *x, size_t n), (sum, x, n))          \
+    OP(void, vec_count_zeros_to, vec_count_zeros_to, (double *count, const real *x, size_t n), (count, x, n))      \
     OP(void, embedding_forward, embedding_forward,                                                                   \
        (real *out, const int32_t *tokens, const real *table, int N, int C), (out, tokens, table, N, C))            \
     OP(void, embedding_backward, embedding_backward,                                                                 \

@@ -29,6 +29,9 @@ double vec_sum_squares(const real *x, size_t n);           // fixed-order double
 // sum[0] (tensor memory, overwritten) = vec_sum_squares(x, n), bit for bit, left on the device:
 // many sums, then one download of them all (the host waits once, not per sum).
 void vec_sum_squares_to(double *sum, const real *x, size_t n);
+// count[0] (tensor memory, overwritten) = how many of x[0, n) are zero (+0 or −0; NaN is not),
+// exact up to 2⁵³ (--log-num-zeros-in-grad).
+void vec_count_zeros_to(double *count, const real *x, size_t n);
 
 // ---- embedding ------------------------------------------------------------------------
 // tokens (N), table (V,C) -> out (N,C)

@@ -136,46 +136,59 @@ static int counts_piece(const GradSync *g, const TensorDesc *d) {
     return group->rank % (group->size / s->parts) == 0;
 }
 
-// Σ of squares over [range) of values (tt->grads or tt->params) of the tensors this rank
-// counts; the whole range at once when no tensor is split (the one-process sum, bit for
-// bit). Split: each counted piece's sum into one tensor block, one download of them all,
-// added on the host in tensor order.
-static double counted_sum_squares(const GradSync *g, const TensorTable *tt, const real *values, FlatRange range) {
-    if (g->tp->size == 1 && g->etp->size == 1 && !g->has_copies)
-        return vec_sum_squares(values + range.begin, (size_t)(range.end - range.begin));
-    double *piece_sums = device_calloc((size_t)tt->count, sizeof(double));  // (pieces) in tensor order
+// A statistic of a piece of values, into one double of tensor memory: vec_sum_squares_to,
+// vec_count_zeros_to.
+typedef void (*PieceStat)(double *out, const real *x, size_t n);
+
+// stat summed over [range) of values (tt->grads or tt->params) for the tensors this rank
+// counts; the whole range as one piece when no tensor is split (the one-process value, bit
+// for bit). Split: each counted piece's value into one tensor block, one download of them
+// all, added on the host in tensor order.
+static double counted_stat(const GradSync *g, const TensorTable *tt, const real *values, FlatRange range,
+                           PieceStat stat) {
+    int whole = g->tp->size == 1 && g->etp->size == 1 && !g->has_copies;
+    double *piece_stats = device_calloc(whole ? 1 : (size_t)MT_MAX(tt->count, 1), sizeof(double));
     int pieces = 0;
-    for (int i = 0; i < tt->count; i++) {
+    if (whole) stat(piece_stats + pieces++, values + range.begin, (size_t)(range.end - range.begin));
+    for (int i = 0; !whole && i < tt->count; i++) {
         const TensorDesc *d = &tt->descs[i];
         int64_t from = MT_MAX((int64_t)d->offset, range.begin), to = MT_MIN((int64_t)(d->offset + d->numel), range.end);
-        if (from < to && counts_piece(g, d))
-            vec_sum_squares_to(piece_sums + pieces++, values + from, (size_t)(to - from));
+        if (from < to && counts_piece(g, d)) stat(piece_stats + pieces++, values + from, (size_t)(to - from));
     }
     double *host = mt_calloc(pieces ? (size_t)pieces : 1, sizeof(double)), sum = 0;
-    device_download(host, piece_sums, (size_t)pieces * sizeof(double));  // the range's one wait
+    device_download(host, piece_stats, (size_t)pieces * sizeof(double));  // the range's one wait
     for (int j = 0; j < pieces; j++) sum += host[j];
     free(host);
-    device_free(piece_sums);
+    device_free(piece_stats);
     return sum;
 }
 
-// Dense tensors are the same on every expert-parallel rank and experts differ, so the norm
-// adds the dense shards over dp and tp, the expert shards over edp, ep and etp.
-static double counted_norm(const GradSync *g, const TensorTable *tt, const real *values) {
+// stat over every counted element of the model: dense tensors are the same on every
+// expert-parallel rank and experts differ, so the dense shards add over dp and tp, the
+// expert shards over edp, ep and etp, and the stages over pp.
+static double counted_total(const GradSync *g, const TensorTable *tt, const real *values, PieceStat stat) {
     double sum[REGIONS];
     for (int i = 0; i < REGIONS; i++) {
         const GradRegion *r = &g->region[i];
-        sum[i] = counted_sum_squares(g, tt, values, r->shard);
+        sum[i] = counted_stat(g, tt, values, r->shard, stat);
         if (r->sharded) comm_allreduce_sum_double(r->comm, &sum[i], 1);
     }
     comm_allreduce_sum_double(g->tp, &sum[REGION_DENSE], 1);
     comm_allreduce_sum_double(g->ep, &sum[REGION_EXPERT], 1);
     comm_allreduce_sum_double(g->etp, &sum[REGION_EXPERT], 1);
     if (g->pp) comm_allreduce_sum_double(g->pp, sum, REGIONS);
-    return sqrt(sum[REGION_DENSE] + sum[REGION_EXPERT]);
+    return sum[REGION_DENSE] + sum[REGION_EXPERT];
+}
+
+static double counted_norm(const GradSync *g, const TensorTable *tt, const real *values) {
+    return sqrt(counted_total(g, tt, values, vec_sum_squares_to));
 }
 
 double grad_sync_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->grads); }
+
+long long grad_sync_count_zeros(const GradSync *g, const TensorTable *tt) {
+    return (long long)counted_total(g, tt, tt->grads, vec_count_zeros_to);
+}
 
 // Every rank holds every parameter of its tensors (after grad_sync_gather_params), so each
 // counts its shard of a sharded region like the gradients'.

@@ -178,8 +178,10 @@ static void log_step_console_and_jsonl(Metrics *mt, const StepRecord *r) {
     printf("step %5ld/%d | loss %.4f | lm %.4f", r->step, mt->cfg->train_iters, r->loss, r->lm_loss);
     for (int k = 0; k < r->mtp_depths; k++) printf(" | mtp_%d %.4f", k + 1, r->mtp_loss[k]);
     print_router_losses(r);
-    printf(" | grad %.3f | lr %.3e | %7.0f tok/s | %.3f TFLOP/s | imbalance %.2f", r->grad_norm, r->lr,
-           r->tokens_per_s, r->tflops, r->router.load_imbalance);
+    printf(" | grad %.3f", r->grad_norm);
+    if (r->has_num_zeros) printf(" | zeros %lld", r->num_zeros);
+    printf(" | lr %.3e | %7.0f tok/s | %.3f TFLOP/s | imbalance %.2f", r->lr, r->tokens_per_s, r->tflops,
+           r->router.load_imbalance);
     if (r->router.dropped_frac > 0) printf(" | dropped %.3f", r->router.dropped_frac);
     if (r->pipeline) printf(" | bubble %.0f%% (ideal %.0f%%)", 100 * r->pp_bubble, 100 * r->pp_bubble_ideal);
     if (r->data_wait_s > 0.01 * r->step_s) printf(" | waited %.0f ms for data", 1e3 * r->data_wait_s);
@@ -226,6 +228,7 @@ static void log_step_console_and_jsonl(Metrics *mt, const StepRecord *r) {
     jw_kv_int(&w, "threads", r->threads);
     if (r->loss_scaling) jw_kv_double(&w, "loss_scale", r->loss_scale);
     if (r->has_params_norm) jw_kv_double(&w, "params_norm", r->params_norm);
+    if (r->has_num_zeros) jw_kv_int(&w, "num_zeros", (int64_t)r->num_zeros);
     if (r->skipped) jw_kv_bool(&w, "skipped", 1);
     if (r->overflow) jw_kv_bool(&w, "overflow", 1);
     if (r->loss_spike) jw_kv_bool(&w, "loss_spike", 1);

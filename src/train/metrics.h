@@ -25,6 +25,8 @@ typedef struct {
     double loss, lm_loss, grad_norm, lr;
     int has_params_norm;           // --log-params-norm: params_norm is set
     double params_norm;            // L2 norm of all parameters after the step
+    int has_num_zeros;             // --log-num-zeros-in-grad and the step applied: num_zeros is set
+    long long num_zeros;           // gradient elements exactly zero after clipping (grad_sync_count_zeros)
     const double *mtp_loss;        // (mtp_depths) each multi-token-prediction depth's loss
     int mtp_depths;
     RouterStats router;            // over all MoE layers

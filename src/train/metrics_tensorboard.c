@@ -73,6 +73,7 @@ void tensorboard_log_step(TbWriter *tb, const Config *c, const StepRecord *r) {
     if (c->log_world_size_to_tensorboard) scalar_and_vs_samples(tb, "world-size", r->world_size, step, samples);
     scalar_and_vs_samples(tb, "grad-norm", r->grad_norm, step, samples);
     if (r->has_params_norm) scalar_and_vs_samples(tb, "params-norm", r->params_norm, step, samples);
+    if (r->has_num_zeros) scalar_and_vs_samples(tb, "num-zeros", (double)r->num_zeros, step, samples);
     if (c->log_memory_to_tensorboard) tb_scalar(tb, "mem-peak-resident-bytes", r->mem_peak_mb * BYTES_PER_MIB, step);
     if (c->log_timers_to_tensorboard) {
         tb_scalar(tb, "iteration-time", r->step_s, step);

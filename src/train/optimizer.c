@@ -156,15 +156,19 @@ static void fetch_offloaded_params(Optimizer *o, const TensorTable *tt) {
     o->host_params_stale = 0;
 }
 
-void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_norm) {
+void optimizer_clip_grads(const Optimizer *o, TensorTable *tt, const Config *c, double grad_norm) {
     PROF_SCOPE(PROF_OPTIMIZER);
     double clip = c->clip_grad > 0 ? c->clip_grad / (grad_norm + 1e-6) : 1;
-    o->step++;
-    AdamWStep h = {.lr = lr, .beta1 = c->adam_beta1, .beta2 = c->adam_beta2, .eps = c->adam_eps,
-                   .weight_decay = c->weight_decay, .step = o->step};
     if (clip < 1.0)
         for (int r = 0; r < o->n_ranges; r++)
             vec_scale(tt->grads + o->ranges[r].begin, (real)clip, (size_t)(o->ranges[r].end - o->ranges[r].begin));
+}
+
+void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr) {
+    PROF_SCOPE(PROF_OPTIMIZER);
+    o->step++;
+    AdamWStep h = {.lr = lr, .beta1 = c->adam_beta1, .beta2 = c->adam_beta2, .eps = c->adam_eps,
+                   .weight_decay = c->weight_decay, .step = o->step};
     if (o->host_params_stale) fetch_offloaded_params(o, tt);
     for (int f = 0; f < o->n_fragments; f++) step_fragment(o, f, tt, &h);
 }

@@ -69,9 +69,11 @@ void optimizer_free(Optimizer *o);
 size_t optimizer_moment_base(const Optimizer *o, int r);
 // Bytes of moment state for `elements` elements of the ranges and `fragments` fragments.
 double optimizer_state_bytes(const MomentDtype dtype[ADAMW_MOMENTS], double elements, double fragments);
-// Clip to c->clip_grad (Megatron: scale by clip/(norm + 1e-6) when that is < 1), then step
-// the optimizer's ranges.
-void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_norm);
+// Clip the gradients of the optimizer's ranges to c->clip_grad (Megatron: scale them by
+// clip/(norm + 1e-6) when that is < 1).
+void optimizer_clip_grads(const Optimizer *o, TensorTable *tt, const Config *c, double grad_norm);
+// Step the optimizer's ranges with the (clipped) gradients.
+void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr);
 
 // ---- checkpoints: moments as real values, layout-free --------------------------------------
 // What a checkpoint stores of moment k: its values (decoded), or with a scaled dtype (fp16,

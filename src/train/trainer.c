@@ -675,12 +675,23 @@ static void unscale_grads(Trainer *t) {
     vec_scale(t->model.tt.grads, loss_scaler_inv_scale(&t->scaler), t->model.tt.total);
 }
 
+// The zeros among the clipped gradients (--log-num-zeros-in-grad; a collective: counted as
+// communication).
+static long long count_zeros_in_grad(Trainer *t) {
+    PROF_SCOPE(PROF_GRAD_SYNC);
+    double t0 = now_seconds();
+    long long zeros = grad_sync_count_zeros(&t->sync, &t->model.tt);
+    t->comm_s += now_seconds() - t0;
+    return zeros;
+}
+
 // Applies the step's gradients unless the step is skipped (a non-finite loss or norm; with
 // loss scaling, an overflow of the gradients alone is no error: *overflow is set and the
 // scale adapts): then the batch's router bookkeeping is dropped too. Returns whether it was
-// skipped.
+// skipped. With --log-num-zeros-in-grad, *num_zeros is the applied gradients' zeros, counted
+// after clipping as Megatron counts them (-1 when skipped).
 static int apply_update(Trainer *t, RunControl *rc, long step, double loss, double grad_norm, double lr,
-                        int *overflow) {
+                        int *overflow, long long *num_zeros) {
     *overflow = t->scaler.kind != LOSS_SCALING_NONE && !isfinite(grad_norm);
     int skipped = *overflow && isfinite(loss) ? 1 : run_control_skip_step(rc, step, loss, grad_norm);
     if (t->scaler.kind != LOSS_SCALING_NONE) {
@@ -688,8 +699,11 @@ static int apply_update(Trainer *t, RunControl *rc, long step, double loss, doub
         t->state.loss_scaler = t->scaler.state;
         t->state.overflow_skips += *overflow;
     }
+    *num_zeros = -1;
     if (!skipped) {
-        optimizer_step(&t->opt, &t->model.tt, t->cfg, lr, grad_norm);
+        optimizer_clip_grads(&t->opt, &t->model.tt, t->cfg, grad_norm);
+        if (t->cfg->log_num_zeros_in_grad) *num_zeros = count_zeros_in_grad(t);
+        optimizer_step(&t->opt, &t->model.tt, t->cfg, lr);
         gather_params(t);
     }
     model_end_global_batch(&t->model, !skipped);  // expert-bias update from this batch's token counts
@@ -701,6 +715,7 @@ typedef struct {
     long step, first_step;
     double loss, grad_norm, lr, step_s, elapsed_s, data_wait_s;
     double loss_scale;  // the scale the step's backward used
+    long long num_zeros;  // --log-num-zeros-in-grad: the applied gradients' zeros, else -1
     int skipped, overflow, loss_spike, threads;
 } StepOutcome;
 
@@ -721,6 +736,7 @@ static void log_step(Trainer *t, const StepLosses *s, const StepOutcome *o) {
                     .batch_size = c->global_batch_size, .world_size = comm_world_size(),
                     .has_params_norm = c->log_params_norm,
                     .params_norm = c->log_params_norm ? grad_sync_params_norm(&t->sync, &t->model.tt) : 0,
+                    .has_num_zeros = o->num_zeros >= 0, .num_zeros = o->num_zeros,
                     .loss = o->loss, .lm_loss = s->lm_loss, .router = s->router,
                     .mtp_loss = s->mtp_loss, .mtp_depths = s->mtp_depths,
                     .balance_coeff = c->balance_coeff, .z_loss_coeff = c->moe_z_loss_coeff,
@@ -775,7 +791,7 @@ int train_main(Config *c) {
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),
                          .loss = s.lm_loss + s.aux_objective + s.mtp_objective, .lr = lr_at(c, step - 1 - t.state.overflow_skips - t.state.lr_schedule_start),
                          .loss_scale = loss_scale};
-        o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr, &o.overflow);
+        o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr, &o.overflow, &o.num_zeros);
         o.loss_spike = !o.skipped && run_control_loss_spike(&rc, step, o.loss);
         t.state.iteration = step;
         double now = now_seconds();

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_tensorboard.sh — the refusals of the TensorBoard and logging flags, each one line
 # before training: a --tensorboard-dir that is a regular file (or lies under one), a zero
-# --tensorboard-log-interval or --tensorboard-queue-size, --log-num-zeros-in-grad (not
-# supported). Megatron's flags that only change what is logged are accepted
+# --tensorboard-log-interval or --tensorboard-queue-size. Megatron's flags that only change
+# what is logged are accepted
 # (--tensorboard-queue-size, --no-log-loss-scale-to-tensorboard, --wandb-*: a note that nothing
 # goes to Weights & Biases). What the event files hold is checked by
 # tests/conformance/tensorboard_events.py, with tensorboard's own reader.
@@ -23,8 +23,6 @@ expect_error tensorboard_log_interval_positive "tensorboard-log-interval must be
     "$M" train "${TINY[@]}" --tensorboard-log-interval 0
 expect_error tensorboard_queue_size_positive "tensorboard-queue-size must be positive" -- \
     "$M" train "${TINY[@]}" --tensorboard-queue-size 0
-expect_error log_num_zeros_in_grad_refused "--log-num-zeros-in-grad is not supported" -- \
-    "$M" train "${TINY[@]}" --log-num-zeros-in-grad
 
 # Megatron's logging flags are accepted; a nested directory is created; wandb gets a note
 "$M" train "${TINY[@]}" --tensorboard-dir "$work/runs/a/b" --tensorboard-queue-size 10 --log-throughput \
@@ -36,14 +34,28 @@ else fail megatron_logging_flags_accepted "$files event files; $(tail -1 "$work/
 notes=$(grep -c 'moetron does not log to Weights & Biases' "$work/accept.log")
 if [ "$notes" = 1 ]; then ok wandb_one_note; else fail wandb_one_note "$notes notes"; fi
 
-# --log-params-norm counts each parameter once under every layout: tensor-parallel pieces
-# (with the vocabulary padded to the same rows), expert-parallel experts with the
-# distributed optimizer's shards, pipeline stages give the one-process norm (1e-9 relative)
+# --log-num-zeros-in-grad: with untied embeddings the embedding rows of the tokens a step did
+# not see have zero gradients, and nothing else does: whole rows of H = 64 zeros, at least
+# 512 - 128 rows (a step sees 128 tokens), shown on the console as in the JSONL.
+NORM=("${TINY[@]}" --train-iters 3 --log-params-norm --log-num-zeros-in-grad --untie-embeddings-and-output-weights)
+"$M" train "${NORM[@]}" --make-vocab-size-divisible-by 512 --log-jsonl "$work/norm1.jsonl" >"$work/norm1.log" 2>&1
+why=$(python3 - "$work/norm1.jsonl" "$work/norm1.log" <<'PY'
+import json, re, sys
+zeros = [r["num_zeros"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+shown = [int(z) for z in re.findall(r"\| zeros (\d+) \|", open(sys.argv[2]).read())]
+if len(zeros) != 3 or zeros != shown or any(z % 64 or not (512 - 128) * 64 <= z <= 512 * 64 for z in zeros):
+    print("JSONL", zeros, "console", shown)
+PY
+)
+if [ -z "$why" ]; then ok num_zeros_embedding_rows; else fail num_zeros_embedding_rows "$why $(tail -1 "$work/norm1.log")"; fi
+
+# --log-params-norm and --log-num-zeros-in-grad count each parameter once under every layout:
+# tensor-parallel pieces (with the vocabulary padded to the same rows), expert-parallel experts
+# with the distributed optimizer's shards, pipeline stages give the one-process norm (1e-9
+# relative) and the one-process zero count (exactly)
 source "$(dirname "$0")/mpi_lib.sh"
 mpi_require params_norm_layouts
-NORM=("${TINY[@]}" --train-iters 3 --log-params-norm --untie-embeddings-and-output-weights)
-params_norms() { python3 -c 'import json,sys; print(*[r["params_norm"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r])' "$1"; }
-"$M" train "${NORM[@]}" --make-vocab-size-divisible-by 512 --log-jsonl "$work/norm1.jsonl" >"$work/norm1.log" 2>&1
+params_norms() { python3 -c 'import json,sys; print(json.dumps([(r["params_norm"], r["num_zeros"]) for r in map(json.loads, open(sys.argv[1])) if "loss" in r]))' "$1"; }
 for layout in "tp2:--tensor-model-parallel-size 2 --sequence-parallel --make-vocab-size-divisible-by 256" \
               "ep2:--expert-model-parallel-size 2 --use-distributed-optimizer --make-vocab-size-divisible-by 512" \
               "pp2:--pipeline-model-parallel-size 2 --make-vocab-size-divisible-by 512"; do
@@ -51,9 +63,10 @@ for layout in "tp2:--tensor-model-parallel-size 2 --sequence-parallel --make-voc
     # shellcheck disable=SC2086
     timeout 300 "${MPIRUN[@]}" -np 2 "$M" train "${NORM[@]}" ${layout#*:} --log-jsonl "$work/$name.jsonl" >"$work/$name.log" 2>&1
     why=$(python3 - <(params_norms "$work/norm1.jsonl") <(params_norms "$work/$name.jsonl" 2>/dev/null) <<'PY'
-import sys
-a, b = (list(map(float, open(p).read().split())) for p in sys.argv[1:])
-if len(a) != 3 or len(a) != len(b) or any(abs(x - y) > 1e-9 * x for x, y in zip(a, b)): print(a, b)
+import json, sys
+a, b = (json.loads(open(p).read() or "[]") for p in sys.argv[1:])
+if len(a) != 3 or len(a) != len(b) or any(abs(x[0] - y[0]) > 1e-9 * x[0] or x[1] != y[1] for x, y in zip(a, b)):
+    print(a, b)
 PY
 )
     if [ -z "$why" ]; then ok "$name"; else fail "$name" "$why $(tail -1 "$work/$name.log")"; fi

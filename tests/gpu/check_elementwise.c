@@ -21,6 +21,22 @@ static const int COLS[] = {1, 7, 64, 4097};
 
 // ---- vectors and clamp ---------------------------------------------------------------------
 
+// vec_count_zeros_to on every third element zero (+0 and −0 alternating) and a NaN: the
+// count exactly, on both backends.
+static void check_count_zeros(const char *name, size_t n) {
+    float *x = check_random(n, -2, 2);
+    double zeros = 0;
+    for (size_t i = 0; i < n; i += 3, zeros++) x[i] = i % 2 ? -0.0f : 0.0f;
+    if (n > 1) x[1] = NAN;
+    float *d_x = check_to_device(x, n);
+    double cpu_count = NAN, gpu_count = NAN, *d_count = check_device_bytes(&gpu_count, sizeof(double));
+    cpu()->vec_count_zeros_to(&cpu_count, x, n);
+    under()->vec_count_zeros_to(d_count, d_x, n);
+    check_download(&gpu_count, d_count, sizeof(double));
+    check_compare_double(name, "vec_count_zeros_to (cpu) = the zeros set", zeros, cpu_count, 0);
+    check_compare_double(name, "vec_count_zeros_to", cpu_count, gpu_count, 0);
+}
+
 static void check_vectors(size_t n) {
     char name[96];
     snprintf(name, sizeof(name), "vec n=%zu", n);
@@ -52,6 +68,7 @@ static void check_vectors(size_t n) {
     check_compare_double(name, "vec_sum_squares", cpu_ss, gpu_ss, TOL_FP32);
     check_compare_double(name, "vec_sum_squares_to", cpu_ss, gpu_ss_to, TOL_FP32);
     check_compare_double(name, "vec_sum_squares_to = vec_sum_squares (cpu)", cpu_ss, cpu_ss_to, 0);
+    check_count_zeros(name, n);
     check_free_all();
 }
 

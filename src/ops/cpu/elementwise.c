@@ -34,6 +34,13 @@ void cpu_vec_scale(real *x, real s, size_t n) {
 
 void cpu_vec_sum_squares_to(double *sum, const real *x, size_t n) { sum[0] = cpu_vec_sum_squares(x, n); }
 
+void cpu_vec_count_zeros_to(double *count, const real *x, size_t n) {
+    long long zeros = 0;
+#pragma omp parallel for schedule(static) reduction(+ : zeros) if (n > 65536)
+    for (size_t i = 0; i < n; i++) zeros += x[i] == 0;
+    count[0] = (double)zeros;
+}
+
 double cpu_vec_sum_squares(const real *x, size_t n) {
     // Fixed-size chunks summed in order: the same answer for any thread count.
     enum { CHUNK = 4096 };

@@ -74,22 +74,40 @@ __global__ void sum_partials_kernel(const double *partial, unsigned count, doubl
     if (threadIdx.x == 0) *total = s;
 }
 
+__global__ void count_zeros_partial_kernel(const float *x, size_t n, double *partial) {
+    double zeros = 0;  // exact: a thread's count and the block's sum stay far below 2^53
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        zeros += x[i] == 0.0f;
+    zeros = block_sum(zeros);
+    if (threadIdx.x == 0) partial[blockIdx.x] = zeros;
+}
+
+typedef void (*PartialKernel)(const float *x, size_t n, double *partial);
+
 static CudaScratch sum_squares_scratch;
 
-// sum[0] (device) = Σ x², queued: the partials in the shared scratch (stream order keeps
-// successive calls apart), then their ordered sum.
-void cuda_vec_sum_squares_to(double *sum, const real *x, size_t n) {
+// out[0] (device) = the sum over x of what partial_kernel sums per block, queued: the partials
+// in the shared scratch (stream order keeps successive calls apart), then their ordered sum.
+static void reduce_to(double *out, const real *x, size_t n, PartialKernel partial_kernel) {
     if (n == 0) {
-        CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), cuda_stream()));
+        CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), cuda_stream()));
         return;
     }
     size_t want = (n + SUMSQ_THREADS - 1) / SUMSQ_THREADS;
     unsigned blocks = (unsigned)(want < SUMSQ_BLOCKS ? want : SUMSQ_BLOCKS);
     double *partial = (double *)scratch_reserve(&sum_squares_scratch, (SUMSQ_BLOCKS + 1) * sizeof(double));
-    sum_squares_partial_kernel<<<blocks, SUMSQ_THREADS, 0, cuda_stream()>>>(x, n, partial);
+    partial_kernel<<<blocks, SUMSQ_THREADS, 0, cuda_stream()>>>(x, n, partial);
     CUDA_CHECK_LAUNCH();
-    sum_partials_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>(partial, blocks, sum);
+    sum_partials_kernel<<<1, SUMSQ_BLOCKS, 0, cuda_stream()>>>(partial, blocks, out);
     CUDA_CHECK_LAUNCH();
+}
+
+// sum[0] (device) = Σ x², queued
+void cuda_vec_sum_squares_to(double *sum, const real *x, size_t n) { reduce_to(sum, x, n, sum_squares_partial_kernel); }
+
+// count[0] (device) = the zeros of x, queued
+void cuda_vec_count_zeros_to(double *count, const real *x, size_t n) {
+    reduce_to(count, x, n, count_zeros_partial_kernel);
 }
 
 double cuda_vec_sum_squares(const real *x, size_t n) {
