@@ -57,6 +57,14 @@ FLOAT_FMT_FN uint16_t bf16_from_float(float v) {
 
 FLOAT_FMT_FN float bf16_to_float(uint16_t h) { return bits_float((uint32_t)h << 16); }
 
+// bf16 of v with an fp32 subnormal read as ±0, else bf16_from_float: how the cpu GEMM rounds
+// its bf16 inputs (ops/gemm.h; AVX-512 BF16's dot product never sees a subnormal operand).
+FLOAT_FMT_FN uint16_t bf16_from_float_flushed(float v) {
+    uint32_t b = float_bits(v);
+    if ((b & F32_INF) == 0) return (uint16_t)((b & F32_SIGN) >> 16);
+    return bf16_from_float(v);
+}
+
 // ---- IEEE half: 1 sign, 5 exponent (bias 15), 10 mantissa bits -------------------------------
 // From 65520 up (the midpoint between 65504 and 2^16) the result is infinite.
 FLOAT_FMT_FN uint16_t f16_from_float(float v) {

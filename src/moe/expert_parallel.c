@@ -369,6 +369,30 @@ static void rows_from_experts(const MoeDispatchContext *ctx, const EpLayer *el, 
     exchange_rows(ctx, own, el->recv_rows, back, el->send_rows, width, req);
 }
 
+// ---- bf16 transport (ctx->bf16_rows): rows only the experts' bf16-input GEMMs read --------------
+// The sender packs its rows into the front of `scratch` (the pass's exchange buffer, free until
+// they arrive); they arrive packed in the back half of `dest`, the buffer the caller sorts
+// them into, where nothing else is written until then. On arrival they are widened into
+// scratch, and sorted from there into dest as fp32 rows are.
+
+// Where the packed rows land: the back half of dest (capacity rows of H).
+static real *packed_arrival(real *dest, size_t capacity, int H) { return dest + capacity * (size_t)H / 2; }
+
+// rows_to_experts of the rows at send (this rank's plan order), H wide, at half the bytes.
+static void rows_to_experts_bf16(const MoeDispatchContext *ctx, const EpLayer *el, const real *send, real *scratch,
+                                 real *dest, size_t dest_capacity, real *own, int H, CommRequest *req) {
+    size_t sent = 0;
+    for (int q = 0; q < ctx->ep->comm->size; q++) sent += (size_t)el->send_rows[q];
+    MT_ASSERT(send != dest && sent <= 2 * ctx->buffers->row_capacity);
+    bf16_pack(scratch, send, sent * H);
+    rows_to_experts(ctx, el, scratch, packed_arrival(dest, dest_capacity, H), own, H / 2, req);
+}
+
+// The arrived rows, widened into scratch (arrival order, as rows_to_experts leaves fp32 rows).
+static void bf16_arrival(const EpLayer *el, real *scratch, real *dest, size_t dest_capacity, int H) {
+    bf16_unpack(scratch, packed_arrival(dest, dest_capacity, H), (size_t)el->rows * H);
+}
+
 // This rank's rows per local expert from each EP rank (own_counts) start on their way;
 // once they are here, with ETP those of its ETP ranks (recv_counts) are gathered.
 static void start_counts(const MoeDispatchContext *ctx, EpLayer *el, const DispatchPlan *plan) {
@@ -433,7 +457,9 @@ static void alltoall_dispatch_exchange(const MoeDispatchContext *ctx, MoeActs *m
     alltoall_layout(el, &ma->plan, ep);
     layer_reserve_rows(ctx, el, ma, (size_t)el->rows);
     struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
-    rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H, &el->inflight[0]);
+    if (ctx->bf16_rows)
+        rows_to_experts_bf16(ctx, el, ma->rows_in, b->exchange, el->rows_in, el->row_capacity, b->own, H, &el->inflight[0]);
+    else rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H, &el->inflight[0]);
     rows_to_experts(ctx, el, ma->row_probs, b->exchange_probs, b->own_probs, 1, &el->inflight[1]);
     mark_started(el);
 }
@@ -442,6 +468,7 @@ static void alltoall_dispatch_finish(const MoeDispatchContext *ctx, MoeActs *ma,
     EpLayer *el = ma->ep;
     struct EpBuffers *b = ctx->buffers;
     finish_exchanges(ctx, el);
+    if (ctx->bf16_rows) bf16_arrival(el, b->exchange, el->rows_in, el->row_capacity, ctx->hidden);
     sort_segments(el->rows_in, b->exchange, el, ctx->ep, ctx->hidden, 1);
     sort_segments(el->row_probs, b->exchange_probs, el, ctx->ep, 1, 1);
     *rows = layer_rows(ctx, el, el->counts, el->host_counts);
@@ -468,13 +495,17 @@ static void alltoall_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma
     int H = ctx->hidden;
     struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
     dispatch_forward(grads->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
-    rows_to_experts(ctx, el, grads->d_rows_out, b->exchange, b->own, H, &el->inflight[0]);
+    if (ctx->bf16_rows)
+        rows_to_experts_bf16(ctx, el, grads->d_rows_out, b->exchange, b->d_rows_out, b->row_capacity, b->own, H,
+                             &el->inflight[0]);
+    else rows_to_experts(ctx, el, grads->d_rows_out, b->exchange, b->own, H, &el->inflight[0]);
     mark_started(el);
 }
 
 static void alltoall_combine_backward_finish(const MoeDispatchContext *ctx, MoeActs *ma, ExpertRows *rows) {
     struct EpBuffers *b = ctx->buffers;
     finish_exchanges(ctx, ma->ep);
+    if (ctx->bf16_rows) bf16_arrival(ma->ep, b->exchange, b->d_rows_out, b->row_capacity, ctx->hidden);
     sort_segments(b->d_rows_out, b->exchange, ma->ep, ctx->ep, ctx->hidden, 1);
     set_backward_rows(rows, b);
 }

@@ -50,6 +50,8 @@
     OP(double, vec_sum_squares, vec_sum_squares, (const real *x, size_t n), (x, n))                                  \
     OP(void, vec_sum_squares_to, vec_sum_squares_to, (double *sum, const real *x, size_t n), (sum, x, n))          \
     OP(void, vec_count_zeros_to, vec_count_zeros_to, (double *count, const real *x, size_t n), (count, x, n))      \
+    OP(void, bf16_pack, bf16_pack, (real *packed, const real *x, size_t n), (packed, x, n))                          \
+    OP(void, bf16_unpack, bf16_unpack, (real *x, const real *packed, size_t n), (x, packed, n))                      \
     OP(void, embedding_forward, embedding_forward,                                                                   \
        (real *out, const int32_t *tokens, const real *table, int N, int C), (out, tokens, table, N, C))            \
     OP(void, embedding_backward, embedding_backward,                                                                 \

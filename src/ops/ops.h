@@ -33,6 +33,14 @@ void vec_sum_squares_to(double *sum, const real *x, size_t n);
 // exact up to 2⁵³ (--log-num-zeros-in-grad).
 void vec_count_zeros_to(double *count, const real *x, size_t n);
 
+// ---- bf16 transport: values only bf16-input GEMMs read, moved at half the bytes ----------------
+// x (n, n even) -> packed (n/2 reals): element i as bf16 rounded as the cpu GEMM rounds its bf16
+// inputs (bf16_from_float_flushed: nearest even, fp32 subnormals ±0), the uint16_t array at
+// packed holding element i at index i. The real slots are only moved, never computed on.
+void bf16_pack(real *packed, const real *x, size_t n);
+// packed (n/2 reals) -> x (n): the values bf16_pack kept, exactly.
+void bf16_unpack(real *x, const real *packed, size_t n);
+
 // ---- embedding ------------------------------------------------------------------------
 // tokens (N), table (V,C) -> out (N,C)
 void embedding_forward(real *out, const int32_t *tokens, const real *table, int N, int C);

@@ -12,6 +12,7 @@
 
 #include "op_check.h"
 #include "ops/adamw_math.h"
+#include "ops/cpu/gemm_lowp.h"
 
 static const OpsBackend *cpu(void) { return &ops_cpu_backend; }
 
@@ -35,6 +36,31 @@ static void check_count_zeros(const char *name, size_t n) {
     check_download(&gpu_count, d_count, sizeof(double));
     check_compare_double(name, "vec_count_zeros_to (cpu) = the zeros set", zeros, cpu_count, 0);
     check_compare_double(name, "vec_count_zeros_to", cpu_count, gpu_count, 0);
+}
+
+// bf16_pack / bf16_unpack on the first n - n % 2 elements: the packed halves bit for bit, on values
+// with subnormals, ±0, NaN, infinities and a tie; the unpacked values the cpu GEMM's bf16 rounding
+// of its inputs (lowp_round_panel, a branchless implementation of its own).
+static void check_bf16_transport(const char *name, size_t n) {
+    n -= n % 2;
+    if (n == 0) return;
+    float *x = check_random(n, -2, 2);
+    static const float special[] = {1e-40f, -1e-40f, 0.0f, -0.0f, NAN, INFINITY, -INFINITY, 1.00390625f, 3.4e38f};
+    for (size_t i = 0; i < n && i < sizeof special / sizeof special[0]; i++) x[i] = special[i];
+    float *d_x = check_to_device(x, n), *d_packed = check_device_nan(n / 2), *d_back = check_device_nan(n);
+    float *packed = check_random(n / 2, 0, 1), *back = check_random(n, 0, 1);
+    cpu()->bf16_pack(packed, x, n);
+    cpu()->bf16_unpack(back, packed, n);
+    under()->bf16_pack(d_packed, d_x, n);
+    under()->bf16_unpack(d_back, d_packed, n);
+    float *rounded = check_host_copy(x, n);
+    lowp_round_panel(rounded, n, GEMM_INPUTS_BF16);  // what a bf16 GEMM reads of x
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += memcmp(&rounded[i], &back[i], sizeof(float)) != 0;
+    check_compare_double(name, "bf16_unpack(bf16_pack) (cpu) = the GEMM's rounding (elements differing)", 0,
+                         (double)differ, 0);
+    check_compare_ints(name, "bf16_pack", (const int32_t *)packed, (const int32_t *)d_packed, n / 2);
+    check_compare_ints(name, "bf16_unpack", (const int32_t *)back, (const int32_t *)d_back, n);
 }
 
 static void check_vectors(size_t n) {
@@ -69,6 +95,7 @@ static void check_vectors(size_t n) {
     check_compare_double(name, "vec_sum_squares_to", cpu_ss, gpu_ss_to, TOL_FP32);
     check_compare_double(name, "vec_sum_squares_to = vec_sum_squares (cpu)", cpu_ss, cpu_ss_to, 0);
     check_count_zeros(name, n);
+    check_bf16_transport(name, n);
     check_free_all();
 }
 

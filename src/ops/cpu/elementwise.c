@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/profile.h"
+#include "core/float_formats.h"
 #include "ops/adamw_math.h"
 #include "ops/cpu/row_reduce.h"
 #include "ops/cpu/cpu_ops.h"
@@ -33,6 +34,18 @@ void cpu_vec_scale(real *x, real s, size_t n) {
 }
 
 void cpu_vec_sum_squares_to(double *sum, const real *x, size_t n) { sum[0] = cpu_vec_sum_squares(x, n); }
+
+void cpu_bf16_pack(real *packed, const real *x, size_t n) {
+    uint16_t *h = (uint16_t *)packed;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) h[i] = bf16_from_float_flushed((float)x[i]);
+}
+
+void cpu_bf16_unpack(real *x, const real *packed, size_t n) {
+    const uint16_t *h = (const uint16_t *)packed;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) x[i] = (real)bf16_to_float(h[i]);
+}
 
 void cpu_vec_count_zeros_to(double *count, const real *x, size_t n) {
     long long zeros = 0;

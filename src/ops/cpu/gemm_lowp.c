@@ -25,15 +25,7 @@ enum {
     MXCSR_DENORMALS_ARE_ZERO = 0x0040u,  // subnormal operands read as ±0
 };
 
-// bf16 of v with an fp32 subnormal read as ±0 (the dot product's operands never are
-// subnormal), else rounded to nearest even.
-static inline uint16_t bf16_flushed(float v) {
-    uint32_t b = float_bits(v);
-    if ((b & F32_EXPONENT) == 0) return (uint16_t)((b & F32_SIGN) >> 16);
-    return bf16_from_float(v);
-}
-
-// bf16_flushed(v) widened back to a float's bits, without branches (so that the loop over a
+// bf16_from_float_flushed(v) widened back to a float's bits, without branches (so that the loop over a
 // panel vectorizes): ±0 for a subnormal, NaN kept quiet, else nearest even.
 static inline uint32_t bf16_flushed_bits(uint32_t b) {
     uint32_t magnitude = b & ~F32_SIGN;
@@ -68,15 +60,15 @@ void lowp_round_panel(real *x, size_t n, GemmInputs inputs) {
     }
 #endif
     if (inputs == GEMM_INPUTS_BF16)
-        for (size_t i = 0; i < n; i++) x[i] = (real)bf16_to_float(bf16_flushed((float)x[i]));
+        for (size_t i = 0; i < n; i++) x[i] = (real)bf16_to_float(bf16_from_float_flushed((float)x[i]));
     else if (inputs == GEMM_INPUTS_FP16)
         for (size_t i = 0; i < n; i++) x[i] = (real)f16_to_float(f16_from_float((float)x[i]));
 }
 
 // One lane's pair at depth 2q: the 2q element high, 2q+1 low (`pad` past kc).
 static inline void pack_pair(uint16_t *pair, const real *lane, int k, int kc, size_t s_k, uint16_t pad) {
-    pair[1] = bf16_flushed((float)lane[(size_t)k * s_k]);
-    pair[0] = k + 1 < kc ? bf16_flushed((float)lane[(size_t)(k + 1) * s_k]) : pad;
+    pair[1] = bf16_from_float_flushed((float)lane[(size_t)k * s_k]);
+    pair[0] = k + 1 < kc ? bf16_from_float_flushed((float)lane[(size_t)(k + 1) * s_k]) : pad;
 }
 
 static void pack_pairs_scalar(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
@@ -104,7 +96,7 @@ int lowp_have_avx512bf16(void) {
     return known;
 }
 
-// The vector packers convert with VCVTNE2PS2BF16, which rounds exactly as bf16_flushed does
+// The vector packers convert with VCVTNE2PS2BF16, which rounds exactly as bf16_from_float_flushed does
 // (subnormals to ±0, nearest even, NaN kept quiet: checked over random bit patterns), so
 // they write the scalar packers' bytes.
 #define PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
@@ -301,7 +293,7 @@ static int ceil_steps(int kc) { return (kc + LOWP_AMX_DEPTH - 1) / LOWP_AMX_DEPT
 
 // src element (lane j, depth k) as packed bf16, zero outside w x kc.
 static inline uint16_t amx_element(const real *src, int j, int k, int w, int kc, size_t s_w, size_t s_k) {
-    return j < w && k < kc ? bf16_flushed((float)src[(size_t)j * s_w + (size_t)k * s_k]) : 0;
+    return j < w && k < kc ? bf16_from_float_flushed((float)src[(size_t)j * s_w + (size_t)k * s_k]) : 0;
 }
 
 static void pack_amx_a_scalar(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {

@@ -11,6 +11,7 @@
 //   * swiglu_backward: one block per row (its drow_scale is a row reduction).
 #include <cub/device/device_radix_sort.cuh>
 
+#include "core/float_formats.h"
 #include "ops/cuda/block_reduce.cuh"
 
 constexpr int FLAT_THREADS = 256;
@@ -118,6 +119,30 @@ double cuda_vec_sum_squares(const real *x, size_t n) {
     double result = 0;
     cuda_memcpy_d2h(&result, total, sizeof(result));  // waits for the stream
     return result;
+}
+
+// ---- bf16 transport -------------------------------------------------------------------------
+
+__global__ void bf16_pack_kernel(uint16_t *packed, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        packed[i] = bf16_from_float_flushed(x[i]);
+}
+
+__global__ void bf16_unpack_kernel(float *x, const uint16_t *packed, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = bf16_to_float(packed[i]);
+}
+
+void cuda_bf16_pack(real *packed, const real *x, size_t n) {
+    if (n == 0) return;
+    bf16_pack_kernel<<<cuda_blocks(n, FLAT_THREADS), FLAT_THREADS, 0, cuda_stream()>>>((uint16_t *)packed, x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_bf16_unpack(real *x, const real *packed, size_t n) {
+    if (n == 0) return;
+    bf16_unpack_kernel<<<cuda_blocks(n, FLAT_THREADS), FLAT_THREADS, 0, cuda_stream()>>>(x, (const uint16_t *)packed, n);
+    CUDA_CHECK_LAUNCH();
 }
 
 // ---- clamp ---------------------------------------------------------------------------------
