@@ -47,12 +47,13 @@ static CpAttention layer_cp_attention(const LayoutPlan *p, int layer) {
     return (CpAttention){.type = p->cp_comm[layer], .cp = p->cp, .inner = p->cp_inner, .outer = p->cp_outer};
 }
 
-static RingAttentionShape cp_attention_shape(const LayoutPlan *p, int B, int T, const int32_t *key_start,
+static RingAttentionShape cp_attention_shape(const Model *m, int B, int T, const int32_t *key_start,
                                              DropoutMask dropout) {
+    const LayoutPlan *p = &m->plan;
     return (RingAttentionShape){.B = B, .C = T / 2, .heads = p->heads, .kv_heads = p->kv_heads,
                                 .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
                                 .scale = (real)p->softmax_scale, .key_start = key_start, .dropout = dropout,
-                                .head_first = p->heads_first};
+                                .head_first = p->heads_first, .bf16_kv = model_exchanges_bf16(m)};
 }
 
 void attention_core_forward(const Model *m, int layer, LayerActs *la, const ModelActs *a, KvCache *kv) {
@@ -62,7 +63,7 @@ void attention_core_forward(const Model *m, int layer, LayerActs *la, const Mode
     if (c->cp_size > 1) {
         MT_ASSERT(!kv);  // generation runs on one process
         CpAttention g = layer_cp_attention(c, layer);
-        RingAttentionShape s = cp_attention_shape(c, B, T, tokens->key_start, probs_dropout(m, layer, a));
+        RingAttentionShape s = cp_attention_shape(m, B, T, tokens->key_start, probs_dropout(m, layer, a));
         cp_attention_forward(&g, la->att, la->lse, la->q, la->k, la->v, &s);
     } else if (kv) {
         kv_cache_store(kv, la->k, la->v, T, pos0);
@@ -83,7 +84,7 @@ void attention_core_backward(const Model *m, int layer, LayerActs *la, ModelActs
     vec_zero(a->d_v, (size_t)a->N * w.v);
     if (c->cp_size > 1) {
         CpAttention g = layer_cp_attention(c, layer);
-        RingAttentionShape s = cp_attention_shape(c, a->B, a->T, a->tokens.key_start, probs_dropout(m, layer, a));
+        RingAttentionShape s = cp_attention_shape(m, a->B, a->T, a->tokens.key_start, probs_dropout(m, layer, a));
         cp_attention_backward(&g, a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
         return;
     }

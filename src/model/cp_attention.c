@@ -160,18 +160,33 @@ static real *pack_kv(const real *k, const real *v, const RingAttentionShape *s) 
     return kv;
 }
 
+// Whether the K/V blocks travel packed as bf16 (RingAttentionShape.bf16_kv: two per real).
+static int kv_travels_bf16(const RingAttentionShape *s) { return s->bf16_kv && (k_elems(s) + v_elems(s)) % 2 == 0; }
+
+// Reals of one K/V block as it travels.
+static size_t kv_travel_elems(const RingAttentionShape *s) {
+    size_t n = k_elems(s) + v_elems(s);
+    return kv_travels_bf16(s) ? n / 2 : n;
+}
+
 // Visits every step's blocks as the K/V blocks come round; the transfer of the next block
-// runs during the compute. With dkdv (this rank's block's dk then dv, packed as the K/V),
-// the gradients travel with their block: after each step's compute they go to the next
-// rank, so after P steps dkdv holds this rank's block's sums again.
+// runs during the compute (packed as bf16 when kv_travels_bf16, widened into kv on arrival).
+// With dkdv (this rank's block's dk then dv, packed as the K/V, fp32: sums), the gradients
+// travel with their block: after each step's compute they go to the next rank, so after P
+// steps dkdv holds this rank's block's sums again.
 static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *k, const real *v, real *dkdv,
                      const RingAttentionShape *s, BlockVisit visit, void *scratch) {
-    size_t n = k_elems(s) + v_elems(s);
-    real *kv = pack_kv(k, v, s), *kv_next = device_calloc(n, sizeof(real));
+    size_t n = k_elems(s) + v_elems(s), sent = kv_travel_elems(s);
+    int packed = kv_travels_bf16(s);
+    real *kv = pack_kv(k, v, s), *travel = kv, *travel_next = device_calloc(sent, sizeof(real));
+    if (packed) {
+        travel = device_calloc(sent, sizeof(real));
+        bf16_pack(travel, kv, n);
+    }
     real *dkdv_next = dkdv ? device_calloc(n, sizeof(real)) : NULL;
     for (int step = 0; step < cp->size; step++) {
         CommRequest shift = {NULL};
-        if (step + 1 < cp->size) comm_isendrecv(cp, kv, kv_next, n, &shift);
+        if (step + 1 < cp->size) comm_isendrecv(cp, travel, travel_next, sent, &shift);
         double t0 = now_seconds();
         visit_step(qc, cp, (cp->rank - step + cp->size) % cp->size, kv, dkdv, s, visit, scratch, &shift);
         double t1 = now_seconds();
@@ -185,10 +200,13 @@ static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real 
         ring_times.dkdv_s += t2 - t1;
         ring_times.kv_wait_s += now_seconds() - t2;
         ring_times.kv_shifts += step + 1 < cp->size;
-        real *held = kv;
-        kv = kv_next, kv_next = held;
+        real *held = travel;
+        travel = travel_next, travel_next = held;
+        if (!packed) kv = travel;
+        else if (step + 1 < cp->size) bf16_unpack(kv, travel, n);
     }
-    device_free(kv), device_free(kv_next), device_free(dkdv_next);
+    if (packed) device_free(kv);
+    device_free(travel), device_free(travel_next), device_free(dkdv_next);
 }
 
 // The K/V of every rank gathered at once (--cp-comm-type allgather), visited in the ring's
@@ -196,9 +214,17 @@ static void run_ring(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real 
 // are summed here and reduce-scattered back to their owners, onto dkdv.
 static void run_allgather(QueryChunk qc[CHUNKS_PER_RANK], const Comm *cp, const real *k, const real *v, real *dkdv,
                           const RingAttentionShape *s, BlockVisit visit, void *scratch) {
-    size_t n = k_elems(s) + v_elems(s);
+    size_t n = k_elems(s) + v_elems(s), sent = kv_travel_elems(s);
     real *mine = pack_kv(k, v, s), *all = device_calloc((size_t)cp->size * n, sizeof(real));
-    comm_allgather(cp, mine, all, n);
+    if (kv_travels_bf16(s)) {  // gathered packed, then widened
+        real *packed = device_calloc((size_t)(cp->size + 1) * sent, sizeof(real)), *my_packed = packed + (size_t)cp->size * sent;
+        bf16_pack(my_packed, mine, n);
+        comm_allgather(cp, my_packed, packed, sent);
+        bf16_unpack(all, packed, (size_t)cp->size * n);
+        device_free(packed);
+    } else {
+        comm_allgather(cp, mine, all, n);
+    }
     real *d_all = dkdv ? device_calloc((size_t)cp->size * n, sizeof(real)) : NULL;
     for (int step = 0; step < cp->size; step++) {
         int owner = (cp->rank - step + cp->size) % cp->size;

@@ -461,6 +461,12 @@ void model_free(Model *m) {
 
 // ---- forward and backward ------------------------------------------------------------------
 
+int model_exchanges_bf16(const Model *m) {
+    static int fp32_asked = -1;
+    if (fp32_asked < 0) fp32_asked = getenv("MOETRON_EXCHANGE") && !strcmp(getenv("MOETRON_EXCHANGE"), "fp32");
+    return m->cfg.bf16 && device_active() != DEVICE_CUDA && !fp32_asked;
+}
+
 int model_moe_layers(const Config *c) {
     int n = 0;
     for (int l = 0; l < config_all_layers(c); l++) n += c->moe_layer[l];

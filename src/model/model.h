@@ -300,6 +300,11 @@ typedef void (*GradsReadyFn)(void *ctx, int part);
 void model_stage_backward(Model *m, ModelActs *a, double loss_scale, GradsReadyFn ready, void *ctx);
 // MoE layers of the whole model.
 int model_moe_layers(const Config *c);
+// Whether values that only bf16-input GEMMs read may travel between ranks as bf16 (ops.h
+// bf16_pack; the experts' rows, context parallelism's K/V blocks): --bf16 on the cpu backend,
+// whose GEMMs round their inputs exactly as the packing does, so the results are the same
+// bits. MOETRON_EXCHANGE=fp32 keeps them fp32 (to compare the two).
+int model_exchanges_bf16(const Model *m);
 
 // Forward one micro-batch through the whole model (one chunk holding it all). With batch->targets: returns the lm loss and sets a->lm_loss,
 // a->aux_loss. kv (per layer, or NULL) switches to cached generation: the B·T tokens sit

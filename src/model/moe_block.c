@@ -4,7 +4,6 @@
 // uses; with latent MoE fc1 takes the dispatched tokens to the latent width and fc2 brings
 // the combined rows back.
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/device.h"
@@ -149,14 +148,11 @@ static void trace_picks(const Model *m, int layer, const MoeActs *ma, const Batc
     free(picks);
 }
 
-// Whether the rows the experts' ranks receive (and their output gradients) may travel as bf16:
-// with --bf16 on the cpu backend every GEMM that reads them rounds its inputs exactly as
-// bf16_pack does, unless an FP8 / FP4 recipe quantizes the fp32 values instead (and the
-// rows pack in pairs). MOETRON_EP_EXCHANGE=fp32 keeps them fp32 (to compare the two).
-static int exchanges_bf16(const Model *m) {
-    static int fp32_asked = -1;
-    if (fp32_asked < 0) fp32_asked = getenv("MOETRON_EP_EXCHANGE") && !strcmp(getenv("MOETRON_EP_EXCHANGE"), "fp32");
-    return m->cfg.bf16 && !m->quant && device_active() != DEVICE_CUDA && m->plan.moe_hidden % 2 == 0 && !fp32_asked;
+// Whether the rows the experts' ranks receive (and their output gradients) travel as bf16
+// (model_exchanges_bf16): only the experts' GEMMs read them, unless an FP8 / FP4 recipe
+// quantizes their fp32 values instead; and the rows must pack in pairs.
+static int expert_rows_bf16(const Model *m) {
+    return model_exchanges_bf16(m) && !m->quant && m->plan.moe_hidden % 2 == 0;
 }
 
 // What the token dispatcher needs of the model, in a forward or a backward pass (each kind
@@ -166,7 +162,7 @@ static MoeDispatchContext dispatch_context(const Model *m, PassKind pass) {
     return (MoeDispatchContext){.hidden = m->plan.moe_hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
                                 .ep = &m->ep, .buffers = m->ep_buffers[pass],
                                 .act_shared = plan_recomputes(&m->plan, RECOMPUTE_MOE_ACT),
-                                .bf16_rows = exchanges_bf16(m)};
+                                .bf16_rows = expert_rows_bf16(m)};
 }
 
 // Latent MoE (--moe-latent-size): the layer's routed experts work in the latent width, fc1
