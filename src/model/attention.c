@@ -203,7 +203,7 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, const Mod
     TpRegion region = model_tp_region(m);
     int N = tokens->B * tokens->T, N_local = plan_local_tokens(&m->plan, N), H = m->plan.hidden;
     rmsnorm_forward(la->ln1, la->ln1_rstd, la->x_in, tt_param(tt, lp->input_norm), N_local, H, (real)c->norm_epsilon);
-    tp_enter_forward(&region, la->ln1, la->ln1_full, N, H);
+    model_tp_gather_gemm_rows(m, la->attn_partial, la->ln1, la->ln1_full, N, H);  // attn_partial: free until o_proj
     if (c->multi_latent_attention) mla_forward(m, layer, la, tokens);
     else standard_qkv_forward(m, lp, la, tokens);
     attention_core_forward(m, layer, la, a, kv);
@@ -228,7 +228,7 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     if (plan_recomputes(&m->plan, RECOMPUTE_CORE_ATTN)) attention_core_forward(m, layer, la, a, NULL);
     // o_proj: d_att = d_out·W_o ; dW_o += d_outᵀ·att, with d_out of all N tokens
     const real *d_out = hidden_dropout_backward(m, a, layer, DROPOUT_ATTENTION_OUT);  // d(o_proj's output)
-    tp_exit_backward(&region, d_out, a->d_out_full, N, H);
+    model_tp_gather_gemm_rows(m, a->sp_workspace, d_out, a->d_out_full, N, H);
     vec_zero(a->d_att, (size_t)N * att_width);
     qlinear_backward(model_quant(m, lp->o_proj), a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att,
                      tt_param(tt, lp->o_proj), N, att_width, H);

@@ -7,6 +7,11 @@
 
 // The tensor-parallel region of the model's blocks (parallel/tp_mappings.h).
 TpRegion model_tp_region(const Model *m);
+// tp_enter_forward (or tp_exit_backward: the same movement) of x (local rows, C) -> x_full
+// (N, C) for rows that only bf16-input GEMMs read: with sequence parallelism and
+// model_exchanges_bf16 they travel as bf16 (the same values for the GEMMs, half the bytes),
+// through scratch (N, C), free during the call (the sp_workspace); x_full must not be scratch.
+void model_tp_gather_gemm_rows(const Model *m, real *scratch, const real *x, real *x_full, int N, int C);
 
 // Per-token widths of attention of the whole model (every head): model/layout.h.
 AttentionWidths attention_widths(const Config *c);

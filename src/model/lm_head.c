@@ -80,10 +80,9 @@ static HeadLoss main_head(const ModelActs *a) {
 
 void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     int N = a->N, H = m->plan.hidden;
-    TpRegion region = model_tp_region(m);
     rmsnorm_forward(a->lnf, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), a->N_local, H,
                     (real)m->cfg.norm_epsilon);
-    tp_enter_forward(&region, a->lnf, a->lnf_full, N, H);
+    model_tp_gather_gemm_rows(m, a->sp_workspace, a->lnf, a->lnf_full, N, H);
     HeadLoss h = main_head(a);
     a->lm_loss = head_loss_forward(m, &h, a->lnf_full, batch->targets, batch->loss_mask, N);
 }

@@ -14,7 +14,7 @@ void mlp_forward(const Model *m, int layer, LayerActs *la, int N) {
     int32_t offsets[2];
     ExpertShape shape = dense_shape(m, offsets, N);
     TpRegion region = model_tp_region(m);
-    tp_enter_forward(&region, la->ln2, la->ln2_full, N, m->plan.hidden);
+    model_tp_gather_gemm_rows(m, la->ffn_partial, la->ln2, la->ln2_full, N, m->plan.hidden);  // ffn_partial: free until fc2
     experts_forward(la->ffn_partial, &la->mlp, la->ln2_full, NULL, &m->layers[layer].ffn_params, &shape);
     tp_exit_forward(&region, la->ffn_partial, la->ffn_out, N, m->plan.hidden);
 }
@@ -26,7 +26,7 @@ void mlp_backward(Model *m, int layer, LayerActs *la, ModelActs *a, const real *
     TpRegion region = model_tp_region(m);
     // --recompute-modules mlp: gate, up and their product again (shared buffers)
     if (plan_recomputes(&m->plan, RECOMPUTE_MLP)) experts_forward_acts(&la->mlp, la->ln2_full, NULL, &lp->ffn_params, &shape);
-    tp_exit_backward(&region, d_out, a->d_out_full, a->N, m->plan.hidden);
+    model_tp_gather_gemm_rows(m, a->sp_workspace, d_out, a->d_out_full, a->N, m->plan.hidden);
     experts_backward(a->d_norm_full, NULL, &lp->ffn_grads, a->d_out_full, &la->mlp, la->ln2_full, NULL,
                      &lp->ffn_params, &shape, a->d_gate, a->d_up, a->d_act);
     tp_enter_backward(&region, a->d_norm_full, a->d_norm, a->N, m->plan.hidden);

@@ -21,7 +21,7 @@ void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la,
         tp_enter_forward(&region, ma->shared_gate, ma->shared_gate_full, N, 1);
         gate = ma->shared_gate_full;
     }
-    tp_enter_forward(&region, la->ln2, la->ln2_full, N, H);
+    model_tp_gather_gemm_rows(m, la->ffn_partial, la->ln2, la->ln2_full, N, H);  // ffn_partial: free until down
     experts_forward(la->ffn_partial, &ma->shared, la->ln2_full, gate, &lp->shared_params, &shape);
     tp_exit_forward(&region, la->ffn_partial, ma->shared_out, N, H);
 }
@@ -37,7 +37,7 @@ void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, Mode
     if (plan_recomputes(&m->plan, RECOMPUTE_SHARED_EXPERTS))
         experts_forward_acts(&ma->shared, la->ln2_full, gated ? ma->shared_gate_full : NULL, &lp->shared_params,
                              &shape);
-    tp_exit_backward(&region, d_out, a->d_out_full, N, H);
+    model_tp_gather_gemm_rows(m, a->sp_workspace, d_out, a->d_out_full, N, H);
     experts_backward(a->d_shared_in_full, gated ? a->d_shared_gate_full : NULL, &lp->shared_grads, a->d_out_full,
                      &ma->shared, la->ln2_full, gated ? ma->shared_gate_full : NULL, &lp->shared_params, &shape,
                      a->d_gate, a->d_up, a->d_act);

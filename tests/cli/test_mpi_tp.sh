@@ -9,7 +9,8 @@
 # TP=2 x EP=2, TP=2 x DP=2 with the distributed optimizer, shared experts with their gate,
 # capacity with drops, every balance-loss type with z-loss and expert bias, ETP=2 x EP=2
 # (with and without TP; the alltoall exchange with its ETP gather, and the allgather one),
-# ETP=2 alone with the distributed optimizer, 8 ranks of TP=2 x EP=4; bad tensor-parallel sizes are refused with one line naming the flags.
+# ETP=2 alone with the distributed optimizer, 8 ranks of TP=2 x EP=4; with --bf16 and SP the
+# GEMM-only all-gathers move bf16 bit for bit as fp32; bad tensor-parallel sizes are refused with one line naming the flags.
 # Skipped without an MPI build (a failure under CI).
 set -u
 source "$(dirname "$0")/lib.sh"
@@ -87,6 +88,15 @@ full tp2_etp2_ep2_allgather run_case tp2_etp2_ep2_allgather 4 "${TP2[@]}" "${SP[
     --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather -- "${MOE[@]}" --moe-aux-loss-coeff 0.01
 full tp2_ep4_8_ranks run_case tp2_ep4_8_ranks 8 "${TP2[@]}" "${SP[@]}" --expert-model-parallel-size 4 -- \
     "${MOE[@]}" --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.01
+
+# --bf16 with sequence parallelism: the all-gathers whose rows only bf16-input GEMMs read (the
+# normed inputs of attention, the MLP and the shared expert, the LM head's input; the
+# row-parallel projections' output gradients) move bf16: the same bits as fp32 gathers at
+# 0.7-0.9 of tp_bytes (the reduce-scatters are sums, fp32; measured 0.78-0.82)
+bf16_exchange_exact tp2_sp_bf16_gathers 2 tp_bytes 0.7 0.9 "${TP2[@]}" "${SP[@]}" "${MOE[@]}" \
+    --moe-shared-expert-intermediate-size 64 --moe-shared-expert-gate
+full tp2_sp_bf16_gathers_dense bf16_exchange_exact tp2_sp_bf16_gathers_dense 2 tp_bytes 0.7 0.9 "${TP2[@]}" "${SP[@]}" \
+    --num-experts 0 --untie-embeddings-and-output-weights
 
 # sizes that do not split evenly: one line naming the flags
 expect_error tp_heads "--tensor-model-parallel-size 3 does not divide --num-attention-heads 4" -- \
