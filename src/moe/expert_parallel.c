@@ -539,6 +539,26 @@ const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {
 
 // ---- allgather -----------------------------------------------------------------------------------
 
+// x (N, H) of every rank of the group gathered into all (P·N, H): as bf16 through the pass's
+// exchange buffer when ctx->bf16_rows (the gathered tokens become expert rows, read only by the
+// experts' GEMMs) and the buffer, made for the layer's bound of rows, holds the packed gather
+// and this rank's packed tokens; else as they are.
+static void gather_tokens(const MoeDispatchContext *ctx, const MoeActs *ma, const real *x, real *all, int N) {
+    const Comm *g = ctx->ep->gather;
+    size_t block = (size_t)N * ctx->hidden;
+    EpExchangeShape shape = exchange_shape(ctx, ma);
+    size_t bound = ep_max_rows(ctx->ep, &shape);
+    if (!ctx->bf16_rows || bound * ctx->hidden < ((size_t)g->size + 1) * block / 2) {
+        comm_allgather(g, x, all, block);
+        return;
+    }
+    struct EpBuffers *b = buffers_for_rows(ctx, bound);
+    real *gathered = b->exchange, *mine = b->exchange + (size_t)g->size * block / 2;
+    bf16_pack(mine, x, block);
+    comm_allgather(g, mine, gathered, block / 2);
+    bf16_unpack(all, gathered, (size_t)g->size * block);
+}
+
 static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
     const ExpertParallel *ep = ctx->ep;
     const Comm *g = ep->gather;
@@ -550,7 +570,7 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
-        comm_allgather(g, x, b->tokens_all, (size_t)N * H);
+        gather_tokens(ctx, ma, x, b->tokens_all, N);
         comm_allgather_int32(g, ma->route.topk_idx, el->topk_all, (size_t)N * k);
         comm_allgather_int32(g, ma->route.kept, el->kept_all, (size_t)N * k);
         comm_allgather(g, ma->route.topk_probs, el->probs_all, (size_t)N * k);
@@ -591,7 +611,7 @@ static void allgather_combine_backward(const MoeDispatchContext *ctx, MoeActs *m
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
-        comm_allgather(g, d_out, b->tokens_all, (size_t)N * H);
+        gather_tokens(ctx, ma, d_out, b->tokens_all, N);
         ctx->buffers->comm_s += now_seconds() - t0;
     }
     dispatch_forward(b->d_rows_out, NULL, b->tokens_all, NULL, &el->plan, H);

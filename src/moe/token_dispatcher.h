@@ -25,7 +25,7 @@ typedef struct {
     int bf16_rows;                 // the rows and their output gradients travel to the experts'
                                    // ranks as bf16 (ops.h bf16_pack): only the experts' bf16-input
                                    // GEMMs read them, so the results are the same bits at half the
-                                   // bytes (the alltoall dispatcher; H even)
+                                   // bytes (both dispatchers; H even)
 } MoeDispatchContext;
 
 // The backward buffers of the caller a dispatcher fills or hands the experts (rows: the
