@@ -62,13 +62,17 @@ static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm
 }
 
 // C_g[rows_g, N] = A_g[rows_g, K]·op(W_g) + beta·C_g per group (op: ᵀ with trans_b; lda K, ldc N,
-// W_g [K,N] or with trans_b [N,K]): one grouped GEMM over counts, or with host offsets one
-// GEMM per non-empty group.
+// W_g [K,N] or with trans_b [N,K]; beta 0 or 1): one grouped GEMM over counts, or with host
+// offsets one GEMM per non-empty group.
 static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, int N, int K, const real *A,
                     real *const *W, real beta, real *C) {
     int ldb = trans_b ? K : N;
-    if (q) {
-        MT_ASSERT(beta == (trans_b ? 0 : 1));  // the forward overwrites, the input gradient accumulates
+    if (q) {  // the quantized forward overwrites, its input gradient accumulates (onto zeros for beta 0)
+        MT_ASSERT(beta == 0 || !trans_b);
+        if (!trans_b && beta == 0) {
+            RowSpan r = row_span(s);
+            vec_zero(C + (size_t)r.first * N, (size_t)r.total * N);
+        }
         quant_project(s, q, trans_b ? QUANT_FPROP : QUANT_DGRAD, N, K, A, NULL, W, C);
         return;
     }
@@ -134,16 +138,14 @@ void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_o
                            real *scratch_dgate, real *scratch_dup, real *scratch_dact) {
     int H = s->H, I = s->I;
     RowSpan r = row_span(s);
-    size_t first_i = (size_t)r.first * I, first_h = (size_t)r.first * H;
+    size_t first_i = (size_t)r.first * I;
     // down projection: dact = dy·W_down (rows,H) x (H,I)
-    vec_zero(scratch_dact + first_i, (size_t)r.total * I);
-    project(s, w->quant_down, 0, I, H, drows_out, w->down, 1, scratch_dact);
+    project(s, w->quant_down, 0, I, H, drows_out, w->down, 0, scratch_dact);
     swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + r.first : NULL,
                     scratch_dact + first_i, acts->gate + first_i, acts->up + first_i,
                     row_scale ? row_scale + r.first : NULL, r.total, I);
     // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
-    vec_zero(drows_in + first_h, (size_t)r.total * H);
-    project(s, w->quant_gate, 0, H, I, scratch_dgate, w->gate, 1, drows_in);
+    project(s, w->quant_gate, 0, H, I, scratch_dgate, w->gate, 0, drows_in);
     project(s, w->quant_up, 0, H, I, scratch_dup, w->up, 1, drows_in);
 }
 
