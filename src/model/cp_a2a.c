@@ -45,13 +45,23 @@ static void head_blocks_copy(const A2aLayout *l, real *x, real *blocks, int head
 }
 
 // x (B, 2C, heads, w) of this member -> super (B, 2·A·C, heads/A, w): its head slice of
-// every member's tokens.
-static void sequence_gather(const A2aLayout *l, const real *x, real *super, int heads, int w) {
+// every member's tokens. bf16: x travels as bf16 (only the attention's bf16-input GEMMs read
+// it: q, k, v with RingAttentionShape.bf16_kv), packed into recv's halves and widened back
+// into send.
+static void sequence_gather(const A2aLayout *l, const real *x, real *super, int heads, int w, int bf16) {
     size_t n = (size_t)l->B * 2 * l->C * heads * w;  // A blocks of (B·2C, heads/A, w)
-    real *send = device_calloc(n, sizeof(real)), *recv = device_calloc(n, sizeof(real));
+    real *send = device_calloc(n, sizeof(real)), *recv = device_calloc(n, sizeof(real)), *arrived = recv;
     head_blocks_copy(l, (real *)x, send, heads, w, 1);
-    comm_alltoall(l->inner, send, recv, n / l->A);
-    super_rows_copy(l, (char *)super, (char *)recv, (size_t)heads / l->A * w * sizeof(real), 1);
+    if (bf16 && n % (2 * (size_t)l->A) == 0) {
+        real *packed_send = recv, *packed_recv = recv + n / 2;
+        bf16_pack(packed_send, send, n);
+        comm_alltoall(l->inner, packed_send, packed_recv, n / 2 / l->A);
+        bf16_unpack(send, packed_recv, n);
+        arrived = send;
+    } else {
+        comm_alltoall(l->inner, send, recv, n / l->A);
+    }
+    super_rows_copy(l, (char *)super, (char *)arrived, (size_t)heads / l->A * w * sizeof(real), 1);
     device_free(send), device_free(recv);
 }
 
@@ -116,9 +126,9 @@ static void gather_qkv(const A2aLayout *l, const RingAttentionShape *s, SuperTen
     t->q = device_calloc(n * s->heads * s->head_dim, sizeof(real));
     t->k = device_calloc(n * s->kv_heads * s->head_dim, sizeof(real));
     t->v = device_calloc(n * s->kv_heads * v_width(s), sizeof(real));
-    sequence_gather(l, q, t->q, s->heads, s->head_dim);
-    sequence_gather(l, k, t->k, s->kv_heads, s->head_dim);
-    sequence_gather(l, v, t->v, s->kv_heads, v_width(s));
+    sequence_gather(l, q, t->q, s->heads, s->head_dim, s->bf16_kv);
+    sequence_gather(l, k, t->k, s->kv_heads, s->head_dim, s->bf16_kv);
+    sequence_gather(l, v, t->v, s->kv_heads, v_width(s), s->bf16_kv);
     t->key_start = super_key_start(l, s->key_start);
 }
 
@@ -157,11 +167,11 @@ void a2a_attention_backward(const Comm *inner, const Comm *outer, real *dq, real
     t.out = device_calloc(n * s->heads * v_width(s), sizeof(real));
     t.dout = device_calloc(n * s->heads * v_width(s), sizeof(real));
     t.lse = device_calloc(n * s->heads, sizeof(real));
-    sequence_gather(&l, out, t.out, s->heads, v_width(s));
-    sequence_gather(&l, dout, t.dout, s->heads, v_width(s));
+    sequence_gather(&l, out, t.out, s->heads, v_width(s), 0);  // read outside the GEMMs too (D = rowsum(dout ⊙ out))
+    sequence_gather(&l, dout, t.dout, s->heads, v_width(s), 0);
     real *rows = device_calloc(n * s->heads, sizeof(real)), *super_rows = device_calloc(n * s->heads, sizeof(real));
     batched_transpose(rows, lse, l.B, s->heads, 2 * s->C);
-    sequence_gather(&l, rows, super_rows, s->heads, 1);
+    sequence_gather(&l, rows, super_rows, s->heads, 1, 0);
     batched_transpose(t.lse, super_rows, l.B, 2 * rs.C, rs.heads);
     device_free(rows), device_free(super_rows);
     real *sdq = device_calloc(n * s->heads * s->head_dim, sizeof(real));

@@ -22,9 +22,10 @@ typedef struct {
                                 // sequence (packed documents), or NULL
     DropoutMask dropout;        // attention dropout as AttentionShape's (hashed by global head
     int head_first;             // and the chunks' positions in the whole sequence)
-    int bf16_kv;                // the K/V blocks travel as bf16 (ops.h bf16_pack; p2p and allgather):
-                                // --bf16 on the cpu backend, whose attention reads K and V only
-                                // through bf16-input GEMMs, so the same bits at half the bytes
+    int bf16_kv;                // q, k and v travel as bf16 (ops.h bf16_pack: the K/V blocks of p2p
+                                // and allgather, the a2a's q, k, v): --bf16 on the cpu backend,
+                                // whose attention reads them only through bf16-input GEMMs, so the
+                                // same bits at half the bytes
 } RingAttentionShape;
 
 // q (B, 2C, heads, d), k (B, 2C, kv_heads, d), v (B, 2C, kv_heads, dv) of this rank's chunks

@@ -105,11 +105,12 @@ packed_documents() {
 }
 packed_documents
 
-# --bf16: the K/V blocks travel as bf16 (the cpu attention reads them only through bf16-input
-# GEMMs): the same bits as fp32 blocks at 0.6-0.9 of the bytes (the backward's dK/dV sums stay
-# fp32; p2p here: 0.75, allgather 0.67)
+# --bf16: the K/V blocks (and the a2a's q, k, v) travel as bf16 (the cpu attention reads them
+# only through bf16-input GEMMs): the same bits as fp32 at 0.6-0.9 of the bytes (the
+# backward's dK/dV sums stay fp32; p2p and a2a here: 0.75, allgather 0.67)
 bf16_exchange_exact cp2_bf16_kv_p2p 2 cp_bytes 0.6 0.9 "${CP2[@]}" "${MOE[@]}"
 full cp2_bf16_kv_allgather bf16_exchange_exact cp2_bf16_kv_allgather 2 cp_bytes 0.6 0.9 "${CP2[@]}" --cp-comm-type allgather --num-experts 0
+full cp2_bf16_qkv_a2a bf16_exchange_exact cp2_bf16_qkv_a2a 2 cp_bytes 0.6 0.9 "${CP2[@]}" --cp-comm-type a2a --num-experts 0
 
 # checkpoints: CP=2 x EP=2 (distributed optimizer) for 4 steps, then one process for 3, then
 # CP=4 for the last 3, give the single-process 10 steps
