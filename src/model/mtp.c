@@ -84,8 +84,7 @@ static void depth_forward(StagePass *s, int k) {
                     2 * H, H);
     stage_block_forward(s, l, d->x_out);
     rmsnorm_forward(d->out, d->out_rstd, d->x_out, tt_param(&m->tt, mp->final_norm), N_local, H, eps);
-    TpRegion region = model_tp_region(m);
-    tp_enter_forward(&region, d->out, d->out_full, N, H);
+    model_tp_gather_gemm_rows(m, a->sp_workspace, d->out, d->out_full, N, H);
     HeadLoss h = depth_head(d);
     a->mtp_loss[k] = head_loss_forward(m, &h, d->out_full, d->targets, d->loss_mask, N);
 }
