@@ -467,6 +467,15 @@ int model_exchanges_bf16(const Model *m) {
     return m->cfg.bf16 && device_active() != DEVICE_CUDA && !fp32_asked;
 }
 
+int model_expert_rows_bf16(const Model *m) {
+    return model_exchanges_bf16(m) && !m->quant && m->plan.moe_hidden % 2 == 0;
+}
+
+int model_tp_gathers_bf16(const Model *m) {
+    const LayoutPlan *p = &m->plan;
+    return model_exchanges_bf16(m) && !m->quant && p->sequence_parallel && p->tp_size > 1 && p->hidden % 2 == 0;
+}
+
 int model_moe_layers(const Config *c) {
     int n = 0;
     for (int l = 0; l < config_all_layers(c); l++) n += c->moe_layer[l];

@@ -305,6 +305,11 @@ int model_moe_layers(const Config *c);
 // whose GEMMs round their inputs exactly as the packing does, so the results are the same
 // bits. MOETRON_EXCHANGE=fp32 keeps them fp32 (to compare the two).
 int model_exchanges_bf16(const Model *m);
+// Which of those do: the experts' rows (both dispatchers; not under an FP8 / FP4 recipe, whose
+// quantizers read the fp32 values; rows of an even width), and sequence parallelism's
+// all-gathers of rows only GEMMs read (the same conditions; model_tp_gather_gemm_rows).
+int model_expert_rows_bf16(const Model *m);
+int model_tp_gathers_bf16(const Model *m);
 
 // Forward one micro-batch through the whole model (one chunk holding it all). With batch->targets: returns the lm loss and sets a->lm_loss,
 // a->aux_loss. kv (per layer, or NULL) switches to cached generation: the B·T tokens sit

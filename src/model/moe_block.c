@@ -148,13 +148,6 @@ static void trace_picks(const Model *m, int layer, const MoeActs *ma, const Batc
     free(picks);
 }
 
-// Whether the rows the experts' ranks receive (and their output gradients) travel as bf16
-// (model_exchanges_bf16): only the experts' GEMMs read them, unless an FP8 / FP4 recipe
-// quantizes their fp32 values instead; and the rows must pack in pairs.
-static int expert_rows_bf16(const Model *m) {
-    return model_exchanges_bf16(m) && !m->quant && m->plan.moe_hidden % 2 == 0;
-}
-
 // What the token dispatcher needs of the model, in a forward or a backward pass (each kind
 // its own exchange scratch: the combined schedule overlaps a forward with a backward); its
 // rows are the latent width with latent MoE.
@@ -162,7 +155,7 @@ static MoeDispatchContext dispatch_context(const Model *m, PassKind pass) {
     return (MoeDispatchContext){.hidden = m->plan.moe_hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
                                 .ep = &m->ep, .buffers = m->ep_buffers[pass],
                                 .act_shared = plan_recomputes(&m->plan, RECOMPUTE_MOE_ACT),
-                                .bf16_rows = expert_rows_bf16(m)};
+                                .bf16_rows = model_expert_rows_bf16(m)};
 }
 
 // Latent MoE (--moe-latent-size): the layer's routed experts work in the latent width, fc1

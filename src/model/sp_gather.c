@@ -5,15 +5,9 @@
 #include "model/layers.h"
 #include "ops/ops.h"
 
-// Whether this gather moves bf16: sequence parallelism over more than one rank, bf16
-// exchanges, no FP8 / FP4 recipe (its quantizers read the fp32 values), rows in pairs.
-static int gathers_bf16(const Model *m, const TpRegion *r, int C) {
-    return r->sequence_parallel && r->tp->size > 1 && model_exchanges_bf16(m) && !m->quant && C % 2 == 0;
-}
-
 void model_tp_gather_gemm_rows(const Model *m, real *scratch, const real *x, real *x_full, int N, int C) {
     TpRegion r = model_tp_region(m);
-    if (!gathers_bf16(m, &r, C)) {
+    if (!model_tp_gathers_bf16(m) || C % 2) {  // (model.h: sequence parallelism, bf16 exchanges, no recipe)
         tp_enter_forward(&r, x, x_full, N, C);
         return;
     }

@@ -543,16 +543,19 @@ const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {
 // exchange buffer when ctx->bf16_rows (the gathered tokens become expert rows, read only by the
 // experts' GEMMs) and the buffer, made for the layer's bound of rows, holds the packed gather
 // and this rank's packed tokens; else as they are.
+int ep_gather_packs_bf16(const ExpertParallel *ep, const EpExchangeShape *s) {
+    return ep_max_rows(ep, s) * 2 >= ((size_t)ep->gather->size + 1) * (size_t)s->tokens;
+}
+
 static void gather_tokens(const MoeDispatchContext *ctx, const MoeActs *ma, const real *x, real *all, int N) {
     const Comm *g = ctx->ep->gather;
     size_t block = (size_t)N * ctx->hidden;
     EpExchangeShape shape = exchange_shape(ctx, ma);
-    size_t bound = ep_max_rows(ctx->ep, &shape);
-    if (!ctx->bf16_rows || bound * ctx->hidden < ((size_t)g->size + 1) * block / 2) {
+    if (!ctx->bf16_rows || !ep_gather_packs_bf16(ctx->ep, &shape)) {
         comm_allgather(g, x, all, block);
         return;
     }
-    struct EpBuffers *b = buffers_for_rows(ctx, bound);
+    struct EpBuffers *b = buffers_for_rows(ctx, ep_max_rows(ctx->ep, &shape));
     real *gathered = b->exchange, *mine = b->exchange + (size_t)g->size * block / 2;
     bf16_pack(mine, x, block);
     comm_allgather(g, mine, gathered, block / 2);

@@ -83,6 +83,10 @@ size_t ep_max_rows(const ExpertParallel *ep, const EpExchangeShape *s);
 // backward pass's), for that bound.
 double ep_layer_bytes(const ExpertParallel *ep, const EpExchangeShape *s);
 double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s, int gradients);
+// Whether the allgather dispatcher's token gathers of a layer of shape s can move bf16 rows
+// (MoeDispatchContext.bf16_rows): the pass's exchange buffer, made for ep_max_rows rows, holds
+// the group's packed tokens and this rank's.
+int ep_gather_packs_bf16(const ExpertParallel *ep, const EpExchangeShape *s);
 // A MoE layer's exchange state (the rows this rank's experts computed, their counts and
 // sizes): made on the layer's first exchange, or now by ep_layer_prepare (when several
 // layers' MoeActs are to share one: the recompute slots, model/activations.c); ep_layer_free

@@ -38,7 +38,8 @@ static RankLayers rank_layers(const Model *m) {
 // gradient norm, and with SP the replicated norms' (and latent MoE's projections') partial
 // gradients. Each multi-token-prediction depth looks up the embedding and runs the head once
 // more, and with SP adds its two norms, final norm and [H, 2H] projection to the partial
-// gradients.
+// gradients. With bf16 gathers (model_tp_gathers_bf16) each block's two all-gathers and each
+// head's move half the bytes (not the embedding's backward one).
 static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estimated) {
     const LayoutPlan *p = &m->plan;
     int P = p->tp_size, H = p->hidden;
@@ -49,7 +50,8 @@ static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estim
     double X = (double)N * H, per_mb;
     int blocks = r.layers + (r.layers - r.moe) + r.shared;  // attention; the dense FFN or shared expert
     if (p->sequence_parallel)  // 4 collectives a block, 2 an end: (P-1)/P of X each
-        per_mb = (4.0 * blocks + 2.0 * ends) * (P - 1) * X / P * REAL;
+        per_mb = (4.0 * blocks + 2.0 * ends - (model_tp_gathers_bf16(m) ? (2.0 * blocks + heads) / 2 : 0)) * (P - 1) * X /
+                 P * REAL;
     else  // 2 all-reduces a block, 1 an end
         per_mb = (2.0 * blocks + ends) * allreduce_elements(X, p->tp) * REAL;
     per_mb += heads * ((double)(P - 1) * N * REAL + allreduce_elements(2.0 * N, p->tp) * DOUBLE);
@@ -69,18 +71,22 @@ static double tp_bytes(const Config *c, const Model *m, int M, int N, int *estim
 // backward and reduce-scatters their gradients: 3·(CP - 1); a2a sends (CP - 1)/CP of the
 // queries, keys, values and output each way, forward, backward and for the gradients:
 // 3·(CP - 1)/CP of q, k, v and out. (a2a+p2p: the inner all-to-all and the outer ring.)
+// With bf16 exchanges (model_exchanges_bf16) the keys and values forward and backward, and
+// the a2a's q, k, v, move half the bytes (their gradients and the outputs do not).
 // Estimates: the log-sum-exps and loss sums besides are left out.
-static double cp_layer_bytes(const LayoutPlan *p, CpCommType type, int inner, double N) {
+static double cp_layer_bytes(const LayoutPlan *p, CpCommType type, int inner, double N, int bf16) {
     int P = p->cp_size;
-    double kv = N * (p->width.k + p->width.v) * REAL, qkvo = N * (p->width.q + p->width.k + p->width.v + p->width.out) * REAL;
+    double kv = N * (p->width.k + p->width.v) * REAL, qkv = N * (p->width.q + p->width.k + p->width.v) * REAL;
+    double out = N * p->width.out * REAL, moved = bf16 ? 1.0 : 2.0;  // two trips of k, v (q, k, v) forward and backward
+    double a2a = (moved + 1) * qkv + 3 * out;                          // and their gradients' one trip
     switch (type) {
-    case CP_COMM_ALLGATHER: return 3.0 * (P - 1) * kv;
-    case CP_COMM_A2A: return 3.0 * (P - 1) / P * qkvo;
+    case CP_COMM_ALLGATHER: return (moved + 1) * (P - 1) * kv;
+    case CP_COMM_A2A: return (double)(P - 1) / P * a2a;
     case CP_COMM_A2A_P2P: {
         int outer = P / inner;
-        return 3.0 * (inner - 1) / inner * qkvo + (3.0 * outer - 2) * kv * (outer > 1);
+        return (double)(inner - 1) / inner * a2a + (moved * (outer - 1) + outer) * kv * (outer > 1);
     }
-    default: return (3.0 * P - 2) * kv;
+    default: return (moved * (P - 1) + P) * kv;
     }
 }
 
@@ -90,7 +96,8 @@ static double cp_bytes(const Config *c, const Model *m, int M, int N, int *estim
     *estimated = 1;
     double bytes = 0;
     for (int l = 0; l < p->layers + p->mtp_layers; l++)  // the multi-token-prediction depths' too
-        if (plan_holds_layer(p, l)) bytes += cp_layer_bytes(p, p->cp_comm[l], p->cp_inner->size, (double)N);
+        if (plan_holds_layer(p, l))
+            bytes += cp_layer_bytes(p, p->cp_comm[l], p->cp_inner->size, (double)N, model_exchanges_bf16(m));
     return M * bytes;
 }
 
@@ -121,20 +128,25 @@ static double dp_bytes(const Config *c, const Model *m, const GradGroups *gg, in
 // The token exchange per MoE layer and micro-batch: allgather (the group's inputs and
 // routing gathered, the outputs reduce-scattered; backward the output gradient gathered and
 // the input and prob gradients reduce-scattered), or alltoall under balanced routing (this
-// rank's N·k rows, (EP-1)/EP of them to other ranks, there and back each way).
-static double ep_bytes(const Model *m, int M, int N, int *estimated) {
+// rank's N·k rows, (EP-1)/EP of them to other ranks, there and back each way). With bf16
+// rows (model_expert_rows_bf16) the rows and the output gradients going to the experts move
+// half the bytes (allgather: when its exchange buffer holds them, ep_gather_packs_bf16).
+static double ep_bytes(const Model *m, const Pipeline *pl, int M, int N, int *estimated) {
     const ExpertParallel *ep = &m->ep;
     if (!ep->gather) return 0;
+    EpExchangeShape shape = acts_exchange_shape(m, pl->B, pl->T);
     const LayoutPlan *p = &m->plan;
     RankLayers r = rank_layers(m);
     int H = p->moe_hidden, k = p->topk, G = ep->gather->size;  // the rows' width: latent with latent MoE
+    int bf16 = model_expert_rows_bf16(m);
     double per_layer;
     if (ep->dispatcher == DISPATCH_ALLGATHER) {
-        per_layer = (double)(G - 1) * (4.0 * N * H + 4.0 * N * k) * REAL;
+        double trips = bf16 && ep_gather_packs_bf16(ep, &shape) ? 3.0 : 4.0;  // of (N, H)
+        per_layer = (double)(G - 1) * (trips * N * H + 4.0 * N * k) * REAL;
     } else {
         *estimated = 1;
         double rows = (double)N * k * (ep->size - 1) / ep->size;
-        per_layer = rows * (4.0 * H + 2) * REAL * (ep->etp ? ep->etp->size : 1);
+        per_layer = rows * ((bf16 ? 3.0 : 4.0) * H + 2) * REAL * (ep->etp ? ep->etp->size : 1);
     }
     double norm = (allreduce_elements(1, ep->comm) + (ep->etp ? allreduce_elements(1, ep->etp) : 0)) * DOUBLE;
     return M * r.moe * per_layer + norm;
@@ -166,7 +178,7 @@ CommPlan comm_plan(const Config *c, const Model *m, const Pipeline *pl, const Gr
     plan.bytes[DIM_TP] = tp_bytes(c, m, M, N, &plan.estimated[DIM_TP]);
     plan.bytes[DIM_CP] = cp_bytes(c, m, M, N, &plan.estimated[DIM_CP]);
     plan.bytes[DIM_DP] = dp_bytes(c, m, gg, &plan.estimated[DIM_DP]);
-    plan.bytes[DIM_EP] = ep_bytes(m, M, N_local, &plan.estimated[DIM_EP]);
+    plan.bytes[DIM_EP] = ep_bytes(m, pl, M, N_local, &plan.estimated[DIM_EP]);
     plan.bytes[DIM_PP] = pp_bytes(c, m, M, N_local);
     return plan;
 }

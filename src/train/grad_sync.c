@@ -136,24 +136,35 @@ static int counts_piece(const GradSync *g, const TensorDesc *d) {
     return group->rank % (group->size / s->parts) == 0;
 }
 
-// A statistic of a piece of values, into one double of tensor memory: vec_sum_squares_to,
-// vec_count_zeros_to.
-typedef void (*PieceStat)(double *out, const real *x, size_t n);
+// A statistic of a piece of values, into one double of tensor memory (vec_sum_squares_to,
+// vec_count_zeros_to), and whether it leaves out the tensors the optimizer never steps (the
+// expert bias: Megatron keeps it as a buffer, with no gradient to count).
+typedef struct {
+    void (*of)(double *out, const real *x, size_t n);
+    int trained_only;
+} PieceStat;
+
+static int has_untrained(const TensorTable *tt) {
+    for (int i = 0; i < tt->count; i++)
+        if (tt->descs[i].flags & TENSOR_NOT_TRAINED) return 1;
+    return 0;
+}
 
 // stat summed over [range) of values (tt->grads or tt->params) for the tensors this rank
-// counts; the whole range as one piece when no tensor is split (the one-process value, bit
-// for bit). Split: each counted piece's value into one tensor block, one download of them
-// all, added on the host in tensor order.
+// counts; the whole range as one piece when no tensor is split or left out (the one-process
+// value, bit for bit). Else each counted piece's value into one tensor block, one download of
+// them all, added on the host in tensor order.
 static double counted_stat(const GradSync *g, const TensorTable *tt, const real *values, FlatRange range,
                            PieceStat stat) {
-    int whole = g->tp->size == 1 && g->etp->size == 1 && !g->has_copies;
+    int whole = g->tp->size == 1 && g->etp->size == 1 && !g->has_copies && !(stat.trained_only && has_untrained(tt));
     double *piece_stats = device_calloc(whole ? 1 : (size_t)MT_MAX(tt->count, 1), sizeof(double));
     int pieces = 0;
-    if (whole) stat(piece_stats + pieces++, values + range.begin, (size_t)(range.end - range.begin));
+    if (whole) stat.of(piece_stats + pieces++, values + range.begin, (size_t)(range.end - range.begin));
     for (int i = 0; !whole && i < tt->count; i++) {
         const TensorDesc *d = &tt->descs[i];
         int64_t from = MT_MAX((int64_t)d->offset, range.begin), to = MT_MIN((int64_t)(d->offset + d->numel), range.end);
-        if (from < to && counts_piece(g, d)) stat(piece_stats + pieces++, values + from, (size_t)(to - from));
+        int left_out = stat.trained_only && (d->flags & TENSOR_NOT_TRAINED);
+        if (from < to && counts_piece(g, d) && !left_out) stat.of(piece_stats + pieces++, values + from, (size_t)(to - from));
     }
     double *host = mt_calloc(pieces ? (size_t)pieces : 1, sizeof(double)), sum = 0;
     device_download(host, piece_stats, (size_t)pieces * sizeof(double));  // the range's one wait
@@ -181,13 +192,13 @@ static double counted_total(const GradSync *g, const TensorTable *tt, const real
 }
 
 static double counted_norm(const GradSync *g, const TensorTable *tt, const real *values) {
-    return sqrt(counted_total(g, tt, values, vec_sum_squares_to));
+    return sqrt(counted_total(g, tt, values, (PieceStat){vec_sum_squares_to, 0}));
 }
 
 double grad_sync_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->grads); }
 
 long long grad_sync_count_zeros(const GradSync *g, const TensorTable *tt) {
-    return (long long)counted_total(g, tt, tt->grads, vec_count_zeros_to);
+    return (long long)counted_total(g, tt, tt->grads, (PieceStat){vec_count_zeros_to, 1});
 }
 
 // Every rank holds every parameter of its tensors (after grad_sync_gather_params), so each

@@ -70,8 +70,9 @@ void grad_sync_finish(GradSync *g, TensorTable *tt);
 // several tensor-parallel ranks hold counts on the first of them, a tied LM head's copy on
 // the last pipeline stage not at all (every rank gets the same value).
 double grad_sync_norm(const GradSync *g, const TensorTable *tt);
-// How many of those gradient elements are exactly zero, each counted once as in the norm
-// (--log-num-zeros-in-grad; every rank gets the same count).
+// How many of those gradient elements are exactly zero, each counted once as in the norm,
+// leaving out the tensors the optimizer never steps (the expert bias, which Megatron keeps as
+// a buffer) (--log-num-zeros-in-grad; every rank gets the same count).
 long long grad_sync_count_zeros(const GradSync *g, const TensorTable *tt);
 // The same L2 norm of all parameters (--log-params-norm), after the optimizer step.
 double grad_sync_params_norm(const GradSync *g, const TensorTable *tt);

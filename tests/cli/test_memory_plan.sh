@@ -80,6 +80,12 @@ bytes_case ep2_alltoall 2 --expert-model-parallel-size 2
 full plan_bytes_cp2_p2p bytes_case cp2_p2p 2 --context-parallel-size 2
 full plan_bytes_cp4_a2a_allgather bytes_case cp4_a2a_allgather 4 --num-layers 2 --context-parallel-size 4 \
     --cp-comm-type a2a allgather
+# --bf16: the exchanges only GEMMs read move bf16 (docs/precision.md), and the plan counts them so
+bytes_case tp2_sp_bf16 2 --num-experts 0 --tensor-model-parallel-size 2 --sequence-parallel --bf16
+full plan_bytes_ep2_allgather_bf16 bytes_case ep2_allgather_bf16 2 --expert-model-parallel-size 2 \
+    --moe-token-dispatcher-type allgather --bf16
+full plan_bytes_ep2_alltoall_bf16 bytes_case ep2_alltoall_bf16 2 --expert-model-parallel-size 2 --bf16
+bytes_case cp4_p2p_a2a_allgather_bf16 4 --num-layers 3 --context-parallel-size 4 --cp-comm-type p2p a2a allgather --bf16
 
 expect_error plan_world_not_divisible "world of 3 processes is not divisible" -- \
     "$M" plan "${SMALL[@]}" --tensor-model-parallel-size 2 --sequence-parallel --world-size 3
