@@ -85,7 +85,7 @@ bytes_case tp2_sp_bf16 2 --num-experts 0 --tensor-model-parallel-size 2 --sequen
 full plan_bytes_ep2_allgather_bf16 bytes_case ep2_allgather_bf16 2 --expert-model-parallel-size 2 \
     --moe-token-dispatcher-type allgather --bf16
 full plan_bytes_ep2_alltoall_bf16 bytes_case ep2_alltoall_bf16 2 --expert-model-parallel-size 2 --bf16
-bytes_case cp4_p2p_a2a_allgather_bf16 4 --num-layers 3 --context-parallel-size 4 --cp-comm-type p2p a2a allgather --bf16
+full plan_bytes_cp4_p2p_a2a_allgather_bf16 bytes_case cp4_p2p_a2a_allgather_bf16 4 --num-layers 3 --context-parallel-size 4 --cp-comm-type p2p a2a allgather --bf16
 
 expect_error plan_world_not_divisible "world of 3 processes is not divisible" -- \
     "$M" plan "${SMALL[@]}" --tensor-model-parallel-size 2 --sequence-parallel --world-size 3
