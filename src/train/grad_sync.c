@@ -191,19 +191,23 @@ static double counted_total(const GradSync *g, const TensorTable *tt, const real
     return sum[REGION_DENSE] + sum[REGION_EXPERT];
 }
 
-static double counted_norm(const GradSync *g, const TensorTable *tt, const real *values) {
-    return sqrt(counted_total(g, tt, values, (PieceStat){vec_sum_squares_to, 0}));
+// The L2 norm of values over the counted elements (trained_only: as PieceStat's).
+static double counted_norm(const GradSync *g, const TensorTable *tt, const real *values, int trained_only) {
+    return sqrt(counted_total(g, tt, values, (PieceStat){vec_sum_squares_to, trained_only}));
 }
 
-double grad_sync_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->grads); }
+// (The never-trained tensors' gradients are zero: counting them changes no value, and keeps
+// one process's norm a single sum.)
+double grad_sync_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->grads, 0); }
 
 long long grad_sync_count_zeros(const GradSync *g, const TensorTable *tt) {
     return (long long)counted_total(g, tt, tt->grads, (PieceStat){vec_count_zeros_to, 1});
 }
 
 // Every rank holds every parameter of its tensors (after grad_sync_gather_params), so each
-// counts its shard of a sharded region like the gradients'.
-double grad_sync_params_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->params); }
+// counts its shard of a sharded region like the gradients'; the never-trained tensors (the
+// expert bias, a buffer in Megatron's params norm) are left out.
+double grad_sync_params_norm(const GradSync *g, const TensorTable *tt) { return counted_norm(g, tt, tt->params, 1); }
 
 void grad_sync_gather_params(GradSync *g, TensorTable *tt) {
     for (int i = 0; i < REGIONS; i++) {

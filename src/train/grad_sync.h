@@ -74,7 +74,8 @@ double grad_sync_norm(const GradSync *g, const TensorTable *tt);
 // leaving out the tensors the optimizer never steps (the expert bias, which Megatron keeps as
 // a buffer) (--log-num-zeros-in-grad; every rank gets the same count).
 long long grad_sync_count_zeros(const GradSync *g, const TensorTable *tt);
-// The same L2 norm of all parameters (--log-params-norm), after the optimizer step.
+// The same L2 norm of all trained parameters (--log-params-norm; not the expert bias, as
+// Megatron's), after the optimizer step.
 double grad_sync_params_norm(const GradSync *g, const TensorTable *tt);
 // After the optimizer step: every rank holds every updated parameter of its tensors.
 void grad_sync_gather_params(GradSync *g, TensorTable *tt);
