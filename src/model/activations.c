@@ -90,7 +90,9 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     SAVED(bp, ma->row_probs, dispatched, 1);
     SAVED(bp, ma->experts.gate, computed, I);
     SAVED(bp, ma->experts.up, computed, I);
-    SAVED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, a->recomputed.moe_act);
+    ma->experts.act_store = p->expert_act_store;
+    SAVED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act,
+                   storage_reals(computed * I, p->expert_act_store), 1, a->recomputed.moe_act);
     SAVED(bp, ma->rows_out, dispatched, Hr);
 }
 
@@ -265,7 +267,9 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
     }
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE)) plan_moe(bp, &a->recomputed.moe, a, m, B, T);
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE_ACT))
-        WORKSPACE(bp, a->recomputed.moe_act, local_expert_rows(m, moe_rows(&m->cfg, p, N_local, N)), p->moe_ffn);
+        WORKSPACE(bp, a->recomputed.moe_act,
+                  storage_reals(local_expert_rows(m, moe_rows(&m->cfg, p, N_local, N)) * p->moe_ffn, p->expert_act_store),
+                  1);
 }
 
 // A chunk's layers: each recomputed group's input, every other layer whole.
@@ -419,7 +423,7 @@ EpExchangeShape acts_exchange_shape(const Model *m, int B, int T) {
     return (EpExchangeShape){.tokens = plan_local_tokens(p, B * T), .topk = p->topk, .align = p->expert_row_align,
                              .capacity = c->moe_pad_expert_input_to_capacity ? limit : 0, .expert_limit = limit,
                              .hidden = p->moe_hidden, .moe_ffn = p->moe_ffn,
-                             .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT)};
+                             .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT), .act_store = p->expert_act_store};
 }
 
 double model_exchange_scratch_bytes(const Model *m, int B, int T) {

@@ -15,6 +15,7 @@
 #pragma once
 #include "core/config.h"
 #include "core/tensor_table.h"
+#include "ops/gemm.h"
 #include "parallel/comm.h"
 
 // Per-token widths of attention on this rank: queries heads·head_dim, keys and values
@@ -107,6 +108,11 @@ typedef struct {
     int moe_ffn;     // each routed expert: moe_ffn_hidden_size / ETP
     int moe_hidden;  // the routed experts' rows (dispatch, exchange, experts, combine): the
                      // latent width with --moe-latent-size, else hidden
+    // how the routed experts' SwiGLU output (rows, moe_ffn) is kept (moe/experts.h act_store):
+    // bf16 with --bf16 on the cpu backend, whose down-projection GEMMs (its only readers) round
+    // it so anyway — the same bits at half the memory — unless an FP8 / FP4 recipe quantizes
+    // from fp32 values; MOETRON_ACTIVATIONS=fp32 keeps it fp32 (to compare the two)
+    Storage expert_act_store;
     // vocabulary
     int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
     int padded_vocab;        // all rows

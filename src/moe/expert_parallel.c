@@ -94,19 +94,22 @@ size_t ep_max_rows(const ExpertParallel *ep, const EpExchangeShape *s) {
 static EpExchangeShape exchange_shape(const MoeDispatchContext *ctx, const MoeActs *ma) {
     return (EpExchangeShape){.tokens = ma->plan.N, .topk = ma->plan.k, .align = ma->plan.align,
                              .capacity = ma->route.capacity,
-                             .expert_limit = ma->route.expert_limit, .hidden = ctx->hidden, .moe_ffn = ctx->moe_ffn, .act_shared = ctx->act_shared};
+                             .expert_limit = ma->route.expert_limit, .hidden = ctx->hidden, .moe_ffn = ctx->moe_ffn, .act_shared = ctx->act_shared,
+                             .act_store = ctx->act_store};
 }
 
-// Reals per row of the layer state (rows_in, rows_out, row_probs, gate, up, act) and of a
-// pass's scratch (exchange, own with ETP, the gradients); the allgather dispatcher's
-// gathered tokens and choices besides.
-static size_t layer_reals_per_row(const EpExchangeShape *s) {
-    return 2 * (size_t)s->hidden + 1 + (size_t)s->moe_ffn * (s->act_shared ? 2 : 3);
+// Bytes per row of the layer state (rows_in, rows_out, row_probs, gate, up, act as stored) and
+// reals of a pass's scratch (exchange, own with ETP, the gradients, the shared act); the allgather
+// dispatcher's gathered tokens and choices besides.
+static double layer_bytes_per_row(const EpExchangeShape *s) {
+    size_t act_bytes = s->act_shared ? 0 : (size_t)s->moe_ffn * storage_bytes(s->act_store);
+    return (double)(2 * (size_t)s->hidden + 1 + 2 * (size_t)s->moe_ffn) * sizeof(real) + (double)act_bytes;
 }
 
 static size_t buffers_reals_per_row(const ExpertParallel *ep, const EpExchangeShape *s, int gradients) {
     size_t H = s->hidden, I = s->moe_ffn;
-    return (H + 1) * (ep->etp ? 2 : 1) + (gradients ? 2 * H + 1 + 3 * I : 0) + (s->act_shared ? I : 0);
+    return (H + 1) * (ep->etp ? 2 : 1) + (gradients ? 2 * H + 1 + 3 * I : 0) +
+           (s->act_shared ? storage_reals(I, s->act_store) : 0);
 }
 
 static size_t gathered_tokens(const ExpertParallel *ep, const EpExchangeShape *s) {
@@ -115,7 +118,7 @@ static size_t gathered_tokens(const ExpertParallel *ep, const EpExchangeShape *s
 
 double ep_layer_bytes(const ExpertParallel *ep, const EpExchangeShape *s) {
     size_t choices = gathered_tokens(ep, s) * s->topk;  // topk_all, kept_all, probs_all, the plan's two
-    return (double)ep_max_rows(ep, s) * layer_reals_per_row(s) * sizeof(real) + (double)choices * 5 * sizeof(int32_t);
+    return (double)ep_max_rows(ep, s) * layer_bytes_per_row(s) + (double)choices * 5 * sizeof(int32_t);
 }
 
 double ep_buffers_bytes(const ExpertParallel *ep, const EpExchangeShape *s, int gradients) {
@@ -134,6 +137,7 @@ static void layer_reserve_rows(const MoeDispatchContext *ctx, EpLayer *el, const
         mt_die("internal error: %zu expert rows, more than the bound of %zu (please report)", rows, bound);
     size_t cap = grown(el->row_capacity, bound), H = ctx->hidden, I = ctx->moe_ffn;
     el->act_shared = ctx->act_shared;
+    el->acts.act_store = ctx->act_store;
     if (cap == el->row_capacity) return;
     el->row_capacity = cap;
     resize(&el->rows_in, cap * H);
@@ -141,7 +145,7 @@ static void layer_reserve_rows(const MoeDispatchContext *ctx, EpLayer *el, const
     resize(&el->rows_out, cap * H);
     resize(&el->acts.gate, cap * I);
     resize(&el->acts.up, cap * I);
-    if (!el->act_shared) resize(&el->acts.act, cap * I);
+    if (!el->act_shared) resize(&el->acts.act, storage_reals(cap * I, ctx->act_store));
 }
 
 static void layer_reserve_choices(EpLayer *el, size_t choices) {
@@ -213,7 +217,7 @@ void ep_buffers_free(struct EpBuffers *b) {
 // --recompute-modules moe_act: the pass's SwiGLU product buffer every layer shares, grown to rows.
 static real *shared_act(const MoeDispatchContext *ctx, size_t rows) {
     struct EpBuffers *b = ctx->buffers;
-    size_t cap = grown(b->act_capacity, rows * ctx->moe_ffn);
+    size_t cap = grown(b->act_capacity, storage_reals(rows * ctx->moe_ffn, ctx->act_store));
     if (cap != b->act_capacity) {
         b->act_capacity = cap;
         resize(&b->act, cap);

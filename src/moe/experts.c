@@ -62,11 +62,20 @@ static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm
 }
 
 // C_g[rows_g, N] = A_g[rows_g, K]·op(W_g) + beta·C_g per group (op: ᵀ with trans_b; lda K, ldc N,
-// W_g [K,N] or with trans_b [N,K]; beta 0 or 1): one grouped GEMM over counts, or with host
-// offsets one GEMM per non-empty group.
-static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, int N, int K, const real *A,
-                    real *const *W, real beta, real *C) {
+// W_g [K,N] or with trans_b [N,K]; beta 0 or 1; A stored as a_store): one grouped GEMM over
+// counts, or with host offsets one GEMM per non-empty group (fp32 A only there, as quantized).
+static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, int N, int K, const void *A_stored,
+                    Storage a_store, real *const *W, real beta, real *C) {
     int ldb = trans_b ? K : N;
+    if (s->counts && !q) {
+        size_t stride;
+        const real *B = weight_block(W, s->groups, &stride);
+        mt_gemm_grouped(0, trans_b, s->groups, s->counts, s->host_counts, N, K, 1, A_stored, a_store, K, B, stride, ldb,
+                        beta, C, N);
+        return;
+    }
+    MT_ASSERT(a_store == STORE_FP32);
+    const real *A = A_stored;
     if (q) {  // the quantized forward overwrites, its input gradient accumulates (onto zeros for beta 0)
         MT_ASSERT(beta == 0 || !trans_b);
         if (!trans_b && beta == 0) {
@@ -76,12 +85,6 @@ static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, in
         quant_project(s, q, trans_b ? QUANT_FPROP : QUANT_DGRAD, N, K, A, NULL, W, C);
         return;
     }
-    if (s->counts) {
-        size_t stride;
-        const real *B = weight_block(W, s->groups, &stride);
-        mt_gemm_grouped(0, trans_b, s->groups, s->counts, s->host_counts, N, K, 1, A, K, B, stride, ldb, beta, C, N);
-        return;
-    }
     for (int g = 0; g < s->groups; g++) {
         size_t at = (size_t)s->offsets[g];
         int rows = s->offsets[g + 1] - s->offsets[g];
@@ -89,17 +92,20 @@ static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, in
     }
 }
 
-// W_g[out, in] += dY_gᵀ·X_g per group, dY_g (rows_g, out) and X_g (rows_g, in), as project.
-static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, int in, const real *dY, const real *X,
-                          real *const *W) {
-    if (q) {
-        quant_project(s, q, QUANT_WGRAD, out, in, dY, X, W, NULL);
-        return;
-    }
-    if (s->counts) {
+// W_g[out, in] += dY_gᵀ·X_g per group, dY_g (rows_g, out) and X_g (rows_g, in; stored as x_store), as
+// project.
+static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, int in, const real *dY,
+                          const void *X_stored, Storage x_store, real *const *W) {
+    if (s->counts && !q) {
         size_t stride;
         real *base = weight_block(W, s->groups, &stride);
-        mt_gemm_grouped_wgrad(s->groups, s->counts, s->host_counts, out, in, 1, dY, X, base, stride);
+        mt_gemm_grouped_wgrad(s->groups, s->counts, s->host_counts, out, in, 1, dY, X_stored, x_store, base, stride);
+        return;
+    }
+    MT_ASSERT(x_store == STORE_FP32);
+    const real *X = X_stored;
+    if (q) {
+        quant_project(s, q, QUANT_WGRAD, out, in, dY, X, W, NULL);
         return;
     }
     for (int g = 0; g < s->groups; g++) {
@@ -113,16 +119,16 @@ void experts_recompute_act(real *act, const ExpertActs *acts, const real *row_sc
     int I = s->I;
     RowSpan r = row_span(s);
     size_t first_i = (size_t)r.first * I;
-    swiglu_forward(act + first_i, acts->gate + first_i, acts->up + first_i, row_scale ? row_scale + r.first : NULL,
-                   r.total, I);
+    swiglu_forward(storage_at(act, acts->act_store, first_i), acts->act_store, acts->gate + first_i,
+                   acts->up + first_i, row_scale ? row_scale + r.first : NULL, r.total, I);
 }
 
 void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row_scale, const ExpertWeights *w,
                           const ExpertShape *s) {
     int H = s->H, I = s->I;
     // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
-    project(s, w->quant_gate, 1, I, H, rows_in, w->gate, 0, acts->gate);
-    project(s, w->quant_up, 1, I, H, rows_in, w->up, 0, acts->up);
+    project(s, w->quant_gate, 1, I, H, rows_in, STORE_FP32, w->gate, 0, acts->gate);
+    project(s, w->quant_up, 1, I, H, rows_in, STORE_FP32, w->up, 0, acts->up);
     experts_recompute_act(acts->act, acts, row_scale, s);
 }
 
@@ -130,7 +136,7 @@ void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s) {
     experts_forward_acts(acts, rows_in, row_scale, w, s);
     // out = act·W_downᵀ: (rows,I) x (H,I)ᵀ
-    project(s, w->quant_down, 1, s->H, s->I, acts->act, w->down, 0, rows_out);
+    project(s, w->quant_down, 1, s->H, s->I, acts->act, acts->act_store, w->down, 0, rows_out);
 }
 
 void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_out, const ExpertActs *acts,
@@ -140,13 +146,13 @@ void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_o
     RowSpan r = row_span(s);
     size_t first_i = (size_t)r.first * I;
     // down projection: dact = dy·W_down (rows,H) x (H,I)
-    project(s, w->quant_down, 0, I, H, drows_out, w->down, 0, scratch_dact);
+    project(s, w->quant_down, 0, I, H, drows_out, STORE_FP32, w->down, 0, scratch_dact);
     swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + r.first : NULL,
                     scratch_dact + first_i, acts->gate + first_i, acts->up + first_i,
                     row_scale ? row_scale + r.first : NULL, r.total, I);
     // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
-    project(s, w->quant_gate, 0, H, I, scratch_dgate, w->gate, 0, drows_in);
-    project(s, w->quant_up, 0, H, I, scratch_dup, w->up, 1, drows_in);
+    project(s, w->quant_gate, 0, H, I, scratch_dgate, STORE_FP32, w->gate, 0, drows_in);
+    project(s, w->quant_up, 0, H, I, scratch_dup, STORE_FP32, w->up, 1, drows_in);
 }
 
 void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, const ExpertActs *acts,
@@ -154,9 +160,9 @@ void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, co
                               const real *scratch_dup) {
     int H = s->H, I = s->I;
     // dW_down += dyᵀ·act, dW_gate += dgateᵀ·x, dW_up += dupᵀ·x
-    project_wgrad(s, dw->quant_down, H, I, drows_out, acts->act, dw->down);
-    project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, rows_in, dw->gate);
-    project_wgrad(s, dw->quant_up, I, H, scratch_dup, rows_in, dw->up);
+    project_wgrad(s, dw->quant_down, H, I, drows_out, acts->act, acts->act_store, dw->down);
+    project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, rows_in, STORE_FP32, dw->gate);
+    project_wgrad(s, dw->quant_up, I, H, scratch_dup, rows_in, STORE_FP32, dw->up);
 }
 
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,

@@ -9,6 +9,7 @@
 // Megatron-Core. A dense SwiGLU MLP is this with one group and no probs.
 #pragma once
 #include "core/common.h"
+#include "ops/gemm.h"
 
 struct QuantLinear;
 
@@ -37,6 +38,9 @@ typedef struct {
 
 typedef struct {
     real *gate, *up, *act;   // (rows, I) saved for backward
+    // how act is stored: STORE_BF16 (--bf16 on routed experts, model.h model_expert_act_store)
+    // holds it as bf16, the down projection's GEMMs (its only readers) reading the same values
+    Storage act_store;
 } ExpertActs;
 
 // rows_in (rows,H), row_scale (rows) or NULL -> rows_out (rows,H); fills acts
@@ -45,7 +49,7 @@ void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
 // What experts_forward fills of acts (gate, up, act), the same bits: a recomputation.
 void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row_scale, const ExpertWeights *w,
                           const ExpertShape *s);
-// act (rows, I) = experts_forward's act again, from the saved gate and up.
+// act (rows, I; stored as acts->act_store) = experts_forward's act again, from the saved gate and up.
 void experts_recompute_act(real *act, const ExpertActs *acts, const real *row_scale, const ExpertShape *s);
 
 // drows_out (rows,H) -> drows_in (rows,H) overwritten, drow_scale (rows) overwritten when

@@ -22,6 +22,7 @@ typedef struct {
     int act_shared;                // --recompute-modules moe_act: the experts' SwiGLU product in
                                    // the pass's shared buffer, not kept per layer (the backward
                                    // recomputes it)
+    Storage act_store;             // how the experts keep their SwiGLU product (moe/experts.h)
     int bf16_rows;                 // the rows and their output gradients travel to the experts'
                                    // ranks as bf16 (ops.h bf16_pack): only the experts' bf16-input
                                    // GEMMs read them, so the results are the same bits at half the

@@ -62,11 +62,29 @@ void mt_gemm_use_bf16_kernel(const char *name);
 // for tests and benchmarks.
 void mt_gemm_force_portable(int on);
 
+// How an activation operand of the grouped GEMMs is stored. STORE_FP32: real elements.
+// STORE_BF16: bf16 values, the uint16_t array at the operand's address holding element i at
+// index i (lda / ld and offsets count these elements): what `--bf16` keeps of a tensor that only
+// bf16-input GEMMs read (ops.h bf16_pack's rounding). The GEMM reads each element widened to
+// fp32, exactly, and then rounds its inputs as for fp32 storage: with bf16 inputs the product is
+// that of the fp32 tensor the bf16 values were rounded from, bit for bit, at half the memory.
+typedef enum { STORE_FP32, STORE_BF16 } Storage;
+
+// Bytes of one element stored as s.
+static inline size_t storage_bytes(Storage s) { return s == STORE_BF16 ? sizeof(uint16_t) : sizeof(real); }
+// The reals that hold n elements stored as s (a buffer's size in reals).
+static inline size_t storage_reals(size_t n, Storage s) { return (n * storage_bytes(s) + sizeof(real) - 1) / sizeof(real); }
+// The address of element i of a tensor at x stored as s.
+static inline void *storage_at(void *x, Storage s, size_t i) { return (char *)x + i * storage_bytes(s); }
+static inline const void *storage_at_const(const void *x, Storage s, size_t i) {
+    return (const char *)x + i * storage_bytes(s);
+}
+
 // Grouped GEMM, one group per expert, the groups' rows back to back: group g has
 // M_g = counts[g] rows, starting at row r_g = counts[0] + … + counts[g−1]. For g with M_g > 0:
 //   C_g[M_g, N] = alpha * op(A_g) · op(B_g) + beta * C_g
 // where A_g = A + r_g·lda (A_g [M_g, K]), or with trans_a A + r_g (A_g [K, M_g], columns
-// r_g.. of A); B_g = B + g·b_stride, the expert's own [K,N] (or, with trans_b, [N,K])
+// r_g.. of A), A stored as a_store (elements of that storage); B_g = B + g·b_stride, the expert's own [K,N] (or, with trans_b, [N,K])
 // weight, the experts' weights of one kind being one block; C_g = C + r_g·ldc; lda/ldb/ldc
 // as in mt_gemm with M = M_g. counts (groups, each ≥ 0) is tensor memory, read inside the
 // op. Groups with M_g == 0 are skipped (their B_g is not read, their C_g not touched).
@@ -74,14 +92,14 @@ void mt_gemm_force_portable(int on);
 // downloaded with its layer pass's sizes): a backend that sets up its problems on the host
 // (cuBLAS) reads it instead of copying counts back and waiting for them.
 void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
-                     int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
-                     real *C, int ldc);
+                     int K, real alpha, const void *A, Storage a_store, int lda, const real *B, size_t b_stride,
+                     int ldb, real beta, real *C, int ldc);
 
 // Grouped weight gradient, the groups' rows back to back as in mt_gemm_grouped. For g with M_g > 0:
 //   W_g[out, in] += alpha * dY_g^T[out, M_g] · X_g[M_g, in]
 // where dY_g = dY + r_g·out is [M_g, out] (ld = out), X_g = X + r_g·in is [M_g, in]
-// (ld = in) and W_g = W + g·w_stride is [out, in] (ld = in), the W_g of different groups
+// (ld = in; stored as x_store) and W_g = W + g·w_stride is [out, in] (ld = in), the W_g of different groups
 // disjoint (w_stride >= out·in: the groups may run at once). counts (groups): tensor memory;
 // host_counts as in mt_gemm_grouped.
 void mt_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha,
-                           const real *dY, const real *X, real *W, size_t w_stride);
+                           const real *dY, const void *X, Storage x_store, real *W, size_t w_stride);

@@ -32,12 +32,13 @@
        (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
     OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
        (int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N, int K,      \
-        real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta, real *C, int ldc),  \
-       (trans_a, trans_b, groups, counts, host_counts, N, K, alpha, A, lda, B, b_stride, ldb, beta, C, ldc))        \
+        real alpha, const void *A, Storage a_store, int lda, const real *B, size_t b_stride, int ldb, real beta,    \
+        real *C, int ldc),                                                                                           \
+       (trans_a, trans_b, groups, counts, host_counts, N, K, alpha, A, a_store, lda, B, b_stride, ldb, beta, C, ldc)) \
     OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
        (int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha, const real *dY, \
-        const real *X, real *W, size_t w_stride),                                                                    \
-       (groups, counts, host_counts, out, in, alpha, dY, X, W, w_stride))                                            \
+        const void *X, Storage x_store, real *W, size_t w_stride),                                                   \
+       (groups, counts, host_counts, out, in, alpha, dY, X, x_store, W, w_stride))                                   \
     OP(void, linear_forward, linear_forward, (real *y, const real *x, const real *W, int N, int in, int out),      \
        (y, x, W, N, in, out))                                                                                        \
     OP(void, linear_backward, linear_backward,                                                                       \
@@ -79,8 +80,8 @@
        (real *out, real *lse, const real *out_block, const real *lse_block, const AttentionShape *s),            \
        (out, lse, out_block, lse_block, s))                                                                          \
     OP(void, swiglu_forward, swiglu_forward,                                                                         \
-       (real *act, const real *gate, const real *up, const real *row_scale, int M, int I),                        \
-       (act, gate, up, row_scale, M, I))                                                                             \
+       (void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M, int I),     \
+       (act, act_store, gate, up, row_scale, M, I))                                                                  \
     OP(void, swiglu_backward, swiglu_backward,                                                                       \
        (real *dgate, real *dup, real *drow_scale, const real *dact, const real *gate, const real *up,           \
         const real *row_scale, int M, int I),                                                                        \

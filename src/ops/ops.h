@@ -159,8 +159,9 @@ void attention_merge(real *out, real *lse, const real *out_block, const real *ls
                      const AttentionShape *s);
 
 // ---- SwiGLU with an optional per-row scale (the MoE routing prob) --------------------
-// gate, up (M,I), row_scale (M) or NULL -> act (M,I) = silu(gate) · up · row_scale
-void swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
+// gate, up (M,I), row_scale (M) or NULL -> act (M,I) = silu(gate) · up · row_scale, stored as
+// act_store (gemm.h; STORE_BF16: each value rounded as bf16_pack rounds)
+void swiglu_forward(void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M,
                     int I);
 // dact (M,I) -> dgate, dup (M,I) overwritten; drow_scale (M) overwritten when non-NULL
 void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,

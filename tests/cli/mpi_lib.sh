@@ -133,31 +133,35 @@ rerun_identical() {
     identical "$name" "$case.rerun" "$case"
 }
 
-# bf16_exchange_exact NAME RANKS BYTES_KEY LO HI FLAGS...: with --bf16 the layout of FLAGS trains
-# bit for bit as with every exchange fp32 (MOETRON_EXCHANGE=fp32: the same losses and gradient
-# norms over the SMALL model's 10 steps), its exchanges carrying bf16 values (model.h
-# model_exchanges_bf16) at LO to HI of the fp32 bytes of BYTES_KEY (a JSONL key, summed over
-# the steps)
-bf16_exchange_exact() {
-    local name=$1 np=$2 key=$3 lo=$4 hi=$5
-    shift 5
+# bf16_matches_fp32 VAR NAME RANKS BYTES_KEY LO HI FLAGS...: with --bf16 the layout of FLAGS
+# trains bit for bit as with VAR=fp32 (the same losses and gradient norms over the SMALL model's
+# 10 steps): VAR is MOETRON_EXCHANGE (every exchange fp32, model.h model_exchanges_bf16) or
+# MOETRON_ACTIVATIONS (every activation kept fp32, layout.h expert_act_store). BYTES_KEY (a JSONL
+# key summed over the steps) then moves LO to HI of its fp32 bytes; "-": no byte check.
+bf16_matches_fp32() {
+    local var=$1 name=$2 np=$3 key=$4 lo=$5 hi=$6
+    shift 6
     timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" --log-jsonl "$work/$name.jsonl" \
         >"$work/$name.log" 2>&1 || { fail "$name" "mpirun: $(tail -2 "$work/$name.log" | tr '\n' ' ')"; return; }
-    MOETRON_EXCHANGE=fp32 timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" \
+    env "$var=fp32" timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" \
         --log-jsonl "$work/$name.fp32.jsonl" >"$work/$name.fp32.log" 2>&1 ||
-        { fail "$name" "mpirun (fp32 exchanges): $(tail -2 "$work/$name.fp32.log" | tr '\n' ' ')"; return; }
+        { fail "$name" "mpirun ($var=fp32): $(tail -2 "$work/$name.fp32.log" | tr '\n' ' ')"; return; }
     local why
     why=$(python3 - "$work/$name.jsonl" "$work/$name.fp32.jsonl" "$key" "$lo" "$hi" <<'PY'
 import json, sys
 bf16, fp32 = ([r for r in map(json.loads, open(p)) if "loss" in r] for p in sys.argv[1:3])
 key, lo, hi = sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 same = len(bf16) == len(fp32) > 0 and all(a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] for a, b in zip(bf16, fp32))
-ratio = sum(r[key] for r in bf16) / max(sum(r[key] for r in fp32), 1)
+ratio = sum(r[key] for r in bf16) / max(sum(r[key] for r in fp32), 1) if key != "-" else (lo + hi) / 2
 if not same or not lo < ratio < hi: print(f"{len(bf16)} / {len(fp32)} steps identical: {same}; {key} ratio {ratio:.3f}")
 PY
 )
     [ -z "$why" ] && ok "$name" || fail "$name" "$why"
 }
+
+# bf16_exchange_exact NAME RANKS BYTES_KEY LO HI FLAGS...: bf16_matches_fp32 of the exchanges
+# (their values travel as bf16 at LO to HI of the fp32 bytes of BYTES_KEY, the same bits).
+bf16_exchange_exact() { bf16_matches_fp32 MOETRON_EXCHANGE "$@"; }
 
 # dropped NAME: the reference run of the last run_case dropped tokens (so that capacity is
 # really exercised)

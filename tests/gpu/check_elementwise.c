@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/float_formats.h"
 #include "op_check.h"
 #include "ops/adamw_math.h"
 #include "ops/cpu/gemm_lowp.h"
@@ -239,13 +240,21 @@ static void check_swiglu(int M, int I, int scaled, int want_ds) {
 
     float *act = check_random(mi, 0, 1), *dgate = check_random(mi, 0, 1), *dup = check_random(mi, 0, 1);
     float *ds = want_ds ? check_random((size_t)M, 0, 1) : NULL;
-    cpu()->swiglu_forward(act, gate, up, row_scale, M, I);
+    cpu()->swiglu_forward(act, STORE_FP32, gate, up, row_scale, M, I);
     cpu()->swiglu_backward(dgate, dup, ds, dact, gate, up, row_scale, M, I);
 
-    under()->swiglu_forward(d_act, d_gate, d_up, d_row_scale, M, I);
+    under()->swiglu_forward(d_act, STORE_FP32, d_gate, d_up, d_row_scale, M, I);
     under()->swiglu_backward(d_dgate, d_dup, d_ds, d_dact, d_gate, d_up, d_row_scale, M, I);
+    // act stored as bf16 (gemm.h STORE_BF16): each value rounded as bf16_pack rounds, read back
+    // through bf16_unpack; one bf16 step apart at most where the fp32 values differ in the last bits
+    float *d_act16 = check_device_nan((mi + 1) / 2), *d_act_widened = check_device_nan(mi);
+    under()->swiglu_forward(d_act16, STORE_BF16, d_gate, d_up, d_row_scale, M, I);
+    under()->bf16_unpack(d_act_widened, d_act16, mi);
+    float *act_rounded = check_host_copy(act, mi);
+    for (size_t i = 0; i < mi; i++) act_rounded[i] = bf16_to_float(bf16_from_float_flushed(act[i]));
 
     check_compare(name, "act", act, d_act, mi, TOL_FP32);
+    check_compare(name, "act stored bf16", act_rounded, d_act_widened, mi, check_backend() == &check_backend_cpu ? 0 : TOL_BF16);
     check_compare(name, "dgate", dgate, d_dgate, mi, TOL_FP32);
     check_compare(name, "dup", dup, d_dup, mi, TOL_FP32);
     if (want_ds) check_compare(name, "drow_scale", ds, d_ds, (size_t)M, TOL_FP32);

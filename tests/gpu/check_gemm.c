@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/float_formats.h"
 #include "op_check.h"
 
 // The precision pass the checks run in: its name for the check lines and its tolerance.
@@ -187,7 +188,21 @@ typedef struct {
     int trans_a, trans_b, N, K, pad;
     float alpha, beta;
     const Experts *e;
+    Storage a_store;  // how the backend under test gets A (the cpu reference: fp32 of the same values)
 } GroupedCase;
+
+// An operand of n elements for the backend under test stored as `store` (gemm.h): for
+// STORE_BF16 the host values are first rounded to bf16 in place (bf16_pack's rounding, so the
+// cpu reference reads the same values in fp32) and the device copy holds the bf16 array.
+static void *operand_to_device(float *host, size_t n, Storage store) {
+    if (store == STORE_FP32) return check_to_device(host, n ? n : 1);
+    uint16_t *packed = (uint16_t *)check_random((n + 1) / 2 + 1, 0, 1);
+    for (size_t i = 0; i < n; i++) {
+        packed[i] = bf16_from_float_flushed(host[i]);
+        host[i] = bf16_to_float(packed[i]);
+    }
+    return check_device_bytes(packed, MT_MAX(n, 1) * sizeof(uint16_t));
+}
 
 // The stacked A of a grouped GEMM: without trans_a [total, K] (expert g's rows from row
 // start[g]), with trans_a [K, total] (expert g's A_g [K, rows[g]] from column start[g]).
@@ -219,21 +234,22 @@ static void check_grouped_case(const GroupedCase *c, const Pass *p) {
     size_t stride;
     float *B, *dB;
     float *A = grouped_a(c, unread, &lda);
-    float *dA = to_device(A, MT_MAX(c->trans_a ? c->K : e->total, 1), lda);
+    void *dA = operand_to_device(A, (size_t)MT_MAX(c->trans_a ? c->K : e->total, 1) * lda, c->a_store);
     int ldb = grouped_b(c, unread, &stride, &B, &dB);
     int32_t *d_counts = check_ints_to_device(e->rows, (size_t)e->count);
     float *C = random_matrix(e->total + TAIL_ROWS, ldc);
     if (c->beta == 0) fill_nan(C, e->total, c->N, ldc);
     float *dC = to_device(C, e->total + TAIL_ROWS, ldc);
-    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, NULL, c->N, c->K, c->alpha, A, lda, B, stride,
-                                 ldb, c->beta, C, ldc);
+    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, NULL, c->N, c->K, c->alpha, A, STORE_FP32,
+                                 lda, B, stride, ldb, c->beta, C, ldc);
     // the caller's host copy of the counts (as the experts pass it)
-    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, d_counts, e->rows, c->N, c->K, c->alpha, dA, lda, dB,
-                          stride, ldb, c->beta, dC, ldc);
+    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, d_counts, e->rows, c->N, c->K, c->alpha, dA, c->a_store,
+                          lda, dB, stride, ldb, c->beta, dC, ldc);
     check_finish();
-    char name[128];
-    snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d ld+%d alpha=%g beta=%g [%s]",
-             trans_name(c->trans_a, c->trans_b), e->count, c->N, c->K, c->pad, c->alpha, c->beta, p->name);
+    char name[160];
+    snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d ld+%d alpha=%g beta=%g%s [%s]",
+             trans_name(c->trans_a, c->trans_b), e->count, c->N, c->K, c->pad, c->alpha, c->beta,
+             c->a_store == STORE_BF16 ? " A bf16-stored" : "", p->name);
     check_compare(name, "C", C, dC, (size_t)(e->total + TAIL_ROWS) * ldc, p->tol);
     check_free_all();
 }
@@ -241,20 +257,25 @@ static void check_grouped_case(const GroupedCase *c, const Pass *p) {
 static void check_grouped_all(const Pass *p) {
     Experts few = experts_few(), many = experts_many();
     for (int t = 0; t < 4; t++) {
-        GroupedCase tight = {t >> 1, t & 1, 33, 130, 0, 1.0f, 0.0f, &few};
-        GroupedCase padded = {t >> 1, t & 1, 130, 7, 3, 1.0f, 1.0f, &few};
-        GroupedCase scaled = {t >> 1, t & 1, 1, 33, 1, -0.5f, 0.25f, &few};
+        GroupedCase tight = {t >> 1, t & 1, 33, 130, 0, 1.0f, 0.0f, &few, STORE_FP32};
+        GroupedCase padded = {t >> 1, t & 1, 130, 7, 3, 1.0f, 1.0f, &few, STORE_FP32};
+        GroupedCase scaled = {t >> 1, t & 1, 1, 33, 1, -0.5f, 0.25f, &few, STORE_FP32};
         check_grouped_case(&tight, p);
         check_grouped_case(&padded, p);
         check_grouped_case(&scaled, p);
     }
     const GroupedCase more[] = {
-        {0, 1, 33, 0, 0, 1.0f, 0.0f, &few},     // K == 0, C overwritten with zeros
-        {1, 0, 7, 0, 2, 1.0f, 0.5f, &few},      // K == 0, C scaled
-        {0, 1, 33, 130, 0, 0.0f, 0.0f, &few},   // alpha == 0, A and B NaN
-        {1, 1, 7, 33, 3, 0.0f, 2.0f, &few},     // alpha == 0, C scaled
-        {0, 1, 7, 33, 0, 1.0f, 0.0f, &many},    // more problems than the first pointer scratch
-        {1, 0, 33, 7, 1, 1.0f, 1.0f, &many},
+        {0, 1, 33, 0, 0, 1.0f, 0.0f, &few, STORE_FP32},     // K == 0, C overwritten with zeros
+        {1, 0, 7, 0, 2, 1.0f, 0.5f, &few, STORE_FP32},      // K == 0, C scaled
+        {0, 1, 33, 130, 0, 0.0f, 0.0f, &few, STORE_FP32},   // alpha == 0, A and B NaN
+        {1, 1, 7, 33, 3, 0.0f, 2.0f, &few, STORE_FP32},     // alpha == 0, C scaled
+        {0, 1, 7, 33, 0, 1.0f, 0.0f, &many, STORE_FP32},    // more problems than the first pointer scratch
+        {1, 0, 33, 7, 1, 1.0f, 1.0f, &many, STORE_FP32},
+        // A stored as bf16 (the experts' SwiGLU output under --bf16), each transpose, padded lds
+        {0, 1, 33, 130, 0, 1.0f, 0.0f, &few, STORE_BF16},
+        {0, 0, 130, 7, 3, 1.0f, 1.0f, &few, STORE_BF16},
+        {1, 1, 7, 33, 1, -0.5f, 0.25f, &few, STORE_BF16},
+        {1, 0, 33, 0, 2, 1.0f, 0.5f, &few, STORE_BF16},  // K == 0: A unread
     };
     for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++) check_grouped_case(&more[i], p);
 }
@@ -266,21 +287,24 @@ static float *from_device(const float *dev, size_t n);
 // W_g[out,in] += alpha·dY_gᵀ·X_g for every expert, K = rows[g] differing between experts;
 // dY [total, out], X [total, in] stacked by expert; the W_g one block (the empty experts' too,
 // which must not change) start from the same random values on both sides.
-static void check_wgrad_case(int out, int in, float alpha, const Pass *p) {
+// X goes to the backend under test stored as x_store (the cpu reference: fp32 of the same values).
+static void check_wgrad_case(int out, int in, float alpha, Storage x_store, const Pass *p) {
     Experts e = experts_few();
     size_t stride = (size_t)out * in;
     float *W = random_matrix(e.count * out, in), *dW = to_device(W, e.count * out, in);
     float *dY = random_matrix(e.total, out), *X = random_matrix(e.total, in);
-    float *d_dY = to_device(dY, e.total, out), *d_X = to_device(X, e.total, in);
+    float *d_dY = to_device(dY, e.total, out);
+    void *d_X = operand_to_device(X, (size_t)e.total * in, x_store);
     int32_t *d_counts = check_ints_to_device(e.rows, (size_t)e.count);
-    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, NULL, out, in, alpha, dY, X, W, stride);
+    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, NULL, out, in, alpha, dY, X, STORE_FP32, W, stride);
     // the counts read by the backend from tensor memory
-    under()->gemm_grouped_wgrad(e.count, d_counts, NULL, out, in, alpha, d_dY, d_X, dW, stride);
+    under()->gemm_grouped_wgrad(e.count, d_counts, NULL, out, in, alpha, d_dY, d_X, x_store, dW, stride);
     check_finish();
     float *got = from_device(dW, (size_t)e.count * stride);
     for (int g = 0; g < e.count; g++) {
         char name[128], output[32];
-        snprintf(name, sizeof(name), "gemm_grouped_wgrad out=%d in=%d alpha=%g [%s]", out, in, alpha, p->name);
+        snprintf(name, sizeof(name), "gemm_grouped_wgrad out=%d in=%d alpha=%g%s [%s]", out, in, alpha,
+                 x_store == STORE_BF16 ? " X bf16-stored" : "", p->name);
         snprintf(output, sizeof(output), "W[%d] (rows %d)", g, e.rows[g]);
         check_compare(name, output, W + g * stride, got + g * stride, stride, p->tol);
     }
@@ -288,10 +312,12 @@ static void check_wgrad_case(int out, int in, float alpha, const Pass *p) {
 }
 
 static void check_wgrad_all(const Pass *p) {
-    check_wgrad_case(33, 7, 1.0f, p);
-    check_wgrad_case(130, 33, 0.5f, p);
-    check_wgrad_case(1, 130, -1.0f, p);
-    check_wgrad_case(7, 1, 0.0f, p);  // alpha == 0: nothing changes
+    check_wgrad_case(33, 7, 1.0f, STORE_FP32, p);
+    check_wgrad_case(130, 33, 0.5f, STORE_FP32, p);
+    check_wgrad_case(1, 130, -1.0f, STORE_FP32, p);
+    check_wgrad_case(7, 1, 0.0f, STORE_FP32, p);  // alpha == 0: nothing changes
+    check_wgrad_case(33, 130, 1.0f, STORE_BF16, p);  // X stored as bf16 (the experts' SwiGLU output)
+    check_wgrad_case(130, 7, -0.5f, STORE_BF16, p);
 }
 
 // ---- linear layers --------------------------------------------------------------------------------------
@@ -388,8 +414,8 @@ static void check_repeatable(const Pass *p) {
     size_t ng = (size_t)e.total * N;
     float *g1 = check_device_nan(ng), *g2 = check_device_nan(ng);
     // once reading the counts from tensor memory, once from the host copy: the same bits
-    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g1, N);
-    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, K, dB, 0, K, 0.0f, g2, N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g1, N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g2, N);
     check_finish();
     int same_gemm = memcmp(from_device(c1, M * N), from_device(c2, M * N), sizeof(float) * M * N) == 0;
     int same_grouped = memcmp(from_device(g1, ng), from_device(g2, ng), sizeof(float) * ng) == 0;

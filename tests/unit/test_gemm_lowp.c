@@ -374,8 +374,8 @@ static void test_grouped_equals_one_by_one(void) {
             omp_set_num_threads(2);
             memcpy(C, C0, total * N * sizeof(real));
             memcpy(dW, dW0, G * stride * sizeof(real));
-            mt_gemm_grouped(0, 1, G, rows, NULL, N, K, alpha, A, K, W, stride, K, beta, C, N);
-            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, alpha, C0, A, dW, stride);
+            mt_gemm_grouped(0, 1, G, rows, NULL, N, K, alpha, A, STORE_FP32, K, W, stride, K, beta, C, N);
+            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, alpha, C0, A, STORE_FP32, dW, stride);
             char what[96];
             snprintf(what, sizeof what, "grouped, %s, alpha %g", mt_gemm_kernel(), (double)alpha);
             count_diff(C, want, total * N, what);
@@ -388,6 +388,68 @@ static void test_grouped_equals_one_by_one(void) {
     mt_gemm_set_inputs(GEMM_INPUTS_FP32);
     free(A), free(W), free(C0), free(C), free(want), free(dW0), free(dW), free(dW_want);
 #endif
+}
+
+// An operand stored as bf16 (gemm.h STORE_BF16: the experts' SwiGLU output under --bf16) gives
+// the bits of the fp32 tensor it was rounded from, for every bf16 kernel, in the forward (A,
+// both transposes) and the weight gradient (X), on two threads; values random, adversarial
+// (NaN, infinities, ties) and tiny (fp32 subnormals, flushed by both). With fp32 inputs the
+// storage does change the result (so the check would see a storage that is not read).
+static void test_bf16_storage_gives_fp32_bits(void) {
+    static const char *const kernels[] = {"amx", "avx512-bf16", "emulated"};
+    enum { G = 4, N = 70, K = 300 };
+    const int32_t rows[G] = {130, 0, 7, 300};
+    size_t total = 437, stride = (size_t)N * K, n_a = total * K;
+    real *A = mt_malloc(n_a * sizeof(real)), *W = mt_malloc(G * stride * sizeof(real));
+    uint16_t *A16 = mt_malloc(n_a * sizeof(uint16_t));
+    real *C0 = mt_malloc(total * N * sizeof(real)), *want = mt_malloc(total * N * sizeof(real));
+    real *C = mt_malloc(total * N * sizeof(real));
+    real *dW_want = mt_malloc(G * stride * sizeof(real)), *dW = mt_malloc(G * stride * sizeof(real));
+    fill(W, G * stride, VALUES_RANDOM, 32);
+    fill(C0, total * N, VALUES_RANDOM, 33);
+    for (int kind = VALUES_RANDOM; kind <= VALUES_TINY; kind++) {
+        fill(A, n_a, kind, 31 + kind);
+        for (size_t i = 0; i < n_a; i++) A16[i] = bf16_from_float_flushed(A[i]);
+        for (int k = 0; k < 3; k++) {
+            mt_gemm_set_inputs(GEMM_INPUTS_BF16);
+            mt_gemm_use_bf16_kernel(kernels[k]);
+            for (int trans_a = 0; trans_a <= 1; trans_a++) {
+                // trans_a: A read as [K, total] (ld total) — the same memory, another operand
+                int lda = trans_a ? (int)total : K;
+                memcpy(want, C0, total * N * sizeof(real));
+                memcpy(C, C0, total * N * sizeof(real));
+                if (trans_a) {
+                    int32_t one[1] = {(int32_t)total};  // one group: A_g is all of A
+                    mt_gemm_grouped(1, 1, 1, one, NULL, N, K, (real)1.5, A, STORE_FP32, lda, W, stride, K, (real)0.5,
+                                    want, N);
+                    mt_gemm_grouped(1, 1, 1, one, NULL, N, K, (real)1.5, A16, STORE_BF16, lda, W, stride, K, (real)0.5,
+                                    C, N);
+                } else {
+                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, lda, W, stride, K, 0, want, N);
+                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, lda, W, stride, K, 0, C, N);
+                }
+                char what[96];
+                snprintf(what, sizeof what, "bf16-stored A, %s, trans_a %d, values %d", mt_gemm_kernel(), trans_a, kind);
+                count_diff(C, want, total * N, what);
+            }
+            memset(dW_want, 0, G * stride * sizeof(real));
+            memset(dW, 0, G * stride * sizeof(real));
+            // W_g[N, K] += C0_g[rows, N]ᵀ · A_g[rows, K]
+            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, 1, C0, A, STORE_FP32, dW_want, stride);
+            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, 1, C0, A16, STORE_BF16, dW, stride);
+            char what[96];
+            snprintf(what, sizeof what, "bf16-stored X, %s, values %d", mt_gemm_kernel(), kind);
+            count_diff(dW, dW_want, G * stride, what);
+        }
+    }
+    mt_gemm_use_bf16_kernel(NULL);
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    fill(A, n_a, VALUES_RANDOM, 31);
+    for (size_t i = 0; i < n_a; i++) A16[i] = bf16_from_float_flushed(A[i]);
+    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, K, W, stride, K, 0, want, N);
+    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, K, W, stride, K, 0, C, N);
+    CHECK(memcmp(C, want, total * N * sizeof(real)) != 0, "fp32 GEMM inputs: bf16 storage changed nothing");
+    free(A), free(W), free(A16), free(C0), free(want), free(C), free(dW_want), free(dW);
 }
 
 // Switching to bf16 and back (as the router does around its GEMMs) gives fp32's bits again,
@@ -415,6 +477,7 @@ int main(void) {
     RUN(test_elements_whatever_their_tile);
     RUN(test_transposes_agree);
     RUN(test_grouped_equals_one_by_one);
+    RUN(test_bf16_storage_gives_fp32_bits);
     RUN(test_switching_back_to_fp32);
     return tl_failed_cases != 0;
 }

@@ -420,7 +420,7 @@ typedef struct {
 
 static double swiglu_obj(void *p) {
     SwigluCtx *c = p;
-    swiglu_forward(c->act, c->gate, c->up, c->scale, c->M, c->I);
+    swiglu_forward(c->act, STORE_FP32, c->gate, c->up, c->scale, c->M, c->I);
     return dot_real(c->act, c->R, (size_t)c->M * c->I);
 }
 
@@ -556,7 +556,7 @@ static void check_experts(int with_scale) {
     }
     ExpertsCtx c = {{XG, XH, XI, offsets, NULL, NULL, 0}, {gate, up, down, NULL, NULL, NULL},
                     {mt_malloc(rows * XI * sizeof(real)), mt_malloc(rows * XI * sizeof(real)),
-                     mt_malloc(rows * XI * sizeof(real))},
+                     mt_malloc(rows * XI * sizeof(real)), STORE_FP32},
                     mt_malloc(rows * XH * sizeof(real)), alloc_normal(&rng, rows * XH, 1),
                     with_scale ? alloc_normal(&rng, rows, 1) : NULL, alloc_normal(&rng, rows * XH, 1), rows};
     ExpertWeights dw = {dgate, dup, ddown, NULL, NULL, NULL};

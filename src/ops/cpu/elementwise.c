@@ -224,19 +224,30 @@ static void sigmoid_chunk(real *s, const real *x, int n) {
     for (int i = 0; i < n; i++) s[i] = sigmoid(x[i]);
 }
 
-void cpu_swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M,
-                    int I) {
+// A chunk of SwiGLU products into `to`, stored as `store`.
+static void swiglu_chunk(void *to, Storage store, const real *g, const real *u, real scale, int n) {
+    real sg[SWIGLU_CHUNK];
+    sigmoid_chunk(sg, g, n);
+    if (store == STORE_FP32) {
+        real *a = to;
+        for (int i = 0; i < n; i++) a[i] = g[i] * sg[i] * u[i] * scale;
+        return;
+    }
+    uint16_t *a = to;
+    for (int i = 0; i < n; i++) a[i] = bf16_from_float_flushed(g[i] * sg[i] * u[i] * scale);
+}
+
+void cpu_swiglu_forward(void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M,
+                        int I) {
     PROF_SCOPE(PROF_ACTIVATION);
     int N = M;
     PARALLEL_ROWS
     for (int m = 0; m < M; m++) {
-        real scale = row_scale ? row_scale[m] : 1, sg[SWIGLU_CHUNK];
+        real scale = row_scale ? row_scale[m] : 1;
         for (int c = 0; c < I; c += SWIGLU_CHUNK) {
-            int n = MT_MIN(SWIGLU_CHUNK, I - c);
-            const real *g = gate + (size_t)m * I + c, *u = up + (size_t)m * I + c;
-            real *a = act + (size_t)m * I + c;
-            sigmoid_chunk(sg, g, n);
-            for (int i = 0; i < n; i++) a[i] = g[i] * sg[i] * u[i] * scale;
+            size_t at = (size_t)m * I + c;
+            swiglu_chunk(storage_at(act, act_store, at), act_store, gate + at, up + at, scale,
+                         MT_MIN(SWIGLU_CHUNK, I - c));
         }
     }
 }

@@ -23,6 +23,7 @@
 // element in the same order, so they agree bit for bit.
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm_lowp.h"
+#include "core/float_formats.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -74,13 +75,16 @@ typedef real vreal __attribute__((vector_size(VEC_BYTES)));
 #endif
 
 // One GEMM problem, with op(A) and op(B) described by element strides:
-// op(A)[i,k] = A[i*a_rs + k*a_ks], op(B)[k,j] = B[k*b_ks + j*b_cs].
+// op(A)[i,k] = A[i*a_rs + k*a_ks], op(B)[k,j] = B[k*b_ks + j*b_cs], each operand's
+// elements stored as its Storage (gemm.h).
 typedef struct {
     int M, N, K;
     real alpha, beta;
-    const real *A;
+    const void *A;
+    Storage a_store;
     size_t a_rs, a_ks;
-    const real *B;
+    const void *B;
+    Storage b_store;
     size_t b_ks, b_cs;
     real *C;
     size_t ldc;
@@ -220,16 +224,45 @@ static inline void pack_block(real *restrict dst, const real *restrict src, int 
         pack_gather_panel(dst + (size_t)j * kc, src + j * s_w, MT_MIN(W, w - j), W, kc, s_w, s_k);
 }
 
-// Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc] (in the kernel's packing)
-static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, void *Ap) {
-    const real *base = p->A + (size_t)ic * p->a_rs + (size_t)pc * p->a_ks;
-    p->kernel->pack_a(Ap, base, mc, p->kernel->mr, kc, p->a_rs, p->a_ks);
+// A block of an operand as the packers read it: w lanes x kc depths, lane j at depth k at
+// src[j*s_w + k*s_k], in fp32.
+typedef struct {
+    const real *src;
+    size_t s_w, s_k;
+} Block;
+
+// The w x kc block at `at` (strides s_w, s_k in elements of `store`; one of them 1, as in every
+// GEMM operand) readable in fp32: the operand itself, or a bf16 one widened into `widened`
+// (w·kc reals), laid out along the stride-1 axis as stored, so the packers read it as they
+// would read the operand.
+static Block block_fp32(const void *at, Storage store, int w, int kc, size_t s_w, size_t s_k, real *widened) {
+    if (store == STORE_FP32) return (Block){at, s_w, s_k};
+    const uint16_t *x = at;
+    int along_depth = s_k == 1;  // each lane a run of kc depths; else each depth a run of w lanes
+    int runs = along_depth ? w : kc, run = along_depth ? kc : w;
+    size_t step = along_depth ? s_w : s_k;
+    for (int r = 0; r < runs; r++) {
+        const uint16_t *in = x + (size_t)r * step;
+        real *out = widened + (size_t)r * run;
+        for (int i = 0; i < run; i++) out[i] = bf16_to_float(in[i]);
+    }
+    return along_depth ? (Block){widened, (size_t)kc, 1} : (Block){widened, 1, (size_t)w};
 }
 
-// Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc] (in the kernel's packing)
-static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, void *Bp) {
-    const real *base = p->B + (size_t)pc * p->b_ks + (size_t)jc * p->b_cs;
-    p->kernel->pack_b(Bp, base, nc, p->kernel->nr, kc, p->b_cs, p->b_ks);
+// Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc] (in the kernel's packing);
+// widened: scratch for a bf16 A (mc·kc reals).
+static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, void *Ap, real *widened) {
+    const void *at = storage_at_const(p->A, p->a_store, (size_t)ic * p->a_rs + (size_t)pc * p->a_ks);
+    Block b = block_fp32(at, p->a_store, mc, kc, p->a_rs, p->a_ks, widened);
+    p->kernel->pack_a(Ap, b.src, mc, p->kernel->mr, kc, b.s_w, b.s_k);
+}
+
+// Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc] (in the kernel's packing);
+// widened: scratch for a bf16 B (kc·nc reals).
+static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, void *Bp, real *widened) {
+    const void *at = storage_at_const(p->B, p->b_store, (size_t)pc * p->b_ks + (size_t)jc * p->b_cs);
+    Block b = block_fp32(at, p->b_store, nc, kc, p->b_cs, p->b_ks, widened);
+    p->kernel->pack_b(Bp, b.src, nc, p->kernel->nr, kc, b.s_w, b.s_k);
 }
 
 // Packed elements per lane of a panel of depth kc.
@@ -384,17 +417,19 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     void *a_raw, *b_raw;
     char *Ap = alloc_aligned((size_t)ceil_div(mb, kern->mr) * kern->mr * lane_bytes, &a_raw);
     char *Bp = alloc_aligned(group * b_block, &b_raw);
+    int widens = p->a_store != STORE_FP32 || p->b_store != STORE_FP32;
+    real *widened = widens ? mt_malloc((size_t)MT_MAX(mb, nb) * kb * sizeof(real)) : NULL;
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = MT_MIN(NC, n1 - jc);
         for (int pg = 0; pg < p->K; pg += group * KC) {
             int pend = MT_MIN(p->K, pg + group * KC);
-            for (int pc = pg; pc < pend; pc += KC) pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block);
+            for (int pc = pg; pc < pend; pc += KC) pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block, widened);
             for (int ic = m0; ic < m1; ic += kern->mc) {
                 int mc = MT_MIN(kern->mc, m1 - ic);
                 for (int pc = pg; pc < pend; pc += KC) {
                     int kc = MT_MIN(KC, p->K - pc);
                     real beta = pc == 0 ? p->beta : (real)1;
-                    pack_a(p, ic, mc, pc, kc, Ap);
+                    pack_a(p, ic, mc, pc, kc, Ap, widened);
                     macro_kernel(kern, mc, nc, kc, Ap, Bp + (pc - pg) / KC * b_block, p->C + (size_t)ic * p->ldc + jc,
                                  p->ldc, p->alpha, beta);
                 }
@@ -403,6 +438,7 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     }
     free(a_raw);
     free(b_raw);
+    free(widened);
 }
 
 // ---------------------------------------------------------------------------
@@ -602,12 +638,13 @@ const char *mt_gemm_kernel(void) {
 // Public API
 // ---------------------------------------------------------------------------
 
-// Whether kern's GEMMs go to OpenBLAS (fp32 when it is the backend).
-static int uses_blas(const GemmKernel *kern) {
+// Whether kern's GEMMs on operands stored as a_store, b_store go to OpenBLAS (fp32 operands
+// and inputs when it is the backend).
+static int uses_blas(const GemmKernel *kern, Storage a_store, Storage b_store) {
 #ifdef MT_HAVE_CBLAS
-    return kern == &KERNEL_FP32 && backend_get() == BACKEND_BLAS;
+    return kern == &KERNEL_FP32 && a_store == STORE_FP32 && b_store == STORE_FP32 && backend_get() == BACKEND_BLAS;
 #else
-    (void)kern;
+    (void)kern, (void)a_store, (void)b_store;
     return 0;
 #endif
 }
@@ -615,7 +652,8 @@ static int uses_blas(const GemmKernel *kern) {
 // C = alpha op(A) op(B) + beta C: the cases with nothing to multiply (M or N 0: nothing; K 0
 // or alpha 0: C = beta·C) done here (returns 0), else *p is the problem for kern (returns 1).
 static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K,
-                        real alpha, const real *A, int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+                        real alpha, const void *A, Storage a_store, int lda, const void *B, Storage b_store, int ldb,
+                        real beta, real *C, int ldc) {
     MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
     if (M == 0 || N == 0) return 0;
     MT_ASSERT(ldc >= N);
@@ -626,8 +664,8 @@ static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int
     MT_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
     *p = (GemmProblem){
         .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
-        .A = A, .a_rs = trans_a ? 1 : (size_t)lda, .a_ks = trans_a ? (size_t)lda : 1,
-        .B = B, .b_ks = trans_b ? 1 : (size_t)ldb, .b_cs = trans_b ? (size_t)ldb : 1,
+        .A = A, .a_store = a_store, .a_rs = trans_a ? 1 : (size_t)lda, .a_ks = trans_a ? (size_t)lda : 1,
+        .B = B, .b_store = b_store, .b_ks = trans_b ? 1 : (size_t)ldb, .b_cs = trans_b ? (size_t)ldb : 1,
         .C = C, .ldc = (size_t)ldc, .kernel = kern,
     };
     return 1;
@@ -638,9 +676,10 @@ static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, i
                       const real *A, int lda, const real *B, int ldb, real beta, real *C, int ldc) {
     PROF_SCOPE(PROF_GEMM);
     GemmProblem p;
-    if (!gemm_prepare(&p, kern, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+    if (!gemm_prepare(&p, kern, trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, ldc))
+        return;
 #ifdef MT_HAVE_CBLAS
-    if (uses_blas(kern)) {
+    if (uses_blas(kern, STORE_FP32, STORE_FP32)) {
         gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
@@ -720,14 +759,15 @@ typedef struct {
     int count;
 } GroupedRun;
 
-static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A,
-                        int lda, const real *B, int ldb, real beta, real *C, int ldc) {
-    if (uses_blas(g_kernel)) {
+static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A,
+                        Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta, real *C,
+                        int ldc) {
+    if (uses_blas(g_kernel, a_store, b_store)) {
         gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    if (gemm_prepare(&run->probs[run->count], g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                     ldc))
+    if (gemm_prepare(&run->probs[run->count], g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store,
+                     ldb, beta, C, ldc))
         run->count++;
 }
 
@@ -738,8 +778,8 @@ static void grouped_finish(GroupedRun *run) {
 
 // host_counts is not needed here: the cpu reads counts itself.
 void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
-                      int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
-                      real *C, int ldc) {
+                      int K, real alpha, const void *A, Storage a_store, int lda, const real *B, size_t b_stride,
+                      int ldb, real beta, real *C, int ldc) {
     PROF_SCOPE(PROF_GEMM);
     GroupedRun run = {mt_malloc((size_t)MT_MAX(groups, 1) * sizeof(GemmProblem)), 0};
     size_t first = 0;  // the group's first row
@@ -747,15 +787,16 @@ void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *count
         int rows = counts[g];
         MT_ASSERT(rows >= 0);
         if (rows > 0)
-            grouped_add(&run, trans_a, trans_b, rows, N, K, alpha, A + first * (trans_a ? 1 : (size_t)lda), lda,
-                        B + (size_t)g * b_stride, ldb, beta, C + first * ldc, ldc);
+            grouped_add(&run, trans_a, trans_b, rows, N, K, alpha,
+                        storage_at_const(A, a_store, first * (trans_a ? 1 : (size_t)lda)), a_store, lda,
+                        B + (size_t)g * b_stride, STORE_FP32, ldb, beta, C + first * ldc, ldc);
         first += (size_t)rows;
     }
     grouped_finish(&run);
 }
 
 void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
-                            real alpha, const real *dY, const real *X, real *W, size_t w_stride) {
+                            real alpha, const real *dY, const void *X, Storage x_store, real *W, size_t w_stride) {
     PROF_SCOPE(PROF_GEMM);
     GroupedRun run = {mt_malloc((size_t)MT_MAX(groups, 1) * sizeof(GemmProblem)), 0};
     size_t first = 0;
@@ -764,8 +805,8 @@ void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *ho
         MT_ASSERT(rows >= 0);
         // W_g[out, in] += alpha * (dY_g[rows, out])^T · X_g[rows, in]
         if (rows > 0)
-            grouped_add(&run, 1, 0, out, in, rows, alpha, dY + first * out, out, X + first * in, in, (real)1,
-                        W + (size_t)g * w_stride, in);
+            grouped_add(&run, 1, 0, out, in, rows, alpha, dY + first * out, STORE_FP32, out,
+                        storage_at_const(X, x_store, first * in), x_store, in, (real)1, W + (size_t)g * w_stride, in);
         first += (size_t)rows;
     }
     grouped_finish(&run);

@@ -178,22 +178,26 @@ void cuda_clamp_backward(real *d, const real *x, size_t n, real limit) {
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // gate, up (M,I), row_scale (M) or NULL -> act (M,I); column tiles × rows
-__global__ void swiglu_forward_kernel(float *act, const float *gate, const float *up, const float *row_scale,
-                                      int M, int I) {
+// act stored as fp32 (act32) or, when act32 is NULL, as bf16 (act16)
+__global__ void swiglu_forward_kernel(float *act32, uint16_t *act16, const float *gate, const float *up,
+                                      const float *row_scale, int M, int I) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= I) return;
     for (int m = blockIdx.y; m < M; m += gridDim.y) {
         size_t at = (size_t)m * I + i;
-        float scale = row_scale ? row_scale[m] : 1.0f, g = gate[at];
-        act[at] = g * sigmoid(g) * up[at] * scale;
+        float scale = row_scale ? row_scale[m] : 1.0f, g = gate[at], a = g * sigmoid(g) * up[at] * scale;
+        if (act32) act32[at] = a;
+        else act16[at] = bf16_from_float_flushed(a);
     }
 }
 
-void cuda_swiglu_forward(real *act, const real *gate, const real *up, const real *row_scale, int M, int I) {
+void cuda_swiglu_forward(void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M,
+                         int I) {
     if (M <= 0 || I <= 0) return;
     unsigned threads = row_threads(I, ROW_MAX_THREADS);
-    swiglu_forward_kernel<<<tile_rows_grid(M, I, threads), threads, 0, cuda_stream()>>>(act, gate, up, row_scale,
-                                                                                      M, I);
+    float *act32 = act_store == STORE_FP32 ? (float *)act : NULL;
+    swiglu_forward_kernel<<<tile_rows_grid(M, I, threads), threads, 0, cuda_stream()>>>(act32, (uint16_t *)act, gate,
+                                                                                      up, row_scale, M, I);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -45,6 +45,7 @@
 // Determinism: cuBLAS with atomics disallowed (context.cu) gives the same bits for the same
 // call on the same GPU and stream; which path a call takes depends only on its arguments and
 // the input-precision switch. The static state here assumes one host thread drives the backend.
+#include "ops/cuda/block_reduce.cuh"
 #include "ops/cuda/cuda_internal.h"
 
 static_assert(sizeof(real) == sizeof(float), "the cuda backend is built for float only");
@@ -257,6 +258,30 @@ static void batch_run(int count, float alpha, float beta) {
     batch_run_grouped(count, alpha, beta);
 }
 
+// ---- operands stored as bf16 (gemm.h Storage) ----------------------------------------------------
+
+// cuBLAS takes A and B of one type, so a bf16-stored operand is widened (exactly) into this
+// buffer first and the GEMM runs as on fp32 storage; the operands of one call need one at most.
+static CudaScratch widened_operand;
+
+// The operand at x (stored as `store`, its first n elements) as fp32 in device memory.
+static const float *operand_fp32(const void *x, Storage store, size_t n) {
+    if (store == STORE_FP32) return (const float *)x;
+    float *widened = (float *)scratch_reserve(&widened_operand, MT_MAX(n, (size_t)1) * sizeof(float));
+    cuda_bf16_unpack(widened, (const float *)x, n);
+    return widened;
+}
+
+// Elements a row-major operand [rows, cols] with leading dimension ld spans (0 when empty).
+static size_t operand_extent(size_t rows, size_t cols, size_t ld) { return rows && cols ? (rows - 1) * ld + cols : 0; }
+
+// Sum of rows[0, groups).
+static size_t total_rows(const int32_t *rows, int groups) {
+    size_t total = 0;
+    for (int g = 0; g < groups; g++) total += (size_t)MT_MAX(rows[g], 0);
+    return total;
+}
+
 // ---- grouped GEMMs ------------------------------------------------------------------------------
 
 // The rows of each group, copied from tensor memory into a pinned host block (grown on demand)
@@ -279,11 +304,13 @@ static const int32_t *counts_on_host(const int32_t *counts, int groups) {
 // groups' rows back to back from row 0 (gemm.h). Every problem shares N, K, the flags and the
 // lds; only M = M_g and the pointers differ.
 void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
-                       int K, real alpha, const real *A, int lda, const real *B, size_t b_stride, int ldb, real beta,
-                       real *C, int ldc) {
+                       int K, real alpha, const void *A_stored, Storage a_store, int lda, const real *B, size_t b_stride,
+                       int ldb, real beta, real *C, int ldc) {
     MT_ASSERT(groups >= 0 && N >= 0 && K >= 0);
     if (N == 0 || groups == 0) return;
     const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
+    size_t R = total_rows(rows, groups);
+    const float *A = operand_fp32(A_stored, a_store, trans_a ? operand_extent(K, R, lda) : operand_extent(R, K, lda));
     int count = 0;
     size_t first = 0;
     batch_reserve(groups);
@@ -311,10 +338,12 @@ void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *coun
 // [M_g, out] (ld out), X_g [M_g, in] (ld in), W_g = W + g·w_stride [out, in] (ld in). Here K
 // differs between problems.
 void cuda_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
-                             real alpha, const real *dY, const real *X, real *W, size_t w_stride) {
+                             real alpha, const real *dY, const void *X_stored, Storage x_store, real *W,
+                             size_t w_stride) {
     MT_ASSERT(groups >= 0 && out >= 0 && in >= 0);
     if (out == 0 || in == 0 || alpha == 0 || groups == 0) return;  // W_g = 1·W_g
     const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
+    const float *X = operand_fp32(X_stored, x_store, total_rows(rows, groups) * (size_t)in);
     int count = 0;
     size_t first = 0;
     batch_reserve(groups);
