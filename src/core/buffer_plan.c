@@ -9,7 +9,7 @@
 enum { BUFFER_ALIGN = 64 };  // bytes: a cache line, an AVX-512 vector, a GPU's coalesced access
 
 static const size_t DTYPE_BYTES[] = {[BUF_REAL] = sizeof(real), [BUF_INT32] = sizeof(int32_t),
-                                     [BUF_DOUBLE] = sizeof(double)};
+                                     [BUF_DOUBLE] = sizeof(double), [BUF_BF16] = sizeof(uint16_t)};
 
 void buffer_plan_init(BufferPlan *bp) { memset(bp, 0, sizeof(*bp)); }
 
@@ -35,6 +35,10 @@ static void add_spec(BufferPlan *bp, void *slot, const char *name, size_t rows, 
 
 void buffer_real(BufferPlan *bp, real **slot, const char *name, size_t rows, size_t cols, BufferLifetime lifetime) {
     add_spec(bp, slot, name, rows, cols, BUF_REAL, lifetime);
+}
+
+void buffer_bf16(BufferPlan *bp, real **slot, const char *name, size_t rows, size_t cols, BufferLifetime lifetime) {
+    add_spec(bp, slot, name, rows, cols, BUF_BF16, lifetime);
 }
 
 void buffer_int32(BufferPlan *bp, int32_t **slot, const char *name, size_t rows, size_t cols,

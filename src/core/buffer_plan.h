@@ -17,7 +17,8 @@
 
 #include "core/common.h"
 
-typedef enum { BUF_REAL, BUF_INT32, BUF_DOUBLE } BufferDtype;
+// BUF_BF16: bf16 values in a real * slot (ops/gemm.h STORE_BF16: 2 bytes an element)
+typedef enum { BUF_REAL, BUF_INT32, BUF_DOUBLE, BUF_BF16 } BufferDtype;
 
 typedef enum {
     BUF_SAVED,      // written by the forward, read by the backward of the same micro-batch
@@ -57,6 +58,7 @@ void buffer_plan_scope(BufferPlan *bp, const char *fmt, ...) __attribute__((form
 
 // A rows × cols buffer whose address goes to *slot.
 void buffer_real(BufferPlan *bp, real **slot, const char *name, size_t rows, size_t cols, BufferLifetime lifetime);
+void buffer_bf16(BufferPlan *bp, real **slot, const char *name, size_t rows, size_t cols, BufferLifetime lifetime);
 void buffer_int32(BufferPlan *bp, int32_t **slot, const char *name, size_t rows, size_t cols,
                   BufferLifetime lifetime);
 void buffer_double(BufferPlan *bp, double **slot, const char *name, size_t rows, size_t cols,

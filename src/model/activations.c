@@ -13,6 +13,10 @@
 #define SAVED_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_SAVED)
 #define SAVED_DOUBLE(bp, field, rows, cols) buffer_double(bp, &(field), #field, rows, cols, BUF_SAVED)
 #define WORKSPACE(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_WORKSPACE)
+// A buffer of real or bf16 elements (ops/gemm.h Storage), saved or a workspace.
+#define STORED(bp, field, rows, cols, store, lifetime)                                  \
+    ((store) == STORE_BF16 ? buffer_bf16(bp, &(field), #field, rows, cols, lifetime) \
+                           : buffer_real(bp, &(field), #field, rows, cols, lifetime))
 #define STAGE_IO(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
 #define STAGE_IO_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
 // A saved buffer when `own`, else an alias of `source` (a stage that is off, a layout
@@ -91,8 +95,8 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     SAVED(bp, ma->experts.gate, computed, I);
     SAVED(bp, ma->experts.up, computed, I);
     ma->experts.act_store = p->expert_act_store;
-    SAVED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act,
-                   storage_reals(computed * I, p->expert_act_store), 1, a->recomputed.moe_act);
+    if (plan_recomputes(p, RECOMPUTE_MOE_ACT)) buffer_alias(bp, &ma->experts.act, &a->recomputed.moe_act);
+    else STORED(bp, ma->experts.act, computed, I, p->expert_act_store, BUF_SAVED);
     SAVED(bp, ma->rows_out, dispatched, Hr);
 }
 
@@ -267,9 +271,8 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
     }
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE)) plan_moe(bp, &a->recomputed.moe, a, m, B, T);
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE_ACT))
-        WORKSPACE(bp, a->recomputed.moe_act,
-                  storage_reals(local_expert_rows(m, moe_rows(&m->cfg, p, N_local, N)) * p->moe_ffn, p->expert_act_store),
-                  1);
+        STORED(bp, a->recomputed.moe_act, local_expert_rows(m, moe_rows(&m->cfg, p, N_local, N)), p->moe_ffn,
+               p->expert_act_store, BUF_WORKSPACE);
 }
 
 // A chunk's layers: each recomputed group's input, every other layer whole.

@@ -39,6 +39,7 @@ static void test_layout_and_slots(void) {
     real *saved = NULL, *work = NULL, *io = NULL, *empty = NULL, *alias = NULL, *alias_of_alias = NULL;
     int32_t *ids = NULL;
     double *counts = NULL;
+    real *packed = NULL;
     buffer_real(&bp, &work, "work", 3, 5, BUF_WORKSPACE);
     buffer_plan_scope(&bp, "layer %d: ", 7);
     buffer_real(&bp, &saved, "saved", 10, 3, BUF_SAVED);
@@ -49,11 +50,12 @@ static void test_layout_and_slots(void) {
     buffer_real(&bp, &empty, "empty", 0, 8, BUF_SAVED);
     buffer_double(&bp, &counts, "counts", 5, 1, BUF_SAVED);
     buffer_real(&bp, &io, "io", 2, 2, BUF_STAGE_IO);
+    buffer_bf16(&bp, &packed, "packed", 33, 2, BUF_WORKSPACE);  // 132 bytes
     buffer_plan_layout(&bp);
     CHECK(bp.base == NULL && saved == NULL, "layout allocates nothing");
     check_layout(&bp);
     CHECK(bp.region_bytes[BUF_SAVED] == 128 + 0 + 64, "saved region %zu bytes", bp.region_bytes[BUF_SAVED]);
-    CHECK(bp.region_bytes[BUF_WORKSPACE] == 64, "workspace region %zu bytes", bp.region_bytes[BUF_WORKSPACE]);
+    CHECK(bp.region_bytes[BUF_WORKSPACE] == 64 + 192, "workspace region %zu bytes", bp.region_bytes[BUF_WORKSPACE]);
     CHECK(bp.region_bytes[BUF_STAGE_IO] == 192 + 64, "stage IO region %zu bytes", bp.region_bytes[BUF_STAGE_IO]);
     const BufferSpec *s = buffer_plan_find(&bp, "layer 7: saved");
     CHECK(s && s->rows == 10 && s->cols == 3 && s->dtype == BUF_REAL, "scoped name and shape");
@@ -66,7 +68,9 @@ static void test_layout_and_slots(void) {
     CHECK((char *)work == base + bp.region_offset[BUF_WORKSPACE], "workspace region");
     CHECK((char *)ids == base + bp.region_offset[BUF_STAGE_IO], "first stage IO buffer");
     CHECK(alias == saved && alias_of_alias == saved, "aliases resolved in order");
-    CHECK(empty != NULL && counts != NULL && io != NULL, "every slot set");
+    CHECK(empty != NULL && counts != NULL && io != NULL && packed != NULL, "every slot set");
+    const BufferSpec *p = buffer_plan_find(&bp, "packed");
+    CHECK(p && p->dtype == BUF_BF16 && buffer_spec_bytes(p) == 132, "bf16 spec: 2 bytes an element");
     int zero = 1;
     for (size_t i = 0; i < bp.bytes; i++) zero &= base[i] == 0;
     CHECK(zero, "memory zeroed");
