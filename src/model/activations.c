@@ -90,7 +90,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
         SAVED(bp, ma->latent_out, N, Hr);
     }
     size_t dispatched = local_dispatched_rows(m, rows), computed = local_expert_rows(m, rows);
-    SAVED(bp, ma->rows_in, dispatched, Hr);
+    STORED(bp, ma->rows_in, dispatched, Hr, p->expert_rows_store, BUF_SAVED);
     SAVED(bp, ma->row_probs, dispatched, 1);
     SAVED(bp, ma->experts.gate, computed, I);
     SAVED(bp, ma->experts.up, computed, I);

@@ -145,11 +145,20 @@ int plan_layer_chunk(const LayoutPlan *p, int layer) {
     return -1;
 }
 
-static Storage expert_act_store(const Config *c) {
-    const char *asked = getenv("MOETRON_ACTIVATIONS");
-    int fp32_asked = asked && !strcmp(asked, "fp32");
-    int bf16_gemms = c->bf16 && device_active() != DEVICE_CUDA && !c->quant_recipe;
-    return bf16_gemms && !fp32_asked ? STORE_BF16 : STORE_FP32;
+// Whether the environment variable `name` asks for "fp32".
+static int fp32_asked(const char *name) {
+    const char *asked = getenv(name);
+    return asked && !strcmp(asked, "fp32");
+}
+
+// LayoutPlan.exchanges_bf16, expert_act_store, expert_rows_store (layout.h).
+static void plan_bf16_storage(LayoutPlan *p, const Config *c) {
+    int bf16_gemms = c->bf16 && device_active() != DEVICE_CUDA;
+    p->exchanges_bf16 = bf16_gemms && !fp32_asked("MOETRON_EXCHANGE");
+    int kept_bf16 = bf16_gemms && !c->quant_recipe && !fp32_asked("MOETRON_ACTIVATIONS");
+    p->expert_act_store = kept_bf16 ? STORE_BF16 : STORE_FP32;
+    int rows_bf16 = kept_bf16 && p->exchanges_bf16 && p->moe_hidden % 2 == 0;
+    p->expert_rows_store = rows_bf16 ? STORE_BF16 : STORE_FP32;
 }
 
 void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
@@ -178,7 +187,7 @@ void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {
     p->etp_rank = g && g->etp ? g->etp->rank : 0;
     p->moe_ffn = piece(c->moe_ffn, p->etp_size, p->etp_rank, &unused);
     p->moe_hidden = c->moe_latent_size ? c->moe_latent_size : c->hidden_size;
-    p->expert_act_store = expert_act_store(c);
+    plan_bf16_storage(p, c);
     p->padded_vocab = c->padded_vocab_size;
     p->vocab = piece(c->padded_vocab_size, p->tp_size, p->tp_rank, &p->vocab_first);
     make_kv_share(p, g && g->described);

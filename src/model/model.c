@@ -461,11 +461,7 @@ void model_free(Model *m) {
 
 // ---- forward and backward ------------------------------------------------------------------
 
-int model_exchanges_bf16(const Model *m) {
-    static int fp32_asked = -1;
-    if (fp32_asked < 0) fp32_asked = getenv("MOETRON_EXCHANGE") && !strcmp(getenv("MOETRON_EXCHANGE"), "fp32");
-    return m->cfg.bf16 && device_active() != DEVICE_CUDA && !fp32_asked;
-}
+int model_exchanges_bf16(const Model *m) { return m->plan.exchanges_bf16; }
 
 int model_expert_rows_bf16(const Model *m) {
     return model_exchanges_bf16(m) && !m->quant && m->plan.moe_hidden % 2 == 0;

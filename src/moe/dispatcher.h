@@ -14,6 +14,7 @@
 // the exchange of counts and rows between these two steps.
 #pragma once
 #include "core/common.h"
+#include "ops/gemm.h"
 
 typedef struct {
     int N, k, E;
@@ -46,8 +47,9 @@ void dispatch_plan_free(DispatchPlan *plan);
 // The plan is the moe_dispatch_plan op (ops_dispatch.h); without capacity padding or known
 // rows, its rows per expert come back to the host in one 4·E-byte download (plan->rows). The data movement runs as ops
 // too (moe_permute / moe_unpermute in ops.h, kernels on a GPU).
-// x (N,H) -> rows (rows,H);  per-choice values (N,k) -> per-row values (rows) when non-NULL
-void dispatch_forward(real *rows, real *row_values, const real *x, const real *choice_values,
+// x (N,H) -> rows (rows,H) stored as rows_store (ops/gemm.h);  per-choice values (N,k) ->
+// per-row values (rows) when non-NULL
+void dispatch_forward(void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,
                       const DispatchPlan *plan, int H);
 // rows (rows,H) -> out (N,H): out[n] = Σ_j rows[row_of_choice[n,j]]; accumulate: += instead of =
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate);

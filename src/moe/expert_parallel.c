@@ -280,7 +280,7 @@ double ep_take_hidden_seconds(struct EpBuffers *b) {
 static ExpertShape local_shape(const MoeDispatchContext *ctx, const int32_t *counts, const int32_t *host_counts,
                                int rows) {
     return (ExpertShape){.groups = ctx->ep->local, .H = ctx->hidden, .I = ctx->moe_ffn, .counts = counts,
-                         .host_counts = host_counts, .rows = rows};
+                         .host_counts = host_counts, .rows = rows, .in_store = ctx->rows_store};
 }
 
 // ---- alltoall ------------------------------------------------------------------------------------
@@ -461,7 +461,10 @@ static void alltoall_dispatch_exchange(const MoeDispatchContext *ctx, MoeActs *m
     alltoall_layout(el, &ma->plan, ep);
     layer_reserve_rows(ctx, el, ma, (size_t)el->rows);
     struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
-    if (ctx->bf16_rows)
+    if (ctx->rows_store == STORE_BF16)  // already bf16: they travel and are sorted as they are
+        rows_to_experts(ctx, el, ma->rows_in, packed_arrival(el->rows_in, el->row_capacity, H), b->own, H / 2,
+                        &el->inflight[0]);
+    else if (ctx->bf16_rows)
         rows_to_experts_bf16(ctx, el, ma->rows_in, b->exchange, el->rows_in, el->row_capacity, b->own, H, &el->inflight[0]);
     else rows_to_experts(ctx, el, ma->rows_in, b->exchange, b->own, H, &el->inflight[0]);
     rows_to_experts(ctx, el, ma->row_probs, b->exchange_probs, b->own_probs, 1, &el->inflight[1]);
@@ -472,8 +475,13 @@ static void alltoall_dispatch_finish(const MoeDispatchContext *ctx, MoeActs *ma,
     EpLayer *el = ma->ep;
     struct EpBuffers *b = ctx->buffers;
     finish_exchanges(ctx, el);
-    if (ctx->bf16_rows) bf16_arrival(el, b->exchange, el->rows_in, el->row_capacity, ctx->hidden);
-    sort_segments(el->rows_in, b->exchange, el, ctx->ep, ctx->hidden, 1);
+    if (ctx->rows_store == STORE_BF16) {  // kept bf16: sorted from the back half into the front
+        sort_segments(el->rows_in, packed_arrival(el->rows_in, el->row_capacity, ctx->hidden), el, ctx->ep,
+                      ctx->hidden / 2, 1);
+    } else {
+        if (ctx->bf16_rows) bf16_arrival(el, b->exchange, el->rows_in, el->row_capacity, ctx->hidden);
+        sort_segments(el->rows_in, b->exchange, el, ctx->ep, ctx->hidden, 1);
+    }
     sort_segments(el->row_probs, b->exchange_probs, el, ctx->ep, 1, 1);
     *rows = layer_rows(ctx, el, el->counts, el->host_counts);
 }
@@ -498,7 +506,7 @@ static void alltoall_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma
     EpLayer *el = ma->ep;
     int H = ctx->hidden;
     struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
-    dispatch_forward(grads->d_rows_out, NULL, d_out, NULL, &ma->plan, H);
+    dispatch_forward(grads->d_rows_out, STORE_FP32, NULL, d_out, NULL, &ma->plan, H);
     if (ctx->bf16_rows)
         rows_to_experts_bf16(ctx, el, grads->d_rows_out, b->exchange, b->d_rows_out, b->row_capacity, b->own, H,
                              &el->inflight[0]);
@@ -591,7 +599,7 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
     el->rows = el->plan.rows;
     layer_reserve_rows(ctx, el, ma, (size_t)el->rows);
-    dispatch_forward(el->rows_in, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
+    dispatch_forward(el->rows_in, ctx->rows_store, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
     *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first,  // rows start at 0
                        el->plan.host_rows_per_expert + ep->first);
 }
@@ -621,7 +629,7 @@ static void allgather_combine_backward(const MoeDispatchContext *ctx, MoeActs *m
         gather_tokens(ctx, ma, d_out, b->tokens_all, N);
         ctx->buffers->comm_s += now_seconds() - t0;
     }
-    dispatch_forward(b->d_rows_out, NULL, b->tokens_all, NULL, &el->plan, H);
+    dispatch_forward(b->d_rows_out, STORE_FP32, NULL, b->tokens_all, NULL, &el->plan, H);
     set_backward_rows(rows, b);
 }
 

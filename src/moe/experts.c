@@ -127,8 +127,8 @@ void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row
                           const ExpertShape *s) {
     int H = s->H, I = s->I;
     // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
-    project(s, w->quant_gate, 1, I, H, rows_in, STORE_FP32, w->gate, 0, acts->gate);
-    project(s, w->quant_up, 1, I, H, rows_in, STORE_FP32, w->up, 0, acts->up);
+    project(s, w->quant_gate, 1, I, H, rows_in, s->in_store, w->gate, 0, acts->gate);
+    project(s, w->quant_up, 1, I, H, rows_in, s->in_store, w->up, 0, acts->up);
     experts_recompute_act(acts->act, acts, row_scale, s);
 }
 
@@ -161,8 +161,8 @@ void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, co
     int H = s->H, I = s->I;
     // dW_down += dyᵀ·act, dW_gate += dgateᵀ·x, dW_up += dupᵀ·x
     project_wgrad(s, dw->quant_down, H, I, drows_out, acts->act, acts->act_store, dw->down);
-    project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, rows_in, STORE_FP32, dw->gate);
-    project_wgrad(s, dw->quant_up, I, H, scratch_dup, rows_in, STORE_FP32, dw->up);
+    project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, rows_in, s->in_store, dw->gate);
+    project_wgrad(s, dw->quant_up, I, H, scratch_dup, rows_in, s->in_store, dw->up);
 }
 
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,

@@ -34,6 +34,7 @@ typedef struct {
     const int32_t *host_counts;  // (groups) host memory: the same counts as downloaded with the
                                  // layer pass's dispatch sizes, or NULL (mt_gemm_grouped)
     int rows;                // with counts: the rows of all groups
+    Storage in_store;        // how the input rows are stored (the routed experts' under --bf16: bf16)
 } ExpertShape;
 
 typedef struct {
@@ -43,7 +44,7 @@ typedef struct {
     Storage act_store;
 } ExpertActs;
 
-// rows_in (rows,H), row_scale (rows) or NULL -> rows_out (rows,H); fills acts
+// rows_in (rows,H; stored as s->in_store), row_scale (rows) or NULL -> rows_out (rows,H); fills acts
 void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s);
 // What experts_forward fills of acts (gate, up, act), the same bits: a recomputation.

@@ -23,6 +23,8 @@ typedef struct {
                                    // the pass's shared buffer, not kept per layer (the backward
                                    // recomputes it)
     Storage act_store;             // how the experts keep their SwiGLU product (moe/experts.h)
+    Storage rows_store;            // and their input rows (LayoutPlan.expert_rows_store: bf16 rows
+                                   // travel to the experts' ranks as stored, H even)
     int bf16_rows;                 // the rows and their output gradients travel to the experts'
                                    // ranks as bf16 (ops.h bf16_pack): only the experts' bf16-input
                                    // GEMMs read them, so the results are the same bits at half the

@@ -188,18 +188,20 @@ run_case mixed_bf16_ep2 2 --expert-model-parallel-size 2 -- --seed 3 --bf16
 # four row exchanges halved, 0.72-0.80 of the fp32 bytes per step here (the others: the probs,
 # the counts; a rank sends its own rows one way, the rows it received the other).
 bf16_exchange_exact mixed_bf16_ep2_rows_exact 2 expert_bytes 0.65 0.85 --expert-model-parallel-size 2 --seed 3
-# With --bf16 the routed experts keep their SwiGLU output as bf16 (only the down projection's
-# bf16-input GEMMs read it): the same bits as keeping it fp32 (MOETRON_ACTIVATIONS=fp32), in the
-# layer's own buffer (one process) and in the exchange's, with the recomputation's shared one.
+# With --bf16 the routed experts keep their input rows and SwiGLU output as bf16 (only their
+# bf16-input GEMMs read them): the same bits as keeping them fp32 (MOETRON_ACTIVATIONS=fp32), in
+# the layer's own buffers (one process) and in the exchange's (the rows travel as kept), with
+# the recomputation's shared one.
 bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16 1 - 0 1 --seed 3
 bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16_ep2 2 - 0 1 --seed 3 --expert-model-parallel-size 2 \
     --recompute-granularity selective --recompute-modules moe_act
 full mixed_fp16_ep2 run_case mixed_fp16_ep2 2 --expert-model-parallel-size 2 -- --seed 3 --fp16 --initial-loss-scale 4096
 unset CASE_RTOL
 
-# ... at half the memory: `moetron plan` counts rows x I x 2 bytes less per MoE layer (2048 rows of
-# 512 here: 2 MiB a layer), once with moe_act recomputed (one buffer every layer shares), and the
-# same in the exchange's bound of rows under EP=2 (4096 rows a layer).
+# ... at half the memory: `moetron plan` counts rows x (I + H) x 2 bytes less per MoE layer (2048
+# rows of 512 + 256 here: 3 MiB a layer), the SwiGLU output once with moe_act recomputed (one buffer
+# every layer shares), and the SwiGLU output in the exchange's bound of rows under EP=2 (4096 rows
+# a layer; the received rows land in the back half of their buffer).
 PLAN=(--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --micro-batch-size 4
       --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --vocab-size 1024 --bf16)
 # plan_saving COLUMN FLAGS...: that column (8: activations, 7: expert exchange, MiB) of rank 0's row of
@@ -220,8 +222,8 @@ check_saving() {
     got=$(plan_saving "$@")
     [ "$got" = "$want" ] && ok "$name" || fail "$name" "the plan saves $got MiB, expected $want"
 }
-check_saving mixed_bf16_act_plan 4.0 8
-check_saving mixed_bf16_act_plan_recompute 2.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_act_plan 6.0 8
+check_saving mixed_bf16_act_plan_recompute 4.0 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_act_plan_ep2 8.0 6 --world-size 2 --expert-model-parallel-size 2
 
 # ---- bad input ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 // (or rows); every token's result is computed by one thread in a fixed order.
 #include <string.h>
 
+#include "core/float_formats.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/moe_route.h"
 
@@ -62,18 +63,30 @@ void cpu_moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, rea
 
 // ---- permute / unpermute ---------------------------------------------------------------------
 
-void cpu_moe_permute(real *rows, real *row_values, const real *x, const real *choice_values,
+// rows[0, H) stored as `store` <- x[0, H), or zeros when x is NULL
+static void store_row(void *row, Storage store, const real *x, int H) {
+    if (!x) {
+        memset(row, 0, H * storage_bytes(store));
+    } else if (store == STORE_FP32) {
+        memcpy(row, x, H * sizeof(real));
+    } else {
+        uint16_t *r = row;
+        for (int h = 0; h < H; h++) r[h] = bf16_from_float_flushed(x[h]);
+    }
+}
+
+void cpu_moe_permute(void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,
                      const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H) {
 #pragma omp parallel for schedule(static) if (R > 64)
     for (int row = 0; row < R; row++) {
         int n = token_of_row[row];
-        real *r = rows + (size_t)row * H;
+        void *r = storage_at(rows, rows_store, (size_t)row * H);
         if (n < 0) {  // padding
-            memset(r, 0, H * sizeof(real));
+            store_row(r, rows_store, NULL, H);
             if (row_values) row_values[row] = 0;
             continue;
         }
-        memcpy(r, x + (size_t)n * H, H * sizeof(real));
+        store_row(r, rows_store, x + (size_t)n * H, H);
         if (!row_values) continue;
         row_values[row] = 0;  // an aligned plan's padding row: the token, no choice
         for (int j = 0; j < k; j++)
