@@ -107,6 +107,10 @@ typedef struct GemmKernel {
     // accumulate, summed in the kernel's accumulators starting from C (AMX's tiles), so that
     // C needs no trip through acc and no separate write-back (alpha 1, beta 0 or 1).
     void (*micro_into)(int kc, const void *a, const void *b, real *C, size_t ldc, int accumulate);
+    // Or NULL: pack_a / pack_b of a block stored as bf16 (gemm.h STORE_BF16), its uint16_t
+    // elements at src; without them such a block is widened to fp32 first (block_fp32).
+    void (*pack_a_bf16)(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k);
+    void (*pack_b_bf16)(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k);
 } GemmKernel;
 
 // ---------------------------------------------------------------------------
@@ -250,19 +254,29 @@ static Block block_fp32(const void *at, Storage store, int w, int kc, size_t s_w
 }
 
 // Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc] (in the kernel's packing);
-// widened: scratch for a bf16 A (mc·kc reals).
+// widened: scratch for a bf16 A the kernel does not pack itself (mc·kc reals).
 static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, void *Ap, real *widened) {
+    const GemmKernel *kern = p->kernel;
     const void *at = storage_at_const(p->A, p->a_store, (size_t)ic * p->a_rs + (size_t)pc * p->a_ks);
+    if (p->a_store == STORE_BF16 && kern->pack_a_bf16) {
+        kern->pack_a_bf16(Ap, at, mc, kern->mr, kc, p->a_rs, p->a_ks);
+        return;
+    }
     Block b = block_fp32(at, p->a_store, mc, kc, p->a_rs, p->a_ks, widened);
-    p->kernel->pack_a(Ap, b.src, mc, p->kernel->mr, kc, b.s_w, b.s_k);
+    kern->pack_a(Ap, b.src, mc, kern->mr, kc, b.s_w, b.s_k);
 }
 
 // Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc] (in the kernel's packing);
-// widened: scratch for a bf16 B (kc·nc reals).
+// widened: scratch for a bf16 B the kernel does not pack itself (kc·nc reals).
 static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, void *Bp, real *widened) {
+    const GemmKernel *kern = p->kernel;
     const void *at = storage_at_const(p->B, p->b_store, (size_t)pc * p->b_ks + (size_t)jc * p->b_cs);
+    if (p->b_store == STORE_BF16 && kern->pack_b_bf16) {
+        kern->pack_b_bf16(Bp, at, nc, kern->nr, kc, p->b_cs, p->b_ks);
+        return;
+    }
     Block b = block_fp32(at, p->b_store, nc, kc, p->b_cs, p->b_ks, widened);
-    p->kernel->pack_b(Bp, b.src, nc, p->kernel->nr, kc, b.s_w, b.s_k);
+    kern->pack_b(Bp, b.src, nc, kern->nr, kc, b.s_w, b.s_k);
 }
 
 // Packed elements per lane of a panel of depth kc.
@@ -417,7 +431,7 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     void *a_raw, *b_raw;
     char *Ap = alloc_aligned((size_t)ceil_div(mb, kern->mr) * kern->mr * lane_bytes, &a_raw);
     char *Bp = alloc_aligned(group * b_block, &b_raw);
-    int widens = p->a_store != STORE_FP32 || p->b_store != STORE_FP32;
+    int widens = (p->a_store == STORE_BF16 && !kern->pack_a_bf16) || (p->b_store == STORE_BF16 && !kern->pack_b_bf16);
     real *widened = widens ? mt_malloc((size_t)MT_MAX(mb, nb) * kb * sizeof(real)) : NULL;
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = MT_MIN(NC, n1 - jc);
@@ -557,12 +571,22 @@ static void micro_bf16_avx512(int kc, const void *a, const void *b, real *acc) {
 
 static void pack_amx_a(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
     (void)W;  // always LOWP_AMX_TILE
-    lowp_pack_amx_a(dst, src, w, kc, s_w, s_k);
+    lowp_pack_amx_a(dst, src, STORE_FP32, w, kc, s_w, s_k);
 }
 
 static void pack_amx_b(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
     (void)W;
-    lowp_pack_amx_b(dst, src, w, kc, s_w, s_k);
+    lowp_pack_amx_b(dst, src, STORE_FP32, w, kc, s_w, s_k);
+}
+
+static void pack_amx_a_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    (void)W;
+    lowp_pack_amx_a(dst, src, STORE_BF16, w, kc, s_w, s_k);
+}
+
+static void pack_amx_b_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    (void)W;
+    lowp_pack_amx_b(dst, src, STORE_BF16, w, kc, s_w, s_k);
 }
 
 static void micro_amx(int kc, const void *a, const void *b, real *acc) {
@@ -576,15 +600,16 @@ static void micro_amx_into(int kc, const void *a, const void *b, real *C, size_t
 #define AMX_MC (4 * LOWP_AMX_TILE)  // 128 rows: an A block of 128 x KC bf16 (64 KiB) in L2
 
 static const GemmKernel KERNEL_FP32 = {"portable fp32", MR, NR, MC, sizeof(real), 1, pack_fp32, pack_fp32,
-                                       micro_fp32, NULL};
+                                       micro_fp32, NULL, NULL, NULL};
 static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", MR, NR, MC, sizeof(real), 1, pack_bf16_emulated,
-                                                pack_bf16_emulated, micro_fp32_flushed, NULL};
+                                                pack_bf16_emulated, micro_fp32_flushed, NULL, NULL, NULL};
 static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", MR, NR, MC, sizeof(real), 1, pack_fp16_emulated,
-                                                pack_fp16_emulated, micro_fp32, NULL};
+                                                pack_fp16_emulated, micro_fp32, NULL, NULL, NULL};
 static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", LOWP_MR, LOWP_BF16_NR, MC, sizeof(uint16_t), 2, pack_bf16_pairs_a,
-                                              pack_bf16_pairs_b, micro_bf16_avx512, NULL};
+                                              pack_bf16_pairs_b, micro_bf16_avx512, NULL, NULL, NULL};
 static const GemmKernel KERNEL_BF16_AMX = {"bf16 amx", LOWP_AMX_TILE, LOWP_AMX_TILE, AMX_MC, sizeof(uint16_t),
-                                           LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx, micro_amx_into};
+                                           LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx, micro_amx_into,
+                                           pack_amx_a_bf16, pack_amx_b_bf16};
 
 // The inputs' rounding and its kernel: process-wide, set between GEMMs by the thread that
 // runs them.

@@ -291,23 +291,28 @@ enum {
 
 static int ceil_steps(int kc) { return (kc + LOWP_AMX_DEPTH - 1) / LOWP_AMX_DEPTH; }
 
-// src element (lane j, depth k) as packed bf16, zero outside w x kc.
-static inline uint16_t amx_element(const real *src, int j, int k, int w, int kc, size_t s_w, size_t s_k) {
-    return j < w && k < kc ? bf16_from_float_flushed((float)src[(size_t)j * s_w + (size_t)k * s_k]) : 0;
+// src element (lane j, depth k; src stored as `store`) as packed bf16, zero outside w x kc.
+static inline uint16_t amx_element(const void *src, Storage store, int j, int k, int w, int kc, size_t s_w,
+                                   size_t s_k) {
+    if (j >= w || k >= kc) return 0;
+    size_t at = (size_t)j * s_w + (size_t)k * s_k;
+    if (store == STORE_BF16) return ((const uint16_t *)src)[at];
+    return bf16_from_float_flushed((float)((const real *)src)[at]);
 }
 
-static void pack_amx_a_scalar(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+static void pack_amx_a_scalar(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k) {
     int steps = ceil_steps(kc);
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE)
         for (int s = 0; s < steps; s++) {
             uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
             for (int j = 0; j < LOWP_AMX_TILE; j++)
                 for (int d = 0; d < LOWP_AMX_DEPTH; d++)
-                    step[j * LOWP_AMX_DEPTH + d] = amx_element(src, j0 + j, s * LOWP_AMX_DEPTH + d, w, kc, s_w, s_k);
+                    step[j * LOWP_AMX_DEPTH + d] =
+                        amx_element(src, store, j0 + j, s * LOWP_AMX_DEPTH + d, w, kc, s_w, s_k);
         }
 }
 
-static void pack_amx_b_scalar(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
+static void pack_amx_b_scalar(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k) {
     int steps = ceil_steps(kc);
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE)
         for (int s = 0; s < steps; s++) {
@@ -316,7 +321,7 @@ static void pack_amx_b_scalar(uint16_t *dst, const real *src, int w, int kc, siz
                 for (int j = 0; j < LOWP_AMX_TILE; j++)
                     for (int half = 0; half < 2; half++)
                         step[(q * LOWP_AMX_TILE + j) * 2 + half] =
-                            amx_element(src, j0 + j, s * LOWP_AMX_DEPTH + 2 * q + half, w, kc, s_w, s_k);
+                            amx_element(src, store, j0 + j, s * LOWP_AMX_DEPTH + 2 * q + half, w, kc, s_w, s_k);
         }
 }
 
@@ -333,17 +338,25 @@ enum {
     AMX_PALETTE = 1,
 };
 
-// The AMX packers use the vector conversion above (AMX CPUs all have AVX-512 BF16: asked below).
+// The AMX packers use the vector conversion above (AMX CPUs all have AVX-512 BF16: asked below),
+// or for a source stored as bf16 (gemm.h STORE_BF16) its values as they are.
+
+// The n <= 32 elements from element `at` of src (stored as `store`; the rest zero), as 32 bf16.
+PACK_TARGET static inline __m512i bf16x32_at(const void *src, Storage store, size_t at, int n) {
+    if (store == STORE_FP32) return bf16x32((const real *)src + at, n);
+    __mmask32 mask = (__mmask32)(n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1);
+    return _mm512_maskz_loadu_epi16(mask, (const uint16_t *)src + at);
+}
 
 // A with each row contiguous along k (s_k == 1): a row's 32 depths are one conversion.
-PACK_TARGET static void pack_amx_a_rows(uint16_t *dst, const real *src, int w, int kc, size_t s_w) {
+PACK_TARGET static void pack_amx_a_rows(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w) {
     int steps = ceil_steps(kc);
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE)
         for (int s = 0; s < steps; s++) {
             uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
             int depths = MT_MIN(LOWP_AMX_DEPTH, kc - s * LOWP_AMX_DEPTH);
             for (int j = 0; j < LOWP_AMX_TILE; j++) {
-                __m512i row = j0 + j < w ? bf16x32(src + (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
+                __m512i row = j0 + j < w ? bf16x32_at(src, store, (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
                                          : _mm512_setzero_si512();
                 _mm512_store_si512((void *)(step + j * LOWP_AMX_DEPTH), row);
             }
@@ -353,13 +366,13 @@ PACK_TARGET static void pack_amx_a_rows(uint16_t *dst, const real *src, int w, i
 // Depths k and k + 1 of lanes [j0, j0 + lanes) of a source contiguous along the lanes
 // (element (j, k) at src[k·s_k + j]) as bf16 pairs, (k, k + 1) in each 32 bits: lanes 0-15 of
 // the 32 in pairs[0], 16-31 in pairs[1]; zero past the lanes and past kc.
-PACK_TARGET static inline void depth_pairs(__m512i pairs[2], const real *src, int k, int kc, size_t s_k, int j0,
-                                           int lanes) {
+PACK_TARGET static inline void depth_pairs(__m512i pairs[2], const void *src, Storage store, int k, int kc,
+                                           size_t s_k, int j0, int lanes) {
     const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);  // lanes 0-15 of both rows
     const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(AMX_HALF));     // lanes 16-31
-    __m512i even = k < kc ? bf16x32(src + (size_t)k * s_k + j0, lanes) : _mm512_setzero_si512();
-    __m512i odd = k + 1 < kc ? bf16x32(src + (size_t)(k + 1) * s_k + j0, lanes) : _mm512_setzero_si512();
+    __m512i even = k < kc ? bf16x32_at(src, store, (size_t)k * s_k + j0, lanes) : _mm512_setzero_si512();
+    __m512i odd = k + 1 < kc ? bf16x32_at(src, store, (size_t)(k + 1) * s_k + j0, lanes) : _mm512_setzero_si512();
     pairs[0] = _mm512_permutex2var_epi16(even, first, odd);
     pairs[1] = _mm512_permutex2var_epi16(even, second, odd);
 }
@@ -394,7 +407,7 @@ PACK_TARGET static inline void transpose16_epi32(__m512i r[16]) {
 
 // B with its columns contiguous at each k (s_w == 1): each step's depth pairs are B's
 // layout as they come.
-PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
+PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_k) {
     int steps = ceil_steps(kc);
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
         int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
@@ -402,7 +415,7 @@ PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const real *src, int w
             uint16_t *step = dst + ((size_t)j0 / LOWP_AMX_TILE * steps + s) * AMX_STEP_ELEMS;
             for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++) {
                 __m512i pairs[2];
-                depth_pairs(pairs, src, s * LOWP_AMX_DEPTH + 2 * q, kc, s_k, j0, lanes);
+                depth_pairs(pairs, src, store, s * LOWP_AMX_DEPTH + 2 * q, kc, s_k, j0, lanes);
                 _mm512_store_si512((void *)(step + (size_t)q * LOWP_AMX_TILE * 2), pairs[0]);
                 _mm512_store_si512((void *)(step + (size_t)q * LOWP_AMX_TILE * 2 + LOWP_AMX_TILE), pairs[1]);
             }
@@ -413,7 +426,7 @@ PACK_TARGET static void pack_amx_b_columns(uint16_t *dst, const real *src, int w
 // A with its rows contiguous at each k (s_w == 1, A transposed): a step's depth pairs
 // ([16 pairs][32 lanes] of 32 bits) transposed to A's [32 lanes][16 pairs] in registers,
 // lanes 0-15 and 16-31 as two 16 x 16 blocks.
-PACK_TARGET static void pack_amx_a_columns(uint16_t *dst, const real *src, int w, int kc, size_t s_k) {
+PACK_TARGET static void pack_amx_a_columns(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_k) {
     int steps = ceil_steps(kc);
     for (int s = 0; s < steps; s++)  // each depth row's panels one after the other: one run of its memory
         for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
@@ -422,7 +435,7 @@ PACK_TARGET static void pack_amx_a_columns(uint16_t *dst, const real *src, int w
             __m512i low[AMX_HALF], high[AMX_HALF];  // [pair q]: lanes 0-15, lanes 16-31
             for (int q = 0; q < LOWP_AMX_DEPTH / 2; q++) {
                 __m512i pairs[2];
-                depth_pairs(pairs, src, s * LOWP_AMX_DEPTH + 2 * q, kc, s_k, j0, lanes);
+                depth_pairs(pairs, src, store, s * LOWP_AMX_DEPTH + 2 * q, kc, s_k, j0, lanes);
                 low[q] = pairs[0];
                 high[q] = pairs[1];
             }
@@ -438,7 +451,7 @@ PACK_TARGET static void pack_amx_a_columns(uint16_t *dst, const real *src, int w
 // B with each column contiguous along k (s_k == 1, B transposed): a column's 32 depths
 // converted are its 16 pairs; the 32 x 16 block of pairs transposed in registers (columns
 // 0-15 and 16-31 as two 16 x 16 blocks) to B's [16 pairs][32 lanes].
-PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const real *src, int w, int kc, size_t s_w) {
+PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w) {
     int steps = ceil_steps(kc);
     for (int j0 = 0; j0 < w; j0 += LOWP_AMX_TILE) {
         int lanes = MT_MIN(LOWP_AMX_TILE, w - j0);
@@ -447,10 +460,10 @@ PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const real *src, int w, i
             int depths = MT_MIN(LOWP_AMX_DEPTH, kc - s * LOWP_AMX_DEPTH);
             __m512i low[AMX_HALF], high[AMX_HALF];  // [lane j]: its 16 pairs, lanes 0-15 and 16-31
             for (int j = 0; j < AMX_HALF; j++) {
-                low[j] = j < lanes ? bf16x32(src + (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
+                low[j] = j < lanes ? bf16x32_at(src, store, (size_t)(j0 + j) * s_w + s * LOWP_AMX_DEPTH, depths)
                                    : _mm512_setzero_si512();
                 high[j] = AMX_HALF + j < lanes
-                              ? bf16x32(src + (size_t)(j0 + AMX_HALF + j) * s_w + s * LOWP_AMX_DEPTH, depths)
+                              ? bf16x32_at(src, store, (size_t)(j0 + AMX_HALF + j) * s_w + s * LOWP_AMX_DEPTH, depths)
                               : _mm512_setzero_si512();
             }
             transpose16_epi32(low);  // now [pair q]: lanes 0-15 of it
@@ -463,16 +476,16 @@ PACK_TARGET static void pack_amx_b_rows(uint16_t *dst, const real *src, int w, i
     }
 }
 
-void lowp_pack_amx_a(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
-    if (s_k == 1) pack_amx_a_rows(dst, src, w, kc, s_w);
-    else if (s_w == 1) pack_amx_a_columns(dst, src, w, kc, s_k);
-    else pack_amx_a_scalar(dst, src, w, kc, s_w, s_k);
+void lowp_pack_amx_a(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k) {
+    if (s_k == 1) pack_amx_a_rows(dst, src, store, w, kc, s_w);
+    else if (s_w == 1) pack_amx_a_columns(dst, src, store, w, kc, s_k);
+    else pack_amx_a_scalar(dst, src, store, w, kc, s_w, s_k);
 }
 
-void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
-    if (s_w == 1) pack_amx_b_columns(dst, src, w, kc, s_k);
-    else if (s_k == 1) pack_amx_b_rows(dst, src, w, kc, s_w);
-    else pack_amx_b_scalar(dst, src, w, kc, s_w, s_k);
+void lowp_pack_amx_b(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k) {
+    if (s_w == 1) pack_amx_b_columns(dst, src, store, w, kc, s_k);
+    else if (s_k == 1) pack_amx_b_rows(dst, src, store, w, kc, s_w);
+    else pack_amx_b_scalar(dst, src, store, w, kc, s_w, s_k);
 }
 
 int lowp_have_amx(void) {
@@ -541,12 +554,12 @@ __attribute__((target("amx-tile,amx-bf16"))) void lowp_micro_amx(int kc, const u
 #else
 int lowp_have_amx(void) { return 0; }
 
-void lowp_pack_amx_a(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
-    pack_amx_a_scalar(dst, src, w, kc, s_w, s_k);
+void lowp_pack_amx_a(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k) {
+    pack_amx_a_scalar(dst, src, store, w, kc, s_w, s_k);
 }
 
-void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k) {
-    pack_amx_b_scalar(dst, src, w, kc, s_w, s_k);
+void lowp_pack_amx_b(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k) {
+    pack_amx_b_scalar(dst, src, store, w, kc, s_w, s_k);
 }
 
 void lowp_micro_amx(int kc, const uint16_t *a, const uint16_t *b, real *C, size_t ldc, int accumulate) {

@@ -64,10 +64,11 @@ void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc);
 int lowp_have_amx(void);
 // dst[ceil(w/32) panels][ceil(kc/32) steps][32 lanes][32 depths] <- A's w x kc block (lane j
 // = row, subnormals ±0, zero padding): each step of a panel is two A tiles (16 rows each).
-void lowp_pack_amx_a(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k);
+// src stored as `store` (gemm.h): fp32 values are rounded, bf16 ones (already rounded so) copied.
+void lowp_pack_amx_a(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k);
 // dst[ceil(w/32) panels][ceil(kc/32) steps][16 depth pairs][32 lanes][2] <- B's w x kc block
-// (lane j = column), the pairs in depth order: two B tiles (16 columns each) per step.
-void lowp_pack_amx_b(uint16_t *dst, const real *src, int w, int kc, size_t s_w, size_t s_k);
+// (lane j = column), the pairs in depth order: two B tiles (16 columns each) per step; src as above.
+void lowp_pack_amx_b(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k);
 // C[32][32] (rows ldc apart) = a · b over depth kc for one packed A and B panel (64-byte
 // aligned), plus C's own values when accumulate: the tile accumulators start from C (or 0)
 // and the products are summed onto them, then stored back to C.
