@@ -552,11 +552,19 @@ static void pack_fp16_emulated(void *dst, const real *src, int w, int W, int kc,
 }
 
 static void pack_bf16_pairs_a(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    lowp_pack_bf16_pairs(dst, src, w, W, kc, s_w, s_k, LOWP_PAD_A);
+    lowp_pack_bf16_pairs(dst, src, STORE_FP32, w, W, kc, s_w, s_k, LOWP_PAD_A);
 }
 
 static void pack_bf16_pairs_b(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    lowp_pack_bf16_pairs(dst, src, w, W, kc, s_w, s_k, LOWP_PAD_B);
+    lowp_pack_bf16_pairs(dst, src, STORE_FP32, w, W, kc, s_w, s_k, LOWP_PAD_B);
+}
+
+static void pack_bf16_pairs_a_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    lowp_pack_bf16_pairs(dst, src, STORE_BF16, w, W, kc, s_w, s_k, LOWP_PAD_A);
+}
+
+static void pack_bf16_pairs_b_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+    lowp_pack_bf16_pairs(dst, src, STORE_BF16, w, W, kc, s_w, s_k, LOWP_PAD_B);
 }
 
 static void micro_fp32(int kc, const void *a, const void *b, real *acc) { micro_kernel(kc, a, b, acc); }
@@ -606,7 +614,8 @@ static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", MR, NR, MC, siz
 static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", MR, NR, MC, sizeof(real), 1, pack_fp16_emulated,
                                                 pack_fp16_emulated, micro_fp32, NULL, NULL, NULL};
 static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", LOWP_MR, LOWP_BF16_NR, MC, sizeof(uint16_t), 2, pack_bf16_pairs_a,
-                                              pack_bf16_pairs_b, micro_bf16_avx512, NULL, NULL, NULL};
+                                              pack_bf16_pairs_b, micro_bf16_avx512, NULL,
+                                              pack_bf16_pairs_a_bf16, pack_bf16_pairs_b_bf16};
 static const GemmKernel KERNEL_BF16_AMX = {"bf16 amx", LOWP_AMX_TILE, LOWP_AMX_TILE, AMX_MC, sizeof(uint16_t),
                                            LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx, micro_amx_into,
                                            pack_amx_a_bf16, pack_amx_b_bf16};

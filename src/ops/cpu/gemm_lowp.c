@@ -65,21 +65,30 @@ void lowp_round_panel(real *x, size_t n, GemmInputs inputs) {
         for (size_t i = 0; i < n; i++) x[i] = (real)f16_to_float(f16_from_float((float)x[i]));
 }
 
-// One lane's pair at depth 2q: the 2q element high, 2q+1 low (`pad` past kc).
-static inline void pack_pair(uint16_t *pair, const real *lane, int k, int kc, size_t s_k, uint16_t pad) {
-    pair[1] = bf16_from_float_flushed((float)lane[(size_t)k * s_k]);
-    pair[0] = k + 1 < kc ? bf16_from_float_flushed((float)lane[(size_t)(k + 1) * s_k]) : pad;
+// Element `at` of src (stored as `store`) as packed bf16: fp32 rounded, bf16 as it is.
+static inline uint16_t packed_element(const void *src, Storage store, size_t at) {
+    if (store == STORE_BF16) return ((const uint16_t *)src)[at];
+    return bf16_from_float_flushed((float)((const real *)src)[at]);
 }
 
-static void pack_pairs_scalar(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
-                              uint16_t pad) {
+// One lane's pair at depth 2q (the lane's first element at `lane` of src): the 2q element high,
+// 2q+1 low (`pad` past kc).
+static inline void pack_pair(uint16_t *pair, const void *src, Storage store, size_t lane, int k, int kc, size_t s_k,
+                             uint16_t pad) {
+    pair[1] = packed_element(src, store, lane + (size_t)k * s_k);
+    pair[0] = k + 1 < kc ? packed_element(src, store, lane + (size_t)(k + 1) * s_k) : pad;
+}
+
+static void pack_pairs_scalar(uint16_t *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                              size_t s_k, uint16_t pad) {
     int pairs = lowp_pairs(kc);
     for (int j0 = 0; j0 < w; j0 += W) {  // one panel of W lanes
         uint16_t *panel = dst + (size_t)j0 * pairs * 2;
         int lanes = MT_MIN(W, w - j0);
         for (int q = 0; q < pairs; q++) {
             uint16_t *row = panel + (size_t)q * W * 2;
-            for (int j = 0; j < lanes; j++) pack_pair(row + 2 * j, src + (size_t)(j0 + j) * s_w, 2 * q, kc, s_k, pad);
+            for (int j = 0; j < lanes; j++)
+                pack_pair(row + 2 * j, src, store, (size_t)(j0 + j) * s_w, 2 * q, kc, s_k, pad);
             for (int j = lanes; j < W; j++) row[2 * j] = row[2 * j + 1] = 0;
         }
     }
@@ -109,10 +118,17 @@ PACK_TARGET static inline __m512i bf16x32(const real *src, int n) {
     return (__m512i)_mm512_cvtne2ps_pbh(b, a);
 }
 
+// The n <= 32 elements from element `at` of src (stored as `store`; the rest zero), as 32 bf16.
+PACK_TARGET static inline __m512i bf16x32_at(const void *src, Storage store, size_t at, int n) {
+    if (store == STORE_FP32) return bf16x32((const real *)src + at, n);
+    __mmask32 mask = (__mmask32)(n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1);
+    return _mm512_maskz_loadu_epi16(mask, (const uint16_t *)src + at);
+}
+
 // Pair panels whose lanes run along k in memory (s_k == 1): 32 depths of a lane converted at
 // once, each pair's halves swapped (depth 2q high), written down the lane's column of pairs.
-PACK_TARGET static void pack_pairs_rows(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w,
-                                        uint16_t pad) {
+PACK_TARGET static void pack_pairs_rows(uint16_t *dst, const void *src, Storage store, int w, int W, int kc,
+                                        size_t s_w, uint16_t pad) {
     enum { CHUNK = 32 };
     int pairs = lowp_pairs(kc);
     _Alignas(64) uint32_t chunk[CHUNK / 2];
@@ -123,10 +139,10 @@ PACK_TARGET static void pack_pairs_rows(uint16_t *dst, const real *src, int w, i
                 for (int q = 0; q < pairs; q++) panel[(size_t)q * W + j] = 0;
                 continue;
             }
-            const real *lane = src + (size_t)(j0 + j) * s_w;
+            size_t lane = (size_t)(j0 + j) * s_w;
             for (int k0 = 0; k0 < kc; k0 += CHUNK) {
                 int n = MT_MIN(CHUNK, kc - k0);
-                _mm512_store_si512((void *)chunk, _mm512_rol_epi32(bf16x32(lane + k0, n), 16));
+                _mm512_store_si512((void *)chunk, _mm512_rol_epi32(bf16x32_at(src, store, lane + k0, n), 16));
                 for (int q = 0; q < (n + 1) / 2; q++) panel[(size_t)(k0 / 2 + q) * W + j] = chunk[q];
             }
             if (kc % 2) {  // the last pair's low half is past kc: the padding
@@ -141,8 +157,28 @@ PACK_TARGET static void pack_pairs_rows(uint16_t *dst, const real *src, int w, i
 // two depths' rows converted together and interleaved into pairs (the earlier depth high),
 // stored as one vector when W is a multiple of LOWP_NR, else pair by pair into the panels
 // the lanes fall in (A's panels of LOWP_MR lanes).
-PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_k,
-                                           uint16_t pad) {
+// Depths k (lanes 0-15 of the result) and k + 1 (16-31) of the `lanes` (mask) lanes from j0 of a
+// source contiguous along the lanes (stored as `store`), as bf16; depth k + 1 is `pad` (in the
+// lanes) past kc.
+PACK_TARGET static inline __m512i two_depths(const void *src, Storage store, int k, int kc, size_t s_k, int j0,
+                                             __mmask16 lanes, uint16_t pad) {
+    size_t at = (size_t)k * s_k + j0, next = at + s_k;
+    if (store == STORE_BF16) {
+        const uint16_t *x = src;
+        __m256i earlier = _mm256_maskz_loadu_epi16(lanes, x + at);
+        __m256i later = k + 1 < kc ? _mm256_maskz_loadu_epi16(lanes, x + next)
+                                   : _mm256_maskz_mov_epi16(lanes, _mm256_set1_epi16((short)pad));
+        return _mm512_inserti64x4(_mm512_castsi256_si512(earlier), later, 1);
+    }
+    const real *x = src;
+    __m512 earlier = _mm512_maskz_loadu_ps(lanes, x + at);
+    __m512 later = k + 1 < kc ? _mm512_maskz_loadu_ps(lanes, x + next)
+                              : _mm512_maskz_mov_ps(lanes, _mm512_set1_ps(bits_float((uint32_t)pad << 16)));
+    return (__m512i)_mm512_cvtne2ps_pbh(later, earlier);
+}
+
+PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const void *src, Storage store, int w, int W, int kc,
+                                           size_t s_k, uint16_t pad) {
     int pairs = lowp_pairs(kc), whole = W % LOWP_NR == 0;
     uint32_t *out = (uint32_t *)dst;  // pair q of lane j at [(j / W) * pairs * W + q * W + j % W]
     // output halfword 2i takes the later depth's lane i (input 16 + i), 2i + 1 the earlier's (i)
@@ -157,10 +193,7 @@ PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const real *src, int w
         for (int j0 = 0; j0 < padded_w; j0 += LOWP_NR) {  // one vector of lanes
             int left = MT_MAX(w - j0, 0), count = MT_MIN(LOWP_NR, padded_w - j0);
             __mmask16 lanes = (__mmask16)(left >= LOWP_NR ? 0xFFFF : (1u << left) - 1);
-            __m512 earlier = _mm512_maskz_loadu_ps(lanes, src + (size_t)k * s_k + j0);
-            __m512 later = k + 1 < kc ? _mm512_maskz_loadu_ps(lanes, src + (size_t)(k + 1) * s_k + j0)
-                                      : _mm512_maskz_mov_ps(lanes, _mm512_set1_ps(bits_float((uint32_t)pad << 16)));
-            __m512i both = _mm512_permutexvar_epi16(swap, (__m512i)_mm512_cvtne2ps_pbh(later, earlier));
+            __m512i both = _mm512_permutexvar_epi16(swap, two_depths(src, store, k, kc, s_k, j0, lanes, pad));
             if (whole) {
                 _mm512_store_si512((void *)(out + (size_t)(j0 / W) * pairs * W + (size_t)q * W + j0 % W), both);
                 continue;
@@ -174,11 +207,11 @@ PACK_TARGET static void pack_pairs_columns(uint16_t *dst, const real *src, int w
     }
 }
 
-void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
-                          uint16_t pad) {
-    if (lowp_have_avx512bf16() && s_k == 1) pack_pairs_rows(dst, src, w, W, kc, s_w, pad);
-    else if (lowp_have_avx512bf16() && s_w == 1) pack_pairs_columns(dst, src, w, W, kc, s_k, pad);
-    else pack_pairs_scalar(dst, src, w, W, kc, s_w, s_k, pad);
+void lowp_pack_bf16_pairs(uint16_t *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                          size_t s_k, uint16_t pad) {
+    if (lowp_have_avx512bf16() && s_k == 1) pack_pairs_rows(dst, src, store, w, W, kc, s_w, pad);
+    else if (lowp_have_avx512bf16() && s_w == 1) pack_pairs_columns(dst, src, store, w, W, kc, s_k, pad);
+    else pack_pairs_scalar(dst, src, store, w, W, kc, s_w, s_k, pad);
 }
 
 // Six rows of two 16-column vectors each: per pair of depths two loads of b, six broadcasts
@@ -209,9 +242,9 @@ __attribute__((target("avx512f,avx512bf16"))) void lowp_micro_avx512bf16(int kc,
 #else
 int lowp_have_avx512bf16(void) { return 0; }
 
-void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
-                          uint16_t pad) {
-    pack_pairs_scalar(dst, src, w, W, kc, s_w, s_k, pad);
+void lowp_pack_bf16_pairs(uint16_t *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                          size_t s_k, uint16_t pad) {
+    pack_pairs_scalar(dst, src, store, w, W, kc, s_w, s_k, pad);
 }
 
 void lowp_micro_avx512bf16(int kc, const uint16_t *a, const uint16_t *b, real *acc) {
@@ -339,14 +372,7 @@ enum {
 };
 
 // The AMX packers use the vector conversion above (AMX CPUs all have AVX-512 BF16: asked below),
-// or for a source stored as bf16 (gemm.h STORE_BF16) its values as they are.
-
-// The n <= 32 elements from element `at` of src (stored as `store`; the rest zero), as 32 bf16.
-PACK_TARGET static inline __m512i bf16x32_at(const void *src, Storage store, size_t at, int n) {
-    if (store == STORE_FP32) return bf16x32((const real *)src + at, n);
-    __mmask32 mask = (__mmask32)(n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1);
-    return _mm512_maskz_loadu_epi16(mask, (const uint16_t *)src + at);
-}
+// or for a source stored as bf16 (gemm.h STORE_BF16) its values as they are (bf16x32_at).
 
 // A with each row contiguous along k (s_k == 1): a row's 32 depths are one conversion.
 PACK_TARGET static void pack_amx_a_rows(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w) {

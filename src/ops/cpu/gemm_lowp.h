@@ -32,9 +32,10 @@ static inline int lowp_pairs(int kc) { return (kc + 1) / 2; }
 // emulation's fused multiply-adds do. Lanes past w are zero; the depth past an odd kc is
 // `pad`: LOWP_PAD_A (-0) in A's panels and LOWP_PAD_B (+0) in B's, so the padded product
 // is -0, which leaves every sum as it was (a sum flushed to -0 included).
+// src stored as `store` (gemm.h): fp32 values are rounded, bf16 ones (already rounded so) copied.
 enum { LOWP_PAD_A = 0x8000, LOWP_PAD_B = 0 };
-void lowp_pack_bf16_pairs(uint16_t *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k,
-                          uint16_t pad);
+void lowp_pack_bf16_pairs(uint16_t *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                          size_t s_k, uint16_t pad);
 
 // acc[LOWP_MR][LOWP_BF16_NR] = sum over depth k < kc, in order, of a[k][i] * b[k][j] for the
 // bf16 pair panels a ([pairs][LOWP_MR][2]) and b ([pairs][LOWP_BF16_NR][2], 64-byte aligned;
