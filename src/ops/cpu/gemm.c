@@ -92,7 +92,8 @@ typedef struct {
 } GemmProblem;
 
 // How the micro-tiles of a GEMM are computed: the packed element, how a block of op(A) or
-// op(B) is packed into panels of W lanes, and the micro-kernel over one A and one B panel
+// op(B) (its elements stored as `store`: fp32, or bf16 values that rounding leaves as they are)
+// is packed into panels of W lanes, and the micro-kernel over one A and one B panel
 // (acc[MR][NR] = the panels' product over depth kc).
 typedef struct GemmKernel {
     const char *name;
@@ -100,17 +101,13 @@ typedef struct GemmKernel {
     int mc;             // rows of op(A) packed at a time (a multiple of mr)
     size_t elem_bytes;  // one packed element
     int depth_align;    // a panel's depth is kc rounded up to this (bf16 pairs, AMX steps)
-    void (*pack_a)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
-    void (*pack_b)(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k);
+    void (*pack_a)(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w, size_t s_k);
+    void (*pack_b)(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w, size_t s_k);
     void (*micro)(int kc, const void *a, const void *b, real *acc);
     // Or NULL: C[mr][nr] (rows ldc apart) = the panels' product plus C's own values when
     // accumulate, summed in the kernel's accumulators starting from C (AMX's tiles), so that
     // C needs no trip through acc and no separate write-back (alpha 1, beta 0 or 1).
     void (*micro_into)(int kc, const void *a, const void *b, real *C, size_t ldc, int accumulate);
-    // Or NULL: pack_a / pack_b of a block stored as bf16 (gemm.h STORE_BF16), its uint16_t
-    // elements at src; without them such a block is widened to fp32 first (block_fp32).
-    void (*pack_a_bf16)(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k);
-    void (*pack_b_bf16)(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k);
 } GemmKernel;
 
 // ---------------------------------------------------------------------------
@@ -186,97 +183,70 @@ static void *alloc_aligned(size_t bytes, void **raw) {
 // Lanes past w are zero. The source element (lane j, depth k) is src[j*s_w + k*s_k].
 // ---------------------------------------------------------------------------
 
+// dst[0, n) <- the n elements from element `at` of src (stored as `store`), as reals.
+static inline void copy_run(real *restrict dst, const void *restrict src, Storage store, size_t at, int n) {
+    if (store == STORE_FP32) {
+        memcpy(dst, (const real *)src + at, (size_t)n * sizeof(real));
+        return;
+    }
+    const uint16_t *x = (const uint16_t *)src + at;
+    for (int i = 0; i < n; i++) dst[i] = (real)bf16_to_float(x[i]);
+}
+
 // Lanes contiguous in memory (s_w == 1): walk the source one k-row at a time, so
 // reads stream through memory even when rows are far apart (large lda / ldb).
-static void pack_rows(real *restrict dst, const real *restrict src, int w, int W, int kc,
+static void pack_rows(real *restrict dst, const void *restrict src, Storage store, int w, int W, int kc,
                       size_t s_k) {
     for (int k = 0; k < kc; k++) {
-        const real *row = src + k * s_k;
+        size_t row = (size_t)k * s_k;
         real *d = dst + (size_t)k * W;
         int j = 0;
-        for (; j + W <= w; j += W) memcpy(d + (size_t)j * kc, row + j, W * sizeof(real));
+        for (; j + W <= w; j += W) copy_run(d + (size_t)j * kc, src, store, row + j, W);
         if (j < w) {
-            memcpy(d + (size_t)j * kc, row + j, (w - j) * sizeof(real));
+            copy_run(d + (size_t)j * kc, src, store, row + j, w - j);
             memset(d + (size_t)j * kc + (w - j), 0, (W - (w - j)) * sizeof(real));
         }
     }
 }
 
-// One panel of wq <= W lanes, each lane strided by s_w (usually s_k == 1: every
-// lane is a contiguous run along k): gather one k at a time.
-static void pack_gather_panel(real *restrict dst, const real *restrict src, int wq, int W, int kc,
-                              size_t s_w, size_t s_k) {
-    if (wq == W) {
-        for (int k = 0; k < kc; k++)
-            for (int i = 0; i < W; i++) dst[(size_t)k * W + i] = src[i * s_w + k * s_k];
-        return;
-    }
+// One panel of wq <= W lanes from element `at` of src, each lane strided by s_w (usually
+// s_k == 1: every lane is a contiguous run along k): gather one k at a time.
+static void pack_gather_panel(real *restrict dst, const void *restrict src, Storage store, size_t at, int wq, int W,
+                              int kc, size_t s_w, size_t s_k) {
+    const real *x32 = src;
+    const uint16_t *x16 = src;
     for (int k = 0; k < kc; k++) {
-        for (int i = 0; i < wq; i++) dst[(size_t)k * W + i] = src[i * s_w + k * s_k];
-        for (int i = wq; i < W; i++) dst[(size_t)k * W + i] = 0;
+        real *d = dst + (size_t)k * W;
+        size_t from = at + (size_t)k * s_k;
+        if (store == STORE_FP32)
+            for (int i = 0; i < wq; i++) d[i] = x32[from + i * s_w];
+        else
+            for (int i = 0; i < wq; i++) d[i] = (real)bf16_to_float(x16[from + i * s_w]);
+        for (int i = wq; i < W; i++) d[i] = 0;
     }
 }
 
-// dst[ceil(w/W) panels][kc][W] <- the w x kc block at src (strides s_w, s_k).
-static inline void pack_block(real *restrict dst, const real *restrict src, int w, int W, int kc,
+// dst[ceil(w/W) panels][kc][W] <- the w x kc block at src (stored as `store`; strides s_w, s_k).
+static inline void pack_block(real *restrict dst, const void *restrict src, Storage store, int w, int W, int kc,
                               size_t s_w, size_t s_k) {
     if (s_w == 1) {
-        pack_rows(dst, src, w, W, kc, s_k);
+        pack_rows(dst, src, store, w, W, kc, s_k);
         return;
     }
     for (int j = 0; j < w; j += W)
-        pack_gather_panel(dst + (size_t)j * kc, src + j * s_w, MT_MIN(W, w - j), W, kc, s_w, s_k);
+        pack_gather_panel(dst + (size_t)j * kc, src, store, j * s_w, MT_MIN(W, w - j), W, kc, s_w, s_k);
 }
 
-// A block of an operand as the packers read it: w lanes x kc depths, lane j at depth k at
-// src[j*s_w + k*s_k], in fp32.
-typedef struct {
-    const real *src;
-    size_t s_w, s_k;
-} Block;
-
-// The w x kc block at `at` (strides s_w, s_k in elements of `store`; one of them 1, as in every
-// GEMM operand) readable in fp32: the operand itself, or a bf16 one widened into `widened`
-// (w·kc reals), laid out along the stride-1 axis as stored, so the packers read it as they
-// would read the operand.
-static Block block_fp32(const void *at, Storage store, int w, int kc, size_t s_w, size_t s_k, real *widened) {
-    if (store == STORE_FP32) return (Block){at, s_w, s_k};
-    const uint16_t *x = at;
-    int along_depth = s_k == 1;  // each lane a run of kc depths; else each depth a run of w lanes
-    int runs = along_depth ? w : kc, run = along_depth ? kc : w;
-    size_t step = along_depth ? s_w : s_k;
-    for (int r = 0; r < runs; r++) {
-        const uint16_t *in = x + (size_t)r * step;
-        real *out = widened + (size_t)r * run;
-        for (int i = 0; i < run; i++) out[i] = bf16_to_float(in[i]);
-    }
-    return along_depth ? (Block){widened, (size_t)kc, 1} : (Block){widened, 1, (size_t)w};
-}
-
-// Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc] (in the kernel's packing);
-// widened: scratch for a bf16 A the kernel does not pack itself (mc·kc reals).
-static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, void *Ap, real *widened) {
-    const GemmKernel *kern = p->kernel;
+// Ap[ceil(mc/MR) panels][kc][MR] <- op(A)[ic:ic+mc, pc:pc+kc] (in the kernel's packing)
+static void pack_a(const GemmProblem *p, int ic, int mc, int pc, int kc, void *Ap) {
     const void *at = storage_at_const(p->A, p->a_store, (size_t)ic * p->a_rs + (size_t)pc * p->a_ks);
-    if (p->a_store == STORE_BF16 && kern->pack_a_bf16) {
-        kern->pack_a_bf16(Ap, at, mc, kern->mr, kc, p->a_rs, p->a_ks);
-        return;
-    }
-    Block b = block_fp32(at, p->a_store, mc, kc, p->a_rs, p->a_ks, widened);
-    kern->pack_a(Ap, b.src, mc, kern->mr, kc, b.s_w, b.s_k);
+    p->kernel->pack_a(Ap, at, p->a_store, mc, p->kernel->mr, kc, p->a_rs, p->a_ks);
 }
 
-// Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc] (in the kernel's packing);
-// widened: scratch for a bf16 B the kernel does not pack itself (kc·nc reals).
-static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, void *Bp, real *widened) {
-    const GemmKernel *kern = p->kernel;
+// Bp[ceil(nc/NR) panels][kc][NR] <- op(B)[pc:pc+kc, jc:jc+nc] (in the kernel's packing)
+static void pack_b(const GemmProblem *p, int pc, int kc, int jc, int nc, void *Bp) {
     const void *at = storage_at_const(p->B, p->b_store, (size_t)pc * p->b_ks + (size_t)jc * p->b_cs);
-    if (p->b_store == STORE_BF16 && kern->pack_b_bf16) {
-        kern->pack_b_bf16(Bp, at, nc, kern->nr, kc, p->b_cs, p->b_ks);
-        return;
-    }
-    Block b = block_fp32(at, p->b_store, nc, kc, p->b_cs, p->b_ks, widened);
-    kern->pack_b(Bp, b.src, nc, kern->nr, kc, b.s_w, b.s_k);
+    p->kernel->pack_b(Bp, at, p->b_store, nc, p->kernel->nr, kc, p->b_cs, p->b_ks);
 }
 
 // Packed elements per lane of a panel of depth kc.
@@ -431,19 +401,17 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     void *a_raw, *b_raw;
     char *Ap = alloc_aligned((size_t)ceil_div(mb, kern->mr) * kern->mr * lane_bytes, &a_raw);
     char *Bp = alloc_aligned(group * b_block, &b_raw);
-    int widens = (p->a_store == STORE_BF16 && !kern->pack_a_bf16) || (p->b_store == STORE_BF16 && !kern->pack_b_bf16);
-    real *widened = widens ? mt_malloc((size_t)MT_MAX(mb, nb) * kb * sizeof(real)) : NULL;
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = MT_MIN(NC, n1 - jc);
         for (int pg = 0; pg < p->K; pg += group * KC) {
             int pend = MT_MIN(p->K, pg + group * KC);
-            for (int pc = pg; pc < pend; pc += KC) pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block, widened);
+            for (int pc = pg; pc < pend; pc += KC) pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block);
             for (int ic = m0; ic < m1; ic += kern->mc) {
                 int mc = MT_MIN(kern->mc, m1 - ic);
                 for (int pc = pg; pc < pend; pc += KC) {
                     int kc = MT_MIN(KC, p->K - pc);
                     real beta = pc == 0 ? p->beta : (real)1;
-                    pack_a(p, ic, mc, pc, kc, Ap, widened);
+                    pack_a(p, ic, mc, pc, kc, Ap);
                     macro_kernel(kern, mc, nc, kc, Ap, Bp + (pc - pg) / KC * b_block, p->C + (size_t)ic * p->ldc + jc,
                                  p->ldc, p->alpha, beta);
                 }
@@ -452,7 +420,6 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     }
     free(a_raw);
     free(b_raw);
-    free(widened);
 }
 
 // ---------------------------------------------------------------------------
@@ -534,37 +501,34 @@ static void gemm_blas(int trans_a, int trans_b, int M, int N, int K, real alpha,
 // Kernels: fp32, the emulations of 16-bit inputs (fp32 panels rounded as they are packed,
 // the fp32 micro-kernel), and bf16 on AVX-512 BF16.
 // ---------------------------------------------------------------------------
-static void pack_fp32(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    pack_block(dst, src, w, W, kc, s_w, s_k);
+static void pack_fp32(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w, size_t s_k) {
+    pack_block(dst, src, store, w, W, kc, s_w, s_k);
 }
 
 // Elements in the packed panels of a w x kc block (whole panels of W lanes).
 static size_t packed_count(int w, int W, int kc) { return (size_t)ceil_div(w, W) * W * kc; }
 
-static void pack_bf16_emulated(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    pack_block(dst, src, w, W, kc, s_w, s_k);
-    lowp_round_panel(dst, packed_count(w, W, kc), GEMM_INPUTS_BF16);
+// Panels already bf16 (a bf16-stored block) need no rounding to bf16.
+static void pack_bf16_emulated(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                               size_t s_k) {
+    pack_block(dst, src, store, w, W, kc, s_w, s_k);
+    if (store != STORE_BF16) lowp_round_panel(dst, packed_count(w, W, kc), GEMM_INPUTS_BF16);
 }
 
-static void pack_fp16_emulated(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    pack_block(dst, src, w, W, kc, s_w, s_k);
+static void pack_fp16_emulated(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                               size_t s_k) {
+    pack_block(dst, src, store, w, W, kc, s_w, s_k);
     lowp_round_panel(dst, packed_count(w, W, kc), GEMM_INPUTS_FP16);
 }
 
-static void pack_bf16_pairs_a(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    lowp_pack_bf16_pairs(dst, src, STORE_FP32, w, W, kc, s_w, s_k, LOWP_PAD_A);
+static void pack_bf16_pairs_a(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                              size_t s_k) {
+    lowp_pack_bf16_pairs(dst, src, store, w, W, kc, s_w, s_k, LOWP_PAD_A);
 }
 
-static void pack_bf16_pairs_b(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    lowp_pack_bf16_pairs(dst, src, STORE_FP32, w, W, kc, s_w, s_k, LOWP_PAD_B);
-}
-
-static void pack_bf16_pairs_a_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    lowp_pack_bf16_pairs(dst, src, STORE_BF16, w, W, kc, s_w, s_k, LOWP_PAD_A);
-}
-
-static void pack_bf16_pairs_b_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    lowp_pack_bf16_pairs(dst, src, STORE_BF16, w, W, kc, s_w, s_k, LOWP_PAD_B);
+static void pack_bf16_pairs_b(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
+                              size_t s_k) {
+    lowp_pack_bf16_pairs(dst, src, store, w, W, kc, s_w, s_k, LOWP_PAD_B);
 }
 
 static void micro_fp32(int kc, const void *a, const void *b, real *acc) { micro_kernel(kc, a, b, acc); }
@@ -577,24 +541,14 @@ static void micro_bf16_avx512(int kc, const void *a, const void *b, real *acc) {
     lowp_micro_avx512bf16(kc, a, b, acc);
 }
 
-static void pack_amx_a(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+static void pack_amx_a(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w, size_t s_k) {
     (void)W;  // always LOWP_AMX_TILE
-    lowp_pack_amx_a(dst, src, STORE_FP32, w, kc, s_w, s_k);
+    lowp_pack_amx_a(dst, src, store, w, kc, s_w, s_k);
 }
 
-static void pack_amx_b(void *dst, const real *src, int w, int W, int kc, size_t s_w, size_t s_k) {
+static void pack_amx_b(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w, size_t s_k) {
     (void)W;
-    lowp_pack_amx_b(dst, src, STORE_FP32, w, kc, s_w, s_k);
-}
-
-static void pack_amx_a_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    (void)W;
-    lowp_pack_amx_a(dst, src, STORE_BF16, w, kc, s_w, s_k);
-}
-
-static void pack_amx_b_bf16(void *dst, const uint16_t *src, int w, int W, int kc, size_t s_w, size_t s_k) {
-    (void)W;
-    lowp_pack_amx_b(dst, src, STORE_BF16, w, kc, s_w, s_k);
+    lowp_pack_amx_b(dst, src, store, w, kc, s_w, s_k);
 }
 
 static void micro_amx(int kc, const void *a, const void *b, real *acc) {
@@ -608,17 +562,15 @@ static void micro_amx_into(int kc, const void *a, const void *b, real *C, size_t
 #define AMX_MC (4 * LOWP_AMX_TILE)  // 128 rows: an A block of 128 x KC bf16 (64 KiB) in L2
 
 static const GemmKernel KERNEL_FP32 = {"portable fp32", MR, NR, MC, sizeof(real), 1, pack_fp32, pack_fp32,
-                                       micro_fp32, NULL, NULL, NULL};
+                                       micro_fp32, NULL};
 static const GemmKernel KERNEL_BF16_EMULATED = {"bf16 emulated", MR, NR, MC, sizeof(real), 1, pack_bf16_emulated,
-                                                pack_bf16_emulated, micro_fp32_flushed, NULL, NULL, NULL};
+                                                pack_bf16_emulated, micro_fp32_flushed, NULL};
 static const GemmKernel KERNEL_FP16_EMULATED = {"fp16 emulated", MR, NR, MC, sizeof(real), 1, pack_fp16_emulated,
-                                                pack_fp16_emulated, micro_fp32, NULL, NULL, NULL};
+                                                pack_fp16_emulated, micro_fp32, NULL};
 static const GemmKernel KERNEL_BF16_AVX512 = {"bf16 avx512-bf16", LOWP_MR, LOWP_BF16_NR, MC, sizeof(uint16_t), 2, pack_bf16_pairs_a,
-                                              pack_bf16_pairs_b, micro_bf16_avx512, NULL,
-                                              pack_bf16_pairs_a_bf16, pack_bf16_pairs_b_bf16};
+                                              pack_bf16_pairs_b, micro_bf16_avx512, NULL};
 static const GemmKernel KERNEL_BF16_AMX = {"bf16 amx", LOWP_AMX_TILE, LOWP_AMX_TILE, AMX_MC, sizeof(uint16_t),
-                                           LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx, micro_amx_into,
-                                           pack_amx_a_bf16, pack_amx_b_bf16};
+                                           LOWP_AMX_DEPTH, pack_amx_a, pack_amx_b, micro_amx, micro_amx_into};
 
 // The inputs' rounding and its kernel: process-wide, set between GEMMs by the thread that
 // runs them.
