@@ -17,6 +17,8 @@
 #define STORED(bp, field, rows, cols, store, lifetime)                                  \
     ((store) == STORE_BF16 ? buffer_bf16(bp, &(field), #field, rows, cols, lifetime) \
                            : buffer_real(bp, &(field), #field, rows, cols, lifetime))
+#define STORED_OR_ALIAS(bp, own, field, rows, cols, store, source) \
+    ((own) ? STORED(bp, field, rows, cols, store, BUF_SAVED) : buffer_alias(bp, &(field), &(source)))
 #define STAGE_IO(bp, field, rows, cols) buffer_real(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
 #define STAGE_IO_INT32(bp, field, rows, cols) buffer_int32(bp, &(field), #field, rows, cols, BUF_STAGE_IO)
 // A saved buffer when `own`, else an alias of `source` (a stage that is off, a layout
@@ -80,7 +82,8 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
         int own_shared = !plan_recomputes(p, RECOMPUTE_SHARED_EXPERTS);
         SAVED_OR_ALIAS(bp, own_shared, ma->shared.gate, N_all, Is, a->recomputed.shared_gate);
         SAVED_OR_ALIAS(bp, own_shared, ma->shared.up, N_all, Is, a->recomputed.shared_up);
-        SAVED_OR_ALIAS(bp, own_shared, ma->shared.act, N_all, Is, a->recomputed.shared_act);
+        ma->shared.act_store = p->swiglu_act_store;
+        STORED_OR_ALIAS(bp, own_shared, ma->shared.act, N_all, Is, p->swiglu_act_store, a->recomputed.shared_act);
         SAVED(bp, ma->shared_gate, N, 1);
         SAVED_OR_ALIAS(bp, p->sequence_parallel, ma->shared_gate_full, N_all, 1, ma->shared_gate);
         SAVED(bp, ma->shared_out, N, H);
@@ -94,9 +97,9 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     SAVED(bp, ma->row_probs, dispatched, 1);
     SAVED(bp, ma->experts.gate, computed, I);
     SAVED(bp, ma->experts.up, computed, I);
-    ma->experts.act_store = p->expert_act_store;
-    if (plan_recomputes(p, RECOMPUTE_MOE_ACT)) buffer_alias(bp, &ma->experts.act, &a->recomputed.moe_act);
-    else STORED(bp, ma->experts.act, computed, I, p->expert_act_store, BUF_SAVED);
+    ma->experts.act_store = p->swiglu_act_store;
+    STORED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, p->swiglu_act_store,
+                    a->recomputed.moe_act);
     SAVED(bp, ma->rows_out, dispatched, Hr);
 }
 
@@ -168,7 +171,8 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     } else {
         SAVED_OR_ALIAS(bp, own_mlp, la->mlp.gate, N, p->ffn, a->recomputed.mlp_gate);
         SAVED_OR_ALIAS(bp, own_mlp, la->mlp.up, N, p->ffn, a->recomputed.mlp_up);
-        SAVED_OR_ALIAS(bp, own_mlp, la->mlp.act, N, p->ffn, a->recomputed.mlp_act);
+        la->mlp.act_store = p->swiglu_act_store;
+        STORED_OR_ALIAS(bp, own_mlp, la->mlp.act, N, p->ffn, p->swiglu_act_store, a->recomputed.mlp_act);
         buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->ffn_out);
     }
 }
@@ -256,12 +260,12 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
     if (has_dense && plan_recomputes(p, RECOMPUTE_MLP)) {
         WORKSPACE(bp, a->recomputed.mlp_gate, N, p->ffn);
         WORKSPACE(bp, a->recomputed.mlp_up, N, p->ffn);
-        WORKSPACE(bp, a->recomputed.mlp_act, N, p->ffn);
+        STORED(bp, a->recomputed.mlp_act, N, p->ffn, p->swiglu_act_store, BUF_WORKSPACE);
     }
     if (has_moe && p->shared_ffn && plan_recomputes(p, RECOMPUTE_SHARED_EXPERTS)) {
         WORKSPACE(bp, a->recomputed.shared_gate, N, p->shared_ffn);
         WORKSPACE(bp, a->recomputed.shared_up, N, p->shared_ffn);
-        WORKSPACE(bp, a->recomputed.shared_act, N, p->shared_ffn);
+        STORED(bp, a->recomputed.shared_act, N, p->shared_ffn, p->swiglu_act_store, BUF_WORKSPACE);
     }
     if (m->cfg.multi_latent_attention && plan_recomputes(p, RECOMPUTE_MLA_UP_PROJ)) {
         WORKSPACE(bp, a->recomputed.mla_q, N, p->width.q);
@@ -272,7 +276,7 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE)) plan_moe(bp, &a->recomputed.moe, a, m, B, T);
     if (has_moe && plan_recomputes(p, RECOMPUTE_MOE_ACT))
         STORED(bp, a->recomputed.moe_act, local_expert_rows(m, moe_rows(&m->cfg, p, N_local, N)), p->moe_ffn,
-               p->expert_act_store, BUF_WORKSPACE);
+               p->swiglu_act_store, BUF_WORKSPACE);
 }
 
 // A chunk's layers: each recomputed group's input, every other layer whole.
@@ -426,7 +430,7 @@ EpExchangeShape acts_exchange_shape(const Model *m, int B, int T) {
     return (EpExchangeShape){.tokens = plan_local_tokens(p, B * T), .topk = p->topk, .align = p->expert_row_align,
                              .capacity = c->moe_pad_expert_input_to_capacity ? limit : 0, .expert_limit = limit,
                              .hidden = p->moe_hidden, .moe_ffn = p->moe_ffn,
-                             .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT), .act_store = p->expert_act_store};
+                             .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT), .act_store = p->swiglu_act_store};
 }
 
 double model_exchange_scratch_bytes(const Model *m, int B, int T) {

@@ -145,18 +145,24 @@ int plan_layer_chunk(const LayoutPlan *p, int layer) {
     return -1;
 }
 
-// Whether the environment variable `name` asks for "fp32".
+// Whether the environment variable `name` asks for "fp32" (unset or empty: no; anything else
+// is refused).
 static int fp32_asked(const char *name) {
     const char *asked = getenv(name);
-    return asked && !strcmp(asked, "fp32");
+    if (!asked || !asked[0]) return 0;
+    if (strcmp(asked, "fp32") != 0) mt_die("%s=%s: use fp32 (or unset it)", name, asked);
+    return 1;
 }
 
-// LayoutPlan.exchanges_bf16, expert_act_store, expert_rows_store (layout.h).
+// LayoutPlan.exchanges_bf16, swiglu_act_store, expert_rows_store (layout.h). The cuda backend
+// keeps them fp32: the device in use, or for a command that selects none (moetron plan) the one
+// --device names.
 static void plan_bf16_storage(LayoutPlan *p, const Config *c) {
-    int bf16_gemms = c->bf16 && device_active() != DEVICE_CUDA;
+    int on_cuda = device_active() == DEVICE_CUDA || !strcmp(c->device, "cuda");
+    int bf16_gemms = c->bf16 && !on_cuda;
     p->exchanges_bf16 = bf16_gemms && !fp32_asked("MOETRON_EXCHANGE");
     int kept_bf16 = bf16_gemms && !c->quant_recipe && !fp32_asked("MOETRON_ACTIVATIONS");
-    p->expert_act_store = kept_bf16 ? STORE_BF16 : STORE_FP32;
+    p->swiglu_act_store = kept_bf16 ? STORE_BF16 : STORE_FP32;
     int rows_bf16 = kept_bf16 && p->exchanges_bf16 && p->moe_hidden % 2 == 0;
     p->expert_rows_store = rows_bf16 ? STORE_BF16 : STORE_FP32;
 }

@@ -112,12 +112,13 @@ typedef struct {
     // values only such GEMMs read may travel between ranks as bf16 (model.h model_exchanges_bf16;
     // MOETRON_EXCHANGE=fp32 keeps them fp32, to compare the two)
     int exchanges_bf16;
-    // how the routed experts' SwiGLU output (rows, moe_ffn) and input rows (rows, moe_hidden) are
-    // kept (moe/experts.h): bf16 with --bf16 on the cpu backend, whose GEMMs (their only readers)
-    // round them so anyway — the same bits at half the memory — unless an FP8 / FP4 recipe
-    // quantizes from fp32 values; MOETRON_ACTIVATIONS=fp32 keeps them fp32 (to compare the two).
+    // how every SwiGLU output (routed experts, shared expert, dense MLP) and the routed experts'
+    // input rows (rows, moe_hidden) are kept (moe/experts.h): bf16 with --bf16 on the cpu backend,
+    // whose GEMMs (their only readers) round them so anyway — the same bits at half the memory —
+    // unless an FP8 / FP4 recipe quantizes from fp32 values; MOETRON_ACTIVATIONS=fp32 keeps them
+    // fp32 (to compare the two).
     // The input rows also need an even width and bf16 exchanges (they travel as stored).
-    Storage expert_act_store, expert_rows_store;
+    Storage swiglu_act_store, expert_rows_store;
     // vocabulary
     int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
     int padded_vocab;        // all rows

@@ -71,7 +71,7 @@ typedef struct {
     int align;       // > 1: each source's rows of an expert rounded up to a multiple of it (DispatchPlan.align)
     int hidden, moe_ffn;  // a row's width (H, or the latent width) and each expert's FFN here
     int act_shared;  // --recompute-modules moe_act: the SwiGLU product is the pass's, not the layer's
-    Storage act_store;  // how the SwiGLU product is kept (LayoutPlan.expert_act_store)
+    Storage act_store;  // how the SwiGLU product is kept (LayoutPlan.swiglu_act_store)
 } EpExchangeShape;
 // The most rows this rank's experts can be sent for one layer: from each of the ETP·EP
 // source ranks min(k, local experts) rows per token (a token picks an expert once), at most

@@ -62,8 +62,8 @@ static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm
 }
 
 // C_g[rows_g, N] = A_g[rows_g, K]·op(W_g) + beta·C_g per group (op: ᵀ with trans_b; lda K, ldc N,
-// W_g [K,N] or with trans_b [N,K]; beta 0 or 1; A stored as a_store): one grouped GEMM over
-// counts, or with host offsets one GEMM per non-empty group (fp32 A only there, as quantized).
+// W_g [K,N] or with trans_b [N,K]; beta 0 or 1; A stored as a_store, fp32 when quantized): one
+// grouped GEMM over counts, or with host offsets one GEMM per non-empty group.
 static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, int N, int K, const void *A_stored,
                     Storage a_store, real *const *W, real beta, real *C) {
     int ldb = trans_b ? K : N;
@@ -74,21 +74,22 @@ static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, in
                         beta, C, N);
         return;
     }
-    MT_ASSERT(a_store == STORE_FP32);
-    const real *A = A_stored;
     if (q) {  // the quantized forward overwrites, its input gradient accumulates (onto zeros for beta 0)
         MT_ASSERT(beta == 0 || !trans_b);
+        MT_ASSERT(a_store == STORE_FP32);
         if (!trans_b && beta == 0) {
             RowSpan r = row_span(s);
             vec_zero(C + (size_t)r.first * N, (size_t)r.total * N);
         }
-        quant_project(s, q, trans_b ? QUANT_FPROP : QUANT_DGRAD, N, K, A, NULL, W, C);
+        quant_project(s, q, trans_b ? QUANT_FPROP : QUANT_DGRAD, N, K, A_stored, NULL, W, C);
         return;
     }
     for (int g = 0; g < s->groups; g++) {
         size_t at = (size_t)s->offsets[g];
         int rows = s->offsets[g + 1] - s->offsets[g];
-        if (rows > 0) mt_gemm(0, trans_b, rows, N, K, 1, A + at * K, K, W[g], ldb, beta, C + at * N, N);
+        if (rows > 0)
+            mt_gemm_stored(0, trans_b, rows, N, K, 1, storage_at_const(A_stored, a_store, at * K), a_store, K, W[g],
+                           STORE_FP32, ldb, beta, C + at * N, N);
     }
 }
 
@@ -102,16 +103,17 @@ static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, 
         mt_gemm_grouped_wgrad(s->groups, s->counts, s->host_counts, out, in, 1, dY, X_stored, x_store, base, stride);
         return;
     }
-    MT_ASSERT(x_store == STORE_FP32);
-    const real *X = X_stored;
     if (q) {
-        quant_project(s, q, QUANT_WGRAD, out, in, dY, X, W, NULL);
+        MT_ASSERT(x_store == STORE_FP32);
+        quant_project(s, q, QUANT_WGRAD, out, in, dY, X_stored, W, NULL);
         return;
     }
     for (int g = 0; g < s->groups; g++) {
         size_t at = (size_t)s->offsets[g];
         int rows = s->offsets[g + 1] - s->offsets[g];
-        if (rows > 0) mt_gemm(1, 0, out, in, rows, 1, dY + at * out, out, X + at * in, in, 1, W[g], in);
+        if (rows > 0)
+            mt_gemm_stored(1, 0, out, in, rows, 1, dY + at * out, STORE_FP32, out,
+                           storage_at_const(X_stored, x_store, at * in), x_store, in, 1, W[g], in);
     }
 }
 

@@ -39,8 +39,8 @@ typedef struct {
 
 typedef struct {
     real *gate, *up, *act;   // (rows, I) saved for backward
-    // how act is stored: STORE_BF16 (--bf16 on routed experts, model.h model_expert_act_store)
-    // holds it as bf16, the down projection's GEMMs (its only readers) reading the same values
+    // how act is stored: STORE_BF16 (--bf16 on the cpu, LayoutPlan.swiglu_act_store) holds it as
+    // bf16, the down projection's GEMMs (its only readers) reading the same values
     Storage act_store;
 } ExpertActs;
 

@@ -80,6 +80,11 @@ static inline const void *storage_at_const(const void *x, Storage s, size_t i) {
     return (const char *)x + i * storage_bytes(s);
 }
 
+// mt_gemm with A and B stored as a_store and b_store (lda, ldb and the layouts in elements of
+// that storage): the dense FFNs' SwiGLU output under --bf16.
+void mt_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,
+                    const void *B, Storage b_store, int ldb, real beta, real *C, int ldc);
+
 // Grouped GEMM, one group per expert, the groups' rows back to back: group g has
 // M_g = counts[g] rows, starting at row r_g = counts[0] + … + counts[g−1]. For g with M_g > 0:
 //   C_g[M_g, N] = alpha * op(A_g) · op(B_g) + beta * C_g

@@ -30,6 +30,10 @@
        (int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda, const real *B, int ldb,  \
         real beta, real *C, int ldc),                                                                                \
        (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
+    OP(void, mt_gemm_stored, gemm_stored,                                                                            \
+       (int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,         \
+        const void *B, Storage b_store, int ldb, real beta, real *C, int ldc),                                      \
+       (trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc))                           \
     OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
        (int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N, int K,      \
         real alpha, const void *A, Storage a_store, int lda, const real *B, size_t b_stride, int ldb, real beta,    \

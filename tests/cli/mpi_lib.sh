@@ -136,7 +136,7 @@ rerun_identical() {
 # bf16_matches_fp32 VAR NAME RANKS BYTES_KEY LO HI FLAGS...: with --bf16 the layout of FLAGS
 # trains bit for bit as with VAR=fp32 (the same losses and gradient norms over the SMALL model's
 # 10 steps): VAR is MOETRON_EXCHANGE (every exchange fp32, model.h model_exchanges_bf16) or
-# MOETRON_ACTIVATIONS (every activation kept fp32, layout.h expert_act_store). BYTES_KEY (a JSONL
+# MOETRON_ACTIVATIONS (every activation kept fp32, layout.h swiglu_act_store). BYTES_KEY (a JSONL
 # key summed over the steps) then moves LO to HI of its fp32 bytes; "-": no byte check.
 bf16_matches_fp32() {
     local var=$1 name=$2 np=$3 key=$4 lo=$5 hi=$6

@@ -195,6 +195,10 @@ bf16_exchange_exact mixed_bf16_ep2_rows_exact 2 expert_bytes 0.65 0.85 --expert-
 bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16 1 - 0 1 --seed 3
 bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16_ep2 2 - 0 1 --seed 3 --expert-model-parallel-size 2 \
     --recompute-granularity selective --recompute-modules moe_act
+# ... and every other SwiGLU output: a dense first layer's and a shared expert's (one GEMM per
+# FFN, gemm_stored)
+bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16_dense 1 - 0 1 --seed 3 --moe-layer-freq "[0,1]" \
+    --moe-shared-expert-intermediate-size 64
 full mixed_fp16_ep2 run_case mixed_fp16_ep2 2 --expert-model-parallel-size 2 -- --seed 3 --fp16 --initial-loss-scale 4096
 unset CASE_RTOL
 
@@ -225,6 +229,14 @@ check_saving() {
 check_saving mixed_bf16_act_plan 6.0 8
 check_saving mixed_bf16_act_plan_recompute 4.0 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_act_plan_ep2 8.0 6 --world-size 2 --expert-model-parallel-size 2
+# a dense first layer (1024 tokens x 512: 1 MiB) and a shared expert of 512 (1 MiB) besides the MoE
+# layer's 3 MiB
+check_saving mixed_bf16_act_plan_dense 5.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+    --moe-shared-expert-intermediate-size 512
+# the cuda backend keeps them fp32: a plan for it saves nothing
+check_saving mixed_bf16_act_plan_cuda 0.0 8 --device cuda
+expect_error mixed_bf16_act_env_typo "MOETRON_ACTIVATIONS=FP32: use fp32 (or unset it)" -- \
+    env MOETRON_ACTIVATIONS=FP32 "$M" plan "${PLAN[@]}"
 
 # ---- bad input ------------------------------------------------------------------------------
 expect_error mixed_bf16_and_fp16 "--bf16 and --fp16: use one of them" -- "$M" train "${TINY[@]}" --train-iters 1 --bf16 --fp16

@@ -61,6 +61,19 @@ static float *to_device(const float *host, int rows, int ld) {
     return check_to_device(host, n ? n : 1);
 }
 
+// An operand of n elements for the backend under test stored as `store` (gemm.h): for
+// STORE_BF16 the host values are first rounded to bf16 in place (bf16_pack's rounding, so the
+// cpu reference reads the same values in fp32) and the device copy holds the bf16 array.
+static void *operand_to_device(float *host, size_t n, Storage store) {
+    if (store == STORE_FP32) return check_to_device(host, n ? n : 1);
+    uint16_t *packed = (uint16_t *)check_random((n + 1) / 2 + 1, 0, 1);
+    for (size_t i = 0; i < n; i++) {
+        packed[i] = bf16_from_float_flushed(host[i]);
+        host[i] = bf16_to_float(packed[i]);
+    }
+    return check_device_bytes(packed, MT_MAX(n, 1) * sizeof(uint16_t));
+}
+
 // ---- one GEMM -----------------------------------------------------------------------------------
 
 typedef struct {
@@ -109,6 +122,40 @@ static void check_gemm_case(const GemmCase *c, const Pass *p) {
     check_free_all();
 }
 
+// gemm_stored: the backend under test gets A and B stored as a_store and b_store, the cpu
+// reference fp32 copies of the same values (operand_to_device rounds the host values first).
+static void check_gemm_stored_case(const GemmCase *c, Storage a_store, Storage b_store, const Pass *p) {
+    int lda = a_ld(c), ldb = b_ld(c), ldc = c->N + c->pad;
+    float *A = random_matrix(a_rows(c), lda), *B = random_matrix(b_rows(c), ldb);
+    void *dA = operand_to_device(A, (size_t)a_rows(c) * lda, a_store);
+    void *dB = operand_to_device(B, (size_t)b_rows(c) * ldb, b_store);
+    float *C = random_matrix(c->M, ldc);
+    if (c->beta == 0) fill_nan(C, c->M, c->N, ldc);
+    float *dC = to_device(C, c->M, ldc);
+    ops_cpu_backend.gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C, ldc);
+    under()->gemm_stored(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, dA, a_store, lda, dB, b_store, ldb,
+                         c->beta, dC, ldc);
+    check_finish();
+    char what[48], name[160];
+    snprintf(what, sizeof(what), "gemm_stored A %s B %s", a_store == STORE_BF16 ? "bf16" : "fp32",
+             b_store == STORE_BF16 ? "bf16" : "fp32");
+    gemm_case_name(name, sizeof(name), what, c, p);
+    check_compare(name, "C", C, dC, (size_t)c->M * ldc, p->tol);
+    check_free_all();
+}
+
+static void check_gemm_stored_all(const Pass *p) {
+    static const GemmCase cases[] = {
+        {0, 1, 33, 130, 7, 0, 1.0f, 0.0f}, {1, 0, 130, 7, 33, 3, 1.0f, 1.0f}, {0, 0, 7, 33, 130, 1, -0.5f, 0.25f},
+        {1, 1, 33, 7, 130, 2, 0.75f, 0.0f},
+    };
+    static const Storage stores[][2] = {{STORE_BF16, STORE_FP32}, {STORE_FP32, STORE_BF16}, {STORE_BF16, STORE_BF16},
+                                        {STORE_FP32, STORE_FP32}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        for (size_t s = 0; s < sizeof(stores) / sizeof(stores[0]); s++)
+            check_gemm_stored_case(&cases[i], stores[s][0], stores[s][1], p);
+}
+
 // M == 0 or N == 0: a no-op. C is a real 7 x 33 buffer that must come back as it was.
 static void check_gemm_empty(int M, int N, const Pass *p) {
     float *C = random_matrix(7, 33), *dC = to_device(C, 7, 33);
@@ -148,6 +195,7 @@ static void check_gemm_all(const Pass *p) {
     for (size_t i = 0; i < sizeof(unread) / sizeof(unread[0]); i++) check_gemm_case(&unread[i], p);
     check_gemm_empty(0, 33, p);
     check_gemm_empty(7, 0, p);
+    check_gemm_stored_all(p);
 }
 
 // ---- grouped GEMM ---------------------------------------------------------------------------------
@@ -190,19 +238,6 @@ typedef struct {
     const Experts *e;
     Storage a_store;  // how the backend under test gets A (the cpu reference: fp32 of the same values)
 } GroupedCase;
-
-// An operand of n elements for the backend under test stored as `store` (gemm.h): for
-// STORE_BF16 the host values are first rounded to bf16 in place (bf16_pack's rounding, so the
-// cpu reference reads the same values in fp32) and the device copy holds the bf16 array.
-static void *operand_to_device(float *host, size_t n, Storage store) {
-    if (store == STORE_FP32) return check_to_device(host, n ? n : 1);
-    uint16_t *packed = (uint16_t *)check_random((n + 1) / 2 + 1, 0, 1);
-    for (size_t i = 0; i < n; i++) {
-        packed[i] = bf16_from_float_flushed(host[i]);
-        host[i] = bf16_to_float(packed[i]);
-    }
-    return check_device_bytes(packed, MT_MAX(n, 1) * sizeof(uint16_t));
-}
 
 // The stacked A of a grouped GEMM: without trans_a [total, K] (expert g's rows from row
 // start[g]), with trans_a [K, total] (expert g's A_g [K, rows[g]] from column start[g]).

@@ -659,13 +659,14 @@ static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int
 
 // C = alpha op(A) op(B) + beta C with kern's tiles (OpenBLAS for fp32 when it is chosen).
 static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K, real alpha,
-                      const real *A, int lda, const real *B, int ldb, real beta, real *C, int ldc) {
+                      const void *A, Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta,
+                      real *C, int ldc) {
     PROF_SCOPE(PROF_GEMM);
     GemmProblem p;
-    if (!gemm_prepare(&p, kern, trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, ldc))
+    if (!gemm_prepare(&p, kern, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc))
         return;
 #ifdef MT_HAVE_CBLAS
-    if (uses_blas(kern, STORE_FP32, STORE_FP32)) {
+    if (uses_blas(kern, a_store, b_store)) {
         gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
@@ -675,7 +676,12 @@ static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, i
 
 void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
              const real *B, int ldb, real beta, real *C, int ldc) {
-    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, ldc);
+}
+
+void cpu_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,
+                     const void *B, Storage b_store, int ldb, real beta, real *C, int ldc) {
+    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc);
 }
 
 // ---------------------------------------------------------------------------
@@ -749,7 +755,7 @@ static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N,
                         Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta, real *C,
                         int ldc) {
     if (uses_blas(g_kernel, a_store, b_store)) {
-        gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc);
         return;
     }
     if (gemm_prepare(&run->probs[run->count], g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store,

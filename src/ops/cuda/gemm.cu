@@ -260,20 +260,32 @@ static void batch_run(int count, float alpha, float beta) {
 
 // ---- operands stored as bf16 (gemm.h Storage) ----------------------------------------------------
 
-// cuBLAS takes A and B of one type, so a bf16-stored operand is widened (exactly) into this
-// buffer first and the GEMM runs as on fp32 storage; the operands of one call need one at most.
-static CudaScratch widened_operand;
+// cuBLAS takes A and B of one type, so a bf16-stored operand is widened (exactly) into one of
+// these buffers first (A's, B's) and the GEMM runs as on fp32 storage.
+static CudaScratch widened_a, widened_b;
 
-// The operand at x (stored as `store`, its first n elements) as fp32 in device memory.
-static const float *operand_fp32(const void *x, Storage store, size_t n) {
+// The operand at x (stored as `store`, its first n elements) as fp32 in device memory (widened
+// into *scratch when bf16).
+static const float *operand_fp32(CudaScratch *scratch, const void *x, Storage store, size_t n) {
     if (store == STORE_FP32) return (const float *)x;
-    float *widened = (float *)scratch_reserve(&widened_operand, MT_MAX(n, (size_t)1) * sizeof(float));
+    float *widened = (float *)scratch_reserve(scratch, MT_MAX(n, (size_t)1) * sizeof(float));
     cuda_bf16_unpack(widened, (const float *)x, n);
     return widened;
 }
 
 // Elements a row-major operand [rows, cols] with leading dimension ld spans (0 when empty).
 static size_t operand_extent(size_t rows, size_t cols, size_t ld) { return rows && cols ? (rows - 1) * ld + cols : 0; }
+
+// mt_gemm_stored: each bf16-stored operand widened (only when the GEMM reads them), then cuda_gemm.
+void cuda_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A_stored, Storage a_store,
+                      int lda, const void *B_stored, Storage b_store, int ldb, real beta, real *C, int ldc) {
+    int reads = M > 0 && N > 0 && K > 0 && alpha != 0;  // else gemm.h reads neither operand
+    size_t a_n = trans_a ? operand_extent(K, M, lda) : operand_extent(M, K, lda);
+    size_t b_n = trans_b ? operand_extent(N, K, ldb) : operand_extent(K, N, ldb);
+    const float *A = operand_fp32(&widened_a, A_stored, a_store, reads ? a_n : 0);
+    const float *B = operand_fp32(&widened_b, B_stored, b_store, reads ? b_n : 0);
+    cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 // Sum of rows[0, groups).
 static size_t total_rows(const int32_t *rows, int groups) {
@@ -310,7 +322,8 @@ void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *coun
     if (N == 0 || groups == 0) return;
     const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
     size_t R = total_rows(rows, groups);
-    const float *A = operand_fp32(A_stored, a_store, trans_a ? operand_extent(K, R, lda) : operand_extent(R, K, lda));
+    const float *A =
+        operand_fp32(&widened_a, A_stored, a_store, trans_a ? operand_extent(K, R, lda) : operand_extent(R, K, lda));
     int count = 0;
     size_t first = 0;
     batch_reserve(groups);
@@ -343,7 +356,7 @@ void cuda_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *h
     MT_ASSERT(groups >= 0 && out >= 0 && in >= 0);
     if (out == 0 || in == 0 || alpha == 0 || groups == 0) return;  // W_g = 1·W_g
     const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
-    const float *X = operand_fp32(X_stored, x_store, total_rows(rows, groups) * (size_t)in);
+    const float *X = operand_fp32(&widened_b, X_stored, x_store, total_rows(rows, groups) * (size_t)in);
     int count = 0;
     size_t first = 0;
     batch_reserve(groups);
