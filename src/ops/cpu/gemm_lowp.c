@@ -165,10 +165,10 @@ PACK_TARGET static inline __m512i two_depths(const void *src, Storage store, int
     size_t at = (size_t)k * s_k + j0, next = at + s_k;
     if (store == STORE_BF16) {
         const uint16_t *x = src;
-        __m256i earlier = _mm256_maskz_loadu_epi16(lanes, x + at);
-        __m256i later = k + 1 < kc ? _mm256_maskz_loadu_epi16(lanes, x + next)
-                                   : _mm256_maskz_mov_epi16(lanes, _mm256_set1_epi16((short)pad));
-        return _mm512_inserti64x4(_mm512_castsi256_si512(earlier), later, 1);
+        __m512i earlier = _mm512_maskz_loadu_epi16((__mmask32)lanes, x + at);  // 16 lanes in the low half
+        __m512i later = k + 1 < kc ? _mm512_maskz_loadu_epi16((__mmask32)lanes, x + next)
+                                   : _mm512_maskz_mov_epi16((__mmask32)lanes, _mm512_set1_epi16((short)pad));
+        return _mm512_inserti64x4(earlier, _mm512_castsi512_si256(later), 1);
     }
     const real *x = src;
     __m512 earlier = _mm512_maskz_loadu_ps(lanes, x + at);
