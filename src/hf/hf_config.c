@@ -339,8 +339,12 @@ void config_from_checkpoint(Config *c, const char *ckpt_dir) {
     if (flags) {
         restore_moetron_flags(c, flags, path);
         // the rows the weights have, padded for the layout that saved them: kept on any other
-        double rows;
-        if (json_get_number(root, "vocab_size", &rows)) c->checkpoint_vocab_rows = (int)rows;
+        int64_t rows;
+        if (json_get_int64(root, "vocab_size", &rows)) {
+            if (rows < 1 || rows > INT32_MAX)
+                mt_die("%s: \"vocab_size\" %lld is out of range; the checkpoint is damaged", path, (long long)rows);
+            c->checkpoint_vocab_rows = (int)rows;
+        }
     } else {
         hf_config_read_plain(c, root, path);
     }
