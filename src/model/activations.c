@@ -24,7 +24,7 @@
 // A saved buffer when `own`, else an alias of `source` (a stage that is off, a layout
 // without sequence parallelism).
 #define SAVED_OR_ALIAS(bp, own, field, rows, cols, source) \
-    ((own) ? SAVED(bp, field, rows, cols) : buffer_alias(bp, &(field), &(source)))
+    STORED_OR_ALIAS(bp, own, field, rows, cols, STORE_FP32, source)
 #define WORKSPACE_OR_ALIAS(bp, own, field, rows, cols, source) \
     ((own) ? WORKSPACE(bp, field, rows, cols) : buffer_alias(bp, &(field), &(source)))
 

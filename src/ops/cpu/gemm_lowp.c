@@ -327,10 +327,7 @@ static int ceil_steps(int kc) { return (kc + LOWP_AMX_DEPTH - 1) / LOWP_AMX_DEPT
 // src element (lane j, depth k; src stored as `store`) as packed bf16, zero outside w x kc.
 static inline uint16_t amx_element(const void *src, Storage store, int j, int k, int w, int kc, size_t s_w,
                                    size_t s_k) {
-    if (j >= w || k >= kc) return 0;
-    size_t at = (size_t)j * s_w + (size_t)k * s_k;
-    if (store == STORE_BF16) return ((const uint16_t *)src)[at];
-    return bf16_from_float_flushed((float)((const real *)src)[at]);
+    return j < w && k < kc ? packed_element(src, store, (size_t)j * s_w + (size_t)k * s_k) : 0;
 }
 
 static void pack_amx_a_scalar(uint16_t *dst, const void *src, Storage store, int w, int kc, size_t s_w, size_t s_k) {
