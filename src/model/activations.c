@@ -80,8 +80,9 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     SAVED_INT32(bp, ma->plan.token_of_row, rows, 1);
     if (Is) {
         int own_shared = !plan_recomputes(p, RECOMPUTE_SHARED_EXPERTS);
-        SAVED_OR_ALIAS(bp, own_shared, ma->shared.gate, N_all, Is, a->recomputed.shared_gate);
-        SAVED_OR_ALIAS(bp, own_shared, ma->shared.up, N_all, Is, a->recomputed.shared_up);
+        ma->shared.gate_up_store = p->gate_up_store;
+        STORED_OR_ALIAS(bp, own_shared, ma->shared.gate, N_all, Is, p->gate_up_store, a->recomputed.shared_gate);
+        STORED_OR_ALIAS(bp, own_shared, ma->shared.up, N_all, Is, p->gate_up_store, a->recomputed.shared_up);
         ma->shared.act_store = p->swiglu_act_store;
         STORED_OR_ALIAS(bp, own_shared, ma->shared.act, N_all, Is, p->swiglu_act_store, a->recomputed.shared_act);
         SAVED(bp, ma->shared_gate, N, 1);
@@ -95,8 +96,9 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     size_t dispatched = local_dispatched_rows(m, rows), computed = local_expert_rows(m, rows);
     STORED(bp, ma->rows_in, dispatched, Hr, p->expert_rows_store, BUF_SAVED);
     SAVED(bp, ma->row_probs, dispatched, 1);
-    SAVED(bp, ma->experts.gate, computed, I);
-    SAVED(bp, ma->experts.up, computed, I);
+    ma->experts.gate_up_store = p->gate_up_store;
+    STORED(bp, ma->experts.gate, computed, I, p->gate_up_store, BUF_SAVED);
+    STORED(bp, ma->experts.up, computed, I, p->gate_up_store, BUF_SAVED);
     ma->experts.act_store = p->swiglu_act_store;
     STORED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, p->swiglu_act_store,
                     a->recomputed.moe_act);
@@ -169,8 +171,9 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
         if (moe == &la->moe) plan_moe(bp, moe, a, m, B, T);
         buffer_alias(bp, &la->ffn_partial, sp ? workspace : &moe->shared_out);
     } else {
-        SAVED_OR_ALIAS(bp, own_mlp, la->mlp.gate, N, p->ffn, a->recomputed.mlp_gate);
-        SAVED_OR_ALIAS(bp, own_mlp, la->mlp.up, N, p->ffn, a->recomputed.mlp_up);
+        la->mlp.gate_up_store = p->gate_up_store;
+        STORED_OR_ALIAS(bp, own_mlp, la->mlp.gate, N, p->ffn, p->gate_up_store, a->recomputed.mlp_gate);
+        STORED_OR_ALIAS(bp, own_mlp, la->mlp.up, N, p->ffn, p->gate_up_store, a->recomputed.mlp_up);
         la->mlp.act_store = p->swiglu_act_store;
         STORED_OR_ALIAS(bp, own_mlp, la->mlp.act, N, p->ffn, p->swiglu_act_store, a->recomputed.mlp_act);
         buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->ffn_out);
@@ -258,13 +261,13 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
         WORKSPACE(bp, a->recomputed.ln2, N_local, H);
     }
     if (has_dense && plan_recomputes(p, RECOMPUTE_MLP)) {
-        WORKSPACE(bp, a->recomputed.mlp_gate, N, p->ffn);
-        WORKSPACE(bp, a->recomputed.mlp_up, N, p->ffn);
+        STORED(bp, a->recomputed.mlp_gate, N, p->ffn, p->gate_up_store, BUF_WORKSPACE);
+        STORED(bp, a->recomputed.mlp_up, N, p->ffn, p->gate_up_store, BUF_WORKSPACE);
         STORED(bp, a->recomputed.mlp_act, N, p->ffn, p->swiglu_act_store, BUF_WORKSPACE);
     }
     if (has_moe && p->shared_ffn && plan_recomputes(p, RECOMPUTE_SHARED_EXPERTS)) {
-        WORKSPACE(bp, a->recomputed.shared_gate, N, p->shared_ffn);
-        WORKSPACE(bp, a->recomputed.shared_up, N, p->shared_ffn);
+        STORED(bp, a->recomputed.shared_gate, N, p->shared_ffn, p->gate_up_store, BUF_WORKSPACE);
+        STORED(bp, a->recomputed.shared_up, N, p->shared_ffn, p->gate_up_store, BUF_WORKSPACE);
         STORED(bp, a->recomputed.shared_act, N, p->shared_ffn, p->swiglu_act_store, BUF_WORKSPACE);
     }
     if (m->cfg.multi_latent_attention && plan_recomputes(p, RECOMPUTE_MLA_UP_PROJ)) {
@@ -430,7 +433,8 @@ EpExchangeShape acts_exchange_shape(const Model *m, int B, int T) {
     return (EpExchangeShape){.tokens = plan_local_tokens(p, B * T), .topk = p->topk, .align = p->expert_row_align,
                              .capacity = c->moe_pad_expert_input_to_capacity ? limit : 0, .expert_limit = limit,
                              .hidden = p->moe_hidden, .moe_ffn = p->moe_ffn,
-                             .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT), .act_store = p->swiglu_act_store};
+                             .act_shared = plan_recomputes(p, RECOMPUTE_MOE_ACT), .act_store = p->swiglu_act_store,
+                             .gate_up_store = p->gate_up_store};
 }
 
 double model_exchange_scratch_bytes(const Model *m, int B, int T) {

@@ -154,17 +154,30 @@ static int fp32_asked(const char *name) {
     return 1;
 }
 
-// LayoutPlan.exchanges_bf16, swiglu_act_store, expert_rows_store (layout.h). The cuda backend
-// keeps them fp32: the device in use, or for a command that selects none (moetron plan) the one
-// --device names.
+// What MOETRON_ACTIVATIONS asks of --bf16's activation storage (layout.h).
+typedef enum { KEEP_AS_MEGATRON, KEEP_GEMM_INPUTS, KEEP_FP32 } ActivationsAsked;
+
+static ActivationsAsked activations_asked(void) {
+    const char *asked = getenv("MOETRON_ACTIVATIONS");
+    if (!asked || !asked[0]) return KEEP_AS_MEGATRON;
+    if (!strcmp(asked, "gemm-inputs")) return KEEP_GEMM_INPUTS;
+    if (!strcmp(asked, "fp32")) return KEEP_FP32;
+    mt_die("MOETRON_ACTIVATIONS=%s: use gemm-inputs or fp32 (or unset it)", asked);
+}
+
+// LayoutPlan.exchanges_bf16, swiglu_act_store, expert_rows_store, gate_up_store (layout.h). The
+// cuda backend keeps them fp32: the device in use, or for a command that selects none (moetron
+// plan) the one --device names.
 static void plan_bf16_storage(LayoutPlan *p, const Config *c) {
     int on_cuda = device_active() == DEVICE_CUDA || !strcmp(c->device, "cuda");
     int bf16_gemms = c->bf16 && !on_cuda;
     p->exchanges_bf16 = bf16_gemms && !fp32_asked("MOETRON_EXCHANGE");
-    int kept_bf16 = bf16_gemms && !c->quant_recipe && !fp32_asked("MOETRON_ACTIVATIONS");
+    ActivationsAsked asked = bf16_gemms && !c->quant_recipe ? activations_asked() : KEEP_FP32;
+    int kept_bf16 = asked != KEEP_FP32;
     p->swiglu_act_store = kept_bf16 ? STORE_BF16 : STORE_FP32;
     int rows_bf16 = kept_bf16 && p->exchanges_bf16 && p->moe_hidden % 2 == 0;
     p->expert_rows_store = rows_bf16 ? STORE_BF16 : STORE_FP32;
+    p->gate_up_store = asked == KEEP_AS_MEGATRON ? STORE_BF16 : STORE_FP32;
 }
 
 void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {

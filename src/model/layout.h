@@ -119,6 +119,13 @@ typedef struct {
     // fp32 (to compare the two).
     // The input rows also need an even width and bf16 exchanges (they travel as stored).
     Storage swiglu_act_store, expert_rows_store;
+    // how the gate and up projections' results of every SwiGLU FFN are kept (moe/experts.h
+    // ExpertActs): bf16 with --bf16 on the cpu backend, as Megatron's bf16 GEMMs return them
+    // (each value rounded once from its fp32 sum; SwiGLU, forward and backward, reads those
+    // values: this one changes the numerics, toward Megatron's), unless a recipe quantizes;
+    // MOETRON_ACTIVATIONS=gemm-inputs keeps them fp32 (only the bf16 storage above: the bits of
+    // fp32 storage), MOETRON_ACTIVATIONS=fp32 keeps all three fp32.
+    Storage gate_up_store;
     // vocabulary
     int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
     int padded_vocab;        // all rows

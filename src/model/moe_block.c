@@ -155,7 +155,8 @@ static MoeDispatchContext dispatch_context(const Model *m, PassKind pass) {
     return (MoeDispatchContext){.hidden = m->plan.moe_hidden, .experts = m->plan.experts, .moe_ffn = m->plan.moe_ffn,
                                 .ep = &m->ep, .buffers = m->ep_buffers[pass],
                                 .act_shared = plan_recomputes(&m->plan, RECOMPUTE_MOE_ACT),
-                                .act_store = m->plan.swiglu_act_store, .rows_store = m->plan.expert_rows_store,
+                                .act_store = m->plan.swiglu_act_store, .gate_up_store = m->plan.gate_up_store,
+                                .rows_store = m->plan.expert_rows_store,
                                 .bf16_rows = model_expert_rows_bf16(m)};
 }
 

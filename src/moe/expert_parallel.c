@@ -95,7 +95,7 @@ static EpExchangeShape exchange_shape(const MoeDispatchContext *ctx, const MoeAc
     return (EpExchangeShape){.tokens = ma->plan.N, .topk = ma->plan.k, .align = ma->plan.align,
                              .capacity = ma->route.capacity,
                              .expert_limit = ma->route.expert_limit, .hidden = ctx->hidden, .moe_ffn = ctx->moe_ffn, .act_shared = ctx->act_shared,
-                             .act_store = ctx->act_store};
+                             .act_store = ctx->act_store, .gate_up_store = ctx->gate_up_store};
 }
 
 // Bytes per row of the layer state (rows_in, rows_out, row_probs, gate, up, act as stored) and
@@ -103,7 +103,8 @@ static EpExchangeShape exchange_shape(const MoeDispatchContext *ctx, const MoeAc
 // dispatcher's gathered tokens and choices besides.
 static double layer_bytes_per_row(const EpExchangeShape *s) {
     size_t act_bytes = s->act_shared ? 0 : (size_t)s->moe_ffn * storage_bytes(s->act_store);
-    return (double)(2 * (size_t)s->hidden + 1 + 2 * (size_t)s->moe_ffn) * sizeof(real) + (double)act_bytes;
+    size_t gate_up_bytes = 2 * (size_t)s->moe_ffn * storage_bytes(s->gate_up_store);
+    return (double)(2 * (size_t)s->hidden + 1) * sizeof(real) + (double)(gate_up_bytes + act_bytes);
 }
 
 static size_t buffers_reals_per_row(const ExpertParallel *ep, const EpExchangeShape *s, int gradients) {
@@ -138,13 +139,14 @@ static void layer_reserve_rows(const MoeDispatchContext *ctx, EpLayer *el, const
     size_t cap = grown(el->row_capacity, bound), H = ctx->hidden, I = ctx->moe_ffn;
     el->act_shared = ctx->act_shared;
     el->acts.act_store = ctx->act_store;
+    el->acts.gate_up_store = ctx->gate_up_store;
     if (cap == el->row_capacity) return;
     el->row_capacity = cap;
     resize(&el->rows_in, cap * H);
     resize(&el->row_probs, cap);
     resize(&el->rows_out, cap * H);
-    resize(&el->acts.gate, cap * I);
-    resize(&el->acts.up, cap * I);
+    resize(&el->acts.gate, storage_reals(cap * I, ctx->gate_up_store));
+    resize(&el->acts.up, storage_reals(cap * I, ctx->gate_up_store));
     if (!el->act_shared) resize(&el->acts.act, storage_reals(cap * I, ctx->act_store));
 }
 

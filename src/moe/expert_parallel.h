@@ -72,6 +72,7 @@ typedef struct {
     int hidden, moe_ffn;  // a row's width (H, or the latent width) and each expert's FFN here
     int act_shared;  // --recompute-modules moe_act: the SwiGLU product is the pass's, not the layer's
     Storage act_store;  // how the SwiGLU product is kept (LayoutPlan.swiglu_act_store)
+    Storage gate_up_store;  // and the gate and up projections (LayoutPlan.gate_up_store)
 } EpExchangeShape;
 // The most rows this rank's experts can be sent for one layer: from each of the ETP·EP
 // source ranks min(k, local experts) rows per token (a token picks an expert once), at most

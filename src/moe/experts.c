@@ -62,21 +62,21 @@ static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm
 }
 
 // C_g[rows_g, N] = A_g[rows_g, K]·op(W_g) + beta·C_g per group (op: ᵀ with trans_b; lda K, ldc N,
-// W_g [K,N] or with trans_b [N,K]; beta 0 or 1; A stored as a_store, fp32 when quantized): one
-// grouped GEMM over counts, or with host offsets one GEMM per non-empty group.
+// W_g [K,N] or with trans_b [N,K]; beta 0 or 1; A stored as a_store and C as c_store, both fp32 when
+// quantized): one grouped GEMM over counts, or with host offsets one GEMM per non-empty group.
 static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, int N, int K, const void *A_stored,
-                    Storage a_store, real *const *W, real beta, real *C) {
+                    Storage a_store, real *const *W, real beta, void *C, Storage c_store) {
     int ldb = trans_b ? K : N;
     if (s->counts && !q) {
         size_t stride;
         const real *B = weight_block(W, s->groups, &stride);
         mt_gemm_grouped(0, trans_b, s->groups, s->counts, s->host_counts, N, K, 1, A_stored, a_store, K, B, stride, ldb,
-                        beta, C, N);
+                        beta, C, c_store, N);
         return;
     }
     if (q) {  // the quantized forward overwrites, its input gradient accumulates (onto zeros for beta 0)
         MT_ASSERT(beta == 0 || !trans_b);
-        MT_ASSERT(a_store == STORE_FP32);
+        MT_ASSERT(a_store == STORE_FP32 && c_store == STORE_FP32);
         if (!trans_b && beta == 0) {
             RowSpan r = row_span(s);
             vec_zero(C + (size_t)r.first * N, (size_t)r.total * N);
@@ -89,7 +89,7 @@ static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, in
         int rows = s->offsets[g + 1] - s->offsets[g];
         if (rows > 0)
             mt_gemm_stored(0, trans_b, rows, N, K, 1, storage_at_const(A_stored, a_store, at * K), a_store, K, W[g],
-                           STORE_FP32, ldb, beta, C + at * N, N);
+                           STORE_FP32, ldb, beta, storage_at(C, c_store, at * N), c_store, N);
     }
 }
 
@@ -113,7 +113,7 @@ static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, 
         int rows = s->offsets[g + 1] - s->offsets[g];
         if (rows > 0)
             mt_gemm_stored(1, 0, out, in, rows, 1, dY + at * out, STORE_FP32, out,
-                           storage_at_const(X_stored, x_store, at * in), x_store, in, 1, W[g], in);
+                           storage_at_const(X_stored, x_store, at * in), x_store, in, 1, W[g], STORE_FP32, in);
     }
 }
 
@@ -121,16 +121,17 @@ void experts_recompute_act(real *act, const ExpertActs *acts, const real *row_sc
     int I = s->I;
     RowSpan r = row_span(s);
     size_t first_i = (size_t)r.first * I;
-    swiglu_forward(storage_at(act, acts->act_store, first_i), acts->act_store, acts->gate + first_i,
-                   acts->up + first_i, row_scale ? row_scale + r.first : NULL, r.total, I);
+    Storage gu = acts->gate_up_store;
+    swiglu_forward(storage_at(act, acts->act_store, first_i), acts->act_store, storage_at(acts->gate, gu, first_i),
+                   storage_at(acts->up, gu, first_i), gu, row_scale ? row_scale + r.first : NULL, r.total, I);
 }
 
 void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row_scale, const ExpertWeights *w,
                           const ExpertShape *s) {
     int H = s->H, I = s->I;
     // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
-    project(s, w->quant_gate, 1, I, H, rows_in, s->in_store, w->gate, 0, acts->gate);
-    project(s, w->quant_up, 1, I, H, rows_in, s->in_store, w->up, 0, acts->up);
+    project(s, w->quant_gate, 1, I, H, rows_in, s->in_store, w->gate, 0, acts->gate, acts->gate_up_store);
+    project(s, w->quant_up, 1, I, H, rows_in, s->in_store, w->up, 0, acts->up, acts->gate_up_store);
     experts_recompute_act(acts->act, acts, row_scale, s);
 }
 
@@ -138,7 +139,7 @@ void experts_forward(real *rows_out, ExpertActs *acts, const real *rows_in,
                      const real *row_scale, const ExpertWeights *w, const ExpertShape *s) {
     experts_forward_acts(acts, rows_in, row_scale, w, s);
     // out = act·W_downᵀ: (rows,I) x (H,I)ᵀ
-    project(s, w->quant_down, 1, s->H, s->I, acts->act, acts->act_store, w->down, 0, rows_out);
+    project(s, w->quant_down, 1, s->H, s->I, acts->act, acts->act_store, w->down, 0, rows_out, STORE_FP32);
 }
 
 void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_out, const ExpertActs *acts,
@@ -148,13 +149,14 @@ void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_o
     RowSpan r = row_span(s);
     size_t first_i = (size_t)r.first * I;
     // down projection: dact = dy·W_down (rows,H) x (H,I)
-    project(s, w->quant_down, 0, I, H, drows_out, STORE_FP32, w->down, 0, scratch_dact);
+    project(s, w->quant_down, 0, I, H, drows_out, STORE_FP32, w->down, 0, scratch_dact, STORE_FP32);
+    Storage gu = acts->gate_up_store;
     swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + r.first : NULL,
-                    scratch_dact + first_i, acts->gate + first_i, acts->up + first_i,
+                    scratch_dact + first_i, storage_at(acts->gate, gu, first_i), storage_at(acts->up, gu, first_i), gu,
                     row_scale ? row_scale + r.first : NULL, r.total, I);
     // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
-    project(s, w->quant_gate, 0, H, I, scratch_dgate, STORE_FP32, w->gate, 0, drows_in);
-    project(s, w->quant_up, 0, H, I, scratch_dup, STORE_FP32, w->up, 1, drows_in);
+    project(s, w->quant_gate, 0, H, I, scratch_dgate, STORE_FP32, w->gate, 0, drows_in, STORE_FP32);
+    project(s, w->quant_up, 0, H, I, scratch_dup, STORE_FP32, w->up, 1, drows_in, STORE_FP32);
 }
 
 void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, const ExpertActs *acts,

@@ -42,6 +42,9 @@ typedef struct {
     // how act is stored: STORE_BF16 (--bf16 on the cpu, LayoutPlan.swiglu_act_store) holds it as
     // bf16, the down projection's GEMMs (its only readers) reading the same values
     Storage act_store;
+    // how gate and up are stored: STORE_BF16 (LayoutPlan.gate_up_store) keeps the projections'
+    // results rounded to bf16, as Megatron's bf16 GEMMs return them; SwiGLU reads those values
+    Storage gate_up_store;
 } ExpertActs;
 
 // rows_in (rows,H; stored as s->in_store), row_scale (rows) or NULL -> rows_out (rows,H); fills acts

@@ -23,6 +23,7 @@ typedef struct {
                                    // the pass's shared buffer, not kept per layer (the backward
                                    // recomputes it)
     Storage act_store;             // how the experts keep their SwiGLU product (moe/experts.h)
+    Storage gate_up_store;         // and their gate and up projections (ExpertActs.gate_up_store)
     Storage rows_store;            // and their input rows (LayoutPlan.expert_rows_store: bf16 rows
                                    // travel to the experts' ranks as stored, H even)
     int bf16_rows;                 // the rows and their output gradients travel to the experts'

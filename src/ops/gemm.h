@@ -80,17 +80,23 @@ static inline const void *storage_at_const(const void *x, Storage s, size_t i) {
     return (const char *)x + i * storage_bytes(s);
 }
 
+// A GEMM's C stored as STORE_BF16 (mt_gemm_stored, mt_gemm_grouped; what --bf16 keeps of the
+// FFNs' gate and up projections, as Megatron's bf16 GEMMs return them): the sums run in fp32
+// exactly as for an fp32 C, and each element of the result is then rounded once as bf16_pack
+// rounds. It needs beta 0 (C is overwritten) and ldc == N (C one dense block).
+
 // mt_gemm with A and B stored as a_store and b_store (lda, ldb and the layouts in elements of
-// that storage): the dense FFNs' SwiGLU output under --bf16.
+// that storage) and C as c_store: the dense FFNs' GEMMs under --bf16.
 void mt_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,
-                    const void *B, Storage b_store, int ldb, real beta, real *C, int ldc);
+                    const void *B, Storage b_store, int ldb, real beta, void *C, Storage c_store, int ldc);
 
 // Grouped GEMM, one group per expert, the groups' rows back to back: group g has
 // M_g = counts[g] rows, starting at row r_g = counts[0] + … + counts[g−1]. For g with M_g > 0:
 //   C_g[M_g, N] = alpha * op(A_g) · op(B_g) + beta * C_g
 // where A_g = A + r_g·lda (A_g [M_g, K]), or with trans_a A + r_g (A_g [K, M_g], columns
-// r_g.. of A), A stored as a_store (elements of that storage); B_g = B + g·b_stride, the expert's own [K,N] (or, with trans_b, [N,K])
-// weight, the experts' weights of one kind being one block; C_g = C + r_g·ldc; lda/ldb/ldc
+// r_g.. of A), A stored as a_store (elements of that storage); B_g = B + g·b_stride, the expert's
+// own [K,N] (or, with trans_b, [N,K]) weight, the experts' weights of one kind being one block;
+// C_g = C + r_g·ldc, C stored as c_store (elements of that storage); lda/ldb/ldc
 // as in mt_gemm with M = M_g. counts (groups, each ≥ 0) is tensor memory, read inside the
 // op. Groups with M_g == 0 are skipped (their B_g is not read, their C_g not touched).
 // host_counts: NULL, or host memory holding the same values as counts (the copy the caller
@@ -98,7 +104,7 @@ void mt_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, c
 // (cuBLAS) reads it instead of copying counts back and waiting for them.
 void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
                      int K, real alpha, const void *A, Storage a_store, int lda, const real *B, size_t b_stride,
-                     int ldb, real beta, real *C, int ldc);
+                     int ldb, real beta, void *C, Storage c_store, int ldc);
 
 // Grouped weight gradient, the groups' rows back to back as in mt_gemm_grouped. For g with M_g > 0:
 //   W_g[out, in] += alpha * dY_g^T[out, M_g] · X_g[M_g, in]

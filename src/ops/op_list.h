@@ -32,13 +32,14 @@
        (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                             \
     OP(void, mt_gemm_stored, gemm_stored,                                                                            \
        (int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,         \
-        const void *B, Storage b_store, int ldb, real beta, real *C, int ldc),                                      \
-       (trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc))                           \
+        const void *B, Storage b_store, int ldb, real beta, void *C, Storage c_store, int ldc),                     \
+       (trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc))                  \
     OP(void, mt_gemm_grouped, gemm_grouped,                                                                          \
        (int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N, int K,      \
         real alpha, const void *A, Storage a_store, int lda, const real *B, size_t b_stride, int ldb, real beta,    \
-        real *C, int ldc),                                                                                           \
-       (trans_a, trans_b, groups, counts, host_counts, N, K, alpha, A, a_store, lda, B, b_stride, ldb, beta, C, ldc)) \
+        void *C, Storage c_store, int ldc),                                                                          \
+       (trans_a, trans_b, groups, counts, host_counts, N, K, alpha, A, a_store, lda, B, b_stride, ldb, beta, C,     \
+        c_store, ldc))                                                                                               \
     OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
        (int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha, const real *dY, \
         const void *X, Storage x_store, real *W, size_t w_stride),                                                   \
@@ -84,12 +85,13 @@
        (real *out, real *lse, const real *out_block, const real *lse_block, const AttentionShape *s),            \
        (out, lse, out_block, lse_block, s))                                                                          \
     OP(void, swiglu_forward, swiglu_forward,                                                                         \
-       (void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M, int I),     \
-       (act, act_store, gate, up, row_scale, M, I))                                                                  \
+       (void *act, Storage act_store, const void *gate, const void *up, Storage gu_store, const real *row_scale,    \
+        int M, int I),                                                                                               \
+       (act, act_store, gate, up, gu_store, row_scale, M, I))                                                        \
     OP(void, swiglu_backward, swiglu_backward,                                                                       \
-       (real *dgate, real *dup, real *drow_scale, const real *dact, const real *gate, const real *up,           \
-        const real *row_scale, int M, int I),                                                                        \
-       (dgate, dup, drow_scale, dact, gate, up, row_scale, M, I))                                                    \
+       (real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate, const void *up,           \
+        Storage gu_store, const real *row_scale, int M, int I),                                                      \
+       (dgate, dup, drow_scale, dact, gate, up, gu_store, row_scale, M, I))                                          \
     OP(void, softmax_forward, softmax_forward, (real *y, const real *x, int N, int C), (y, x, N, C))               \
     OP(void, softmax_backward, softmax_backward, (real *dx, const real *y, const real *dy, int N, int C),          \
        (dx, y, dy, N, C))                                                                                            \

@@ -159,13 +159,15 @@ void attention_merge(real *out, real *lse, const real *out_block, const real *ls
                      const AttentionShape *s);
 
 // ---- SwiGLU with an optional per-row scale (the MoE routing prob) --------------------
-// gate, up (M,I), row_scale (M) or NULL -> act (M,I) = silu(gate) · up · row_scale, stored as
-// act_store (gemm.h; STORE_BF16: each value rounded as bf16_pack rounds)
-void swiglu_forward(void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M,
-                    int I);
-// dact (M,I) -> dgate, dup (M,I) overwritten; drow_scale (M) overwritten when non-NULL
-void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
-                     const real *gate, const real *up, const real *row_scale, int M, int I);
+// gate, up (M,I; both stored as gu_store, gemm.h: bf16 values read widened, exactly, so the result
+// is that of their fp32 copies), row_scale (M) or NULL -> act (M,I) = silu(gate) · up · row_scale,
+// stored as act_store (STORE_BF16: each value rounded as bf16_pack rounds)
+void swiglu_forward(void *act, Storage act_store, const void *gate, const void *up, Storage gu_store,
+                    const real *row_scale, int M, int I);
+// dact (M,I) -> dgate, dup (M,I) overwritten; drow_scale (M) overwritten when non-NULL; gate, up
+// stored as gu_store (as swiglu_forward)
+void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate, const void *up,
+                     Storage gu_store, const real *row_scale, int M, int I);
 
 // ---- softmax over the last axis: x (N,C) -> y (N,C) -----------------------------------
 void softmax_forward(real *y, const real *x, int N, int C);

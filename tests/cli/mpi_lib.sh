@@ -133,15 +133,17 @@ rerun_identical() {
     identical "$name" "$case.rerun" "$case"
 }
 
-# bf16_matches_fp32 VAR NAME RANKS BYTES_KEY LO HI FLAGS...: with --bf16 the layout of FLAGS
-# trains bit for bit as with VAR=fp32 (the same losses and gradient norms over the SMALL model's
-# 10 steps): VAR is MOETRON_EXCHANGE (every exchange fp32, model.h model_exchanges_bf16) or
-# MOETRON_ACTIVATIONS (every activation kept fp32, layout.h swiglu_act_store). BYTES_KEY (a JSONL
-# key summed over the steps) then moves LO to HI of its fp32 bytes; "-": no byte check.
+# bf16_matches_fp32 VAR[=VALUE] NAME RANKS BYTES_KEY LO HI FLAGS...: with --bf16 (and VAR=VALUE
+# when given) the layout of FLAGS trains bit for bit as with VAR=fp32 (the same losses and gradient
+# norms over the SMALL model's 10 steps): VAR is MOETRON_EXCHANGE (every exchange fp32, model.h
+# model_exchanges_bf16) or MOETRON_ACTIVATIONS (every activation kept fp32, layout.h). BYTES_KEY (a
+# JSONL key summed over the steps) then moves LO to HI of its fp32 bytes; "-": no byte check.
 bf16_matches_fp32() {
-    local var=$1 name=$2 np=$3 key=$4 lo=$5 hi=$6
+    local var=${1%%=*} first=() name=$2 np=$3 key=$4 lo=$5 hi=$6
+    [ "$var" != "$1" ] && first=("$1")
     shift 6
-    timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" --log-jsonl "$work/$name.jsonl" \
+    env "${first[@]}" timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" \
+        --log-jsonl "$work/$name.jsonl" \
         >"$work/$name.log" 2>&1 || { fail "$name" "mpirun: $(tail -2 "$work/$name.log" | tr '\n' ' ')"; return; }
     env "$var=fp32" timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" \
         --log-jsonl "$work/$name.fp32.jsonl" >"$work/$name.fp32.log" 2>&1 ||

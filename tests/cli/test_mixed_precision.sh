@@ -97,6 +97,16 @@ if worst > 0.01: print(f"bf16 strays {worst:.4f} from fp32")
 PY
 )
 [ -z "$why" ] && ok mixed_bf16_near_fp32 || fail mixed_bf16_near_fp32 "$why"
+# The experts' gate and up projections kept as bf16, as Megatron's bf16 GEMMs return them (the
+# default; MOETRON_ACTIVATIONS=gemm-inputs keeps them fp32): in effect (other steps) and within
+# the rounding of those values (1e-3 over the 10 steps; measured ~1e-5 here).
+run "$work/bf16_gemm_inputs" MOETRON_ACTIVATIONS=gemm-inputs -- --train-iters 10 --bf16 || true
+if [ "$(step_numbers "$work/bf16/log.jsonl")" != "$(step_numbers "$work/bf16_gemm_inputs/log.jsonl")" ]; then
+    ok mixed_bf16_gate_up_in_effect
+else
+    fail mixed_bf16_gate_up_in_effect "gate and up kept fp32 gave the same steps"
+fi
+close mixed_bf16_gate_up_near_kept_fp32 "$work/bf16_gemm_inputs" "$work/bf16" 1e-3
 
 run "$work/bf16_first" -- --train-iters 5 --bf16 && run "$work/bf16_second" -- --train-iters 10 --bf16 --load "$work/bf16_first/ck" || true
 if [ "$(step_numbers "$work/bf16/log.jsonl" | tail -5)" = "$(step_numbers "$work/bf16_second/log.jsonl")" ] &&
@@ -179,6 +189,13 @@ SMALL=("${TINY[@]}" --train-iters 10)
 CASE_RTOL=1e-6
 full mixed_bf16_dp2_frozen run_case mixed_bf16_dp2_frozen 2 -- --seed 3 --bf16 "${FROZEN[@]}"
 run_case mixed_bf16_ep2_frozen 2 --expert-model-parallel-size 2 -- --seed 3 --bf16 "${FROZEN[@]}"
+# tensor- and sequence-parallel with a dense layer and a shared expert: their column-parallel
+# gate and up kept bf16 (measured 2e-6: the row-parallel GEMMs' sums split over the ranks)
+CASE_RTOL=1e-5
+run_case mixed_bf16_tp2_sp_frozen 2 --tensor-model-parallel-size 2 --sequence-parallel \
+    --make-vocab-size-divisible-by 256 -- --seed 3 --bf16 --make-vocab-size-divisible-by 512 --moe-layer-freq "[0,1]" \
+    --moe-shared-expert-intermediate-size 64 "${FROZEN[@]}"
+CASE_RTOL=1e-6
 run_case mixed_fp16_ep2_frozen 2 --expert-model-parallel-size 2 -- --seed 3 --fp16 --initial-loss-scale 4096 "${FROZEN[@]}"
 CASE_RTOL=1e-2
 full mixed_bf16_dp2 run_case mixed_bf16_dp2 2 -- --seed 3 --bf16
@@ -189,16 +206,16 @@ run_case mixed_bf16_ep2 2 --expert-model-parallel-size 2 -- --seed 3 --bf16
 # the counts; a rank sends its own rows one way, the rows it received the other).
 bf16_exchange_exact mixed_bf16_ep2_rows_exact 2 expert_bytes 0.65 0.85 --expert-model-parallel-size 2 --seed 3
 # With --bf16 the routed experts keep their input rows and SwiGLU output as bf16 (only their
-# bf16-input GEMMs read them): the same bits as keeping them fp32 (MOETRON_ACTIVATIONS=fp32), in
-# the layer's own buffers (one process) and in the exchange's (the rows travel as kept), with
-# the recomputation's shared one.
-bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16 1 - 0 1 --seed 3
-bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16_ep2 2 - 0 1 --seed 3 --expert-model-parallel-size 2 \
-    --recompute-granularity selective --recompute-modules moe_act
+# bf16-input GEMMs read them): with MOETRON_ACTIVATIONS=gemm-inputs (those alone), the same bits as
+# keeping them fp32 (MOETRON_ACTIVATIONS=fp32), in the layer's own buffers (one process) and in the
+# exchange's (the rows travel as kept), with the recomputation's shared one.
+bf16_matches_fp32 MOETRON_ACTIVATIONS=gemm-inputs mixed_bf16_act_kept_bf16 1 - 0 1 --seed 3
+bf16_matches_fp32 MOETRON_ACTIVATIONS=gemm-inputs mixed_bf16_act_kept_bf16_ep2 2 - 0 1 --seed 3 \
+    --expert-model-parallel-size 2 --recompute-granularity selective --recompute-modules moe_act
 # ... and every other SwiGLU output: a dense first layer's and a shared expert's (one GEMM per
 # FFN, gemm_stored)
-bf16_matches_fp32 MOETRON_ACTIVATIONS mixed_bf16_act_kept_bf16_dense 1 - 0 1 --seed 3 --moe-layer-freq "[0,1]" \
-    --moe-shared-expert-intermediate-size 64
+bf16_matches_fp32 MOETRON_ACTIVATIONS=gemm-inputs mixed_bf16_act_kept_bf16_dense 1 - 0 1 --seed 3 \
+    --moe-layer-freq "[0,1]" --moe-shared-expert-intermediate-size 64
 full mixed_fp16_ep2 run_case mixed_fp16_ep2 2 --expert-model-parallel-size 2 -- --seed 3 --fp16 --initial-loss-scale 4096
 unset CASE_RTOL
 
@@ -209,11 +226,12 @@ unset CASE_RTOL
 PLAN=(--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --micro-batch-size 4
       --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --vocab-size 1024 --bf16)
 # plan_saving COLUMN FLAGS...: that column (8: activations, 7: expert exchange, MiB) of rank 0's row of
-# `moetron plan FLAGS`, minus the same with MOETRON_ACTIVATIONS=fp32
+# `moetron plan FLAGS` with MOETRON_ACTIVATIONS=$KEPT, minus the same with MOETRON_ACTIVATIONS=$BASE
 plan_saving() {
     local column=$1
     shift
-    python3 - "$column" <("$M" plan "${PLAN[@]}" "$@") <(MOETRON_ACTIVATIONS=fp32 "$M" plan "${PLAN[@]}" "$@") <<'PY'
+    python3 - "$column" <(MOETRON_ACTIVATIONS=$KEPT "$M" plan "${PLAN[@]}" "$@") \
+        <(MOETRON_ACTIVATIONS=$BASE "$M" plan "${PLAN[@]}" "$@") <<'PY'
 import sys
 col = int(sys.argv[1])
 kept, fp32 = (float(next(l for l in open(p) if l.startswith("| 0")).split("|")[col]) for p in sys.argv[2:4])
@@ -226,6 +244,7 @@ check_saving() {
     got=$(plan_saving "$@")
     [ "$got" = "$want" ] && ok "$name" || fail "$name" "the plan saves $got MiB, expected $want"
 }
+KEPT=gemm-inputs BASE=fp32
 check_saving mixed_bf16_act_plan 6.0 8
 check_saving mixed_bf16_act_plan_recompute 4.0 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_act_plan_ep2 8.0 6 --world-size 2 --expert-model-parallel-size 2
@@ -235,7 +254,17 @@ check_saving mixed_bf16_act_plan_dense 5.0 8 --moe-layer-freq "[0,1]" --ffn-hidd
     --moe-shared-expert-intermediate-size 512
 # the cuda backend keeps them fp32: a plan for it saves nothing
 check_saving mixed_bf16_act_plan_cuda 0.0 8 --device cuda
-expect_error mixed_bf16_act_env_typo "MOETRON_ACTIVATIONS=FP32: use fp32 (or unset it)" -- \
+# The gate and up projections kept bf16 too (the default): rows x I x 2 x 2 bytes less per MoE layer
+# (2048 x 512: 4 MiB a layer), the same with moe_act recomputed, 4096 rows a layer in the exchange's
+# bound under EP=2, and a dense layer's and a shared expert's (1024 tokens x 512: 2 MiB each).
+KEPT="" BASE=gemm-inputs
+check_saving mixed_bf16_gate_up_plan 8.0 8
+check_saving mixed_bf16_gate_up_plan_recompute 8.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_gate_up_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
+check_saving mixed_bf16_gate_up_plan_dense 8.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+    --moe-shared-expert-intermediate-size 512
+check_saving mixed_bf16_gate_up_plan_cuda 0.0 8 --device cuda
+expect_error mixed_bf16_act_env_typo "MOETRON_ACTIVATIONS=FP32: use gemm-inputs or fp32 (or unset it)" -- \
     env MOETRON_ACTIVATIONS=FP32 "$M" plan "${PLAN[@]}"
 
 # ---- bad input ------------------------------------------------------------------------------

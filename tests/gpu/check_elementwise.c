@@ -226,38 +226,44 @@ static void check_softmax(int N, int C) {
 
 // ---- SwiGLU --------------------------------------------------------------------------------------
 
-// scaled: a row_scale; want_ds: a drow_scale output (the backward)
-static void check_swiglu(int M, int I, int scaled, int want_ds) {
-    char name[96];
-    snprintf(name, sizeof(name), "swiglu%s%s M=%d I=%d", scaled ? " row_scale" : "", want_ds ? " drow_scale" : "", M, I);
+// scaled: a row_scale; want_ds: a drow_scale output (the backward); gate and up stored as gu_store
+// (the backend under test reads bf16 values, the cpu reference their fp32 copies)
+static void check_swiglu(int M, int I, int scaled, int want_ds, Storage gu_store) {
+    char name[112];
+    snprintf(name, sizeof(name), "swiglu%s%s%s M=%d I=%d", scaled ? " row_scale" : "", want_ds ? " drow_scale" : "",
+             gu_store == STORE_BF16 ? " gate/up bf16-stored" : "", M, I);
     size_t mi = (size_t)M * I;
     float *gate = check_random(mi, -4, 4), *up = check_random(mi, -2, 2), *dact = check_random(mi, -1, 1);
     float *row_scale = scaled ? check_random((size_t)M, 0, 1) : NULL;
-    float *d_gate = check_to_device(gate, mi), *d_up = check_to_device(up, mi), *d_dact = check_to_device(dact, mi);
+    void *d_gate = check_stored_to_device(gate, mi, gu_store), *d_up = check_stored_to_device(up, mi, gu_store);
+    float *d_dact = check_to_device(dact, mi);
     float *d_row_scale = scaled ? check_to_device(row_scale, (size_t)M) : NULL;
     float *d_act = check_device_nan(mi), *d_dgate = check_device_nan(mi), *d_dup = check_device_nan(mi);
     float *d_ds = want_ds ? check_device_nan((size_t)M) : NULL;
 
     float *act = check_random(mi, 0, 1), *dgate = check_random(mi, 0, 1), *dup = check_random(mi, 0, 1);
     float *ds = want_ds ? check_random((size_t)M, 0, 1) : NULL;
-    cpu()->swiglu_forward(act, STORE_FP32, gate, up, row_scale, M, I);
-    cpu()->swiglu_backward(dgate, dup, ds, dact, gate, up, row_scale, M, I);
+    cpu()->swiglu_forward(act, STORE_FP32, gate, up, STORE_FP32, row_scale, M, I);
+    cpu()->swiglu_backward(dgate, dup, ds, dact, gate, up, STORE_FP32, row_scale, M, I);
 
-    under()->swiglu_forward(d_act, STORE_FP32, d_gate, d_up, d_row_scale, M, I);
-    under()->swiglu_backward(d_dgate, d_dup, d_ds, d_dact, d_gate, d_up, d_row_scale, M, I);
+    under()->swiglu_forward(d_act, STORE_FP32, d_gate, d_up, gu_store, d_row_scale, M, I);
+    under()->swiglu_backward(d_dgate, d_dup, d_ds, d_dact, d_gate, d_up, gu_store, d_row_scale, M, I);
     // act stored as bf16 (gemm.h STORE_BF16): each value rounded as bf16_pack rounds, read back
     // through bf16_unpack; one bf16 step apart at most where the fp32 values differ in the last bits
     float *d_act16 = check_device_nan((mi + 1) / 2), *d_act_widened = check_device_nan(mi);
-    under()->swiglu_forward(d_act16, STORE_BF16, d_gate, d_up, d_row_scale, M, I);
+    under()->swiglu_forward(d_act16, STORE_BF16, d_gate, d_up, gu_store, d_row_scale, M, I);
     under()->bf16_unpack(d_act_widened, d_act16, mi);
     float *act_rounded = check_host_copy(act, mi);
     for (size_t i = 0; i < mi; i++) act_rounded[i] = bf16_to_float(bf16_from_float_flushed(act[i]));
 
-    check_compare(name, "act", act, d_act, mi, TOL_FP32);
-    check_compare(name, "act stored bf16", act_rounded, d_act_widened, mi, check_backend() == &check_backend_cpu ? 0 : TOL_BF16);
-    check_compare(name, "dgate", dgate, d_dgate, mi, TOL_FP32);
-    check_compare(name, "dup", dup, d_dup, mi, TOL_FP32);
-    if (want_ds) check_compare(name, "drow_scale", ds, d_ds, (size_t)M, TOL_FP32);
+    // on the cpu, bf16-stored gate and up give the bits of their fp32 copies
+    int on_cpu = check_backend() == &check_backend_cpu;
+    double tol = gu_store == STORE_BF16 && on_cpu ? 0 : TOL_FP32;
+    check_compare(name, "act", act, d_act, mi, tol);
+    check_compare(name, "act stored bf16", act_rounded, d_act_widened, mi, on_cpu ? 0 : TOL_BF16);
+    check_compare(name, "dgate", dgate, d_dgate, mi, tol);
+    check_compare(name, "dup", dup, d_dup, mi, tol);
+    if (want_ds) check_compare(name, "drow_scale", ds, d_ds, (size_t)M, tol);
     check_free_all();
 }
 
@@ -428,7 +434,8 @@ void check_elementwise_ops(void) {
             check_rmsnorm(N, C);
             check_softmax(N, C);
             check_cross_entropy(N, C);
-            for (int variant = 0; variant < 4; variant++) check_swiglu(N, C, variant & 1, variant >> 1);
+            for (int variant = 0; variant < 8; variant++)
+                check_swiglu(N, C, variant & 1, (variant >> 1) & 1, variant >> 2 ? STORE_BF16 : STORE_FP32);
         }
     check_dropout(1, 1, 0.5);
     check_dropout(257, 4097, 0.1);
@@ -442,7 +449,8 @@ void check_elementwise_ops(void) {
     check_rope_layouts();
     // more rows than a grid's y extent (65535): the row loops of the column-tile kernels
     check_embedding(70000, 2, 1000);
-    check_swiglu(70000, 3, 1, 1);
+    check_swiglu(70000, 3, 1, 1, STORE_FP32);
+    check_swiglu(300, 600, 1, 1, STORE_BF16);  // rows longer than the cpu's chunks
     check_cross_entropy(70000, 3);
     check_rope("heads", rope_layout_heads(1, 4), 700, 100, 1);
     for (int i = 0; i < COUNT(lengths); i++)

@@ -61,19 +61,6 @@ static float *to_device(const float *host, int rows, int ld) {
     return check_to_device(host, n ? n : 1);
 }
 
-// An operand of n elements for the backend under test stored as `store` (gemm.h): for
-// STORE_BF16 the host values are first rounded to bf16 in place (bf16_pack's rounding, so the
-// cpu reference reads the same values in fp32) and the device copy holds the bf16 array.
-static void *operand_to_device(float *host, size_t n, Storage store) {
-    if (store == STORE_FP32) return check_to_device(host, n ? n : 1);
-    uint16_t *packed = (uint16_t *)check_random((n + 1) / 2 + 1, 0, 1);
-    for (size_t i = 0; i < n; i++) {
-        packed[i] = bf16_from_float_flushed(host[i]);
-        host[i] = bf16_to_float(packed[i]);
-    }
-    return check_device_bytes(packed, MT_MAX(n, 1) * sizeof(uint16_t));
-}
-
 // ---- one GEMM -----------------------------------------------------------------------------------
 
 typedef struct {
@@ -123,18 +110,18 @@ static void check_gemm_case(const GemmCase *c, const Pass *p) {
 }
 
 // gemm_stored: the backend under test gets A and B stored as a_store and b_store, the cpu
-// reference fp32 copies of the same values (operand_to_device rounds the host values first).
+// reference fp32 copies of the same values (check_stored_to_device rounds the host values first).
 static void check_gemm_stored_case(const GemmCase *c, Storage a_store, Storage b_store, const Pass *p) {
     int lda = a_ld(c), ldb = b_ld(c), ldc = c->N + c->pad;
     float *A = random_matrix(a_rows(c), lda), *B = random_matrix(b_rows(c), ldb);
-    void *dA = operand_to_device(A, (size_t)a_rows(c) * lda, a_store);
-    void *dB = operand_to_device(B, (size_t)b_rows(c) * ldb, b_store);
+    void *dA = check_stored_to_device(A, (size_t)a_rows(c) * lda, a_store);
+    void *dB = check_stored_to_device(B, (size_t)b_rows(c) * ldb, b_store);
     float *C = random_matrix(c->M, ldc);
     if (c->beta == 0) fill_nan(C, c->M, c->N, ldc);
     float *dC = to_device(C, c->M, ldc);
     ops_cpu_backend.gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C, ldc);
     under()->gemm_stored(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, dA, a_store, lda, dB, b_store, ldb,
-                         c->beta, dC, ldc);
+                         c->beta, dC, STORE_FP32, ldc);
     check_finish();
     char what[48], name[160];
     snprintf(what, sizeof(what), "gemm_stored A %s B %s", a_store == STORE_BF16 ? "bf16" : "fp32",
@@ -144,7 +131,45 @@ static void check_gemm_stored_case(const GemmCase *c, Storage a_store, Storage b
     check_free_all();
 }
 
+// The reference's fp32 C rounded as a C stored bf16 keeps it (gemm.h), and how close the backend
+// under test's widened C must come: the same bits on the cpu (the same sums, rounded once), a
+// bf16 step where other sums differ in the last bits.
+static void round_as_bf16(float *C, size_t n) {
+    for (size_t i = 0; i < n; i++) C[i] = bf16_to_float(bf16_from_float_flushed(C[i]));
+}
+static double c_bf16_tol(void) { return check_backend() == &check_backend_cpu ? 0 : TOL_BF16; }
+
+// gemm_stored with C stored as bf16 (beta 0, ldc == N: the case's pad must be 0) and A as a_store.
+static void check_gemm_c_bf16_case(const GemmCase *c, Storage a_store, const Pass *p) {
+    int lda = a_ld(c), ldb = b_ld(c);
+    size_t mn = (size_t)c->M * c->N;
+    float *A = random_matrix(a_rows(c), lda), *B = random_matrix(b_rows(c), ldb), *C = random_matrix(c->M, c->N);
+    void *dA = check_stored_to_device(A, (size_t)a_rows(c) * lda, a_store);
+    float *dB = to_device(B, b_rows(c), ldb), *dC16 = check_device_nan((mn + 1) / 2);
+    ops_cpu_backend.gemm(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, 0, C, c->N);
+    under()->gemm_stored(c->trans_a, c->trans_b, c->M, c->N, c->K, c->alpha, dA, a_store, lda, dB, STORE_FP32, ldb, 0,
+                         dC16, STORE_BF16, c->N);
+    float *got = check_widened_from_device(dC16, mn, STORE_BF16);
+    check_finish();
+    round_as_bf16(C, mn);
+    char what[48], name[160];
+    snprintf(what, sizeof(what), "gemm_stored A %s C bf16", a_store == STORE_BF16 ? "bf16" : "fp32");
+    gemm_case_name(name, sizeof(name), what, c, p);
+    check_compare(name, "C", C, got, mn, c_bf16_tol());
+    check_free_all();
+}
+
 static void check_gemm_stored_all(const Pass *p) {
+    // C stored bf16: several K blocks summed before the rounding (K 300, 600), more rows than a
+    // row block (130), K == 0 (zeros)
+    static const GemmCase c_bf16[] = {
+        {0, 1, 33, 130, 7, 0, 1.0f, 0.0f}, {1, 1, 33, 7, 300, 0, 0.75f, 0.0f}, {0, 0, 130, 33, 600, 0, 1.0f, 0.0f},
+        {0, 1, 7, 33, 0, 0, 1.0f, 0.0f},
+    };
+    for (size_t i = 0; i < sizeof(c_bf16) / sizeof(c_bf16[0]); i++) {
+        check_gemm_c_bf16_case(&c_bf16[i], STORE_FP32, p);
+        check_gemm_c_bf16_case(&c_bf16[i], STORE_BF16, p);
+    }
     static const GemmCase cases[] = {
         {0, 1, 33, 130, 7, 0, 1.0f, 0.0f}, {1, 0, 130, 7, 33, 3, 1.0f, 1.0f}, {0, 0, 7, 33, 130, 1, -0.5f, 0.25f},
         {1, 1, 33, 7, 130, 2, 0.75f, 0.0f},
@@ -269,23 +294,49 @@ static void check_grouped_case(const GroupedCase *c, const Pass *p) {
     size_t stride;
     float *B, *dB;
     float *A = grouped_a(c, unread, &lda);
-    void *dA = operand_to_device(A, (size_t)MT_MAX(c->trans_a ? c->K : e->total, 1) * lda, c->a_store);
+    void *dA = check_stored_to_device(A, (size_t)MT_MAX(c->trans_a ? c->K : e->total, 1) * lda, c->a_store);
     int ldb = grouped_b(c, unread, &stride, &B, &dB);
     int32_t *d_counts = check_ints_to_device(e->rows, (size_t)e->count);
     float *C = random_matrix(e->total + TAIL_ROWS, ldc);
     if (c->beta == 0) fill_nan(C, e->total, c->N, ldc);
     float *dC = to_device(C, e->total + TAIL_ROWS, ldc);
     ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, NULL, c->N, c->K, c->alpha, A, STORE_FP32,
-                                 lda, B, stride, ldb, c->beta, C, ldc);
+                                 lda, B, stride, ldb, c->beta, C, STORE_FP32, ldc);
     // the caller's host copy of the counts (as the experts pass it)
     under()->gemm_grouped(c->trans_a, c->trans_b, e->count, d_counts, e->rows, c->N, c->K, c->alpha, dA, c->a_store,
-                          lda, dB, stride, ldb, c->beta, dC, ldc);
+                          lda, dB, stride, ldb, c->beta, dC, STORE_FP32, ldc);
     check_finish();
     char name[160];
     snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d ld+%d alpha=%g beta=%g%s [%s]",
              trans_name(c->trans_a, c->trans_b), e->count, c->N, c->K, c->pad, c->alpha, c->beta,
              c->a_store == STORE_BF16 ? " A bf16-stored" : "", p->name);
     check_compare(name, "C", C, dC, (size_t)(e->total + TAIL_ROWS) * ldc, p->tol);
+    check_free_all();
+}
+
+// gemm_grouped with C stored as bf16 (beta 0, ldc == N: pad 0), as check_grouped_case otherwise.
+static void check_grouped_c_bf16_case(const GroupedCase *c, const Pass *p) {
+    const Experts *e = c->e;
+    int lda, unread = c->K == 0 || c->alpha == 0;
+    size_t stride, n = (size_t)e->total * c->N;
+    float *B, *dB;
+    float *A = grouped_a(c, unread, &lda);
+    void *dA = check_stored_to_device(A, (size_t)MT_MAX(c->trans_a ? c->K : e->total, 1) * lda, c->a_store);
+    int ldb = grouped_b(c, unread, &stride, &B, &dB);
+    int32_t *d_counts = check_ints_to_device(e->rows, (size_t)e->count);
+    float *C = random_matrix(e->total, c->N), *dC16 = check_device_nan((n + 1) / 2);
+    ops_cpu_backend.gemm_grouped(c->trans_a, c->trans_b, e->count, e->rows, NULL, c->N, c->K, c->alpha, A, STORE_FP32,
+                                 lda, B, stride, ldb, 0, C, STORE_FP32, c->N);
+    under()->gemm_grouped(c->trans_a, c->trans_b, e->count, d_counts, e->rows, c->N, c->K, c->alpha, dA, c->a_store,
+                          lda, dB, stride, ldb, 0, dC16, STORE_BF16, c->N);
+    float *got = check_widened_from_device(dC16, n, STORE_BF16);
+    check_finish();
+    round_as_bf16(C, n);
+    char name[160];
+    snprintf(name, sizeof(name), "gemm_grouped %s %d experts N=%d K=%d alpha=%g C bf16%s [%s]",
+             trans_name(c->trans_a, c->trans_b), e->count, c->N, c->K, c->alpha,
+             c->a_store == STORE_BF16 ? " A bf16-stored" : "", p->name);
+    check_compare(name, "C", C, got, n, c_bf16_tol());
     check_free_all();
 }
 
@@ -313,6 +364,14 @@ static void check_grouped_all(const Pass *p) {
         {1, 0, 33, 0, 2, 1.0f, 0.5f, &few, STORE_BF16},  // K == 0: A unread
     };
     for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++) check_grouped_case(&more[i], p);
+    // C stored as bf16 (the experts' gate and up under --bf16): the forward's NT with A fp32 and
+    // bf16, several K blocks (K 600), every transpose, K == 0 (zeros)
+    const GroupedCase c_bf16[] = {
+        {0, 1, 33, 130, 0, 1.0f, 0.0f, &few, STORE_FP32}, {0, 1, 130, 600, 0, 1.0f, 0.0f, &few, STORE_BF16},
+        {0, 0, 7, 33, 0, -0.5f, 0.0f, &few, STORE_FP32},   {1, 1, 33, 7, 0, 1.0f, 0.0f, &many, STORE_FP32},
+        {1, 0, 33, 0, 0, 1.0f, 0.0f, &few, STORE_BF16},
+    };
+    for (size_t i = 0; i < sizeof(c_bf16) / sizeof(c_bf16[0]); i++) check_grouped_c_bf16_case(&c_bf16[i], p);
 }
 
 static float *from_device(const float *dev, size_t n);
@@ -329,7 +388,7 @@ static void check_wgrad_case(int out, int in, float alpha, Storage x_store, cons
     float *W = random_matrix(e.count * out, in), *dW = to_device(W, e.count * out, in);
     float *dY = random_matrix(e.total, out), *X = random_matrix(e.total, in);
     float *d_dY = to_device(dY, e.total, out);
-    void *d_X = operand_to_device(X, (size_t)e.total * in, x_store);
+    void *d_X = check_stored_to_device(X, (size_t)e.total * in, x_store);
     int32_t *d_counts = check_ints_to_device(e.rows, (size_t)e.count);
     ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, NULL, out, in, alpha, dY, X, STORE_FP32, W, stride);
     // the counts read by the backend from tensor memory
@@ -449,8 +508,8 @@ static void check_repeatable(const Pass *p) {
     size_t ng = (size_t)e.total * N;
     float *g1 = check_device_nan(ng), *g2 = check_device_nan(ng);
     // once reading the counts from tensor memory, once from the host copy: the same bits
-    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g1, N);
-    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g2, N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g1, STORE_FP32, N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g2, STORE_FP32, N);
     check_finish();
     int same_gemm = memcmp(from_device(c1, M * N), from_device(c2, M * N), sizeof(float) * M * N) == 0;
     int same_grouped = memcmp(from_device(g1, ng), from_device(g2, ng), sizeof(float) * ng) == 0;

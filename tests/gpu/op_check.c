@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/float_formats.h"
 #if defined(MT_HAVE_CUDA) && !defined(MT_DOUBLE)
 #include "ops/cuda/cuda_ops.h"
 #endif
@@ -133,6 +134,23 @@ void *check_device_bytes(const void *host, size_t bytes) {
 }
 
 float *check_to_device(const float *host, size_t n) { return check_device_bytes(host, n * sizeof(float)); }
+
+void *check_stored_to_device(float *host, size_t n, Storage store) {
+    if (store == STORE_FP32) return check_to_device(host, n);
+    uint16_t *packed = (uint16_t *)check_random((n + 1) / 2 + 1, 0, 1);
+    for (size_t i = 0; i < n; i++) {
+        packed[i] = bf16_from_float_flushed(host[i]);
+        host[i] = bf16_to_float(packed[i]);
+    }
+    return check_device_bytes(packed, (n ? n : 1) * sizeof(uint16_t));
+}
+
+float *check_widened_from_device(const void *stored, size_t n, Storage store) {
+    if (store == STORE_FP32) return (float *)stored;
+    float *widened = check_device_nan(n);
+    under()->bf16_unpack(widened, stored, n);
+    return widened;
+}
 int32_t *check_ints_to_device(const int32_t *host, size_t n) { return check_device_bytes(host, n * sizeof(int32_t)); }
 
 float *check_device_nan(size_t n) {

@@ -63,6 +63,13 @@ int32_t *check_ints_to_device(const int32_t *host, size_t n);
 float *check_device_nan(size_t n);                       // n NaNs: for outputs the op overwrites
 int32_t *check_device_unset_ints(size_t n);              // n × −1: for integer outputs the op overwrites
 void *check_device_bytes(const void *host, size_t bytes);  // a copy of any host block
+// n elements for the backend under test stored as `store` (gemm.h): for STORE_BF16 the host
+// values are first rounded to bf16 in place (bf16_pack's rounding, so the cpu reference reads the
+// same values in fp32) and the copy holds the bf16 array.
+void *check_stored_to_device(float *host, size_t n, Storage store);
+// An op's output of n elements stored as `store`, as fp32 of the backend under test: itself, or
+// its bf16 values widened (bf16_unpack) into a new buffer.
+float *check_widened_from_device(const void *stored, size_t n, Storage store);
 // Compares a result of the backend under test with the cpu result; prints one line
 // (name, error, PASS/FAIL), counts it, and returns 1 when it passed.
 int check_compare(const char *check, const char *output, const float *cpu, const float *test_result, size_t n,

@@ -299,7 +299,7 @@ static void test_grouped(void) {
             memcpy(C0, C, (total + TAIL) * N * sizeof(real));
             for (int g = 0; g < G; g++) fill_random(W + g * stride, stride, 20 + g);
             int ldb = tb ? K : N;
-            mt_gemm_grouped(0, tb, G, rows, NULL, N, K, (real)1.5, A, STORE_FP32, K, W, stride, ldb, (real)0.5, C, N);
+            mt_gemm_grouped(0, tb, G, rows, NULL, N, K, (real)1.5, A, STORE_FP32, K, W, stride, ldb, (real)0.5, C, STORE_FP32, N);
             double *ref = mt_malloc((size_t)40 * N * sizeof(double));
             double *scale = mt_malloc((size_t)40 * N * sizeof(double));
             for (int g = 0; g < G; g++) {

@@ -374,7 +374,7 @@ static void test_grouped_equals_one_by_one(void) {
             omp_set_num_threads(2);
             memcpy(C, C0, total * N * sizeof(real));
             memcpy(dW, dW0, G * stride * sizeof(real));
-            mt_gemm_grouped(0, 1, G, rows, NULL, N, K, alpha, A, STORE_FP32, K, W, stride, K, beta, C, N);
+            mt_gemm_grouped(0, 1, G, rows, NULL, N, K, alpha, A, STORE_FP32, K, W, stride, K, beta, C, STORE_FP32, N);
             mt_gemm_grouped_wgrad(G, rows, NULL, N, K, alpha, C0, A, STORE_FP32, dW, stride);
             char what[96];
             snprintf(what, sizeof what, "grouped, %s, alpha %g", mt_gemm_kernel(), (double)alpha);
@@ -421,12 +421,12 @@ static void test_bf16_storage_gives_fp32_bits(void) {
                 if (trans_a) {
                     int32_t one[1] = {(int32_t)total};  // one group: A_g is all of A
                     mt_gemm_grouped(1, 1, 1, one, NULL, N, K, (real)1.5, A, STORE_FP32, lda, W, stride, K, (real)0.5,
-                                    want, N);
+                                    want, STORE_FP32, N);
                     mt_gemm_grouped(1, 1, 1, one, NULL, N, K, (real)1.5, A16, STORE_BF16, lda, W, stride, K, (real)0.5,
-                                    C, N);
+                                    C, STORE_FP32, N);
                 } else {
-                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, lda, W, stride, K, 0, want, N);
-                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, lda, W, stride, K, 0, C, N);
+                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, lda, W, stride, K, 0, want, STORE_FP32, N);
+                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, lda, W, stride, K, 0, C, STORE_FP32, N);
                 }
                 char what[96];
                 snprintf(what, sizeof what, "bf16-stored A, %s, trans_a %d, values %d", mt_gemm_kernel(), trans_a, kind);
@@ -446,10 +446,55 @@ static void test_bf16_storage_gives_fp32_bits(void) {
     mt_gemm_set_inputs(GEMM_INPUTS_FP32);
     fill(A, n_a, VALUES_RANDOM, 31);
     for (size_t i = 0; i < n_a; i++) A16[i] = bf16_from_float_flushed(A[i]);
-    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, K, W, stride, K, 0, want, N);
-    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, K, W, stride, K, 0, C, N);
+    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, K, W, stride, K, 0, want, STORE_FP32, N);
+    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, K, W, stride, K, 0, C, STORE_FP32, N);
     CHECK(memcmp(C, want, total * N * sizeof(real)) != 0, "fp32 GEMM inputs: bf16 storage changed nothing");
     free(A), free(W), free(A16), free(C0), free(want), free(C), free(dW_want), free(dW);
+}
+
+// A C stored as bf16 (gemm.h: the FFNs' gate and up under --bf16) holds each element of the fp32
+// C rounded once (bf16_from_float_flushed), bit for bit, on every kernel (fp32 inputs too), for
+// mt_gemm_stored in each transpose (several K blocks, more rows than a row block, more columns
+// than a column block) and mt_gemm_grouped; every element written.
+static void test_bf16_output_is_rounded_fp32(void) {
+    static const char *const kernels[] = {"amx", "avx512-bf16", "emulated", NULL};  // NULL: fp32 inputs
+    enum { M = 300, N = 600, K = 600, G = 3 };
+    const int32_t rows[G] = {130, 0, 170};
+    real *A = mt_malloc((size_t)M * K * sizeof(real)), *B = mt_malloc((size_t)G * K * N * sizeof(real));
+    real *want = mt_malloc((size_t)M * N * sizeof(real));
+    uint16_t *C16 = mt_malloc((size_t)M * N * sizeof(uint16_t));
+    fill(A, (size_t)M * K, VALUES_RANDOM, 51), fill(B, (size_t)G * K * N, VALUES_RANDOM, 52);
+    for (int k = 0; k < 4; k++) {
+        mt_gemm_set_inputs(kernels[k] ? GEMM_INPUTS_BF16 : GEMM_INPUTS_FP32);
+        if (kernels[k]) mt_gemm_use_bf16_kernel(kernels[k]);
+        for (int t = 0; t <= 4; t++) {  // t < 4: mt_gemm_stored with trans_a = t >> 1, trans_b = t & 1
+            int ta = t >> 1, tb = t & 1, grouped = t == 4;
+            if (grouped) {
+                mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, K, B, (size_t)K * N, K, 0, want,
+                                STORE_FP32, N);
+                memset(C16, 0xff, (size_t)M * N * sizeof(uint16_t));
+                mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, K, B, (size_t)K * N, K, 0, C16,
+                                STORE_BF16, N);
+            } else {
+                int lda = ta ? M : K, ldb = tb ? K : N;
+                mt_gemm(ta, tb, M, N, K, (real)0.75, A, lda, B, ldb, 0, want, N);
+                memset(C16, 0xff, (size_t)M * N * sizeof(uint16_t));
+                mt_gemm_stored(ta, tb, M, N, K, (real)0.75, A, STORE_FP32, lda, B, STORE_FP32, ldb, 0, C16, STORE_BF16,
+                               N);
+            }
+            int bad = 0;
+            for (size_t i = 0; i < (size_t)M * N && !bad; i++) {
+                if (C16[i] == bf16_from_float_flushed(want[i])) continue;
+                CHECK(0, "C stored bf16, %s, %s: element %zu is 0x%04x, expected 0x%04x from %.9g", mt_gemm_kernel(),
+                      grouped ? "grouped" : ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"), i, C16[i],
+                      bf16_from_float_flushed(want[i]), (double)want[i]);
+                bad = 1;
+            }
+        }
+    }
+    mt_gemm_use_bf16_kernel(NULL);
+    mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+    free(A), free(B), free(want), free(C16);
 }
 
 // Switching to bf16 and back (as the router does around its GEMMs) gives fp32's bits again,
@@ -478,6 +523,7 @@ int main(void) {
     RUN(test_transposes_agree);
     RUN(test_grouped_equals_one_by_one);
     RUN(test_bf16_storage_gives_fp32_bits);
+    RUN(test_bf16_output_is_rounded_fp32);
     RUN(test_switching_back_to_fp32);
     return tl_failed_cases != 0;
 }

@@ -237,45 +237,69 @@ static void swiglu_chunk(void *to, Storage store, const real *g, const real *u, 
     for (int i = 0; i < n; i++) a[i] = bf16_from_float_flushed(g[i] * sg[i] * u[i] * scale);
 }
 
-void cpu_swiglu_forward(void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M,
-                        int I) {
+// Elements at .. at + n of x stored as `store` as reals: x's own when fp32, else widened
+// (exactly) into wide.
+static const real *reals_at(real *wide, const void *x, Storage store, size_t at, int n) {
+    if (store == STORE_FP32) return (const real *)x + at;
+    const uint16_t *h = (const uint16_t *)x + at;
+    for (int i = 0; i < n; i++) wide[i] = (real)bf16_to_float(h[i]);
+    return wide;
+}
+
+void cpu_swiglu_forward(void *act, Storage act_store, const void *gate, const void *up, Storage gu_store,
+                        const real *row_scale, int M, int I) {
     PROF_SCOPE(PROF_ACTIVATION);
     int N = M;
     PARALLEL_ROWS
     for (int m = 0; m < M; m++) {
-        real scale = row_scale ? row_scale[m] : 1;
+        real scale = row_scale ? row_scale[m] : 1, g_wide[SWIGLU_CHUNK], u_wide[SWIGLU_CHUNK];
         for (int c = 0; c < I; c += SWIGLU_CHUNK) {
             size_t at = (size_t)m * I + c;
-            swiglu_chunk(storage_at(act, act_store, at), act_store, gate + at, up + at, scale,
-                         MT_MIN(SWIGLU_CHUNK, I - c));
+            int n = MT_MIN(SWIGLU_CHUNK, I - c);
+            swiglu_chunk(storage_at(act, act_store, at), act_store, reals_at(g_wide, gate, gu_store, at, n),
+                         reals_at(u_wide, up, gu_store, at, n), scale, n);
         }
     }
 }
 
+// One row of swiglu_backward: dg, du (I) overwritten, *ds when ds; g and u stored as gu_store,
+// u_row (I reals) holding the row of u as reals (u's own when fp32, a buffer to widen it into
+// otherwise).
+static void swiglu_backward_row(real *dg_row, real *du_row, real *ds, const real *da_row, const void *gate,
+                                const void *up, Storage gu_store, size_t row, real *u_row, real scale, int I) {
+    real sg[SWIGLU_CHUNK], g_wide[SWIGLU_CHUNK];
+    const real *u_all = reals_at(u_row, up, gu_store, row, I);
+    for (int c = 0; c < I; c += SWIGLU_CHUNK) {
+        int n = MT_MIN(SWIGLU_CHUNK, I - c);
+        const real *g = reals_at(g_wide, gate, gu_store, row + c, n), *u = u_all + c, *da = da_row + c;
+        real *dg = dg_row + c, *du = du_row + c;
+        sigmoid_chunk(sg, g, n);
+        for (int i = 0; i < n; i++) {
+            real silu = g[i] * sg[i];
+            dg[i] = da[i] * u[i] * scale * sg[i] * (1 + g[i] * (1 - sg[i]));
+            du[i] = da[i] * silu;  // · scale below, once ds has used it
+        }
+    }
+    if (ds) *ds = (real)row_dot(du_row, u_all, I);
+    for (int i = 0; i < I; i++) du_row[i] *= scale;
+}
+
 // act = silu(g)·u·s with silu'(g) = σ(g)(1 + g(1 − σ(g))):
 //   dg = dact·u·s·silu'(g);  du = dact·silu(g)·s;  ds = Σ_i dact·silu(g)·u
-void cpu_swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact,
-                     const real *gate, const real *up, const real *row_scale, int M, int I) {
+void cpu_swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate, const void *up,
+                         Storage gu_store, const real *row_scale, int M, int I) {
     PROF_SCOPE(PROF_ACTIVATION);
     int N = M;
-    PARALLEL_ROWS
-    for (int m = 0; m < M; m++) {
-        real scale = row_scale ? row_scale[m] : 1, sg[SWIGLU_CHUNK];
-        for (int c = 0; c < I; c += SWIGLU_CHUNK) {
-            int n = MT_MIN(SWIGLU_CHUNK, I - c);
-            size_t at = (size_t)m * I + c;
-            const real *g = gate + at, *u = up + at, *da = dact + at;
-            real *dg = dgate + at, *du = dup + at;
-            sigmoid_chunk(sg, g, n);
-            for (int i = 0; i < n; i++) {
-                real silu = g[i] * sg[i];
-                dg[i] = da[i] * u[i] * scale * sg[i] * (1 + g[i] * (1 - sg[i]));
-                du[i] = da[i] * silu;  // · scale below, once ds has used it
-            }
+#pragma omp parallel if (N > 16)
+    {
+        real *u_row = gu_store == STORE_FP32 ? NULL : mt_malloc((size_t)I * sizeof(real));
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            size_t row = (size_t)m * I;
+            swiglu_backward_row(dgate + row, dup + row, drow_scale ? drow_scale + m : NULL, dact + row, gate, up,
+                                gu_store, row, u_row, row_scale ? row_scale[m] : 1, I);
         }
-        real *du = dup + (size_t)m * I;
-        if (drow_scale) drow_scale[m] = (real)row_dot(du, up + (size_t)m * I, I);
-        for (int i = 0; i < I; i++) du[i] *= scale;
+        free(u_row);
     }
 }
 

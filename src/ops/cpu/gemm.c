@@ -86,7 +86,8 @@ typedef struct {
     const void *B;
     Storage b_store;
     size_t b_ks, b_cs;
-    real *C;
+    void *C;
+    Storage c_store;  // STORE_BF16: beta 0, and each K pass sums into a staging block (gemm_rect)
     size_t ldc;
     const struct GemmKernel *kernel;
 } GemmProblem;
@@ -389,18 +390,33 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
 // in cache, instead of one trip through memory per K block.
 #define B_GROUP_BYTES ((size_t)1 << 20)
 
+// C[ic:ic+mc, jc:jc+nc] (stored bf16) <- the staging block's fp32 sums (rows ld apart), each
+// rounded as bf16_pack rounds.
+static void store_bf16_block(const GemmProblem *p, int ic, int mc, int jc, int nc, const real *staging, size_t ld) {
+    for (int i = 0; i < mc; i++) {
+        uint16_t *c = (uint16_t *)p->C + (size_t)(ic + i) * p->ldc + jc;
+        const real *s = staging + (size_t)i * ld;
+        for (int j = 0; j < nc; j++) c[j] = bf16_from_float_flushed((float)s[j]);
+    }
+}
+
 // The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only. Each element
 // still takes its K blocks in order (gemm.h): only which C rows are visited between two
-// K blocks changes.
+// K blocks changes. A C stored bf16 takes every K block of a block of rows in one pass (all
+// of K's packed B at once), summed into a staging block of fp32 and rounded into C after the
+// last one.
 static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
     const GemmKernel *kern = p->kernel;
     int mb = MT_MIN(kern->mc, m1 - m0), nb = MT_MIN(NC, n1 - n0), kb = MT_MIN(KC, p->K);
+    int staged = p->c_store == STORE_BF16;
     size_t lane_bytes = panel_depth(kern, kb) * kern->elem_bytes;
     size_t b_block = (size_t)ceil_div(nb, kern->nr) * kern->nr * lane_bytes;  // one K block of B
-    int group = (int)MT_MAX(1, MT_MIN((size_t)ceil_div(p->K, KC), B_GROUP_BYTES / b_block));
-    void *a_raw, *b_raw;
+    int k_blocks = ceil_div(p->K, KC);
+    int group = staged ? k_blocks : (int)MT_MAX(1, MT_MIN((size_t)k_blocks, B_GROUP_BYTES / b_block));
+    void *a_raw, *b_raw, *s_raw = NULL;
     char *Ap = alloc_aligned((size_t)ceil_div(mb, kern->mr) * kern->mr * lane_bytes, &a_raw);
     char *Bp = alloc_aligned(group * b_block, &b_raw);
+    real *staging = staged ? alloc_aligned((size_t)mb * nb * sizeof(real), &s_raw) : NULL;
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = MT_MIN(NC, n1 - jc);
         for (int pg = 0; pg < p->K; pg += group * KC) {
@@ -408,18 +424,21 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
             for (int pc = pg; pc < pend; pc += KC) pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block);
             for (int ic = m0; ic < m1; ic += kern->mc) {
                 int mc = MT_MIN(kern->mc, m1 - ic);
+                real *c = staged ? staging : (real *)p->C + (size_t)ic * p->ldc + jc;
+                size_t ldc = staged ? (size_t)nb : p->ldc;
                 for (int pc = pg; pc < pend; pc += KC) {
                     int kc = MT_MIN(KC, p->K - pc);
                     real beta = pc == 0 ? p->beta : (real)1;
                     pack_a(p, ic, mc, pc, kc, Ap);
-                    macro_kernel(kern, mc, nc, kc, Ap, Bp + (pc - pg) / KC * b_block, p->C + (size_t)ic * p->ldc + jc,
-                                 p->ldc, p->alpha, beta);
+                    macro_kernel(kern, mc, nc, kc, Ap, Bp + (pc - pg) / KC * b_block, c, ldc, p->alpha, beta);
                 }
+                if (staged) store_bf16_block(p, ic, mc, jc, nc, staging, ldc);
             }
         }
     }
     free(a_raw);
     free(b_raw);
+    free(s_raw);
 }
 
 // ---------------------------------------------------------------------------
@@ -626,25 +645,36 @@ const char *mt_gemm_kernel(void) {
 
 // Whether kern's GEMMs on operands stored as a_store, b_store go to OpenBLAS (fp32 operands
 // and inputs when it is the backend).
-static int uses_blas(const GemmKernel *kern, Storage a_store, Storage b_store) {
+static int uses_blas(const GemmKernel *kern, Storage a_store, Storage b_store, Storage c_store) {
 #ifdef MT_HAVE_CBLAS
-    return kern == &KERNEL_FP32 && a_store == STORE_FP32 && b_store == STORE_FP32 && backend_get() == BACKEND_BLAS;
+    return kern == &KERNEL_FP32 && a_store == STORE_FP32 && b_store == STORE_FP32 && c_store == STORE_FP32 &&
+           backend_get() == BACKEND_BLAS;
 #else
-    (void)kern, (void)a_store, (void)b_store;
+    (void)kern, (void)a_store, (void)b_store, (void)c_store;
     return 0;
 #endif
+}
+
+// C[M,N] stored as c_store = beta * C (gemm.h: a bf16 C has beta 0: zeros).
+static void scale_c_stored(int M, int N, real beta, void *C, Storage c_store, size_t ldc) {
+    if (c_store == STORE_FP32) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    for (int i = 0; i < M; i++) memset((uint16_t *)C + (size_t)i * ldc, 0, (size_t)N * sizeof(uint16_t));
 }
 
 // C = alpha op(A) op(B) + beta C: the cases with nothing to multiply (M or N 0: nothing; K 0
 // or alpha 0: C = beta·C) done here (returns 0), else *p is the problem for kern (returns 1).
 static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K,
                         real alpha, const void *A, Storage a_store, int lda, const void *B, Storage b_store, int ldb,
-                        real beta, real *C, int ldc) {
+                        real beta, void *C, Storage c_store, int ldc) {
     MT_ASSERT(M >= 0 && N >= 0 && K >= 0);
     if (M == 0 || N == 0) return 0;
     MT_ASSERT(ldc >= N);
+    MT_ASSERT(c_store == STORE_FP32 || (beta == 0 && ldc == N));
     if (K == 0 || alpha == 0) {
-        scale_c(M, N, beta, C, (size_t)ldc);
+        scale_c_stored(M, N, beta, C, c_store, (size_t)ldc);
         return 0;
     }
     MT_ASSERT(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N));
@@ -652,7 +682,7 @@ static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int
         .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
         .A = A, .a_store = a_store, .a_rs = trans_a ? 1 : (size_t)lda, .a_ks = trans_a ? (size_t)lda : 1,
         .B = B, .b_store = b_store, .b_ks = trans_b ? 1 : (size_t)ldb, .b_cs = trans_b ? (size_t)ldb : 1,
-        .C = C, .ldc = (size_t)ldc, .kernel = kern,
+        .C = C, .c_store = c_store, .ldc = (size_t)ldc, .kernel = kern,
     };
     return 1;
 }
@@ -660,13 +690,14 @@ static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int
 // C = alpha op(A) op(B) + beta C with kern's tiles (OpenBLAS for fp32 when it is chosen).
 static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K, real alpha,
                       const void *A, Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta,
-                      real *C, int ldc) {
+                      void *C, Storage c_store, int ldc) {
     PROF_SCOPE(PROF_GEMM);
     GemmProblem p;
-    if (!gemm_prepare(&p, kern, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc))
+    if (!gemm_prepare(&p, kern, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store,
+                      ldc))
         return;
 #ifdef MT_HAVE_CBLAS
-    if (uses_blas(kern, a_store, b_store)) {
+    if (uses_blas(kern, a_store, b_store, c_store)) {
         gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
@@ -676,12 +707,13 @@ static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, i
 
 void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
              const real *B, int ldb, real beta, real *C, int ldc) {
-    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, ldc);
+    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, STORE_FP32,
+              ldc);
 }
 
 void cpu_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,
-                     const void *B, Storage b_store, int ldb, real beta, real *C, int ldc) {
-    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc);
+                     const void *B, Storage b_store, int ldb, real beta, void *C, Storage c_store, int ldc) {
+    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
 }
 
 // ---------------------------------------------------------------------------
@@ -752,14 +784,14 @@ typedef struct {
 } GroupedRun;
 
 static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A,
-                        Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta, real *C,
-                        int ldc) {
-    if (uses_blas(g_kernel, a_store, b_store)) {
-        gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, ldc);
+                        Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta, void *C,
+                        Storage c_store, int ldc) {
+    if (uses_blas(g_kernel, a_store, b_store, c_store)) {
+        gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
         return;
     }
     if (gemm_prepare(&run->probs[run->count], g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store,
-                     ldb, beta, C, ldc))
+                     ldb, beta, C, c_store, ldc))
         run->count++;
 }
 
@@ -771,7 +803,7 @@ static void grouped_finish(GroupedRun *run) {
 // host_counts is not needed here: the cpu reads counts itself.
 void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
                       int K, real alpha, const void *A, Storage a_store, int lda, const real *B, size_t b_stride,
-                      int ldb, real beta, real *C, int ldc) {
+                      int ldb, real beta, void *C, Storage c_store, int ldc) {
     PROF_SCOPE(PROF_GEMM);
     GroupedRun run = {mt_malloc((size_t)MT_MAX(groups, 1) * sizeof(GemmProblem)), 0};
     size_t first = 0;  // the group's first row
@@ -781,7 +813,8 @@ void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *count
         if (rows > 0)
             grouped_add(&run, trans_a, trans_b, rows, N, K, alpha,
                         storage_at_const(A, a_store, first * (trans_a ? 1 : (size_t)lda)), a_store, lda,
-                        B + (size_t)g * b_stride, STORE_FP32, ldb, beta, C + first * ldc, ldc);
+                        B + (size_t)g * b_stride, STORE_FP32, ldb, beta, storage_at(C, c_store, first * ldc), c_store,
+                        ldc);
         first += (size_t)rows;
     }
     grouped_finish(&run);
@@ -798,7 +831,8 @@ void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *ho
         // W_g[out, in] += alpha * (dY_g[rows, out])^T · X_g[rows, in]
         if (rows > 0)
             grouped_add(&run, 1, 0, out, in, rows, alpha, dY + first * out, STORE_FP32, out,
-                        storage_at_const(X, x_store, first * in), x_store, in, (real)1, W + (size_t)g * w_stride, in);
+                        storage_at_const(X, x_store, first * in), x_store, in, (real)1, W + (size_t)g * w_stride,
+                        STORE_FP32, in);
         first += (size_t)rows;
     }
     grouped_finish(&run);

@@ -81,5 +81,13 @@ static inline void *scratch_reserve(CudaScratch *s, size_t bytes) {
     }
     return s->ptr;
 }
+// The n elements at x, stored as `store` (gemm.h), as fp32 in device memory: x itself, or
+// widened (exactly) into *s when bf16.
+static inline const float *scratch_widened(CudaScratch *s, const void *x, Storage store, size_t n) {
+    if (store == STORE_FP32) return (const float *)x;
+    float *widened = (float *)scratch_reserve(s, (n ? n : 1) * sizeof(float));
+    cuda_bf16_unpack(widened, (const float *)x, n);
+    return widened;
+}
 // Offsets into a scratch block, each part aligned to 256 bytes.
 static inline size_t scratch_align(size_t bytes) { return (bytes + 255) & ~(size_t)255; }

@@ -191,9 +191,14 @@ __global__ void swiglu_forward_kernel(float *act32, uint16_t *act16, const float
     }
 }
 
-void cuda_swiglu_forward(void *act, Storage act_store, const real *gate, const real *up, const real *row_scale, int M,
-                         int I) {
+// gate and up stored as bf16 (gemm.h Storage) are widened, exactly, into these first.
+static CudaScratch widened_gate, widened_up;
+
+void cuda_swiglu_forward(void *act, Storage act_store, const void *gate_stored, const void *up_stored,
+                         Storage gu_store, const real *row_scale, int M, int I) {
     if (M <= 0 || I <= 0) return;
+    const float *gate = scratch_widened(&widened_gate, gate_stored, gu_store, (size_t)M * I);
+    const float *up = scratch_widened(&widened_up, up_stored, gu_store, (size_t)M * I);
     unsigned threads = row_threads(I, ROW_MAX_THREADS);
     float *act32 = act_store == STORE_FP32 ? (float *)act : NULL;
     swiglu_forward_kernel<<<tile_rows_grid(M, I, threads), threads, 0, cuda_stream()>>>(act32, (uint16_t *)act, gate,
@@ -223,13 +228,15 @@ __global__ void swiglu_backward_kernel(float *dgate, float *dup, float *drow_sca
     }
 }
 
-void cuda_swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact, const real *gate,
-                          const real *up, const real *row_scale, int M, int I) {
+void cuda_swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate_stored,
+                          const void *up_stored, Storage gu_store, const real *row_scale, int M, int I) {
     if (M <= 0) return;
     if (I <= 0) {  // an empty row still has its (zero) row-scale gradient
         if (drow_scale) cuda_vec_zero(drow_scale, (size_t)M);
         return;
     }
+    const float *gate = scratch_widened(&widened_gate, gate_stored, gu_store, (size_t)M * I);
+    const float *up = scratch_widened(&widened_up, up_stored, gu_store, (size_t)M * I);
     unsigned threads = row_threads(I, ROW_MAX_THREADS);
     swiglu_backward_kernel<<<M, threads, 0, cuda_stream()>>>(dgate, dup, drow_scale, dact, gate, up, row_scale,
                                                              I);

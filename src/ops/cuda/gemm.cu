@@ -261,16 +261,19 @@ static void batch_run(int count, float alpha, float beta) {
 // ---- operands stored as bf16 (gemm.h Storage) ----------------------------------------------------
 
 // cuBLAS takes A and B of one type, so a bf16-stored operand is widened (exactly) into one of
-// these buffers first (A's, B's) and the GEMM runs as on fp32 storage.
-static CudaScratch widened_a, widened_b;
+// these buffers first (A's, B's) and the GEMM runs as on fp32 storage; a bf16-stored C is
+// summed into the third and rounded into C after.
+static CudaScratch widened_a, widened_b, staged_c;
 
-// The operand at x (stored as `store`, its first n elements) as fp32 in device memory (widened
-// into *scratch when bf16).
-static const float *operand_fp32(CudaScratch *scratch, const void *x, Storage store, size_t n) {
-    if (store == STORE_FP32) return (const float *)x;
-    float *widened = (float *)scratch_reserve(scratch, MT_MAX(n, (size_t)1) * sizeof(float));
-    cuda_bf16_unpack(widened, (const float *)x, n);
-    return widened;
+// Where a GEMM with C stored as c_store (gemm.h: bf16 needs beta 0 and ldc == N) writes its n
+// fp32 results: C itself, or the staging block that c_stored_finish rounds into C.
+static float *c_fp32(void *C, Storage c_store, size_t n) {
+    if (c_store == STORE_FP32) return (float *)C;
+    return (float *)scratch_reserve(&staged_c, MT_MAX(n, (size_t)1) * sizeof(float));
+}
+
+static void c_stored_finish(void *C, Storage c_store, const float *staged, size_t n) {
+    if (c_store == STORE_BF16) cuda_bf16_pack((float *)C, staged, n);
 }
 
 // Elements a row-major operand [rows, cols] with leading dimension ld spans (0 when empty).
@@ -278,13 +281,18 @@ static size_t operand_extent(size_t rows, size_t cols, size_t ld) { return rows 
 
 // mt_gemm_stored: each bf16-stored operand widened (only when the GEMM reads them), then cuda_gemm.
 void cuda_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A_stored, Storage a_store,
-                      int lda, const void *B_stored, Storage b_store, int ldb, real beta, real *C, int ldc) {
+                      int lda, const void *B_stored, Storage b_store, int ldb, real beta, void *C_stored,
+                      Storage c_store, int ldc) {
+    MT_ASSERT(c_store == STORE_FP32 || (beta == 0 && ldc == N));
     int reads = M > 0 && N > 0 && K > 0 && alpha != 0;  // else gemm.h reads neither operand
     size_t a_n = trans_a ? operand_extent(K, M, lda) : operand_extent(M, K, lda);
     size_t b_n = trans_b ? operand_extent(N, K, ldb) : operand_extent(K, N, ldb);
-    const float *A = operand_fp32(&widened_a, A_stored, a_store, reads ? a_n : 0);
-    const float *B = operand_fp32(&widened_b, B_stored, b_store, reads ? b_n : 0);
+    const float *A = scratch_widened(&widened_a, A_stored, a_store, reads ? a_n : 0);
+    const float *B = scratch_widened(&widened_b, B_stored, b_store, reads ? b_n : 0);
+    size_t c_n = M > 0 && N > 0 ? (size_t)M * N : 0;
+    float *C = c_fp32(C_stored, c_store, c_n);
     cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    c_stored_finish(C_stored, c_store, C, c_n);
 }
 
 // Sum of rows[0, groups).
@@ -317,13 +325,15 @@ static const int32_t *counts_on_host(const int32_t *counts, int groups) {
 // lds; only M = M_g and the pointers differ.
 void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts, const int32_t *host_counts, int N,
                        int K, real alpha, const void *A_stored, Storage a_store, int lda, const real *B, size_t b_stride,
-                       int ldb, real beta, real *C, int ldc) {
+                       int ldb, real beta, void *C_stored, Storage c_store, int ldc) {
     MT_ASSERT(groups >= 0 && N >= 0 && K >= 0);
+    MT_ASSERT(c_store == STORE_FP32 || (beta == 0 && ldc == N));
     if (N == 0 || groups == 0) return;
     const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
     size_t R = total_rows(rows, groups);
     const float *A =
-        operand_fp32(&widened_a, A_stored, a_store, trans_a ? operand_extent(K, R, lda) : operand_extent(R, K, lda));
+        scratch_widened(&widened_a, A_stored, a_store, trans_a ? operand_extent(K, R, lda) : operand_extent(R, K, lda));
+    float *C = c_fp32(C_stored, c_store, R * N);
     int count = 0;
     size_t first = 0;
     batch_reserve(groups);
@@ -344,6 +354,7 @@ void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *coun
                                        B + (size_t)g * b_stride, ldb, C_g, ldc);
     }
     batch_run(count, alpha, beta);
+    c_stored_finish(C_stored, c_store, C, R * N);
 }
 
 // For g with M_g = counts[g] > 0: W_g[out,in] += alpha·dY_gᵀ[out, M_g]·X_g[M_g, in], i.e. the
@@ -356,7 +367,7 @@ void cuda_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *h
     MT_ASSERT(groups >= 0 && out >= 0 && in >= 0);
     if (out == 0 || in == 0 || alpha == 0 || groups == 0) return;  // W_g = 1·W_g
     const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
-    const float *X = operand_fp32(&widened_b, X_stored, x_store, total_rows(rows, groups) * (size_t)in);
+    const float *X = scratch_widened(&widened_b, X_stored, x_store, total_rows(rows, groups) * (size_t)in);
     int count = 0;
     size_t first = 0;
     batch_reserve(groups);
