@@ -38,6 +38,7 @@ GEMM_VARIANTS=(
     "fp32 (seed 1235: noise)|--seed 1235"
     "--bf16 (the CPU's kernel)|--seed 1234 --bf16"
     "--bf16 (emulated)|--seed 1234 --bf16|MOETRON_GEMM_BF16=emulated"
+    "--bf16, gate and up kept fp32|--seed 1234 --bf16|MOETRON_ACTIVATIONS=gemm-inputs"
     "--fp16 (dynamic loss scale)|--seed 1234 --fp16"
 )
 RECIPE_VARIANTS=(

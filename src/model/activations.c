@@ -84,6 +84,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
         STORED_OR_ALIAS(bp, own_shared, ma->shared.gate, N_all, Is, p->gate_up_store, a->recomputed.shared_gate);
         STORED_OR_ALIAS(bp, own_shared, ma->shared.up, N_all, Is, p->gate_up_store, a->recomputed.shared_up);
         ma->shared.act_store = p->swiglu_act_store;
+        ma->shared.d_gate_up_store = p->swiglu_act_store;
         STORED_OR_ALIAS(bp, own_shared, ma->shared.act, N_all, Is, p->swiglu_act_store, a->recomputed.shared_act);
         SAVED(bp, ma->shared_gate, N, 1);
         SAVED_OR_ALIAS(bp, p->sequence_parallel, ma->shared_gate_full, N_all, 1, ma->shared_gate);
@@ -100,6 +101,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     STORED(bp, ma->experts.gate, computed, I, p->gate_up_store, BUF_SAVED);
     STORED(bp, ma->experts.up, computed, I, p->gate_up_store, BUF_SAVED);
     ma->experts.act_store = p->swiglu_act_store;
+    ma->experts.d_gate_up_store = p->swiglu_act_store;
     STORED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, p->swiglu_act_store,
                     a->recomputed.moe_act);
     SAVED(bp, ma->rows_out, dispatched, Hr);
@@ -175,6 +177,7 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
         STORED_OR_ALIAS(bp, own_mlp, la->mlp.gate, N, p->ffn, p->gate_up_store, a->recomputed.mlp_gate);
         STORED_OR_ALIAS(bp, own_mlp, la->mlp.up, N, p->ffn, p->gate_up_store, a->recomputed.mlp_up);
         la->mlp.act_store = p->swiglu_act_store;
+        la->mlp.d_gate_up_store = p->swiglu_act_store;
         STORED_OR_ALIAS(bp, own_mlp, la->mlp.act, N, p->ffn, p->swiglu_act_store, a->recomputed.mlp_act);
         buffer_alias(bp, &la->ffn_partial, sp ? workspace : &la->ffn_out);
     }
@@ -359,8 +362,8 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, 
     WORKSPACE(bp, a->d_k_raw, N, w.k);
     if (c->multi_latent_attention) plan_mla_scratch(bp, a, c, p->heads);
     if (holds_head) WORKSPACE(bp, a->d_logits, N, p->vocab);
-    WORKSPACE(bp, a->d_gate, ffn_scratch, 1);
-    WORKSPACE(bp, a->d_up, ffn_scratch, 1);
+    STORED(bp, a->d_gate, ffn_scratch, 1, p->swiglu_act_store, BUF_WORKSPACE);  // ExpertActs.d_gate_up_store
+    STORED(bp, a->d_up, ffn_scratch, 1, p->swiglu_act_store, BUF_WORKSPACE);
     WORKSPACE(bp, a->d_act, ffn_scratch, 1);
     if (rows) plan_moe_scratch(bp, a, m, local_dispatched_rows(m, rows));
 }

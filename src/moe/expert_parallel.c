@@ -109,7 +109,7 @@ static double layer_bytes_per_row(const EpExchangeShape *s) {
 
 static size_t buffers_reals_per_row(const ExpertParallel *ep, const EpExchangeShape *s, int gradients) {
     size_t H = s->hidden, I = s->moe_ffn;
-    return (H + 1) * (ep->etp ? 2 : 1) + (gradients ? 2 * H + 1 + 3 * I : 0) +
+    return (H + 1) * (ep->etp ? 2 : 1) + (gradients ? 2 * H + 1 + I + 2 * storage_reals(I, s->act_store) : 0) +
            (s->act_shared ? storage_reals(I, s->act_store) : 0);
 }
 
@@ -140,6 +140,7 @@ static void layer_reserve_rows(const MoeDispatchContext *ctx, EpLayer *el, const
     el->act_shared = ctx->act_shared;
     el->acts.act_store = ctx->act_store;
     el->acts.gate_up_store = ctx->gate_up_store;
+    el->acts.d_gate_up_store = ctx->act_store;
     if (cap == el->row_capacity) return;
     el->row_capacity = cap;
     resize(&el->rows_in, cap * H);
@@ -242,8 +243,8 @@ static struct EpBuffers *buffers_for_rows(const MoeDispatchContext *ctx, size_t 
     resize(&b->d_rows_out, cap * H);
     resize(&b->d_rows_in, cap * H);
     resize(&b->d_row_probs, cap);
-    resize(&b->d_gate, cap * I);
-    resize(&b->d_up, cap * I);
+    resize(&b->d_gate, storage_reals(cap * I, ctx->act_store));  // stored as the SwiGLU product (experts.h)
+    resize(&b->d_up, storage_reals(cap * I, ctx->act_store));
     resize(&b->d_act, cap * I);
     return b;
 }

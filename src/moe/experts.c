@@ -93,18 +93,19 @@ static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, in
     }
 }
 
-// W_g[out, in] += dY_gᵀ·X_g per group, dY_g (rows_g, out) and X_g (rows_g, in; stored as x_store), as
-// project.
-static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, int in, const real *dY,
-                          const void *X_stored, Storage x_store, real *const *W) {
+// W_g[out, in] += dY_gᵀ·X_g per group, dY_g (rows_g, out; stored as dy_store) and X_g (rows_g, in;
+// stored as x_store), as project.
+static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, int in, const void *dY,
+                          Storage dy_store, const void *X_stored, Storage x_store, real *const *W) {
     if (s->counts && !q) {
         size_t stride;
         real *base = weight_block(W, s->groups, &stride);
-        mt_gemm_grouped_wgrad(s->groups, s->counts, s->host_counts, out, in, 1, dY, X_stored, x_store, base, stride);
+        mt_gemm_grouped_wgrad(s->groups, s->counts, s->host_counts, out, in, 1, dY, dy_store, X_stored, x_store, base,
+                              stride);
         return;
     }
     if (q) {
-        MT_ASSERT(x_store == STORE_FP32);
+        MT_ASSERT(dy_store == STORE_FP32 && x_store == STORE_FP32);
         quant_project(s, q, QUANT_WGRAD, out, in, dY, X_stored, W, NULL);
         return;
     }
@@ -112,7 +113,7 @@ static void project_wgrad(const ExpertShape *s, QuantLinear *const *q, int out, 
         size_t at = (size_t)s->offsets[g];
         int rows = s->offsets[g + 1] - s->offsets[g];
         if (rows > 0)
-            mt_gemm_stored(1, 0, out, in, rows, 1, dY + at * out, STORE_FP32, out,
+            mt_gemm_stored(1, 0, out, in, rows, 1, storage_at_const(dY, dy_store, at * out), dy_store, out,
                            storage_at_const(X_stored, x_store, at * in), x_store, in, 1, W[g], STORE_FP32, in);
     }
 }
@@ -150,13 +151,14 @@ void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_o
     size_t first_i = (size_t)r.first * I;
     // down projection: dact = dy·W_down (rows,H) x (H,I)
     project(s, w->quant_down, 0, I, H, drows_out, STORE_FP32, w->down, 0, scratch_dact, STORE_FP32);
-    Storage gu = acts->gate_up_store;
-    swiglu_backward(scratch_dgate + first_i, scratch_dup + first_i, drow_scale ? drow_scale + r.first : NULL,
-                    scratch_dact + first_i, storage_at(acts->gate, gu, first_i), storage_at(acts->up, gu, first_i), gu,
+    Storage gu = acts->gate_up_store, d = acts->d_gate_up_store;
+    swiglu_backward(storage_at(scratch_dgate, d, first_i), storage_at(scratch_dup, d, first_i), d,
+                    drow_scale ? drow_scale + r.first : NULL, scratch_dact + first_i,
+                    storage_at(acts->gate, gu, first_i), storage_at(acts->up, gu, first_i), gu,
                     row_scale ? row_scale + r.first : NULL, r.total, I);
     // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
-    project(s, w->quant_gate, 0, H, I, scratch_dgate, STORE_FP32, w->gate, 0, drows_in, STORE_FP32);
-    project(s, w->quant_up, 0, H, I, scratch_dup, STORE_FP32, w->up, 1, drows_in, STORE_FP32);
+    project(s, w->quant_gate, 0, H, I, scratch_dgate, d, w->gate, 0, drows_in, STORE_FP32);
+    project(s, w->quant_up, 0, H, I, scratch_dup, d, w->up, 1, drows_in, STORE_FP32);
 }
 
 void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, const ExpertActs *acts,
@@ -164,9 +166,10 @@ void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, co
                               const real *scratch_dup) {
     int H = s->H, I = s->I;
     // dW_down += dyᵀ·act, dW_gate += dgateᵀ·x, dW_up += dupᵀ·x
-    project_wgrad(s, dw->quant_down, H, I, drows_out, acts->act, acts->act_store, dw->down);
-    project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, rows_in, s->in_store, dw->gate);
-    project_wgrad(s, dw->quant_up, I, H, scratch_dup, rows_in, s->in_store, dw->up);
+    Storage d = acts->d_gate_up_store;
+    project_wgrad(s, dw->quant_down, H, I, drows_out, STORE_FP32, acts->act, acts->act_store, dw->down);
+    project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, d, rows_in, s->in_store, dw->gate);
+    project_wgrad(s, dw->quant_up, I, H, scratch_dup, d, rows_in, s->in_store, dw->up);
 }
 
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,

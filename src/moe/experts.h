@@ -45,6 +45,10 @@ typedef struct {
     // how gate and up are stored: STORE_BF16 (LayoutPlan.gate_up_store) keeps the projections'
     // results rounded to bf16, as Megatron's bf16 GEMMs return them; SwiGLU reads those values
     Storage gate_up_store;
+    // how the backward keeps their gradients (its scratch_dgate, scratch_dup): STORE_BF16 as act
+    // (LayoutPlan.swiglu_act_store: the gate and up GEMMs' data and weight gradients, their only
+    // readers, round them so anyway)
+    Storage d_gate_up_store;
 } ExpertActs;
 
 // rows_in (rows,H; stored as s->in_store), row_scale (rows) or NULL -> rows_out (rows,H); fills acts
@@ -57,7 +61,8 @@ void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row
 void experts_recompute_act(real *act, const ExpertActs *acts, const real *row_scale, const ExpertShape *s);
 
 // drows_out (rows,H) -> drows_in (rows,H) overwritten, drow_scale (rows) overwritten when
-// non-NULL; weight gradients accumulate into dw. scratch: three (rows, I) buffers.
+// non-NULL; weight gradients accumulate into dw. scratch: three (rows, I) buffers, the first two
+// (the gate and up gradients) stored as acts->d_gate_up_store.
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,
                       const real *drows_out, const ExpertActs *acts, const real *rows_in,
                       const real *row_scale, const ExpertWeights *w, const ExpertShape *s,

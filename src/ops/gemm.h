@@ -108,9 +108,10 @@ void mt_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *counts
 
 // Grouped weight gradient, the groups' rows back to back as in mt_gemm_grouped. For g with M_g > 0:
 //   W_g[out, in] += alpha * dY_g^T[out, M_g] · X_g[M_g, in]
-// where dY_g = dY + r_g·out is [M_g, out] (ld = out), X_g = X + r_g·in is [M_g, in]
-// (ld = in; stored as x_store) and W_g = W + g·w_stride is [out, in] (ld = in), the W_g of different groups
-// disjoint (w_stride >= out·in: the groups may run at once). counts (groups): tensor memory;
-// host_counts as in mt_gemm_grouped.
+// where dY_g = dY + r_g·out is [M_g, out] (ld = out; stored as dy_store), X_g = X + r_g·in is
+// [M_g, in] (ld = in; stored as x_store) and W_g = W + g·w_stride is [out, in] (ld = in), the W_g
+// of different groups disjoint (w_stride >= out·in: the groups may run at once). counts (groups):
+// tensor memory; host_counts as in mt_gemm_grouped.
 void mt_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha,
-                           const real *dY, const void *X, Storage x_store, real *W, size_t w_stride);
+                           const void *dY, Storage dy_store, const void *X, Storage x_store, real *W,
+                           size_t w_stride);

@@ -41,9 +41,9 @@
        (trans_a, trans_b, groups, counts, host_counts, N, K, alpha, A, a_store, lda, B, b_stride, ldb, beta, C,     \
         c_store, ldc))                                                                                               \
     OP(void, mt_gemm_grouped_wgrad, gemm_grouped_wgrad,                                                              \
-       (int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha, const real *dY, \
-        const void *X, Storage x_store, real *W, size_t w_stride),                                                   \
-       (groups, counts, host_counts, out, in, alpha, dY, X, x_store, W, w_stride))                                   \
+       (int groups, const int32_t *counts, const int32_t *host_counts, int out, int in, real alpha, const void *dY, \
+        Storage dy_store, const void *X, Storage x_store, real *W, size_t w_stride),                                 \
+       (groups, counts, host_counts, out, in, alpha, dY, dy_store, X, x_store, W, w_stride))                         \
     OP(void, linear_forward, linear_forward, (real *y, const real *x, const real *W, int N, int in, int out),      \
        (y, x, W, N, in, out))                                                                                        \
     OP(void, linear_backward, linear_backward,                                                                       \
@@ -89,9 +89,9 @@
         int M, int I),                                                                                               \
        (act, act_store, gate, up, gu_store, row_scale, M, I))                                                        \
     OP(void, swiglu_backward, swiglu_backward,                                                                       \
-       (real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate, const void *up,           \
-        Storage gu_store, const real *row_scale, int M, int I),                                                      \
-       (dgate, dup, drow_scale, dact, gate, up, gu_store, row_scale, M, I))                                          \
+       (void *dgate, void *dup, Storage d_store, real *drow_scale, const real *dact, const void *gate,             \
+        const void *up, Storage gu_store, const real *row_scale, int M, int I),                                      \
+       (dgate, dup, d_store, drow_scale, dact, gate, up, gu_store, row_scale, M, I))                                 \
     OP(void, softmax_forward, softmax_forward, (real *y, const real *x, int N, int C), (y, x, N, C))               \
     OP(void, softmax_backward, softmax_backward, (real *dx, const real *y, const real *dy, int N, int C),          \
        (dx, y, dy, N, C))                                                                                            \

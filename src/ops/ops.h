@@ -164,10 +164,11 @@ void attention_merge(real *out, real *lse, const real *out_block, const real *ls
 // stored as act_store (STORE_BF16: each value rounded as bf16_pack rounds)
 void swiglu_forward(void *act, Storage act_store, const void *gate, const void *up, Storage gu_store,
                     const real *row_scale, int M, int I);
-// dact (M,I) -> dgate, dup (M,I) overwritten; drow_scale (M) overwritten when non-NULL; gate, up
-// stored as gu_store (as swiglu_forward)
-void swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate, const void *up,
-                     Storage gu_store, const real *row_scale, int M, int I);
+// dact (M,I) -> dgate, dup (M,I) overwritten, stored as d_store (STORE_BF16: each value rounded as
+// bf16_pack rounds; what only bf16-input GEMMs read next); drow_scale (M) overwritten when
+// non-NULL; gate, up stored as gu_store (as swiglu_forward)
+void swiglu_backward(void *dgate, void *dup, Storage d_store, real *drow_scale, const real *dact, const void *gate,
+                     const void *up, Storage gu_store, const real *row_scale, int M, int I);
 
 // ---- softmax over the last axis: x (N,C) -> y (N,C) -----------------------------------
 void softmax_forward(real *y, const real *x, int N, int C);

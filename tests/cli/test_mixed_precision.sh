@@ -222,7 +222,9 @@ unset CASE_RTOL
 # ... at half the memory: `moetron plan` counts rows x (I + H) x 2 bytes less per MoE layer (2048
 # rows of 512 + 256 here: 3 MiB a layer), the SwiGLU output once with moe_act recomputed (one buffer
 # every layer shares), and the SwiGLU output in the exchange's bound of rows under EP=2 (4096 rows
-# a layer; the received rows land in the back half of their buffer).
+# a layer; the received rows land in the back half of their buffer); besides, the backward's gate
+# and up gradients (one workspace of the largest FFN's rows x I each: 2048 x 512, 2 MiB each; under
+# EP=2 the exchange's, 4096 rows: 4 MiB each).
 PLAN=(--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --micro-batch-size 4
       --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --vocab-size 1024 --bf16)
 # plan_saving COLUMN FLAGS...: that column (8: activations, 7: expert exchange, MiB) of rank 0's row of
@@ -245,12 +247,12 @@ check_saving() {
     [ "$got" = "$want" ] && ok "$name" || fail "$name" "the plan saves $got MiB, expected $want"
 }
 KEPT=gemm-inputs BASE=fp32
-check_saving mixed_bf16_act_plan 6.0 8
-check_saving mixed_bf16_act_plan_recompute 4.0 8 --recompute-granularity selective --recompute-modules moe_act
-check_saving mixed_bf16_act_plan_ep2 8.0 6 --world-size 2 --expert-model-parallel-size 2
+check_saving mixed_bf16_act_plan 10.0 8
+check_saving mixed_bf16_act_plan_recompute 8.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_act_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
 # a dense first layer (1024 tokens x 512: 1 MiB) and a shared expert of 512 (1 MiB) besides the MoE
-# layer's 3 MiB
-check_saving mixed_bf16_act_plan_dense 5.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+# layer's 3 MiB and the gradients' 4 MiB
+check_saving mixed_bf16_act_plan_dense 9.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
     --moe-shared-expert-intermediate-size 512
 # the cuda backend keeps them fp32: a plan for it saves nothing
 check_saving mixed_bf16_act_plan_cuda 0.0 8 --device cuda

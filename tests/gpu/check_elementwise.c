@@ -244,10 +244,17 @@ static void check_swiglu(int M, int I, int scaled, int want_ds, Storage gu_store
     float *act = check_random(mi, 0, 1), *dgate = check_random(mi, 0, 1), *dup = check_random(mi, 0, 1);
     float *ds = want_ds ? check_random((size_t)M, 0, 1) : NULL;
     cpu()->swiglu_forward(act, STORE_FP32, gate, up, STORE_FP32, row_scale, M, I);
-    cpu()->swiglu_backward(dgate, dup, ds, dact, gate, up, STORE_FP32, row_scale, M, I);
+    cpu()->swiglu_backward(dgate, dup, STORE_FP32, ds, dact, gate, up, STORE_FP32, row_scale, M, I);
 
     under()->swiglu_forward(d_act, STORE_FP32, d_gate, d_up, gu_store, d_row_scale, M, I);
-    under()->swiglu_backward(d_dgate, d_dup, d_ds, d_dact, d_gate, d_up, gu_store, d_row_scale, M, I);
+    under()->swiglu_backward(d_dgate, d_dup, STORE_FP32, d_ds, d_dact, d_gate, d_up, gu_store, d_row_scale, M, I);
+    // dgate and dup stored as bf16, rounded as bf16_pack rounds (drow_scale as with fp32 outputs)
+    void *d_dgate16 = check_device_nan((mi + 1) / 2), *d_dup16 = check_device_nan((mi + 1) / 2);
+    float *d_ds16 = want_ds ? check_device_nan((size_t)M) : NULL;
+    under()->swiglu_backward(d_dgate16, d_dup16, STORE_BF16, d_ds16, d_dact, d_gate, d_up, gu_store, d_row_scale, M,
+                             I);
+    float *d_dgate_widened = check_widened_from_device(d_dgate16, mi, STORE_BF16);
+    float *d_dup_widened = check_widened_from_device(d_dup16, mi, STORE_BF16);
     // act stored as bf16 (gemm.h STORE_BF16): each value rounded as bf16_pack rounds, read back
     // through bf16_unpack; one bf16 step apart at most where the fp32 values differ in the last bits
     float *d_act16 = check_device_nan((mi + 1) / 2), *d_act_widened = check_device_nan(mi);
@@ -264,6 +271,14 @@ static void check_swiglu(int M, int I, int scaled, int want_ds, Storage gu_store
     check_compare(name, "dgate", dgate, d_dgate, mi, tol);
     check_compare(name, "dup", dup, d_dup, mi, tol);
     if (want_ds) check_compare(name, "drow_scale", ds, d_ds, (size_t)M, tol);
+    float *dgate_rounded = check_host_copy(dgate, mi), *dup_rounded = check_host_copy(dup, mi);
+    for (size_t i = 0; i < mi; i++) {
+        dgate_rounded[i] = bf16_to_float(bf16_from_float_flushed(dgate[i]));
+        dup_rounded[i] = bf16_to_float(bf16_from_float_flushed(dup[i]));
+    }
+    check_compare(name, "dgate stored bf16", dgate_rounded, d_dgate_widened, mi, on_cpu ? 0 : TOL_BF16);
+    check_compare(name, "dup stored bf16", dup_rounded, d_dup_widened, mi, on_cpu ? 0 : TOL_BF16);
+    if (want_ds) check_compare(name, "drow_scale (bf16 dgate, dup)", ds, d_ds16, (size_t)M, tol);
     check_free_all();
 }
 

@@ -381,24 +381,26 @@ static float *from_device(const float *dev, size_t n);
 // W_g[out,in] += alpha·dY_gᵀ·X_g for every expert, K = rows[g] differing between experts;
 // dY [total, out], X [total, in] stacked by expert; the W_g one block (the empty experts' too,
 // which must not change) start from the same random values on both sides.
-// X goes to the backend under test stored as x_store (the cpu reference: fp32 of the same values).
-static void check_wgrad_case(int out, int in, float alpha, Storage x_store, const Pass *p) {
+// dY and X go to the backend under test stored as dy_store and x_store (the cpu reference: fp32 of the
+// same values).
+static void check_wgrad_case(int out, int in, float alpha, Storage dy_store, Storage x_store, const Pass *p) {
     Experts e = experts_few();
     size_t stride = (size_t)out * in;
     float *W = random_matrix(e.count * out, in), *dW = to_device(W, e.count * out, in);
     float *dY = random_matrix(e.total, out), *X = random_matrix(e.total, in);
-    float *d_dY = to_device(dY, e.total, out);
+    void *d_dY = check_stored_to_device(dY, (size_t)e.total * out, dy_store);
     void *d_X = check_stored_to_device(X, (size_t)e.total * in, x_store);
     int32_t *d_counts = check_ints_to_device(e.rows, (size_t)e.count);
-    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, NULL, out, in, alpha, dY, X, STORE_FP32, W, stride);
+    ops_cpu_backend.gemm_grouped_wgrad(e.count, e.rows, NULL, out, in, alpha, dY, STORE_FP32, X, STORE_FP32, W, stride);
     // the counts read by the backend from tensor memory
-    under()->gemm_grouped_wgrad(e.count, d_counts, NULL, out, in, alpha, d_dY, d_X, x_store, dW, stride);
+    under()->gemm_grouped_wgrad(e.count, d_counts, NULL, out, in, alpha, d_dY, dy_store, d_X, x_store, dW, stride);
     check_finish();
     float *got = from_device(dW, (size_t)e.count * stride);
     for (int g = 0; g < e.count; g++) {
         char name[128], output[32];
-        snprintf(name, sizeof(name), "gemm_grouped_wgrad out=%d in=%d alpha=%g%s [%s]", out, in, alpha,
-                 x_store == STORE_BF16 ? " X bf16-stored" : "", p->name);
+        snprintf(name, sizeof(name), "gemm_grouped_wgrad out=%d in=%d alpha=%g%s%s [%s]", out, in, alpha,
+                 dy_store == STORE_BF16 ? " dY bf16-stored" : "", x_store == STORE_BF16 ? " X bf16-stored" : "",
+                 p->name);
         snprintf(output, sizeof(output), "W[%d] (rows %d)", g, e.rows[g]);
         check_compare(name, output, W + g * stride, got + g * stride, stride, p->tol);
     }
@@ -406,12 +408,15 @@ static void check_wgrad_case(int out, int in, float alpha, Storage x_store, cons
 }
 
 static void check_wgrad_all(const Pass *p) {
-    check_wgrad_case(33, 7, 1.0f, STORE_FP32, p);
-    check_wgrad_case(130, 33, 0.5f, STORE_FP32, p);
-    check_wgrad_case(1, 130, -1.0f, STORE_FP32, p);
-    check_wgrad_case(7, 1, 0.0f, STORE_FP32, p);  // alpha == 0: nothing changes
-    check_wgrad_case(33, 130, 1.0f, STORE_BF16, p);  // X stored as bf16 (the experts' SwiGLU output)
-    check_wgrad_case(130, 7, -0.5f, STORE_BF16, p);
+    check_wgrad_case(33, 7, 1.0f, STORE_FP32, STORE_FP32, p);
+    check_wgrad_case(130, 33, 0.5f, STORE_FP32, STORE_FP32, p);
+    check_wgrad_case(1, 130, -1.0f, STORE_FP32, STORE_FP32, p);
+    check_wgrad_case(7, 1, 0.0f, STORE_FP32, STORE_FP32, p);  // alpha == 0: nothing changes
+    check_wgrad_case(33, 130, 1.0f, STORE_FP32, STORE_BF16, p);  // X stored as bf16 (the experts' SwiGLU output)
+    check_wgrad_case(130, 7, -0.5f, STORE_FP32, STORE_BF16, p);
+    // dY stored as bf16 too (the gate and up gradients; their X, the input rows)
+    check_wgrad_case(33, 130, 1.0f, STORE_BF16, STORE_BF16, p);
+    check_wgrad_case(130, 7, 0.5f, STORE_BF16, STORE_FP32, p);
 }
 
 // ---- linear layers --------------------------------------------------------------------------------------
@@ -508,8 +513,10 @@ static void check_repeatable(const Pass *p) {
     size_t ng = (size_t)e.total * N;
     float *g1 = check_device_nan(ng), *g2 = check_device_nan(ng);
     // once reading the counts from tensor memory, once from the host copy: the same bits
-    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g1, STORE_FP32, N);
-    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g2, STORE_FP32, N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, NULL, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g1, STORE_FP32,
+                          N);
+    under()->gemm_grouped(0, 1, e.count, d_counts, e.rows, N, K, 1.0f, dA, STORE_FP32, K, dB, 0, K, 0.0f, g2,
+                          STORE_FP32, N);
     check_finish();
     int same_gemm = memcmp(from_device(c1, M * N), from_device(c2, M * N), sizeof(float) * M * N) == 0;
     int same_grouped = memcmp(from_device(g1, ng), from_device(g2, ng), sizeof(float) * ng) == 0;

@@ -299,7 +299,8 @@ static void test_grouped(void) {
             memcpy(C0, C, (total + TAIL) * N * sizeof(real));
             for (int g = 0; g < G; g++) fill_random(W + g * stride, stride, 20 + g);
             int ldb = tb ? K : N;
-            mt_gemm_grouped(0, tb, G, rows, NULL, N, K, (real)1.5, A, STORE_FP32, K, W, stride, ldb, (real)0.5, C, STORE_FP32, N);
+            mt_gemm_grouped(0, tb, G, rows, NULL, N, K, (real)1.5, A, STORE_FP32, K, W, stride, ldb, (real)0.5, C,
+                            STORE_FP32, N);
             double *ref = mt_malloc((size_t)40 * N * sizeof(double));
             double *scale = mt_malloc((size_t)40 * N * sizeof(double));
             for (int g = 0; g < G; g++) {
@@ -332,7 +333,7 @@ static void test_grouped_wgrad(void) {
         fill_random(X, total * IN, 32);
         for (int g = 0; g < G; g++) fill_random(W + g * stride, stride, 40 + g);
         memcpy(W0, W, G * stride * sizeof(real));
-        mt_gemm_grouped_wgrad(G, rows, NULL, OUT, IN, (real)-0.5, dY, X, STORE_FP32, W, stride);
+        mt_gemm_grouped_wgrad(G, rows, NULL, OUT, IN, (real)-0.5, dY, STORE_FP32, X, STORE_FP32, W, stride);
         double ref[OUT * IN], scale[OUT * IN];
         for (int g = 0; g < G; g++) {
             ref_gemm(1, 0, OUT, IN, rows[g], -0.5, dY + first[g] * OUT, OUT, X + first[g] * IN, IN, 1,

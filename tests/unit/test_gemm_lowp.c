@@ -375,7 +375,7 @@ static void test_grouped_equals_one_by_one(void) {
             memcpy(C, C0, total * N * sizeof(real));
             memcpy(dW, dW0, G * stride * sizeof(real));
             mt_gemm_grouped(0, 1, G, rows, NULL, N, K, alpha, A, STORE_FP32, K, W, stride, K, beta, C, STORE_FP32, N);
-            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, alpha, C0, A, STORE_FP32, dW, stride);
+            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, alpha, C0, STORE_FP32, A, STORE_FP32, dW, stride);
             char what[96];
             snprintf(what, sizeof what, "grouped, %s, alpha %g", mt_gemm_kernel(), (double)alpha);
             count_diff(C, want, total * N, what);
@@ -425,8 +425,10 @@ static void test_bf16_storage_gives_fp32_bits(void) {
                     mt_gemm_grouped(1, 1, 1, one, NULL, N, K, (real)1.5, A16, STORE_BF16, lda, W, stride, K, (real)0.5,
                                     C, STORE_FP32, N);
                 } else {
-                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, lda, W, stride, K, 0, want, STORE_FP32, N);
-                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, lda, W, stride, K, 0, C, STORE_FP32, N);
+                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A, STORE_FP32, lda, W, stride, K, 0, want,
+                                    STORE_FP32, N);
+                    mt_gemm_grouped(0, 1, G, rows, NULL, N, K, 1, A16, STORE_BF16, lda, W, stride, K, 0, C,
+                                    STORE_FP32, N);
                 }
                 char what[96];
                 snprintf(what, sizeof what, "bf16-stored A, %s, trans_a %d, values %d", mt_gemm_kernel(), trans_a, kind);
@@ -435,10 +437,17 @@ static void test_bf16_storage_gives_fp32_bits(void) {
             memset(dW_want, 0, G * stride * sizeof(real));
             memset(dW, 0, G * stride * sizeof(real));
             // W_g[N, K] += C0_g[rows, N]ᵀ · A_g[rows, K]
-            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, 1, C0, A, STORE_FP32, dW_want, stride);
-            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, 1, C0, A16, STORE_BF16, dW, stride);
+            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, 1, C0, STORE_FP32, A, STORE_FP32, dW_want, stride);
+            mt_gemm_grouped_wgrad(G, rows, NULL, N, K, 1, C0, STORE_FP32, A16, STORE_BF16, dW, stride);
             char what[96];
             snprintf(what, sizeof what, "bf16-stored X, %s, values %d", mt_gemm_kernel(), kind);
+            count_diff(dW, dW_want, G * stride, what);
+            // dY stored as bf16 (the gate and up gradients): A read as [total, K] is dY_g [rows, K]
+            memset(dW_want, 0, G * stride * sizeof(real));
+            memset(dW, 0, G * stride * sizeof(real));
+            mt_gemm_grouped_wgrad(G, rows, NULL, K, N, 1, A, STORE_FP32, C0, STORE_FP32, dW_want, stride);
+            mt_gemm_grouped_wgrad(G, rows, NULL, K, N, 1, A16, STORE_BF16, C0, STORE_FP32, dW, stride);
+            snprintf(what, sizeof what, "bf16-stored dY, %s, values %d", mt_gemm_kernel(), kind);
             count_diff(dW, dW_want, G * stride, what);
         }
     }

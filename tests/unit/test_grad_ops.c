@@ -439,7 +439,7 @@ static void check_swiglu(int with_scale) {
         }
     // backward overwrites: pre-fill with garbage
     real *dg = alloc_normal(&rng, n, 9), *du = alloc_normal(&rng, n, 9), *ds = alloc_normal(&rng, M, 9);
-    swiglu_backward(dg, du, with_scale ? ds : NULL, c.R, c.gate, c.up, STORE_FP32, c.scale, M, I);
+    swiglu_backward(dg, du, STORE_FP32, with_scale ? ds : NULL, c.R, c.gate, c.up, STORE_FP32, c.scale, M, I);
     fd_check("swiglu dgate", c.gate, n, dg, swiglu_obj, &c);
     fd_check("swiglu dup", c.up, n, du, swiglu_obj, &c);
     if (with_scale) fd_check("swiglu drow_scale", c.scale, M, ds, swiglu_obj, &c);
@@ -556,7 +556,7 @@ static void check_experts(int with_scale) {
     }
     ExpertsCtx c = {{XG, XH, XI, offsets, NULL, NULL, 0, STORE_FP32}, {gate, up, down, NULL, NULL, NULL},
                     {mt_malloc(rows * XI * sizeof(real)), mt_malloc(rows * XI * sizeof(real)),
-                     mt_malloc(rows * XI * sizeof(real)), STORE_FP32, STORE_FP32},
+                     mt_malloc(rows * XI * sizeof(real)), STORE_FP32, STORE_FP32, STORE_FP32},
                     mt_malloc(rows * XH * sizeof(real)), alloc_normal(&rng, rows * XH, 1),
                     with_scale ? alloc_normal(&rng, rows, 1) : NULL, alloc_normal(&rng, rows * XH, 1), rows};
     ExpertWeights dw = {dgate, dup, ddown, NULL, NULL, NULL};

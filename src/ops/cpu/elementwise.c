@@ -284,22 +284,40 @@ static void swiglu_backward_row(real *dg_row, real *du_row, real *ds, const real
     for (int i = 0; i < I; i++) du_row[i] *= scale;
 }
 
+// n elements of x (reals) into `to` stored as `store`, each rounded as bf16_pack rounds when bf16.
+static void store_reals(void *to, Storage store, const real *x, int n) {
+    if (store == STORE_FP32) {
+        memcpy(to, x, (size_t)n * sizeof(real));
+        return;
+    }
+    uint16_t *h = to;
+    for (int i = 0; i < n; i++) h[i] = bf16_from_float_flushed((float)x[i]);
+}
+
 // act = silu(g)·u·s with silu'(g) = σ(g)(1 + g(1 − σ(g))):
 //   dg = dact·u·s·silu'(g);  du = dact·silu(g)·s;  ds = Σ_i dact·silu(g)·u
-void cpu_swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate, const void *up,
-                         Storage gu_store, const real *row_scale, int M, int I) {
+// A row's dg and du are made in reals (the outputs' own rows when fp32, else a thread's buffers,
+// stored rounded after).
+void cpu_swiglu_backward(void *dgate, void *dup, Storage d_store, real *drow_scale, const real *dact, const void *gate,
+                         const void *up, Storage gu_store, const real *row_scale, int M, int I) {
     PROF_SCOPE(PROF_ACTIVATION);
-    int N = M;
+    int N = M, own = d_store == STORE_FP32;
 #pragma omp parallel if (N > 16)
     {
         real *u_row = gu_store == STORE_FP32 ? NULL : mt_malloc((size_t)I * sizeof(real));
+        real *d_rows = own ? NULL : mt_malloc(2 * (size_t)I * sizeof(real));
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++) {
             size_t row = (size_t)m * I;
-            swiglu_backward_row(dgate + row, dup + row, drow_scale ? drow_scale + m : NULL, dact + row, gate, up,
-                                gu_store, row, u_row, row_scale ? row_scale[m] : 1, I);
+            real *dg = own ? (real *)dgate + row : d_rows, *du = own ? (real *)dup + row : d_rows + I;
+            swiglu_backward_row(dg, du, drow_scale ? drow_scale + m : NULL, dact + row, gate, up, gu_store, row, u_row,
+                                row_scale ? row_scale[m] : 1, I);
+            if (own) continue;
+            store_reals(storage_at(dgate, d_store, row), d_store, dg, I);
+            store_reals(storage_at(dup, d_store, row), d_store, du, I);
         }
         free(u_row);
+        free(d_rows);
     }
 }
 

@@ -821,7 +821,8 @@ void cpu_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *count
 }
 
 void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
-                            real alpha, const real *dY, const void *X, Storage x_store, real *W, size_t w_stride) {
+                            real alpha, const void *dY, Storage dy_store, const void *X, Storage x_store, real *W,
+                            size_t w_stride) {
     PROF_SCOPE(PROF_GEMM);
     GroupedRun run = {mt_malloc((size_t)MT_MAX(groups, 1) * sizeof(GemmProblem)), 0};
     size_t first = 0;
@@ -830,7 +831,7 @@ void cpu_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *ho
         MT_ASSERT(rows >= 0);
         // W_g[out, in] += alpha * (dY_g[rows, out])^T · X_g[rows, in]
         if (rows > 0)
-            grouped_add(&run, 1, 0, out, in, rows, alpha, dY + first * out, STORE_FP32, out,
+            grouped_add(&run, 1, 0, out, in, rows, alpha, storage_at_const(dY, dy_store, first * out), dy_store, out,
                         storage_at_const(X, x_store, first * in), x_store, in, (real)1, W + (size_t)g * w_stride,
                         STORE_FP32, in);
         first += (size_t)rows;

@@ -228,19 +228,30 @@ __global__ void swiglu_backward_kernel(float *dgate, float *dup, float *drow_sca
     }
 }
 
-void cuda_swiglu_backward(real *dgate, real *dup, real *drow_scale, const real *dact, const void *gate_stored,
-                          const void *up_stored, Storage gu_store, const real *row_scale, int M, int I) {
+// dgate and dup stored as bf16 are made in fp32 here first, then rounded into place.
+static CudaScratch staged_dgate, staged_dup;
+
+void cuda_swiglu_backward(void *dgate_stored, void *dup_stored, Storage d_store, real *drow_scale, const real *dact,
+                          const void *gate_stored, const void *up_stored, Storage gu_store, const real *row_scale,
+                          int M, int I) {
     if (M <= 0) return;
     if (I <= 0) {  // an empty row still has its (zero) row-scale gradient
         if (drow_scale) cuda_vec_zero(drow_scale, (size_t)M);
         return;
     }
-    const float *gate = scratch_widened(&widened_gate, gate_stored, gu_store, (size_t)M * I);
-    const float *up = scratch_widened(&widened_up, up_stored, gu_store, (size_t)M * I);
+    size_t n = (size_t)M * I;
+    const float *gate = scratch_widened(&widened_gate, gate_stored, gu_store, n);
+    const float *up = scratch_widened(&widened_up, up_stored, gu_store, n);
+    int own = d_store == STORE_FP32;
+    float *dgate = own ? (float *)dgate_stored : (float *)scratch_reserve(&staged_dgate, n * sizeof(float));
+    float *dup = own ? (float *)dup_stored : (float *)scratch_reserve(&staged_dup, n * sizeof(float));
     unsigned threads = row_threads(I, ROW_MAX_THREADS);
     swiglu_backward_kernel<<<M, threads, 0, cuda_stream()>>>(dgate, dup, drow_scale, dact, gate, up, row_scale,
                                                              I);
     CUDA_CHECK_LAUNCH();
+    if (own) return;
+    cuda_bf16_pack((float *)dgate_stored, dgate, n);
+    cuda_bf16_pack((float *)dup_stored, dup, n);
 }
 
 // ---- embedding ---------------------------------------------------------------------------

@@ -362,12 +362,14 @@ void cuda_gemm_grouped(int trans_a, int trans_b, int groups, const int32_t *coun
 // [M_g, out] (ld out), X_g [M_g, in] (ld in), W_g = W + g·w_stride [out, in] (ld in). Here K
 // differs between problems.
 void cuda_gemm_grouped_wgrad(int groups, const int32_t *counts, const int32_t *host_counts, int out, int in,
-                             real alpha, const real *dY, const void *X_stored, Storage x_store, real *W,
-                             size_t w_stride) {
+                             real alpha, const void *dY_stored, Storage dy_store, const void *X_stored,
+                             Storage x_store, real *W, size_t w_stride) {
     MT_ASSERT(groups >= 0 && out >= 0 && in >= 0);
     if (out == 0 || in == 0 || alpha == 0 || groups == 0) return;  // W_g = 1·W_g
     const int32_t *rows = host_counts ? host_counts : counts_on_host(counts, groups);
-    const float *X = scratch_widened(&widened_b, X_stored, x_store, total_rows(rows, groups) * (size_t)in);
+    size_t R = total_rows(rows, groups);
+    const float *dY = scratch_widened(&widened_a, dY_stored, dy_store, R * (size_t)out);
+    const float *X = scratch_widened(&widened_b, X_stored, x_store, R * (size_t)in);
     int count = 0;
     size_t first = 0;
     batch_reserve(groups);
