@@ -79,7 +79,7 @@ static void project(const ExpertShape *s, QuantLinear *const *q, int trans_b, in
         MT_ASSERT(a_store == STORE_FP32 && c_store == STORE_FP32);
         if (!trans_b && beta == 0) {
             RowSpan r = row_span(s);
-            vec_zero(C + (size_t)r.first * N, (size_t)r.total * N);
+            vec_zero((real *)C + (size_t)r.first * N, (size_t)r.total * N);
         }
         quant_project(s, q, trans_b ? QUANT_FPROP : QUANT_DGRAD, N, K, A_stored, NULL, W, C);
         return;

@@ -142,7 +142,7 @@ bf16_matches_fp32() {
     local var=${1%%=*} first=() name=$2 np=$3 key=$4 lo=$5 hi=$6
     [ "$var" != "$1" ] && first=("$1")
     shift 6
-    env "${first[@]}" timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" \
+    env ${first[@]+"${first[@]}"} timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" \
         --log-jsonl "$work/$name.jsonl" \
         >"$work/$name.log" 2>&1 || { fail "$name" "mpirun: $(tail -2 "$work/$name.log" | tr '\n' ' ')"; return; }
     env "$var=fp32" timeout 600 "${MPIRUN[@]}" -np "$np" "$M" train "${SMALL[@]}" --bf16 "$@" \

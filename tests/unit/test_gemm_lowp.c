@@ -462,10 +462,12 @@ static void test_bf16_storage_gives_fp32_bits(void) {
 }
 
 // A C stored as bf16 (gemm.h: the FFNs' gate and up under --bf16) holds each element of the fp32
-// C rounded once (bf16_from_float_flushed), bit for bit, on every kernel (fp32 inputs too), for
-// mt_gemm_stored in each transpose (several K blocks, more rows than a row block, more columns
-// than a column block) and mt_gemm_grouped; every element written.
-static void test_bf16_output_is_rounded_fp32(void) {
+// C rounded once (bf16_from_float_flushed), bit for bit, on every kernel (fp32 inputs too: the
+// portable kernel, as the bf16 C's), for mt_gemm_stored in each transpose (several K blocks, more
+// rows than a row block, more columns than a column block) and mt_gemm_grouped; every element
+// written. On one thread as well: a thread's cell then spans K blocks of B beyond what one pass
+// keeps for an fp32 C (the staging takes them all at once).
+static void check_bf16_output_is_rounded_fp32(void) {
     static const char *const kernels[] = {"amx", "avx512-bf16", "emulated", NULL};  // NULL: fp32 inputs
     enum { M = 300, N = 600, K = 600, G = 3 };
     const int32_t rows[G] = {130, 0, 170};
@@ -504,6 +506,18 @@ static void test_bf16_output_is_rounded_fp32(void) {
     mt_gemm_use_bf16_kernel(NULL);
     mt_gemm_set_inputs(GEMM_INPUTS_FP32);
     free(A), free(B), free(want), free(C16);
+}
+
+static void test_bf16_output_is_rounded_fp32(void) {
+    mt_gemm_force_portable(1);
+    check_bf16_output_is_rounded_fp32();
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    check_bf16_output_is_rounded_fp32();
+    omp_set_num_threads(threads);
+#endif
+    mt_gemm_force_portable(0);
 }
 
 // Switching to bf16 and back (as the router does around its GEMMs) gives fp32's bits again,
