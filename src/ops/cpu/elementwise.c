@@ -36,15 +36,16 @@ void cpu_vec_scale(real *x, real s, size_t n) {
 void cpu_vec_sum_squares_to(double *sum, const real *x, size_t n) { sum[0] = cpu_vec_sum_squares(x, n); }
 
 void cpu_bf16_pack(real *packed, const real *x, size_t n) {
-    uint16_t *h = (uint16_t *)packed;
+    enum { RUN = 1 << 14 };  // values a thread rounds at a time
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) h[i] = bf16_from_float_flushed((float)x[i]);
+    for (size_t at = 0; at < n; at += RUN) cpu_bf16_round_run((uint16_t *)packed + at, x + at, MT_MIN(RUN, n - at));
 }
 
 void cpu_bf16_unpack(real *x, const real *packed, size_t n) {
-    const uint16_t *h = (const uint16_t *)packed;
+    enum { RUN = 1 << 14 };
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) x[i] = (real)bf16_to_float(h[i]);
+    for (size_t at = 0; at < n; at += RUN)
+        cpu_bf16_widen_run(x + at, (const uint16_t *)packed + at, MT_MIN(RUN, n - at));
 }
 
 void cpu_vec_count_zeros_to(double *count, const real *x, size_t n) {
@@ -241,8 +242,7 @@ static void swiglu_chunk(void *to, Storage store, const real *g, const real *u, 
 // (exactly) into wide.
 static const real *reals_at(real *wide, const void *x, Storage store, size_t at, int n) {
     if (store == STORE_FP32) return (const real *)x + at;
-    const uint16_t *h = (const uint16_t *)x + at;
-    for (int i = 0; i < n; i++) wide[i] = (real)bf16_to_float(h[i]);
+    cpu_bf16_widen_run(wide, (const uint16_t *)x + at, (size_t)n);
     return wide;
 }
 
@@ -290,8 +290,7 @@ static void store_reals(void *to, Storage store, const real *x, int n) {
         memcpy(to, x, (size_t)n * sizeof(real));
         return;
     }
-    uint16_t *h = to;
-    for (int i = 0; i < n; i++) h[i] = bf16_from_float_flushed((float)x[i]);
+    cpu_bf16_round_run(to, x, (size_t)n);
 }
 
 // act = silu(g)·u·s with silu'(g) = σ(g)(1 + g(1 − σ(g))):

@@ -393,11 +393,8 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
 // C[ic:ic+mc, jc:jc+nc] (stored bf16) <- the staging block's fp32 sums (rows ld apart), each
 // rounded as bf16_pack rounds.
 static void store_bf16_block(const GemmProblem *p, int ic, int mc, int jc, int nc, const real *staging, size_t ld) {
-    for (int i = 0; i < mc; i++) {
-        uint16_t *c = (uint16_t *)p->C + (size_t)(ic + i) * p->ldc + jc;
-        const real *s = staging + (size_t)i * ld;
-        for (int j = 0; j < nc; j++) c[j] = bf16_from_float_flushed((float)s[j]);
-    }
+    for (int i = 0; i < mc; i++)
+        cpu_bf16_round_run((uint16_t *)p->C + (size_t)(ic + i) * p->ldc + jc, staging + (size_t)i * ld, (size_t)nc);
 }
 
 // The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only. Each element
