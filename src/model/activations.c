@@ -155,17 +155,19 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     int own_mlp = !plan_recomputes(p, RECOMPUTE_MLP);
     real **workspace = &a->sp_workspace;
     SAVED(bp, la->x_in, N_local, H);
-    SAVED_OR_ALIAS(bp, own_norms, la->ln1, N_local, H, a->recomputed.ln1);
+    la->ln1_store = p->norm_store;
+    la->ln2_store = is_moe ? STORE_FP32 : p->norm_store;  // a MoE layer's router reads ln2 in fp32
+    STORED_OR_ALIAS(bp, own_norms, la->ln1, N_local, H, la->ln1_store, a->recomputed.ln1);
     SAVED(bp, la->ln1_rstd, N_local, 1);
-    SAVED_OR_ALIAS(bp, sp, la->ln1_full, N, H, la->ln1);
+    STORED_OR_ALIAS(bp, sp, la->ln1_full, N, H, la->ln1_store, la->ln1);
     plan_qkv(bp, la, a, m, N);
     SAVED_OR_ALIAS(bp, own_attn, la->att, N, p->width.out, a->recomputed.att);
     SAVED_OR_ALIAS(bp, own_attn, la->lse, N, p->heads, a->recomputed.lse);
     SAVED(bp, la->x_mid, N_local, H);
     buffer_alias(bp, &la->attn_partial, sp ? workspace : &la->x_mid);
-    SAVED_OR_ALIAS(bp, own_norms, la->ln2, N_local, H, a->recomputed.ln2);
+    STORED_OR_ALIAS(bp, own_norms, la->ln2, N_local, H, la->ln2_store, a->recomputed.ln2);
     SAVED(bp, la->ln2_rstd, N_local, 1);
-    SAVED_OR_ALIAS(bp, gathers_ln2, la->ln2_full, N, H, la->ln2);
+    STORED_OR_ALIAS(bp, gathers_ln2, la->ln2_full, N, H, la->ln2_store, la->ln2);
     SAVED(bp, la->ffn_out, N_local, H);
     if (is_moe) {
         // --recompute-modules moe: the block's buffers are the shared set's (bound after allocation)
@@ -259,9 +261,9 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
         WORKSPACE(bp, a->recomputed.att, N, p->width.out);
         WORKSPACE(bp, a->recomputed.lse, N, p->heads);
     }
-    if (plan_recomputes(p, RECOMPUTE_LAYERNORM)) {
-        WORKSPACE(bp, a->recomputed.ln1, N_local, H);
-        WORKSPACE(bp, a->recomputed.ln2, N_local, H);
+    if (plan_recomputes(p, RECOMPUTE_LAYERNORM)) {  // stored as the layers' (a MoE layer's ln2: fp32)
+        STORED(bp, a->recomputed.ln1, N_local, H, p->norm_store, BUF_WORKSPACE);
+        STORED(bp, a->recomputed.ln2, N_local, H, has_moe ? STORE_FP32 : p->norm_store, BUF_WORKSPACE);
     }
     if (has_dense && plan_recomputes(p, RECOMPUTE_MLP)) {
         STORED(bp, a->recomputed.mlp_gate, N, p->ffn, p->gate_up_store, BUF_WORKSPACE);

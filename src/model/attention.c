@@ -103,7 +103,7 @@ static void qk_norm_forward(const Model *m, real *y, real *rstd, const real *x, 
     const Config *c = &m->cfg;
     int d = m->plan.head_dim;
     if (c->qk_norm_whole) rmsnorm_sharded_forward(y, rstd, x, w, N, heads * d, (real)c->norm_epsilon, shards);
-    else rmsnorm_forward(y, rstd, x, w, N * heads, d, (real)c->norm_epsilon);
+    else rmsnorm_forward(y, STORE_FP32, rstd, x, w, N * heads, d, (real)c->norm_epsilon);
 }
 
 static void qk_norm_backward(const Model *m, real *dx, real *dw, const real *dy, const real *x, const real *w,
@@ -131,9 +131,11 @@ static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerAct
     const TensorTable *tt = &m->tt;
     int N = tokens->B * tokens->T, H = p->hidden;
     AttentionWidths w = p->width;
-    qlinear_forward(model_quant(m, lp->q_proj), la->q_raw, la->ln1_full, tt_param(tt, lp->q_proj), N, H, w.q);
-    qlinear_forward(model_quant(m, lp->k_proj), la->k_raw, la->ln1_full, tt_param(tt, lp->k_proj), N, H, w.k);
-    qlinear_forward(model_quant(m, lp->v_proj), la->v_raw, la->ln1_full, tt_param(tt, lp->v_proj), N, H, w.v);
+    const real *x = la->ln1_full;
+    Storage xs = la->ln1_store;
+    qlinear_forward_stored(model_quant(m, lp->q_proj), la->q_raw, x, xs, tt_param(tt, lp->q_proj), N, H, w.q);
+    qlinear_forward_stored(model_quant(m, lp->k_proj), la->k_raw, x, xs, tt_param(tt, lp->k_proj), N, H, w.k);
+    qlinear_forward_stored(model_quant(m, lp->v_proj), la->v_raw, x, xs, tt_param(tt, lp->v_proj), N, H, w.v);
     if (c->qk_layernorm) {
         NormShards qs = query_shards(p), ks = key_shards(p);
         qk_norm_forward(m, la->q_normed, la->q_rstd, la->q_raw, tt_param(tt, lp->q_norm), N, p->heads, &qs);
@@ -178,12 +180,14 @@ static void standard_qkv_backward(Model *m, const LayerParams *lp, LayerActs *la
         qk_norm_backward(m, dk_raw, tt_grad(tt, lp->k_norm), a->d_k, la->k_raw, tt_param(tt, lp->k_norm),
                          la->k_rstd, N, p->kv_heads, &ks);
     }
-    qlinear_backward(model_quant(m, lp->q_proj), a->d_norm_full, tt_grad(tt, lp->q_proj), dq_raw, la->ln1_full,
-                     tt_param(tt, lp->q_proj), N, H, w.q);
-    qlinear_backward(model_quant(m, lp->k_proj), a->d_norm_full, tt_grad(tt, lp->k_proj), dk_raw, la->ln1_full,
-                     tt_param(tt, lp->k_proj), N, H, w.k);
-    qlinear_backward(model_quant(m, lp->v_proj), a->d_norm_full, tt_grad(tt, lp->v_proj), a->d_v, la->ln1_full,
-                     tt_param(tt, lp->v_proj), N, H, w.v);
+    const real *x = la->ln1_full;
+    Storage xs = la->ln1_store;
+    qlinear_backward_stored(model_quant(m, lp->q_proj), a->d_norm_full, tt_grad(tt, lp->q_proj), dq_raw, x, xs,
+                            tt_param(tt, lp->q_proj), N, H, w.q);
+    qlinear_backward_stored(model_quant(m, lp->k_proj), a->d_norm_full, tt_grad(tt, lp->k_proj), dk_raw, x, xs,
+                            tt_param(tt, lp->k_proj), N, H, w.k);
+    qlinear_backward_stored(model_quant(m, lp->v_proj), a->d_norm_full, tt_grad(tt, lp->v_proj), a->d_v, x, xs,
+                            tt_param(tt, lp->v_proj), N, H, w.v);
 }
 
 // ---- the block ---------------------------------------------------------------------------------
@@ -202,8 +206,10 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, const Mod
     const TensorTable *tt = &m->tt;
     TpRegion region = model_tp_region(m);
     int N = tokens->B * tokens->T, N_local = plan_local_tokens(&m->plan, N), H = m->plan.hidden;
-    rmsnorm_forward(la->ln1, la->ln1_rstd, la->x_in, tt_param(tt, lp->input_norm), N_local, H, (real)c->norm_epsilon);
-    model_tp_gather_gemm_rows(m, la->attn_partial, la->ln1, la->ln1_full, N, H);  // attn_partial: free until o_proj
+    rmsnorm_forward(la->ln1, la->ln1_store, la->ln1_rstd, la->x_in, tt_param(tt, lp->input_norm), N_local, H,
+                    (real)c->norm_epsilon);
+    // attn_partial: free until o_proj
+    model_tp_gather_stored(m, la->attn_partial, la->ln1, la->ln1_full, la->ln1_store, N, H);
     if (c->multi_latent_attention) mla_forward(m, layer, la, tokens);
     else standard_qkv_forward(m, lp, la, tokens);
     attention_core_forward(m, layer, la, a, kv);

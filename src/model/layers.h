@@ -12,6 +12,9 @@ TpRegion model_tp_region(const Model *m);
 // model_exchanges_bf16 they travel as bf16 (the same values for the GEMMs, half the bytes),
 // through scratch (N, C), free during the call (the sp_workspace); x_full must not be scratch.
 void model_tp_gather_gemm_rows(const Model *m, real *scratch, const real *x, real *x_full, int N, int C);
+// The same for x and x_full stored as `store` (ops/gemm.h Storage; a norm's output, LayerActs):
+// bf16 rows (C even) travel as they are stored, fp32 ones as model_tp_gather_gemm_rows moves them.
+void model_tp_gather_stored(const Model *m, real *scratch, const real *x, real *x_full, Storage store, int N, int C);
 
 // Per-token widths of attention of the whole model (every head): model/layout.h.
 AttentionWidths attention_widths(const Config *c);

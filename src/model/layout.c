@@ -178,6 +178,7 @@ static void plan_bf16_storage(LayoutPlan *p, const Config *c) {
     int rows_bf16 = kept_bf16 && p->exchanges_bf16 && p->moe_hidden % 2 == 0;
     p->expert_rows_store = rows_bf16 ? STORE_BF16 : STORE_FP32;
     p->gate_up_store = asked == KEEP_AS_MEGATRON ? STORE_BF16 : STORE_FP32;
+    p->norm_store = kept_bf16 && p->exchanges_bf16 && p->hidden % 2 == 0 ? STORE_BF16 : STORE_FP32;
 }
 
 void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {

@@ -126,6 +126,12 @@ typedef struct {
     // MOETRON_ACTIVATIONS=gemm-inputs keeps them fp32 (only the bf16 storage above: the bits of
     // fp32 storage), MOETRON_ACTIVATIONS=fp32 keeps all three fp32.
     Storage gate_up_store;
+    // how the norms' outputs that only GEMMs read are kept (LayerActs.ln1_store, ln2_store): ln1
+    // (the attention's projections) of every layer and ln2 of the dense layers (its FFN; a MoE
+    // layer's router reads its ln2 in fp32): bf16 as swiglu_act_store is, the same bits at half
+    // the memory, with an even hidden size and bf16 exchanges (sequence parallelism gathers them
+    // as stored).
+    Storage norm_store;
     // vocabulary
     int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
     int padded_vocab;        // all rows

@@ -80,7 +80,7 @@ static HeadLoss main_head(const ModelActs *a) {
 
 void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     int N = a->N, H = m->plan.hidden;
-    rmsnorm_forward(a->lnf, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), a->N_local, H,
+    rmsnorm_forward(a->lnf, STORE_FP32, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), a->N_local, H,
                     (real)m->cfg.norm_epsilon);
     model_tp_gather_gemm_rows(m, a->sp_workspace, a->lnf, a->lnf_full, N, H);
     HeadLoss h = main_head(a);

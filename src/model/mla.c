@@ -74,7 +74,9 @@ static void up_projections_forward(const Model *m, const LayerParams *lp, LayerA
     MlaActs *ma = &la->mla;
     int N = tokens->B * tokens->T, H = m->plan.hidden, q_width = d.heads * d.dq;
     if (d.rq) qlinear_forward(model_quant(m, lp->q_b_proj), la->q, ma->q_a_norm, tt_param(tt, lp->q_b_proj), N, d.rq, q_width);
-    else qlinear_forward(model_quant(m, lp->q_proj), la->q, la->ln1_full, tt_param(tt, lp->q_proj), N, H, q_width);
+    else
+        qlinear_forward_stored(model_quant(m, lp->q_proj), la->q, la->ln1_full, la->ln1_store, tt_param(tt, lp->q_proj),
+                               N, H, q_width);
     RopeLayout qr = query_rope(&m->cfg, d);
     rope_forward(la->q + d.dn, m->rope_cos_sin, tokens, &qr);
     qlinear_forward(model_quant(m, lp->kv_b_proj), ma->kv_b, ma->latent_norm, tt_param(tt, lp->kv_b_proj), N, d.rkv,
@@ -90,19 +92,20 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
     MlaActs *ma = &la->mla;
     int N = tokens->B * tokens->T, H = m->plan.hidden;
     if (d.rq) {  // the query latent
-        qlinear_forward(model_quant(m, lp->q_a_proj), ma->q_a, la->ln1_full, tt_param(tt, lp->q_a_proj), N, H, d.rq);
-        rmsnorm_forward(ma->q_a_norm, ma->q_a_rstd, ma->q_a, tt_param(tt, lp->q_a_norm), N, d.rq,
+        qlinear_forward_stored(model_quant(m, lp->q_a_proj), ma->q_a, la->ln1_full, la->ln1_store,
+                               tt_param(tt, lp->q_a_proj), N, H, d.rq);
+        rmsnorm_forward(ma->q_a_norm, STORE_FP32, ma->q_a_rstd, ma->q_a, tt_param(tt, lp->q_a_norm), N, d.rq,
                         (real)MLA_LATENT_NORM_EPS);
     }
     // W_kv_a's first rkv rows make the latent, the last dr rows the rotary key
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
     // two GEMMs on W_kv_a's row blocks, with its one set of quantizers
     QuantLinear *q_kv_a = model_quant(m, lp->kv_a_proj);
-    qlinear_forward(q_kv_a, ma->latent, la->ln1_full, w_kv_a, N, H, d.rkv);
-    qlinear_forward(q_kv_a, ma->k_rope, la->ln1_full, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
+    qlinear_forward_stored(q_kv_a, ma->latent, la->ln1_full, la->ln1_store, w_kv_a, N, H, d.rkv);
+    qlinear_forward_stored(q_kv_a, ma->k_rope, la->ln1_full, la->ln1_store, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
     RopeLayout kr = key_rope(c, d);
     rope_forward(ma->k_rope, m->rope_cos_sin, tokens, &kr);
-    rmsnorm_forward(ma->latent_norm, ma->latent_rstd, ma->latent, tt_param(tt, lp->kv_a_norm), N, d.rkv,
+    rmsnorm_forward(ma->latent_norm, STORE_FP32, ma->latent_rstd, ma->latent, tt_param(tt, lp->kv_a_norm), N, d.rkv,
                     (real)MLA_LATENT_NORM_EPS);
     up_projections_forward(m, lp, la, tokens, d);
 }
@@ -116,8 +119,8 @@ static void queries_backward(Model *m, const LayerParams *lp, LayerActs *la, Mod
     int N = a->N, H = m->plan.hidden, q_width = d.heads * d.dq;
     MlaActs *ma = &la->mla;
     if (!d.rq) {
-        qlinear_backward(model_quant(m, lp->q_proj), a->d_norm_full, tt_grad(tt, lp->q_proj), a->d_q, la->ln1_full,
-                         tt_param(tt, lp->q_proj), N, H, q_width);
+        qlinear_backward_stored(model_quant(m, lp->q_proj), a->d_norm_full, tt_grad(tt, lp->q_proj), a->d_q,
+                                la->ln1_full, la->ln1_store, tt_param(tt, lp->q_proj), N, H, q_width);
         return;
     }
     vec_zero(a->d_q_a_norm, (size_t)N * d.rq);
@@ -126,8 +129,8 @@ static void queries_backward(Model *m, const LayerParams *lp, LayerActs *la, Mod
     vec_zero(a->d_q_a, (size_t)N * d.rq);
     rmsnorm_backward(a->d_q_a, tt_grad(tt, lp->q_a_norm), a->d_q_a_norm, ma->q_a, tt_param(tt, lp->q_a_norm),
                      ma->q_a_rstd, N, d.rq);
-    qlinear_backward(model_quant(m, lp->q_a_proj), a->d_norm_full, tt_grad(tt, lp->q_a_proj), a->d_q_a, la->ln1_full,
-                     tt_param(tt, lp->q_a_proj), N, H, d.rq);
+    qlinear_backward_stored(model_quant(m, lp->q_a_proj), a->d_norm_full, tt_grad(tt, lp->q_a_proj), a->d_q_a,
+                            la->ln1_full, la->ln1_store, tt_param(tt, lp->q_a_proj), N, H, d.rq);
 }
 
 void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
@@ -152,7 +155,9 @@ void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
     real *dw_kv_a = tt_grad(tt, lp->kv_a_proj);
     size_t rope_rows = (size_t)d.rkv * H;
     QuantLinear *q_kv_a = model_quant(m, lp->kv_a_proj);
-    qlinear_backward(q_kv_a, a->d_norm_full, dw_kv_a, a->d_latent, la->ln1_full, w_kv_a, N, H, d.rkv);
-    qlinear_backward(q_kv_a, a->d_norm_full, dw_kv_a + rope_rows, a->d_k_rope, la->ln1_full, w_kv_a + rope_rows, N, H,
-                     d.dr);
+    const real *x = la->ln1_full;
+    Storage xs = la->ln1_store;
+    qlinear_backward_stored(q_kv_a, a->d_norm_full, dw_kv_a, a->d_latent, x, xs, w_kv_a, N, H, d.rkv);
+    qlinear_backward_stored(q_kv_a, a->d_norm_full, dw_kv_a + rope_rows, a->d_k_rope, x, xs, w_kv_a + rope_rows, N, H,
+                            d.dr);
 }

@@ -132,6 +132,7 @@ typedef struct {
     real *x_in;                   // (N_local,H) block input (the residual stream)
     real *ln1, *ln1_rstd;         // (N_local,H), (N_local)
     real *ln1_full;               // (N,H) ln1 of every token: gathered with sequence parallelism, else ln1
+    Storage ln1_store, ln2_store;  // how ln1 / ln1_full and ln2 / ln2_full are stored (layout.h norm_store)
     real *q, *k, *v;              // (N,q_width), (N,k_width), (N,v_width): as attention sees them
     real *q_raw, *k_raw, *v_raw;  // projections (aliases of the next stage when it is off)
     real *q_normed, *k_normed;    // after QK-norm, before --clip-qkv (aliases when off)

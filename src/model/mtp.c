@@ -77,13 +77,14 @@ static void depth_forward(StagePass *s, int k) {
     int l = m->plan.layers + k, N = a->N, N_local = a->N_local, H = m->plan.hidden;
     real eps = (real)m->cfg.norm_epsilon;
     embedding_lookup(m, a, d->emb, d->tokens);
-    rmsnorm_forward(d->emb_norm, d->emb_rstd, d->emb, tt_param(&m->tt, mp->enorm), N_local, H, eps);
-    rmsnorm_forward(d->hidden_norm, d->hidden_rstd, depth_input(a, k), tt_param(&m->tt, mp->hnorm), N_local, H, eps);
+    rmsnorm_forward(d->emb_norm, STORE_FP32, d->emb_rstd, d->emb, tt_param(&m->tt, mp->enorm), N_local, H, eps);
+    rmsnorm_forward(d->hidden_norm, STORE_FP32, d->hidden_rstd, depth_input(a, k), tt_param(&m->tt, mp->hnorm), N_local,
+                    H, eps);
     concat_halves(d->cat, d->emb_norm, d->hidden_norm, N_local, H, 0);
     qlinear_forward(model_quant(m, mp->eh_proj), a->layers[l].x_in, d->cat, tt_param(&m->tt, mp->eh_proj), N_local,
                     2 * H, H);
     stage_block_forward(s, l, d->x_out);
-    rmsnorm_forward(d->out, d->out_rstd, d->x_out, tt_param(&m->tt, mp->final_norm), N_local, H, eps);
+    rmsnorm_forward(d->out, STORE_FP32, d->out_rstd, d->x_out, tt_param(&m->tt, mp->final_norm), N_local, H, eps);
     model_tp_gather_gemm_rows(m, a->sp_workspace, d->out, d->out_full, N, H);
     HeadLoss h = depth_head(d);
     a->mtp_loss[k] = head_loss_forward(m, &h, d->out_full, d->targets, d->loss_mask, N);

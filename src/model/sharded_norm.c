@@ -21,7 +21,7 @@ static void row_dots(double *out, const real *a, const real *b, const real *c, i
 void rmsnorm_sharded_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps,
                              const NormShards *s) {
     if (whole_rows(s)) {
-        rmsnorm_forward(y, rstd, x, w, N, C, eps);
+        rmsnorm_forward(y, STORE_FP32, rstd, x, w, N, C, eps);
         return;
     }
     int C_total = C * s->group->size / s->replicas;

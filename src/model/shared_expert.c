@@ -13,7 +13,8 @@ void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la,
     TpRegion region = model_tp_region(m);
     int H = m->plan.hidden, N_local = plan_local_tokens(&m->plan, N);
     int32_t offsets[2] = {0, N};
-    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
+    ExpertShape shape = {
+        .groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets, .in_store = la->ln2_store};
     real *gate = NULL;
     if (lp->shared_expert_gate >= 0) {  // σ(x·w_gate) scales the whole shared output
         linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
@@ -21,7 +22,8 @@ void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la,
         tp_enter_forward(&region, ma->shared_gate, ma->shared_gate_full, N, 1);
         gate = ma->shared_gate_full;
     }
-    model_tp_gather_gemm_rows(m, la->ffn_partial, la->ln2, la->ln2_full, N, H);  // ffn_partial: free until down
+    // ffn_partial: free until down
+    model_tp_gather_stored(m, la->ffn_partial, la->ln2, la->ln2_full, la->ln2_store, N, H);
     experts_forward(la->ffn_partial, &ma->shared, la->ln2_full, gate, &lp->shared_params, &shape);
     tp_exit_forward(&region, la->ffn_partial, ma->shared_out, N, H);
 }
@@ -31,7 +33,8 @@ void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, Mode
     TpRegion region = model_tp_region(m);
     int N = a->N, N_local = a->N_local, H = m->plan.hidden;
     int32_t offsets[2] = {0, N};
-    ExpertShape shape = {.groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets};
+    ExpertShape shape = {
+        .groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets, .in_store = la->ln2_store};
     int gated = lp->shared_expert_gate >= 0;
     // --recompute-modules shared_experts: gate, up and their product again (shared buffers)
     if (plan_recomputes(&m->plan, RECOMPUTE_SHARED_EXPERTS))

@@ -18,3 +18,12 @@ void model_tp_gather_gemm_rows(const Model *m, real *scratch, const real *x, rea
     comm_allgather(r.tp, mine, gathered, local / 2);
     bf16_unpack(x_full, gathered, all);
 }
+
+void model_tp_gather_stored(const Model *m, real *scratch, const real *x, real *x_full, Storage store, int N, int C) {
+    if (store == STORE_FP32) {
+        model_tp_gather_gemm_rows(m, scratch, x, x_full, N, C);
+        return;
+    }
+    TpRegion r = model_tp_region(m);
+    tp_enter_forward(&r, x, x_full, N, C / 2);  // a bf16 row of even C: C/2 reals, moved as they are
+}

@@ -28,8 +28,8 @@ static const int32_t *token_index_of(const StagePass *s) { return s->m->plan.cp_
 // The attention block and the norm before the FFN: x_in -> x_mid, ln2.
 static void attention_and_norm_forward(const Model *m, int l, LayerActs *la, const ModelActs *a, KvCache *kv) {
     attention_block_forward(m, l, la, a, kv);
-    rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, m->layers[l].post_attn_norm), a->N_local,
-                    m->plan.hidden, (real)m->cfg.norm_epsilon);
+    rmsnorm_forward(la->ln2, la->ln2_store, la->ln2_rstd, la->x_mid, tt_param(&m->tt, m->layers[l].post_attn_norm),
+                    a->N_local, m->plan.hidden, (real)m->cfg.norm_epsilon);
 }
 
 // x_out = x_mid + dropout(ffn_out): the next block's input.
@@ -176,8 +176,9 @@ static void recompute_norms(const Model *m, int l, LayerActs *la, const ModelAct
     const LayerParams *lp = &m->layers[l];
     int N_local = a->N_local, H = m->plan.hidden;
     real eps = (real)m->cfg.norm_epsilon;
-    rmsnorm_forward(la->ln1, la->ln1_rstd, la->x_in, tt_param(&m->tt, lp->input_norm), N_local, H, eps);
-    rmsnorm_forward(la->ln2, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H, eps);
+    rmsnorm_forward(la->ln1, la->ln1_store, la->ln1_rstd, la->x_in, tt_param(&m->tt, lp->input_norm), N_local, H, eps);
+    rmsnorm_forward(la->ln2, la->ln2_store, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H,
+                    eps);
 }
 
 // What layer l's backward reads and the forward did not keep: its recompute group (full,

@@ -63,7 +63,8 @@
     OP(void, embedding_backward, embedding_backward,                                                                 \
        (real *dtable, const real *dout, const int32_t *tokens, int N, int C), (dtable, dout, tokens, N, C))        \
     OP(void, rmsnorm_forward, rmsnorm_forward,                                                                       \
-       (real *y, real *rstd, const real *x, const real *w, int N, int C, real eps), (y, rstd, x, w, N, C, eps))  \
+       (void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C, real eps),              \
+       (y, y_store, rstd, x, w, N, C, eps))                                                                          \
     OP(void, rmsnorm_backward, rmsnorm_backward,                                                                     \
        (real *dx, real *dw, const real *dy, const real *x, const real *w, const real *rstd, int N, int C),       \
        (dx, dw, dy, x, w, rstd, N, C))                                                                               \

@@ -48,8 +48,9 @@ void embedding_forward(real *out, const int32_t *tokens, const real *table, int 
 void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C);
 
 // ---- RMSNorm: y = x · rsqrt(mean(x²) + eps) · w  (statistics in double) ---------------
-// x (N,C), w (C) -> y (N,C), rstd (N)
-void rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps);
+// x (N,C), w (C) -> y (N,C) stored as y_store (ops/gemm.h Storage: STORE_BF16 rounds each fp32
+// result once, as bf16_pack does: what --bf16 keeps of a norm only GEMMs read), rstd (N)
+void rmsnorm_forward(void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C, real eps);
 // dx (N,C) += ..., dw (C) += ... ; rows summed in order for dw
 void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
                       const real *rstd, int N, int C);

@@ -406,6 +406,32 @@ void qlinear_backward(QuantLinear *q, real *dx, real *dW, const real *dy, const 
     qlinear_backward_weight(q, dW, dy, x, N, in, out);
 }
 
+// A bf16-stored input reaches only the high-precision GEMMs (layout.h norm_store).
+static void require_unquantized(const QuantLinear *q, Storage x_store) {
+    if (q && x_store != STORE_FP32) mt_die("internal error: a quantized linear layer given a bf16-stored input");
+}
+
+void qlinear_forward_stored(QuantLinear *q, real *y, const void *x, Storage x_store, const real *W, int N, int in,
+                            int out) {
+    if (x_store == STORE_FP32) {
+        qlinear_forward(q, y, x, W, N, in, out);
+        return;
+    }
+    require_unquantized(q, x_store);
+    mt_gemm_stored(0, 1, N, out, in, 1, x, x_store, in, W, STORE_FP32, in, 0, y, STORE_FP32, out);  // linear_forward
+}
+
+void qlinear_backward_stored(QuantLinear *q, real *dx, real *dW, const real *dy, const void *x, Storage x_store,
+                             const real *W, int N, int in, int out) {
+    if (x_store == STORE_FP32) {
+        qlinear_backward(q, dx, dW, dy, x, W, N, in, out);
+        return;
+    }
+    require_unquantized(q, x_store);
+    qlinear_backward_data(q, dx, dy, W, N, in, out);
+    if (dW) mt_gemm_stored(1, 0, out, in, N, 1, dy, STORE_FP32, out, x, x_store, in, 1, dW, STORE_FP32, in);
+}
+
 // ---- delayed scaling's update and the state a checkpoint keeps ----------------------------------
 
 void quant_context_end_step(QuantContext *c) {

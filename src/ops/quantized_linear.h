@@ -101,6 +101,12 @@ void qlinear_backward_weight(QuantLinear *q, real *dW, const real *dy, const rea
 // Both, as linear_backward (dx NULL: no input gradient); q NULL: linear_backward.
 void qlinear_backward(QuantLinear *q, real *dx, real *dW, const real *dy, const real *x, const real *W, int N,
                       int in, int out);
+// qlinear_forward and qlinear_backward with x stored as x_store (ops/gemm.h Storage: a norm's
+// output kept bf16, LayerActs). A bf16 x needs q NULL (a recipe quantizes from fp32 values).
+void qlinear_forward_stored(QuantLinear *q, real *y, const void *x, Storage x_store, const real *W, int N, int in,
+                            int out);
+void qlinear_backward_stored(QuantLinear *q, real *dx, real *dW, const real *dy, const void *x, Storage x_store,
+                             const real *W, int N, int in, int out);
 
 // The dequantized value of operand `op` of q as a GEMM over its columns reads it (rowwise)
 // or over its rows (columnwise, returned transposed: t (cols, rows_padded)); what the GEMMs

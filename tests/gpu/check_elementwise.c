@@ -188,15 +188,26 @@ static void check_rmsnorm(int N, int C) {
     float *d_y = check_device_nan(nc), *d_rstd = check_device_nan((size_t)N);
 
     float *y = check_random(nc, 0, 1), *rstd = check_random((size_t)N, 0, 1);
-    cpu()->rmsnorm_forward(y, rstd, x, w, N, C, eps);
+    cpu()->rmsnorm_forward(y, STORE_FP32, rstd, x, w, N, C, eps);
     cpu()->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
 
-    under()->rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, eps);
+    under()->rmsnorm_forward(d_y, STORE_FP32, d_rstd, d_x, d_w, N, C, eps);
     // the backward reads the cpu's rstd, so that it is checked on its own
     under()->rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, check_to_device(rstd, (size_t)N), N, C);
 
+    // y stored as bf16 (gemm.h STORE_BF16, what --bf16 keeps of ln1): the fp32 y rounded as bf16_pack
+    // rounds, exactly on the cpu; one bf16 step where another backend's fp32 values differ in the last bits
+    float *d_y16 = check_device_nan((nc + 1) / 2), *d_rstd16 = check_device_nan((size_t)N);
+    under()->rmsnorm_forward(d_y16, STORE_BF16, d_rstd16, d_x, d_w, N, C, eps);
+    float *y_rounded = check_host_copy(y, nc);
+    for (size_t i = 0; i < nc; i++) y_rounded[i] = bf16_to_float(bf16_from_float_flushed(y[i]));
+    int on_cpu = check_backend() == &check_backend_cpu;
+
     check_compare(name, "y", y, d_y, nc, TOL_FP32);
+    check_compare(name, "y stored bf16", y_rounded, check_widened_from_device(d_y16, nc, STORE_BF16), nc,
+                  on_cpu ? 0 : TOL_BF16);
     check_compare(name, "rstd", rstd, d_rstd, (size_t)N, TOL_FP32);
+    check_compare(name, "rstd (y stored bf16)", rstd, d_rstd16, (size_t)N, TOL_FP32);
     check_compare(name, "dx", dx, d_dx, nc, TOL_FP32);
     check_compare(name, "dw", dw, d_dw, (size_t)C, TOL_FP32);
     check_free_all();

@@ -89,17 +89,27 @@ void cpu_embedding_backward(real *dtable, const real *dout, const int32_t *token
 
 // ---- RMSNorm ---------------------------------------------------------------------------
 
-void cpu_rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps) {
+// A row of y = x·r·w into yr, stored as `store`.
+static void rmsnorm_row(void *yr, Storage store, const real *xr, real r, const real *w, int C) {
+    if (store == STORE_FP32) {
+        real *y = yr;
+        for (int c = 0; c < C; c++) y[c] = xr[c] * r * w[c];
+        return;
+    }
+    uint16_t *y = yr;
+    for (int c = 0; c < C; c++) y[c] = bf16_from_float_flushed((float)(xr[c] * r * w[c]));
+}
+
+void cpu_rmsnorm_forward(void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C, real eps) {
     PROF_SCOPE(PROF_NORM);
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *xr = x + (size_t)n * C;
-        real *yr = y + (size_t)n * C;
         double ss = 0;
         for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
         real r = (real)(1.0 / sqrt(ss / C + eps));
         rstd[n] = r;
-        for (int c = 0; c < C; c++) yr[c] = xr[c] * r * w[c];
+        rmsnorm_row(storage_at(y, y_store, (size_t)n * C), y_store, xr, r, w, C);
     }
 }
 

@@ -5,27 +5,37 @@
 // Row kernels run one block per row (blockIdx.x = row n, threads stride over its columns
 // c = tid, tid + blockDim, ...) and fold their per-thread partial sums with block_sum /
 // block_max (block_reduce.cuh): a fixed order for a given C, so the bits repeat.
+#include "core/float_formats.h"
 #include "ops/cuda/block_reduce.cuh"
 
 constexpr int ROW_MAX_THREADS = 256;
 
 // ---- RMSNorm -----------------------------------------------------------------------------
 
-// x (N,C), w (C) -> y (N,C), rstd (N); one block per row
-__global__ void rmsnorm_forward_kernel(float *y, float *rstd, const float *x, const float *w, int C, float eps) {
-    const float *xr = x + (size_t)blockIdx.x * C;
-    float *yr = y + (size_t)blockIdx.x * C;
+// x (N,C), w (C) -> y (N,C), rstd (N); one block per row. y32 when y is stored fp32, else y16
+// (bf16, each value rounded once as bf16_pack rounds).
+__global__ void rmsnorm_forward_kernel(float *y32, uint16_t *y16, float *rstd, const float *x, const float *w, int C,
+                                       float eps) {
+    size_t row = (size_t)blockIdx.x * C;
+    const float *xr = x + row;
     double ss = 0;
     for (int c = threadIdx.x; c < C; c += blockDim.x) ss += (double)xr[c] * xr[c];
     ss = block_sum(ss);
     float r = (float)(1.0 / sqrt(ss / C + (double)eps));
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) yr[c] = xr[c] * r * w[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float v = xr[c] * r * w[c];
+        if (y32) y32[row + c] = v;
+        else y16[row + c] = bf16_from_float_flushed(v);
+    }
 }
 
-void cuda_rmsnorm_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps) {
+void cuda_rmsnorm_forward(void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C,
+                          real eps) {
     if (N <= 0) return;
-    rmsnorm_forward_kernel<<<N, row_threads(C, ROW_MAX_THREADS), 0, cuda_stream()>>>(y, rstd, x, w, C, eps);
+    float *y32 = y_store == STORE_FP32 ? (float *)y : NULL;
+    rmsnorm_forward_kernel<<<N, row_threads(C, ROW_MAX_THREADS), 0, cuda_stream()>>>(y32, (uint16_t *)y, rstd, x, w,
+                                                                                     C, eps);
     CUDA_CHECK_LAUNCH();
 }
 
