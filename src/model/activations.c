@@ -104,7 +104,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     ma->experts.d_gate_up_store = p->swiglu_act_store;
     STORED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, p->swiglu_act_store,
                     a->recomputed.moe_act);
-    SAVED(bp, ma->rows_out, dispatched, Hr);
+    buffer_alias(bp, &ma->rows_out, &a->moe_rows_out);  // dead once combined: one buffer for every layer
 }
 
 static void plan_mla(BufferPlan *bp, MlaActs *ma, ModelActs *a, const Config *c, int heads, int N, int own_up) {
@@ -318,10 +318,12 @@ static void plan_mla_scratch(BufferPlan *bp, ModelActs *a, const Config *c, int 
     }
 }
 
-// dispatched: the local plan's rows whose gradients the dispatcher needs (local_dispatched_rows)
+// dispatched: the local plan's rows whose gradients the dispatcher needs (local_dispatched_rows),
+// and whose outputs the forward's combine reads (the experts' rows_out of the layer running)
 static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const Model *m, size_t dispatched) {
     const LayoutPlan *p = &m->plan;
     int N = a->N, N_local = a->N_local, H = p->hidden, Hr = p->moe_hidden, sp = p->sequence_parallel;
+    WORKSPACE(bp, a->moe_rows_out, dispatched, Hr);
     WORKSPACE(bp, a->d_rows_in, dispatched, Hr);
     WORKSPACE(bp, a->d_rows_out, dispatched, Hr);
     if (m->cfg.moe_latent_size) {

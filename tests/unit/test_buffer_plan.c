@@ -113,6 +113,10 @@ static void test_model_activations(void) {
     LayerActs *la = &a.layers[0];
     CHECK(la->q_raw == la->q && la->q_normed == la->q && la->ln1_full == la->ln1, "stages that are off alias");
     CHECK(la->ffn_partial == la->moe.shared_out && a.d_shared_in_full == a.d_shared_in, "no sequence parallelism");
+    // the experts' outputs are dead once combined: one workspace every MoE layer writes in turn
+    CHECK(field_in(&a.buffers, "a->moe_rows_out", a.moe_rows_out, BUF_WORKSPACE), "moe_rows_out a workspace");
+    CHECK(a.layers[0].moe.rows_out == a.moe_rows_out && a.layers[1].moe.rows_out == a.moe_rows_out,
+          "every layer's rows_out is the workspace");
     acts_free(&described);
     acts_free(&a);
     model_free(&m);
