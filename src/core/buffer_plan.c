@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/device.h"
@@ -20,9 +21,11 @@ void buffer_plan_scope(BufferPlan *bp, const char *fmt, ...) {
     va_end(ap);
 }
 
+static int allocated(const BufferPlan *bp) { return bp->base || bp->separate; }
+
 static void add_spec(BufferPlan *bp, void *slot, const char *name, size_t rows, size_t cols, BufferDtype dtype,
                      BufferLifetime lifetime) {
-    MT_ASSERT(!bp->base);  // declared before the allocation
+    MT_ASSERT(!allocated(bp));  // declared before the allocation
     if (bp->count == bp->capacity) {
         bp->capacity = bp->capacity ? 2 * bp->capacity : 128;
         bp->specs = mt_realloc(bp->specs, bp->capacity * sizeof(BufferSpec));
@@ -52,7 +55,7 @@ void buffer_double(BufferPlan *bp, double **slot, const char *name, size_t rows,
 }
 
 void buffer_alias(BufferPlan *bp, real **slot, real **source) {
-    MT_ASSERT(!bp->base);
+    MT_ASSERT(!allocated(bp));
     if (bp->alias_count == bp->alias_capacity) {
         bp->alias_capacity = bp->alias_capacity ? 2 * bp->alias_capacity : 64;
         bp->aliases = mt_realloc(bp->aliases, bp->alias_capacity * sizeof(BufferAlias));
@@ -85,16 +88,42 @@ void buffer_plan_layout(BufferPlan *bp) {
 
 static void set_slot(void *slot, void *address) { memcpy(slot, &address, sizeof(address)); }
 
+int buffer_plan_separate(void) {
+    const char *asked = getenv("MOETRON_BUFFERS");
+    if (!asked || !asked[0]) {
+#if defined(__SANITIZE_ADDRESS__)
+        return 1;
+#else
+        return 0;
+#endif
+    }
+    if (!strcmp(asked, "one")) return 0;
+    if (!strcmp(asked, "separate")) return 1;
+    mt_die("MOETRON_BUFFERS=%s: use one or separate (or unset it)", asked);
+}
+
+void *buffer_spec_address(const BufferPlan *bp, const BufferSpec *s) {
+    MT_ASSERT(allocated(bp));
+    return bp->separate ? bp->separate[s - bp->specs] : (char *)bp->base + s->offset;
+}
+
 void buffer_plan_allocate(BufferPlan *bp) {
-    MT_ASSERT(!bp->base);
+    MT_ASSERT(!allocated(bp));
     buffer_plan_layout(bp);
-    bp->base = device_calloc(1, bp->bytes);
-    for (int i = 0; i < bp->count; i++) set_slot(bp->specs[i].slot, (char *)bp->base + bp->specs[i].offset);
+    if (buffer_plan_separate()) {
+        bp->separate = mt_calloc((size_t)MT_MAX(bp->count, 1), sizeof(void *));
+        for (int i = 0; i < bp->count; i++) bp->separate[i] = device_calloc(1, buffer_spec_bytes(&bp->specs[i]));
+    } else {
+        bp->base = device_calloc(1, bp->bytes);
+    }
+    for (int i = 0; i < bp->count; i++) set_slot(bp->specs[i].slot, buffer_spec_address(bp, &bp->specs[i]));
     for (int i = 0; i < bp->alias_count; i++) *(real **)bp->aliases[i].slot = *(real **)bp->aliases[i].source;
 }
 
 void buffer_plan_free(BufferPlan *bp) {
     if (bp->base) device_free(bp->base);
+    for (int i = 0; bp->separate && i < bp->count; i++) device_free(bp->separate[i]);
+    free(bp->separate);
     free(bp->specs);
     free(bp->aliases);
     memset(bp, 0, sizeof(*bp));

@@ -11,6 +11,12 @@
 // An alias is a slot that receives another slot's address (a stage that is off reading
 // its neighbour's buffer): it takes no memory, and is resolved after the buffers, in
 // the order aliases were declared (an alias may name an earlier alias).
+//
+// Separate buffers: with MOETRON_BUFFERS=separate — the default of an AddressSanitizer build —
+// buffer_plan_allocate gives every buffer an allocation of its own, of exactly its size, so
+// that the sanitizer sees a kernel reading or writing past a buffer (inside the one block the
+// next buffer would take it silently); the layout (offsets, regions, bytes) is the same and
+// base stays NULL. MOETRON_BUFFERS=one keeps the one block.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -50,6 +56,7 @@ typedef struct {
     size_t region_offset[BUF_LIFETIMES];  // each lifetime's contiguous region, after layout
     size_t region_bytes[BUF_LIFETIMES];
     void *base;                           // the allocation, or NULL before buffer_plan_allocate
+    void **separate;                      // (count) each buffer's own allocation, with separate buffers
 } BufferPlan;
 
 void buffer_plan_init(BufferPlan *bp);
@@ -68,8 +75,13 @@ void buffer_alias(BufferPlan *bp, real **slot, real **source);
 
 // Offsets and sizes; nothing is allocated.
 void buffer_plan_layout(BufferPlan *bp);
-// The one allocation (zeroed), then every slot and alias. Lays out first if needed.
+// The one allocation (zeroed; or one per buffer, above), then every slot and alias. Lays out
+// first if needed. Dies with one line when MOETRON_BUFFERS is neither one nor separate.
 void buffer_plan_allocate(BufferPlan *bp);
+// Whether buffer_plan_allocate makes one allocation per buffer (MOETRON_BUFFERS).
+int buffer_plan_separate(void);
+// The address of spec s of an allocated plan.
+void *buffer_spec_address(const BufferPlan *bp, const BufferSpec *s);
 void buffer_plan_free(BufferPlan *bp);
 
 // The spec named name (scope included), or NULL.

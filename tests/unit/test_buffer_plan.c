@@ -1,6 +1,7 @@
 // test_buffer_plan.c — core/buffer_plan.h (specs laid out in one allocation) and the
 // activations' plan built on it (model/activations.c).
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/buffer_plan.h"
@@ -34,6 +35,7 @@ static void check_layout(const BufferPlan *bp) {
 }
 
 static void test_layout_and_slots(void) {
+    setenv("MOETRON_BUFFERS", "one", 1);  // the one block (an AddressSanitizer build defaults to separate)
     BufferPlan bp;
     buffer_plan_init(&bp);
     real *saved = NULL, *work = NULL, *io = NULL, *empty = NULL, *alias = NULL, *alias_of_alias = NULL;
@@ -76,12 +78,42 @@ static void test_layout_and_slots(void) {
     CHECK(zero, "memory zeroed");
     buffer_plan_free(&bp);
     CHECK(bp.base == NULL && bp.count == 0, "freed");
+    unsetenv("MOETRON_BUFFERS");
+}
+
+// MOETRON_BUFFERS=separate: every buffer an allocation of its own (what the sanitizer build
+// runs, so that it sees one buffer overrun into the next), zeroed, aliases resolved; a bad
+// value is refused by name.
+static void test_separate_buffers(void) {
+    setenv("MOETRON_BUFFERS", "separate", 1);
+    CHECK(buffer_plan_separate(), "separate asked");
+    BufferPlan bp;
+    buffer_plan_init(&bp);
+    real *a = NULL, *b = NULL, *empty = NULL, *alias = NULL;
+    buffer_real(&bp, &a, "a", 3, 5, BUF_SAVED);
+    buffer_bf16(&bp, &b, "b", 3, 1, BUF_WORKSPACE);
+    buffer_real(&bp, &empty, "empty", 0, 4, BUF_SAVED);
+    buffer_alias(&bp, &alias, &b);
+    buffer_plan_allocate(&bp);
+    CHECK(bp.base == NULL && bp.separate != NULL, "no one block");
+    CHECK(a && b && empty && a != b && alias == b, "every slot its own address, aliases resolved");
+    CHECK(buffer_spec_address(&bp, buffer_plan_find(&bp, "a")) == a, "spec address");
+    int zero = 1;
+    for (int i = 0; i < 15; i++) zero &= a[i] == 0;
+    for (int i = 0; i < 3; i++) zero &= ((uint16_t *)b)[i] == 0;
+    CHECK(zero, "memory zeroed");
+    CHECK(bp.bytes == 64 + 64, "laid out as the one block would be: %zu bytes", bp.bytes);
+    buffer_plan_free(&bp);
+    CHECK(bp.separate == NULL && bp.count == 0, "freed");
+    setenv("MOETRON_BUFFERS", "one", 1);
+    CHECK(!buffer_plan_separate(), "one asked");
+    unsetenv("MOETRON_BUFFERS");
 }
 
 // A spec's buffer as the ModelActs field it was declared for.
 static int field_in(const BufferPlan *bp, const char *name, const void *field, BufferLifetime lifetime) {
     const BufferSpec *s = buffer_plan_find(bp, name);
-    return s && s->lifetime == lifetime && (const char *)bp->base + s->offset == field;
+    return s && s->lifetime == lifetime && buffer_spec_address(bp, s) == field;
 }
 
 static void variant_shared_jitter(Config *c) {
@@ -124,6 +156,7 @@ static void test_model_activations(void) {
 
 int main(void) {
     RUN(test_layout_and_slots);
+    RUN(test_separate_buffers);
     RUN(test_model_activations);
     return tl_failed_cases != 0;
 }
