@@ -88,7 +88,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
         STORED_OR_ALIAS(bp, own_shared, ma->shared.act, N_all, Is, p->swiglu_act_store, a->recomputed.shared_act);
         SAVED(bp, ma->shared_gate, N, 1);
         SAVED_OR_ALIAS(bp, p->sequence_parallel, ma->shared_gate_full, N_all, 1, ma->shared_gate);
-        SAVED(bp, ma->shared_out, N, H);
+        buffer_alias(bp, &ma->shared_out, &a->shared_out);  // added to the block's output at once
     }
     if (c->moe_latent_size) {  // the rows dispatched, and the combined ones fc2 reads
         SAVED(bp, ma->latent_in, N, Hr);
@@ -104,7 +104,7 @@ static void plan_moe(BufferPlan *bp, MoeActs *ma, ModelActs *a, const Model *m, 
     ma->experts.d_gate_up_store = p->swiglu_act_store;
     STORED_OR_ALIAS(bp, !plan_recomputes(p, RECOMPUTE_MOE_ACT), ma->experts.act, computed, I, p->swiglu_act_store,
                     a->recomputed.moe_act);
-    buffer_alias(bp, &ma->rows_out, &a->moe_rows_out);  // dead once combined: one buffer for every layer
+    buffer_alias(bp, &ma->rows_out, &a->moe_rows_out);  // dead once combined
 }
 
 static void plan_mla(BufferPlan *bp, MlaActs *ma, ModelActs *a, const Config *c, int heads, int N, int own_up) {
@@ -168,7 +168,7 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     STORED_OR_ALIAS(bp, own_norms, la->ln2, N_local, H, la->ln2_store, a->recomputed.ln2);
     SAVED(bp, la->ln2_rstd, N_local, 1);
     STORED_OR_ALIAS(bp, gathers_ln2, la->ln2_full, N, H, la->ln2_store, la->ln2);
-    SAVED(bp, la->ffn_out, N_local, H);
+    buffer_alias(bp, &la->ffn_out, &a->ffn_out);  // dead once added to the residual
     if (is_moe) {
         // --recompute-modules moe: the block's buffers are the shared set's (bound after allocation)
         MoeActs *moe = plan_recomputes(p, RECOMPUTE_MOE) ? &a->recomputed.moe : &la->moe;
@@ -318,12 +318,10 @@ static void plan_mla_scratch(BufferPlan *bp, ModelActs *a, const Config *c, int 
     }
 }
 
-// dispatched: the local plan's rows whose gradients the dispatcher needs (local_dispatched_rows),
-// and whose outputs the forward's combine reads (the experts' rows_out of the layer running)
+// dispatched: the local plan's rows whose gradients the dispatcher needs (local_dispatched_rows)
 static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const Model *m, size_t dispatched) {
     const LayoutPlan *p = &m->plan;
     int N = a->N, N_local = a->N_local, H = p->hidden, Hr = p->moe_hidden, sp = p->sequence_parallel;
-    WORKSPACE(bp, a->moe_rows_out, dispatched, Hr);
     WORKSPACE(bp, a->d_rows_in, dispatched, Hr);
     WORKSPACE(bp, a->d_rows_out, dispatched, Hr);
     if (m->cfg.moe_latent_size) {
@@ -338,6 +336,20 @@ static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const Model *m, size_
     buffer_alias(bp, &a->d_shared_in_full, sp ? &a->d_norm_full : &a->d_shared_in);  // free while the shared expert runs
     WORKSPACE(bp, a->d_shared_gate, N_local, 1);
     WORKSPACE_OR_ALIAS(bp, sp, a->d_shared_gate_full, N, 1, a->d_shared_gate);
+}
+
+// What a layer's forward makes and uses up before it returns, one buffer every layer writes in
+// turn: the FFN's output (added to the residual at once; its backward reads none of it), the
+// shared expert's (added to the FFN's output) and the experts' output rows (dead once combined:
+// the routing probabilities multiply before the down projection, so the backward needs none).
+static void plan_forward_scratch(BufferPlan *bp, ModelActs *a, const Model *m) {
+    const Config *c = &m->cfg;
+    const LayoutPlan *p = &m->plan;
+    int N = a->N, N_local = a->N_local, H = p->hidden;
+    WORKSPACE(bp, a->ffn_out, N_local, H);
+    if (!c->num_experts) return;
+    if (p->shared_ffn) WORKSPACE(bp, a->shared_out, N_local, H);
+    WORKSPACE(bp, a->moe_rows_out, local_dispatched_rows(m, moe_rows(c, p, N_local, N)), p->moe_hidden);
 }
 
 static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, int holds_head) {
@@ -492,6 +504,7 @@ void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) 
     if (p->cp_size > 1) SAVED_INT32(bp, a->token_index, N_local, 1);
     if (k->holds_head) plan_head(bp, a, p);
     if (k->holds_head) plan_mtp(bp, a, p);
+    plan_forward_scratch(bp, a, m);
     plan_backward_scratch(bp, a, m, k->holds_head);
     if (p->tp_size > 1 && (k->holds_embedding || k->holds_head))  // the vocab-parallel embedding's and loss's
         vocab_scratch_plan(bp, &a->vocab_scratch, N, H);

@@ -194,8 +194,11 @@ typedef struct {
     int recompute_slot_count;
     unsigned char *recompute_slot_of;  // (num_layers) 1 where a layer's buffers are a slot's (allocated), or NULL
     real *sp_workspace;     // (N,H) sequence parallelism: every layer's row-parallel partial sums
-    real *moe_rows_out;     // (rows,moe_hidden) every MoE layer's rows_out: the experts' outputs, read by the
-                            // combine right after them and by nothing else (the backward needs none)
+    // what every layer's forward makes and uses up before it returns, one buffer for all
+    // (model/activations.c plan_forward_scratch): the layers' ffn_out, shared_out and rows_out
+    real *ffn_out;          // (N_local,H) the FFN's output, added to the residual at once
+    real *shared_out;       // (N_local,H) the shared expert's, added to the FFN's output
+    real *moe_rows_out;     // (rows,moe_hidden) the experts' output rows, read by the combine alone
     real *x_entry;          // (N_local,H) input of the chunk's first block (x_final without blocks):
                             // the embedding's output, or what the previous pipeline stage sent
     real *x_final;          // (N_local,H) output of the last block
