@@ -145,10 +145,15 @@ static void test_model_activations(void) {
     LayerActs *la = &a.layers[0];
     CHECK(la->q_raw == la->q && la->q_normed == la->q && la->ln1_full == la->ln1, "stages that are off alias");
     CHECK(la->ffn_partial == la->moe.shared_out && a.d_shared_in_full == a.d_shared_in, "no sequence parallelism");
-    // the experts' outputs are dead once combined: one workspace every MoE layer writes in turn
+    // what a layer's forward uses up before it returns (the experts' output rows, the shared
+    // expert's output, the FFN's): one workspace each, every layer writing it in turn
     CHECK(field_in(&a.buffers, "a->moe_rows_out", a.moe_rows_out, BUF_WORKSPACE), "moe_rows_out a workspace");
-    CHECK(a.layers[0].moe.rows_out == a.moe_rows_out && a.layers[1].moe.rows_out == a.moe_rows_out,
-          "every layer's rows_out is the workspace");
+    CHECK(field_in(&a.buffers, "a->ffn_out", a.ffn_out, BUF_WORKSPACE), "ffn_out a workspace");
+    CHECK(field_in(&a.buffers, "a->shared_out", a.shared_out, BUF_WORKSPACE), "shared_out a workspace");
+    for (int l = 0; l < 2; l++)
+        CHECK(a.layers[l].moe.rows_out == a.moe_rows_out && a.layers[l].ffn_out == a.ffn_out &&
+                  a.layers[l].moe.shared_out == a.shared_out,
+              "layer %d's rows_out, ffn_out and shared_out are the workspaces", l);
     acts_free(&described);
     acts_free(&a);
     model_free(&m);
