@@ -323,7 +323,8 @@ static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const Model *m, size_
     const LayoutPlan *p = &m->plan;
     int N = a->N, N_local = a->N_local, H = p->hidden, Hr = p->moe_hidden, sp = p->sequence_parallel;
     WORKSPACE(bp, a->d_rows_in, dispatched, Hr);
-    WORKSPACE(bp, a->d_rows_out, dispatched, Hr);
+    // the local dispatcher keeps the output rows' gradients as the input rows (token_dispatcher.c)
+    STORED(bp, a->d_rows_out, dispatched, Hr, m->ep.comm ? STORE_FP32 : p->expert_rows_store, BUF_WORKSPACE);
     if (m->cfg.moe_latent_size) {
         WORKSPACE(bp, a->d_latent_out, N_local, Hr);
         WORKSPACE(bp, a->d_latent_in, N_local, Hr);

@@ -150,7 +150,7 @@ void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_o
     RowSpan r = row_span(s);
     size_t first_i = (size_t)r.first * I;
     // down projection: dact = dy·W_down (rows,H) x (H,I)
-    project(s, w->quant_down, 0, I, H, drows_out, STORE_FP32, w->down, 0, scratch_dact, STORE_FP32);
+    project(s, w->quant_down, 0, I, H, drows_out, s->d_out_store, w->down, 0, scratch_dact, STORE_FP32);
     Storage gu = acts->gate_up_store, d = acts->d_gate_up_store;
     swiglu_backward(storage_at(scratch_dgate, d, first_i), storage_at(scratch_dup, d, first_i), d,
                     drow_scale ? drow_scale + r.first : NULL, scratch_dact + first_i,
@@ -167,7 +167,7 @@ void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, co
     int H = s->H, I = s->I;
     // dW_down += dyᵀ·act, dW_gate += dgateᵀ·x, dW_up += dupᵀ·x
     Storage d = acts->d_gate_up_store;
-    project_wgrad(s, dw->quant_down, H, I, drows_out, STORE_FP32, acts->act, acts->act_store, dw->down);
+    project_wgrad(s, dw->quant_down, H, I, drows_out, s->d_out_store, acts->act, acts->act_store, dw->down);
     project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, d, rows_in, s->in_store, dw->gate);
     project_wgrad(s, dw->quant_up, I, H, scratch_dup, d, rows_in, s->in_store, dw->up);
 }

@@ -35,6 +35,7 @@ typedef struct {
                                  // layer pass's dispatch sizes, or NULL (mt_gemm_grouped)
     int rows;                // with counts: the rows of all groups
     Storage in_store;        // how the input rows are stored (the routed experts' under --bf16: bf16)
+    Storage d_out_store;     // how the output rows' gradients are (the local dispatcher's under --bf16: bf16)
 } ExpertShape;
 
 typedef struct {
@@ -60,7 +61,7 @@ void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row
 // act (rows, I; stored as acts->act_store) = experts_forward's act again, from the saved gate and up.
 void experts_recompute_act(real *act, const ExpertActs *acts, const real *row_scale, const ExpertShape *s);
 
-// drows_out (rows,H) -> drows_in (rows,H) overwritten, drow_scale (rows) overwritten when
+// drows_out (rows,H; stored as s->d_out_store) -> drows_in (rows,H) overwritten, drow_scale (rows) overwritten when
 // non-NULL; weight gradients accumulate into dw. scratch: three (rows, I) buffers, the first two
 // (the gate and up gradients) stored as acts->d_gate_up_store.
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,

@@ -37,10 +37,12 @@ static void local_combine(const MoeDispatchContext *ctx, MoeActs *ma, const Expe
     combine_forward(out, rows->rows_out, &ma->plan, ctx->hidden, 0);
 }
 
-// combine backward = dispatch of the output gradient (probs are inside the experts)
+// combine backward = dispatch of the output gradient (probs are inside the experts), its rows
+// stored as the input rows are (only the down projection's GEMMs read them)
 static void local_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
                                    const real *d_out, ExpertRows *rows) {
-    dispatch_forward(grads->d_rows_out, STORE_FP32, NULL, d_out, NULL, &ma->plan, ctx->hidden);
+    dispatch_forward(grads->d_rows_out, ctx->rows_store, NULL, d_out, NULL, &ma->plan, ctx->hidden);
+    rows->shape.d_out_store = ctx->rows_store;
     expert_rows_set_backward(rows, grads->d_rows_out, grads->d_rows_in, grads->d_row_probs, grads->d_gate, grads->d_up,
                              grads->d_act);
 }

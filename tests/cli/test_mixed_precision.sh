@@ -233,8 +233,9 @@ unset CASE_RTOL
 # every layer shares), and the SwiGLU output in the exchange's bound of rows under EP=2 (4096 rows
 # a layer; the received rows land in the back half of their buffer); besides, the backward's gate
 # and up gradients (one workspace of the largest FFN's rows x I each: 2048 x 512, 2 MiB each; under
-# EP=2 the exchange's, 4096 rows: 4 MiB each), and every layer's ln1 (1024 tokens x 256: 0.5 MiB a
-# layer; a MoE layer's ln2 stays fp32: its router reads it).
+# EP=2 the exchange's, 4096 rows: 4 MiB each), every layer's ln1 (1024 tokens x 256: 0.5 MiB a
+# layer; a MoE layer's ln2 stays fp32: its router reads it) and, on one rank, the experts' output
+# rows' gradients (one workspace of 2048 x 256: 1 MiB; under EP the exchange's stay fp32).
 PLAN=(--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --micro-batch-size 4
       --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --vocab-size 1024 --bf16)
 # plan_saving COLUMN FLAGS...: that column (8: activations, 7: expert exchange, MiB) of rank 0's row of
@@ -257,19 +258,19 @@ check_saving() {
     [ "$got" = "$want" ] && ok "$name" || fail "$name" "the plan saves $got MiB, expected $want"
 }
 KEPT=gemm-inputs BASE=fp32
-check_saving mixed_bf16_act_plan 11.0 8
-check_saving mixed_bf16_act_plan_recompute 9.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_act_plan 12.0 8
+check_saving mixed_bf16_act_plan_recompute 10.0 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_act_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
 # the norms recomputed: the two ln1 are one buffer every layer shares (0.5 MiB saved, not 1; the MoE
 # layers' ln2 share an fp32 one); with sequence parallelism over TP=2 a rank keeps its half of every
 # ln1 and the gathered whole (0.25 + 0.5 MiB a layer) and its 512 tokens' expert rows (half of the
-# above: 1.5 MiB a layer, 2 MiB of gradients)
-check_saving mixed_bf16_act_plan_norms_recompute 10.5 8 --recompute-granularity selective \
+# above: 1.5 MiB a layer, 2.5 MiB of gradients)
+check_saving mixed_bf16_act_plan_norms_recompute 11.5 8 --recompute-granularity selective \
     --recompute-modules layernorm
-check_saving mixed_bf16_act_plan_norms_sp 6.5 8 --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+check_saving mixed_bf16_act_plan_norms_sp 7.0 8 --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
 # a dense first layer (1024 tokens x 512: 1 MiB, and its ln2: 0.5 MiB) and a shared expert of 512
-# (1 MiB) besides the MoE layer's 3 MiB, the gradients' 4 MiB and the two ln1
-check_saving mixed_bf16_act_plan_dense 10.5 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+# (1 MiB) besides the MoE layer's 3 MiB, the gradients' 5 MiB and the two ln1
+check_saving mixed_bf16_act_plan_dense 11.5 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
     --moe-shared-expert-intermediate-size 512
 # the cuda backend keeps them fp32: a plan for it saves nothing
 check_saving mixed_bf16_act_plan_cuda 0.0 8 --device cuda

@@ -554,7 +554,7 @@ static void check_experts(int with_scale) {
         dgate[g] = alloc_copy(dgate0[g], nw), dup[g] = alloc_copy(dup0[g], nw);
         ddown[g] = alloc_copy(ddown0[g], nw);
     }
-    ExpertsCtx c = {{XG, XH, XI, offsets, NULL, NULL, 0, STORE_FP32}, {gate, up, down, NULL, NULL, NULL},
+    ExpertsCtx c = {{XG, XH, XI, offsets, NULL, NULL, 0, STORE_FP32, STORE_FP32}, {gate, up, down, NULL, NULL, NULL},
                     {mt_malloc(rows * XI * sizeof(real)), mt_malloc(rows * XI * sizeof(real)),
                      mt_malloc(rows * XI * sizeof(real)), STORE_FP32, STORE_FP32, STORE_FP32},
                     mt_malloc(rows * XH * sizeof(real)), alloc_normal(&rng, rows * XH, 1),
