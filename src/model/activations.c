@@ -1,7 +1,8 @@
 // activations.c — the saved activations, workspaces and staged batch of one micro-batch
 // shape (B, T) as one buffer plan (core/buffer_plan.h): every buffer a spec in this rank's
 // shapes (model/layout.h) — N = B·T tokens inside tensor-parallel blocks, N_local outside
-// them; widths of this rank's heads and FFN slices — laid out in one allocation.
+// them; widths of this rank's heads and FFN slices — laid out in one allocation (one per buffer
+// in the sanitizer build: core/buffer_plan.h).
 #include <string.h>
 
 #include "core/device.h"

@@ -234,8 +234,8 @@ unset CASE_RTOL
 # a layer; the received rows land in the back half of their buffer); besides, the backward's gate
 # and up gradients (one workspace of the largest FFN's rows x I each: 2048 x 512, 2 MiB each; under
 # EP=2 the exchange's, 4096 rows: 4 MiB each), every layer's ln1 (1024 tokens x 256: 0.5 MiB a
-# layer; a MoE layer's ln2 stays fp32: its router reads it) and, on one rank, the experts' output
-# rows' gradients (one workspace of 2048 x 256: 1 MiB; under EP the exchange's stay fp32).
+# layer; a MoE layer's ln2 stays fp32: its router reads it) and, without expert parallelism, the
+# experts' output rows' gradients (one workspace of 2048 x 256: 1 MiB; under EP the exchange's stay fp32).
 PLAN=(--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --micro-batch-size 4
       --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --vocab-size 1024 --bf16)
 # plan_saving COLUMN FLAGS...: that column (8: activations, 7: expert exchange, MiB) of rank 0's row of
