@@ -8,13 +8,18 @@
 #include "model/layers.h"
 #include "ops/ops.h"
 
+// One group covering the N rows (offsets {0, N}) of ln2_full, stored as la's; this rank's columns.
+static ExpertShape shared_shape(const Model *m, const LayerActs *la, const int32_t offsets[2]) {
+    return (ExpertShape){
+        .groups = 1, .H = m->plan.hidden, .I = m->plan.shared_ffn, .offsets = offsets, .in_store = la->ln2_store};
+}
+
 void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la, int N) {
     MoeActs *ma = &la->moe;
     TpRegion region = model_tp_region(m);
     int H = m->plan.hidden, N_local = plan_local_tokens(&m->plan, N);
     int32_t offsets[2] = {0, N};
-    ExpertShape shape = {
-        .groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets, .in_store = la->ln2_store};
+    ExpertShape shape = shared_shape(m, la, offsets);
     real *gate = NULL;
     if (lp->shared_expert_gate >= 0) {  // σ(x·w_gate) scales the whole shared output
         linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
@@ -33,8 +38,7 @@ void shared_expert_backward(Model *m, const LayerParams *lp, LayerActs *la, Mode
     TpRegion region = model_tp_region(m);
     int N = a->N, N_local = a->N_local, H = m->plan.hidden;
     int32_t offsets[2] = {0, N};
-    ExpertShape shape = {
-        .groups = 1, .H = H, .I = m->plan.shared_ffn, .offsets = offsets, .in_store = la->ln2_store};
+    ExpertShape shape = shared_shape(m, la, offsets);
     int gated = lp->shared_expert_gate >= 0;
     // --recompute-modules shared_experts: gate, up and their product again (shared buffers)
     if (plan_recomputes(&m->plan, RECOMPUTE_SHARED_EXPERTS))

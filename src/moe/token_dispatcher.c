@@ -29,6 +29,7 @@ static void local_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const rea
     *rows = (ExpertRows){.rows_in = ma->rows_in, .row_probs = ma->row_probs, .rows_out = ma->rows_out,
                          .acts = &ma->experts,
                          .shape = {.groups = ctx->experts, .H = ctx->hidden, .I = ctx->moe_ffn, .in_store = ctx->rows_store,
+                                   .d_out_store = ctx->rows_store,
                                    .counts = ma->plan.rows_per_expert,
                                    .host_counts = ma->plan.host_rows_per_expert, .rows = ma->plan.rows}};
 }
@@ -41,8 +42,7 @@ static void local_combine(const MoeDispatchContext *ctx, MoeActs *ma, const Expe
 // stored as the input rows are (only the down projection's GEMMs read them)
 static void local_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
                                    const real *d_out, ExpertRows *rows) {
-    dispatch_forward(grads->d_rows_out, ctx->rows_store, NULL, d_out, NULL, &ma->plan, ctx->hidden);
-    rows->shape.d_out_store = ctx->rows_store;
+    dispatch_forward(grads->d_rows_out, rows->shape.d_out_store, NULL, d_out, NULL, &ma->plan, ctx->hidden);
     expert_rows_set_backward(rows, grads->d_rows_out, grads->d_rows_in, grads->d_row_probs, grads->d_gate, grads->d_up,
                              grads->d_act);
 }

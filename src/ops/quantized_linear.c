@@ -407,8 +407,8 @@ void qlinear_backward(QuantLinear *q, real *dx, real *dW, const real *dy, const 
 }
 
 // A bf16-stored input reaches only the high-precision GEMMs (layout.h norm_store).
-static void require_unquantized(const QuantLinear *q, Storage x_store) {
-    if (q && x_store != STORE_FP32) mt_die("internal error: a quantized linear layer given a bf16-stored input");
+static void require_unquantized(const QuantLinear *q) {
+    if (q) mt_die("internal error: a quantized linear layer given a bf16-stored input");
 }
 
 void qlinear_forward_stored(QuantLinear *q, real *y, const void *x, Storage x_store, const real *W, int N, int in,
@@ -417,7 +417,7 @@ void qlinear_forward_stored(QuantLinear *q, real *y, const void *x, Storage x_st
         qlinear_forward(q, y, x, W, N, in, out);
         return;
     }
-    require_unquantized(q, x_store);
+    require_unquantized(q);
     mt_gemm_stored(0, 1, N, out, in, 1, x, x_store, in, W, STORE_FP32, in, 0, y, STORE_FP32, out);  // linear_forward
 }
 
@@ -427,7 +427,7 @@ void qlinear_backward_stored(QuantLinear *q, real *dx, real *dW, const real *dy,
         qlinear_backward(q, dx, dW, dy, x, W, N, in, out);
         return;
     }
-    require_unquantized(q, x_store);
+    require_unquantized(q);
     qlinear_backward_data(q, dx, dy, W, N, in, out);
     if (dW) mt_gemm_stored(1, 0, out, in, N, 1, dy, STORE_FP32, out, x, x_store, in, 1, dW, STORE_FP32, in);
 }
