@@ -25,6 +25,7 @@
 // The constants of one step, as the compute type.
 typedef struct {
     real beta1, beta2, one_minus_beta1, one_minus_beta2, eps, lr, inv_bias1, inv_sqrt_bias2, decay_factor;
+    real grad_scale;  // AdamWStep's (1 when it is 0: x·1 is x)
 } AdamWConstants;
 
 static inline AdamWConstants adamw_constants(int decay, const AdamWStep *h) {
@@ -38,11 +39,14 @@ static inline AdamWConstants adamw_constants(int decay, const AdamWStep *h) {
     k.inv_bias1 = (real)(1.0 / (1.0 - pow(h->beta1, (double)h->step)));
     k.inv_sqrt_bias2 = (real)(1.0 / sqrt(1.0 - pow(h->beta2, (double)h->step)));
     k.decay_factor = decay ? (real)(1.0 - h->lr * h->weight_decay) : (real)1;
+    k.grad_scale = h->grad_scale > 0 ? (real)h->grad_scale : (real)1;
     return k;
 }
 
-// The new moments of one element from its gradient g and its old moments m, v.
+// The new moments of one element from its gradient g (times the step's grad_scale) and its old
+// moments m, v.
 ADAMW_FN void adamw_moments(real *m_out, real *v_out, real g, real m, real v, const AdamWConstants *k) {
+    g *= k->grad_scale;
     *m_out = k->beta1 * m + k->one_minus_beta1 * g;
     *v_out = k->beta2 * v + k->one_minus_beta2 * g * g;
 }

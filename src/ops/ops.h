@@ -187,6 +187,9 @@ void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, 
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     long step;  // 1-based, for bias correction
+    // Each gradient is first multiplied by this rounded to the compute type (gradient
+    // clipping's coefficient: the bits of scaling the gradients in place); 0: not scaled.
+    double grad_scale;
 } AdamWStep;
 // p, m, v updated in place from g; weight decay applied only when decay != 0
 void adamw_update(real *p, const real *g, real *m, real *v, size_t n, int decay,

@@ -156,19 +156,23 @@ static void fetch_offloaded_params(Optimizer *o, const TensorTable *tt) {
     o->host_params_stale = 0;
 }
 
-void optimizer_clip_grads(const Optimizer *o, TensorTable *tt, const Config *c, double grad_norm) {
-    PROF_SCOPE(PROF_OPTIMIZER);
+double optimizer_clip_coeff(const Config *c, double grad_norm) {
     double clip = c->clip_grad > 0 ? c->clip_grad / (grad_norm + 1e-6) : 1;
-    if (clip < 1.0)
-        for (int r = 0; r < o->n_ranges; r++)
-            vec_scale(tt->grads + o->ranges[r].begin, (real)clip, (size_t)(o->ranges[r].end - o->ranges[r].begin));
+    return clip < 1.0 ? clip : 1.0;
 }
 
-void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr) {
+void optimizer_scale_grads(const Optimizer *o, TensorTable *tt, double coeff) {
+    PROF_SCOPE(PROF_OPTIMIZER);
+    if (coeff == 1.0) return;
+    for (int r = 0; r < o->n_ranges; r++)
+        vec_scale(tt->grads + o->ranges[r].begin, (real)coeff, (size_t)(o->ranges[r].end - o->ranges[r].begin));
+}
+
+void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_scale) {
     PROF_SCOPE(PROF_OPTIMIZER);
     o->step++;
     AdamWStep h = {.lr = lr, .beta1 = c->adam_beta1, .beta2 = c->adam_beta2, .eps = c->adam_eps,
-                   .weight_decay = c->weight_decay, .step = o->step};
+                   .weight_decay = c->weight_decay, .step = o->step, .grad_scale = grad_scale};
     if (o->host_params_stale) fetch_offloaded_params(o, tt);
     for (int f = 0; f < o->n_fragments; f++) step_fragment(o, f, tt, &h);
 }

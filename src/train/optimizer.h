@@ -69,11 +69,14 @@ void optimizer_free(Optimizer *o);
 size_t optimizer_moment_base(const Optimizer *o, int r);
 // Bytes of moment state for `elements` elements of the ranges and `fragments` fragments.
 double optimizer_state_bytes(const MomentDtype dtype[ADAMW_MOMENTS], double elements, double fragments);
-// Clip the gradients of the optimizer's ranges to c->clip_grad (Megatron: scale them by
-// clip/(norm + 1e-6) when that is < 1).
-void optimizer_clip_grads(const Optimizer *o, TensorTable *tt, const Config *c, double grad_norm);
-// Step the optimizer's ranges with the (clipped) gradients.
-void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr);
+// Gradient clipping to c->clip_grad: the coefficient the gradients are multiplied by
+// (Megatron: clip/(norm + 1e-6) when that is < 1), else 1.
+double optimizer_clip_coeff(const Config *c, double grad_norm);
+// The gradients of the optimizer's ranges multiplied by coeff in place (nothing when it is 1).
+void optimizer_scale_grads(const Optimizer *o, TensorTable *tt, double coeff);
+// Step the optimizer's ranges with the gradients times grad_scale (optimizer_clip_coeff's:
+// the bits of optimizer_scale_grads before the step, without a pass over the gradients).
+void optimizer_step(Optimizer *o, TensorTable *tt, const Config *c, double lr, double grad_scale);
 
 // ---- checkpoints: moments as real values, layout-free --------------------------------------
 // What a checkpoint stores of moment k: its values (decoded), or with a scaled dtype (fp16,

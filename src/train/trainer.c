@@ -701,9 +701,13 @@ static int apply_update(Trainer *t, RunControl *rc, long step, double loss, doub
     }
     *num_zeros = -1;
     if (!skipped) {
-        optimizer_clip_grads(&t->opt, &t->model.tt, t->cfg, grad_norm);
-        if (t->cfg->log_num_zeros_in_grad) *num_zeros = count_zeros_in_grad(t);
-        optimizer_step(&t->opt, &t->model.tt, t->cfg, lr);
+        double clip = optimizer_clip_coeff(t->cfg, grad_norm);
+        if (t->cfg->log_num_zeros_in_grad) {  // counted among the clipped gradients: clipped in place first
+            optimizer_scale_grads(&t->opt, &t->model.tt, clip);
+            clip = 1;
+            *num_zeros = count_zeros_in_grad(t);
+        }
+        optimizer_step(&t->opt, &t->model.tt, t->cfg, lr, clip);  // AdamW multiplies by clip as it reads
         gather_params(t);
     }
     model_end_global_batch(&t->model, !skipped);  // expert-bias update from this batch's token counts

@@ -39,8 +39,7 @@ static void train(Optimizer *o, TensorTable *tt) {
     for (int step = 0; step < STEPS; step++) {
         for (size_t i = 0; i < tt->total; i++) tt->grads[i] = uniform() * powf(2.0f, (float)(i % 23) - 15);
         tt->grads[step * 31] = 3e4f;
-        optimizer_clip_grads(o, tt, &c, 0.5);
-        optimizer_step(o, tt, &c, 1e-3);
+        optimizer_step(o, tt, &c, 1e-3, optimizer_clip_coeff(&c, 0.5));
     }
 }
 

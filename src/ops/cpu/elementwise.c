@@ -105,8 +105,7 @@ void cpu_rmsnorm_forward(void *y, Storage y_store, real *rstd, const real *x, co
     PARALLEL_ROWS
     for (int n = 0; n < N; n++) {
         const real *xr = x + (size_t)n * C;
-        double ss = 0;
-        for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+        double ss = row_dot(xr, xr, C);
         real r = (real)(1.0 / sqrt(ss / C + eps));
         rstd[n] = r;
         rmsnorm_row(storage_at(y, y_store, (size_t)n * C), y_store, xr, r, w, C);
@@ -141,8 +140,7 @@ void cpu_rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, con
     for (int n = 0; n < N; n++) {
         const real *xr = x + (size_t)n * C, *dyr = dy + (size_t)n * C;
         real *dxr = dx + (size_t)n * C;
-        double r = rstd[n], dot = 0;
-        for (int c = 0; c < C; c++) dot += (double)dyr[c] * w[c] * xr[c];
+        double r = rstd[n], dot = row_dot3(dyr, w, xr, C);
         double k = dot * r * r * r / C;
         for (int c = 0; c < C; c++) dxr[c] += (real)(r * dyr[c] * w[c] - k * xr[c]);
     }

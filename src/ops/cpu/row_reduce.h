@@ -42,6 +42,18 @@ static inline double row_dot(const real *x, const real *y, int n) {
     return sum;
 }
 
+// Σ x·y·z, accumulated in double (each product ((double)x·y)·z)
+static inline double row_dot3(const real *x, const real *y, const real *z, int n) {
+    double part[ROW_LANES] = {0};
+    int i = 0;
+    for (; i + ROW_LANES <= n; i += ROW_LANES)
+        for (int l = 0; l < ROW_LANES; l++) part[l] += (double)x[i + l] * y[i + l] * z[i + l];
+    double sum = 0;
+    for (int l = 0; l < ROW_LANES; l++) sum += part[l];
+    for (; i < n; i++) sum += (double)x[i] * y[i] * z[i];
+    return sum;
+}
+
 // Σ e^(x − shift), accumulated in double
 static inline double row_sum_exp(const real *x, int n, real shift) {
     double part[ROW_LANES] = {0};
