@@ -45,9 +45,50 @@ static void test_row_reductions(void) {
     CHECK(row_max(x + 3, 5) == row_max(x + 3, 5) && row_sum(x, 0) == 0, "short rows");
 }
 
+// row_max equals the scalar loop `x > max ? x : max` from max = x[0] whatever the length (the
+// vector lanes and the remainder) and wherever the largest element, a NaN (first: the result;
+// later: passed over), a zero or an infinity lies. (Between +0 and -0, equal, which one comes
+// back follows the lanes: either.)
+static void test_row_max_is_the_scalar_loop(void) {
+    enum { LONGEST = 100 };
+    const real specials[] = {NAN, -0.0f, 0.0f, INFINITY, -INFINITY, 7.5f};
+    real x[LONGEST];
+    int cases = 0;
+    for (int n = 1; n <= LONGEST; n++)
+        for (int at = 0; at < n; at += 1 + n / 9)
+            for (size_t k = 0; k < 2 * sizeof specials / sizeof specials[0]; k++) {
+                int negative = k % 2;  // every other row below zero, so that a zero is its largest
+                real special = specials[k / 2];
+                for (int i = 0; i < n; i++) x[i] = negative ? -1 - (real)fabs(sin(1.3 * i + n)) : (real)sin(1.3 * i + n) * 2;
+                x[at] = special;
+                if (special == 0) x[(at + 1 + n / 3) % n] = -special;  // both zeros: which one is kept
+                real want = x[0];
+                for (int i = 1; i < n; i++) want = x[i] > want ? x[i] : want;
+                real got = row_max(x, n);
+                CHECK(got == want || (isnan(got) && isnan(want)), "n %d, case %zu at %d: %g, the loop %g", n, k,
+                      at, (double)got, (double)want);
+                cases++;
+            }
+    CHECK(cases > 1000, "only %d cases", cases);
+}
+
+// row_dot3 sums ((double)x·y)·z over the row.
+static void test_row_dot3(void) {
+    enum { n = 45 };
+    real x[n], y[n], z[n];
+    double want = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = (real)sin(0.9 * i), y[i] = (real)cos(0.4 * i), z[i] = (real)(i % 7) - 3;
+        want += (double)x[i] * y[i] * z[i];
+    }
+    CHECK_CLOSE(row_dot3(x, y, z, n), want, 1e-12, 1e-12, "row_dot3");
+}
+
 int main(void) {
     RUN(test_relative_error);
     RUN(test_exact_points_and_ends);
     RUN(test_row_reductions);
+    RUN(test_row_max_is_the_scalar_loop);
+    RUN(test_row_dot3);
     return tl_failed_cases != 0;
 }

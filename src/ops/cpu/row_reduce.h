@@ -2,18 +2,42 @@
 // a fixed order: the compiler vectorizes them (a plain running sum or max is one serial
 // chain it may not reorder), and the result depends only on the row, not on threads.
 #pragma once
+#include <string.h>
+
 #include "core/common.h"
 
 enum { ROW_LANES = 8 };
 
+// The lanes of row_max: ROW_MAX_VECTORS vectors of ROW_LANES reals.
+typedef real row_vec __attribute__((vector_size(ROW_LANES * sizeof(real))));
+enum { ROW_MAX_VECTORS = 4 };
+
+// m where m >= v (or either is NaN), else v: the scalar `v > m ? v : m` on every lane (the
+// compiler leaves that ternary scalar without -ffinite-math-only; this is a compare and a blend).
+static inline row_vec row_vec_max(row_vec m, row_vec v) {
+    __typeof__(v > m) greater = v > m;
+    return (row_vec)((greater & (__typeof__(greater))v) | (~greater & (__typeof__(greater))m));
+}
+
+// The largest element (n >= 1), each element taken as `x > max ? x : max` from max = x[0]: a
+// NaN past the first element is passed over, a NaN first is the result; the scalar loop's
+// value (of +0 and -0 tied, the one the fixed order of the lanes meets first).
 static inline real row_max(const real *x, int n) {
-    real part[ROW_LANES];
-    for (int l = 0; l < ROW_LANES; l++) part[l] = x[0];
+    enum { STRIDE = ROW_MAX_VECTORS * ROW_LANES };
+    real first[ROW_LANES];
+    for (int l = 0; l < ROW_LANES; l++) first[l] = x[0];
+    row_vec part[ROW_MAX_VECTORS];
+    for (int v = 0; v < ROW_MAX_VECTORS; v++) memcpy(&part[v], first, sizeof part[v]);
     int i = 0;
-    for (; i + ROW_LANES <= n; i += ROW_LANES)
-        for (int l = 0; l < ROW_LANES; l++) part[l] = x[i + l] > part[l] ? x[i + l] : part[l];
-    real mx = part[0];
-    for (int l = 1; l < ROW_LANES; l++) mx = part[l] > mx ? part[l] : mx;
+    for (; i + STRIDE <= n; i += STRIDE)
+        for (int v = 0; v < ROW_MAX_VECTORS; v++) {
+            row_vec xv;
+            memcpy(&xv, x + i + v * ROW_LANES, sizeof xv);
+            part[v] = row_vec_max(part[v], xv);
+        }
+    real mx = x[0];
+    for (int v = 0; v < ROW_MAX_VECTORS; v++)
+        for (int l = 0; l < ROW_LANES; l++) mx = part[v][l] > mx ? part[v][l] : mx;
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
 }
