@@ -46,7 +46,7 @@ for replay in "$bin"/fuzz/replay_*; do
 done
 # Under a sanitizer build these scripts run in the plain suite only, for CI's time budget
 # (docs/testing.md, "Sanitizers", names where their paths run under the sanitizers instead).
-SANITIZER_PLAIN_ONLY=" test_first_use.sh test_fp8.sh test_mpi_cp.sh test_mpi_pp.sh test_precision_optimizer.sh test_reliability.sh "
+SANITIZER_PLAIN_ONLY=" test_first_use.sh test_fp8.sh test_mpi_cp.sh test_precision_optimizer.sh test_reliability.sh "
 source "$root/tests/cli/sanitizer_build.sh"
 sanitizer_build "$MOETRON" && sanitized=1 || sanitized=0
 for script in "$root"/tests/cli/test_*.sh; do
