@@ -413,18 +413,28 @@ static int64_t piece_element(const TensorDesc *d, int64_t j) {
     return (outer * width + coord % width) * inner + j % inner;
 }
 
+// The initial values of this rank's piece of tensor d into p (d->numel reals).
+static void init_tensor_values(real *p, const TensorDesc *d, uint64_t seed) {
+    Rng rng;  // one stream per tensor: a tensor's values do not depend on the others or the layout
+    rng_seed_stream(&rng, seed, (uint64_t)d->global_index + 1);
+    int64_t global_numel = (int64_t)d->numel * d->shard.parts;
+    for (int64_t j = 0; j < global_numel; j++) {
+        real v = d->init == INIT_ONES ? 1 : d->init == INIT_ZEROS ? 0 : (real)(d->init_std * rng_normal(&rng));
+        int64_t local = piece_element(d, j);
+        if (local >= 0) p[local] = v;
+    }
+}
+
+// On the cpu the tensors are drawn on every thread, one tensor each at a time (each its own
+// stream: the same values whatever the threads) and copied to tensor memory one at a time; on a
+// GPU on the thread that chose the device alone (the CUDA calls of the copies stay on it).
 void model_init_weights(Model *m, uint64_t seed) {
+#pragma omp parallel for schedule(dynamic, 1) if (device_active() != DEVICE_CUDA)
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
         real *p = mt_malloc((d->numel ? d->numel : 1) * sizeof(real));  // host staging, then copied
-        Rng rng;  // one stream per tensor: a tensor's values do not depend on the others or the layout
-        rng_seed_stream(&rng, seed, (uint64_t)d->global_index + 1);
-        int64_t global_numel = (int64_t)d->numel * d->shard.parts;
-        for (int64_t j = 0; j < global_numel; j++) {
-            real v = d->init == INIT_ONES ? 1 : d->init == INIT_ZEROS ? 0 : (real)(d->init_std * rng_normal(&rng));
-            int64_t local = piece_element(d, j);
-            if (local >= 0) p[local] = v;
-        }
+        init_tensor_values(p, d, seed);
+#pragma omp critical(model_init_upload)
         device_upload(tt_param(&m->tt, i), p, d->numel * sizeof(real));
         free(p);
     }

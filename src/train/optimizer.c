@@ -71,7 +71,7 @@ void optimizer_init_ranges(Optimizer *o, const TensorTable *tt, const FlatRange 
     for (int k = 0; k < ADAMW_MOMENTS; k++) o->dtype[k] = options ? options->dtype[k] : MOMENT_FP32;
     choose_offloaded(o, options ? options->offload_fraction : 0);
     for (int k = 0; k < ADAMW_MOMENTS; k++)
-        o->moment[k] = device_calloc(MT_MAX(elements - o->offload_elements, 1), moment_bytes(o->dtype[k]));
+        o->moment[k] = device_calloc_touched(MT_MAX(elements - o->offload_elements, 1), moment_bytes(o->dtype[k]));
     o->host_scales = mt_malloc((size_t)MT_MAX(o->n_fragments, 1) * sizeof(MomentScales));
     for (int f = 0; f < o->n_fragments; f++) o->host_scales[f] = UNIT_SCALES;
     o->scales = device_calloc((size_t)MT_MAX(o->n_fragments, 1), sizeof(MomentScales));
