@@ -1,8 +1,9 @@
 // test_optimizer_moments.c — narrow AdamW moments (--use-precision-aware-optimizer) through
 // a checkpoint's view of them (train/optimizer.h): what optimizer_read gives back and the
 // optimizer_load_* calls take restores every stored bit and scale, for every dtype, on
-// tensors split over two ranges as the distributed optimizer splits them; and why the
-// scales are saved at all.
+// tensors split over two ranges as the distributed optimizer splits them; why the scales
+// are saved at all; and that AdamW applying the clipping coefficient as it reads the
+// gradients steps exactly as after clipping them in place.
 #include <string.h>
 
 #include "core/device.h"
@@ -148,6 +149,40 @@ static void test_rederived_fp8_scales_differ(void) {
     CHECK(differ > 100, "only %d of 20000 re-derived fp8 scales differ from the stored ones", differ);
 }
 
+// AdamW handed the clipping coefficient (optimizer_step's grad_scale) steps exactly as AdamW
+// on gradients scaled in place first (the trainer's path with --log-num-zeros-in-grad): the
+// same parameters and stored moments, bit for bit, fp32 and narrow, offloaded or not.
+static void check_clip_in_step(MomentDtype dm, MomentDtype dv, double offload) {
+    TensorTable in_place, in_step;
+    build_table(&in_place);
+    build_table(&in_step);
+    FlatRange ranges[1] = {{0, (int64_t)in_place.total}};
+    OptimizerOptions options = {.dtype = {dm, dv}, .offload_fraction = offload};
+    Optimizer a, b;
+    optimizer_init_ranges(&a, &in_place, ranges, 1, &options);
+    optimizer_init_ranges(&b, &in_step, ranges, 1, &options);
+    Config c;
+    config_defaults(&c);
+    for (int step = 0; step < STEPS; step++) {
+        for (size_t i = 0; i < in_place.total; i++)
+            in_place.grads[i] = in_step.grads[i] = uniform() * powf(2.0f, (float)(i % 23) - 15);
+        double coeff = optimizer_clip_coeff(&c, 3.0 + step);
+        CHECK(coeff < 1, "a norm of %d with --clip-grad %g is not clipped", 3 + step, c.clip_grad);
+        optimizer_scale_grads(&a, &in_place, coeff);
+        optimizer_step(&a, &in_place, &c, 1e-3, 1);
+        optimizer_step(&b, &in_step, &c, 1e-3, coeff);
+    }
+    CHECK(!memcmp(in_place.params, in_step.params, in_place.total * sizeof(real)), "the parameters differ");
+    for (int k = 0; k < ADAMW_MOMENTS; k++) CHECK(same_state(&a, &b, k), "moment %d differs", k);
+    optimizer_free(&a);
+    optimizer_free(&b);
+    tt_free(&in_place);
+    tt_free(&in_step);
+}
+
+static void test_clip_in_step_fp32(void) { check_clip_in_step(MOMENT_FP32, MOMENT_FP32, 0); }
+static void test_clip_in_step_fp8_bf16_offloaded(void) { check_clip_in_step(MOMENT_FP8, MOMENT_BF16, 0.5); }
+
 int main(void) {
     device_select(DEVICE_CPU, 0);
     RUN(test_fp32);
@@ -158,5 +193,7 @@ int main(void) {
     RUN(test_offload_fp8_bf16_0_3);
     RUN(test_offload_fp32_all);
     RUN(test_rederived_fp8_scales_differ);
+    RUN(test_clip_in_step_fp32);
+    RUN(test_clip_in_step_fp8_bf16_offloaded);
     TESTS_DONE();
 }
