@@ -425,16 +425,20 @@ static void init_tensor_values(real *p, const TensorDesc *d, uint64_t seed) {
     }
 }
 
-// On the cpu the tensors are drawn on every thread, one tensor each at a time (each its own
-// stream: the same values whatever the threads) and copied to tensor memory one at a time; on a
-// GPU on the thread that chose the device alone (the CUDA calls of the copies stay on it).
+// On the cpu, where tensor memory is host memory, the tensors are drawn in place on every thread,
+// one tensor each at a time (each its own stream: the same values whatever the threads). On a
+// GPU, and with strict memory (which allows tensor memory no host access), each is drawn into
+// host staging and copied, one at a time on this thread.
 void model_init_weights(Model *m, uint64_t seed) {
-#pragma omp parallel for schedule(dynamic, 1) if (device_active() != DEVICE_CUDA)
+    if (device_active() == DEVICE_CPU) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int i = 0; i < m->tt.count; i++) init_tensor_values(tt_param(&m->tt, i), &m->tt.descs[i], seed);
+        return;
+    }
     for (int i = 0; i < m->tt.count; i++) {
         const TensorDesc *d = &m->tt.descs[i];
-        real *p = mt_malloc((d->numel ? d->numel : 1) * sizeof(real));  // host staging, then copied
+        real *p = mt_malloc((d->numel ? d->numel : 1) * sizeof(real));
         init_tensor_values(p, d, seed);
-#pragma omp critical(model_init_upload)
         device_upload(tt_param(&m->tt, i), p, d->numel * sizeof(real));
         free(p);
     }

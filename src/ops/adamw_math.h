@@ -25,7 +25,7 @@
 // The constants of one step, as the compute type.
 typedef struct {
     real beta1, beta2, one_minus_beta1, one_minus_beta2, eps, lr, inv_bias1, inv_sqrt_bias2, decay_factor;
-    real grad_scale;  // AdamWStep's (1 when it is 0: x·1 is x)
+    real grad_scale;  // AdamWStep's; 1 when that is not above 0 (unscaled: x·1 is x)
 } AdamWConstants;
 
 static inline AdamWConstants adamw_constants(int decay, const AdamWStep *h) {

@@ -188,7 +188,8 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     long step;  // 1-based, for bias correction
     // Each gradient is first multiplied by this rounded to the compute type (gradient
-    // clipping's coefficient: the bits of scaling the gradients in place); 0: not scaled.
+    // clipping's coefficient: the bits of scaling the gradients in place); 0 (or anything not
+    // above 0): not scaled, so a step spelled without it is unscaled.
     double grad_scale;
 } AdamWStep;
 // p, m, v updated in place from g; weight decay applied only when decay != 0

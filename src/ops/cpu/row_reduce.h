@@ -12,13 +12,6 @@ enum { ROW_LANES = 8 };
 typedef real row_vec __attribute__((vector_size(ROW_LANES * sizeof(real))));
 enum { ROW_MAX_VECTORS = 4 };
 
-// m where m >= v (or either is NaN), else v: the scalar `v > m ? v : m` on every lane (the
-// compiler leaves that ternary scalar without -ffinite-math-only; this is a compare and a blend).
-static inline row_vec row_vec_max(row_vec m, row_vec v) {
-    __typeof__(v > m) greater = v > m;
-    return (row_vec)((greater & (__typeof__(greater))v) | (~greater & (__typeof__(greater))m));
-}
-
 // The largest element (n >= 1), each element taken as `x > max ? x : max` from max = x[0]: a
 // NaN past the first element is passed over, a NaN first is the result; the scalar loop's
 // value (of +0 and -0 tied, the one the fixed order of the lanes meets first).
@@ -33,7 +26,11 @@ static inline real row_max(const real *x, int n) {
         for (int v = 0; v < ROW_MAX_VECTORS; v++) {
             row_vec xv;
             memcpy(&xv, x + i + v * ROW_LANES, sizeof xv);
-            part[v] = row_vec_max(part[v], xv);
+            // the scalar `x > m ? x : m` on every lane (the compiler leaves that ternary scalar
+            // without -ffinite-math-only): a compare and a blend; kept inline, as a function
+            // taking vectors would have an ABI of its own on CPUs without wide registers
+            __typeof__(xv > part[v]) greater = xv > part[v];
+            part[v] = (row_vec)((greater & (__typeof__(greater))xv) | (~greater & (__typeof__(greater))part[v]));
         }
     real mx = x[0];
     for (int v = 0; v < ROW_MAX_VECTORS; v++)
