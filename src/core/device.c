@@ -174,16 +174,6 @@ void *device_calloc(size_t count, size_t size) {
     return mt_calloc(count ? count : 1, size ? size : 1);
 }
 
-void *device_calloc_touched(size_t count, size_t size) {
-    void *p = device_calloc(count, size);
-    if (active != DEVICE_CPU) return p;  // the GPU's memory is zeroed by the GPU; strict memory is a test mode
-    enum { CHUNK = 1 << 20 };  // bytes a thread zeroes at a time
-    size_t bytes = count * size, chunks = (bytes + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(static) if (chunks > 4)
-    for (size_t c = 0; c < chunks; c++) memset((char *)p + c * CHUNK, 0, MT_MIN((size_t)CHUNK, bytes - c * CHUNK));
-    return p;
-}
-
 void *device_host_calloc(size_t count, size_t size) {
     if (count && size > (size_t)-1 / count) mt_die("out of memory: a host buffer of %zu x %zu bytes", count, size);
 #if DEVICE_HAS_CUDA

@@ -46,12 +46,6 @@ const char *device_description(void);
 // Zeroed tensor memory of count × size bytes (count 0 gives a valid unique pointer);
 // freed with device_free. Dies with the size when it cannot be had.
 void *device_calloc(size_t count, size_t size);
-// The same, with every page written now (on the cpu; by every thread, a share each, when it
-// is larger than a few MiB): for a
-// tensor read before it is first written (the optimizer's moments), whose pages the first
-// read would otherwise map to the shared zero page and the first write then copy, each copy
-// with a TLB shootdown across the process's threads (~1 s per GiB on 2 cores).
-void *device_calloc_touched(size_t count, size_t size);
 void device_free(void *p);
 // Zeroed host memory (not tensor memory: host code reads it) that the device copies to and
 // from at full speed: page-locked on a GPU, plain on the cpu; freed with device_host_free.
