@@ -121,24 +121,42 @@ static void plan_mla(BufferPlan *bp, MlaActs *ma, ModelActs *a, const Config *c,
     SAVED_OR_ALIAS(bp, own_up, ma->kv_b, N, (size_t)heads * (c->qk_head_dim + c->v_head_dim), a->recomputed.mla_kv_b);
 }
 
+// q, k, v as the attention reads them (stored as qkv_store) and as computed in fp32: themselves,
+// or when they are stored bf16 the backward's d_q, d_k, d_v (of their shapes, and free while a
+// layer's attention forward runs: a backward writes and reads them within one layer's attention
+// backward, which nothing interrupts), from which the forward rounds them at once.
+static void plan_qkv_stored(BufferPlan *bp, LayerActs *la, ModelActs *a, const LayoutPlan *p, int N) {
+    AttentionWidths w = p->width;
+    la->qkv_store = p->qkv_store;
+    STORED(bp, la->q, N, w.q, la->qkv_store, BUF_SAVED);
+    STORED(bp, la->k, N, w.k, la->qkv_store, BUF_SAVED);
+    STORED(bp, la->v, N, w.v, la->qkv_store, BUF_SAVED);
+    int kept_fp32 = la->qkv_store == STORE_FP32;
+    buffer_alias(bp, &la->q_fp32, kept_fp32 ? &la->q : &a->d_q);
+    buffer_alias(bp, &la->k_fp32, kept_fp32 ? &la->k : &a->d_k);
+    buffer_alias(bp, &la->v_fp32, kept_fp32 ? &la->v : &a->d_v);
+}
+
 // q/k/v and the stages before them: projection -> [QK-norm] -> [clip]; a stage that is off
 // aliases the next one, so the code reads every stage regardless.
 static void plan_qkv(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model *m, int N) {
     const Config *c = &m->cfg;
     AttentionWidths w = m->plan.width;
-    // --recompute-modules mla_up_proj: MLA's q, k, v (and kv_b) are buffers every layer shares
-    int own_qkv = !(c->multi_latent_attention && plan_recomputes(&m->plan, RECOMPUTE_MLA_UP_PROJ));
-    SAVED_OR_ALIAS(bp, own_qkv, la->q, N, w.q, a->recomputed.mla_q);
-    SAVED_OR_ALIAS(bp, own_qkv, la->k, N, w.k, a->recomputed.mla_k);
-    SAVED_OR_ALIAS(bp, own_qkv, la->v, N, w.v, a->recomputed.mla_v);
     if (c->multi_latent_attention) {
+        // --recompute-modules mla_up_proj: MLA's q, k, v (and kv_b) are buffers every layer shares
+        int own_qkv = !plan_recomputes(&m->plan, RECOMPUTE_MLA_UP_PROJ);
+        la->qkv_store = STORE_FP32;  // layout.h: MLA assembles them in place
+        SAVED_OR_ALIAS(bp, own_qkv, la->q, N, w.q, a->recomputed.mla_q);
+        SAVED_OR_ALIAS(bp, own_qkv, la->k, N, w.k, a->recomputed.mla_k);
+        SAVED_OR_ALIAS(bp, own_qkv, la->v, N, w.v, a->recomputed.mla_v);
         plan_mla(bp, &la->mla, a, c, m->plan.heads, N, own_qkv);
         return;
     }
+    plan_qkv_stored(bp, la, a, &m->plan, N);
     int clip = c->clip_qkv > 0, qk_norm = c->qk_layernorm;
-    SAVED_OR_ALIAS(bp, clip, la->q_normed, N, w.q, la->q);
-    SAVED_OR_ALIAS(bp, clip, la->k_normed, N, w.k, la->k);
-    SAVED_OR_ALIAS(bp, clip, la->v_raw, N, w.v, la->v);
+    SAVED_OR_ALIAS(bp, clip, la->q_normed, N, w.q, la->q_fp32);
+    SAVED_OR_ALIAS(bp, clip, la->k_normed, N, w.k, la->k_fp32);
+    SAVED_OR_ALIAS(bp, clip, la->v_raw, N, w.v, la->v_fp32);
     SAVED_OR_ALIAS(bp, qk_norm, la->q_raw, N, w.q, la->q_normed);
     SAVED_OR_ALIAS(bp, qk_norm, la->k_raw, N, w.k, la->k_normed);
     SAVED(bp, la->q_rstd, N, m->plan.heads);
@@ -162,7 +180,8 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     SAVED(bp, la->ln1_rstd, N_local, 1);
     STORED_OR_ALIAS(bp, sp, la->ln1_full, N, H, la->ln1_store, la->ln1);
     plan_qkv(bp, la, a, m, N);
-    SAVED_OR_ALIAS(bp, own_attn, la->att, N, p->width.out, a->recomputed.att);
+    la->att_store = p->att_store;
+    STORED_OR_ALIAS(bp, own_attn, la->att, N, p->width.out, la->att_store, a->recomputed.att);
     SAVED_OR_ALIAS(bp, own_attn, la->lse, N, p->heads, a->recomputed.lse);
     SAVED(bp, la->x_mid, N_local, H);
     buffer_alias(bp, &la->attn_partial, sp ? workspace : &la->x_mid);
@@ -259,7 +278,7 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
     }
     buffer_plan_scope(bp, "%s", "recomputed: ");
     if (plan_recomputes(p, RECOMPUTE_CORE_ATTN)) {
-        WORKSPACE(bp, a->recomputed.att, N, p->width.out);
+        STORED(bp, a->recomputed.att, N, p->width.out, p->att_store, BUF_WORKSPACE);
         WORKSPACE(bp, a->recomputed.lse, N, p->heads);
     }
     if (plan_recomputes(p, RECOMPUTE_LAYERNORM)) {  // stored as the layers' (a MoE layer's ln2: fp32)

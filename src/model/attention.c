@@ -18,12 +18,13 @@ AttentionWidths attention_widths(const Config *c) {
     return w;
 }
 
-// This rank's heads (model/layout.h).
-static AttentionShape attention_shape(const LayoutPlan *p, int B, int T, int Tk, int pos0, int kv_row_stride,
-                                      const int32_t *key_start) {
+// This rank's heads (model/layout.h), q, k, v and the output stored as the layer's.
+static AttentionShape attention_shape(const LayoutPlan *p, const LayerActs *la, int B, int T, int Tk, int pos0,
+                                      int kv_row_stride, const int32_t *key_start) {
     AttentionShape s = {.B = B, .Tq = T, .Tk = Tk, .q_pos0 = pos0, .heads = p->heads, .key_start = key_start,
                         .kv_heads = p->kv_heads, .head_dim = p->head_dim, .v_head_dim = p->v_head_dim,
-                        .kv_row_stride = kv_row_stride, .scale = (real)p->softmax_scale, .head_first = p->heads_first};
+                        .kv_row_stride = kv_row_stride, .scale = (real)p->softmax_scale, .head_first = p->heads_first,
+                        .q_store = la->qkv_store, .kv_store = la->qkv_store, .out_store = la->att_store};
     return s;
 }
 
@@ -32,13 +33,20 @@ static DropoutMask probs_dropout(const Model *m, int layer, const ModelActs *a) 
     return dropout_mask(&a->input, layer, DROPOUT_ATTENTION_PROBS, m->cfg.attention_dropout);
 }
 
-// Copy this chunk's keys and values into the cache at positions pos0 .. pos0+T (batch 1).
-static void kv_cache_store(KvCache *kv, const real *k, const real *v, int T, int pos0) {
+// dst (n) <- src stored as store (tensor memory): copied, or bf16 values widened (exactly).
+static void copy_widened(real *dst, const real *src, Storage store, size_t n) {
+    if (store == STORE_BF16) bf16_unpack(dst, src, n);
+    else vec_copy(dst, src, n);
+}
+
+// Copy this chunk's keys and values (stored as store) into the cache, fp32, at positions
+// pos0 .. pos0+T (batch 1).
+static void kv_cache_store(KvCache *kv, const real *k, const real *v, Storage store, int T, int pos0) {
     if (pos0 + T > kv->capacity)
         mt_die("generation needs %d positions but the model supports %d (--max-position-embeddings)",
                pos0 + T, kv->capacity);
-    vec_copy(kv->k + (size_t)pos0 * kv->k_width, k, (size_t)T * kv->k_width);  // ops: the cache is tensor memory
-    vec_copy(kv->v + (size_t)pos0 * kv->v_width, v, (size_t)T * kv->v_width);
+    copy_widened(kv->k + (size_t)pos0 * kv->k_width, k, store, (size_t)T * kv->k_width);
+    copy_widened(kv->v + (size_t)pos0 * kv->v_width, v, store, (size_t)T * kv->v_width);
 }
 
 // With context parallelism a layer's attention spans the CP group (model/cp_attention.h):
@@ -66,11 +74,12 @@ void attention_core_forward(const Model *m, int layer, LayerActs *la, const Mode
         RingAttentionShape s = cp_attention_shape(m, B, T, tokens->key_start, probs_dropout(m, layer, a));
         cp_attention_forward(&g, la->att, la->lse, la->q, la->k, la->v, &s);
     } else if (kv) {
-        kv_cache_store(kv, la->k, la->v, T, pos0);
-        AttentionShape s = attention_shape(c, 1, T, pos0 + T, pos0, kv->capacity, tokens->key_start);
+        kv_cache_store(kv, la->k, la->v, la->qkv_store, T, pos0);
+        AttentionShape s = attention_shape(c, la, 1, T, pos0 + T, pos0, kv->capacity, tokens->key_start);
+        s.kv_store = STORE_FP32;  // the cache's
         attention_forward(la->att, la->lse, la->q, kv->k, kv->v, &s);
     } else {
-        AttentionShape s = attention_shape(c, B, T, T, pos0, T, tokens->key_start);
+        AttentionShape s = attention_shape(c, la, B, T, T, pos0, T, tokens->key_start);
         s.dropout = probs_dropout(m, layer, a);
         attention_forward(la->att, la->lse, la->q, la->k, la->v, &s);
     }
@@ -88,7 +97,7 @@ void attention_core_backward(const Model *m, int layer, LayerActs *la, ModelActs
         cp_attention_backward(&g, a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
         return;
     }
-    AttentionShape s = attention_shape(c, a->B, a->T, a->T, 0, a->T, a->tokens.key_start);
+    AttentionShape s = attention_shape(c, la, a->B, a->T, a->T, 0, a->T, a->tokens.key_start);
     s.dropout = probs_dropout(m, layer, a);
     attention_backward(a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->lse, la->q, la->k, la->v, &s);
 }
@@ -124,7 +133,16 @@ static RopeLayout heads_rope(const Config *c, int heads, int head_dim) {
     return l;
 }
 
-// q, k, v of this rank's heads from ln1_full: projection -> [QK-norm] -> [clip] -> RoPE (q, k).
+// q, k, v stored as the layer keeps them (layout.h qkv_store): rounded from their fp32 values.
+static void qkv_stored(const LayerActs *la, AttentionWidths w, int N) {
+    if (la->qkv_store == STORE_FP32) return;  // q_fp32 is q itself
+    bf16_pack(la->q, la->q_fp32, (size_t)N * w.q);
+    bf16_pack(la->k, la->k_fp32, (size_t)N * w.k);
+    bf16_pack(la->v, la->v_fp32, (size_t)N * w.v);
+}
+
+// q, k, v of this rank's heads from ln1_full: projection -> [QK-norm] -> [clip] -> RoPE (q, k),
+// then stored as kept.
 static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerActs *la, const TokenLayout *tokens) {
     const Config *c = &m->cfg;
     const LayoutPlan *p = &m->plan;
@@ -143,13 +161,14 @@ static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerAct
     }
     if (c->clip_qkv > 0) {
         real limit = (real)c->clip_qkv;
-        clamp_forward(la->q, la->q_normed, (size_t)N * w.q, limit);
-        clamp_forward(la->k, la->k_normed, (size_t)N * w.k, limit);
-        clamp_forward(la->v, la->v_raw, (size_t)N * w.v, limit);
+        clamp_forward(la->q_fp32, la->q_normed, (size_t)N * w.q, limit);
+        clamp_forward(la->k_fp32, la->k_normed, (size_t)N * w.k, limit);
+        clamp_forward(la->v_fp32, la->v_raw, (size_t)N * w.v, limit);
     }
     RopeLayout q_rope = heads_rope(c, p->heads, p->head_dim), k_rope = heads_rope(c, p->kv_heads, p->head_dim);
-    rope_forward(la->q, m->rope_cos_sin, tokens, &q_rope);
-    rope_forward(la->k, m->rope_cos_sin, tokens, &k_rope);
+    rope_forward(la->q_fp32, m->rope_cos_sin, tokens, &q_rope);
+    rope_forward(la->k_fp32, m->rope_cos_sin, tokens, &k_rope);
+    qkv_stored(la, w, N);
 }
 
 // d_q, d_k, d_v (gradients of the final q, k, v) -> d_norm_full (+=) and the weight gradients.
@@ -214,8 +233,8 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, const Mod
     else standard_qkv_forward(m, lp, la, tokens);
     attention_core_forward(m, layer, la, a, kv);
     // x_mid = x_in + dropout(Σ_tp att·W_oᵀ)
-    qlinear_forward(model_quant(m, lp->o_proj), la->attn_partial, la->att, tt_param(tt, lp->o_proj), N,
-                    m->plan.width.out, H);
+    qlinear_forward_stored(model_quant(m, lp->o_proj), la->attn_partial, la->att, la->att_store,
+                           tt_param(tt, lp->o_proj), N, m->plan.width.out, H);
     tp_exit_forward(&region, la->attn_partial, la->x_mid, N, H);
     hidden_dropout(m, a, layer, DROPOUT_ATTENTION_OUT, la->x_mid, la->x_mid);
     vec_add(la->x_mid, la->x_in, (size_t)N_local * H);
@@ -236,8 +255,8 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     const real *d_out = hidden_dropout_backward(m, a, layer, DROPOUT_ATTENTION_OUT);  // d(o_proj's output)
     model_tp_gather_gemm_rows(m, a->sp_workspace, d_out, a->d_out_full, N, H);
     vec_zero(a->d_att, (size_t)N * att_width);
-    qlinear_backward(model_quant(m, lp->o_proj), a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att,
-                     tt_param(tt, lp->o_proj), N, att_width, H);
+    qlinear_backward_stored(model_quant(m, lp->o_proj), a->d_att, tt_grad(tt, lp->o_proj), a->d_out_full, la->att,
+                            la->att_store, tt_param(tt, lp->o_proj), N, att_width, H);
     attention_core_backward(m, layer, la, a);
     vec_zero(a->d_norm_full, (size_t)N * H);
     if (c->multi_latent_attention) mla_backward(m, layer, la, a);

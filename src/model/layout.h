@@ -124,7 +124,7 @@ typedef struct {
     // (each value rounded once from its fp32 sum; SwiGLU, forward and backward, reads those
     // values: this one changes the numerics, toward Megatron's), unless a recipe quantizes;
     // MOETRON_ACTIVATIONS=gemm-inputs keeps them fp32 (only the bf16 storage above: the bits of
-    // fp32 storage), MOETRON_ACTIVATIONS=fp32 keeps all three fp32.
+    // fp32 storage), MOETRON_ACTIVATIONS=fp32 keeps every one of them fp32.
     Storage gate_up_store;
     // how the norms' outputs that only GEMMs read are kept (LayerActs.ln1_store, ln2_store): ln1
     // (the attention's projections) of every layer and ln2 of the dense layers (its FFN; a MoE
@@ -132,6 +132,16 @@ typedef struct {
     // the memory, with an even hidden size and bf16 exchanges (sequence parallelism gathers them
     // as stored).
     Storage norm_store;
+    // how every layer's q, k, v are kept (LayerActs.qkv_store): bf16 as swiglu_act_store is (the
+    // attention core's bf16-input GEMMs are their only readers: the same bits at half the
+    // memory), with even widths and without context parallelism (its exchanges and merges take
+    // fp32) or Multi-Latent Attention (which assembles them in place).
+    Storage qkv_store;
+    // how the attention's output is kept (LayerActs.att_store): bf16 as gate_up_store is, as
+    // Megatron's bf16 attention returns it (o_proj's GEMMs round it so anyway; the backward's
+    // D = rowsum(dO ⊙ O) then reads the rounded values: this one changes the numerics), without
+    // context parallelism (its merges sum fp32 partial outputs).
+    Storage att_store;
     // vocabulary
     int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
     int padded_vocab;        // all rows

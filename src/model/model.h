@@ -133,12 +133,17 @@ typedef struct {
     real *ln1, *ln1_rstd;         // (N_local,H), (N_local)
     real *ln1_full;               // (N,H) ln1 of every token: gathered with sequence parallelism, else ln1
     Storage ln1_store, ln2_store;  // how ln1 / ln1_full and ln2 / ln2_full are stored (layout.h norm_store)
-    real *q, *k, *v;              // (N,q_width), (N,k_width), (N,v_width): as attention sees them
+    real *q, *k, *v;              // (N,q_width), (N,k_width), (N,v_width): as attention sees them,
+                                  // stored as qkv_store (layout.h)
+    Storage qkv_store, att_store;  // how q, k, v and att are stored (layout.h)
+    real *q_fp32, *k_fp32, *v_fp32;  // q, k, v as computed (RoPE applied): q, k, v themselves when
+                                     // stored fp32, else ModelActs' d_q, d_k, d_v (workspaces free
+                                     // outside a layer's attention backward), rounded into them
     real *q_raw, *k_raw, *v_raw;  // projections (aliases of the next stage when it is off)
     real *q_normed, *k_normed;    // after QK-norm, before --clip-qkv (aliases when off)
     real *q_rstd, *k_rstd;        // (N·heads), (N·kv_heads): per head, or (N) per projection
     MlaActs mla;                  // with --multi-latent-attention
-    real *att, *lse;              // (N,v_width), (B,heads,T)
+    real *att, *lse;              // (N,v_width) stored as att_store, (B,heads,T)
     real *x_mid;                  // (N_local,H) after the attention residual
     real *ln2, *ln2_rstd;         // (N_local,H), (N_local)
     real *ln2_full;               // (N,H) ln2 of every token (dense FFN, shared expert), or ln2

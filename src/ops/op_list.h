@@ -76,11 +76,11 @@
     OP(void, clamp_backward, clamp_backward, (real *d, const real *x, size_t n, real limit), (d, x, n, limit))     \
     OP(void, dropout_apply, dropout_apply, (real *y, const real *x, const DropoutShape *s), (y, x, s))             \
     OP(void, attention_forward, attention_forward,                                                                   \
-       (real *out, real *lse, const real *q, const real *k, const real *v, const AttentionShape *s),             \
+       (void *out, real *lse, const void *q, const void *k, const void *v, const AttentionShape *s),             \
        (out, lse, q, k, v, s))                                                                                       \
     OP(void, attention_backward, attention_backward,                                                                 \
-       (real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse, const real *q,        \
-        const real *k, const real *v, const AttentionShape *s),                                                      \
+       (real *dq, real *dk, real *dv, const real *dout, const void *out, const real *lse, const void *q,        \
+        const void *k, const void *v, const AttentionShape *s),                                                      \
        (dq, dk, dv, dout, out, lse, q, k, v, s))                                                                     \
     OP(void, attention_merge, attention_merge,                                                                       \
        (real *out, real *lse, const real *out_block, const real *lse_block, const AttentionShape *s),            \

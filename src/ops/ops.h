@@ -135,11 +135,16 @@ typedef struct {
     // column k_pos0 + j: global head and positions, the same under any split of heads or keys.
     DropoutMask dropout;
     int head_first;            // the global index of head 0
+    // How q, k and v, and out are stored (gemm.h Storage; left zero: fp32). Stored bf16, q, k
+    // and v are read widened, exactly, so that the products (bf16-input GEMMs) are those of the
+    // fp32 tensors they were rounded from; a bf16 out is written rounded once as bf16_pack
+    // rounds, and the backward's D reads those values (as FlashAttention in bf16 does).
+    Storage q_store, kv_store, out_store;
 } AttentionShape;
 // q (B·Tq, heads, d), k (B·kv_row_stride, kv_heads, d), v (B·kv_row_stride, kv_heads, dv)
-// -> out (B·Tq, heads, dv),
+// -> out (B·Tq, heads, dv), stored as s says,
 // lse (B, heads, Tq) = logsumexp of the scaled scores of each query over the keys it sees
-void attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
+void attention_forward(void *out, real *lse, const void *q, const void *k, const void *v,
                        const AttentionShape *s);
 // dq, dk, dv accumulate (+=); deterministic: each kv head's gradients are owned by one thread.
 // P = e^(scale·q·k − lse) and D = rowsum(dout ⊙ out): given the out and lse merged over
@@ -147,11 +152,12 @@ void attention_forward(real *out, real *lse, const real *q, const real *k, const
 // the block's whole dk, dv, so the sums over the blocks are the unsplit gradients.
 // With dropout (out the dropped output): dV += (P⊙Z)ᵀ·dout, dS = P ⊙ (Z ⊙ dout·Vᵀ − D)·scale,
 // D = rowsum(dout ⊙ out) still, since Σ_j P_j Z_j (dout·V_j) = dout·out.
-void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
-                        const real *lse, const real *q, const real *k, const real *v,
+void attention_backward(real *dq, real *dk, real *dv, const real *dout, const void *out,
+                        const real *lse, const void *q, const void *k, const void *v,
                         const AttentionShape *s);
 // Merges the result (out_block, lse_block) of the same queries over another block of keys
-// into (out, lse), shapes as attention_forward's out and lse (B, Tq, heads, v_head_dim of s):
+// into (out, lse), shapes as attention_forward's out and lse (B, Tq, heads, v_head_dim of s;
+// both outs fp32, whatever s->out_store says):
 //     lse' = logaddexp(lse, lse_block),  out = e^(lse − lse')·out + e^(lse_block − lse')·out_block
 // A side with lse = −∞ (no key seen) has weight 0: out and lse are left as they are when
 // lse_block = −∞, and become out_block, lse_block when lse = −∞. Elementwise, so merging

@@ -225,11 +225,17 @@ bf16_matches_fp32 MOETRON_ACTIVATIONS=gemm-inputs mixed_bf16_norms_kept_bf16_tp2
 bf16_matches_fp32 MOETRON_ACTIVATIONS=gemm-inputs mixed_bf16_norms_kept_bf16_mla 1 - 0 1 --seed 3 \
     --multi-latent-attention --kv-lora-rank 16 --q-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 8 \
     --v-head-dim 12
+# ... and the attention's q, k, v (only the attention core's GEMMs read them): after QK-norm,
+# --clip-qkv and RoPE, grouped heads split over TP=2, attention dropout, the core recomputed
+bf16_matches_fp32 MOETRON_ACTIVATIONS=gemm-inputs mixed_bf16_qkv_kept_bf16_tp2 2 - 0 1 --seed 3 \
+    --tensor-model-parallel-size 2 --sequence-parallel --group-query-attention --num-query-groups 2 --qk-layernorm \
+    --clip-qkv 0.5 --attention-dropout 0.1 --recompute-granularity selective --recompute-modules core_attn
 full mixed_fp16_ep2 run_case mixed_fp16_ep2 2 --expert-model-parallel-size 2 -- --seed 3 --fp16 --initial-loss-scale 4096
 unset CASE_RTOL
 
 # ... at half the memory: `moetron plan` counts rows x (I + H) x 2 bytes less per MoE layer (2048
-# rows of 512 + 256 here: 3 MiB a layer), the SwiGLU output once with moe_act recomputed (one buffer
+# rows of 512 + 256 here: 3 MiB a layer) and every layer's q, k, v (1024 tokens x 3 x 256: 1.5 MiB a
+# layer; their fp32 values pass through the backward's d_q, d_k, d_v, which cost nothing more), the SwiGLU output once with moe_act recomputed (one buffer
 # every layer shares), and the SwiGLU output in the exchange's bound of rows under EP=2 (4096 rows
 # a layer; the received rows land in the back half of their buffer); besides, the backward's gate
 # and up gradients (one workspace of the largest FFN's rows x I each: 2048 x 512, 2 MiB each; under
@@ -258,31 +264,37 @@ check_saving() {
     [ "$got" = "$want" ] && ok "$name" || fail "$name" "the plan saves $got MiB, expected $want"
 }
 KEPT=gemm-inputs BASE=fp32
-check_saving mixed_bf16_act_plan 12.0 8
-check_saving mixed_bf16_act_plan_recompute 10.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_act_plan 15.0 8
+check_saving mixed_bf16_act_plan_recompute 13.0 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_act_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
 # the norms recomputed: the two ln1 are one buffer every layer shares (0.5 MiB saved, not 1; the MoE
 # layers' ln2 share an fp32 one); with sequence parallelism over TP=2 a rank keeps its half of every
-# ln1 and the gathered whole (0.25 + 0.5 MiB a layer) and its 512 tokens' expert rows (half of the
-# above: 1.5 MiB a layer, 2.5 MiB of gradients)
-check_saving mixed_bf16_act_plan_norms_recompute 11.5 8 --recompute-granularity selective \
+# ln1 and the gathered whole (0.25 + 0.5 MiB a layer), its 512 tokens' expert rows (half of the
+# above: 1.5 MiB a layer, 2.5 MiB of gradients) and its heads' q, k, v (0.75 MiB a layer)
+check_saving mixed_bf16_act_plan_norms_recompute 14.5 8 --recompute-granularity selective \
     --recompute-modules layernorm
-check_saving mixed_bf16_act_plan_norms_sp 7.0 8 --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+check_saving mixed_bf16_act_plan_norms_sp 8.5 8 --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
 # a dense first layer (1024 tokens x 512: 1 MiB, and its ln2: 0.5 MiB) and a shared expert of 512
-# (1 MiB) besides the MoE layer's 3 MiB, the gradients' 5 MiB and the two ln1
-check_saving mixed_bf16_act_plan_dense 11.5 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+# (1 MiB) besides the MoE layer's 3 MiB, the gradients' 5 MiB, the two ln1 and the two q, k, v
+check_saving mixed_bf16_act_plan_dense 14.5 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
     --moe-shared-expert-intermediate-size 512
 # the cuda backend keeps them fp32: a plan for it saves nothing
 check_saving mixed_bf16_act_plan_cuda 0.0 8 --device cuda
 # The gate and up projections kept bf16 too (the default): rows x I x 2 x 2 bytes less per MoE layer
 # (2048 x 512: 4 MiB a layer), the same with moe_act recomputed, 4096 rows a layer in the exchange's
-# bound under EP=2, and a dense layer's and a shared expert's (1024 tokens x 512: 2 MiB each).
+# bound under EP=2, and a dense layer's and a shared expert's (1024 tokens x 512: 2 MiB each);
+# and the attention's output (1024 tokens x 256: 0.5 MiB a layer; one buffer every layer shares
+# with core_attn recomputed).
 KEPT="" BASE=gemm-inputs
-check_saving mixed_bf16_gate_up_plan 8.0 8
-check_saving mixed_bf16_gate_up_plan_recompute 8.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_gate_up_plan 9.0 8
+check_saving mixed_bf16_gate_up_plan_recompute 9.0 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_gate_up_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
-check_saving mixed_bf16_gate_up_plan_dense 8.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+check_saving mixed_bf16_gate_up_plan_dense 9.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
     --moe-shared-expert-intermediate-size 512
+check_saving mixed_bf16_att_plan_recompute 8.5 8 --recompute-granularity selective --recompute-modules core_attn
+# with context parallelism the attention's q, k, v and output stay fp32 (its exchanges and merges
+# take fp32): the gate and up alone
+check_saving mixed_bf16_att_plan_cp2 4.0 8 --world-size 2 --context-parallel-size 2
 check_saving mixed_bf16_gate_up_plan_cuda 0.0 8 --device cuda
 expect_error mixed_bf16_act_env_typo "MOETRON_ACTIVATIONS=FP32: use gemm-inputs or fp32 (or unset it)" -- \
     env MOETRON_ACTIVATIONS=FP32 "$M" plan "${PLAN[@]}"

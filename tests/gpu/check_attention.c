@@ -6,7 +6,8 @@
 // kv_row_stride > Tk), a prefill chunk after a cached prefix (q_pos0 > 0), and the key
 // blocks of a context-parallel ring (k_pos0 > 0): a diagonal block, an earlier block some of
 // whose queries' documents start after it (out = 0, lse = −∞ there), keys after some queries.
-// attention_merge on random partial results with −∞ rows on either side.
+// attention_merge on random partial results with −∞ rows on either side. Three of the shapes again
+// with q, k, v and out stored as bf16.
 //
 // Per case: random q, k, v, dout; forward on both backends (the device's out and lse start
 // as NaN); backward on both from the cpu's out and lse, with dq, dk, dv starting from the
@@ -15,6 +16,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/float_formats.h"
 #include "op_check.h"
 
 typedef struct {
@@ -173,6 +175,51 @@ static void check_attention_case(const AttentionCase *c) {
     check_same(c->name, "dv repeat bits", same_bits(runs[0][2], runs[1][2], n.v));
 }
 
+// ---- q, k, v and out stored as bf16 (ops.h AttentionShape: what --bf16 keeps on the cpu) -----
+// The backend under test reads bf16 q, k, v and writes a bf16 out; the cpu reference runs on fp32
+// storage of the same values (check_stored_to_device rounds the host copies in place), its out
+// then rounded once and its backward reading D from those rounded values. On the cpu backend
+// the bits must be the same; elsewhere within fp32 arithmetic, but for out's rounding (bf16).
+static void check_attention_stored(const AttentionCase *c) {
+    AttentionSizes n = attention_sizes(c);
+    float *q = check_random(n.q, -2, 2), *k = check_random(n.k, -2, 2), *v = check_random(n.v, -1, 1);
+    float *dout = check_random(n.out, -1, 1);
+    AttentionShape s = {.B = c->B, .Tq = c->Tq, .Tk = c->Tk, .q_pos0 = c->q_pos0, .heads = c->heads,
+                        .kv_heads = c->kv_heads, .head_dim = c->head_dim, .v_head_dim = c->v_head_dim,
+                        .kv_row_stride = c->kv_row_stride, .scale = 1.0f / sqrtf((float)c->head_dim)};
+    AttentionShape s16 = s;
+    s16.q_store = s16.kv_store = s16.out_store = STORE_BF16;
+    void *d_q = check_stored_to_device(q, n.q, STORE_BF16), *d_k = check_stored_to_device(k, n.k, STORE_BF16);
+    void *d_v = check_stored_to_device(v, n.v, STORE_BF16);
+    int on_cpu = check_backend() == &check_backend_cpu;
+    char name[96];
+    snprintf(name, sizeof name, "%s bf16-stored", c->name);
+
+    float *out = check_random(n.out, 0, 1), *lse = check_random(n.lse, 0, 1);  // overwritten
+    ops_cpu_backend.attention_forward(out, lse, q, k, v, &s);
+    for (size_t i = 0; i < n.out; i++) out[i] = bf16_to_float(bf16_from_float_flushed(out[i]));  // as kept
+    void *d_out = check_stored_to_device(check_random(n.out, 0, 1), n.out, STORE_BF16);  // overwritten
+    float *d_lse = check_device_nan(n.lse);
+    under()->attention_forward(d_out, d_lse, d_q, d_k, d_v, &s16);
+    check_finish();
+    check_compare(name, "out", out, check_widened_from_device(d_out, n.out, STORE_BF16), n.out,
+                  on_cpu ? 0 : TOL_BF16);
+    check_compare_lse(name, lse, d_lse, n.lse);
+
+    // backward from the cpu's (rounded) out and lse, gradients accumulating onto the same start
+    float *dq = check_random(n.q, -1, 1), *dk = check_random(n.k, -1, 1), *dv = check_random(n.v, -1, 1);
+    float *d_dq = check_to_device(dq, n.q), *d_dk = check_to_device(dk, n.k), *d_dv = check_to_device(dv, n.v);
+    float *d_dout = check_to_device(dout, n.out), *d_lse_cpu = check_to_device(lse, n.lse);
+    void *d_out_cpu = check_stored_to_device(check_host_copy(out, n.out), n.out, STORE_BF16);
+    ops_cpu_backend.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &s);
+    under()->attention_backward(d_dq, d_dk, d_dv, d_dout, d_out_cpu, d_lse_cpu, d_q, d_k, d_v, &s16);
+    check_finish();
+    double tol = on_cpu ? 0 : TOL_FP32;
+    check_compare(name, "dq", dq, d_dq, n.q, tol);
+    check_compare(name, "dk", dk, d_dk, n.k, tol);
+    check_compare(name, "dv", dv, d_dv, n.v, tol);
+}
+
 // ---- attention_merge -----------------------------------------------------------------------
 
 // Random partial results (out, lse) of B·Tq queries: about one row in 8 saw no key (lse = −∞,
@@ -207,6 +254,12 @@ static void check_merge_case(const char *name, int B, int Tq, int heads, int dv)
 void check_attention_ops(void) {
     for (size_t i = 0; i < sizeof(attention_cases) / sizeof(attention_cases[0]); i++) {
         check_attention_case(&attention_cases[i]);
+        check_free_all();
+    }
+    // bf16 storage: grouped heads over several tiles, MLA's widths, decoding
+    static const int stored_cases[] = {1, 8, 12};
+    for (size_t i = 0; i < sizeof(stored_cases) / sizeof(stored_cases[0]); i++) {
+        check_attention_stored(&attention_cases[stored_cases[i]]);
         check_free_all();
     }
     check_merge_case("attention_merge h8 dv128 T70", 2, 70, 8, 128);

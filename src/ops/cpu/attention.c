@@ -23,6 +23,7 @@
 #include <omp.h>
 #endif
 
+#include "core/float_formats.h"
 #include "core/profile.h"
 #include "ops/cpu/row_reduce.h"
 #include "ops/cpu/cpu_ops.h"
@@ -72,10 +73,11 @@ static int max_tile_keys(const AttentionShape *s) {
     return MT_MAX(tile_key_count(s, 0, s->Tq), 1);
 }
 
-// Rows [t0, t0 + rows) that see no key: out = 0, lse = −∞.
-static void unseen_rows(real *out, real *lse_row, const AttentionShape *s, const HeadView *view, int t0, int rows) {
+// Rows [t0, t0 + rows) that see no key: out = 0 (zero bits, fp32 or bf16), lse = −∞.
+static void unseen_rows(void *out, real *lse_row, const AttentionShape *s, const HeadView *view, int t0, int rows) {
     for (int r = 0; r < rows; r++) {
-        memset(out + view->o_offset + (size_t)(t0 + r) * view->o_stride, 0, (size_t)value_width(s) * sizeof(real));
+        memset(storage_at(out, s->out_store, view->o_offset + (size_t)(t0 + r) * view->o_stride), 0,
+               (size_t)value_width(s) * storage_bytes(s->out_store));
         lse_row[t0 + r] = -INFINITY;
     }
 }
@@ -145,32 +147,60 @@ static size_t view_row(const HeadView *v, ViewKind kind, int t) {
     return kind == VIEW_Q ? v->q_offset + (size_t)t * v->q_stride : v->o_offset + (size_t)t * v->o_stride;
 }
 
-static void gather_rows(real *dst, const real *x, const AttentionShape *s, int b, HeadStack hs, ViewKind kind, int t0,
-                        int rows, int width) {
+// dst (width) <- a row stored as store: copied, or bf16 values widened (exactly).
+static void row_widened(real *dst, const void *row, Storage store, int width) {
+    if (store == STORE_FP32) {
+        memcpy(dst, row, (size_t)width * sizeof(real));
+        return;
+    }
+    const uint16_t *h = row;
+    for (int i = 0; i < width; i++) dst[i] = (real)bf16_to_float(h[i]);
+}
+
+// A row (width) stored as store <- src: copied, or each value rounded as bf16_pack rounds.
+static void row_stored(void *row, Storage store, const real *src, int width) {
+    if (store == STORE_FP32) {
+        memcpy(row, src, (size_t)width * sizeof(real));
+        return;
+    }
+    uint16_t *h = row;
+    for (int i = 0; i < width; i++) h[i] = bf16_from_float_flushed((float)src[i]);
+}
+
+// x (stored as store) may be q or out (VIEW_Q, VIEW_O: their storage), or an fp32 gradient.
+static void gather_rows(real *dst, const void *x, Storage store, const AttentionShape *s, int b, HeadStack hs,
+                        ViewKind kind, int t0, int rows, int width) {
     for (int g = 0; g < hs.count; g++) {
         HeadView view = head_view(s, b, hs.h0 + g);
         for (int i = 0; i < rows; i++)
-            memcpy(dst + ((size_t)g * rows + i) * width, x + view_row(&view, kind, t0 + i), (size_t)width * sizeof(real));
+            row_widened(dst + ((size_t)g * rows + i) * width, storage_at_const(x, store, view_row(&view, kind, t0 + i)),
+                        store, width);
     }
 }
 
-// The inverse of gather_rows: src's stacked rows written back to x.
-static void scatter_rows(real *x, const real *src, const AttentionShape *s, int b, HeadStack hs, ViewKind kind, int t0,
-                         int rows, int width) {
+// The inverse of gather_rows: src's stacked rows written back to x (stored as store).
+static void scatter_rows(void *x, Storage store, const real *src, const AttentionShape *s, int b, HeadStack hs,
+                         ViewKind kind, int t0, int rows, int width) {
     for (int g = 0; g < hs.count; g++) {
         HeadView view = head_view(s, b, hs.h0 + g);
         for (int i = 0; i < rows; i++)
-            memcpy(x + view_row(&view, kind, t0 + i), src + ((size_t)g * rows + i) * width, (size_t)width * sizeof(real));
+            row_stored(storage_at(x, store, view_row(&view, kind, t0 + i)), store, src + ((size_t)g * rows + i) * width,
+                       width);
     }
+}
+
+// The kv head's K or V of a view (row 0), stored as s->kv_store.
+static const void *kv_rows(const void *x, const AttentionShape *s, size_t offset) {
+    return storage_at_const(x, s->kv_store, offset);
 }
 
 // scores (stacked rows, keys) = Q_stacked · K[0 : keys]ᵀ (K of the stack's kv head), not yet
 // scaled: with alpha 1 the GEMM may sum straight into scores (AMX), and scale_seen then
 // rounds scale·sum once, as alpha = scale would (head_dim within one K block).
-static void stacked_scores(real *scores, const real *q_stacked, const real *k, const AttentionShape *s, const HeadView *v,
-                           int stacked_rows, int keys) {
-    cpu_gemm(0, 1, stacked_rows, keys, s->head_dim, 1, q_stacked, s->head_dim, k + v->k_offset, v->k_stride, 0, scores,
-             keys);
+static void stacked_scores(real *scores, const real *q_stacked, const void *k, const AttentionShape *s,
+                           const HeadView *v, int stacked_rows, int keys) {
+    cpu_gemm_stored(0, 1, stacked_rows, keys, s->head_dim, 1, q_stacked, STORE_FP32, s->head_dim,
+                    kv_rows(k, s, v->k_offset), s->kv_store, v->k_stride, 0, scores, STORE_FP32, keys);
 }
 
 // The scores of the keys [first, end) a row sees, times the attention's scale.
@@ -200,7 +230,7 @@ typedef struct {
 } ForwardScratch;
 
 // Queries [t0, t0 + rows) of the heads of hs (batch row b): out and lse.
-static void attend_tile(real *out, real *lse, const ForwardScratch *w, const real *q, const real *k, const real *v,
+static void attend_tile(void *out, real *lse, const ForwardScratch *w, const void *q, const void *k, const void *v,
                         const AttentionShape *s, int b, HeadStack hs, int t0) {
     int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows), dv = value_width(s);
     HeadView kv_view = head_view(s, b, hs.h0);
@@ -209,7 +239,7 @@ static void attend_tile(real *out, real *lse, const ForwardScratch *w, const rea
         unseen_rows(out, lse + ((size_t)b * s->heads + hs.h0 + g) * s->Tq, s, &view, t0, rows);
     }
     if (keys <= 0) return;
-    gather_rows(w->q, q, s, b, hs, VIEW_Q, t0, rows, s->head_dim);
+    gather_rows(w->q, q, s->q_store, s, b, hs, VIEW_Q, t0, rows, s->head_dim);
     stacked_scores(w->scores, w->q, k, s, &kv_view, hs.count * rows, keys);
     for (int g = 0; g < hs.count; g++) {
         int h = hs.h0 + g;
@@ -223,12 +253,13 @@ static void attend_tile(real *out, real *lse, const ForwardScratch *w, const rea
         }
     }
     // O_stacked = P · V[0 : keys]
-    cpu_gemm(0, 0, hs.count * rows, dv, keys, 1, w->scores, keys, v + kv_view.v_offset, kv_view.v_stride, 0, w->out, dv);
-    scatter_rows(out, w->out, s, b, hs, VIEW_O, t0, rows, dv);
+    cpu_gemm_stored(0, 0, hs.count * rows, dv, keys, 1, w->scores, STORE_FP32, keys, kv_rows(v, s, kv_view.v_offset),
+                    s->kv_store, kv_view.v_stride, 0, w->out, STORE_FP32, dv);
+    scatter_rows(out, s->out_store, w->out, s, b, hs, VIEW_O, t0, rows, dv);
 }
 
-void cpu_attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
-                       const AttentionShape *s) {
+void cpu_attention_forward(void *out, real *lse, const void *q, const void *k, const void *v,
+                           const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
     int tile_keys = max_tile_keys(s), per_stack = stack_heads(s, tile_keys);
     int tiles = (s->Tq + QUERY_TILE - 1) / QUERY_TILE;
@@ -268,11 +299,15 @@ static void dropped_ds(real *p, real *dp, real D, const AttentionShape *s, int b
 
 // One row of the backward (query t of head h): p holds its unscaled scores and becomes P (⊙ Z
 // with dropout), dp holds dO·Vᵀ and becomes dS; zero outside the keys the row sees.
-static void backward_row(real *p, real *dp, int keys, const real *o_row, const real *do_row, real lse,
+// o_row is stored as s->out_store.
+static void backward_row(real *p, real *dp, int keys, const void *o_row, const real *do_row, real lse,
                          const AttentionShape *s, int b, int h, int t) {
     int v_width = value_width(s);
     real D = 0;
-    for (int i = 0; i < v_width; i++) D += do_row[i] * o_row[i];
+    if (s->out_store == STORE_FP32)
+        for (int i = 0; i < v_width; i++) D += do_row[i] * ((const real *)o_row)[i];
+    else
+        for (int i = 0; i < v_width; i++) D += do_row[i] * (real)bf16_to_float(((const uint16_t *)o_row)[i]);
     KeyRange seen = visible_keys(s, b, t);
     seen.first = MT_MIN(seen.first, keys);  // an empty range zeroes the whole row
     for (int j = 0; j < seen.first; j++) p[j] = dp[j] = 0;
@@ -293,38 +328,41 @@ typedef struct {
 // Queries [t0, t0 + rows) of the heads of hs (batch row b): their dq, and their share of the
 // kv head's dk and dv.
 static void attention_tile_backward(real *dq, real *dk, real *dv, const BackwardScratch *w, const real *dout,
-                                    const real *out, const real *lse, const real *q, const real *k, const real *v,
+                                    const void *out, const real *lse, const void *q, const void *k, const void *v,
                                     const AttentionShape *s, int b, HeadStack hs, int t0) {
     int rows = MT_MIN(QUERY_TILE, s->Tq - t0), keys = tile_key_count(s, t0, rows);
     if (keys <= 0) return;  // no row of the tile sees a key: no gradient
     int d = s->head_dim, v_width = value_width(s), R = hs.count * rows;
     HeadView kv_view = head_view(s, b, hs.h0);
-    gather_rows(w->q, q, s, b, hs, VIEW_Q, t0, rows, d);
-    gather_rows(w->dout, dout, s, b, hs, VIEW_O, t0, rows, v_width);
-    gather_rows(w->dq, dq, s, b, hs, VIEW_Q, t0, rows, d);
+    gather_rows(w->q, q, s->q_store, s, b, hs, VIEW_Q, t0, rows, d);
+    gather_rows(w->dout, dout, STORE_FP32, s, b, hs, VIEW_O, t0, rows, v_width);
+    gather_rows(w->dq, dq, STORE_FP32, s, b, hs, VIEW_Q, t0, rows, d);
     stacked_scores(w->probs, w->q, k, s, &kv_view, R, keys);
     // dP = dO · Vᵀ
-    cpu_gemm(0, 1, R, keys, v_width, 1, w->dout, v_width, v + kv_view.v_offset, kv_view.v_stride, 0, w->dprobs, keys);
+    cpu_gemm_stored(0, 1, R, keys, v_width, 1, w->dout, STORE_FP32, v_width, kv_rows(v, s, kv_view.v_offset), s->kv_store,
+                    kv_view.v_stride, 0, w->dprobs, STORE_FP32, keys);
     for (int g = 0; g < hs.count; g++) {
         int h = hs.h0 + g;
         HeadView view = head_view(s, b, h);
         const real *lse_row = lse + ((size_t)b * s->heads + h) * s->Tq;
         for (int i = 0; i < rows; i++) {
             size_t r = (size_t)g * rows + i;
-            backward_row(w->probs + r * keys, w->dprobs + r * keys, keys, out + view_row(&view, VIEW_O, t0 + i),
+            backward_row(w->probs + r * keys, w->dprobs + r * keys, keys,
+                         storage_at_const(out, s->out_store, view_row(&view, VIEW_O, t0 + i)),
                          w->dout + r * v_width, lse_row[t0 + i], s, b, h, t0 + i);
         }
     }
     // dQ += dS · K ; dK += dSᵀ · Q ; dV += Pᵀ · dO
-    cpu_gemm(0, 0, R, d, keys, 1, w->dprobs, keys, k + kv_view.k_offset, kv_view.k_stride, 1, w->dq, d);
-    scatter_rows(dq, w->dq, s, b, hs, VIEW_Q, t0, rows, d);
+    cpu_gemm_stored(0, 0, R, d, keys, 1, w->dprobs, STORE_FP32, keys, kv_rows(k, s, kv_view.k_offset), s->kv_store,
+                    kv_view.k_stride, 1, w->dq, STORE_FP32, d);
+    scatter_rows(dq, STORE_FP32, w->dq, s, b, hs, VIEW_Q, t0, rows, d);
     cpu_gemm(1, 0, keys, d, R, 1, w->dprobs, keys, w->q, d, 1, dk + kv_view.k_offset, kv_view.k_stride);
     cpu_gemm(1, 0, keys, v_width, R, 1, w->probs, keys, w->dout, v_width, 1, dv + kv_view.v_offset, kv_view.v_stride);
 }
 
-void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out,
-                        const real *lse, const real *q, const real *k, const real *v,
-                        const AttentionShape *s) {
+void cpu_attention_backward(real *dq, real *dk, real *dv, const real *dout, const void *out,
+                            const real *lse, const void *q, const void *k, const void *v,
+                            const AttentionShape *s) {
     PROF_SCOPE(PROF_ATTENTION);
     int tile_keys = max_tile_keys(s), per_stack = stack_heads(s, tile_keys);
     int stacks = stacks_per_kv_head(s, per_stack);

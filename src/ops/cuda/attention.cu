@@ -53,6 +53,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "ops/cuda/block_reduce.cuh"
 #include "ops/cuda/cuda_internal.h"
 #include "ops/dropout_math.h"
 
@@ -613,8 +614,32 @@ float *dsum_buffer(size_t n) {
 
 }  // namespace
 
-void cuda_attention_forward(real *out, real *lse, const real *q, const real *k, const real *v,
-                            const AttentionShape *s) {
+// ---- q, k, v and out stored as bf16 (ops.h AttentionShape) ------------------------------------
+// The kernels work on fp32: bf16-stored q, k and v are widened (exactly) into these first, and a
+// bf16 out is computed into the fourth and rounded into out after (as bf16_pack rounds).
+static CudaScratch widened_q, widened_k, widened_v, widened_out;
+
+static size_t q_elements(const AttentionShape *s) { return (size_t)s->B * s->Tq * s->heads * s->head_dim; }
+static size_t kv_elements(const AttentionShape *s, int width) {
+    return (size_t)s->B * s->kv_row_stride * s->kv_heads * width;
+}
+static size_t out_elements(const AttentionShape *s) {
+    return (size_t)s->B * s->Tq * s->heads * (s->v_head_dim ? s->v_head_dim : s->head_dim);
+}
+
+// The fp32 q, k, v the kernels read.
+struct WidenedQkv {
+    const float *q, *k, *v;
+};
+static WidenedQkv widened_qkv(const void *q, const void *k, const void *v, const AttentionShape *s) {
+    int dv = s->v_head_dim ? s->v_head_dim : s->head_dim;
+    return {scratch_widened(&widened_q, q, s->q_store, q_elements(s)),
+            scratch_widened(&widened_k, k, s->kv_store, kv_elements(s, s->head_dim)),
+            scratch_widened(&widened_v, v, s->kv_store, kv_elements(s, dv))};
+}
+
+static void forward_fp32(float *out, float *lse, const float *q, const float *k, const float *v,
+                         const AttentionShape *s) {
     const AttnGeom g = make_geom(s);
     width_class(g.d, "head_dim");
     if (g.B <= 0 || g.Tq <= 0 || g.heads <= 0) return;
@@ -624,12 +649,26 @@ void cuda_attention_forward(real *out, real *lse, const real *q, const real *k, 
         forward_width<64>(out, lse, q, k, v, g);
 }
 
-void cuda_attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *out, const real *lse,
-                             const real *q, const real *k, const real *v, const AttentionShape *s) {
+void cuda_attention_forward(void *out, real *lse, const void *q, const void *k, const void *v,
+                            const AttentionShape *s) {
+    WidenedQkv x = widened_qkv(q, k, v, s);
+    size_t n_out = out_elements(s);
+    float *out32 = s->out_store == STORE_FP32 ? (float *)out
+                                              : (float *)scratch_reserve(&widened_out, (n_out ? n_out : 1) * sizeof(float));
+    forward_fp32(out32, lse, x.q, x.k, x.v, s);
+    if (s->out_store == STORE_BF16) cuda_bf16_pack((float *)out, out32, n_out);
+}
+
+void cuda_attention_backward(real *dq, real *dk, real *dv, const real *dout, const void *out_stored, const real *lse,
+                             const void *q_stored, const void *k_stored, const void *v_stored,
+                             const AttentionShape *s) {
     const AttnGeom g = make_geom(s);
     const int wd = width_class(g.d, "head_dim");
     width_class(g.dv, "v_head_dim");
     if (g.B <= 0 || g.Tq <= 0 || g.heads <= 0 || g.Tk <= 0) return;
+    WidenedQkv x = widened_qkv(q_stored, k_stored, v_stored, s);
+    const float *q = x.q, *k = x.k, *v = x.v;
+    const float *out = scratch_widened(&widened_out, out_stored, s->out_store, out_elements(s));
     const size_t rows = (size_t)g.B * g.Tq * g.heads;
     float *dsum = dsum_buffer(rows);
     attention_dsum_kernel<<<(unsigned)((rows + WARPS - 1) / WARPS), NT, 0, cuda_stream()>>>(dsum, dout, out, g);
