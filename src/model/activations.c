@@ -175,7 +175,7 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     real **workspace = &a->sp_workspace;
     SAVED(bp, la->x_in, N_local, H);
     la->ln1_store = p->norm_store;
-    la->ln2_store = is_moe ? STORE_FP32 : p->norm_store;  // a MoE layer's router reads ln2 in fp32
+    la->ln2_store = is_moe ? p->moe_norm_store : p->norm_store;
     STORED_OR_ALIAS(bp, own_norms, la->ln1, N_local, H, la->ln1_store, a->recomputed.ln1);
     SAVED(bp, la->ln1_rstd, N_local, 1);
     STORED_OR_ALIAS(bp, sp, la->ln1_full, N, H, la->ln1_store, la->ln1);
@@ -281,9 +281,11 @@ static void plan_recomputed_parts(BufferPlan *bp, ModelActs *a, const Model *m, 
         STORED(bp, a->recomputed.att, N, p->width.out, p->att_store, BUF_WORKSPACE);
         WORKSPACE(bp, a->recomputed.lse, N, p->heads);
     }
-    if (plan_recomputes(p, RECOMPUTE_LAYERNORM)) {  // stored as the layers' (a MoE layer's ln2: fp32)
+    if (plan_recomputes(p, RECOMPUTE_LAYERNORM)) {  // stored as the layers' (ln2: fp32 when theirs differ)
+        Storage dense_ln2 = has_dense ? p->norm_store : p->moe_norm_store;
+        Storage moe_ln2 = has_moe ? p->moe_norm_store : p->norm_store;
         STORED(bp, a->recomputed.ln1, N_local, H, p->norm_store, BUF_WORKSPACE);
-        STORED(bp, a->recomputed.ln2, N_local, H, has_moe ? STORE_FP32 : p->norm_store, BUF_WORKSPACE);
+        STORED(bp, a->recomputed.ln2, N_local, H, dense_ln2 == moe_ln2 ? moe_ln2 : STORE_FP32, BUF_WORKSPACE);
     }
     if (has_dense && plan_recomputes(p, RECOMPUTE_MLP)) {
         STORED(bp, a->recomputed.mlp_gate, N, p->ffn, p->gate_up_store, BUF_WORKSPACE);
@@ -455,9 +457,10 @@ static void plan_mtp(BufferPlan *bp, ModelActs *a, const LayoutPlan *p) {
 // The final norm, logits and per-token loss (the chunk holding the LM head).
 static void plan_head(BufferPlan *bp, ModelActs *a, const LayoutPlan *p) {
     int N = a->N, N_local = a->N_local, H = p->hidden;
-    SAVED(bp, a->lnf, N_local, H);
+    a->lnf_store = p->mtp_layers ? STORE_FP32 : p->norm_store;  // MTP's first depth normalizes lnf again
+    STORED(bp, a->lnf, N_local, H, a->lnf_store, BUF_SAVED);
     SAVED(bp, a->lnf_rstd, N_local, 1);
-    SAVED_OR_ALIAS(bp, p->sequence_parallel, a->lnf_full, N, H, a->lnf);
+    STORED_OR_ALIAS(bp, p->sequence_parallel, a->lnf_full, N, H, a->lnf_store, a->lnf);
     SAVED(bp, a->logits, N, p->vocab);
     SAVED(bp, a->token_loss, N, 1);
     SAVED(bp, a->token_lse, N, 1);

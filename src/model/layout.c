@@ -179,6 +179,9 @@ static void plan_bf16_storage(LayoutPlan *p, const Config *c) {
     p->expert_rows_store = rows_bf16 ? STORE_BF16 : STORE_FP32;
     p->gate_up_store = asked == KEEP_AS_MEGATRON ? STORE_BF16 : STORE_FP32;
     p->norm_store = kept_bf16 && p->exchanges_bf16 && p->hidden % 2 == 0 ? STORE_BF16 : STORE_FP32;
+    int router_reads_bf16 = !(c->moe_input_jitter_eps > 0) && !c->router_fp64;
+    int moe_norm_bf16 = asked == KEEP_AS_MEGATRON && p->hidden % 2 == 0 && router_reads_bf16;
+    p->moe_norm_store = moe_norm_bf16 ? STORE_BF16 : STORE_FP32;
     int attention_bf16 = p->cp_size == 1 && !c->multi_latent_attention;
     int even_widths = p->width.q % 2 == 0 && p->width.k % 2 == 0 && p->width.v % 2 == 0;
     p->qkv_store = kept_bf16 && attention_bf16 && even_widths ? STORE_BF16 : STORE_FP32;

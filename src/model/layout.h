@@ -127,11 +127,17 @@ typedef struct {
     // fp32 storage), MOETRON_ACTIVATIONS=fp32 keeps every one of them fp32.
     Storage gate_up_store;
     // how the norms' outputs that only GEMMs read are kept (LayerActs.ln1_store, ln2_store): ln1
-    // (the attention's projections) of every layer and ln2 of the dense layers (its FFN; a MoE
-    // layer's router reads its ln2 in fp32): bf16 as swiglu_act_store is, the same bits at half
-    // the memory, with an even hidden size and bf16 exchanges (sequence parallelism gathers them
-    // as stored).
+    // (the attention's projections) of every layer and ln2 of the dense layers (its FFN): bf16 as
+    // swiglu_act_store is, the same bits at half the memory, with an even hidden size and bf16
+    // exchanges (sequence parallelism gathers them as stored).
     Storage norm_store;
+    // how a MoE layer's ln2 is kept (its router, dispatcher, shared expert and latent projection
+    // read it): bf16 as gate_up_store is, as Megatron keeps it (its router upcasts the bf16 values
+    // to --moe-router-dtype: the router then reads the rounded values, which changes the
+    // numerics), with an even hidden size, unless --moe-input-jitter-eps (the jitter multiplies
+    // fp32 values) or --moe-router-dtype fp64. Its gathers move it as kept whatever
+    // MOETRON_EXCHANGE says (the same values either way: the knob changes no bits).
+    Storage moe_norm_store;
     // how every layer's q, k, v are kept (LayerActs.qkv_store): bf16 as swiglu_act_store is (the
     // attention core's bf16-input GEMMs are their only readers: the same bits at half the
     // memory), with even widths and without context parallelism (its exchanges and merges take

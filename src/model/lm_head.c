@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "ops/ops.h"
 #include "ops/ops_loss.h"
+#include "ops/quantized_linear.h"
 
 // The (counted, total) pair lm_loss_sums writes: one tensor block of two doubles for the
 // process, made on first use (the head's forward runs one micro-batch at a time).
@@ -42,7 +43,8 @@ void embedding_model_backward(Model *m, ModelActs *a, const int32_t *tokens) {
 double head_loss_forward(const Model *m, const HeadLoss *h, const real *hidden_full, const int32_t *targets,
                          const real *mask, int N) {
     int H = m->plan.hidden, V = m->plan.vocab;
-    linear_forward(h->logits, hidden_full, tt_param(&m->tt, m->lm_head), N, H, V);  // this rank's vocabulary
+    qlinear_forward_stored(NULL, h->logits, hidden_full, h->hidden_store, tt_param(&m->tt, m->lm_head), N, H,
+                           V);  // this rank's vocabulary
     if (!targets) return 0;
     VocabSlice slice = vocab_slice_of_plan(&m->plan);
     vocab_cross_entropy_forward(&slice, h->token_loss, h->token_lse, h->logits, targets, N);
@@ -67,22 +69,22 @@ void head_loss_backward(Model *m, ModelActs *a, const HeadLoss *h, const real *h
                                  a->d_token_loss, N);
     // logits = hidden·W_headᵀ: d_hidden = Σ_tp d_logits·W_head, dW_head += d_logitsᵀ·hidden
     vec_zero(a->d_norm_full, (size_t)N * H);
-    linear_backward(a->d_norm_full, tt_grad(&m->tt, m->lm_head), a->d_logits, hidden_full,
-                    tt_param(&m->tt, m->lm_head), N, H, V);
+    qlinear_backward_stored(NULL, a->d_norm_full, tt_grad(&m->tt, m->lm_head), a->d_logits, hidden_full,
+                            h->hidden_store, tt_param(&m->tt, m->lm_head), N, H, V);
     tp_enter_backward(&region, a->d_norm_full, a->d_norm, N, H);
 }
 
 // The main head's loss buffers.
 static HeadLoss main_head(const ModelActs *a) {
     return (HeadLoss){.logits = a->logits, .token_loss = a->token_loss, .token_lse = a->token_lse,
-                      .loss_weight = a->loss_weight};
+                      .loss_weight = a->loss_weight, .hidden_store = a->lnf_store};
 }
 
 void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     int N = a->N, H = m->plan.hidden;
-    rmsnorm_forward(a->lnf, STORE_FP32, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), a->N_local, H,
+    rmsnorm_forward(a->lnf, a->lnf_store, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), a->N_local, H,
                     (real)m->cfg.norm_epsilon);
-    model_tp_gather_gemm_rows(m, a->sp_workspace, a->lnf, a->lnf_full, N, H);
+    model_tp_gather_stored(m, a->sp_workspace, a->lnf, a->lnf_full, a->lnf_store, N, H);
     HeadLoss h = main_head(a);
     a->lm_loss = head_loss_forward(m, &h, a->lnf_full, batch->targets, batch->loss_mask, N);
 }

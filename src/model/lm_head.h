@@ -20,9 +20,10 @@ void embedding_model_backward(Model *m, ModelActs *a, const int32_t *tokens);
 // cross-entropy and log-sum-exp, and its weight d(mean)/d(token_loss).
 typedef struct {
     real *logits, *token_loss, *token_lse, *loss_weight;
+    Storage hidden_store;  // how the head's input (hidden_full below) is stored (ops/gemm.h)
 } HeadLoss;
 
-// logits = hidden_full (N,H) · W_headᵀ; with targets also the masked mean cross-entropy
+// logits = hidden_full (N,H, stored as h->hidden_store) · W_headᵀ; with targets also the masked mean cross-entropy
 // (over every token of the micro-batch: summed over the sequence's context-parallel ranks),
 // which it returns (0 without targets or counted tokens).
 double head_loss_forward(const Model *m, const HeadLoss *h, const real *hidden_full, const int32_t *targets,

@@ -209,6 +209,8 @@ typedef struct {
     real *x_final;          // (N_local,H) output of the last block
     real *lnf, *lnf_rstd;   // (N_local,H), (N_local)
     real *lnf_full;         // (N,H) lnf of every token (gathered with sequence parallelism), or lnf
+    Storage lnf_store;      // how lnf and lnf_full are stored: LayoutPlan.norm_store when only the
+                            // LM head's GEMMs read them (no multi-token prediction), else fp32
     real *logits;           // (N,V/TP) this rank's vocabulary slice
     real *token_loss;       // (N)
     real *token_lse;        // (N) logsumexp of each token's logits (for backward)

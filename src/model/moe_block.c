@@ -55,7 +55,9 @@ static void router_input(const Model *m, int layer, LayerActs *la, const Batch *
     double eps = m->cfg.moe_input_jitter_eps;
     ma->jitter_used = batch->training && eps > 0;
     ma->router_input = la->ln2;
+    ma->router_input_store = la->ln2_store;
     if (!ma->jitter_used) return;
+    MT_ASSERT(la->ln2_store == STORE_FP32);  // layout.h moe_norm_store
     LayerNoise z = layer_noise(m, batch, layer, NOISE_JITTER, N, H, token_index);
     real *jitter = mt_malloc((size_t)N * H * sizeof(real));  // drawn here, uploaded in one copy
     for (int n = 0; n < N; n++) {
@@ -67,6 +69,7 @@ static void router_input(const Model *m, int layer, LayerActs *la, const Batch *
     free(jitter);
     moe_scale_by(ma->jittered_input, la->ln2, ma->jitter, (size_t)N * H);
     ma->router_input = ma->jittered_input;
+    ma->router_input_store = STORE_FP32;
 }
 
 // --moe-router-force-load-balancing: logits (N,E) replaced by normal draws of the layer's
@@ -96,13 +99,14 @@ static void router_gemms_end(int saved) {
     if (saved != GEMM_INPUTS_FP32) device_set_gemm_inputs(saved);
 }
 
-// logits (N,E) = router_input · W_routerᵀ in the router dtype
+// logits (N,E) = router_input · W_routerᵀ in the router dtype (a bf16-stored input read widened,
+// as Megatron's router upcasts its bf16 input)
 static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, int N) {
     int H = m->plan.hidden, E = m->plan.experts;
     const real *W = tt_param(&m->tt, lp->router);
     int saved = router_gemms_begin();
-    if (!m->cfg.router_fp64) linear_forward(ma->logits, ma->router_input, W, N, H, E);
-    else moe_router_logits(ma->logits, ma->router_input, W, N, H, E);  // double accumulation
+    if (!m->cfg.router_fp64) qlinear_forward_stored(NULL, ma->logits, ma->router_input, ma->router_input_store, W, N, H, E);
+    else moe_router_logits(ma->logits, ma->router_input, W, N, H, E);  // double accumulation (input fp32: layout.h)
     router_gemms_end(saved);
 }
 
@@ -172,11 +176,14 @@ static MoeBackwardBuffers dispatch_backward_buffers(const LayerParams *lp, Model
                                 .d_x = latent(lp) ? a->d_latent_in : a->d_norm, .d_choice_probs = a->d_choice_probs};
 }
 
-// The rows the dispatcher moves (N,·): ln2 itself, or with latent MoE latent_in (N,L) = ln2·W_fc1ᵀ.
-static const real *dispatch_input(const Model *m, const LayerParams *lp, LayerActs *la, int N) {
+// The rows the dispatcher moves (N,·): ln2 itself (stored as the layer keeps it), or with latent
+// MoE latent_in (N,L) = ln2·W_fc1ᵀ (fp32); *store says which.
+static const void *dispatch_input(const Model *m, const LayerParams *lp, LayerActs *la, int N, Storage *store) {
+    *store = la->ln2_store;
     if (!latent(lp)) return la->ln2;
-    qlinear_forward(model_quant(m, lp->fc1_latent_proj), la->moe.latent_in, la->ln2,
-                    tt_param(&m->tt, lp->fc1_latent_proj), N, m->plan.hidden, m->plan.moe_hidden);
+    qlinear_forward_stored(model_quant(m, lp->fc1_latent_proj), la->moe.latent_in, la->ln2, la->ln2_store,
+                           tt_param(&m->tt, lp->fc1_latent_proj), N, m->plan.hidden, m->plan.moe_hidden);
+    *store = STORE_FP32;
     return la->moe.latent_in;
 }
 
@@ -204,8 +211,8 @@ static void dispatch_input_backward(Model *m, const LayerParams *lp, LayerActs *
     if (!latent(lp)) return;
     int N = a->N_local, H = m->plan.hidden, L = m->plan.moe_hidden;
     vec_zero(a->d_norm, (size_t)N * H);
-    qlinear_backward(model_quant(m, lp->fc1_latent_proj), a->d_norm, tt_grad(&m->tt, lp->fc1_latent_proj),
-                     a->d_latent_in, la->ln2, tt_param(&m->tt, lp->fc1_latent_proj), N, H, L);
+    qlinear_backward_stored(model_quant(m, lp->fc1_latent_proj), a->d_norm, tt_grad(&m->tt, lp->fc1_latent_proj),
+                            a->d_latent_in, la->ln2, la->ln2_store, tt_param(&m->tt, lp->fc1_latent_proj), N, H, L);
 }
 
 // --moe-shared-expert-overlap: the shared expert computes while the routed rows travel.
@@ -255,7 +262,8 @@ void moe_forward_begin(const Model *m, int layer, LayerActs *la, const Batch *ba
     if (ma->call.qb_quantile) add_quantiles(m, layer);
     ma->plan.N = N_local;
     MoeDispatchContext ctx = dispatch_context(m, pass);
-    token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, dispatch_input(m, lp, la, N_local), &ma->expert_rows);
+    const void *x = dispatch_input(m, lp, la, N_local, &ctx.x_store);
+    token_dispatcher_of(&m->ep)->dispatch(&ctx, ma, x, &ma->expert_rows);
     if (shared_overlapped(m, lp)) shared_expert_forward(m, lp, la, N);
 }
 
@@ -355,8 +363,8 @@ void moe_backward_end(Model *m, int layer, LayerActs *la, ModelActs *a, const re
     router_backward(a->d_router_logits, a->d_choice_probs, ma->logits, &ma->route, &m->router, &ma->call, loss_scale);
     int saved = router_gemms_begin();
     if (!ma->jitter_used) {  // the router read ln2 itself: its input gradient adds straight in
-        linear_backward(a->d_norm, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,
-                        tt_param(&m->tt, lp->router), N, H, E);
+        qlinear_backward_stored(NULL, a->d_norm, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,
+                                ma->router_input_store, tt_param(&m->tt, lp->router), N, H, E);
     } else {                 // x̃ = ln2 ⊙ jitter: dx = (dl·W_r) ⊙ jitter
         vec_zero(a->d_router_input, (size_t)N * H);
         linear_backward(a->d_router_input, tt_grad(&m->tt, lp->router), a->d_router_logits, ma->router_input,

@@ -7,6 +7,7 @@
 
 #include "model/layers.h"
 #include "ops/ops.h"
+#include "ops/quantized_linear.h"
 
 // One group covering the N rows (offsets {0, N}) of ln2_full, stored as la's; this rank's columns.
 static ExpertShape shared_shape(const Model *m, const LayerActs *la, const int32_t offsets[2]) {
@@ -22,7 +23,8 @@ void shared_expert_forward(const Model *m, const LayerParams *lp, LayerActs *la,
     ExpertShape shape = shared_shape(m, la, offsets);
     real *gate = NULL;
     if (lp->shared_expert_gate >= 0) {  // σ(x·w_gate) scales the whole shared output
-        linear_forward(ma->shared_gate, la->ln2, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
+        qlinear_forward_stored(NULL, ma->shared_gate, la->ln2, la->ln2_store, tt_param(&m->tt, lp->shared_expert_gate),
+                               N_local, H, 1);
         moe_gate_sigmoid(ma->shared_gate, (size_t)N_local);
         tp_enter_forward(&region, ma->shared_gate, ma->shared_gate_full, N, 1);
         gate = ma->shared_gate_full;
@@ -60,6 +62,6 @@ void shared_expert_backward_add(Model *m, const LayerParams *lp, LayerActs *la, 
     int N_local = a->N_local, H = m->plan.hidden;
     vec_add(a->d_norm, a->d_shared_in, (size_t)N_local * H);
     if (lp->shared_expert_gate < 0) return;
-    linear_backward(a->d_norm, tt_grad(&m->tt, lp->shared_expert_gate), a->d_shared_gate, la->ln2,
-                    tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
+    qlinear_backward_stored(NULL, a->d_norm, tt_grad(&m->tt, lp->shared_expert_gate), a->d_shared_gate, la->ln2,
+                            la->ln2_store, tt_param(&m->tt, lp->shared_expert_gate), N_local, H, 1);
 }

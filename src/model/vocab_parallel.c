@@ -40,7 +40,7 @@ void vocab_embedding_forward(const VocabSlice *s, VocabScratch *w, real *out, co
     int32_t *row_of_token = w->index;  // (N)
     vocab_slice_rows(row_of_token, tokens, s->vocab_first, s->vocab, -1, N);
     // partial (N,H): the rows held, zeros for the others; then the sum over TP
-    moe_permute(w->rows, STORE_FP32, NULL, table, NULL, row_of_token, NULL, N, 1, H);
+    moe_permute(w->rows, STORE_FP32, NULL, table, STORE_FP32, NULL, row_of_token, NULL, N, 1, H);
     tp_exit_forward(&s->region, w->rows, out, N, H);
 }
 

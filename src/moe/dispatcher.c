@@ -58,10 +58,10 @@ void dispatch_plan_free(DispatchPlan *plan) {
     plan->host_rows_per_expert = NULL;
 }
 
-void dispatch_forward(void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,
-                      const DispatchPlan *plan, int H) {
+void dispatch_forward(void *rows, Storage rows_store, real *row_values, const void *x, Storage x_store,
+                      const real *choice_values, const DispatchPlan *plan, int H) {
     PROF_SCOPE(PROF_DISPATCH);
-    moe_permute(rows, rows_store, row_values, x, choice_values, plan->token_of_row, plan->row_of_choice,
+    moe_permute(rows, rows_store, row_values, x, x_store, choice_values, plan->token_of_row, plan->row_of_choice,
                 plan->rows, plan->k, H);
 }
 

@@ -47,10 +47,10 @@ void dispatch_plan_free(DispatchPlan *plan);
 // The plan is the moe_dispatch_plan op (ops_dispatch.h); without capacity padding or known
 // rows, its rows per expert come back to the host in one 4·E-byte download (plan->rows). The data movement runs as ops
 // too (moe_permute / moe_unpermute in ops.h, kernels on a GPU).
-// x (N,H) -> rows (rows,H) stored as rows_store (ops/gemm.h);  per-choice values (N,k) ->
-// per-row values (rows) when non-NULL
-void dispatch_forward(void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,
-                      const DispatchPlan *plan, int H);
+// x (N,H) stored as x_store -> rows (rows,H) stored as rows_store (ops/gemm.h);  per-choice
+// values (N,k) -> per-row values (rows) when non-NULL
+void dispatch_forward(void *rows, Storage rows_store, real *row_values, const void *x, Storage x_store,
+                      const real *choice_values, const DispatchPlan *plan, int H);
 // rows (rows,H) -> out (N,H): out[n] = Σ_j rows[row_of_choice[n,j]]; accumulate: += instead of =
 void combine_forward(real *out, const real *rows, const DispatchPlan *plan, int H, int accumulate);
 // The backward of dispatch_forward: d_rows (rows,H) -> dx (N,H) overwritten (a combine), and

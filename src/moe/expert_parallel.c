@@ -450,7 +450,7 @@ static void set_backward_rows(ExpertRows *rows, struct EpBuffers *b) {
     expert_rows_set_backward(rows, b->d_rows_out, b->d_rows_in, b->d_row_probs, b->d_gate, b->d_up, b->d_act);
 }
 
-static void alltoall_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
+static void alltoall_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const void *x, ExpertRows *rows) {
     local_dispatch_rows(ctx, ma, x);
     start_counts(ctx, ep_layer(ma, ctx->ep, ctx->experts), &ma->plan);
 }
@@ -509,7 +509,7 @@ static void alltoall_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma
     EpLayer *el = ma->ep;
     int H = ctx->hidden;
     struct EpBuffers *b = buffers_for_rows(ctx, el->row_capacity);
-    dispatch_forward(grads->d_rows_out, STORE_FP32, NULL, d_out, NULL, &ma->plan, H);
+    dispatch_forward(grads->d_rows_out, STORE_FP32, NULL, d_out, STORE_FP32, NULL, &ma->plan, H);
     if (ctx->bf16_rows)
         rows_to_experts_bf16(ctx, el, grads->d_rows_out, b->exchange, b->d_rows_out, b->row_capacity, b->own, H,
                              &el->inflight[0]);
@@ -554,30 +554,36 @@ const TokenDispatcher TOKEN_DISPATCHER_ALLTOALL = {
 
 // ---- allgather -----------------------------------------------------------------------------------
 
-// x (N, H) of every rank of the group gathered into all (P·N, H): as bf16 through the pass's
-// exchange buffer when ctx->bf16_rows (the gathered tokens become expert rows, read only by the
-// experts' GEMMs) and the buffer, made for the layer's bound of rows, holds the packed gather
-// and this rank's packed tokens; else as they are.
+// x (N, H) of every rank of the group gathered into all (P·N, H); returns how all is stored.
+// x stored bf16 (ctx->x_store) is gathered as it is; else as bf16 through the pass's exchange
+// buffer when ctx->bf16_rows (the gathered tokens become expert rows, read only by the experts'
+// GEMMs) and the buffer, made for the layer's bound of rows, holds the packed gather and this
+// rank's packed tokens; else as they are.
 int ep_gather_packs_bf16(const ExpertParallel *ep, const EpExchangeShape *s) {
     return ep_max_rows(ep, s) * 2 >= ((size_t)ep->gather->size + 1) * (size_t)s->tokens;
 }
 
-static void gather_tokens(const MoeDispatchContext *ctx, const MoeActs *ma, const real *x, real *all, int N) {
+static Storage gather_tokens(const MoeDispatchContext *ctx, const MoeActs *ma, const void *x, real *all, int N) {
     const Comm *g = ctx->ep->gather;
     size_t block = (size_t)N * ctx->hidden;
     EpExchangeShape shape = exchange_shape(ctx, ma);
+    if (ctx->x_store == STORE_BF16) {  // H even (layout.h norm_store)
+        comm_allgather(g, x, all, block / 2);
+        return STORE_BF16;
+    }
     if (!ctx->bf16_rows || !ep_gather_packs_bf16(ctx->ep, &shape)) {
         comm_allgather(g, x, all, block);
-        return;
+        return STORE_FP32;
     }
     struct EpBuffers *b = buffers_for_rows(ctx, ep_max_rows(ctx->ep, &shape));
     real *gathered = b->exchange, *mine = b->exchange + (size_t)g->size * block / 2;
     bf16_pack(mine, x, block);
     comm_allgather(g, mine, gathered, block / 2);
     bf16_unpack(all, gathered, (size_t)g->size * block);
+    return STORE_FP32;
 }
 
-static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
+static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const void *x, ExpertRows *rows) {
     const ExpertParallel *ep = ctx->ep;
     const Comm *g = ep->gather;
     int P = g->size, N = ma->plan.N, k = ma->plan.k, E = ctx->experts, H = ctx->hidden;
@@ -585,10 +591,11 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     EpLayer *el = ep_layer(ma, ep, E);
     layer_reserve_choices(el, choices);
     struct EpBuffers *b = buffers_for_tokens(ctx, tokens, choices);
+    Storage tokens_store;
     {
         PROF_SCOPE(PROF_EXPERT_COMM);
         double t0 = now_seconds();
-        gather_tokens(ctx, ma, x, b->tokens_all, N);
+        tokens_store = gather_tokens(ctx, ma, x, b->tokens_all, N);
         comm_allgather_int32(g, ma->route.topk_idx, el->topk_all, (size_t)N * k);
         comm_allgather_int32(g, ma->route.kept, el->kept_all, (size_t)N * k);
         comm_allgather(g, ma->route.topk_probs, el->probs_all, (size_t)N * k);
@@ -602,7 +609,8 @@ static void allgather_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const
     dispatch_plan(&el->plan, el->topk_all, el->kept_all, 0);
     el->rows = el->plan.rows;
     layer_reserve_rows(ctx, el, ma, (size_t)el->rows);
-    dispatch_forward(el->rows_in, ctx->rows_store, el->row_probs, b->tokens_all, el->probs_all, &el->plan, H);
+    dispatch_forward(el->rows_in, ctx->rows_store, el->row_probs, b->tokens_all, tokens_store, el->probs_all, &el->plan,
+                     H);
     *rows = layer_rows(ctx, el, el->plan.rows_per_expert + ep->first,  // rows start at 0
                        el->plan.host_rows_per_expert + ep->first);
 }
@@ -632,7 +640,7 @@ static void allgather_combine_backward(const MoeDispatchContext *ctx, MoeActs *m
         gather_tokens(ctx, ma, d_out, b->tokens_all, N);
         ctx->buffers->comm_s += now_seconds() - t0;
     }
-    dispatch_forward(b->d_rows_out, STORE_FP32, NULL, b->tokens_all, NULL, &el->plan, H);
+    dispatch_forward(b->d_rows_out, STORE_FP32, NULL, b->tokens_all, STORE_FP32, NULL, &el->plan, H);
     set_backward_rows(rows, b);
 }
 

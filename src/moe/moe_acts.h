@@ -8,7 +8,8 @@
 #include "moe/router.h"
 
 typedef struct {
-    const real *router_input;  // (N,H) ln2 itself, or jittered_input
+    const real *router_input;  // (N,H) ln2 itself (stored as router_input_store), or jittered_input
+    Storage router_input_store;
     real *jittered_input;      // (N,H) ln2 ⊙ jitter (allocated with --moe-input-jitter-eps)
     real *jitter;              // (N,H) the noise factors (valid when jitter_used)
     int jitter_used;

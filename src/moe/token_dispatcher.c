@@ -17,14 +17,15 @@ void expert_rows_set_backward(ExpertRows *rows, real *d_rows_out, real *d_rows_i
     rows->scratch_act = act;
 }
 
-void local_dispatch_rows(const MoeDispatchContext *ctx, MoeActs *ma, const real *x) {
+void local_dispatch_rows(const MoeDispatchContext *ctx, MoeActs *ma, const void *x) {
     // the router's report already holds each expert's kept choices of these tokens
     dispatch_plan_known(&ma->plan, ma->route.topk_idx, ma->route.kept, ma->route.capacity,
                         router_host_tokens_per_expert(&ma->route));
-    dispatch_forward(ma->rows_in, ctx->rows_store, ma->row_probs, x, ma->route.topk_probs, &ma->plan, ctx->hidden);
+    dispatch_forward(ma->rows_in, ctx->rows_store, ma->row_probs, x, ctx->x_store, ma->route.topk_probs, &ma->plan,
+                     ctx->hidden);
 }
 
-static void local_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows) {
+static void local_dispatch(const MoeDispatchContext *ctx, MoeActs *ma, const void *x, ExpertRows *rows) {
     local_dispatch_rows(ctx, ma, x);
     *rows = (ExpertRows){.rows_in = ma->rows_in, .row_probs = ma->row_probs, .rows_out = ma->rows_out,
                          .acts = &ma->experts,
@@ -42,7 +43,7 @@ static void local_combine(const MoeDispatchContext *ctx, MoeActs *ma, const Expe
 // stored as the input rows are (only the down projection's GEMMs read them)
 static void local_combine_backward(const MoeDispatchContext *ctx, MoeActs *ma, const MoeBackwardBuffers *grads,
                                    const real *d_out, ExpertRows *rows) {
-    dispatch_forward(grads->d_rows_out, rows->shape.d_out_store, NULL, d_out, NULL, &ma->plan, ctx->hidden);
+    dispatch_forward(grads->d_rows_out, rows->shape.d_out_store, NULL, d_out, STORE_FP32, NULL, &ma->plan, ctx->hidden);
     expert_rows_set_backward(rows, grads->d_rows_out, grads->d_rows_in, grads->d_row_probs, grads->d_gate, grads->d_up,
                              grads->d_act);
 }

@@ -26,6 +26,8 @@ typedef struct {
     Storage gate_up_store;         // and their gate and up projections (ExpertActs.gate_up_store)
     Storage rows_store;            // and their input rows (LayoutPlan.expert_rows_store: bf16 rows
                                    // travel to the experts' ranks as stored, H even)
+    Storage x_store;               // how the tokens dispatched are stored (a MoE layer's ln2:
+                                   // LayerActs.ln2_store; fp32 without a layer, or latent_in)
     int bf16_rows;                 // the rows and their output gradients travel to the experts'
                                    // ranks as bf16 (ops.h bf16_pack): only the experts' bf16-input
                                    // GEMMs read them, so the results are the same bits at half the
@@ -49,8 +51,8 @@ typedef struct {
 // second half's return; the two halves of one phase are called with the same arguments.
 typedef struct {
     const char *name;
-    // x (N,H), ma->route -> rows (the rows this rank's experts compute)
-    void (*dispatch)(const MoeDispatchContext *ctx, MoeActs *ma, const real *x, ExpertRows *rows);
+    // x (N,H) stored as ctx->x_store, ma->route -> rows (the rows this rank's experts compute)
+    void (*dispatch)(const MoeDispatchContext *ctx, MoeActs *ma, const void *x, ExpertRows *rows);
     // (NULL: none) a middle step: the alltoall dispatcher's first half leaves the counts in
     // flight, this one waits for them and starts the rows
     void (*dispatch_exchange)(const MoeDispatchContext *ctx, MoeActs *ma);
@@ -81,4 +83,4 @@ void expert_rows_set_backward(ExpertRows *rows, real *d_rows_out, real *d_rows_i
                               real *up, real *act);
 
 // The local dispatch of ma->route into ma's rows (the first step of the alltoall one too).
-void local_dispatch_rows(const MoeDispatchContext *ctx, MoeActs *ma, const real *x);
+void local_dispatch_rows(const MoeDispatchContext *ctx, MoeActs *ma, const void *x);

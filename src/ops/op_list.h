@@ -117,9 +117,9 @@
         const real *expert_bias, int N, const RouteShape *r),                                                        \
        (scores, aux_scores, topk_idx, topk_probs, logits, expert_bias, N, r))                                        \
     OP(void, moe_permute, moe_permute,                                                                               \
-       (void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,              \
-        const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H),                             \
-       (rows, rows_store, row_values, x, choice_values, token_of_row, row_of_choice, R, k, H))                       \
+       (void *rows, Storage rows_store, real *row_values, const void *x, Storage x_store,                         \
+        const real *choice_values, const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H),  \
+       (rows, rows_store, row_values, x, x_store, choice_values, token_of_row, row_of_choice, R, k, H))              \
     OP(void, moe_unpermute, moe_unpermute,                                                                           \
        (real *out, real *choice_values, const real *rows, const real *row_values, const int32_t *row_of_choice,  \
         int N, int k, int H, int accumulate),                                                                        \

@@ -251,13 +251,15 @@ void moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, real *t
                       const real *expert_bias, int N, const RouteShape *r);
 
 // Permute (dispatch) with a plan of R rows (src/moe/dispatcher.h):
-// x (N,H) -> rows (R,H): rows[r] = x[token_of_row[r]], zeros where token_of_row[r] = −1
-// (padding), stored as rows_store (gemm.h; STORE_BF16: rounded as bf16_pack rounds); when row_values (R) is non-NULL, row_values[r] = choice_values[n·k + j] for
+// x (N,H) stored as x_store (gemm.h; bf16 values read widened, exactly) -> rows (R,H):
+// rows[r] = x[token_of_row[r]], zeros where token_of_row[r] = −1 (padding), stored as rows_store
+// (STORE_BF16: rounded as bf16_pack rounds); when row_values (R) is non-NULL, row_values[r] = choice_values[n·k + j] for
 // the choice with row_of_choice[n·k + j] = r (0 for padding, and for a row of token n no
 // choice points at: an aligned plan's padding, ops_dispatch.h). token_of_row (R),
 // row_of_choice (N·k) with −1 for dropped choices.
-void moe_permute(void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,
-                 const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H);
+void moe_permute(void *rows, Storage rows_store, real *row_values, const void *x, Storage x_store,
+                 const real *choice_values, const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k,
+                 int H);
 // Unpermute (combine): rows (R,H) -> out (N,H), out[n] = Σ_j rows[row_of_choice[n·k + j]]
 // over j = 0..k−1 in order, dropped choices (−1) skipped; accumulate: += instead of =.
 // When choice_values (N,k) is non-NULL, also choice_values[i] = row_values[row_of_choice[i]]

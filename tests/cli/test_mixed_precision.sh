@@ -195,7 +195,13 @@ CASE_RTOL=1e-5
 run_case mixed_bf16_tp2_sp_frozen 2 --tensor-model-parallel-size 2 --sequence-parallel \
     --make-vocab-size-divisible-by 256 -- --seed 3 --bf16 --make-vocab-size-divisible-by 512 --moe-layer-freq "[0,1]" \
     --moe-shared-expert-intermediate-size 64 "${FROZEN[@]}"
+# a MoE layer's ln2 kept bf16 (the default) read by the allgather dispatcher's gather (as kept),
+# the shared expert's gate, and latent MoE's projection
 CASE_RTOL=1e-6
+run_case mixed_bf16_ep2_allgather_frozen 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather -- \
+    --seed 3 --bf16 --moe-shared-expert-intermediate-size 64 --moe-shared-expert-gate "${FROZEN[@]}"
+run_case mixed_bf16_ep2_latent_frozen 2 --expert-model-parallel-size 2 -- --seed 3 --bf16 --moe-latent-size 32 \
+    "${FROZEN[@]}"
 run_case mixed_fp16_ep2_frozen 2 --expert-model-parallel-size 2 -- --seed 3 --fp16 --initial-loss-scale 4096 "${FROZEN[@]}"
 CASE_RTOL=1e-2
 full mixed_bf16_dp2 run_case mixed_bf16_dp2 2 -- --seed 3 --bf16
@@ -240,8 +246,9 @@ unset CASE_RTOL
 # a layer; the received rows land in the back half of their buffer); besides, the backward's gate
 # and up gradients (one workspace of the largest FFN's rows x I each: 2048 x 512, 2 MiB each; under
 # EP=2 the exchange's, 4096 rows: 4 MiB each), every layer's ln1 (1024 tokens x 256: 0.5 MiB a
-# layer; a MoE layer's ln2 stays fp32: its router reads it) and, without expert parallelism, the
-# experts' output rows' gradients (one workspace of 2048 x 256: 1 MiB; under EP the exchange's stay fp32).
+# layer; a MoE layer's ln2 stays fp32 here: its router reads it, below) and, without expert parallelism, the
+# experts' output rows' gradients (one workspace of 2048 x 256: 1 MiB; under EP the exchange's stay fp32)
+# and the final norm (1024 x 256: 0.5 MiB).
 PLAN=(--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --micro-batch-size 4
       --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --vocab-size 1024 --bf16)
 # plan_saving COLUMN FLAGS...: that column (8: activations, 7: expert exchange, MiB) of rank 0's row of
@@ -264,38 +271,42 @@ check_saving() {
     [ "$got" = "$want" ] && ok "$name" || fail "$name" "the plan saves $got MiB, expected $want"
 }
 KEPT=gemm-inputs BASE=fp32
-check_saving mixed_bf16_act_plan 15.0 8
-check_saving mixed_bf16_act_plan_recompute 13.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_act_plan 15.5 8
+check_saving mixed_bf16_act_plan_recompute 13.5 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_act_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
 # the norms recomputed: the two ln1 are one buffer every layer shares (0.5 MiB saved, not 1; the MoE
 # layers' ln2 share an fp32 one); with sequence parallelism over TP=2 a rank keeps its half of every
-# ln1 and the gathered whole (0.25 + 0.5 MiB a layer), its 512 tokens' expert rows (half of the
-# above: 1.5 MiB a layer, 2.5 MiB of gradients) and its heads' q, k, v (0.75 MiB a layer)
-check_saving mixed_bf16_act_plan_norms_recompute 14.5 8 --recompute-granularity selective \
+# ln1 and the gathered whole (0.25 + 0.5 MiB a layer, and of the final norm), its 512 tokens' expert
+# rows (half of the above: 1.5 MiB a layer, 2.5 MiB of gradients) and its heads' q, k, v (0.75 MiB a
+# layer)
+check_saving mixed_bf16_act_plan_norms_recompute 15.0 8 --recompute-granularity selective \
     --recompute-modules layernorm
-check_saving mixed_bf16_act_plan_norms_sp 8.5 8 --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+check_saving mixed_bf16_act_plan_norms_sp 9.3 8 --world-size 2 --tensor-model-parallel-size 2 --sequence-parallel
 # a dense first layer (1024 tokens x 512: 1 MiB, and its ln2: 0.5 MiB) and a shared expert of 512
-# (1 MiB) besides the MoE layer's 3 MiB, the gradients' 5 MiB, the two ln1 and the two q, k, v
-check_saving mixed_bf16_act_plan_dense 14.5 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+# (1 MiB) besides the MoE layer's 3 MiB, the gradients' 5 MiB, the two ln1, the two q, k, v and the
+# final norm
+check_saving mixed_bf16_act_plan_dense 15.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
     --moe-shared-expert-intermediate-size 512
 # the cuda backend keeps them fp32: a plan for it saves nothing
 check_saving mixed_bf16_act_plan_cuda 0.0 8 --device cuda
-# The gate and up projections kept bf16 too (the default): rows x I x 2 x 2 bytes less per MoE layer
-# (2048 x 512: 4 MiB a layer), the same with moe_act recomputed, 4096 rows a layer in the exchange's
-# bound under EP=2, and a dense layer's and a shared expert's (1024 tokens x 512: 2 MiB each);
-# and the attention's output (1024 tokens x 256: 0.5 MiB a layer; one buffer every layer shares
-# with core_attn recomputed).
+# As Megatron keeps them (the default): the gate and up projections, rows x I x 2 x 2 bytes less per
+# MoE layer (2048 x 512: 4 MiB a layer), the same with moe_act recomputed, 4096 rows a layer in the
+# exchange's bound under EP=2, and a dense layer's and a shared expert's (1024 tokens x 512: 2 MiB
+# each); the attention's output and a MoE layer's ln2 (1024 tokens x 256: 0.5 MiB a layer each; with
+# core_attn recomputed one output buffer every layer shares).
 KEPT="" BASE=gemm-inputs
-check_saving mixed_bf16_gate_up_plan 9.0 8
-check_saving mixed_bf16_gate_up_plan_recompute 9.0 8 --recompute-granularity selective --recompute-modules moe_act
-check_saving mixed_bf16_gate_up_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
-check_saving mixed_bf16_gate_up_plan_dense 9.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+check_saving mixed_bf16_megatron_plan 10.0 8
+check_saving mixed_bf16_megatron_plan_moe_act 10.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_megatron_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
+check_saving mixed_bf16_megatron_plan_dense 9.5 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
     --moe-shared-expert-intermediate-size 512
-check_saving mixed_bf16_att_plan_recompute 8.5 8 --recompute-granularity selective --recompute-modules core_attn
-# with context parallelism the attention's q, k, v and output stay fp32 (its exchanges and merges
-# take fp32): the gate and up alone
-check_saving mixed_bf16_att_plan_cp2 4.0 8 --world-size 2 --context-parallel-size 2
-check_saving mixed_bf16_gate_up_plan_cuda 0.0 8 --device cuda
+check_saving mixed_bf16_megatron_plan_core_attn 9.5 8 --recompute-granularity selective --recompute-modules core_attn
+# with context parallelism the attention's output stays fp32 (its merges sum fp32 partial outputs):
+# a rank's 512 tokens' gate and up and ln2
+check_saving mixed_bf16_megatron_plan_cp2 4.5 8 --world-size 2 --context-parallel-size 2
+# --moe-input-jitter-eps keeps a MoE layer's ln2 fp32 (the jitter multiplies fp32 values)
+check_saving mixed_bf16_megatron_plan_jitter 9.0 8 --moe-input-jitter-eps 0.01
+check_saving mixed_bf16_megatron_plan_cuda 0.0 8 --device cuda
 expect_error mixed_bf16_act_env_typo "MOETRON_ACTIVATIONS=FP32: use gemm-inputs or fp32 (or unset it)" -- \
     env MOETRON_ACTIVATIONS=FP32 "$M" plan "${PLAN[@]}"
 

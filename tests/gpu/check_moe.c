@@ -168,25 +168,40 @@ static void check_permute(const PlanCase *c) {
 
     float *rows = check_random(rh, 0, 1), *row_values = check_random((size_t)R, 0, 1);
     float *out = check_random(nh, 0, 1), *gathered = check_random(nk, 0, 1);
-    cpu()->moe_permute(rows, STORE_FP32, row_values, x, choice_values, plan.token_of_row, plan.row_of_choice, R, k, H);
+    cpu()->moe_permute(rows, STORE_FP32, row_values, x, STORE_FP32, choice_values, plan.token_of_row, plan.row_of_choice,
+                       R, k, H);
     cpu()->moe_unpermute(out, gathered, y, y_values, plan.row_of_choice, N, k, H, 0);
     cpu()->moe_unpermute(acc, NULL, y, NULL, plan.row_of_choice, N, k, H, 1);
 
-    under()->moe_permute(d_rows, STORE_FP32, d_row_values, d_x, d_choice_values, d_token_of_row, d_row_of_choice, R, k,
-                         H);
+    under()->moe_permute(d_rows, STORE_FP32, d_row_values, d_x, STORE_FP32, d_choice_values, d_token_of_row,
+                         d_row_of_choice, R, k, H);
     // the rows stored as bf16 (gemm.h STORE_BF16: the experts' input rows under --bf16), read back
     // through bf16_unpack: the fp32 rows rounded as bf16_pack rounds
     float *d_rows16 = check_device_nan((rh + 1) / 2), *d_rows_widened = check_device_nan(rh);
-    under()->moe_permute(d_rows16, STORE_BF16, NULL, d_x, NULL, d_token_of_row, d_row_of_choice, R, k, H);
+    under()->moe_permute(d_rows16, STORE_BF16, NULL, d_x, STORE_FP32, NULL, d_token_of_row, d_row_of_choice, R, k, H);
     under()->bf16_unpack(d_rows_widened, d_rows16, rh);
     float *rows_rounded = check_host_copy(rows, rh);
     for (size_t i = 0; i < rh; i++) rows_rounded[i] = bf16_to_float(bf16_from_float_flushed(rows[i]));
+    // x stored as bf16 (a MoE layer's ln2 under --bf16), read widened: the rows of its values, as
+    // fp32 rows and as bf16 rows (the same values)
+    float *x_rounded = check_host_copy(x, nh), *rows_of_rounded = check_random(rh, 0, 1);
+    void *d_x16 = check_stored_to_device(x_rounded, nh, STORE_BF16);
+    cpu()->moe_permute(rows_of_rounded, STORE_FP32, NULL, x_rounded, STORE_FP32, NULL, plan.token_of_row,
+                       plan.row_of_choice, R, k, H);
+    float *d_rows_from16 = check_device_nan(rh), *d_rows16_from16 = check_device_nan((rh + 1) / 2);
+    under()->moe_permute(d_rows_from16, STORE_FP32, NULL, d_x16, STORE_BF16, NULL, d_token_of_row, d_row_of_choice, R, k,
+                         H);
+    under()->moe_permute(d_rows16_from16, STORE_BF16, NULL, d_x16, STORE_BF16, NULL, d_token_of_row, d_row_of_choice, R,
+                         k, H);
     under()->moe_unpermute(d_out, d_gathered, d_y, d_y_values, d_row_of_choice, N, k, H, 0);
     under()->moe_unpermute(d_acc, NULL, d_y, NULL, d_row_of_choice, N, k, H, 1);
     under()->moe_unpermute(NULL, d_gathered_alone, NULL, d_y_values, d_row_of_choice, N, k, H, 0);
 
     check_compare(name, "rows", rows, d_rows, rh, EXACT);
     check_compare(name, "rows stored bf16", rows_rounded, d_rows_widened, rh, EXACT);
+    check_compare(name, "rows of bf16 x", rows_of_rounded, d_rows_from16, rh, EXACT);
+    check_compare(name, "bf16 rows of bf16 x", rows_of_rounded, check_widened_from_device(d_rows16_from16, rh, STORE_BF16),
+                  rh, EXACT);
     check_compare(name, "row_values", row_values, d_row_values, (size_t)R, EXACT);
     check_compare(name, "out", out, d_out, nh, EXACT);
     check_compare(name, "out +=", acc, d_acc, nh, EXACT);

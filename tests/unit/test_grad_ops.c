@@ -665,7 +665,7 @@ static void check_dispatch(const char *what, const int32_t *topk, const int32_t 
     // rows are zero with value 0
     real *x = alloc_normal(&rng, DN * DH, 1), *rows = alloc_normal(&rng, DMAXROWS * DH, 9);
     real *cv = alloc_normal(&rng, DNK, 1), *rv = alloc_normal(&rng, DMAXROWS, 9), *cv2 = alloc_normal(&rng, DNK, 9);
-    dispatch_forward(rows, STORE_FP32, rv, x, cv, &plan, DH);
+    dispatch_forward(rows, STORE_FP32, rv, x, STORE_FP32, cv, &plan, DH);
     for (int i = 0; i < DNK; i++) {
         int r = row_of_choice[i];
         if (r < 0 || r >= total) continue;
@@ -703,7 +703,7 @@ static void check_dispatch(const char *what, const int32_t *topk, const int32_t 
             for (int h = 0; h < DH; h++) y[r * DH + h] = 0;
     combine_forward(out, y, &plan, DH, 0);
     real *z = alloc_normal(&rng, DN * DH, 1), *dz = alloc_normal(&rng, DMAXROWS * DH, 9);
-    dispatch_forward(dz, STORE_FP32, NULL, z, NULL, &plan, DH);
+    dispatch_forward(dz, STORE_FP32, NULL, z, STORE_FP32, NULL, &plan, DH);
     double lhs = dot_real(out, z, DN * DH), rhs = dot_real(y, dz, (size_t)total * DH);
     CHECK_CLOSE(lhs, rhs, 1e-14, 1e-13, "<combine(y), z> vs <y, dispatch(z)>");
     // accumulate = 1 adds to what is there
@@ -796,7 +796,7 @@ static void test_dispatch_aligned(void) {
     real x[DN * DH], rows[16 * DH], rv[16], cv[DNK], out[DN * DH], want[DN * DH] = {0};
     for (int i = 0; i < DN * DH; i++) x[i] = 1 + i;
     for (int i = 0; i < DNK; i++) cv[i] = 0.5 + i;
-    dispatch_forward(rows, STORE_FP32, rv, x, cv, &plan, DH);
+    dispatch_forward(rows, STORE_FP32, rv, x, STORE_FP32, cv, &plan, DH);
     int is_choice[16] = {0};
     for (int i = 0; i < DNK; i++)
         if (want_rows[i] >= 0) {

@@ -63,30 +63,37 @@ void cpu_moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, rea
 
 // ---- permute / unpermute ---------------------------------------------------------------------
 
-// rows[0, H) stored as `store` <- x[0, H), or zeros when x is NULL
-static void store_row(void *row, Storage store, const real *x, int H) {
+// rows[0, H) stored as `store` <- x[0, H) stored as x_store, or zeros when x is NULL (bf16 to bf16:
+// the values themselves, which rounding them again would give)
+static void store_row(void *row, Storage store, const void *x, Storage x_store, int H) {
     if (!x) {
         memset(row, 0, H * storage_bytes(store));
-    } else if (store == STORE_FP32) {
-        memcpy(row, x, H * sizeof(real));
+    } else if (store == x_store) {
+        memcpy(row, x, H * storage_bytes(store));
+    } else if (store == STORE_FP32) {  // from bf16: widened
+        const uint16_t *v = x;
+        real *r = row;
+        for (int h = 0; h < H; h++) r[h] = (real)bf16_to_float(v[h]);
     } else {
+        const real *v = x;
         uint16_t *r = row;
-        for (int h = 0; h < H; h++) r[h] = bf16_from_float_flushed(x[h]);
+        for (int h = 0; h < H; h++) r[h] = bf16_from_float_flushed((float)v[h]);
     }
 }
 
-void cpu_moe_permute(void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,
-                     const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H) {
+void cpu_moe_permute(void *rows, Storage rows_store, real *row_values, const void *x, Storage x_store,
+                     const real *choice_values, const int32_t *token_of_row, const int32_t *row_of_choice, int R,
+                     int k, int H) {
 #pragma omp parallel for schedule(static) if (R > 64)
     for (int row = 0; row < R; row++) {
         int n = token_of_row[row];
         void *r = storage_at(rows, rows_store, (size_t)row * H);
         if (n < 0) {  // padding
-            store_row(r, rows_store, NULL, H);
+            store_row(r, rows_store, NULL, x_store, H);
             if (row_values) row_values[row] = 0;
             continue;
         }
-        store_row(r, rows_store, x + (size_t)n * H, H);
+        store_row(r, rows_store, storage_at_const(x, x_store, (size_t)n * H), x_store, H);
         if (!row_values) continue;
         row_values[row] = 0;  // an aligned plan's padding row: the token, no choice
         for (int j = 0; j < k; j++)

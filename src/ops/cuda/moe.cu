@@ -221,16 +221,17 @@ void cuda_moe_route_tokens(real *scores, real *aux_scores, int32_t *topk_idx, re
 
 // ---- permute / unpermute ------------------------------------------------------------------------
 
-// x (N,H) -> rows (R,H), as fp32 (rows32) or, when rows32 is NULL, as bf16 (rows16); column
-// tiles × rows: thread → column h of rows r = blockIdx.y, blockIdx.y + gridDim.y, ...; padding
-// rows (token −1) get zeros.
-__global__ void permute_rows_kernel(float *rows32, uint16_t *rows16, const float *x, const int32_t *token_of_row, int R,
-                                    int H) {
+// x (N,H), fp32 (x32) or, when x32 is NULL, bf16 (x16, widened) -> rows (R,H), as fp32 (rows32)
+// or, when rows32 is NULL, as bf16 (rows16); column tiles × rows: thread → column h of rows
+// r = blockIdx.y, blockIdx.y + gridDim.y, ...; padding rows (token −1) get zeros.
+__global__ void permute_rows_kernel(float *rows32, uint16_t *rows16, const float *x32, const uint16_t *x16,
+                                    const int32_t *token_of_row, int R, int H) {
     int h = blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= H) return;
     for (int r = blockIdx.y; r < R; r += gridDim.y) {
         int n = token_of_row[r];
-        float v = n < 0 ? 0.0f : x[(size_t)n * H + h];
+        size_t at = (size_t)n * H + h;
+        float v = n < 0 ? 0.0f : x32 ? x32[at] : bf16_to_float(x16[at]);
         if (rows32) rows32[(size_t)r * H + h] = v;
         else rows16[(size_t)r * H + h] = bf16_from_float_flushed(v);
     }
@@ -248,14 +249,16 @@ __global__ void permute_values_kernel(float *row_values, const float *choice_val
     }
 }
 
-void cuda_moe_permute(void *rows, Storage rows_store, real *row_values, const real *x, const real *choice_values,
-                      const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k, int H) {
+void cuda_moe_permute(void *rows, Storage rows_store, real *row_values, const void *x, Storage x_store,
+                      const real *choice_values, const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k,
+                      int H) {
     if (R <= 0) return;
     if (H > 0) {
         unsigned threads = row_threads(H, MOE_ROW_THREADS);
         float *rows32 = rows_store == STORE_FP32 ? (float *)rows : NULL;
+        const float *x32 = x_store == STORE_FP32 ? (const float *)x : NULL;
         permute_rows_kernel<<<tile_rows_grid(R, H, threads), threads, 0, cuda_stream()>>>(
-            rows32, (uint16_t *)rows, x, token_of_row, R, H);
+            rows32, (uint16_t *)rows, x32, (const uint16_t *)x, token_of_row, R, H);
         CUDA_CHECK_LAUNCH();
     }
     if (!row_values) return;
