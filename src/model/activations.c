@@ -344,7 +344,10 @@ static void plan_mla_scratch(BufferPlan *bp, ModelActs *a, const Config *c, int 
 static void plan_moe_scratch(BufferPlan *bp, ModelActs *a, const Model *m, size_t dispatched) {
     const LayoutPlan *p = &m->plan;
     int N = a->N, N_local = a->N_local, H = p->hidden, Hr = p->moe_hidden, sp = p->sequence_parallel;
-    WORKSPACE(bp, a->d_rows_in, dispatched, Hr);
+    // the input rows' gradients in the forward's output rows (plan_forward_scratch: the same rows and
+    // width), dead by then: a micro-batch's forward and backward never overlap in its buffers (a
+    // layer's recomputed forward runs after the later layer's backward has finished with these)
+    buffer_alias(bp, &a->d_rows_in, &a->moe_rows_out);
     // the local dispatcher keeps the output rows' gradients as the input rows (token_dispatcher.c)
     STORED(bp, a->d_rows_out, dispatched, Hr, m->ep.comm ? STORE_FP32 : p->expert_rows_store, BUF_WORKSPACE);
     if (m->cfg.moe_latent_size) {

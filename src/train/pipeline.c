@@ -180,6 +180,9 @@ static void run_combined(Pipeline *pl, const PipelineStep *step, const PpStep *f
     const Batch *batch;
     ModelActs *fa = forward_prepare(pl, step, fs->chunk, fs->micro_batch, &batch);
     ModelActs *ba = backward_prepare(pl, bs->chunk, bs->micro_batch);
+    // two micro-batches' slots: the workspaces a layer's forward and its backward both use (the
+    // attention's d_q, d_k, d_v and the experts' rows: model/activations.c) are then apart
+    MT_ASSERT(fa != ba);
     StagePass forward, backward;
     stage_pass_forward(&forward, pl->model, fa, batch, NULL, 0);
     backward_pass(pl, step, &backward, bs->chunk, bs->micro_batch, ba);
