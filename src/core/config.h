@@ -148,6 +148,7 @@ typedef struct {
     double optimizer_offload_fraction;  // of the state (by elements, in tensor order) offloaded
     char device[16];              // cpu | cuda | auto
     int bf16;                     // GEMM inputs rounded to bf16, fp32 accumulation (docs/precision.md)
+    int fp32_residual_connection; // --bf16 keeps the residual stream fp32 (else bf16 on the cpu)
     int fp16;                     // GEMM inputs rounded to IEEE half, fp32 accumulation, loss scaling
     double loss_scale;            // > 0: a constant loss scale (fp16, bf16 or the distributed optimizer)
     double initial_loss_scale;    // --fp16's dynamic loss scaling: its first scale,

@@ -46,7 +46,6 @@ NOOP("export-force-local-attention", FLAG_BOOL, TR, NULL, "no-op: there is one a
 NOOP("accumulate-allreduce-grads-in-fp32", FLAG_BOOL, TR, NULL, "no-op: gradients are always accumulated and reduced in fp32"),
 NOOP("attention-softmax-in-fp32", FLAG_BOOL, TR, NULL, "no-op: the attention softmax is always fp32"),
 NOOP("disable-bf16-reduced-precision-matmul", FLAG_BOOL, TR, NULL, "no-op: GEMMs always accumulate in fp32"),
-NOOP("fp32-residual-connection", FLAG_BOOL, TR, NULL, "no-op: the residual stream (every block's input and output) is always fp32, with --bf16 too"),
 NOOP("fp8-param-gather", FLAG_BOOL, TR, NULL, "no-op: with --fp8-format the weights are quantized from the fp32 weights at each use"),
 UNSUPPORTED("calculate-per-token-loss", FLAG_BOOL, TR, "the loss is averaged over each micro-batch's tokens, then over the micro-batches (Megatron's default); drop the flag"),
 NOOP("optimizer", FLAG_STRING, TR, "adam", "no-op at adam: AdamW with decoupled weight decay (Megatron's adam)"),

@@ -173,7 +173,8 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     int own_norms = !plan_recomputes(p, RECOMPUTE_LAYERNORM), own_attn = !plan_recomputes(p, RECOMPUTE_CORE_ATTN);
     int own_mlp = !plan_recomputes(p, RECOMPUTE_MLP);
     real **workspace = &a->sp_workspace;
-    SAVED(bp, la->x_in, N_local, H);
+    la->resid_store = l < p->layers ? p->residual_store : STORE_FP32;  // an MTP depth's layer: fp32
+    STORED(bp, la->x_in, N_local, H, la->resid_store, BUF_SAVED);
     la->ln1_store = p->norm_store;
     la->ln2_store = is_moe ? p->moe_norm_store : p->norm_store;
     STORED_OR_ALIAS(bp, own_norms, la->ln1, N_local, H, la->ln1_store, a->recomputed.ln1);
@@ -183,8 +184,11 @@ static void plan_layer(BufferPlan *bp, LayerActs *la, ModelActs *a, const Model 
     la->att_store = p->att_store;
     STORED_OR_ALIAS(bp, own_attn, la->att, N, p->width.out, la->att_store, a->recomputed.att);
     SAVED_OR_ALIAS(bp, own_attn, la->lse, N, p->heads, a->recomputed.lse);
-    SAVED(bp, la->x_mid, N_local, H);
-    buffer_alias(bp, &la->attn_partial, sp ? workspace : &la->x_mid);
+    STORED(bp, la->x_mid, N_local, H, la->resid_store, BUF_SAVED);
+    // the attention's fp32 output before the residual sum: x_mid itself, or with a bf16 stream the
+    // forward's ffn_out (free until the FFN)
+    buffer_alias(bp, &la->attn_out, la->resid_store == STORE_FP32 ? &la->x_mid : &a->ffn_out);
+    buffer_alias(bp, &la->attn_partial, sp ? workspace : &la->attn_out);
     STORED_OR_ALIAS(bp, own_norms, la->ln2, N_local, H, la->ln2_store, a->recomputed.ln2);
     SAVED(bp, la->ln2_rstd, N_local, 1);
     STORED_OR_ALIAS(bp, gathers_ln2, la->ln2_full, N, H, la->ln2_store, la->ln2);
@@ -318,7 +322,7 @@ static void plan_layers(BufferPlan *bp, ModelActs *a, const Model *m, const Stag
         LayerActs *la = &a->layers[l];
         buffer_plan_scope(bp, "layer %d: ", l);
         if (!plan_recomputed(p, l)) plan_layer(bp, la, a, m, l, B, T);
-        else if (p->recompute_first[l] == l) SAVED(bp, la->x_in, N_local, H);
+        else if (p->recompute_first[l] == l) STORED(bp, la->x_in, N_local, H, p->residual_store, BUF_SAVED);
     }
     for (int l = p->layers; l < chunk_mtp_end(p, k); l++) {  // never in a recompute group
         buffer_plan_scope(bp, "mtp layer %d: ", l);
@@ -410,12 +414,13 @@ static void plan_backward_scratch(BufferPlan *bp, ModelActs *a, const Model *m, 
     if (rows) plan_moe_scratch(bp, a, m, local_dispatched_rows(m, rows));
 }
 
-// The batch as the model reads it (acts_stage_batch) and what leaves the last block.
-static void plan_stage_io(BufferPlan *bp, ModelActs *a, int H, int holds_head) {
+// The batch as the model reads it (acts_stage_batch) and what leaves the last block (the
+// residual stream, stored as the plan keeps it).
+static void plan_stage_io(BufferPlan *bp, ModelActs *a, const LayoutPlan *p, int holds_head) {
     STAGE_IO_INT32(bp, a->input_ids, 4, a->N);
     STAGE_IO(bp, a->input_loss_mask, a->N, 1);
     if (holds_head) STAGE_IO(bp, a->loss_weight, a->N, 1);
-    STAGE_IO(bp, a->x_final, a->N_local, H);
+    STORED(bp, a->x_final, a->N_local, p->hidden, p->residual_store, BUF_STAGE_IO);
 }
 
 // A multi-token-prediction depth's buffers (model.h: MtpActs).
@@ -526,7 +531,7 @@ void acts_describe_chunk(ModelActs *a, const Model *m, int chunk, int B, int T) 
     if (sp) buffer_real(bp, &a->sp_workspace, "row-parallel partial sums", N, H, BUF_WORKSPACE);
     a->layers = mt_calloc((size_t)a->num_layers, sizeof(LayerActs));
     plan_layers(bp, a, m, k, B, T);
-    plan_stage_io(bp, a, H, k->holds_head);
+    plan_stage_io(bp, a, p, k->holds_head);
     buffer_alias(bp, &a->x_entry, k->layers ? &a->layers[k->first_layer].x_in : &a->x_final);
     if (p->cp_size > 1) SAVED_INT32(bp, a->token_index, N_local, 1);
     if (k->holds_head) plan_head(bp, a, p);

@@ -112,14 +112,14 @@ static void qk_norm_forward(const Model *m, real *y, real *rstd, const real *x, 
     const Config *c = &m->cfg;
     int d = m->plan.head_dim;
     if (c->qk_norm_whole) rmsnorm_sharded_forward(y, rstd, x, w, N, heads * d, (real)c->norm_epsilon, shards);
-    else rmsnorm_forward(y, STORE_FP32, rstd, x, w, N * heads, d, (real)c->norm_epsilon);
+    else rmsnorm_forward(y, STORE_FP32, rstd, x, STORE_FP32, w, N * heads, d, (real)c->norm_epsilon);
 }
 
 static void qk_norm_backward(const Model *m, real *dx, real *dw, const real *dy, const real *x, const real *w,
                              const real *rstd, int N, int heads, const NormShards *shards) {
     int d = m->plan.head_dim;
     if (m->cfg.qk_norm_whole) rmsnorm_sharded_backward(dx, dw, dy, x, w, rstd, N, heads * d, shards);
-    else rmsnorm_backward(dx, dw, dy, x, w, rstd, N * heads, d);
+    else rmsnorm_backward(dx, dw, dy, x, STORE_FP32, w, rstd, N * heads, d);
 }
 
 // The whole-projection norms' columns: the queries' split over TP, the keys' too, each
@@ -225,19 +225,19 @@ void attention_block_forward(const Model *m, int layer, LayerActs *la, const Mod
     const TensorTable *tt = &m->tt;
     TpRegion region = model_tp_region(m);
     int N = tokens->B * tokens->T, N_local = plan_local_tokens(&m->plan, N), H = m->plan.hidden;
-    rmsnorm_forward(la->ln1, la->ln1_store, la->ln1_rstd, la->x_in, tt_param(tt, lp->input_norm), N_local, H,
-                    (real)c->norm_epsilon);
+    rmsnorm_forward(la->ln1, la->ln1_store, la->ln1_rstd, la->x_in, la->resid_store, tt_param(tt, lp->input_norm),
+                    N_local, H, (real)c->norm_epsilon);
     // attn_partial: free until o_proj
     model_tp_gather_stored(m, la->attn_partial, la->ln1, la->ln1_full, la->ln1_store, N, H);
     if (c->multi_latent_attention) mla_forward(m, layer, la, tokens);
     else standard_qkv_forward(m, lp, la, tokens);
     attention_core_forward(m, layer, la, a, kv);
-    // x_mid = x_in + dropout(Σ_tp att·W_oᵀ)
+    // x_mid = x_in + dropout(Σ_tp att·W_oᵀ), the sum in fp32 (attn_out) stored as the stream is
     qlinear_forward_stored(model_quant(m, lp->o_proj), la->attn_partial, la->att, la->att_store,
                            tt_param(tt, lp->o_proj), N, m->plan.width.out, H);
-    tp_exit_forward(&region, la->attn_partial, la->x_mid, N, H);
-    hidden_dropout(m, a, layer, DROPOUT_ATTENTION_OUT, la->x_mid, la->x_mid);
-    vec_add(la->x_mid, la->x_in, (size_t)N_local * H);
+    tp_exit_forward(&region, la->attn_partial, la->attn_out, N, H);
+    hidden_dropout(m, a, layer, DROPOUT_ATTENTION_OUT, la->attn_out, la->attn_out);
+    residual_add(la->x_mid, la->resid_store, la->x_in, la->resid_store, la->attn_out, (size_t)N_local * H);
 }
 
 void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
@@ -263,6 +263,6 @@ void attention_block_backward(Model *m, int layer, LayerActs *la, ModelActs *a) 
     else standard_qkv_backward(m, lp, la, a);
     tp_enter_backward(&region, a->d_norm_full, a->d_norm, N, H);
     // the residual path keeps d_resid; the norm path adds to it
-    rmsnorm_backward(a->d_resid, tt_grad(tt, lp->input_norm), a->d_norm, la->x_in, tt_param(tt, lp->input_norm),
-                     la->ln1_rstd, N_local, H);
+    rmsnorm_backward(a->d_resid, tt_grad(tt, lp->input_norm), a->d_norm, la->x_in, la->resid_store,
+                     tt_param(tt, lp->input_norm), la->ln1_rstd, N_local, H);
 }

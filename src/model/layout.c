@@ -186,6 +186,8 @@ static void plan_bf16_storage(LayoutPlan *p, const Config *c) {
     int even_widths = p->width.q % 2 == 0 && p->width.k % 2 == 0 && p->width.v % 2 == 0;
     p->qkv_store = kept_bf16 && attention_bf16 && even_widths ? STORE_BF16 : STORE_FP32;
     p->att_store = asked == KEEP_AS_MEGATRON && p->cp_size == 1 ? STORE_BF16 : STORE_FP32;
+    int residual_bf16 = asked == KEEP_AS_MEGATRON && !c->fp32_residual_connection && p->hidden % 2 == 0;
+    p->residual_store = residual_bf16 ? STORE_BF16 : STORE_FP32;
 }
 
 void layout_plan_init(LayoutPlan *p, const Config *c, const ModelGroups *g) {

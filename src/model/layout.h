@@ -148,6 +148,12 @@ typedef struct {
     // D = rowsum(dO ⊙ O) then reads the rounded values: this one changes the numerics), without
     // context parallelism (its merges sum fp32 partial outputs).
     Storage att_store;
+    // how the residual stream is kept (every decoder layer's input and x_mid, the chunk's output
+    // x_final, what the pipeline's stages pass): bf16 as gate_up_store is, as Megatron keeps it
+    // without --fp32-residual-connection (each sum x + branch rounded once from fp32; the norms
+    // read the rounded values), with an even hidden size; fp32 with --fp32-residual-connection.
+    // The multi-token prediction depths' layers keep theirs fp32 (LayerActs.resid_store).
+    Storage residual_store;
     // vocabulary
     int vocab, vocab_first;  // rows of embedding / LM head held, the first one's token id
     int padded_vocab;        // all rows

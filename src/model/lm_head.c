@@ -32,8 +32,15 @@ void embedding_lookup_backward(Model *m, ModelActs *a, const real *d_out, const 
                              m->plan.hidden);
 }
 
+// The first block's input; a bf16 residual stream (layout.h) takes the embedding rounded once,
+// looked up into the forward's ffn_out first (free until the first FFN).
 void embedding_model_forward(const Model *m, ModelActs *a, const int32_t *tokens) {
-    embedding_lookup(m, a, a->x_entry, tokens);
+    if (m->plan.residual_store == STORE_FP32) {
+        embedding_lookup(m, a, a->x_entry, tokens);
+        return;
+    }
+    embedding_lookup(m, a, a->ffn_out, tokens);
+    bf16_pack(a->x_entry, a->ffn_out, (size_t)a->N_local * m->plan.hidden);
 }
 
 void embedding_model_backward(Model *m, ModelActs *a, const int32_t *tokens) {
@@ -82,8 +89,8 @@ static HeadLoss main_head(const ModelActs *a) {
 
 void lm_head_forward(const Model *m, ModelActs *a, const Batch *batch) {
     int N = a->N, H = m->plan.hidden;
-    rmsnorm_forward(a->lnf, a->lnf_store, a->lnf_rstd, a->x_final, tt_param(&m->tt, m->final_norm), a->N_local, H,
-                    (real)m->cfg.norm_epsilon);
+    rmsnorm_forward(a->lnf, a->lnf_store, a->lnf_rstd, a->x_final, m->plan.residual_store,
+                    tt_param(&m->tt, m->final_norm), a->N_local, H, (real)m->cfg.norm_epsilon);
     model_tp_gather_stored(m, a->sp_workspace, a->lnf, a->lnf_full, a->lnf_store, N, H);
     HeadLoss h = main_head(a);
     a->lm_loss = head_loss_forward(m, &h, a->lnf_full, batch->targets, batch->loss_mask, N);
@@ -98,6 +105,6 @@ void lm_head_backward_loss(Model *m, ModelActs *a, const Batch *batch, double lo
 void lm_head_backward_norm(Model *m, ModelActs *a) {
     int H = m->plan.hidden;
     vec_zero(a->d_resid, (size_t)a->N_local * H);
-    rmsnorm_backward(a->d_resid, tt_grad(&m->tt, m->final_norm), a->d_norm, a->x_final,
+    rmsnorm_backward(a->d_resid, tt_grad(&m->tt, m->final_norm), a->d_norm, a->x_final, m->plan.residual_store,
                      tt_param(&m->tt, m->final_norm), a->lnf_rstd, a->N_local, H);
 }

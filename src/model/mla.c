@@ -94,8 +94,8 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
     if (d.rq) {  // the query latent
         qlinear_forward_stored(model_quant(m, lp->q_a_proj), ma->q_a, la->ln1_full, la->ln1_store,
                                tt_param(tt, lp->q_a_proj), N, H, d.rq);
-        rmsnorm_forward(ma->q_a_norm, STORE_FP32, ma->q_a_rstd, ma->q_a, tt_param(tt, lp->q_a_norm), N, d.rq,
-                        (real)MLA_LATENT_NORM_EPS);
+        rmsnorm_forward(ma->q_a_norm, STORE_FP32, ma->q_a_rstd, ma->q_a, STORE_FP32, tt_param(tt, lp->q_a_norm), N,
+                        d.rq, (real)MLA_LATENT_NORM_EPS);
     }
     // W_kv_a's first rkv rows make the latent, the last dr rows the rotary key
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
@@ -105,8 +105,8 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
     qlinear_forward_stored(q_kv_a, ma->k_rope, la->ln1_full, la->ln1_store, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
     RopeLayout kr = key_rope(c, d);
     rope_forward(ma->k_rope, m->rope_cos_sin, tokens, &kr);
-    rmsnorm_forward(ma->latent_norm, STORE_FP32, ma->latent_rstd, ma->latent, tt_param(tt, lp->kv_a_norm), N, d.rkv,
-                    (real)MLA_LATENT_NORM_EPS);
+    rmsnorm_forward(ma->latent_norm, STORE_FP32, ma->latent_rstd, ma->latent, STORE_FP32, tt_param(tt, lp->kv_a_norm),
+                    N, d.rkv, (real)MLA_LATENT_NORM_EPS);
     up_projections_forward(m, lp, la, tokens, d);
 }
 
@@ -127,8 +127,8 @@ static void queries_backward(Model *m, const LayerParams *lp, LayerActs *la, Mod
     qlinear_backward(model_quant(m, lp->q_b_proj), a->d_q_a_norm, tt_grad(tt, lp->q_b_proj), a->d_q, ma->q_a_norm,
                      tt_param(tt, lp->q_b_proj), N, d.rq, q_width);
     vec_zero(a->d_q_a, (size_t)N * d.rq);
-    rmsnorm_backward(a->d_q_a, tt_grad(tt, lp->q_a_norm), a->d_q_a_norm, ma->q_a, tt_param(tt, lp->q_a_norm),
-                     ma->q_a_rstd, N, d.rq);
+    rmsnorm_backward(a->d_q_a, tt_grad(tt, lp->q_a_norm), a->d_q_a_norm, ma->q_a, STORE_FP32,
+                     tt_param(tt, lp->q_a_norm), ma->q_a_rstd, N, d.rq);
     qlinear_backward_stored(model_quant(m, lp->q_a_proj), a->d_norm_full, tt_grad(tt, lp->q_a_proj), a->d_q_a,
                             la->ln1_full, la->ln1_store, tt_param(tt, lp->q_a_proj), N, H, d.rq);
 }
@@ -149,7 +149,7 @@ void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
     qlinear_backward(model_quant(m, lp->kv_b_proj), a->d_latent_norm, tt_grad(tt, lp->kv_b_proj), a->d_kv_b,
                      ma->latent_norm, tt_param(tt, lp->kv_b_proj), N, d.rkv, d.heads * (d.dn + d.dv));
     vec_zero(a->d_latent, (size_t)N * d.rkv);
-    rmsnorm_backward(a->d_latent, tt_grad(tt, lp->kv_a_norm), a->d_latent_norm, ma->latent,
+    rmsnorm_backward(a->d_latent, tt_grad(tt, lp->kv_a_norm), a->d_latent_norm, ma->latent, STORE_FP32,
                      tt_param(tt, lp->kv_a_norm), ma->latent_rstd, N, d.rkv);
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
     real *dw_kv_a = tt_grad(tt, lp->kv_a_proj);

@@ -129,7 +129,9 @@ typedef struct {
 
 typedef struct {
     // N: the micro-batch's tokens; N_local: this rank's (N/TP with sequence parallelism, else N)
-    real *x_in;                   // (N_local,H) block input (the residual stream)
+    real *x_in;                   // (N_local,H) block input (the residual stream), stored as resid_store
+    Storage resid_store;          // how x_in, x_mid and the layer's output are stored (layout.h
+                                  // residual_store; fp32 in the multi-token prediction depths)
     real *ln1, *ln1_rstd;         // (N_local,H), (N_local)
     real *ln1_full;               // (N,H) ln1 of every token: gathered with sequence parallelism, else ln1
     Storage ln1_store, ln2_store;  // how ln1 / ln1_full and ln2 / ln2_full are stored (layout.h norm_store)
@@ -144,7 +146,9 @@ typedef struct {
     real *q_rstd, *k_rstd;        // (N·heads), (N·kv_heads): per head, or (N) per projection
     MlaActs mla;                  // with --multi-latent-attention
     real *att, *lse;              // (N,v_width) stored as att_store, (B,heads,T)
-    real *x_mid;                  // (N_local,H) after the attention residual
+    real *x_mid;                  // (N_local,H) after the attention residual, stored as resid_store
+    real *attn_out;               // (N_local,H) the attention's output summed over TP, fp32: x_mid
+                                  // itself when the stream is fp32, else the forward's ffn_out
     real *ln2, *ln2_rstd;         // (N_local,H), (N_local)
     real *ln2_full;               // (N,H) ln2 of every token (dense FFN, shared expert), or ln2
     // (N,H) workspaces of sequence parallelism: a row-parallel output before its sum

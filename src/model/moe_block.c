@@ -105,8 +105,10 @@ static void router_logits(const Model *m, const LayerParams *lp, MoeActs *ma, in
     int H = m->plan.hidden, E = m->plan.experts;
     const real *W = tt_param(&m->tt, lp->router);
     int saved = router_gemms_begin();
-    if (!m->cfg.router_fp64) qlinear_forward_stored(NULL, ma->logits, ma->router_input, ma->router_input_store, W, N, H, E);
-    else moe_router_logits(ma->logits, ma->router_input, W, N, H, E);  // double accumulation (input fp32: layout.h)
+    if (!m->cfg.router_fp64)
+        qlinear_forward_stored(NULL, ma->logits, ma->router_input, ma->router_input_store, W, N, H, E);
+    else
+        moe_router_logits(ma->logits, ma->router_input, W, N, H, E);  // double accumulation (input fp32: layout.h)
     router_gemms_end(saved);
 }
 

@@ -77,14 +77,16 @@ static void depth_forward(StagePass *s, int k) {
     int l = m->plan.layers + k, N = a->N, N_local = a->N_local, H = m->plan.hidden;
     real eps = (real)m->cfg.norm_epsilon;
     embedding_lookup(m, a, d->emb, d->tokens);
-    rmsnorm_forward(d->emb_norm, STORE_FP32, d->emb_rstd, d->emb, tt_param(&m->tt, mp->enorm), N_local, H, eps);
-    rmsnorm_forward(d->hidden_norm, STORE_FP32, d->hidden_rstd, depth_input(a, k), tt_param(&m->tt, mp->hnorm), N_local,
-                    H, eps);
+    rmsnorm_forward(d->emb_norm, STORE_FP32, d->emb_rstd, d->emb, STORE_FP32, tt_param(&m->tt, mp->enorm), N_local, H,
+                    eps);
+    rmsnorm_forward(d->hidden_norm, STORE_FP32, d->hidden_rstd, depth_input(a, k), STORE_FP32,
+                    tt_param(&m->tt, mp->hnorm), N_local, H, eps);
     concat_halves(d->cat, d->emb_norm, d->hidden_norm, N_local, H, 0);
     qlinear_forward(model_quant(m, mp->eh_proj), a->layers[l].x_in, d->cat, tt_param(&m->tt, mp->eh_proj), N_local,
                     2 * H, H);
     stage_block_forward(s, l, d->x_out);
-    rmsnorm_forward(d->out, STORE_FP32, d->out_rstd, d->x_out, tt_param(&m->tt, mp->final_norm), N_local, H, eps);
+    rmsnorm_forward(d->out, STORE_FP32, d->out_rstd, d->x_out, STORE_FP32, tt_param(&m->tt, mp->final_norm), N_local,
+                    H, eps);
     model_tp_gather_gemm_rows(m, a->sp_workspace, d->out, d->out_full, N, H);
     HeadLoss h = depth_head(d);
     a->mtp_loss[k] = head_loss_forward(m, &h, d->out_full, d->targets, d->loss_mask, N);
@@ -111,7 +113,7 @@ static void depth_backward(StagePass *s, int k) {
     head_loss_backward(m, a, &h, d->out_full, d->targets, s->loss_scale * depth_weight(&m->cfg));  // -> d_norm
     if (k + 1 < a->mtp_depths) vec_add(a->d_norm, a->d_mtp_hidden, n);
     vec_zero(a->d_resid, n);
-    rmsnorm_backward(a->d_resid, tt_grad(&m->tt, mp->final_norm), a->d_norm, d->x_out,
+    rmsnorm_backward(a->d_resid, tt_grad(&m->tt, mp->final_norm), a->d_norm, d->x_out, STORE_FP32,
                      tt_param(&m->tt, mp->final_norm), d->out_rstd, N_local, H);
     stage_block_backward(s, l);  // d_resid: d(x_out) -> d(x_in)
     vec_zero(a->d_mtp_cat, 2 * n);
@@ -119,11 +121,11 @@ static void depth_backward(StagePass *s, int k) {
                      tt_param(&m->tt, mp->eh_proj), N_local, 2 * H, H);
     concat_halves(a->d_mtp_cat, a->d_norm, a->d_resid, N_local, H, 1);  // d(emb_norm), d(hidden_norm)
     vec_zero(a->d_mtp_emb, n);
-    rmsnorm_backward(a->d_mtp_emb, tt_grad(&m->tt, mp->enorm), a->d_norm, d->emb, tt_param(&m->tt, mp->enorm),
-                     d->emb_rstd, N_local, H);
+    rmsnorm_backward(a->d_mtp_emb, tt_grad(&m->tt, mp->enorm), a->d_norm, d->emb, STORE_FP32,
+                     tt_param(&m->tt, mp->enorm), d->emb_rstd, N_local, H);
     embedding_lookup_backward(m, a, a->d_mtp_emb, d->tokens);
     vec_zero(a->d_mtp_hidden, n);
-    rmsnorm_backward(a->d_mtp_hidden, tt_grad(&m->tt, mp->hnorm), a->d_resid, depth_input(a, k),
+    rmsnorm_backward(a->d_mtp_hidden, tt_grad(&m->tt, mp->hnorm), a->d_resid, depth_input(a, k), STORE_FP32,
                      tt_param(&m->tt, mp->hnorm), d->hidden_rstd, N_local, H);
     if (s->ready) s->ready(s->ctx, l);  // the depth's tensors and its layer's are complete
 }

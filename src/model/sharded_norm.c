@@ -21,7 +21,7 @@ static void row_dots(double *out, const real *a, const real *b, const real *c, i
 void rmsnorm_sharded_forward(real *y, real *rstd, const real *x, const real *w, int N, int C, real eps,
                              const NormShards *s) {
     if (whole_rows(s)) {
-        rmsnorm_forward(y, STORE_FP32, rstd, x, w, N, C, eps);
+        rmsnorm_forward(y, STORE_FP32, rstd, x, STORE_FP32, w, N, C, eps);
         return;
     }
     int C_total = C * s->group->size / s->replicas;
@@ -42,7 +42,7 @@ void rmsnorm_sharded_forward(real *y, real *rstd, const real *x, const real *w, 
 void rmsnorm_sharded_backward(real *dx, real *dw, const real *dy, const real *x, const real *w, const real *rstd,
                               int N, int C, const NormShards *s) {
     if (whole_rows(s)) {
-        rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+        rmsnorm_backward(dx, dw, dy, x, STORE_FP32, w, rstd, N, C);
         return;
     }
     int C_total = C * s->group->size / s->replicas;

@@ -28,14 +28,16 @@ static const int32_t *token_index_of(const StagePass *s) { return s->m->plan.cp_
 // The attention block and the norm before the FFN: x_in -> x_mid, ln2.
 static void attention_and_norm_forward(const Model *m, int l, LayerActs *la, const ModelActs *a, KvCache *kv) {
     attention_block_forward(m, l, la, a, kv);
-    rmsnorm_forward(la->ln2, la->ln2_store, la->ln2_rstd, la->x_mid, tt_param(&m->tt, m->layers[l].post_attn_norm),
-                    a->N_local, m->plan.hidden, (real)m->cfg.norm_epsilon);
+    const real *w = tt_param(&m->tt, m->layers[l].post_attn_norm);
+    rmsnorm_forward(la->ln2, la->ln2_store, la->ln2_rstd, la->x_mid, la->resid_store, w, a->N_local, m->plan.hidden,
+                    (real)m->cfg.norm_epsilon);
 }
 
-// x_out = x_mid + dropout(ffn_out): the next block's input.
+// x_out = x_mid + dropout(ffn_out): the next block's input, stored as the layer's stream is (the
+// dropout in place: ffn_out is dead once added).
 static void layer_output(const Model *m, const ModelActs *a, int l, const LayerActs *la, real *x_out) {
-    hidden_dropout(m, a, l, DROPOUT_FFN_OUT, x_out, la->ffn_out);
-    vec_add(x_out, la->x_mid, (size_t)a->N_local * m->plan.hidden);
+    hidden_dropout(m, a, l, DROPOUT_FFN_OUT, la->ffn_out, la->ffn_out);
+    residual_add(x_out, la->resid_store, la->x_mid, la->resid_store, la->ffn_out, (size_t)a->N_local * m->plan.hidden);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -176,9 +178,10 @@ static void recompute_norms(const Model *m, int l, LayerActs *la, const ModelAct
     const LayerParams *lp = &m->layers[l];
     int N_local = a->N_local, H = m->plan.hidden;
     real eps = (real)m->cfg.norm_epsilon;
-    rmsnorm_forward(la->ln1, la->ln1_store, la->ln1_rstd, la->x_in, tt_param(&m->tt, lp->input_norm), N_local, H, eps);
-    rmsnorm_forward(la->ln2, la->ln2_store, la->ln2_rstd, la->x_mid, tt_param(&m->tt, lp->post_attn_norm), N_local, H,
-                    eps);
+    rmsnorm_forward(la->ln1, la->ln1_store, la->ln1_rstd, la->x_in, la->resid_store, tt_param(&m->tt, lp->input_norm),
+                    N_local, H, eps);
+    rmsnorm_forward(la->ln2, la->ln2_store, la->ln2_rstd, la->x_mid, la->resid_store,
+                    tt_param(&m->tt, lp->post_attn_norm), N_local, H, eps);
 }
 
 // What layer l's backward reads and the forward did not keep: its recompute group (full,
@@ -201,7 +204,7 @@ static void recompute_before_backward(StagePass *s, int l) {
 static void norm_and_attention_backward(Model *m, ModelActs *a, int l) {
     LayerActs *la = &a->layers[l];
     const LayerParams *lp = &m->layers[l];
-    rmsnorm_backward(a->d_resid, tt_grad(&m->tt, lp->post_attn_norm), a->d_norm, la->x_mid,
+    rmsnorm_backward(a->d_resid, tt_grad(&m->tt, lp->post_attn_norm), a->d_norm, la->x_mid, la->resid_store,
                      tt_param(&m->tt, lp->post_attn_norm), la->ln2_rstd, a->N_local, m->plan.hidden);
     attention_block_backward(m, l, la, a);
 }

@@ -63,11 +63,16 @@
     OP(void, embedding_backward, embedding_backward,                                                                 \
        (real *dtable, const real *dout, const int32_t *tokens, int N, int C), (dtable, dout, tokens, N, C))        \
     OP(void, rmsnorm_forward, rmsnorm_forward,                                                                       \
-       (void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C, real eps),              \
-       (y, y_store, rstd, x, w, N, C, eps))                                                                          \
+       (void *y, Storage y_store, real *rstd, const void *x, Storage x_store, const real *w, int N, int C,         \
+        real eps),                                                                                                   \
+       (y, y_store, rstd, x, x_store, w, N, C, eps))                                                                 \
     OP(void, rmsnorm_backward, rmsnorm_backward,                                                                     \
-       (real *dx, real *dw, const real *dy, const real *x, const real *w, const real *rstd, int N, int C),       \
-       (dx, dw, dy, x, w, rstd, N, C))                                                                               \
+       (real *dx, real *dw, const real *dy, const void *x, Storage x_store, const real *w, const real *rstd, int N, \
+        int C),                                                                                                      \
+       (dx, dw, dy, x, x_store, w, rstd, N, C))                                                                      \
+    OP(void, residual_add, residual_add,                                                                             \
+       (void *y, Storage y_store, const void *x, Storage x_store, const real *branch, size_t n),                    \
+       (y, y_store, x, x_store, branch, n))                                                                          \
     OP(void, rope_forward, rope_forward, (real *x, const real *cos_sin, const TokenLayout *t, const RopeLayout *l), \
        (x, cos_sin, t, l))                                                                                           \
     OP(void, rope_backward, rope_backward,                                                                           \

@@ -48,12 +48,20 @@ void embedding_forward(real *out, const int32_t *tokens, const real *table, int 
 void embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C);
 
 // ---- RMSNorm: y = x · rsqrt(mean(x²) + eps) · w  (statistics in double) ---------------
-// x (N,C), w (C) -> y (N,C) stored as y_store (ops/gemm.h Storage: STORE_BF16 rounds each fp32
-// result once, as bf16_pack does: what --bf16 keeps of a norm only GEMMs read), rstd (N)
-void rmsnorm_forward(void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C, real eps);
-// dx (N,C) += ..., dw (C) += ... ; rows summed in order for dw
-void rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
+// x (N,C) stored as x_store (ops/gemm.h Storage: bf16 values read widened, exactly: the residual
+// stream under --bf16), w (C) -> y (N,C) stored as y_store (STORE_BF16 rounds each fp32 result
+// once, as bf16_pack does: what --bf16 keeps of a norm only GEMMs read), rstd (N)
+void rmsnorm_forward(void *y, Storage y_store, real *rstd, const void *x, Storage x_store, const real *w, int N, int C,
+                     real eps);
+// dx (N,C) += ..., dw (C) += ... ; rows summed in order for dw; x stored as x_store
+void rmsnorm_backward(real *dx, real *dw, const real *dy, const void *x, Storage x_store, const real *w,
                       const real *rstd, int N, int C);
+
+// ---- the residual connection: y (n) = x + branch --------------------------------------
+// x stored as x_store, y as y_store (ops/gemm.h Storage: bf16 read widened, exactly / written
+// rounded once from the fp32 sum, as bf16_pack rounds: the residual stream under --bf16);
+// y may be x when both are stored alike.
+void residual_add(void *y, Storage y_store, const void *x, Storage x_store, const real *branch, size_t n);
 
 // ---- rotary position embedding ---------------------------------------------------------
 // Rotates pairs of every head by angle pos·base^(−2i/dim): pairs (i, i + dim/2) in the

@@ -159,10 +159,13 @@ static double pp_bytes(const Config *c, const Model *m, int M, int N_local) {
     const LayoutPlan *p = &m->plan;
     if (p->pp_size <= 1) return 0;
     int stages = p->pp_size * p->chunks;
-    double bytes = 0, activation = (double)N_local * p->hidden * REAL;
+    // the output as the residual stream is kept (layout.h), the gradient fp32
+    double gradient = (double)N_local * p->hidden * REAL;
+    double output = (double)N_local * p->hidden * storage_bytes(p->residual_store);
+    double bytes = 0;
     for (int k = 0; k < p->chunks; k++) {
         int v = p->chunk[k].virtual_stage;
-        bytes += M * ((v < stages - 1 ? activation : 0) + (v > 0 ? activation : 0));
+        bytes += M * ((v < stages - 1 ? output : 0) + (v > 0 ? gradient : 0));
     }
     int copies = !c->untie_embeddings_and_output_weights || c->mtp_num_layers;  // a tied head, MTP's table
     if (copies && (p->holds_embedding || p->holds_head)) {

@@ -18,6 +18,10 @@ static int message_tag(const Pipeline *pl, int micro_batch, int to, int directio
 }
 
 static size_t hidden_elements(const ModelActs *a, const Model *m) { return (size_t)a->N_local * m->plan.hidden; }
+// The reals of the residual stream a stage passes on (x_final, x_entry), stored as the plan keeps it.
+static size_t stream_reals(const ModelActs *a, const Model *m) {
+    return storage_reals(hidden_elements(a, m), m->plan.residual_store);
+}
 
 void pipeline_init(Pipeline *pl, Model *m, const Comm *pp, int micro_batches, int group, int combined, int B,
                    int T) {
@@ -97,7 +101,7 @@ static void wait_counted(Pipeline *pl, CommRequest *req) {
 // The previous stage's output for micro-batch mb, into a->x_entry.
 static void receive_input(Pipeline *pl, ModelActs *a, const StageChunk *k, int mb) {
     CommRequest req;
-    comm_irecv(pl->pp, a->x_entry, hidden_elements(a, pl->model), prev_rank(pl),
+    comm_irecv(pl->pp, a->x_entry, stream_reals(a, pl->model), prev_rank(pl),
                message_tag(pl, mb, k->virtual_stage, TO_NEXT_STAGE), &req);
     wait_counted(pl, &req);
 }
@@ -124,7 +128,7 @@ static ModelActs *forward_prepare(Pipeline *pl, const PipelineStep *step, int ch
 static void forward_finish(Pipeline *pl, const PipelineStep *step, int chunk, int mb, ModelActs *a) {
     const StageChunk *k = &pl->model->plan.chunk[chunk];
     if (!k->holds_head)
-        comm_isend(pl->pp, a->x_final, hidden_elements(a, pl->model), next_rank(pl),
+        comm_isend(pl->pp, a->x_final, stream_reals(a, pl->model), next_rank(pl),
                    message_tag(pl, mb, k->virtual_stage + 1, TO_NEXT_STAGE), &pl->sent_out[chunk][mb % pl->slots[chunk]]);
     if (step->forward_done) step->forward_done(step->ctx, a, mb);
 }
@@ -227,7 +231,7 @@ double pipeline_forward_only(Pipeline *pl, const Batch *batch) {
         model_stage_forward(pl->model, a, batch, NULL, 0);
         if (k->holds_head) loss = a->lm_loss;
         else
-            comm_isend(pl->pp, a->x_final, hidden_elements(a, pl->model), next_rank(pl),
+            comm_isend(pl->pp, a->x_final, stream_reals(a, pl->model), next_rank(pl),
                        message_tag(pl, 0, k->virtual_stage + 1, TO_NEXT_STAGE), &pl->sent_out[chunk][0]);
     }
     wait_all_sends(pl);

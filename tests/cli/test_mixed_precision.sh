@@ -107,6 +107,16 @@ else
     fail mixed_bf16_gate_up_in_effect "gate and up kept fp32 gave the same steps"
 fi
 close mixed_bf16_gate_up_near_kept_fp32 "$work/bf16_gemm_inputs" "$work/bf16" 1e-3
+# The residual stream kept bf16 as Megatron keeps it (the default; --fp32-residual-connection keeps
+# it fp32): in effect and within the rounding of those values (measured ~3e-5 over the 10 steps).
+run "$work/bf16_fp32_residual" -- --train-iters 10 --bf16 --fp32-residual-connection || true
+if [ -n "$(step_numbers "$work/bf16/log.jsonl")" ] &&
+    [ "$(step_numbers "$work/bf16/log.jsonl")" != "$(step_numbers "$work/bf16_fp32_residual/log.jsonl")" ]; then
+    ok mixed_bf16_residual_in_effect
+else
+    fail mixed_bf16_residual_in_effect "--fp32-residual-connection gave the same steps"
+fi
+close mixed_bf16_residual_near_fp32 "$work/bf16_fp32_residual" "$work/bf16" 1e-3
 
 run "$work/bf16_first" -- --train-iters 5 --bf16 && run "$work/bf16_second" -- --train-iters 10 --bf16 --load "$work/bf16_first/ck" || true
 if [ "$(step_numbers "$work/bf16/log.jsonl" | tail -5)" = "$(step_numbers "$work/bf16_second/log.jsonl")" ] &&
@@ -202,6 +212,17 @@ run_case mixed_bf16_ep2_allgather_frozen 2 --expert-model-parallel-size 2 --moe-
     --seed 3 --bf16 --moe-shared-expert-intermediate-size 64 --moe-shared-expert-gate "${FROZEN[@]}"
 run_case mixed_bf16_ep2_latent_frozen 2 --expert-model-parallel-size 2 -- --seed 3 --bf16 --moe-latent-size 32 \
     "${FROZEN[@]}"
+# the residual stream kept bf16 passed between pipeline stages as kept (virtual stages too)
+run_case mixed_bf16_pp2_frozen 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 -- \
+    --seed 3 --bf16 --num-layers 4 --global-batch-size 8 "${FROZEN[@]}"
+# ... and split over context-parallel ranks, within 1e-3 even with frozen weights: the ring's key
+# blocks round their own probabilities to bf16 for P·V (each relative to its block's partial
+# softmax), so the attention's output differs from one process's in its last bits (measured: loss
+# 4.7e-6, gradient norm 5.9e-5 with the stream fp32), and a residual sum a last bit apart sometimes
+# rounds to the neighbouring bf16 value (2^-8 of itself): measured 1.1e-5 / 2.8e-4 over 10 steps.
+CASE_RTOL=1e-3
+run_case mixed_bf16_cp2_frozen 2 --context-parallel-size 2 -- --seed 3 --bf16 "${FROZEN[@]}"
+CASE_RTOL=1e-6
 run_case mixed_fp16_ep2_frozen 2 --expert-model-parallel-size 2 -- --seed 3 --fp16 --initial-loss-scale 4096 "${FROZEN[@]}"
 CASE_RTOL=1e-2
 full mixed_bf16_dp2 run_case mixed_bf16_dp2 2 -- --seed 3 --bf16
@@ -293,20 +314,23 @@ check_saving mixed_bf16_act_plan_cuda 0.0 8 --device cuda
 # MoE layer (2048 x 512: 4 MiB a layer), the same with moe_act recomputed, 4096 rows a layer in the
 # exchange's bound under EP=2, and a dense layer's and a shared expert's (1024 tokens x 512: 2 MiB
 # each); the attention's output and a MoE layer's ln2 (1024 tokens x 256: 0.5 MiB a layer each; with
-# core_attn recomputed one output buffer every layer shares).
+# core_attn recomputed one output buffer every layer shares); the residual stream (every layer's
+# input and x_mid, 0.5 MiB each, and the last layer's output: 2.5 MiB).
 KEPT="" BASE=gemm-inputs
-check_saving mixed_bf16_megatron_plan 10.0 8
-check_saving mixed_bf16_megatron_plan_moe_act 10.0 8 --recompute-granularity selective --recompute-modules moe_act
+check_saving mixed_bf16_megatron_plan 12.5 8
+check_saving mixed_bf16_megatron_plan_moe_act 12.5 8 --recompute-granularity selective --recompute-modules moe_act
 check_saving mixed_bf16_megatron_plan_ep2 16.0 6 --world-size 2 --expert-model-parallel-size 2
-check_saving mixed_bf16_megatron_plan_dense 9.5 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
+check_saving mixed_bf16_megatron_plan_dense 12.0 8 --moe-layer-freq "[0,1]" --ffn-hidden-size 512 \
     --moe-shared-expert-intermediate-size 512
-check_saving mixed_bf16_megatron_plan_core_attn 9.5 8 --recompute-granularity selective --recompute-modules core_attn
+check_saving mixed_bf16_megatron_plan_core_attn 12.0 8 --recompute-granularity selective --recompute-modules core_attn
 # with context parallelism the attention's output stays fp32 (its merges sum fp32 partial outputs):
-# a rank's 512 tokens' gate and up and ln2
-check_saving mixed_bf16_megatron_plan_cp2 4.5 8 --world-size 2 --context-parallel-size 2
+# a rank's 512 tokens' gate and up, ln2 and residual stream
+check_saving mixed_bf16_megatron_plan_cp2 5.8 8 --world-size 2 --context-parallel-size 2
 # --moe-input-jitter-eps keeps a MoE layer's ln2 fp32 (the jitter multiplies fp32 values)
-check_saving mixed_bf16_megatron_plan_jitter 9.0 8 --moe-input-jitter-eps 0.01
+check_saving mixed_bf16_megatron_plan_jitter 11.5 8 --moe-input-jitter-eps 0.01
 check_saving mixed_bf16_megatron_plan_cuda 0.0 8 --device cuda
+# --fp32-residual-connection keeps the stream fp32: 2.5 MiB more than the default
+check_saving mixed_bf16_megatron_plan_fp32_residual 10.0 8 --fp32-residual-connection
 expect_error mixed_bf16_act_env_typo "MOETRON_ACTIVATIONS=FP32: use gemm-inputs or fp32 (or unset it)" -- \
     env MOETRON_ACTIVATIONS=FP32 "$M" plan "${PLAN[@]}"
 

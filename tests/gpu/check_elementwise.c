@@ -64,6 +64,30 @@ static void check_bf16_transport(const char *name, size_t n) {
     check_compare_ints(name, "bf16_unpack", (const int32_t *)back, (const int32_t *)d_back, n);
 }
 
+// residual_add y = x + branch in each storage of x and y (gemm.h: the residual stream kept bf16
+// under --bf16), against the cpu's fp32 sum of the same values, rounded once for a bf16 y:
+// exactly, on every backend (one IEEE fp32 add each). y in place of x as well.
+static void check_residual_add(const char *name, size_t n) {
+    for (int stores = 0; stores < 4; stores++) {
+        Storage x_store = stores & 1 ? STORE_BF16 : STORE_FP32, y_store = stores & 2 ? STORE_BF16 : STORE_FP32;
+        float *x = check_random(n, -2, 2), *branch = check_random(n, -1, 1), *want = check_random(n, 0, 1);
+        void *d_x = check_stored_to_device(x, n, x_store);  // x now holds the values stored
+        float *d_branch = check_to_device(branch, n);
+        cpu()->residual_add(want, STORE_FP32, x, STORE_FP32, branch, n);
+        if (y_store == STORE_BF16)
+            for (size_t i = 0; i < n; i++) want[i] = bf16_to_float(bf16_from_float_flushed(want[i]));
+        void *d_y = check_device_nan(n);
+        under()->residual_add(d_y, y_store, d_x, x_store, d_branch, n);
+        char what[64];
+        snprintf(what, sizeof(what), "residual_add x %s y %s", x_store ? "bf16" : "fp32", y_store ? "bf16" : "fp32");
+        check_compare(name, what, want, check_widened_from_device(d_y, n, y_store), n, 0);
+        if (x_store != y_store) continue;
+        under()->residual_add(d_x, y_store, d_x, x_store, d_branch, n);  // in place
+        snprintf(what, sizeof(what), "residual_add in place %s", x_store ? "bf16" : "fp32");
+        check_compare(name, what, want, check_widened_from_device(d_x, n, y_store), n, 0);
+    }
+}
+
 static void check_vectors(size_t n) {
     char name[96];
     snprintf(name, sizeof(name), "vec n=%zu", n);
@@ -97,6 +121,7 @@ static void check_vectors(size_t n) {
     check_compare_double(name, "vec_sum_squares_to = vec_sum_squares (cpu)", cpu_ss, cpu_ss_to, 0);
     check_count_zeros(name, n);
     check_bf16_transport(name, n);
+    check_residual_add(name, n);
     check_free_all();
 }
 
@@ -176,29 +201,32 @@ static void check_embedding(int N, int C, int V) {
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
 
-static void check_rmsnorm(int N, int C) {
+// x stored as x_store (bf16: the residual stream under --bf16) for the backend under test, the cpu
+// reading fp32 storage of the same values.
+static void check_rmsnorm(int N, int C, Storage x_store) {
     char name[96];
-    snprintf(name, sizeof(name), "rmsnorm N=%d C=%d", N, C);
+    snprintf(name, sizeof(name), "rmsnorm N=%d C=%d%s", N, C, x_store == STORE_BF16 ? " x stored bf16" : "");
     size_t nc = (size_t)N * C;
     const float eps = 1e-5f;
     float *x = check_random(nc, -2, 2), *w = check_random((size_t)C, 0.5f, 1.5f), *dy = check_random(nc, -1, 1);
     float *dx = check_random(nc, -1, 1), *dw = check_random((size_t)C, -1, 1);
-    float *d_x = check_to_device(x, nc), *d_w = check_to_device(w, (size_t)C), *d_dy = check_to_device(dy, nc);
+    void *d_x = check_stored_to_device(x, nc, x_store);  // x now holds the values stored
+    float *d_w = check_to_device(w, (size_t)C), *d_dy = check_to_device(dy, nc);
     float *d_dx = check_to_device(dx, nc), *d_dw = check_to_device(dw, (size_t)C);
     float *d_y = check_device_nan(nc), *d_rstd = check_device_nan((size_t)N);
 
     float *y = check_random(nc, 0, 1), *rstd = check_random((size_t)N, 0, 1);
-    cpu()->rmsnorm_forward(y, STORE_FP32, rstd, x, w, N, C, eps);
-    cpu()->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+    cpu()->rmsnorm_forward(y, STORE_FP32, rstd, x, STORE_FP32, w, N, C, eps);
+    cpu()->rmsnorm_backward(dx, dw, dy, x, STORE_FP32, w, rstd, N, C);
 
-    under()->rmsnorm_forward(d_y, STORE_FP32, d_rstd, d_x, d_w, N, C, eps);
+    under()->rmsnorm_forward(d_y, STORE_FP32, d_rstd, d_x, x_store, d_w, N, C, eps);
     // the backward reads the cpu's rstd, so that it is checked on its own
-    under()->rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, check_to_device(rstd, (size_t)N), N, C);
+    under()->rmsnorm_backward(d_dx, d_dw, d_dy, d_x, x_store, d_w, check_to_device(rstd, (size_t)N), N, C);
 
     // y stored as bf16 (gemm.h STORE_BF16, what --bf16 keeps of ln1): the fp32 y rounded as bf16_pack
     // rounds, exactly on the cpu; one bf16 step where another backend's fp32 values differ in the last bits
     float *d_y16 = check_device_nan((nc + 1) / 2), *d_rstd16 = check_device_nan((size_t)N);
-    under()->rmsnorm_forward(d_y16, STORE_BF16, d_rstd16, d_x, d_w, N, C, eps);
+    under()->rmsnorm_forward(d_y16, STORE_BF16, d_rstd16, d_x, x_store, d_w, N, C, eps);
     float *y_rounded = check_host_copy(y, nc);
     for (size_t i = 0; i < nc; i++) y_rounded[i] = bf16_to_float(bf16_from_float_flushed(y[i]));
     int on_cpu = check_backend() == &check_backend_cpu;
@@ -457,7 +485,8 @@ void check_elementwise_ops(void) {
             int N = ROWS[r], C = COLS[c];
             check_embedding(N, C, 1000);
             check_embedding(N, C, 50);  // many repeated tokens
-            check_rmsnorm(N, C);
+            check_rmsnorm(N, C, STORE_FP32);
+            check_rmsnorm(N, C, STORE_BF16);
             check_softmax(N, C);
             check_cross_entropy(N, C);
             for (int variant = 0; variant < 8; variant++)
@@ -469,7 +498,8 @@ void check_elementwise_ops(void) {
     check_embedding(4099, 64, 1);       // one run of every token: the unrolled loads and a tail
     check_embedding(1000, 3, 262144);   // a large vocabulary, mostly unique tokens
     check_embedding(20000, 130, 7);     // a few very long runs
-    check_rmsnorm(5000, 64);            // many row chunks in the dw sum
+    check_rmsnorm(5000, 64, STORE_FP32);  // many row chunks in the dw sum
+    check_rmsnorm(5000, 64, STORE_BF16);
     check_cross_entropy(5, 50000);      // a large vocabulary
     check_cross_entropy(2, 262144);
     check_rope_layouts();

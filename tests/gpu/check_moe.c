@@ -168,8 +168,8 @@ static void check_permute(const PlanCase *c) {
 
     float *rows = check_random(rh, 0, 1), *row_values = check_random((size_t)R, 0, 1);
     float *out = check_random(nh, 0, 1), *gathered = check_random(nk, 0, 1);
-    cpu()->moe_permute(rows, STORE_FP32, row_values, x, STORE_FP32, choice_values, plan.token_of_row, plan.row_of_choice,
-                       R, k, H);
+    cpu()->moe_permute(rows, STORE_FP32, row_values, x, STORE_FP32, choice_values, plan.token_of_row,
+                       plan.row_of_choice, R, k, H);
     cpu()->moe_unpermute(out, gathered, y, y_values, plan.row_of_choice, N, k, H, 0);
     cpu()->moe_unpermute(acc, NULL, y, NULL, plan.row_of_choice, N, k, H, 1);
 
@@ -189,8 +189,8 @@ static void check_permute(const PlanCase *c) {
     cpu()->moe_permute(rows_of_rounded, STORE_FP32, NULL, x_rounded, STORE_FP32, NULL, plan.token_of_row,
                        plan.row_of_choice, R, k, H);
     float *d_rows_from16 = check_device_nan(rh), *d_rows16_from16 = check_device_nan((rh + 1) / 2);
-    under()->moe_permute(d_rows_from16, STORE_FP32, NULL, d_x16, STORE_BF16, NULL, d_token_of_row, d_row_of_choice, R, k,
-                         H);
+    under()->moe_permute(d_rows_from16, STORE_FP32, NULL, d_x16, STORE_BF16, NULL, d_token_of_row, d_row_of_choice,
+                         R, k, H);
     under()->moe_permute(d_rows16_from16, STORE_BF16, NULL, d_x16, STORE_BF16, NULL, d_token_of_row, d_row_of_choice, R,
                          k, H);
     under()->moe_unpermute(d_out, d_gathered, d_y, d_y_values, d_row_of_choice, N, k, H, 0);
@@ -200,8 +200,8 @@ static void check_permute(const PlanCase *c) {
     check_compare(name, "rows", rows, d_rows, rh, EXACT);
     check_compare(name, "rows stored bf16", rows_rounded, d_rows_widened, rh, EXACT);
     check_compare(name, "rows of bf16 x", rows_of_rounded, d_rows_from16, rh, EXACT);
-    check_compare(name, "bf16 rows of bf16 x", rows_of_rounded, check_widened_from_device(d_rows16_from16, rh, STORE_BF16),
-                  rh, EXACT);
+    float *rows16_widened = check_widened_from_device(d_rows16_from16, rh, STORE_BF16);
+    check_compare(name, "bf16 rows of bf16 x", rows_of_rounded, rows16_widened, rh, EXACT);
     check_compare(name, "row_values", row_values, d_row_values, (size_t)R, EXACT);
     check_compare(name, "out", out, d_out, nh, EXACT);
     check_compare(name, "out +=", acc, d_acc, nh, EXACT);

@@ -42,13 +42,15 @@ static Tensors tensors_new(void) {
     size_t nq = (size_t)B * T * HEADS * D, nk = (size_t)B * T * KV_HEADS * D, nv = (size_t)B * T * KV_HEADS * DV;
     size_t no = (size_t)B * T * HEADS * DV;
     Tensors t = {mt_malloc(nq * sizeof(real)), mt_malloc(nk * sizeof(real)), mt_malloc(nv * sizeof(real)),
-                 mt_malloc(no * sizeof(real)), mt_malloc(no * sizeof(real)), mt_malloc((size_t)B * HEADS * T * sizeof(real)),
-                 mt_calloc(nq, sizeof(real)), mt_calloc(nk, sizeof(real)), mt_calloc(nv, sizeof(real))};
+                 mt_malloc(no * sizeof(real)), mt_malloc(no * sizeof(real)),
+                 mt_malloc((size_t)B * HEADS * T * sizeof(real)), mt_calloc(nq, sizeof(real)),
+                 mt_calloc(nk, sizeof(real)), mt_calloc(nv, sizeof(real))};
     return t;
 }
 
 static void tensors_free(Tensors *t) {
-    free(t->q), free(t->k), free(t->v), free(t->dout), free(t->out), free(t->lse), free(t->dq), free(t->dk), free(t->dv);
+    real *all[] = {t->q, t->k, t->v, t->dout, t->out, t->lse, t->dq, t->dk, t->dv};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
 }
 
 static void check_case(const char *kernel, int dropout, int masked) {

@@ -163,7 +163,7 @@ typedef struct {
 
 static double rms_obj(void *p) {
     RmsCtx *c = p;
-    rmsnorm_forward(c->y, STORE_FP32, c->rstd, c->x, c->w, c->N, c->C, c->eps);
+    rmsnorm_forward(c->y, STORE_FP32, c->rstd, c->x, STORE_FP32, c->w, c->N, c->C, c->eps);
     return dot_real(c->y, c->R, (size_t)c->N * c->C);
 }
 
@@ -175,7 +175,7 @@ static void test_rmsnorm(void) {
     RmsCtx c = {mt_malloc(n * sizeof(real)), mt_malloc(N * sizeof(real)), alloc_normal(&rng, n, 1),
                 alloc_normal(&rng, C, 1), alloc_normal(&rng, n, 1), N, C, 1e-5};
     for (int j = 0; j < C; j++) c.w[j] += 1;
-    rmsnorm_forward(c.y, STORE_FP32, c.rstd, c.x, c.w, N, C, c.eps);
+    rmsnorm_forward(c.y, STORE_FP32, c.rstd, c.x, STORE_FP32, c.w, N, C, c.eps);
     for (int r = 0; r < N; r++) {
         double ss = 0;
         for (int j = 0; j < C; j++) ss += (double)c.x[r * C + j] * c.x[r * C + j];
@@ -186,7 +186,7 @@ static void test_rmsnorm(void) {
     }
     real *dx0 = alloc_normal(&rng, n, 1), *dw0 = alloc_normal(&rng, C, 1);
     real *dx = alloc_copy(dx0, n), *dw = alloc_copy(dw0, C);
-    rmsnorm_backward(dx, dw, c.R, c.x, c.w, c.rstd, N, C);
+    rmsnorm_backward(dx, dw, c.R, c.x, STORE_FP32, c.w, c.rstd, N, C);
     real *gx = alloc_diff(dx, dx0, n), *gw = alloc_diff(dw, dw0, C);
     fd_check("rmsnorm dx", c.x, n, gx, rms_obj, &c);
     fd_check("rmsnorm dw", c.w, C, gw, rms_obj, &c);

@@ -339,8 +339,8 @@ static void attention_tile_backward(real *dq, real *dk, real *dv, const Backward
     gather_rows(w->dq, dq, STORE_FP32, s, b, hs, VIEW_Q, t0, rows, d);
     stacked_scores(w->probs, w->q, k, s, &kv_view, R, keys);
     // dP = dO · Vᵀ
-    cpu_gemm_stored(0, 1, R, keys, v_width, 1, w->dout, STORE_FP32, v_width, kv_rows(v, s, kv_view.v_offset), s->kv_store,
-                    kv_view.v_stride, 0, w->dprobs, STORE_FP32, keys);
+    cpu_gemm_stored(0, 1, R, keys, v_width, 1, w->dout, STORE_FP32, v_width, kv_rows(v, s, kv_view.v_offset),
+                    s->kv_store, kv_view.v_stride, 0, w->dprobs, STORE_FP32, keys);
     for (int g = 0; g < hs.count; g++) {
         int h = hs.h0 + g;
         HeadView view = head_view(s, b, h);

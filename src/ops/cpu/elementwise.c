@@ -100,30 +100,51 @@ static void rmsnorm_row(void *yr, Storage store, const real *xr, real r, const r
     for (int c = 0; c < C; c++) y[c] = bf16_from_float_flushed((float)(xr[c] * r * w[c]));
 }
 
-void cpu_rmsnorm_forward(void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C, real eps) {
+// Elements at .. at + n of x stored as `store` as reals: x's own when fp32, else widened
+// (exactly) into wide.
+static const real *reals_at(real *wide, const void *x, Storage store, size_t at, int n) {
+    if (store == STORE_FP32) return (const real *)x + at;
+    cpu_bf16_widen_run(wide, (const uint16_t *)x + at, (size_t)n);
+    return wide;
+}
+
+// A row's worth of scratch per thread for reals_at when x is stored bf16, else NULL.
+static real *row_scratch(Storage store, int C) {
+    return store == STORE_FP32 ? NULL : mt_malloc((size_t)C * sizeof(real));
+}
+
+void cpu_rmsnorm_forward(void *y, Storage y_store, real *rstd, const void *x, Storage x_store, const real *w, int N,
+                         int C, real eps) {
     PROF_SCOPE(PROF_NORM);
-    PARALLEL_ROWS
-    for (int n = 0; n < N; n++) {
-        const real *xr = x + (size_t)n * C;
-        double ss = row_dot(xr, xr, C);
-        real r = (real)(1.0 / sqrt(ss / C + eps));
-        rstd[n] = r;
-        rmsnorm_row(storage_at(y, y_store, (size_t)n * C), y_store, xr, r, w, C);
+#pragma omp parallel if (N > 16)
+    {
+        real *scratch = row_scratch(x_store, C);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const real *xr = reals_at(scratch, x, x_store, (size_t)n * C, C);
+            double ss = row_dot(xr, xr, C);
+            real r = (real)(1.0 / sqrt(ss / C + eps));
+            rstd[n] = r;
+            rmsnorm_row(storage_at(y, y_store, (size_t)n * C), y_store, xr, r, w, C);
+        }
+        free(scratch);
     }
 }
 
 // dw_c += Σ_n dy·x·r, each column's sum in double over the rows in order. The rows are read
 // in memory order: each thread takes a band of columns and walks every row through it,
 // adding to the band's sums (the same order per column as a column-by-column loop).
-static void rmsnorm_weight_grad(real *dw, const real *dy, const real *x, const real *rstd, int N, int C) {
+static void rmsnorm_weight_grad(real *dw, const real *dy, const void *x, Storage x_store, const real *rstd, int N,
+                                int C) {
     enum { BAND = 64 };  // columns of one band: a cache line of each row at a time, sums in registers and L1
     int bands = (C + BAND - 1) / BAND;
 #pragma omp parallel for schedule(static) if (C >= 64 && bands > 1)
     for (int b = 0; b < bands; b++) {
         int c0 = b * BAND, width = MT_MIN(BAND, C - c0);
         double s[BAND] = {0};
+        real widened[BAND];
         for (int n = 0; n < N; n++) {
-            const real *dyr = dy + (size_t)n * C + c0, *xr = x + (size_t)n * C + c0;
+            const real *dyr = dy + (size_t)n * C + c0, *xr = reals_at(widened, x, x_store, (size_t)n * C + c0, width);
             double r = rstd[n];
             for (int c = 0; c < width; c++) s[c] += (double)dyr[c] * xr[c] * r;
         }
@@ -133,18 +154,44 @@ static void rmsnorm_weight_grad(real *dw, const real *dy, const real *x, const r
 
 // y = x·r·w with r = (mean(x²)+eps)^(-1/2):
 //   dw_c += Σ_n dy·x·r ;  dx = r·(dy⊙w) − x · r³/C · Σ_c (dy⊙w)·x
-void cpu_rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w,
-                      const real *rstd, int N, int C) {
+void cpu_rmsnorm_backward(real *dx, real *dw, const real *dy, const void *x, Storage x_store, const real *w,
+                          const real *rstd, int N, int C) {
     PROF_SCOPE(PROF_NORM);
-    PARALLEL_ROWS
-    for (int n = 0; n < N; n++) {
-        const real *xr = x + (size_t)n * C, *dyr = dy + (size_t)n * C;
-        real *dxr = dx + (size_t)n * C;
-        double r = rstd[n], dot = row_dot3(dyr, w, xr, C);
-        double k = dot * r * r * r / C;
-        for (int c = 0; c < C; c++) dxr[c] += (real)(r * dyr[c] * w[c] - k * xr[c]);
+#pragma omp parallel if (N > 16)
+    {
+        real *scratch = row_scratch(x_store, C);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const real *xr = reals_at(scratch, x, x_store, (size_t)n * C, C), *dyr = dy + (size_t)n * C;
+            real *dxr = dx + (size_t)n * C;
+            double r = rstd[n], dot = row_dot3(dyr, w, xr, C);
+            double k = dot * r * r * r / C;
+            for (int c = 0; c < C; c++) dxr[c] += (real)(r * dyr[c] * w[c] - k * xr[c]);
+        }
+        free(scratch);
     }
-    rmsnorm_weight_grad(dw, dy, x, rstd, N, C);
+    rmsnorm_weight_grad(dw, dy, x, x_store, rstd, N, C);
+}
+
+// ---- the residual connection ----------------------------------------------------------
+
+void cpu_residual_add(void *y, Storage y_store, const void *x, Storage x_store, const real *branch, size_t n) {
+    enum { CHUNK = 4096 };  // elements a thread widens at a time
+    size_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t k = 0; k < chunks; k++) {
+        size_t i0 = k * CHUNK;
+        int m = (int)MT_MIN((size_t)CHUNK, n - i0);
+        real widened[CHUNK];
+        const real *xr = reals_at(widened, x, x_store, i0, m), *br = branch + i0;
+        if (y_store == STORE_FP32) {
+            real *yr = (real *)y + i0;
+            for (int i = 0; i < m; i++) yr[i] = xr[i] + br[i];
+        } else {
+            uint16_t *yr = (uint16_t *)y + i0;
+            for (int i = 0; i < m; i++) yr[i] = bf16_from_float_flushed((float)(xr[i] + br[i]));
+        }
+    }
 }
 
 // ---- RoPE ------------------------------------------------------------------------------
@@ -244,14 +291,6 @@ static void swiglu_chunk(void *to, Storage store, const real *g, const real *u, 
     }
     uint16_t *a = to;
     for (int i = 0; i < n; i++) a[i] = bf16_from_float_flushed(g[i] * sg[i] * u[i] * scale);
-}
-
-// Elements at .. at + n of x stored as `store` as reals: x's own when fp32, else widened
-// (exactly) into wide.
-static const real *reals_at(real *wide, const void *x, Storage store, size_t at, int n) {
-    if (store == STORE_FP32) return (const real *)x + at;
-    cpu_bf16_widen_run(wide, (const uint16_t *)x + at, (size_t)n);
-    return wide;
 }
 
 void cpu_swiglu_forward(void *act, Storage act_store, const void *gate, const void *up, Storage gu_store,

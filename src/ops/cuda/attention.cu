@@ -653,8 +653,9 @@ void cuda_attention_forward(void *out, real *lse, const void *q, const void *k, 
                             const AttentionShape *s) {
     WidenedQkv x = widened_qkv(q, k, v, s);
     size_t n_out = out_elements(s);
-    float *out32 = s->out_store == STORE_FP32 ? (float *)out
-                                              : (float *)scratch_reserve(&widened_out, (n_out ? n_out : 1) * sizeof(float));
+    float *out32 = s->out_store == STORE_FP32
+                       ? (float *)out
+                       : (float *)scratch_reserve(&widened_out, (n_out ? n_out : 1) * sizeof(float));
     forward_fp32(out32, lse, x.q, x.k, x.v, s);
     if (s->out_store == STORE_BF16) cuda_bf16_pack((float *)out, out32, n_out);
 }

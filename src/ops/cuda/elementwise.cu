@@ -41,6 +41,25 @@ void cuda_vec_add(real *y, const real *x, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
+// y (n) = x + branch, x fp32 (x32) or bf16 (x16: widened), y fp32 (y32) or bf16 (y16: rounded once)
+__global__ void residual_add_kernel(float *y32, uint16_t *y16, const float *x32, const uint16_t *x16,
+                                    const float *branch, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = (x32 ? x32[i] : bf16_to_float(x16[i])) + branch[i];
+        if (y32) y32[i] = v;
+        else y16[i] = bf16_from_float_flushed(v);
+    }
+}
+
+void cuda_residual_add(void *y, Storage y_store, const void *x, Storage x_store, const real *branch, size_t n) {
+    if (n == 0) return;
+    float *y32 = y_store == STORE_FP32 ? (float *)y : NULL;
+    const float *x32 = x_store == STORE_FP32 ? (const float *)x : NULL;
+    residual_add_kernel<<<cuda_blocks(n, FLAT_THREADS), FLAT_THREADS, 0, cuda_stream()>>>(
+        y32, (uint16_t *)y, x32, (const uint16_t *)x, branch, n);
+    CUDA_CHECK_LAUNCH();
+}
+
 // x (n) *= s
 __global__ void vec_scale_kernel(float *x, float s, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)

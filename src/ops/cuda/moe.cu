@@ -250,8 +250,8 @@ __global__ void permute_values_kernel(float *row_values, const float *choice_val
 }
 
 void cuda_moe_permute(void *rows, Storage rows_store, real *row_values, const void *x, Storage x_store,
-                      const real *choice_values, const int32_t *token_of_row, const int32_t *row_of_choice, int R, int k,
-                      int H) {
+                      const real *choice_values, const int32_t *token_of_row, const int32_t *row_of_choice, int R,
+                      int k, int H) {
     if (R <= 0) return;
     if (H > 0) {
         unsigned threads = row_threads(H, MOE_ROW_THREADS);

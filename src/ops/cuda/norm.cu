@@ -30,9 +30,13 @@ __global__ void rmsnorm_forward_kernel(float *y32, uint16_t *y16, float *rstd, c
     }
 }
 
-void cuda_rmsnorm_forward(void *y, Storage y_store, real *rstd, const real *x, const real *w, int N, int C,
-                          real eps) {
+// x stored as bf16 (the residual stream under --bf16) is widened, exactly, into this first.
+static CudaScratch widened_x;
+
+void cuda_rmsnorm_forward(void *y, Storage y_store, real *rstd, const void *x_stored, Storage x_store, const real *w,
+                          int N, int C, real eps) {
     if (N <= 0) return;
+    const float *x = scratch_widened(&widened_x, x_stored, x_store, (size_t)N * C);
     float *y32 = y_store == STORE_FP32 ? (float *)y : NULL;
     rmsnorm_forward_kernel<<<N, row_threads(C, ROW_MAX_THREADS), 0, cuda_stream()>>>(y32, (uint16_t *)y, rstd, x, w,
                                                                                      C, eps);
@@ -91,9 +95,10 @@ static void rmsnorm_backward_dw(real *dw, const real *dy, const real *x, const r
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_rmsnorm_backward(real *dx, real *dw, const real *dy, const real *x, const real *w, const real *rstd,
-                           int N, int C) {
+void cuda_rmsnorm_backward(real *dx, real *dw, const real *dy, const void *x_stored, Storage x_store, const real *w,
+                           const real *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
+    const float *x = scratch_widened(&widened_x, x_stored, x_store, (size_t)N * C);
     rmsnorm_backward_dx_kernel<<<N, row_threads(C, ROW_MAX_THREADS), 0, cuda_stream()>>>(dx, dy, x, w, rstd, C);
     CUDA_CHECK_LAUNCH();
     rmsnorm_backward_dw(dw, dy, x, rstd, N, C);
