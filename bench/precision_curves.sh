@@ -38,7 +38,8 @@ GEMM_VARIANTS=(
     "fp32 (seed 1235: noise)|--seed 1235"
     "--bf16 (the CPU's kernel)|--seed 1234 --bf16"
     "--bf16 (emulated)|--seed 1234 --bf16|MOETRON_GEMM_BF16=emulated"
-    "--bf16, gate and up kept fp32|--seed 1234 --bf16|MOETRON_ACTIVATIONS=gemm-inputs"
+    "--bf16 --fp32-residual-connection|--seed 1234 --bf16 --fp32-residual-connection"
+    "--bf16, only GEMM inputs kept bf16|--seed 1234 --bf16|MOETRON_ACTIVATIONS=gemm-inputs"
     "--fp16 (dynamic loss scale)|--seed 1234 --fp16"
 )
 RECIPE_VARIANTS=(

@@ -130,7 +130,8 @@ static double dp_bytes(const Config *c, const Model *m, const GradGroups *gg, in
 // the input and prob gradients reduce-scattered), or alltoall under balanced routing (this
 // rank's N·k rows, (EP-1)/EP of them to other ranks, there and back each way). With bf16
 // rows (model_expert_rows_bf16) the rows and the output gradients going to the experts move
-// half the bytes (allgather: when its exchange buffer holds them, ep_gather_packs_bf16).
+// half the bytes (allgather: when its exchange buffer holds them, ep_gather_packs_bf16; its
+// tokens also when a MoE layer's ln2 is kept bf16, layout.h moe_norm_store).
 static double ep_bytes(const Model *m, const Pipeline *pl, int M, int N, int *estimated) {
     const ExpertParallel *ep = &m->ep;
     if (!ep->gather) return 0;
@@ -141,7 +142,12 @@ static double ep_bytes(const Model *m, const Pipeline *pl, int M, int N, int *es
     int bf16 = model_expert_rows_bf16(m);
     double per_layer;
     if (ep->dispatcher == DISPATCH_ALLGATHER) {
-        double trips = bf16 && ep_gather_packs_bf16(ep, &shape) ? 3.0 : 4.0;  // of (N, H)
+        // of (N, H): the tokens gathered (half when packed, or when a MoE layer's ln2 is kept bf16
+        // and is what moves: not the latent rows), the output gradients gathered (half when
+        // packed), the outputs and the input gradients reduce-scattered
+        int packs = bf16 && ep_gather_packs_bf16(ep, &shape);
+        int tokens_bf16 = packs || (p->moe_norm_store == STORE_BF16 && !m->cfg.moe_latent_size);
+        double trips = (tokens_bf16 ? 0.5 : 1.0) + (packs ? 0.5 : 1.0) + 2.0;
         per_layer = (double)(G - 1) * (trips * N * H + 4.0 * N * k) * REAL;
     } else {
         *estimated = 1;

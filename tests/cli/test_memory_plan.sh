@@ -85,6 +85,11 @@ bytes_case tp2_sp_bf16 2 --num-experts 0 --tensor-model-parallel-size 2 --sequen
 full plan_bytes_ep2_allgather_bf16 bytes_case ep2_allgather_bf16 2 --expert-model-parallel-size 2 \
     --moe-token-dispatcher-type allgather --bf16
 full plan_bytes_ep2_alltoall_bf16 bytes_case ep2_alltoall_bf16 2 --expert-model-parallel-size 2 --bf16
+# ... the allgather's tokens also when its buffer cannot pack them (capacity 0.5), as a MoE
+# layer's ln2 is kept bf16; the pipeline's stages pass the residual stream as kept (bf16)
+full plan_bytes_ep2_allgather_bf16_unpacked bytes_case ep2_allgather_bf16_unpacked 2 --expert-model-parallel-size 2 \
+    --moe-token-dispatcher-type allgather --bf16 --moe-expert-capacity-factor 0.5
+full plan_bytes_pp2_bf16 bytes_case pp2_bf16 2 --num-layers 4 --pipeline-model-parallel-size 2 --bf16
 full plan_bytes_cp4_p2p_a2a_allgather_bf16 bytes_case cp4_p2p_a2a_allgather_bf16 4 --num-layers 3 --context-parallel-size 4 --cp-comm-type p2p a2a allgather --bf16
 
 expect_error plan_world_not_divisible "world of 3 processes is not divisible" -- \
