@@ -149,22 +149,14 @@ static size_t view_row(const HeadView *v, ViewKind kind, int t) {
 
 // dst (width) <- a row stored as store: copied, or bf16 values widened (exactly).
 static void row_widened(real *dst, const void *row, Storage store, int width) {
-    if (store == STORE_FP32) {
-        memcpy(dst, row, (size_t)width * sizeof(real));
-        return;
-    }
-    const uint16_t *h = row;
-    for (int i = 0; i < width; i++) dst[i] = (real)bf16_to_float(h[i]);
+    if (store == STORE_FP32) memcpy(dst, row, (size_t)width * sizeof(real));
+    else cpu_bf16_widen_run(dst, row, (size_t)width);
 }
 
 // A row (width) stored as store <- src: copied, or each value rounded as bf16_pack rounds.
 static void row_stored(void *row, Storage store, const real *src, int width) {
-    if (store == STORE_FP32) {
-        memcpy(row, src, (size_t)width * sizeof(real));
-        return;
-    }
-    uint16_t *h = row;
-    for (int i = 0; i < width; i++) h[i] = bf16_from_float_flushed((float)src[i]);
+    if (store == STORE_FP32) memcpy(row, src, (size_t)width * sizeof(real));
+    else cpu_bf16_round_run(row, src, (size_t)width);
 }
 
 // x (stored as store) may be q or out (VIEW_Q, VIEW_O: their storage), or an fp32 gradient.

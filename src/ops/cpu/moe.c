@@ -71,13 +71,9 @@ static void store_row(void *row, Storage store, const void *x, Storage x_store, 
     } else if (store == x_store) {
         memcpy(row, x, H * storage_bytes(store));
     } else if (store == STORE_FP32) {  // from bf16: widened
-        const uint16_t *v = x;
-        real *r = row;
-        for (int h = 0; h < H; h++) r[h] = (real)bf16_to_float(v[h]);
+        cpu_bf16_widen_run(row, x, (size_t)H);
     } else {
-        const real *v = x;
-        uint16_t *r = row;
-        for (int h = 0; h < H; h++) r[h] = bf16_from_float_flushed((float)v[h]);
+        cpu_bf16_round_run(row, x, (size_t)H);
     }
 }
 
