@@ -252,6 +252,26 @@ static void test_input_rounding(void) {
     CHECK(rounded(70000.0f, GEMM_INPUTS_BF16) == 70144.0f, "bf16 keeps 70000 finite (70144)");
 }
 
+// lowp_bf16_round_run (VCVTNE2PS2BF16 where the CPU has AVX-512 BF16) rounds every element as
+// bf16_from_float_flushed does: random bit patterns (NaNs, infinities, subnormals of both
+// signs included) and the adversarial mix, at every length up to 70 and at unaligned starts.
+static void test_bf16_round_run(void) {
+    enum { LONGEST = 70, VALUES = 4096 };
+    static real src[VALUES];
+    static uint16_t got[VALUES + 1];
+    unsigned long long s = 11;
+    for (int i = 0; i < VALUES; i++) src[i] = i % 2 ? adversarial(&s) : bits_float((uint32_t)lcg(&s));
+    int bad = 0;
+    for (int n = 0; n <= LONGEST; n++)
+        for (int start = 0; start + n <= VALUES; start += 97) {
+            got[n] = 0xABCD;  // just past the run: must stay as it is
+            lowp_bf16_round_run(got, src + start, (size_t)n);
+            for (int i = 0; i < n; i++) bad += got[i] != bf16_from_float_flushed(src[start + i]);
+            bad += got[n] != 0xABCD;
+        }
+    CHECK(bad == 0, "%d elements rounded unlike bf16_from_float_flushed (or written past the run)", bad);
+}
+
 // 1 and 2 threads give the same bits in each mode.
 static void test_thread_counts_agree(void) {
 #ifdef _OPENMP
@@ -537,6 +557,7 @@ static void test_switching_back_to_fp32(void) {
 
 int main(void) {
     RUN(test_input_rounding);
+    RUN(test_bf16_round_run);
     RUN(test_bf16_emulation_is_the_contract);
     RUN(test_bf16_avx512_is_the_contract);
     RUN(test_bf16_amx_near_the_contract);

@@ -4,6 +4,7 @@
 #pragma once
 #include "core/float_formats.h"
 #include "ops/op_list.h"
+#include "ops/cpu/gemm_lowp.h"
 
 // Every op of src/ops/op_list.h as cpu_<name> (gemm.c, linear.c, elementwise.c,
 // attention.c, attention_merge.c, moe.c).
@@ -11,9 +12,7 @@ MT_OPS(MT_OP_PROTO_CPU)
 
 // A run of n values between reals and bf16 (ops/gemm.h STORE_BF16): rounded as bf16_pack rounds,
 // and widened back exactly. The bf16 ops of this backend write and read their runs through these.
-static inline void cpu_bf16_round_run(uint16_t *dst, const real *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_from_float_flushed((float)src[i]);
-}
+static inline void cpu_bf16_round_run(uint16_t *dst, const real *src, size_t n) { lowp_bf16_round_run(dst, src, n); }
 static inline void cpu_bf16_widen_run(real *dst, const uint16_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = (real)bf16_to_float(src[i]);
 }

@@ -48,6 +48,11 @@ static inline uint32_t f16_rounded_bits(uint32_t b) {
     return sign | (a > F32_INF ? QUIET_NAN : out);
 }
 
+// lowp_bf16_round_run one element at a time (a CPU without AVX-512 BF16).
+static void bf16_round_run_scalar(uint16_t *dst, const real *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_from_float_flushed((float)src[i]);
+}
+
 void lowp_round_panel(real *x, size_t n, GemmInputs inputs) {
 #ifndef MT_DOUBLE
     if (inputs == GEMM_INPUTS_BF16) {
@@ -123,6 +128,18 @@ PACK_TARGET static inline __m512i bf16x32_at(const void *src, Storage store, siz
     if (store == STORE_FP32) return bf16x32((const real *)src + at, n);
     __mmask32 mask = (__mmask32)(n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1);
     return _mm512_maskz_loadu_epi16(mask, (const uint16_t *)src + at);
+}
+
+PACK_TARGET static void bf16_round_run_avx512(uint16_t *dst, const real *src, size_t n) {
+    enum { RUN = 32 };
+    size_t i = 0;
+    for (; i + RUN <= n; i += RUN) _mm512_storeu_si512((void *)(dst + i), bf16x32(src + i, RUN));
+    if (i < n) _mm512_mask_storeu_epi16(dst + i, (__mmask32)((1u << (n - i)) - 1), bf16x32(src + i, (int)(n - i)));
+}
+
+void lowp_bf16_round_run(uint16_t *dst, const real *src, size_t n) {
+    if (lowp_have_avx512bf16()) bf16_round_run_avx512(dst, src, n);
+    else bf16_round_run_scalar(dst, src, n);
 }
 
 // Pair panels whose lanes run along k in memory (s_k == 1): 32 depths of a lane converted at
@@ -241,6 +258,8 @@ __attribute__((target("avx512f,avx512bf16"))) void lowp_micro_avx512bf16(int kc,
 }
 #else
 int lowp_have_avx512bf16(void) { return 0; }
+
+void lowp_bf16_round_run(uint16_t *dst, const real *src, size_t n) { bf16_round_run_scalar(dst, src, n); }
 
 void lowp_pack_bf16_pairs(uint16_t *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w,
                           size_t s_k, uint16_t pad) {

@@ -22,6 +22,11 @@
 // subnormals first made ±0, or IEEE half. The emulation's packed panels.
 void lowp_round_panel(real *x, size_t n, GemmInputs inputs);
 
+// dst[i] = bf16_from_float_flushed(src[i]) for i < n (nearest even, fp32 subnormals ±0, NaN
+// kept quiet): with VCVTNE2PS2BF16, which rounds so, where the CPU has AVX-512 BF16, else one
+// element at a time. The bf16 ops' stores of rounded runs (cpu_ops.h cpu_bf16_round_run).
+void lowp_bf16_round_run(uint16_t *dst, const real *src, size_t n);
+
 // Depth kc of a bf16 pair panel: kc rounded up to whole pairs.
 static inline int lowp_pairs(int kc) { return (kc + 1) / 2; }
 
