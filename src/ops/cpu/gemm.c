@@ -197,7 +197,8 @@ static void thread_scratch_free(void *scratch) {
 }
 
 static void thread_scratch_key_create(void) {
-    if (pthread_key_create(&g_scratch_key, thread_scratch_free)) mt_die("out of thread-specific keys (pthread_key_create)");
+    if (pthread_key_create(&g_scratch_key, thread_scratch_free))
+        mt_die("out of thread-specific keys (pthread_key_create)");
 }
 
 // This thread's buffer of kind `which`, at least `bytes` long and aligned to 64 bytes; its
@@ -431,7 +432,7 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
 #define B_GROUP_BYTES ((size_t)1 << 20)
 
 // Whether gemm_rect sums each block of C rows over all of K in a staging block of fp32 (mc x
-// nc, rows nb apart: 256 KiB at most) and writes C once after the last K block. A C stored bf16
+// nc, rows nb apart: 256 KiB for AMX's blocks) and writes C once after the last K block. A C stored bf16
 // always is (each element is rounded once, from its full sum). So is an fp32 C under a kernel
 // that sums in its accumulators starting from C (AMX's tiles load and store C once per K block)
 // when all of K's packed B for a block of columns fits B_GROUP_BYTES: the tiles then load and
@@ -453,7 +454,8 @@ static int stages_c(const GemmProblem *p, size_t b_block, int k_blocks) {
 // adds to (beta 1).
 static void load_staged_block(const GemmProblem *p, int ic, int mc, int jc, int nc, real *staging, size_t ld) {
     for (int i = 0; i < mc; i++)
-        memcpy(staging + (size_t)i * ld, (const real *)p->C + (size_t)(ic + i) * p->ldc + jc, (size_t)nc * sizeof(real));
+        memcpy(staging + (size_t)i * ld, (const real *)p->C + (size_t)(ic + i) * p->ldc + jc,
+               (size_t)nc * sizeof(real));
 }
 
 // C[ic:ic+mc, jc:jc+nc] <- the staging block's fp32 sums (rows ld apart): as they are for an fp32
@@ -516,7 +518,8 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
 static void choose_grid(const GemmProblem *p, int nth, int *gm, int *gn) {
     const GemmKernel *kern = p->kernel;
     int mp = ceil_div(p->M, kern->mr), np = ceil_div(p->N, kern->nr);
-    double a_lane = p->a_ks == 1 ? 1 : kern->transposed_lane_cost, b_lane = p->b_cs == 1 ? 1 : kern->transposed_lane_cost;
+    double a_lane = p->a_ks == 1 ? 1 : kern->transposed_lane_cost;
+    double b_lane = p->b_cs == 1 ? 1 : kern->transposed_lane_cost;
     double best = -1;
     *gm = *gn = 1;
     for (int used = nth; used >= 1; used--) {
