@@ -322,6 +322,35 @@ static void test_elements_whatever_their_tile(void) {
     }
 }
 
+// Where a C's sums sit between K blocks does not change its bits: under AMX, overwriting C
+// (beta 0: summed in gemm.c's staging block, with two K blocks, and with all of K's packed B
+// past the B group) gives the bits of adding to a C of zeros (beta 1: summed in C itself, too
+// few K blocks, or too much B for the staging block to pay: 5 K blocks of 512 columns a
+// thread), on one or two threads, edge tiles and a padded ldc included.
+static void test_staged_c_same_bits(void) {
+    static const Case cases[] = {{0, 1, 100, 70, 500, 3, 1, 0}, {0, 0, 70, 1100, 1100, 0, 1, 0}};
+    for (int i = 0; i < 2; i++) {
+        Case c = cases[i];
+        CaseData d = case_data(&c, VALUES_ADVERSARIAL, 21 + i);
+        mt_gemm_set_inputs(GEMM_INPUTS_BF16);
+        mt_gemm_use_bf16_kernel("amx");
+        run_case(&c, d.A, d.B, d.C0, d.C);  // beta 0: C0's values are not read
+        memset(d.C0, 0, d.c_n * sizeof(real));
+        c.beta = 1;
+        run_case(&c, d.A, d.B, d.C0, d.want);
+        size_t ldc = (size_t)c.N + c.pad;
+        for (int r = 0; r < c.M; r++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s, %dx%dx%d, row %d: beta 0 against beta 1 on zeros", mt_gemm_kernel(), c.M,
+                     c.N, c.K, r);
+            count_diff(d.C + r * ldc, d.want + r * ldc, (size_t)c.N, what);
+        }
+        mt_gemm_use_bf16_kernel(NULL);
+        mt_gemm_set_inputs(GEMM_INPUTS_FP32);
+        case_free(&d);
+    }
+}
+
 // Each operand packs to the same panels whichever way it is stored: a GEMM on transposed
 // copies of A and B (op(A) = A, Aᵀ; op(B) = B, Bᵀ) gives the bits of the one on plain copies,
 // for every 16-bit kernel (the packers for rows and for columns, edge panels included).
@@ -564,6 +593,7 @@ int main(void) {
     RUN(test_fp16_emulation_is_the_contract);
     RUN(test_thread_counts_agree);
     RUN(test_elements_whatever_their_tile);
+    RUN(test_staged_c_same_bits);
     RUN(test_transposes_agree);
     RUN(test_grouped_equals_one_by_one);
     RUN(test_bf16_storage_gives_fp32_bits);

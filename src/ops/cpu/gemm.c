@@ -432,22 +432,28 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
 #define B_GROUP_BYTES ((size_t)1 << 20)
 
 // Whether gemm_rect sums each block of C rows over all of K in a staging block of fp32 (mc x
-// nc, rows nb apart: 256 KiB for AMX's blocks) and writes C once after the last K block. A C stored bf16
-// always is (each element is rounded once, from its full sum). So is an fp32 C under a kernel
-// that sums in its accumulators starting from C (AMX's tiles load and store C once per K block)
-// when all of K's packed B for a block of columns fits B_GROUP_BYTES: the tiles then load and
-// store rows of one dense block that stays in cache rather than rows ldc apart (a page apart
-// and more for wide C). A C that the GEMM adds to (beta 1) is first copied into the block,
-// which pays from STAGE_ADD_MIN_K_BLOCKS K blocks on. Measured on 2 cores of an Intel Xeon with
-// AMX: beta 0, 0.96-1.09x with one K block, 1.14-1.27x with two to four; beta 1, 0.84-0.92x
-// with one or two, 1.01-1.15x with three, 1.28x with four. The sums are the same (C's values
-// pass through the staging block exactly), so are the bits.
+// nc, rows nb apart: 256 KiB for AMX's blocks) and writes C once after the last K block, with
+// all of K's packed B for a block of columns at hand. A C stored bf16 always is (each element
+// is rounded once, from its full sum). So is an fp32 C under a kernel that sums in its
+// accumulators starting from C (AMX's tiles load and store C once per K block): the tiles then
+// load and store rows of one dense block that stays in cache rather than rows ldc apart (a
+// page apart and more for wide C) — when the GEMM overwrites C, up to STAGE_B_MAX_BYTES of
+// packed B; when it adds to C (beta 1), which must first be copied into the block, from
+// STAGE_ADD_MIN_K_BLOCKS K blocks on and while all of K's B fits B_GROUP_BYTES. Measured on 2
+// cores of an Intel Xeon with AMX against C itself with K's blocks in B groups: beta 0,
+// 0.96-1.09x with one K block, 1.14-1.27x with two to four, 1.12-1.23x with 8-32 (B past the
+// group); beta 1, 0.84-0.92x with one or two, 1.01-1.15x with three, 1.28x with four,
+// 0.94-0.98x with 16 (B past the group). The sums are the same (C's values pass through the
+// staging block exactly), so are the bits.
+#define STAGE_B_MAX_BYTES ((size_t)32 << 20)
 enum { STAGE_ADD_MIN_K_BLOCKS = 3 };
 
 static int stages_c(const GemmProblem *p, size_t b_block, int k_blocks) {
     if (p->c_store == STORE_BF16) return 1;
-    if (!p->kernel->micro_into || p->alpha != 1 || (size_t)k_blocks * b_block > B_GROUP_BYTES) return 0;
-    return p->beta == 0 || (p->beta == 1 && k_blocks >= STAGE_ADD_MIN_K_BLOCKS);
+    if (!p->kernel->micro_into || p->alpha != 1) return 0;
+    size_t all_of_b = (size_t)k_blocks * b_block;
+    if (p->beta == 0) return all_of_b <= STAGE_B_MAX_BYTES;
+    return p->beta == 1 && k_blocks >= STAGE_ADD_MIN_K_BLOCKS && all_of_b <= B_GROUP_BYTES;
 }
 
 // The staging block (rows ld apart) <- C[ic:ic+mc, jc:jc+nc], an fp32 C that its first K block
