@@ -89,15 +89,21 @@ void cpu_embedding_backward(real *dtable, const real *dout, const int32_t *token
 
 // ---- RMSNorm ---------------------------------------------------------------------------
 
-// A row of y = x·r·w into yr, stored as `store`.
+// A row of y = x·r·w into yr, stored as `store` (a bf16 row made a chunk of reals at a time
+// and rounded as a run).
 static void rmsnorm_row(void *yr, Storage store, const real *xr, real r, const real *w, int C) {
+    enum { CHUNK = 256 };
     if (store == STORE_FP32) {
         real *y = yr;
         for (int c = 0; c < C; c++) y[c] = xr[c] * r * w[c];
         return;
     }
-    uint16_t *y = yr;
-    for (int c = 0; c < C; c++) y[c] = bf16_from_float_flushed((float)(xr[c] * r * w[c]));
+    real chunk[CHUNK];
+    for (int c0 = 0; c0 < C; c0 += CHUNK) {
+        int n = MT_MIN(CHUNK, C - c0);
+        for (int c = 0; c < n; c++) chunk[c] = xr[c0 + c] * r * w[c0 + c];
+        cpu_bf16_round_run((uint16_t *)yr + c0, chunk, (size_t)n);
+    }
 }
 
 // Elements at .. at + n of x stored as `store` as reals: x's own when fp32, else widened
@@ -184,13 +190,9 @@ void cpu_residual_add(void *y, Storage y_store, const void *x, Storage x_store, 
         int m = (int)MT_MIN((size_t)CHUNK, n - i0);
         real widened[CHUNK];
         const real *xr = reals_at(widened, x, x_store, i0, m), *br = branch + i0;
-        if (y_store == STORE_FP32) {
-            real *yr = (real *)y + i0;
-            for (int i = 0; i < m; i++) yr[i] = xr[i] + br[i];
-        } else {
-            uint16_t *yr = (uint16_t *)y + i0;
-            for (int i = 0; i < m; i++) yr[i] = bf16_from_float_flushed((float)(xr[i] + br[i]));
-        }
+        real *sums = y_store == STORE_FP32 ? (real *)y + i0 : widened;  // a bf16 y: summed in place, rounded
+        for (int i = 0; i < m; i++) sums[i] = xr[i] + br[i];
+        if (y_store == STORE_BF16) cpu_bf16_round_run((uint16_t *)y + i0, sums, (size_t)m);
     }
 }
 
@@ -289,8 +291,8 @@ static void swiglu_chunk(void *to, Storage store, const real *g, const real *u, 
         for (int i = 0; i < n; i++) a[i] = g[i] * sg[i] * u[i] * scale;
         return;
     }
-    uint16_t *a = to;
-    for (int i = 0; i < n; i++) a[i] = bf16_from_float_flushed(g[i] * sg[i] * u[i] * scale);
+    for (int i = 0; i < n; i++) sg[i] = g[i] * sg[i] * u[i] * scale;  // the products, in place of σ
+    cpu_bf16_round_run(to, sg, (size_t)n);
 }
 
 void cpu_swiglu_forward(void *act, Storage act_store, const void *gate, const void *up, Storage gu_store,
