@@ -147,26 +147,14 @@ static size_t view_row(const HeadView *v, ViewKind kind, int t) {
     return kind == VIEW_Q ? v->q_offset + (size_t)t * v->q_stride : v->o_offset + (size_t)t * v->o_stride;
 }
 
-// dst (width) <- a row stored as store: copied, or bf16 values widened (exactly).
-static void row_widened(real *dst, const void *row, Storage store, int width) {
-    if (store == STORE_FP32) memcpy(dst, row, (size_t)width * sizeof(real));
-    else cpu_bf16_widen_run(dst, row, (size_t)width);
-}
-
-// A row (width) stored as store <- src: copied, or each value rounded as bf16_pack rounds.
-static void row_stored(void *row, Storage store, const real *src, int width) {
-    if (store == STORE_FP32) memcpy(row, src, (size_t)width * sizeof(real));
-    else cpu_bf16_round_run(row, src, (size_t)width);
-}
-
 // x (stored as store) may be q or out (VIEW_Q, VIEW_O: their storage), or an fp32 gradient.
 static void gather_rows(real *dst, const void *x, Storage store, const AttentionShape *s, int b, HeadStack hs,
                         ViewKind kind, int t0, int rows, int width) {
     for (int g = 0; g < hs.count; g++) {
         HeadView view = head_view(s, b, hs.h0 + g);
         for (int i = 0; i < rows; i++)
-            row_widened(dst + ((size_t)g * rows + i) * width, storage_at_const(x, store, view_row(&view, kind, t0 + i)),
-                        store, width);
+            cpu_load_run(dst + ((size_t)g * rows + i) * width,
+                         storage_at_const(x, store, view_row(&view, kind, t0 + i)), store, (size_t)width);
     }
 }
 
@@ -176,8 +164,8 @@ static void scatter_rows(void *x, Storage store, const real *src, const Attentio
     for (int g = 0; g < hs.count; g++) {
         HeadView view = head_view(s, b, hs.h0 + g);
         for (int i = 0; i < rows; i++)
-            row_stored(storage_at(x, store, view_row(&view, kind, t0 + i)), store, src + ((size_t)g * rows + i) * width,
-                       width);
+            cpu_store_run(storage_at(x, store, view_row(&view, kind, t0 + i)), store,
+                          src + ((size_t)g * rows + i) * width, (size_t)width);
     }
 }
 

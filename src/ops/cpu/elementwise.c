@@ -93,16 +93,12 @@ void cpu_embedding_backward(real *dtable, const real *dout, const int32_t *token
 // and rounded as a run).
 static void rmsnorm_row(void *yr, Storage store, const real *xr, real r, const real *w, int C) {
     enum { CHUNK = 256 };
-    if (store == STORE_FP32) {
-        real *y = yr;
-        for (int c = 0; c < C; c++) y[c] = xr[c] * r * w[c];
-        return;
-    }
     real chunk[CHUNK];
     for (int c0 = 0; c0 < C; c0 += CHUNK) {
         int n = MT_MIN(CHUNK, C - c0);
-        for (int c = 0; c < n; c++) chunk[c] = xr[c0 + c] * r * w[c0 + c];
-        cpu_bf16_round_run((uint16_t *)yr + c0, chunk, (size_t)n);
+        real *y = store == STORE_FP32 ? (real *)yr + c0 : chunk;
+        for (int c = 0; c < n; c++) y[c] = xr[c0 + c] * r * w[c0 + c];
+        if (store == STORE_BF16) cpu_bf16_round_run((uint16_t *)yr + c0, chunk, (size_t)n);
     }
 }
 
@@ -286,13 +282,9 @@ static void sigmoid_chunk(real *s, const real *x, int n) {
 static void swiglu_chunk(void *to, Storage store, const real *g, const real *u, real scale, int n) {
     real sg[SWIGLU_CHUNK];
     sigmoid_chunk(sg, g, n);
-    if (store == STORE_FP32) {
-        real *a = to;
-        for (int i = 0; i < n; i++) a[i] = g[i] * sg[i] * u[i] * scale;
-        return;
-    }
-    for (int i = 0; i < n; i++) sg[i] = g[i] * sg[i] * u[i] * scale;  // the products, in place of σ
-    cpu_bf16_round_run(to, sg, (size_t)n);
+    real *a = store == STORE_FP32 ? to : sg;  // a bf16 chunk: the products in place of σ, rounded
+    for (int i = 0; i < n; i++) a[i] = g[i] * sg[i] * u[i] * scale;
+    if (store == STORE_BF16) cpu_bf16_round_run(to, sg, (size_t)n);
 }
 
 void cpu_swiglu_forward(void *act, Storage act_store, const void *gate, const void *up, Storage gu_store,
@@ -333,15 +325,6 @@ static void swiglu_backward_row(real *dg_row, real *du_row, real *ds, const real
     for (int i = 0; i < I; i++) du_row[i] *= scale;
 }
 
-// n elements of x (reals) into `to` stored as `store`, each rounded as bf16_pack rounds when bf16.
-static void store_reals(void *to, Storage store, const real *x, int n) {
-    if (store == STORE_FP32) {
-        memcpy(to, x, (size_t)n * sizeof(real));
-        return;
-    }
-    cpu_bf16_round_run(to, x, (size_t)n);
-}
-
 // act = silu(g)·u·s with silu'(g) = σ(g)(1 + g(1 − σ(g))):
 //   dg = dact·u·s·silu'(g);  du = dact·silu(g)·s;  ds = Σ_i dact·silu(g)·u
 // A row's dg and du are made in reals (the outputs' own rows when fp32, else a thread's buffers,
@@ -361,8 +344,8 @@ void cpu_swiglu_backward(void *dgate, void *dup, Storage d_store, real *drow_sca
             swiglu_backward_row(dg, du, drow_scale ? drow_scale + m : NULL, dact + row, gate, up, gu_store, row, u_row,
                                 row_scale ? row_scale[m] : 1, I);
             if (own) continue;
-            store_reals(storage_at(dgate, d_store, row), d_store, dg, I);
-            store_reals(storage_at(dup, d_store, row), d_store, du, I);
+            cpu_store_run(storage_at(dgate, d_store, row), d_store, dg, (size_t)I);
+            cpu_store_run(storage_at(dup, d_store, row), d_store, du, (size_t)I);
         }
         free(u_row);
         free(d_rows);

@@ -468,12 +468,9 @@ static void load_staged_block(const GemmProblem *p, int ic, int mc, int jc, int 
 // C, each rounded as bf16_pack rounds for a bf16 one.
 static void store_staged_block(const GemmProblem *p, int ic, int mc, int jc, int nc, const real *staging,
                                size_t ld) {
-    for (int i = 0; i < mc; i++) {
-        const real *row = staging + (size_t)i * ld;
-        size_t at = (size_t)(ic + i) * p->ldc + jc;
-        if (p->c_store == STORE_BF16) cpu_bf16_round_run((uint16_t *)p->C + at, row, (size_t)nc);
-        else memcpy((real *)p->C + at, row, (size_t)nc * sizeof(real));
-    }
+    for (int i = 0; i < mc; i++)
+        cpu_store_run(storage_at(p->C, p->c_store, (size_t)(ic + i) * p->ldc + jc), p->c_store,
+                      staging + (size_t)i * ld, (size_t)nc);
 }
 
 // The sub-problem C[m0:m1, n0:n1] of p (K > 0), on the calling thread only. Each element
