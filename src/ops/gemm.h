@@ -43,8 +43,12 @@ typedef enum { GEMM_INPUTS_FP32, GEMM_INPUTS_BF16, GEMM_INPUTS_FP16 } GemmInputs
 void mt_gemm_set_inputs(GemmInputs inputs);
 GemmInputs mt_gemm_inputs(void);
 
-// The kernel the next mt_gemm uses, for the banner: "portable fp32" (or "openblas fp32"),
-// "bf16 amx", "bf16 avx512-bf16", "bf16 emulated", "fp16 emulated". bf16 runs on AMX-BF16
+// The kernel the next mt_gemm uses, for the banner: "avx512 fp32" or "portable fp32" (or
+// "openblas fp32"), "bf16 amx", "bf16 avx512-bf16", "bf16 emulated", "fp16 emulated". fp32 and
+// the 16-bit emulations run on an AVX-512 tile where the CPU has AVX-512 F, else on the
+// portable one; MOETRON_GEMM_FP32 (read at the first mt_gemm_set_inputs) or
+// mt_gemm_use_fp32_kernel asks for "avx512" or "portable" (NULL: the default): the same bits
+// either way. bf16 runs on AMX-BF16
 // where the CPU has it, else on AVX-512 BF16, else emulated; MOETRON_GEMM_BF16 (read at
 // mt_gemm_set_inputs) or mt_gemm_use_bf16_kernel asks for one of "amx", "avx512-bf16" or
 // "emulated" (falling back the same way when the CPU lacks it; NULL: the default). The
@@ -55,6 +59,7 @@ GemmInputs mt_gemm_inputs(void);
 // and wherever its tile lies (M, N, the offset of a sub-block).
 const char *mt_gemm_kernel(void);
 void mt_gemm_use_bf16_kernel(const char *name);
+void mt_gemm_use_fp32_kernel(const char *name);
 
 // on != 0: use the portable backend from now on, even when OpenBLAS is linked.
 // on == 0: go back to the default choice (OpenBLAS if linked and MOETRON_GEMM is

@@ -1,7 +1,8 @@
 // test_gemm.c — mt_gemm and the grouped variants against a naive double-precision
 // reference: every transpose combination, odd and block-crossing sizes, alpha/beta,
 // padded leading dimensions, beta == 0 over NaN, zero sizes, bitwise determinism
-// across OpenMP thread counts, and OpenBLAS vs portable when both are built in.
+// across OpenMP thread counts, OpenBLAS vs portable when both are built in, and all of it on
+// each fp32 tile the CPU runs (AVX-512's and the portable one), which agree bit for bit.
 #include <math.h>
 #include <string.h>
 
@@ -347,8 +348,56 @@ static void test_grouped_wgrad(void) {
     mt_gemm_force_portable(0);
 }
 
-int main(void) {
-    printf("gemm backend: %s\n", mt_gemm_backend());
+// C of every transpose combination, block-crossing and edge shapes, alpha/beta, on the fp32 tile
+// `kernel` (mt_gemm_use_fp32_kernel) of the portable backend, into Cs (one after the other).
+static const int SAME_BITS_SHAPES[][3] = {{1, 1, 1}, {7, 33, 5}, {37, 100, 300}, {200, 67, 517}, {300, 300, 256}};
+enum { SAME_BITS_CASES = 5 * 4 * 2 };
+
+static void same_bits_run(const char *kernel, real **Cs) {
+    mt_gemm_force_portable(1);
+    mt_gemm_use_fp32_kernel(kernel);
+    int n = 0;
+    for (int s = 0; s < 5; s++)
+        for (int t = 0; t < 4; t++)
+            for (int accumulate = 0; accumulate < 2; accumulate++, n++) {
+                int M = SAME_BITS_SHAPES[s][0], N = SAME_BITS_SHAPES[s][1], K = SAME_BITS_SHAPES[s][2];
+                real *A = mt_malloc((size_t)M * K * sizeof(real)), *B = mt_malloc((size_t)K * N * sizeof(real));
+                Cs[n] = mt_malloc((size_t)M * N * sizeof(real));
+                fill_random(A, (size_t)M * K, 80 + s);
+                fill_random(B, (size_t)K * N, 90 + s);
+                fill_random(Cs[n], (size_t)M * N, 100 + s);
+                mt_gemm(t >> 1, t & 1, M, N, K, (real)0.75, A, (t >> 1) ? M : K, B, (t & 1) ? K : N,
+                        accumulate ? (real)1 : (real)0, Cs[n], N);
+                free(A), free(B);
+            }
+    mt_gemm_use_fp32_kernel(NULL);
+    mt_gemm_force_portable(0);
+}
+
+// The AVX-512 tile and the portable one sum each element by the same fused multiply-adds in the
+// same order: the same bits.
+static void test_fp32_tiles_same_bits(void) {
+    mt_gemm_use_fp32_kernel("avx512");
+    if (strcmp(mt_gemm_kernel(), "avx512 fp32") && strcmp(mt_gemm_kernel(), "openblas fp32"))
+        printf("     (no AVX-512 on this CPU: one fp32 tile, compared with itself)\n");
+    mt_gemm_use_fp32_kernel(NULL);
+    real *wide[SAME_BITS_CASES], *portable[SAME_BITS_CASES];
+    same_bits_run("avx512", wide);
+    same_bits_run("portable", portable);
+    for (int n = 0; n < SAME_BITS_CASES; n++) {
+        int s = n / 8, M = SAME_BITS_SHAPES[s][0], N = SAME_BITS_SHAPES[s][1];
+        CHECK(memcmp(wide[n], portable[n], (size_t)M * N * sizeof(real)) == 0, "case %d (%dx%dx%d): tiles differ", n,
+              M, N, SAME_BITS_SHAPES[s][2]);
+        free(wide[n]), free(portable[n]);
+    }
+}
+
+// The suite on one fp32 tile.
+static void run_all(const char *kernel) {
+    mt_gemm_use_fp32_kernel(kernel);
+    mt_gemm_force_portable(1);
+    printf("gemm backend: %s; portable kernel: %s\n", mt_gemm_backend(), mt_gemm_kernel());
+    mt_gemm_force_portable(0);
     RUN(test_odd_sizes_all_transposes);
     RUN(test_large_shapes);
     RUN(test_alpha_beta);
@@ -359,5 +408,11 @@ int main(void) {
     RUN(test_backends_agree);
     RUN(test_grouped);
     RUN(test_grouped_wgrad);
+}
+
+int main(void) {
+    run_all("portable");
+    run_all("avx512");  // the portable tile again where the CPU lacks AVX-512
+    RUN(test_fp32_tiles_same_bits);
     TESTS_DONE();
 }

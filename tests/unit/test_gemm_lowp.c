@@ -242,6 +242,14 @@ static void test_bf16_amx_near_the_contract(void) {
 
 static void test_fp16_emulation_is_the_contract(void) { check_kernel(GEMM_INPUTS_FP16, NULL, 0); }
 
+// The emulations on the portable fp32 tile as well as on AVX-512's (the default where the CPU has it).
+static void test_emulations_on_the_portable_tile(void) {
+    mt_gemm_use_fp32_kernel("portable");
+    check_kernel(GEMM_INPUTS_BF16, "emulated", 0);
+    check_kernel(GEMM_INPUTS_FP16, NULL, 0);
+    mt_gemm_use_fp32_kernel(NULL);
+}
+
 // The rounding itself: ties to even, subnormals, overflow.
 static void test_input_rounding(void) {
     CHECK(rounded(bits_float(0x3F808000u), GEMM_INPUTS_BF16) == bits_float(0x3F800000u), "bf16 tie to even (down)");
@@ -591,6 +599,7 @@ int main(void) {
     RUN(test_bf16_avx512_is_the_contract);
     RUN(test_bf16_amx_near_the_contract);
     RUN(test_fp16_emulation_is_the_contract);
+    RUN(test_emulations_on_the_portable_tile);
     RUN(test_thread_counts_agree);
     RUN(test_elements_whatever_their_tile);
     RUN(test_staged_c_same_bits);

@@ -17,12 +17,17 @@
 // with the same kernel wherever its tile lies, so the result does not depend on the
 // number of threads (only on KC, a compile-time constant).
 //
+// The fp32 micro-kernel comes in two tiles with the same arithmetic: the portable 6x16 (GCC
+// vectors, any CPU) and AVX-512's 6x32 (gemm_fma512.h) where the CPU has it; each sums an
+// element by the same fused multiply-adds in the same order, so they give the same bits.
+//
 // Low-precision inputs (mt_gemm_set_inputs, gemm_lowp.h): the same blocking and threads
 // with another GemmKernel — panels rounded to bf16 or fp16 as they are packed and the fp32
 // kernel (the emulation), or bf16 pair panels and the AVX-512 BF16 kernel; both sum each
 // element in the same order, so they agree bit for bit.
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm_lowp.h"
+#include "ops/cpu/gemm_fma512.h"
 #include "core/float_formats.h"
 
 #include <stdint.h>
@@ -356,26 +361,23 @@ STORE_ATTR static void tile_store_any(real *restrict C, size_t ldc, const real *
 // A vector that may sit at any real-aligned address (rows of C).
 typedef real vreal_u __attribute__((vector_size(VEC_BYTES), aligned(sizeof(real))));
 
-// Full MR x NR tile of tile_store_any, two vectors per row.
-STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real *restrict acc,
+// A whole tile of tile_store_any (mr x nr, nr a multiple of VL: fp32 tiles), vectors per row.
+STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real *restrict acc, int mr, int nr,
                                        real alpha, real beta) {
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < mr; i++) {
         vreal_u *c = (vreal_u *)(C + i * ldc);
-        const vreal *t = (const vreal *)(acc + i * NR);
-        if (beta == 0) {
-            c[0] = alpha * t[0];
-            c[1] = alpha * t[1];
-        } else {
-            c[0] = alpha * t[0] + beta * c[0];
-            c[1] = alpha * t[1] + beta * c[1];
-        }
+        const vreal *t = (const vreal *)(acc + i * nr);
+        if (beta == 0)
+            for (int v = 0; v < nr / VL; v++) c[v] = alpha * t[v];
+        else
+            for (int v = 0; v < nr / VL; v++) c[v] = alpha * t[v] + beta * c[v];
     }
 }
 #define PREFETCH_W(addr) __builtin_prefetch((addr), 1, 3)
 #else
-STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real *restrict acc,
+STORE_ATTR static void tile_store_full(real *restrict C, size_t ldc, const real *restrict acc, int mr, int nr,
                                        real alpha, real beta) {
-    tile_store_any(C, ldc, acc, NR, MR, NR, alpha, beta);
+    tile_store_any(C, ldc, acc, nr, mr, nr, alpha, beta);
 }
 #define PREFETCH_W(addr) ((void)0)
 #endif
@@ -403,7 +405,7 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
                          real *C, size_t ldc, real alpha, real beta) {
     _Alignas(64) real acc[GEMM_TILE_MAX];
     size_t lane_bytes = panel_depth(kern, kc) * kern->elem_bytes;  // one lane of a panel
-    int full_fp32_tile = kern->mr == MR && kern->nr == NR;
+    int vector_store = kern->elem_bytes == sizeof(real) && kern->nr % VL == 0;  // the fp32 tiles
     int into_c = kern->micro_into && alpha == 1 && (beta == 0 || beta == 1);
     for (int jr = 0; jr < nc; jr += kern->nr) {
         const char *b = Bp + (size_t)jr * lane_bytes;
@@ -420,7 +422,7 @@ static void macro_kernel(const GemmKernel *kern, int mc, int nc, int kc, const c
                 PREFETCH_W(c + i * ldc + nr - 1);
             }
             kern->micro(kc, Ap + (size_t)ir * lane_bytes, b, acc);
-            if (full_fp32_tile && mr == MR && nr == NR) tile_store_full(c, ldc, acc, alpha, beta);
+            if (vector_store && mr == kern->mr && nr == kern->nr) tile_store_full(c, ldc, acc, mr, nr, alpha, beta);
             else tile_store_any(c, ldc, acc, kern->nr, mr, nr, alpha, beta);
         }
     }
@@ -591,7 +593,8 @@ static void gemm_blas(int trans_a, int trans_b, int M, int N, int K, real alpha,
 
 // ---------------------------------------------------------------------------
 // Kernels: fp32, the emulations of 16-bit inputs (fp32 panels rounded as they are packed,
-// the fp32 micro-kernel), and bf16 on AVX-512 BF16.
+// the fp32 micro-kernel), each on the portable tile or AVX-512's, and bf16 on AVX-512 BF16 and
+// on AMX.
 // ---------------------------------------------------------------------------
 static void pack_fp32(void *dst, const void *src, Storage store, int w, int W, int kc, size_t s_w, size_t s_k) {
     pack_block(dst, src, store, w, W, kc, s_w, s_k);
@@ -629,6 +632,12 @@ static void micro_fp32_flushed(int kc, const void *a, const void *b, real *acc) 
     lowp_micro_fma_flushed(kc, a, b, acc);
 }
 
+static void micro_fp32_avx512(int kc, const void *a, const void *b, real *acc) { fma512_micro(kc, a, b, acc); }
+
+static void micro_fp32_avx512_flushed(int kc, const void *a, const void *b, real *acc) {
+    lowp_micro_fma512_flushed(kc, a, b, acc);
+}
+
 static void micro_bf16_avx512(int kc, const void *a, const void *b, real *acc) {
     lowp_micro_avx512bf16(kc, a, b, acc);
 }
@@ -651,6 +660,7 @@ static void micro_amx_into(int kc, const void *a, const void *b, real *C, size_t
     lowp_micro_amx(kc, a, b, C, ldc, accumulate);
 }
 
+#define FMA512_MC (24 * FMA512_MR)  // 144 rows, as MC
 #define AMX_MC (4 * LOWP_AMX_TILE)  // 128 rows: an A block of 128 x KC bf16 (64 KiB) in L2
 
 static const GemmKernel KERNEL_FP32 = {
@@ -663,6 +673,19 @@ static const GemmKernel KERNEL_BF16_EMULATED = {
 static const GemmKernel KERNEL_FP16_EMULATED = {
     .name = "fp16 emulated", .mr = MR, .nr = NR, .mc = MC, .elem_bytes = sizeof(real), .depth_align = 1,
     .transposed_lane_cost = 1, .pack_a = pack_fp16_emulated, .pack_b = pack_fp16_emulated, .micro = micro_fp32};
+// The same three on AVX-512's wider tile (gemm_fma512.h): the same bits.
+static const GemmKernel KERNEL_FP32_AVX512 = {
+    .name = "avx512 fp32", .mr = FMA512_MR, .nr = FMA512_NR, .mc = FMA512_MC, .elem_bytes = sizeof(real),
+    .depth_align = 1, .transposed_lane_cost = 1, .pack_a = pack_fp32, .pack_b = pack_fp32,
+    .micro = micro_fp32_avx512};
+static const GemmKernel KERNEL_BF16_EMULATED_AVX512 = {
+    .name = "bf16 emulated", .mr = FMA512_MR, .nr = FMA512_NR, .mc = FMA512_MC, .elem_bytes = sizeof(real),
+    .depth_align = 1, .transposed_lane_cost = 1, .pack_a = pack_bf16_emulated, .pack_b = pack_bf16_emulated,
+    .micro = micro_fp32_avx512_flushed};
+static const GemmKernel KERNEL_FP16_EMULATED_AVX512 = {
+    .name = "fp16 emulated", .mr = FMA512_MR, .nr = FMA512_NR, .mc = FMA512_MC, .elem_bytes = sizeof(real),
+    .depth_align = 1, .transposed_lane_cost = 1, .pack_a = pack_fp16_emulated, .pack_b = pack_fp16_emulated,
+    .micro = micro_fp32_avx512};
 static const GemmKernel KERNEL_BF16_AVX512 = {
     .name = "bf16 avx512-bf16", .mr = LOWP_MR, .nr = LOWP_BF16_NR, .mc = MC, .elem_bytes = sizeof(uint16_t),
     .depth_align = 2, .transposed_lane_cost = 1, .pack_a = pack_bf16_pairs_a, .pack_b = pack_bf16_pairs_b,
@@ -675,8 +698,21 @@ static const GemmKernel KERNEL_BF16_AMX = {
 // The inputs' rounding and its kernel: process-wide, set between GEMMs by the thread that
 // runs them.
 static GemmInputs g_inputs = GEMM_INPUTS_FP32;
-static const GemmKernel *g_kernel = &KERNEL_FP32;
+static const GemmKernel *g_kernel;       // kernel_for(g_inputs), made on first use (current_kernel)
 static const char *g_bf16_kernel_wanted;  // mt_gemm_use_bf16_kernel's, else NULL
+static const char *g_fp32_kernel_wanted;  // mt_gemm_use_fp32_kernel's, else NULL
+static int g_fp32_wide = -1;              // fp32_wide_choice's, made on first use
+
+// The fp32 tile (of fp32 inputs and of the 16-bit emulations): AVX-512's where the CPU has it,
+// else the portable one; MOETRON_GEMM_FP32 (avx512, portable) asks for one. Returns whether
+// it is AVX-512's.
+static int fp32_wide_choice(void) {
+    const char *env = getenv("MOETRON_GEMM_FP32");
+    const char *want = g_fp32_kernel_wanted ? g_fp32_kernel_wanted : env && env[0] ? env : "avx512";
+    if (strcmp(want, "avx512") && strcmp(want, "portable"))
+        mt_die("MOETRON_GEMM_FP32=%s: use avx512 or portable (or unset it)", want);
+    return !strcmp(want, "avx512") && fma512_available();
+}
 
 // bf16: AMX where the CPU has it, else AVX-512 BF16, else the emulation; MOETRON_GEMM_BF16
 // (amx, avx512-bf16, emulated) asks for one (falling back the same way when missing).
@@ -687,14 +723,15 @@ static const GemmKernel *bf16_kernel_choice(void) {
         mt_die("MOETRON_GEMM_BF16=%s: use amx, avx512-bf16 or emulated (or unset it)", want);
     if (!strcmp(want, "amx") && lowp_have_amx()) return &KERNEL_BF16_AMX;
     if (strcmp(want, "emulated") && lowp_have_avx512bf16()) return &KERNEL_BF16_AVX512;
-    return &KERNEL_BF16_EMULATED;
+    return g_fp32_wide ? &KERNEL_BF16_EMULATED_AVX512 : &KERNEL_BF16_EMULATED;
 }
 
 static const GemmKernel *g_bf16_kernel;  // bf16_kernel_choice's, made on first use
 
 static const GemmKernel *kernel_for(GemmInputs inputs) {
-    if (inputs == GEMM_INPUTS_FP16) return &KERNEL_FP16_EMULATED;
-    if (inputs == GEMM_INPUTS_FP32) return &KERNEL_FP32;
+    if (g_fp32_wide < 0) g_fp32_wide = fp32_wide_choice();
+    if (inputs == GEMM_INPUTS_FP16) return g_fp32_wide ? &KERNEL_FP16_EMULATED_AVX512 : &KERNEL_FP16_EMULATED;
+    if (inputs == GEMM_INPUTS_FP32) return g_fp32_wide ? &KERNEL_FP32_AVX512 : &KERNEL_FP32;
     if (!g_bf16_kernel) g_bf16_kernel = bf16_kernel_choice();
     return g_bf16_kernel;
 }
@@ -715,9 +752,25 @@ void mt_gemm_use_bf16_kernel(const char *name) {
     g_kernel = kernel_for(g_inputs);
 }
 
+void mt_gemm_use_fp32_kernel(const char *name) {
+    g_fp32_kernel_wanted = name;
+    g_fp32_wide = -1;
+    g_bf16_kernel = NULL;
+    g_kernel = kernel_for(g_inputs);
+}
+
+static const GemmKernel *current_kernel(void) {
+    if (!g_kernel) g_kernel = kernel_for(g_inputs);
+    return g_kernel;
+}
+
+// Whether kern takes fp32 inputs as they are (the portable tile or AVX-512's).
+static int is_fp32_kernel(const GemmKernel *kern) { return kern == &KERNEL_FP32 || kern == &KERNEL_FP32_AVX512; }
+
 const char *mt_gemm_kernel(void) {
-    if (g_kernel == &KERNEL_FP32 && backend_get() == BACKEND_BLAS) return "openblas fp32";
-    return g_kernel->name;
+    const GemmKernel *kern = current_kernel();
+    if (is_fp32_kernel(kern) && backend_get() == BACKEND_BLAS) return "openblas fp32";
+    return kern->name;
 }
 
 // ---------------------------------------------------------------------------
@@ -728,7 +781,7 @@ const char *mt_gemm_kernel(void) {
 // and inputs when it is the backend).
 static int uses_blas(const GemmKernel *kern, Storage a_store, Storage b_store, Storage c_store) {
 #ifdef MT_HAVE_CBLAS
-    return kern == &KERNEL_FP32 && a_store == STORE_FP32 && b_store == STORE_FP32 && c_store == STORE_FP32 &&
+    return is_fp32_kernel(kern) && a_store == STORE_FP32 && b_store == STORE_FP32 && c_store == STORE_FP32 &&
            backend_get() == BACKEND_BLAS;
 #else
     (void)kern, (void)a_store, (void)b_store, (void)c_store;
@@ -788,13 +841,13 @@ static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, i
 
 void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
              const real *B, int ldb, real beta, real *C, int ldc) {
-    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, STORE_FP32,
+    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, STORE_FP32,
               ldc);
 }
 
 void cpu_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,
                      const void *B, Storage b_store, int ldb, real beta, void *C, Storage c_store, int ldc) {
-    gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
+    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
 }
 
 // ---------------------------------------------------------------------------
@@ -867,11 +920,11 @@ typedef struct {
 static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A,
                         Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta, void *C,
                         Storage c_store, int ldc) {
-    if (uses_blas(g_kernel, a_store, b_store, c_store)) {
-        gemm_with(g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
+    if (uses_blas(current_kernel(), a_store, b_store, c_store)) {
+        gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
         return;
     }
-    if (gemm_prepare(&run->probs[run->count], g_kernel, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store,
+    if (gemm_prepare(&run->probs[run->count], current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store,
                      ldb, beta, C, c_store, ldc))
         run->count++;
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/float_formats.h"
+#include "ops/cpu/gemm_fma512.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -317,20 +318,40 @@ static int have_fma(void) {
 }
 #endif
 
-void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc) {
+// Flush-to-zero and denormals-are-zero on (returns the mode to restore), where the CPU has them.
+static unsigned flush_begin(void) {
 #if LOWP_X86
     unsigned saved = _mm_getcsr();
     _mm_setcsr(saved | MXCSR_FLUSH_TO_ZERO | MXCSR_DENORMALS_ARE_ZERO);
+    return saved;
+#else
+    return 0;
 #endif
+}
+
+static void flush_end(unsigned saved) {
+#if LOWP_X86
+    _mm_setcsr(saved);
+#else
+    (void)saved;
+#endif
+}
+
+void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc) {
+    unsigned saved = flush_begin();
 #if LOWP_X86 && !defined(MT_DOUBLE)
     if (have_fma()) micro_fma_avx2(kc, a, b, acc);
     else micro_fma_scalar(kc, a, b, acc);
 #else
     micro_fma_scalar(kc, a, b, acc);
 #endif
-#if LOWP_X86
-    _mm_setcsr(saved);
-#endif
+    flush_end(saved);
+}
+
+void lowp_micro_fma512_flushed(int kc, const real *a, const real *b, real *acc) {
+    unsigned saved = flush_begin();
+    fma512_micro(kc, a, b, acc);
+    flush_end(saved);
 }
 
 // ---- AMX-BF16 -------------------------------------------------------------------------------

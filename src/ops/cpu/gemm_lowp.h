@@ -2,8 +2,8 @@
 // --fp16; gemm.h has the contract): rounding packed fp32 panels in place (the emulation,
 // which then runs the fp32 micro-kernel), packing bf16 pairs for the AVX-512 BF16
 // micro-kernel, that kernel, and whether the CPU has it. gemm.c owns the blocking and
-// the threads; the emulation's tile is gemm.c's MR x NR (6 x 16 fp32), the AVX-512 BF16
-// kernel's LOWP_MR x LOWP_BF16_NR (6 x 32).
+// the threads; the emulation's tile is gemm.c's MR x NR (6 x 16 fp32) or, where the CPU has
+// AVX-512, gemm_fma512.h's (6 x 32); the AVX-512 BF16 kernel's LOWP_MR x LOWP_BF16_NR (6 x 32).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -56,6 +56,9 @@ int lowp_have_avx512bf16(void);
 // rounds; the caller's floating-point mode is restored. On CPUs without such a mode (not
 // x86) it runs unflushed.
 void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc);
+// The same sums on gemm_fma512.h's tile (panels [kc][FMA512_MR] and [kc][FMA512_NR]), flushed
+// alike. Only call when fma512_available().
+void lowp_micro_fma512_flushed(int kc, const real *a, const real *b, real *acc);
 
 // ---- AMX-BF16 (tile matrix multiply) --------------------------------------------------------
 // A micro-tile of 32 x 32 (2 x 2 hardware tiles of 16 x 16 fp32), depth in steps of 32.
