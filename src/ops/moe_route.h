@@ -51,18 +51,34 @@ ROUTE_FN void route_aux_score_row(double *aux, const double *s, int E, ScoreFunc
     for (int e = 0; e < E; e++) aux[e] = s[e] / norm;
 }
 
+// Whether e is one of idx[0, j).
+ROUTE_FN int route_picked(const int32_t *idx, int j, int e) {
+    for (int i = 0; i < j; i++)
+        if (idx[i] == e) return 1;
+    return 0;
+}
+
+// The experts route_topk keeps a bit of when they are picked (up to this many, in 128 bytes):
+// more are looked up in the picks so far.
+enum { ROUTE_PICKED_BITS = 1024 };
+
 // The k largest of values (E) among allowed ones (NULL: all), descending, lowest index
-// on ties; −1 where fewer than k are allowed.
+// on ties; −1 where fewer than k are allowed. Round j takes the first allowed expert not
+// picked yet and then each later one whose value is larger (so a NaN value is passed over
+// unless it comes first).
 ROUTE_FN void route_topk(int32_t *idx, const double *values, const unsigned char *allowed, int E, int k) {
+    uint64_t picked[ROUTE_PICKED_BITS / 64] = {0};
+    int bits = E <= ROUTE_PICKED_BITS;
     for (int j = 0; j < k; j++) {
         int best = -1;
+        double best_value = 0;  // values[best]
         for (int e = 0; e < E; e++) {
             if (allowed && !allowed[e]) continue;
-            int taken = 0;
-            for (int i = 0; i < j && !taken; i++) taken = idx[i] == e;
-            if (!taken && (best < 0 || values[e] > values[best])) best = e;
+            if (bits ? (picked[e / 64] >> (e % 64)) & 1 : route_picked(idx, j, e)) continue;
+            if (best < 0 || values[e] > best_value) best = e, best_value = values[e];
         }
         idx[j] = best;
+        if (bits && best >= 0) picked[best / 64] |= (uint64_t)1 << (best % 64);
     }
 }
 
