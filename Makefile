@@ -15,7 +15,10 @@ PYTHON  ?= python3
 BUILD   ?= build
 
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wno-sign-compare
-OPT     := -O3 -march=native -g  # -g: strict memory names the line of a host access
+# -g: strict memory names the line of a host access. -mprefer-vector-width=512: the vectorized
+# loops (SwiGLU, norms, the loss, AdamW) in 512-bit registers where the CPU has them (GCC's
+# default there is 256); the same results (no reduction is reordered), ~2% of a --bf16 step.
+OPT     := -O3 -march=native -mprefer-vector-width=512 -g
 ifdef DEBUG
 OPT     := -O0 -g
 else ifdef SANITIZE
