@@ -11,6 +11,8 @@
 #     the learning-rate schedule held, the scale backs off after --hysteresis overflows, and
 #     the run then trains; a resume across overflows is bit-identical to the run straight
 #     through (the scaler's state and the held schedule are saved);
+#   * the fp32 tiles (AVX-512's, the portable one) train bit for bit alike, fp32 and the
+#     bf16 emulation;
 #   * bad values and combinations get one error line.
 # The scale sequence itself is checked against megatron-core's DynamicGradScaler in
 # tests/conformance/megatron_loss_scaler.py.
@@ -69,6 +71,14 @@ run "$work/bf16_again" -- --train-iters 10 --bf16 || true
 run "$work/bf16_emulated" MOETRON_GEMM_BF16=emulated -- --train-iters 10 --bf16 || true
 run "$work/bf16_avx512" MOETRON_GEMM_BF16=avx512-bf16 -- --train-iters 10 --bf16 || true
 same mixed_bf16_rerun_identical "$work/bf16" "$work/bf16_again"
+# the fp32 tiles (AVX-512's where the CPU has it, the portable one) give the same bits, so do the
+# emulation's on each
+run "$work/fp32_portable" MOETRON_GEMM_FP32=portable -- --train-iters 10 || true
+run "$work/bf16_emulated_portable" MOETRON_GEMM_BF16=emulated MOETRON_GEMM_FP32=portable -- --train-iters 10 --bf16 || true
+grep -q "(gemm: portable fp32)" "$work/fp32_portable/out" && ok mixed_fp32_portable_named ||
+    fail mixed_fp32_portable_named "banner: $(grep -o '(gemm: [^)]*)' "$work/fp32_portable/out")"
+same mixed_fp32_tiles_identical "$work/fp32" "$work/fp32_portable"
+same mixed_bf16_emulation_tiles_identical "$work/bf16_emulated" "$work/bf16_emulated_portable"
 kernel=$(sed -n 's/.*(gemm: \([^)]*\)).*/\1/p' "$work/bf16_avx512/out")
 if [ "$kernel" = "bf16 avx512-bf16" ]; then
     same mixed_bf16_avx512_is_the_emulation "$work/bf16_emulated" "$work/bf16_avx512"
@@ -349,3 +359,5 @@ expect_error mixed_window_fraction "--loss-scale-window 2.5: use a whole number 
 expect_error mixed_hysteresis_zero "hysteresis" -- "$M" train "${TINY[@]}" --train-iters 1 --fp16 --hysteresis 0
 expect_error mixed_bf16_kernel_env "MOETRON_GEMM_BF16=fast: use amx, avx512-bf16 or emulated" -- \
     env MOETRON_GEMM_BF16=fast "$M" train "${TINY[@]}" --train-iters 1 --bf16
+expect_error mixed_fp32_kernel_env "MOETRON_GEMM_FP32=fast: use avx512 or portable" -- \
+    env MOETRON_GEMM_FP32=fast "$M" train "${TINY[@]}" --train-iters 1
