@@ -15,6 +15,7 @@
 
 #include "core/rng.h"
 #include "moe/router.h"
+#include "ops/moe_route.h"
 #include "testlib.h"
 
 #define FD_EPS 1e-6
@@ -970,6 +971,50 @@ static void test_expert_bias_update(void) {
     CHECK(b4[0] == (real)0.1 && b4[1] == (real)-0.1, "sign step: %g %g", (double)b4[0], (double)b4[1]);
 }
 
+// route_topk against its definition, written out plainly: each round the first allowed expert
+// not picked yet, then each later one whose value is larger; -1 when none is left. Ties, NaNs
+// and masks, on expert counts whose picks route_topk keeps as bits and on larger ones, where it
+// looks them up in the picks so far.
+static void reference_topk(int32_t *idx, const double *values, const unsigned char *allowed, int E, int k) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int picked = 0;
+            for (int i = 0; i < j; i++) picked |= idx[i] == e;
+            if ((allowed && !allowed[e]) || picked) continue;
+            if (best < 0 || values[e] > values[best]) best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+static void test_route_topk_definition(void) {
+    static const int sizes[] = {1, 7, 64, ROUTE_PICKED_BITS, ROUTE_PICKED_BITS + 1, 1500};
+    enum { K_MAX = 9, CASES = 4 };
+    Rng rng;
+    rng_seed(&rng, 21);
+    int bad = 0;
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (int c = 0; c < CASES; c++) {
+            int E = sizes[s], k = MT_MIN(E, K_MAX);
+            double *values = mt_malloc((size_t)E * sizeof(double));
+            unsigned char *allowed = mt_malloc((size_t)E);
+            for (int e = 0; e < E; e++) {
+                values[e] = (double)rng_below(&rng, 16) / 4;  // many ties
+                if (c >= 2 && rng_below(&rng, 5) == 0) values[e] = NAN;
+                allowed[e] = rng_below(&rng, 3) != 0;
+            }
+            if (c == 3) values[0] = NAN;  // a NaN first: picked in the first round
+            const unsigned char *mask = c % 2 ? allowed : NULL;
+            int32_t got[K_MAX], want[K_MAX];
+            route_topk(got, values, mask, E, k);
+            reference_topk(want, values, mask, E, k);
+            bad += memcmp(got, want, (size_t)k * sizeof(int32_t)) != 0;
+            free(values), free(allowed);
+        }
+    CHECK(bad == 0, "route_topk differs from its definition in %d cases", bad);
+}
+
 int main(void) {
     RUN(test_softmax_post_golden);
     RUN(test_softmax_pre_golden);
@@ -997,5 +1042,6 @@ int main(void) {
     RUN(test_fd_capacity);
     RUN(test_fd_loss_scale);
     RUN(test_expert_bias_update);
+    RUN(test_route_topk_definition);
     TESTS_DONE();
 }
