@@ -81,10 +81,19 @@ void cpu_embedding_forward(real *out, const int32_t *tokens, const real *table, 
 
 void cpu_embedding_backward(real *dtable, const real *dout, const int32_t *tokens, int N, int C) {
     PROF_SCOPE(PROF_EMBEDDING);
-    // Parallel over channels, tokens in order: deterministic without atomics.
-#pragma omp parallel for schedule(static) if (C >= 64)
-    for (int c = 0; c < C; c++)
-        for (int n = 0; n < N; n++) dtable[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+    // Parallel over blocks of channels, tokens in order within each: every element sums its
+    // tokens in order (deterministic without atomics), a token's block of channels at a time.
+    enum { CHANNELS = 64 };  // a block: contiguous in dout's and dtable's rows
+    int blocks = (C + CHANNELS - 1) / CHANNELS;
+#pragma omp parallel for schedule(static) if (C >= 2 * CHANNELS)
+    for (int b = 0; b < blocks; b++) {
+        int c0 = b * CHANNELS, c1 = MT_MIN(C, c0 + CHANNELS);
+        for (int n = 0; n < N; n++) {
+            real *row = dtable + (size_t)tokens[n] * C;
+            const real *grad = dout + (size_t)n * C;
+            for (int c = c0; c < c1; c++) row[c] += grad[c];
+        }
+    }
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------
