@@ -494,7 +494,8 @@ static void gemm_rect(const GemmProblem *p, int m0, int m1, int n0, int n1) {
         int nc = MT_MIN(NC, n1 - jc);
         for (int pg = 0; pg < p->K; pg += group * KC) {
             int pend = MT_MIN(p->K, pg + group * KC);
-            for (int pc = pg; pc < pend; pc += KC) pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block);
+            for (int pc = pg; pc < pend; pc += KC)
+                pack_b(p, pc, MT_MIN(KC, p->K - pc), jc, nc, Bp + (pc - pg) / KC * b_block);
             for (int ic = m0; ic < m1; ic += kern->mc) {
                 int mc = MT_MIN(kern->mc, m1 - ic);
                 real *c = staged ? staging : (real *)p->C + (size_t)ic * p->ldc + jc;
@@ -841,13 +842,14 @@ static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, i
 
 void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
              const real *B, int ldb, real beta, real *C, int ldc) {
-    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C, STORE_FP32,
-              ldc);
+    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C,
+              STORE_FP32, ldc);
 }
 
 void cpu_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,
                      const void *B, Storage b_store, int ldb, real beta, void *C, Storage c_store, int ldc) {
-    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
+    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store,
+              ldc);
 }
 
 // ---------------------------------------------------------------------------
@@ -921,11 +923,12 @@ static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N,
                         Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta, void *C,
                         Storage c_store, int ldc) {
     if (uses_blas(current_kernel(), a_store, b_store, c_store)) {
-        gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
+        gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C,
+                  c_store, ldc);
         return;
     }
-    if (gemm_prepare(&run->probs[run->count], current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store,
-                     ldb, beta, C, c_store, ldc))
+    if (gemm_prepare(&run->probs[run->count], current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B,
+                     b_store, ldb, beta, C, c_store, ldc))
         run->count++;
 }
 
