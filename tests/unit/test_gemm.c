@@ -350,15 +350,21 @@ static void test_grouped_wgrad(void) {
 
 // C of every transpose combination, block-crossing and edge shapes, alpha/beta, on the fp32 tile
 // `kernel` (mt_gemm_use_fp32_kernel) of the portable backend, into Cs (one after the other).
-static const int SAME_BITS_SHAPES[][3] = {{1, 1, 1}, {7, 33, 5}, {37, 100, 300}, {200, 67, 517}, {300, 300, 256}};
-enum { SAME_BITS_CASES = 5 * 4 * 2 };
+enum {
+    SAME_BITS_SHAPE_COUNT = 5,
+    TRANSPOSES = 4,                        // (ta, tb) = (t >> 1, t & 1)
+    CASES_PER_SHAPE = TRANSPOSES * 2,      // beta 0 and 1
+    SAME_BITS_CASES = SAME_BITS_SHAPE_COUNT * CASES_PER_SHAPE,
+};
+static const int SAME_BITS_SHAPES[SAME_BITS_SHAPE_COUNT][3] = {
+    {1, 1, 1}, {7, 33, 5}, {37, 100, 300}, {200, 67, 517}, {300, 300, 256}};
 
 static void same_bits_run(const char *kernel, real **Cs) {
     mt_gemm_force_portable(1);
     mt_gemm_use_fp32_kernel(kernel);
     int n = 0;
-    for (int s = 0; s < 5; s++)
-        for (int t = 0; t < 4; t++)
+    for (int s = 0; s < SAME_BITS_SHAPE_COUNT; s++)
+        for (int t = 0; t < TRANSPOSES; t++)
             for (int accumulate = 0; accumulate < 2; accumulate++, n++) {
                 int M = SAME_BITS_SHAPES[s][0], N = SAME_BITS_SHAPES[s][1], K = SAME_BITS_SHAPES[s][2];
                 real *A = mt_malloc((size_t)M * K * sizeof(real)), *B = mt_malloc((size_t)K * N * sizeof(real));
@@ -385,7 +391,7 @@ static void test_fp32_tiles_same_bits(void) {
     same_bits_run("avx512", wide);
     same_bits_run("portable", portable);
     for (int n = 0; n < SAME_BITS_CASES; n++) {
-        int s = n / 8, M = SAME_BITS_SHAPES[s][0], N = SAME_BITS_SHAPES[s][1];
+        int s = n / CASES_PER_SHAPE, M = SAME_BITS_SHAPES[s][0], N = SAME_BITS_SHAPES[s][1];
         CHECK(memcmp(wide[n], portable[n], (size_t)M * N * sizeof(real)) == 0, "case %d (%dx%dx%d): tiles differ", n,
               M, N, SAME_BITS_SHAPES[s][2]);
         free(wide[n]), free(portable[n]);
