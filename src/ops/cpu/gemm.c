@@ -17,9 +17,11 @@
 // with the same kernel wherever its tile lies, so the result does not depend on the
 // number of threads (only on KC, a compile-time constant).
 //
-// The fp32 micro-kernel comes in two tiles with the same arithmetic: the portable 6x16 (GCC
-// vectors, any CPU) and AVX-512's 6x32 (gemm_fma512.h) where the CPU has it; each sums an
-// element by the same fused multiply-adds in the same order, so they give the same bits.
+// The fp32 micro-kernel comes in two tiles with the same arithmetic: the portable 6x16 (AVX2's
+// fused multiply-adds written out where the CPU has them, GCC vectors elsewhere) and AVX-512's
+// 6x32 (gemm_fma512.h) where the CPU has it; each sums an element by the same fused
+// multiply-adds in the same order, so they give the same bits, in any build. (A CPU without
+// FMA instructions multiplies and adds: its own bits.)
 //
 // Low-precision inputs (mt_gemm_set_inputs, gemm_lowp.h): the same blocking and threads
 // with another GemmKernel — panels rounded to bf16 or fp16 as they are packed and the fp32
@@ -627,7 +629,12 @@ static void pack_bf16_pairs_b(void *dst, const void *src, Storage store, int w, 
     lowp_pack_bf16_pairs(dst, src, store, w, W, kc, s_w, s_k, LOWP_PAD_B);
 }
 
-static void micro_fp32(int kc, const void *a, const void *b, real *acc) { micro_kernel(kc, a, b, acc); }
+// Explicit fused multiply-adds where the CPU has them (the same bits in any build, as the
+// AVX-512 tile's), else the GCC-vector kernel (a CPU without FMA, a double-precision build).
+static void micro_fp32(int kc, const void *a, const void *b, real *acc) {
+    if (lowp_have_fma()) lowp_micro_fma(kc, a, b, acc);
+    else micro_kernel(kc, a, b, acc);
+}
 
 static void micro_fp32_flushed(int kc, const void *a, const void *b, real *acc) {
     lowp_micro_fma_flushed(kc, a, b, acc);

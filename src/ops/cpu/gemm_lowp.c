@@ -294,6 +294,7 @@ enum { AVX2_FLOATS = 8 };
 __attribute__((target("avx2,fma"))) static void micro_fma_avx2(int kc, const real *a, const real *b, real *acc) {
     __m256 c[LOWP_MR][2];
     for (int i = 0; i < LOWP_MR; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
+#pragma GCC unroll 2
     for (int k = 0; k < kc; k++, a += LOWP_MR, b += LOWP_NR) {
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + AVX2_FLOATS);
         for (int i = 0; i < LOWP_MR; i++) {
@@ -315,6 +316,17 @@ static int have_fma(void) {
         known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return known;
+}
+
+int lowp_have_fma(void) { return have_fma(); }
+
+void lowp_micro_fma(int kc, const real *a, const real *b, real *acc) { micro_fma_avx2(kc, a, b, acc); }
+#else
+int lowp_have_fma(void) { return 0; }
+
+void lowp_micro_fma(int kc, const real *a, const real *b, real *acc) {
+    (void)kc, (void)a, (void)b, (void)acc;
+    mt_die("internal error: the AVX2 FMA GEMM kernel called on a CPU or build without it (please report)");
 }
 #endif
 

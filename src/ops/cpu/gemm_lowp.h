@@ -56,6 +56,11 @@ int lowp_have_avx512bf16(void);
 // rounds; the caller's floating-point mode is restored. On CPUs without such a mode (not
 // x86) it runs unflushed.
 void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc);
+// The same sums in the caller's floating-point mode with AVX2's fused multiply-adds (the fp32
+// kernel on x86: explicit, so that they are fused whatever the build's flags and optimisation
+// level). Only call when lowp_have_fma() (an x86 CPU with AVX2 and FMA, fp32 reals).
+void lowp_micro_fma(int kc, const real *a, const real *b, real *acc);
+int lowp_have_fma(void);
 // The same sums on gemm_fma512.h's tile (panels [kc][FMA512_MR] and [kc][FMA512_NR]), flushed
 // alike. Only call when fma512_available().
 void lowp_micro_fma512_flushed(int kc, const real *a, const real *b, real *acc);
