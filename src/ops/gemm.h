@@ -46,7 +46,8 @@ GemmInputs mt_gemm_inputs(void);
 // The kernel the next mt_gemm uses, for the banner: "avx512 fp32" or "portable fp32" (or
 // "openblas fp32"), "bf16 amx", "bf16 avx512-bf16", "bf16 emulated", "fp16 emulated". fp32 and
 // the 16-bit emulations run on an AVX-512 tile where the CPU has AVX-512 F, else on the
-// portable one; MOETRON_GEMM_FP32 (read at the first mt_gemm_set_inputs) or
+// portable one; MOETRON_GEMM_FP32 (read at the first kernel choice: the first
+// mt_gemm_set_inputs or GEMM, and again after mt_gemm_use_fp32_kernel) or
 // mt_gemm_use_fp32_kernel asks for "avx512" or "portable" (NULL: the default): the same bits
 // either way. bf16 runs on AMX-BF16
 // where the CPU has it, else on AVX-512 BF16, else emulated; MOETRON_GEMM_BF16 (read at
