@@ -18,8 +18,8 @@
 // number of threads (only on KC, a compile-time constant).
 //
 // The fp32 micro-kernel comes in two tiles with the same arithmetic: the portable 6x16 (AVX2's
-// fused multiply-adds written out where the CPU has them, GCC vectors elsewhere) and AVX-512's
-// 6x32 (gemm_fma512.h) where the CPU has it; each sums an element by the same fused
+// fused multiply-adds written out where the CPU has them, gemm_fma.h; GCC vectors elsewhere) and
+// AVX-512's 6x32 (gemm_fma.h) where the CPU has it; each sums an element by the same fused
 // multiply-adds in the same order, so they give the same bits, in any build. (A CPU without
 // FMA instructions multiplies and adds: its own bits.)
 //
@@ -29,7 +29,7 @@
 // element in the same order, so they agree bit for bit.
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/gemm_lowp.h"
-#include "ops/cpu/gemm_fma512.h"
+#include "ops/cpu/gemm_fma.h"
 #include "core/float_formats.h"
 
 #include <stdint.h>
@@ -629,10 +629,14 @@ static void pack_bf16_pairs_b(void *dst, const void *src, Storage store, int w, 
     lowp_pack_bf16_pairs(dst, src, store, w, W, kc, s_w, s_k, LOWP_PAD_B);
 }
 
+#ifndef MT_DOUBLE
+_Static_assert(FMA_MR == MR && FMA_NR == NR, "gemm_fma.h's AVX2 tile is the portable fp32 tile");
+#endif
+
 // Explicit fused multiply-adds where the CPU has them (the same bits in any build, as the
 // AVX-512 tile's), else the GCC-vector kernel (a CPU without FMA, a double-precision build).
 static void micro_fp32(int kc, const void *a, const void *b, real *acc) {
-    if (lowp_have_fma()) lowp_micro_fma(kc, a, b, acc);
+    if (fma_have_avx2()) fma_micro_avx2(kc, a, b, acc);
     else micro_kernel(kc, a, b, acc);
 }
 
@@ -640,7 +644,9 @@ static void micro_fp32_flushed(int kc, const void *a, const void *b, real *acc) 
     lowp_micro_fma_flushed(kc, a, b, acc);
 }
 
-static void micro_fp32_avx512(int kc, const void *a, const void *b, real *acc) { fma512_micro(kc, a, b, acc); }
+static void micro_fp32_avx512(int kc, const void *a, const void *b, real *acc) {
+    fma_micro_avx512(kc, a, b, acc);
+}
 
 static void micro_fp32_avx512_flushed(int kc, const void *a, const void *b, real *acc) {
     lowp_micro_fma512_flushed(kc, a, b, acc);
@@ -681,7 +687,7 @@ static const GemmKernel KERNEL_BF16_EMULATED = {
 static const GemmKernel KERNEL_FP16_EMULATED = {
     .name = "fp16 emulated", .mr = MR, .nr = NR, .mc = MC, .elem_bytes = sizeof(real), .depth_align = 1,
     .transposed_lane_cost = 1, .pack_a = pack_fp16_emulated, .pack_b = pack_fp16_emulated, .micro = micro_fp32};
-// The same three on AVX-512's wider tile (gemm_fma512.h): the same bits.
+// The same three on AVX-512's wider tile (gemm_fma.h): the same bits.
 static const GemmKernel KERNEL_FP32_AVX512 = {
     .name = "avx512 fp32", .mr = FMA512_MR, .nr = FMA512_NR, .mc = FMA512_MC, .elem_bytes = sizeof(real),
     .depth_align = 1, .transposed_lane_cost = 1, .pack_a = pack_fp32, .pack_b = pack_fp32,
@@ -719,7 +725,7 @@ static int fp32_wide_choice(void) {
     const char *want = g_fp32_kernel_wanted ? g_fp32_kernel_wanted : env && env[0] ? env : "avx512";
     if (strcmp(want, "avx512") && strcmp(want, "portable"))
         mt_die("MOETRON_GEMM_FP32=%s: use avx512 or portable (or unset it)", want);
-    return !strcmp(want, "avx512") && fma512_available();
+    return !strcmp(want, "avx512") && fma_have_avx512();
 }
 
 // bf16: AMX where the CPU has it, else AVX-512 BF16, else the emulation; MOETRON_GEMM_BF16

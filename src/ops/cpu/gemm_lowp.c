@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/float_formats.h"
-#include "ops/cpu/gemm_fma512.h"
+#include "ops/cpu/gemm_fma.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -287,49 +287,6 @@ static void micro_fma_scalar(int kc, const real *a, const real *b, real *acc) {
     memcpy(acc, c, sizeof c);
 }
 
-#if LOWP_X86 && !defined(MT_DOUBLE)
-enum { AVX2_FLOATS = 8 };
-
-// The same sums with AVX2 FMA instructions: two 8-float vectors per row of the tile.
-__attribute__((target("avx2,fma"))) static void micro_fma_avx2(int kc, const real *a, const real *b, real *acc) {
-    __m256 c[LOWP_MR][2];
-    for (int i = 0; i < LOWP_MR; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
-#pragma GCC unroll 2
-    for (int k = 0; k < kc; k++, a += LOWP_MR, b += LOWP_NR) {
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + AVX2_FLOATS);
-        for (int i = 0; i < LOWP_MR; i++) {
-            __m256 ai = _mm256_set1_ps(a[i]);
-            c[i][0] = _mm256_fmadd_ps(ai, b0, c[i][0]);
-            c[i][1] = _mm256_fmadd_ps(ai, b1, c[i][1]);
-        }
-    }
-    for (int i = 0; i < LOWP_MR; i++) {
-        _mm256_storeu_ps(acc + i * LOWP_NR, c[i][0]);
-        _mm256_storeu_ps(acc + i * LOWP_NR + AVX2_FLOATS, c[i][1]);
-    }
-}
-
-static int have_fma(void) {
-    static int known = -1;  // asked once; racing first calls compute the same
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return known;
-}
-
-int lowp_have_fma(void) { return have_fma(); }
-
-void lowp_micro_fma(int kc, const real *a, const real *b, real *acc) { micro_fma_avx2(kc, a, b, acc); }
-#else
-int lowp_have_fma(void) { return 0; }
-
-void lowp_micro_fma(int kc, const real *a, const real *b, real *acc) {
-    (void)kc, (void)a, (void)b, (void)acc;
-    mt_die("internal error: the AVX2 FMA GEMM kernel called on a CPU or build without it (please report)");
-}
-#endif
-
 // Flush-to-zero and denormals-are-zero on (returns the mode to restore), where the CPU has them.
 static unsigned flush_begin(void) {
 #if LOWP_X86
@@ -351,18 +308,14 @@ static void flush_end(unsigned saved) {
 
 void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc) {
     unsigned saved = flush_begin();
-#if LOWP_X86 && !defined(MT_DOUBLE)
-    if (have_fma()) micro_fma_avx2(kc, a, b, acc);
+    if (fma_have_avx2()) fma_micro_avx2(kc, a, b, acc);
     else micro_fma_scalar(kc, a, b, acc);
-#else
-    micro_fma_scalar(kc, a, b, acc);
-#endif
     flush_end(saved);
 }
 
 void lowp_micro_fma512_flushed(int kc, const real *a, const real *b, real *acc) {
     unsigned saved = flush_begin();
-    fma512_micro(kc, a, b, acc);
+    fma_micro_avx512(kc, a, b, acc);
     flush_end(saved);
 }
 

@@ -3,7 +3,7 @@
 // which then runs the fp32 micro-kernel), packing bf16 pairs for the AVX-512 BF16
 // micro-kernel, that kernel, and whether the CPU has it. gemm.c owns the blocking and
 // the threads; the emulation's tile is gemm.c's MR x NR (6 x 16 fp32) or, where the CPU has
-// AVX-512, gemm_fma512.h's (6 x 32); the AVX-512 BF16 kernel's LOWP_MR x LOWP_BF16_NR (6 x 32).
+// AVX-512, gemm_fma.h's (6 x 32); the AVX-512 BF16 kernel's LOWP_MR x LOWP_BF16_NR (6 x 32).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -56,13 +56,8 @@ int lowp_have_avx512bf16(void);
 // rounds; the caller's floating-point mode is restored. On CPUs without such a mode (not
 // x86) it runs unflushed.
 void lowp_micro_fma_flushed(int kc, const real *a, const real *b, real *acc);
-// The same sums in the caller's floating-point mode with AVX2's fused multiply-adds (the fp32
-// kernel on x86: explicit, so that they are fused whatever the build's flags and optimisation
-// level). Only call when lowp_have_fma() (an x86 CPU with AVX2 and FMA, fp32 reals).
-void lowp_micro_fma(int kc, const real *a, const real *b, real *acc);
-int lowp_have_fma(void);
-// The same sums on gemm_fma512.h's tile (panels [kc][FMA512_MR] and [kc][FMA512_NR]), flushed
-// alike. Only call when fma512_available().
+// The same sums on gemm_fma.h's AVX-512 tile (panels [kc][FMA512_MR] and [kc][FMA512_NR]),
+// flushed alike. Only call when fma_have_avx512().
 void lowp_micro_fma512_flushed(int kc, const real *a, const real *b, real *acc);
 
 // ---- AMX-BF16 (tile matrix multiply) --------------------------------------------------------
