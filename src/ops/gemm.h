@@ -50,9 +50,13 @@ GemmInputs mt_gemm_inputs(void);
 // mt_gemm_set_inputs or GEMM, and again after mt_gemm_use_fp32_kernel) or
 // mt_gemm_use_fp32_kernel asks for "avx512" or "portable" (NULL: the default): the same bits
 // either way. bf16 runs on AMX-BF16
-// where the CPU has it, else on AVX-512 BF16, else emulated; MOETRON_GEMM_BF16 (read at
-// mt_gemm_set_inputs) or mt_gemm_use_bf16_kernel asks for one of "amx", "avx512-bf16" or
-// "emulated" (falling back the same way when the CPU lacks it; NULL: the default). The
+// where the CPU has it; else each orientation (trans_a, trans_b) on whichever of AVX-512 BF16
+// and the emulation ran a GEMM of it faster when the choice was made (measured at the first
+// mt_gemm_set_inputs of bf16; where the CPU lacks AVX-512 BF16, the emulation);
+// MOETRON_GEMM_BF16 (read then) or mt_gemm_use_bf16_kernel asks for one of "amx", "portable"
+// (the measured choice, never AMX), "avx512-bf16" or "emulated" (falling back the same way
+// when the CPU lacks it; NULL: the default). When the orientations' kernels differ the name
+// lists them: "bf16 NN emulated, NT avx512-bf16, TN emulated, TT emulated". The
 // AVX-512 BF16 kernel and the emulation give the same bits; AMX sums each block of 32
 // products at a precision of its own, and (alpha 1, beta 0 or 1) onto C's value in its tile
 // accumulators rather than adding each K block's sum to C after it, so it differs from them

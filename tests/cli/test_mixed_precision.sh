@@ -70,6 +70,7 @@ run "$work/bf16" -- --train-iters 10 --bf16 || true
 run "$work/bf16_again" -- --train-iters 10 --bf16 || true
 run "$work/bf16_emulated" MOETRON_GEMM_BF16=emulated -- --train-iters 10 --bf16 || true
 run "$work/bf16_avx512" MOETRON_GEMM_BF16=avx512-bf16 -- --train-iters 10 --bf16 || true
+run "$work/bf16_portable" MOETRON_GEMM_BF16=portable -- --train-iters 10 --bf16 || true
 same mixed_bf16_rerun_identical "$work/bf16" "$work/bf16_again"
 # the fp32 tiles (AVX-512's where the CPU has it, the portable one) give the same bits, so do the
 # emulation's on each
@@ -88,10 +89,17 @@ elif [ "$kernel" = "bf16 emulated" ]; then
 else
     fail mixed_bf16_avx512_is_the_emulation "banner names the GEMM '$kernel'"
 fi
+# portable: each orientation on the faster (measured) of AVX-512 BF16 and the emulation, never AMX
+portable_kernel=$(sed -n 's/.*(gemm: \([^)]*\)).*/\1/p' "$work/bf16_portable/out")
+case "$portable_kernel" in
+"bf16 avx512-bf16" | "bf16 emulated" | "bf16 NN "*) same mixed_bf16_portable_is_the_emulation "$work/bf16_emulated" \
+    "$work/bf16_portable" ;;
+*) fail mixed_bf16_portable_is_the_emulation "banner names the GEMM '$portable_kernel'" ;;
+esac
 default_kernel=$(sed -n 's/.*(gemm: \([^)]*\)).*/\1/p' "$work/bf16/out")
 case "$default_kernel" in
 "bf16 amx") close mixed_bf16_amx_near_the_emulation "$work/bf16_emulated" "$work/bf16" 1e-3 ;;
-"bf16 avx512-bf16" | "bf16 emulated") same mixed_bf16_default_kernel "$work/bf16_emulated" "$work/bf16" ;;
+"bf16 avx512-bf16" | "bf16 emulated" | "bf16 NN "*) same mixed_bf16_default_kernel "$work/bf16_emulated" "$work/bf16" ;;
 *) fail mixed_bf16_default_kernel "banner names the GEMM '$default_kernel'" ;;
 esac
 # in effect (the losses move off fp32's after the first step) and close to fp32
@@ -357,7 +365,7 @@ expect_error mixed_min_above_initial "--min-loss-scale 100: use a positive scale
 expect_error mixed_window_fraction "--loss-scale-window 2.5: use a whole number of steps" -- \
     "$M" train "${TINY[@]}" --train-iters 1 --fp16 --loss-scale-window 2.5
 expect_error mixed_hysteresis_zero "hysteresis" -- "$M" train "${TINY[@]}" --train-iters 1 --fp16 --hysteresis 0
-expect_error mixed_bf16_kernel_env "MOETRON_GEMM_BF16=fast: use amx, avx512-bf16 or emulated" -- \
+expect_error mixed_bf16_kernel_env "MOETRON_GEMM_BF16=fast: use amx, portable, avx512-bf16 or emulated" -- \
     env MOETRON_GEMM_BF16=fast "$M" train "${TINY[@]}" --train-iters 1 --bf16
 expect_error mixed_fp32_kernel_env "MOETRON_GEMM_FP32=fast: use avx512 or portable" -- \
     env MOETRON_GEMM_FP32=fast "$M" train "${TINY[@]}" --train-iters 1

@@ -3,8 +3,9 @@
 // product added by one fused multiply-add in order over blocks of MT_GEMM_K_BLOCK, bf16
 // flushing subnormals), on random and adversarial values (rounding ties, subnormals,
 // overflow, NaN) and every transpose; the AVX-512 BF16 kernel against the emulation bit
-// for bit where the CPU has it; the same bits on 1 and 2 threads and wherever an element's
-// tile lies; fp32's bits again after switching back.
+// for bit where the CPU has it, and so the measured choice between them ("portable"); the
+// same bits on 1 and 2 threads and wherever an element's tile lies; fp32's bits again after
+// switching back.
 #include <string.h>
 
 #include "core/float_formats.h"
@@ -238,6 +239,48 @@ static void test_bf16_amx_near_the_contract(void) {
     CHECK(!strcmp(bf16_kernel_chosen(NULL), "bf16 amx"), "the default bf16 kernel is %s, expected amx",
           bf16_kernel_chosen(NULL));
     check_kernel(GEMM_INPUTS_BF16, "amx", AMX_TOL);
+}
+
+// Whether name is what "portable" may choose: one of the two same-bit kernels for every
+// orientation ("bf16 emulated", "bf16 avx512-bf16"), or each orientation's when they differ
+// ("bf16 NN emulated, NT avx512-bf16, TN emulated, TT emulated").
+static int is_portable_choice(const char *name, int have_avx512bf16) {
+    if (!strcmp(name, "bf16 emulated")) return 1;
+    if (!have_avx512bf16) return 0;
+    if (!strcmp(name, "bf16 avx512-bf16")) return 1;
+    const char *at = name + strlen("bf16 ");
+    if (strncmp(name, "bf16 ", strlen("bf16 "))) return 0;
+    for (int o = 0; o < 4; o++) {
+        char orientation[4];
+        snprintf(orientation, sizeof orientation, "%c%c ", "NT"[o / 2], "NT"[o % 2]);
+        if (strncmp(at, orientation, 3)) return 0;
+        at += 3;
+        const char *kernels[] = {"emulated", "avx512-bf16"};
+        size_t len = 0;
+        for (int k = 0; k < 2 && !len; k++)
+            if (!strncmp(at, kernels[k], strlen(kernels[k]))) len = strlen(kernels[k]);
+        if (!len) return 0;
+        at += len;
+        if (o < 3 && strncmp(at, ", ", 2)) return 0;
+        at += o < 3 ? 2 : 0;
+    }
+    return *at == 0;
+}
+
+// "portable": each orientation on the faster (measured) of AVX-512 BF16 and the emulation,
+// never AMX: the contract's bits whatever it picked. Where AMX is missing it is the default.
+static void test_bf16_portable_is_the_contract(void) {
+    const char *name = bf16_kernel_chosen("portable");
+    CHECK(is_portable_choice(name, lowp_have_avx512bf16()), "portable chose %s", name);
+    check_kernel(GEMM_INPUTS_BF16, "portable", 0);
+    if (!lowp_have_amx()) {
+        name = bf16_kernel_chosen(NULL);
+        CHECK(is_portable_choice(name, lowp_have_avx512bf16()), "the default (no AMX here) chose %s", name);
+    }
+    CHECK(!is_portable_choice("bf16 amx", 1) && !is_portable_choice("bf16 NN emulated, NT amx, TN emulated", 1) &&
+              is_portable_choice("bf16 NN emulated, NT avx512-bf16, TN emulated, TT emulated", 1) &&
+              !is_portable_choice("bf16 NN emulated, NT avx512-bf16, TN emulated, TT emulated", 0),
+          "is_portable_choice itself");
 }
 
 static void test_fp16_emulation_is_the_contract(void) { check_kernel(GEMM_INPUTS_FP16, NULL, 0); }
@@ -598,6 +641,7 @@ int main(void) {
     RUN(test_bf16_emulation_is_the_contract);
     RUN(test_bf16_avx512_is_the_contract);
     RUN(test_bf16_amx_near_the_contract);
+    RUN(test_bf16_portable_is_the_contract);
     RUN(test_fp16_emulation_is_the_contract);
     RUN(test_emulations_on_the_portable_tile);
     RUN(test_thread_counts_agree);

@@ -38,6 +38,7 @@
 #include <pthread.h>
 
 #include "core/profile.h"
+#include "core/timer.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -709,13 +710,15 @@ static const GemmKernel KERNEL_BF16_AMX = {
     .depth_align = LOWP_AMX_DEPTH, .transposed_lane_cost = 2, .pack_a = pack_amx_a, .pack_b = pack_amx_b,
     .micro = micro_amx, .micro_into = micro_amx_into};
 
-// The inputs' rounding and its kernel: process-wide, set between GEMMs by the thread that
+// The inputs' rounding and its kernels: process-wide, set between GEMMs by the thread that
 // runs them.
 static GemmInputs g_inputs = GEMM_INPUTS_FP32;
-static const GemmKernel *g_kernel;       // kernel_for(g_inputs), made on first use (current_kernel)
 static const char *g_bf16_kernel_wanted;  // mt_gemm_use_bf16_kernel's, else NULL
 static const char *g_fp32_kernel_wanted;  // mt_gemm_use_fp32_kernel's, else NULL
 static int g_fp32_wide = -1;              // fp32_wide_choice's, made on first use
+// The bf16 kernel of each orientation [trans_a][trans_b] (choose_bf16_kernels), made on first use.
+static const GemmKernel *g_bf16_kernels[2][2];
+static int g_bf16_chosen;
 
 // The fp32 tile (of fp32 inputs and of the 16-bit emulations): AVX-512's where the CPU has it,
 // else the portable one; MOETRON_GEMM_FP32 (avx512, portable) asks for one. Returns whether
@@ -728,26 +731,69 @@ static int fp32_wide_choice(void) {
     return !strcmp(want, "avx512") && fma_have_avx512();
 }
 
-// bf16: AMX where the CPU has it, else AVX-512 BF16, else the emulation; MOETRON_GEMM_BF16
-// (amx, avx512-bf16, emulated) asks for one (falling back the same way when missing).
-static const GemmKernel *bf16_kernel_choice(void) {
-    const char *env = getenv("MOETRON_GEMM_BF16");
-    const char *want = g_bf16_kernel_wanted ? g_bf16_kernel_wanted : env && env[0] ? env : "amx";
-    if (strcmp(want, "amx") && strcmp(want, "avx512-bf16") && strcmp(want, "emulated"))
-        mt_die("MOETRON_GEMM_BF16=%s: use amx, avx512-bf16 or emulated (or unset it)", want);
-    if (!strcmp(want, "amx") && lowp_have_amx()) return &KERNEL_BF16_AMX;
-    if (strcmp(want, "emulated") && lowp_have_avx512bf16()) return &KERNEL_BF16_AVX512;
-    return g_fp32_wide ? &KERNEL_BF16_EMULATED_AVX512 : &KERNEL_BF16_EMULATED;
+static void gemm_portable(const GemmProblem *p);
+static int gemm_prepare(GemmProblem *p, const GemmKernel *kern, int trans_a, int trans_b, int M, int N, int K,
+                        real alpha, const void *A, Storage a_store, int lda, const void *B, Storage b_store, int ldb,
+                        real beta, void *C, Storage c_store, int ldc);
+
+// The problem that stands for an orientation's GEMMs when two kernels are measured against
+// each other: a block of a layer's shape, two K blocks deep, fp32 operands.
+enum { MEASURED_M = 256, MEASURED_N = 256, MEASURED_K = 2 * KC, MEASURED_RUNS = 3 };
+
+// Of two kernels that give the same bits, the one that runs op(A)[M,K] op(B)[K,N] of this
+// orientation faster on this machine, on the threads GEMMs get: each run once to warm up,
+// then MEASURED_RUNS times, the two alternately; the best times compared.
+static const GemmKernel *faster_kernel(const GemmKernel *first, const GemmKernel *second, int trans_a, int trans_b) {
+    size_t operand = (size_t)MEASURED_K * MT_MAX(MEASURED_M, MEASURED_N);
+    real *A = mt_malloc(operand * sizeof(real)), *B = mt_malloc(operand * sizeof(real));
+    real *C = mt_malloc((size_t)MEASURED_M * MEASURED_N * sizeof(real));
+    for (size_t i = 0; i < operand; i++) {  // normal values of mixed signs: the kernels' usual work
+        A[i] = (real)((int)(i % 251) - 125) / 128;
+        B[i] = (real)((int)(i % 241) - 120) / 64;
+    }
+    const GemmKernel *kernels[2] = {first, second};
+    double best[2] = {1e30, 1e30};
+    for (int run = -1; run < MEASURED_RUNS; run++)  // run -1: the warm-up
+        for (int k = 0; k < 2; k++) {
+            GemmProblem p;
+            gemm_prepare(&p, kernels[k], trans_a, trans_b, MEASURED_M, MEASURED_N, MEASURED_K, 1, A, STORE_FP32,
+                         trans_a ? MEASURED_M : MEASURED_K, B, STORE_FP32, trans_b ? MEASURED_K : MEASURED_N, 0, C,
+                         STORE_FP32, MEASURED_N);
+            double start = now_seconds();
+            gemm_portable(&p);
+            if (run >= 0) best[k] = MT_MIN(best[k], now_seconds() - start);
+        }
+    free(A), free(B), free(C);
+    return best[0] <= best[1] ? first : second;
 }
 
-static const GemmKernel *g_bf16_kernel;  // bf16_kernel_choice's, made on first use
+// bf16: AMX where the CPU has it; else, for each orientation, the faster of AVX-512 BF16 and
+// the emulation (the same bits) where the CPU has AVX-512 BF16 (faster_kernel), else the
+// emulation. MOETRON_GEMM_BF16 asks for amx (the default), portable (the measured choice,
+// never AMX: the bits of every CPU), avx512-bf16 or emulated (those falling back the same way
+// when missing).
+static void choose_bf16_kernels(void) {
+    const char *env = getenv("MOETRON_GEMM_BF16");
+    const char *want = g_bf16_kernel_wanted ? g_bf16_kernel_wanted : env && env[0] ? env : "amx";
+    if (strcmp(want, "amx") && strcmp(want, "portable") && strcmp(want, "avx512-bf16") && strcmp(want, "emulated"))
+        mt_die("MOETRON_GEMM_BF16=%s: use amx, portable, avx512-bf16 or emulated (or unset it)", want);
+    const GemmKernel *emulated = g_fp32_wide ? &KERNEL_BF16_EMULATED_AVX512 : &KERNEL_BF16_EMULATED;
+    const GemmKernel *only = NULL;  // the kernel of every orientation, when nothing is measured
+    if (!strcmp(want, "amx") && lowp_have_amx()) only = &KERNEL_BF16_AMX;
+    else if (!strcmp(want, "emulated") || !lowp_have_avx512bf16()) only = emulated;
+    else if (!strcmp(want, "avx512-bf16")) only = &KERNEL_BF16_AVX512;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            g_bf16_kernels[ta][tb] = only ? only : faster_kernel(&KERNEL_BF16_AVX512, emulated, ta, tb);
+    g_bf16_chosen = 1;
+}
 
-static const GemmKernel *kernel_for(GemmInputs inputs) {
+static const GemmKernel *kernel_for(GemmInputs inputs, int trans_a, int trans_b) {
     if (g_fp32_wide < 0) g_fp32_wide = fp32_wide_choice();
     if (inputs == GEMM_INPUTS_FP16) return g_fp32_wide ? &KERNEL_FP16_EMULATED_AVX512 : &KERNEL_FP16_EMULATED;
     if (inputs == GEMM_INPUTS_FP32) return g_fp32_wide ? &KERNEL_FP32_AVX512 : &KERNEL_FP32;
-    if (!g_bf16_kernel) g_bf16_kernel = bf16_kernel_choice();
-    return g_bf16_kernel;
+    if (!g_bf16_chosen) choose_bf16_kernels();
+    return g_bf16_kernels[trans_a != 0][trans_b != 0];
 }
 
 void mt_gemm_set_inputs(GemmInputs inputs) {
@@ -755,35 +801,49 @@ void mt_gemm_set_inputs(GemmInputs inputs) {
     if (inputs != GEMM_INPUTS_FP32) mt_die("internal error: 16-bit GEMM inputs in a double-precision build");
 #endif
     g_inputs = inputs;
-    g_kernel = kernel_for(inputs);
+    kernel_for(inputs, 0, 0);  // the choice made now, between GEMMs
 }
 
 GemmInputs mt_gemm_inputs(void) { return g_inputs; }
 
 void mt_gemm_use_bf16_kernel(const char *name) {
     g_bf16_kernel_wanted = name;
-    g_bf16_kernel = NULL;
-    g_kernel = kernel_for(g_inputs);
+    g_bf16_chosen = 0;
+    kernel_for(g_inputs, 0, 0);
 }
 
 void mt_gemm_use_fp32_kernel(const char *name) {
     g_fp32_kernel_wanted = name;
     g_fp32_wide = -1;
-    g_bf16_kernel = NULL;
-    g_kernel = kernel_for(g_inputs);
+    g_bf16_chosen = 0;
+    kernel_for(g_inputs, 0, 0);
 }
 
-static const GemmKernel *current_kernel(void) {
-    if (!g_kernel) g_kernel = kernel_for(g_inputs);
-    return g_kernel;
-}
+static const GemmKernel *current_kernel(int trans_a, int trans_b) { return kernel_for(g_inputs, trans_a, trans_b); }
 
 // Whether kern takes fp32 inputs as they are (the portable tile or AVX-512's).
 static int is_fp32_kernel(const GemmKernel *kern) { return kern == &KERNEL_FP32 || kern == &KERNEL_FP32_AVX512; }
 
+// "bf16 NN emulated, NT avx512-bf16, TN ..., TT ...": the bf16 kernels when the orientations'
+// differ.
+static const char *bf16_kernels_name(void) {
+    static char name[128];
+    const char *prefix = "bf16 ";  // of each bf16 kernel's name
+    size_t skip = strlen(prefix), used = (size_t)snprintf(name, sizeof name, "%s", prefix);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            used += (size_t)snprintf(name + used, sizeof name - used, "%s%c%c %s", ta + tb ? ", " : "", "NT"[ta],
+                                     "NT"[tb], kernel_for(GEMM_INPUTS_BF16, ta, tb)->name + skip);
+    return name;
+}
+
 const char *mt_gemm_kernel(void) {
-    const GemmKernel *kern = current_kernel();
+    const GemmKernel *kern = current_kernel(0, 0);
     if (is_fp32_kernel(kern) && backend_get() == BACKEND_BLAS) return "openblas fp32";
+    if (g_inputs == GEMM_INPUTS_BF16)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                if (current_kernel(ta, tb) != kern) return bf16_kernels_name();
     return kern->name;
 }
 
@@ -855,14 +915,14 @@ static void gemm_with(const GemmKernel *kern, int trans_a, int trans_b, int M, i
 
 void cpu_gemm(int trans_a, int trans_b, int M, int N, int K, real alpha, const real *A, int lda,
              const real *B, int ldb, real beta, real *C, int ldc) {
-    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32, ldb, beta, C,
-              STORE_FP32, ldc);
+    gemm_with(current_kernel(trans_a, trans_b), trans_a, trans_b, M, N, K, alpha, A, STORE_FP32, lda, B, STORE_FP32,
+              ldb, beta, C, STORE_FP32, ldc);
 }
 
 void cpu_gemm_stored(int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A, Storage a_store, int lda,
                      const void *B, Storage b_store, int ldb, real beta, void *C, Storage c_store, int ldc) {
-    gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store,
-              ldc);
+    gemm_with(current_kernel(trans_a, trans_b), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb,
+              beta, C, c_store, ldc);
 }
 
 // ---------------------------------------------------------------------------
@@ -935,12 +995,12 @@ typedef struct {
 static void grouped_add(GroupedRun *run, int trans_a, int trans_b, int M, int N, int K, real alpha, const void *A,
                         Storage a_store, int lda, const void *B, Storage b_store, int ldb, real beta, void *C,
                         Storage c_store, int ldc) {
-    if (uses_blas(current_kernel(), a_store, b_store, c_store)) {
-        gemm_with(current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C,
-                  c_store, ldc);
+    const GemmKernel *kern = current_kernel(trans_a, trans_b);
+    if (uses_blas(kern, a_store, b_store, c_store)) {
+        gemm_with(kern, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B, b_store, ldb, beta, C, c_store, ldc);
         return;
     }
-    if (gemm_prepare(&run->probs[run->count], current_kernel(), trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B,
+    if (gemm_prepare(&run->probs[run->count], kern, trans_a, trans_b, M, N, K, alpha, A, a_store, lda, B,
                      b_store, ldb, beta, C, c_store, ldc))
         run->count++;
 }
