@@ -9,8 +9,9 @@
 # under bf16 autocast (pytorch_moe.py --dtype bf16); default fp32. The last column is the
 # percent of PyTorch's own GEMM ceiling (bench/pytorch_gemm_ceiling.py: torch.matmul, oneDNN,
 # in the run's precision; the best of a measurement before and after the models).
-# MOETRON_GEMM_BF16=avx512-bf16 with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 compares both on
-# AVX-512 BF16 alone on a CPU that also has AMX.
+# MOETRON_GEMM_BF16=portable with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 compares both without
+# AMX on a CPU that has it (moetron as on a CPU with AVX-512 BF16 and no AMX: the faster of
+# its AVX-512 BF16 kernel and the emulation; MOETRON_GEMM_BF16=avx512-bf16 that kernel alone).
 set -euo pipefail
 M=${1:-build/moetron}
 steps=${2:-6}
