@@ -84,9 +84,10 @@ void fp8_transpose(uint8_t *t, const uint8_t *codes, int rows, int cols);
 // whatever --bf16 / --fp16 set. work: (M + N)·K floats of tensor memory that a backend without
 // FP8 GEMMs dequantizes A and B into (fp8_dequantize_tensor) before an fp32 mt_gemm: the cpu
 // backend, and the cuda one where cuBLASLt cannot take the call (docs/precision.md); left
-// alone otherwise. Backends agree to fp32 rounding, not bit for bit: the products of the
-// codes are exact, but cuBLASLt scales each sum where the emulation scales each element, and
-// the summation orders differ.
+// alone otherwise. Backends agree closely, not bit for bit: the products of the codes are
+// exact, but cuBLASLt scales each sum where the emulation scales each element, the summation
+// orders differ, and FP8 tensor cores sum at reduced precision between their periodic
+// promotions to fp32 (cuda/gemm_fp8.cu).
 void fp8_gemm(float *C, const uint8_t *A, Fp8Format fa, const float *a_scale_inv, const uint8_t *B, Fp8Format fb,
               const float *b_scale_inv, int M, int N, int K, float beta, float *work);
 

@@ -241,11 +241,15 @@ static void batch_run_grouped(int count, float alpha, float beta) {
         staged[2 * count + i] = g->C;
     }
     void **dev = pointers_upload(slot, count);
-    CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cuda_cublas(), batch.ta, batch.tb, batch.m, batch.n, batch.k, batch.alpha,
-                                            (const void *const *)dev, CUDA_R_32F, batch.lda,
-                                            (const void *const *)(dev + count), CUDA_R_32F, batch.ldb, batch.beta,
-                                            dev + 2 * count, CUDA_R_32F, batch.ldc, count, batch.size,
-                                            CUBLAS_COMPUTE_32F_PEDANTIC));
+    cublasStatus_t status = cublasGemmGroupedBatchedEx(
+        cuda_cublas(), batch.ta, batch.tb, batch.m, batch.n, batch.k, batch.alpha, (const void *const *)dev, CUDA_R_32F,
+        batch.lda, (const void *const *)(dev + count), CUDA_R_32F, batch.ldb, batch.beta, dev + 2 * count, CUDA_R_32F,
+        batch.ldc, count, batch.size, CUBLAS_COMPUTE_32F_PEDANTIC);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // a cuBLAS without 32F_PEDANTIC grouped: the same GEMMs one by one
+        for (int i = 0; i < count; i++) col_gemm_run(&batch.gemm[i], alpha, beta);
+        return;
+    }
+    CUBLAS_CHECK(status);
 }
 
 // batch.gemm[0, count): grouped in fp32, one cublasGemmEx each with 16-bit inputs.

@@ -8,16 +8,18 @@ void cuda_rows_copy_strided(void *dst, size_t dst_pitch, const void *src, size_t
     CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, (size_t)rows, cudaMemcpyDefault, cuda_stream()));
 }
 
-// One thread per 4-byte word of the moved rows when the rows are whole words (the per-choice
-// int32 and fp32 values), else one per byte; `scatter` says which side the index names.
+// A thread per 4-byte word of the moved rows when the rows are whole words (the per-choice
+// int32 and fp32 values), else per byte, striding over the grid (cuda_blocks caps it);
+// `scatter` says which side the index names.
 template <typename Word>
 __global__ void rows_indexed_kernel(Word *dst, const Word *src, const int32_t *index, int rows, size_t words,
                                     int scatter) {
-    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= (size_t)rows * words) return;
-    size_t i = j / words, w = j % words, named = (size_t)index[i];
-    if (scatter) dst[named * words + w] = src[i * words + w];
-    else dst[i * words + w] = src[named * words + w];
+    size_t n = (size_t)rows * words;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        size_t i = j / words, w = j % words, named = (size_t)index[i];
+        if (scatter) dst[named * words + w] = src[i * words + w];
+        else dst[i * words + w] = src[named * words + w];
+    }
 }
 
 static void rows_indexed(void *dst, const void *src, const int32_t *index, int rows, size_t width, int scatter) {
@@ -42,8 +44,8 @@ void cuda_rows_scatter(void *dst, const void *src, const int32_t *index, int row
 }
 
 __global__ void lse_reset_kernel(float *lse, size_t n) {
-    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j < n) lse[j] = -INFINITY;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        lse[j] = -INFINITY;
 }
 
 void cuda_lse_reset(real *lse, size_t n) {
@@ -52,12 +54,13 @@ void cuda_lse_reset(real *lse, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 
-// One thread per element of dst (batch, cols, rows).
+// A thread per element of dst (batch, cols, rows), striding over the grid.
 __global__ void batched_transpose_kernel(float *dst, const float *src, int batch, int rows, int cols) {
-    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x, plane = (size_t)rows * cols;
-    if (j >= (size_t)batch * plane) return;
-    size_t b = j / plane, c = j % plane / rows, r = j % rows;
-    dst[j] = src[b * plane + r * cols + c];
+    size_t plane = (size_t)rows * cols, n = (size_t)batch * plane;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        size_t b = j / plane, c = j % plane / rows, r = j % rows;
+        dst[j] = src[b * plane + r * cols + c];
+    }
 }
 
 void cuda_batched_transpose(real *dst, const real *src, int batch, int rows, int cols) {
@@ -68,14 +71,15 @@ void cuda_batched_transpose(real *dst, const real *src, int batch, int rows, int
     CUDA_CHECK_LAUNCH();
 }
 
-// One thread per (row, column): the heads summed in order from 0.
+// A thread per (row, column), striding over the grid: the heads summed in order from 0.
 __global__ void heads_sum_kernel(float *dst, const float *src, int rows, int heads, size_t head_pitch, int width) {
-    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= (size_t)rows * width) return;
-    size_t n = j / width, i = j % width;
-    float sum = 0.0f;
-    for (int h = 0; h < heads; h++) sum += src[(n * heads + h) * head_pitch + i];
-    dst[j] = sum;
+    size_t count = (size_t)rows * width;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += (size_t)gridDim.x * blockDim.x) {
+        size_t n = j / width, i = j % width;
+        float sum = 0.0f;
+        for (int h = 0; h < heads; h++) sum += src[(n * heads + h) * head_pitch + i];
+        dst[j] = sum;
+    }
 }
 
 void cuda_heads_sum(real *dst, const real *src, int rows, int heads, size_t head_pitch, int width) {
