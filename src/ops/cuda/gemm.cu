@@ -37,7 +37,9 @@
 //     written to a pinned host staging block and copied with one cudaMemcpyAsync on the
 //     stream into a device block (both grown on demand), so the GEMM that reads them is
 //     ordered after the copy. The blocks are a ring of slots, each guarded by an event
-//     recorded after its copy: a call waits only for its slot's copy of many calls ago.
+//     recorded after its copy: a call waits only for its slot's copy of many calls ago. Should a
+//     cuBLAS refuse CUBLAS_COMPUTE_32F_PEDANTIC there (CUBLAS_STATUS_NOT_SUPPORTED), the
+//     problems run one cublasGemmEx each, the same arithmetic.
 //   * bf16 / fp16: one cublasGemmEx per problem. The grouped API's table of supported types has no
 //     CUBLAS_COMPUTE_32F_FAST_16BF or _16F (fp32 data: 32F, 32F_PEDANTIC, 32F_FAST_TF32), and
 //     cublasGemmEx sees each pointer, so it has no alignment demand on rows that start at
