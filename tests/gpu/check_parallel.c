@@ -104,4 +104,14 @@ void check_parallel_ops(void) {
     check_batched_transpose(3, 33, 5);
     check_heads_sum(5, 4, 20, 8, 12);
     check_heads_sum(3, 1, 8, 0, 8);
+    // Past GRID_CAP elements: more than one element a thread of a full cuda grid (cuda_blocks
+    // caps it at 65535·16 blocks of 256 for grid-stride loops; a kernel without the loop leaves
+    // the tail unwritten). Device backends only: about 4 GB of host memory and seconds.
+    enum { GRID_CAP = 65535 * 16 * 256 };
+    if (check_backend() != &check_backend_cpu) {
+        check_lse_reset((size_t)GRID_CAP + 4096);
+        check_batched_transpose(1, 4097, 65520);        // 268,435,440 elements
+        check_heads_sum(GRID_CAP / 64 + 2, 1, 64, 0, 64);  // 268,431,488
+        check_rows_indexed(GRID_CAP / 4 + 64, 16);      // 268,431,616 words
+    }
 }
