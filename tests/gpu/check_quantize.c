@@ -154,17 +154,16 @@ static void check_fp8_gemm(int M, int N, int K, Fp8Format fa, Fp8Format fb, floa
     float *C = check_random(nc, -100, 100), *work = check_random(na + nb, 0, 1);
     float *d_C = beta != 0.0f ? check_to_device(C, nc) : check_device_nan(nc);
     float *d_scale_inv = check_to_device(scale_inv, 2), *d_work = check_device_nan(na + nb);
+    uint8_t *d_A = check_device_bytes(A, na), *d_B = check_device_bytes(B, nb);
     cpu()->fp8_gemm(C, A, fa, &scale_inv[0], B, fb, &scale_inv[1], M, N, K, beta, work);
-    under()->fp8_gemm(d_C, check_device_bytes(A, na), fa, d_scale_inv, check_device_bytes(B, nb), fb, d_scale_inv + 1,
-                      M, N, K, beta, d_work);
+    under()->fp8_gemm(d_C, d_A, fa, d_scale_inv, d_B, fb, d_scale_inv + 1, M, N, K, beta, d_work);
     int tensor_cores = M % 16 == 0 && N % 16 == 0 && K % 16 == 0;  // cuBLASLt may take it
     check_compare(name, "C", C, d_C, nc, tensor_cores ? TOL_FP8_TENSOR_CORES : TOL_FP32);
     if (beta == 0.0f) {  // the same call again gives the same bits (one plan, sequential reductions)
         float *first = check_random(nc, 0, 1), *d_again = check_device_nan(nc);
         check_finish();
         check_download(first, d_C, nc * sizeof(float));
-        under()->fp8_gemm(d_again, check_device_bytes(A, na), fa, d_scale_inv, check_device_bytes(B, nb), fb,
-                          d_scale_inv + 1, M, N, K, beta, d_work);
+        under()->fp8_gemm(d_again, d_A, fa, d_scale_inv, d_B, fb, d_scale_inv + 1, M, N, K, beta, d_work);
         compare_float_bits(name, "C again", first, d_again, nc);
     }
     check_free_all();

@@ -222,7 +222,8 @@ static void **pointers_upload(int s, int count) {
 // ---- running the gathered problems ----------------------------------------------------------
 
 // batch.gemm[0, count) in one cublasGemmGroupedBatchedEx (fp32 only, see the top of the file).
-static void batch_run_grouped(int count, float alpha, float beta) {
+// Returns 0 (nothing run) when cuBLAS refuses the grouped call.
+static int batch_run_grouped(int count, float alpha, float beta) {
     int slot = pointers_slot(count);
     void **staged = ptrs.host[slot];
     for (int i = 0; i < count; i++) {
@@ -247,21 +248,21 @@ static void batch_run_grouped(int count, float alpha, float beta) {
         cuda_cublas(), batch.ta, batch.tb, batch.m, batch.n, batch.k, batch.alpha, (const void *const *)dev, CUDA_R_32F,
         batch.lda, (const void *const *)(dev + count), CUDA_R_32F, batch.ldb, batch.beta, dev + 2 * count, CUDA_R_32F,
         batch.ldc, count, batch.size, CUBLAS_COMPUTE_32F_PEDANTIC);
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // a cuBLAS without 32F_PEDANTIC grouped: the same GEMMs one by one
-        for (int i = 0; i < count; i++) col_gemm_run(&batch.gemm[i], alpha, beta);
-        return;
-    }
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) return 0;  // a cuBLAS without 32F_PEDANTIC grouped
     CUBLAS_CHECK(status);
+    return 1;
 }
 
-// batch.gemm[0, count): grouped in fp32, one cublasGemmEx each with 16-bit inputs.
+// batch.gemm[0, count): grouped in fp32, one cublasGemmEx each with 16-bit inputs (and in fp32
+// once cuBLAS has refused the grouped call: it would again).
 static void batch_run(int count, float alpha, float beta) {
+    static int grouped_refused;
     if (count == 0) return;
-    if (cuda_gemm_inputs() != GEMM_INPUTS_FP32) {
-        for (int i = 0; i < count; i++) col_gemm_run(&batch.gemm[i], alpha, beta);
-        return;
+    if (cuda_gemm_inputs() == GEMM_INPUTS_FP32 && !grouped_refused) {
+        if (batch_run_grouped(count, alpha, beta)) return;
+        grouped_refused = 1;
     }
-    batch_run_grouped(count, alpha, beta);
+    for (int i = 0; i < count; i++) col_gemm_run(&batch.gemm[i], alpha, beta);
 }
 
 // ---- operands stored as bf16 (gemm.h Storage) ----------------------------------------------------
