@@ -84,11 +84,31 @@ static void test_row_dot3(void) {
     CHECK_CLOSE(row_dot3(x, y, z, n), want, 1e-12, 1e-12, "row_dot3");
 }
 
+// row_sum_exp adds e^(x - shift) to its ROW_LANES partial sums one element at a time, lane by
+// lane in row order, whatever blocks it computes the exponentials in: bit for bit the plain
+// loop below, for lengths around and across the blocks (ROW_EXP_BLOCK) and their remainders.
+static void test_row_sum_exp_order(void) {
+    enum { LONGEST = 3 * ROW_EXP_BLOCK + ROW_LANES + 3 };
+    real x[LONGEST];
+    for (int i = 0; i < LONGEST; i++) x[i] = (real)(sin(0.37 * i) * 9 + cos(1.7 * i));
+    for (int n = 1; n <= LONGEST; n++) {
+        double part[ROW_LANES] = {0}, want = 0;
+        int i = 0;
+        for (; i + ROW_LANES <= n; i += ROW_LANES)
+            for (int l = 0; l < ROW_LANES; l++) part[l] += fast_expf(x[i + l] - 1.5f);
+        for (int l = 0; l < ROW_LANES; l++) want += part[l];
+        for (; i < n; i++) want += fast_expf(x[i] - 1.5f);
+        double got = row_sum_exp(x, n, 1.5f);
+        CHECK(got == want, "n %d: %.17g, the loop %.17g", n, got, want);
+    }
+}
+
 int main(void) {
     RUN(test_relative_error);
     RUN(test_exact_points_and_ends);
     RUN(test_row_reductions);
     RUN(test_row_max_is_the_scalar_loop);
     RUN(test_row_dot3);
+    RUN(test_row_sum_exp_order);
     return tl_failed_cases != 0;
 }

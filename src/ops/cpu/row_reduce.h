@@ -75,10 +75,19 @@ static inline double row_dot3(const real *x, const real *y, const real *z, int n
     return sum;
 }
 
-// Σ e^(x − shift), accumulated in double
+// Σ e^(x − shift), accumulated in double. The exponentials of ROW_EXP_BLOCK elements at a
+// time first (a loop of reals alone vectorizes at the register's full width), then added to
+// the lanes in the same order as one element at a time.
+enum { ROW_EXP_BLOCK = 8 * ROW_LANES };
 static inline double row_sum_exp(const real *x, int n, real shift) {
     double part[ROW_LANES] = {0};
     int i = 0;
+    for (; i + ROW_EXP_BLOCK <= n; i += ROW_EXP_BLOCK) {
+        real e[ROW_EXP_BLOCK];
+        for (int j = 0; j < ROW_EXP_BLOCK; j++) e[j] = real_exp(x[i + j] - shift);
+        for (int j = 0; j < ROW_EXP_BLOCK; j += ROW_LANES)
+            for (int l = 0; l < ROW_LANES; l++) part[l] += e[j + l];
+    }
     for (; i + ROW_LANES <= n; i += ROW_LANES)
         for (int l = 0; l < ROW_LANES; l++) part[l] += real_exp(x[i + l] - shift);
     double sum = 0;
