@@ -12,9 +12,10 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 int hf_fp8_quantized(const TensorDesc *d) {
-    // the shared-expert gate [1, H] is a gate, kept as the router is
+    // the shared-expert gate [1, H] is a gate, kept as the router is; a multi-token-prediction
+    // depth's eh_proj is BF16 in DeepSeek-V3's file (its MTP layer's decoder matrices are FP8)
     return d->ndim == 2 && d->layer >= 0 && !(d->flags & (TENSOR_ROUTER | TENSOR_NORM | TENSOR_NOT_TRAINED)) &&
-           !ends_with(d->name, ".shared_expert_gate.weight");
+           !ends_with(d->name, ".shared_expert_gate.weight") && !ends_with(d->name, ".eh_proj.weight");
 }
 
 int64_t hf_fp8_scale_shape(const int64_t *shape, int64_t out[2]) {

@@ -1,7 +1,8 @@
 // quant_layers.c — which of the model's weight matrices the FP8 / FP4 recipe quantizes
 // (ops/quantized_linear.h), as Megatron-LM with Transformer Engine: the linear layers of
 // attention (q/k/v or MLA's projections, o_proj), the dense FFN, the shared expert, latent
-// MoE's projections and the routed experts (each expert its own quantizers, as TE's GroupedLinear); not the router,
+// MoE's projections and the routed experts (each expert its own quantizers, as TE's GroupedLinear;
+// q/k/v, and each gate with its up, one set: Megatron-Core's fused GEMMs); not the router,
 // the shared-expert gate, norms, the attention core, the embedding or the LM head; no
 // layer of the first / last ones --first-last-layers-bf16 keeps. The multi-token-prediction
 // depths' layers and projections under the FP8 recipes, as Megatron-Core's global FP8
@@ -20,37 +21,66 @@ static int layer_in_bf16(const Config *c, int layer) {
     return layer < c->num_layers_at_start_in_bf16 || layer >= c->num_layers - c->num_layers_at_end_in_bf16;
 }
 
-// The weight tensors of layer l the recipe quantizes, into ids (when non-NULL); their count.
-static int quantized_tensors(const Model *m, int l, TensorId *ids) {
+// One weight the recipe quantizes, and whether it shares the quantizers of the weight listed
+// before it: q, k and v are one GEMM in Megatron-Core (linear_qkv), as are an FFN's gate and
+// up (linear_fc1), so Transformer Engine keeps one set of quantizers for each pair or triple.
+typedef struct {
+    TensorId id;
+    int fused;  // shares the previous entry's QuantLinear
+} QuantizedWeight;
+
+// Appends `id` to out (when non-NULL) at *n unless it is absent (−1); `fused` holds only when
+// the weight before it in the layer's list was there to share with.
+static void list_weight(QuantizedWeight *out, int *n, TensorId id, int fused, TensorId before) {
+    if (id < 0) return;
+    if (out) out[*n] = (QuantizedWeight){id, fused && before >= 0};
+    (*n)++;
+}
+
+// The weight tensors of layer l the recipe quantizes, into out (when non-NULL); their count.
+static int quantized_weights(const Model *m, int l, QuantizedWeight *out) {
     const LayerParams *lp = &m->layers[l];
     TensorId eh_proj = l >= m->plan.layers ? m->mtp[l - m->plan.layers].eh_proj : -1;  // a depth's projection
-    TensorId attention[] = {lp->q_proj,      lp->k_proj,      lp->v_proj,      lp->o_proj,       lp->q_a_proj,
-                            lp->q_b_proj,    lp->kv_a_proj,   lp->kv_b_proj,   lp->shared_gate,  lp->shared_up,
-                            lp->shared_down, lp->fc1_latent_proj, lp->fc2_latent_proj, eh_proj};
-    int n = 0, per = (int)(sizeof(attention) / sizeof(attention[0]));
-    for (int i = 0; i < per; i++)
-        if (attention[i] >= 0) {
-            if (ids) ids[n] = attention[i];
-            n++;
-        }
+    int n = 0;
+    list_weight(out, &n, lp->q_proj, 0, -1);
+    list_weight(out, &n, lp->k_proj, 1, lp->q_proj);
+    list_weight(out, &n, lp->v_proj, 1, lp->k_proj);
+    TensorId unfused[] = {lp->o_proj, lp->q_a_proj, lp->q_b_proj, lp->kv_a_proj, lp->kv_b_proj};
+    for (size_t i = 0; i < sizeof(unfused) / sizeof(unfused[0]); i++) list_weight(out, &n, unfused[i], 0, -1);
+    list_weight(out, &n, lp->shared_gate, 0, -1);
+    list_weight(out, &n, lp->shared_up, 1, lp->shared_gate);
+    TensorId after_shared[] = {lp->shared_down, lp->fc1_latent_proj, lp->fc2_latent_proj, eh_proj};
+    for (size_t i = 0; i < sizeof(after_shared) / sizeof(after_shared[0]); i++)
+        list_weight(out, &n, after_shared[i], 0, -1);
     int groups = lp->is_moe ? m->ep.local : 1;
     for (int g = 0; g < groups; g++) {
-        TensorId ffn[] = {lp->is_moe ? lp->expert_gate[g] : lp->mlp_gate, lp->is_moe ? lp->expert_up[g] : lp->mlp_up,
-                          lp->is_moe ? lp->expert_down[g] : lp->mlp_down};
-        for (int i = 0; i < 3; i++) {
-            if (ids) ids[n] = ffn[i];
-            n++;
-        }
+        TensorId gate = lp->is_moe ? lp->expert_gate[g] : lp->mlp_gate;
+        list_weight(out, &n, gate, 0, -1);
+        list_weight(out, &n, lp->is_moe ? lp->expert_up[g] : lp->mlp_up, 1, gate);
+        list_weight(out, &n, lp->is_moe ? lp->expert_down[g] : lp->mlp_down, 0, -1);
     }
     return n;
+}
+
+// The QuantLinears layer l needs: its weights less those sharing another's.
+static int quantized_linears(const Model *m, int l) {
+    int n = quantized_weights(m, l, NULL), linears = 0;
+    QuantizedWeight *w = mt_malloc((size_t)MT_MAX(n, 1) * sizeof(QuantizedWeight));
+    quantized_weights(m, l, w);
+    for (int i = 0; i < n; i++) linears += !w[i].fused;
+    free(w);
+    return linears;
 }
 
 void model_quant_init(Model *m) {
     const Config *c = &m->cfg;
     if (!c->quant_recipe) return;
-    int count = 0;
+    int count = 0, most = 0;  // QuantLinears in all; the most weights of one layer
     for (int l = 0; l < config_all_layers(c); l++)
-        if (plan_holds_layer(&m->plan, l) && !layer_in_bf16(c, l)) count += quantized_tensors(m, l, NULL);
+        if (plan_holds_layer(&m->plan, l) && !layer_in_bf16(c, l)) {
+            count += quantized_linears(m, l);
+            most = MT_MAX(most, quantized_weights(m, l, NULL));
+        }
     QuantRecipeConfig qc = {.recipe = (QuantRecipe)c->quant_recipe, .hybrid = !strcmp(c->fp8_format, "hybrid"),
                             .history_len = c->fp8_amax_history_len, .margin = c->fp8_margin,
                             .algo = strcmp(c->fp8_amax_compute_algo, "max") ? AMAX_HISTORY_MOST_RECENT
@@ -59,17 +89,18 @@ void model_quant_init(Model *m) {
     m->quant = quant_context_new(&qc, count);
     m->quant_of = mt_calloc((size_t)MT_MAX(m->tt.count, 1), sizeof(QuantLinear *));
     m->quant_of_expert = mt_calloc((size_t)MT_MAX(count, 1), 1);
-    TensorId *ids = mt_malloc((size_t)MT_MAX(count, 1) * sizeof(TensorId));
+    QuantizedWeight *w = mt_malloc((size_t)MT_MAX(most, 1) * sizeof(QuantizedWeight));
     for (int l = 0; l < config_all_layers(c); l++) {
         if (!plan_holds_layer(&m->plan, l) || layer_in_bf16(c, l)) continue;
-        int n = quantized_tensors(m, l, ids);
+        int n = quantized_weights(m, l, w);
+        QuantLinear *q = NULL;
         for (int i = 0; i < n; i++) {
-            QuantLinear *q = quant_context_linear(m->quant);
-            m->quant_of[ids[i]] = q;
-            m->quant_of_expert[q->slot] = (m->tt.descs[ids[i]].flags & TENSOR_EXPERT) != 0;
+            if (!w[i].fused) q = quant_context_linear(m->quant);
+            m->quant_of[w[i].id] = q;
+            m->quant_of_expert[q->slot] = (m->tt.descs[w[i].id].flags & TENSOR_EXPERT) != 0;
         }
     }
-    free(ids);
+    free(w);
 }
 
 QuantLinear *model_quant(const Model *m, TensorId id) { return m->quant_of && id >= 0 ? m->quant_of[id] : NULL; }

@@ -422,12 +422,17 @@ static void write_optimizer_file(const char *path, const Model *m, const CkptSou
     if (src->writer) stream_close(&w, path);
 }
 
-// "quantizer_state": {"ranks": R, "floats": F, "bits": [R·F integers]}: exact, NaN included.
+// "quantizer_state": {"ranks": R, "floats": F, "lengths": [R integers], "bits": [R·F integers]}:
+// exact, NaN included; each rank's row of F holds its length of floats, then padding.
 static void write_quant_state(JsonWriter *w, const TrainerState *st) {
     jw_key(w, "quantizer_state");
     jw_begin_object(w);
     jw_kv_int(w, "ranks", (int64_t)st->quant_ranks);
     jw_kv_int(w, "floats", (int64_t)st->quant_floats);
+    jw_key(w, "lengths");
+    jw_begin_array(w);
+    for (size_t r = 0; r < st->quant_ranks; r++) jw_int(w, st->quant_lengths[r]);
+    jw_end_array(w);
     jw_key(w, "bits");
     jw_begin_array(w);
     for (size_t i = 0; i < st->quant_ranks * st->quant_floats; i++) jw_int(w, st->quant_bits[i]);
@@ -969,6 +974,17 @@ static void read_quant_state(const JsonValue *root, const char *path, TrainerSta
         st->quant_bits[i] = (uint32_t)b->integer;
     }
     st->quant_ranks = (size_t)ranks, st->quant_floats = (size_t)floats;
+    const JsonValue *lengths = json_get(q, "lengths");
+    if (!lengths) return;  // written before the lengths: restore_quant_state starts afresh
+    if (lengths->type != JSON_ARRAY || lengths->count != (size_t)ranks)
+        mt_die("%s: quantizer_state lengths needs one integer per rank (%lld)", path, (long long)ranks);
+    st->quant_lengths = mt_malloc((size_t)ranks * sizeof(int64_t));
+    for (size_t r = 0; r < (size_t)ranks; r++) {
+        const JsonValue *n = json_at(lengths, r);
+        if (!n->has_int64 || n->integer < 0 || n->integer > floats)
+            mt_die("%s: quantizer_state lengths[%zu] is not a count of floats up to %lld", path, r, (long long)floats);
+        st->quant_lengths[r] = n->integer;
+    }
 }
 
 // The loss scaler's state when the checkpoint has one (a run with loss scaling wrote it).

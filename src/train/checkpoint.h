@@ -32,9 +32,12 @@ typedef struct {
     long lr_schedule_start;        // the iteration the LR schedule (re)started at (--no-load-optim), else 0
     int64_t rng_start_sample;      // the sample the random streams count from (--no-load-rng), else 0
     // The FP8 / FP4 quantizers' state (amax histories, scales, stochastic rounding's Rng) of
-    // every rank, each rank's floats as their bits: [quant_ranks][quant_floats], or NULL.
+    // every rank, each rank's floats as their bits: [quant_ranks][quant_floats], or NULL; a
+    // rank's row holds quant_lengths[rank] floats, padding after them (NULL in a checkpoint
+    // written before the lengths were: its state cannot be matched to the quantizers).
     size_t quant_ranks, quant_floats;
     uint32_t *quant_bits;
+    int64_t *quant_lengths;
 } TrainerState;
 
 // Start-up of a run that saves, on the writing rank only: creates --save DIR when missing

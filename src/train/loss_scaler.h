@@ -10,8 +10,9 @@
 //             reaches 0 the scale halves (never below --min-loss-scale). --loss-scale-window
 //             steps in a row without one double the scale and refill the hysteresis count
 //             (--hysteresis). The scale is an fp32 value, as Megatron's tensor is.
-// A skipped step leaves the weights, the optimizer, the expert biases and the learning-rate
-// schedule where they were (Megatron advances its scheduler only on successful steps); the
+// A skipped step leaves the weights, the optimizer and the learning-rate schedule where they
+// were (Megatron advances its scheduler only on successful steps); the expert biases still
+// take the batch's update, as Megatron makes it before its optimizer looks for overflows; the
 // data it read is consumed. The state is saved with checkpoints (trainer_state.json).
 #pragma once
 #include "core/config.h"

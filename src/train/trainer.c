@@ -326,9 +326,10 @@ static void gather_quant_state(Trainer *t) {
     int64_t *counts = mt_malloc((size_t)world.size * sizeof(int64_t));
     comm_allgather_int64(&world, &mine, counts, 1);
     for (int r = 0; r < world.size; r++) longest = MT_MAX(longest, counts[r]);
-    free(counts);
     free(t->state.quant_bits);
+    free(t->state.quant_lengths);
     t->state.quant_bits = NULL;
+    t->state.quant_lengths = counts;
     if (longest > 0) {
         float *floats = mt_calloc((size_t)longest, sizeof(float));
         int64_t *bits = mt_calloc((size_t)longest, sizeof(int64_t)), *all = mt_malloc((size_t)longest * world.size * sizeof(int64_t));
@@ -344,14 +345,17 @@ static void gather_quant_state(Trainer *t) {
 }
 
 // After --load: this rank's quantizers continue from the checkpoint's state when it has one
-// for the same number of ranks, else they start afresh (said on the console).
+// for the same number of ranks and of this rank's size (the same quantizers and history
+// length), else they start afresh (said on the console).
 static void restore_quant_state(Trainer *t) {
     QuantContext *q = t->model.quant;
     size_t need = q ? quant_context_state_floats(q) : 0, rank = (size_t)comm_world_rank();
     if (!need) return;
-    if (!t->state.quant_bits || t->state.quant_ranks != (size_t)comm_world_size() || t->state.quant_floats < need) {
-        printf("note: the checkpoint has no FP8 / FP4 quantizer state for this layout (%zu ranks): the quantizers "
-               "start afresh (amax histories empty, scales 1)\n", (size_t)comm_world_size());
+    if (!t->state.quant_bits || !t->state.quant_lengths || t->state.quant_ranks != (size_t)comm_world_size() ||
+        t->state.quant_lengths[rank] != (int64_t)need) {
+        printf("note: the checkpoint has no FP8 / FP4 quantizer state for these quantizers on this layout (%zu ranks; "
+               "a checkpoint of another recipe, history length or moetron version): the quantizers start afresh "
+               "(amax histories empty, scales 1)\n", (size_t)comm_world_size());
         return;
     }
     float *floats = mt_malloc(need * sizeof(float));
@@ -456,7 +460,7 @@ static void load_training_checkpoint(Trainer *t, const char *resolved) {
     }
     if (c->finetune) {
         TrainerState fresh = {.quant_bits = t->state.quant_bits, .quant_ranks = t->state.quant_ranks,
-                              .quant_floats = t->state.quant_floats};
+                              .quant_floats = t->state.quant_floats, .quant_lengths = t->state.quant_lengths};
         t->state = fresh;
     }
     if (c->no_load_rng) t->state.rng_start_sample = t->state.consumed_train_samples;
@@ -524,6 +528,7 @@ static void trainer_setup(Trainer *t, Config *c) {
 static void trainer_free(Trainer *t) {
     metrics_close(&t->metrics);
     free(t->state.quant_bits);
+    free(t->state.quant_lengths);
     free(t->layer_stats);
     free(t->mtp_loss);
     free(t->layer_counts);
@@ -687,8 +692,9 @@ static long long count_zeros_in_grad(Trainer *t) {
 
 // Applies the step's gradients unless the step is skipped (a non-finite loss or norm; with
 // loss scaling, an overflow of the gradients alone is no error: *overflow is set and the
-// scale adapts): then the batch's router bookkeeping is dropped too. Returns whether it was
-// skipped. With --log-num-zeros-in-grad, *num_zeros is the applied gradients' zeros, counted
+// scale adapts): then the batch's router bookkeeping is dropped too, except after an
+// overflow of a finite loss's scaled gradients, which still updates the expert biases as
+// Megatron does. Returns whether it was skipped. With --log-num-zeros-in-grad, *num_zeros is the applied gradients' zeros, counted
 // after clipping as Megatron counts them (-1 when skipped).
 static int apply_update(Trainer *t, RunControl *rc, long step, double loss, double grad_norm, double lr,
                         int *overflow, long long *num_zeros) {
@@ -710,7 +716,10 @@ static int apply_update(Trainer *t, RunControl *rc, long step, double loss, doub
         optimizer_step(&t->opt, &t->model.tt, t->cfg, lr, clip);  // AdamW multiplies by clip as it reads
         gather_params(t);
     }
-    model_end_global_batch(&t->model, !skipped);  // expert-bias update from this batch's token counts
+    // the expert-bias update from this batch's token counts, also after an overflow of the
+    // scaled gradients (Megatron makes it with the gradients' reductions, before its optimizer
+    // looks for infinities); not after a non-finite loss, whose router statistics may be too
+    model_end_global_batch(&t->model, !skipped || (*overflow && isfinite(loss)));
     return skipped;
 }
 
@@ -718,7 +727,7 @@ static int apply_update(Trainer *t, RunControl *rc, long step, double loss, doub
 typedef struct {
     long step, first_step;
     double loss, grad_norm, lr, step_s, elapsed_s, data_wait_s;
-    double loss_scale;  // the scale the step's backward used
+    double loss_scale;  // after the step's update of it (what Megatron logs)
     long long num_zeros;  // --log-num-zeros-in-grad: the applied gradients' zeros, else -1
     int skipped, overflow, loss_spike, threads;
 } StepOutcome;
@@ -789,13 +798,13 @@ int train_main(Config *c) {
         expert_comm_seconds(&t.model, ep_take_comm_seconds);
         expert_comm_seconds(&t.model, ep_take_hidden_seconds);
         comm_bytes_reset();
-        double loss_scale = t.scaler.state.scale;
         StepLosses s = train_step_micro_batches(&t);
         unscale_grads(&t);
         StepOutcome o = {.step = step, .first_step = first_step, .grad_norm = global_grad_norm(&t),
-                         .loss = s.lm_loss + s.aux_objective + s.mtp_objective, .lr = lr_at(c, step - 1 - t.state.overflow_skips - t.state.lr_schedule_start),
-                         .loss_scale = loss_scale};
+                         .loss = s.lm_loss + s.aux_objective + s.mtp_objective,
+                         .lr = lr_at(c, step - 1 - t.state.overflow_skips - t.state.lr_schedule_start)};
         o.skipped = apply_update(&t, &rc, step, o.loss, o.grad_norm, o.lr, &o.overflow, &o.num_zeros);
+        o.loss_scale = t.scaler.state.scale;
         o.loss_spike = !o.skipped && run_control_loss_spike(&rc, step, o.loss);
         t.state.iteration = step;
         double now = now_seconds();

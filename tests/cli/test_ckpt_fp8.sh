@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_ckpt_fp8.sh — --ckpt-dtype fp8: DeepSeek-V3-style FP8 model files.
 #   fp8_files_*       the linear layers' matrices are F8_E4M3, each with a <name>_scale_inv F32
-#                     [ceil(r/128), ceil(c/128)]; embeddings, norms and lm_head BF16 (their
-#                     master rounded to nearest even), router and expert bias F32 (the master);
+#                     [ceil(r/128), ceil(c/128)]; embeddings, norms, lm_head and a multi-token-
+#                     prediction depth's eh_proj BF16 (their master rounded to nearest even; the
+#                     depth's decoder matrices FP8), router and expert bias F32 (the master);
 #                     code · scale_inv within 2^-4 of its block's amax of the F32 master weight
 #                     in optimizer.safetensors, and (with torch) bit for bit the codes and
 #                     scales of transformers' Fp8Quantize (scale 448/amax, scale_inv 1/scale,
@@ -107,13 +108,22 @@ def bf16_rne(x):
     b = x.view(np.uint32).astype(np.uint64)
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
 n_fp8 = n_bf16 = n_f32 = 0
+masters = header(opt)[0]
+# the copies of the embedding and the head in a multi-token-prediction depth: their masters are those
+# (the head: the embedding when the two are tied)
+copies = {".embed_tokens.weight": ["model.embed_tokens.weight"],
+          ".shared_head.head.weight": ["lm_head.weight", "model.embed_tokens.weight"]}
+def master_of(k):
+    names = [k] + next((m for suffix, m in copies.items() if k.endswith(suffix)), [])
+    return tensor(opt, next("master." + n for n in names if "master." + n in masters))
 for k, (path, v) in tensors.items():
     if k.endswith("_scale_inv"):
         if k[:-len("_scale_inv")] not in tensors: print("scale without its tensor", k); sys.exit()
         continue
-    master = tensor(opt, "master." + k)
+    master = master_of(k)
     routing = k.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight", "e_score_correction_bias"))
-    linear = len(v["shape"]) == 2 and k.startswith("model.layers.") and not routing
+    kept = k.endswith((".eh_proj.weight",) + tuple(copies))  # BF16 in the DeepSeek-V3 release
+    linear = len(v["shape"]) == 2 and k.startswith("model.layers.") and not routing and not kept
     if not linear:
         want = "F32" if routing else "BF16"
         if v["dtype"] != want: print(k, "has dtype", v["dtype"], "expected", want); sys.exit()
@@ -171,6 +181,18 @@ test_files() {
     run ds_train train "${DS[@]}" --train-iters 6 --save-interval 3 --ckpt-dtype fp8 --save "$work/ds" \
         --log-jsonl "$work/ds.jsonl" || return
     check_fp8_files fp8_files_deepseek_v3 "$work/ds/iter_0000006"
+    # with a multi-token-prediction depth (model.layers.2.*): its eh_proj BF16, its decoder FP8
+    run ds_mtp_train train "${DS[@]}" --mtp-num-layers 1 --train-iters 2 --ckpt-dtype fp8 --save "$work/ds_mtp" || return
+    check_fp8_files fp8_files_deepseek_v3_mtp "$work/ds_mtp/iter_0000002"
+    python_has fp8_mtp_eh_proj_bf16 numpy || return
+    local why
+    why=$(pyfp8 '
+t = model_tensors(sys.argv[1])
+dtype = lambda k: t[k][1]["dtype"] if k in t else "absent"
+eh, kv = "model.layers.2.eh_proj.weight", "model.layers.2.self_attn.kv_b_proj.weight"
+if (dtype(eh), dtype(kv)) != ("BF16", "F8_E4M3"): print(eh, dtype(eh), kv, dtype(kv), "expected BF16, F8_E4M3")
+' "$work/ds_mtp/iter_0000002") || why="python3 failed"
+    [ -z "$why" ] && ok fp8_mtp_eh_proj_bf16 || fail fp8_mtp_eh_proj_bf16 "$why"
     run odd_train train "${ODD[@]}" --train-iters 3 --ckpt-dtype fp8 --save "$work/odd" --max-shard-size 100KB || return
     [ -f "$work/odd/iter_0000003/model.safetensors.index.json" ] || { fail fp8_files_mixtral_sharded "no shards"; return; }
     # sides of 160 and 200: the one note that transformers' CPU dequantization cannot place their blocks

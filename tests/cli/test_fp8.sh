@@ -119,6 +119,22 @@ resume_exact() {
 }
 full resume_exact_delayed resume_exact delayed --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max
 resume_exact nvfp4 --fp4-format e2m1 --fp4-recipe nvfp4
+# One set of quantizers for each of Megatron-Core's GEMMs: q, k and v share one (linear_qkv), an
+# FFN's gate and up one (linear_fc1). TINY's quantized GEMMs: the dense layer qkv, o, fc1, fc2
+# (4); each MoE layer qkv, o, the shared expert's fc1 and fc2, and fc1, fc2 of 4 experts (12).
+# Delayed scaling saves history_len + 2 floats (amaxes, scale, scale_inv) per operand (3 a
+# GEMM) and the rounding Rng's 4 words as 16 floats: (4 + 2·12)·3·(1 + 2) + 16.
+d="$work/fused"
+mkdir -p "$d"
+if "$M" train "${TINY[@]}" --train-iters 1 --fp8-format e4m3 --save "$d/ck" >"$d/out" 2>&1; then
+    floats=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["quantizer_state"]["floats"])' \
+        "$d/ck/iter_0000001/trainer_state.json")
+    want=$(((4 + 2 * 12) * 3 * 3 + 16))
+    [ "$floats" = "$want" ] && ok delayed_fused_gemms_share_quantizers ||
+        fail delayed_fused_gemms_share_quantizers "quantizer state of $floats floats, expected $want"
+else
+    fail delayed_fused_gemms_share_quantizers "$(grep -m1 error "$d/out")"
+fi
 # a checkpoint without quantizer state (an fp32 run's) resumes with a recipe: fresh quantizers, said
 d="$work/fresh"
 mkdir -p "$d"
@@ -128,6 +144,17 @@ if "$M" train "${TINY[@]}" --train-iters 2 --save "$d/plain" >"$d/fresh.out" 2>&
     ok resume_without_quantizer_state
 else
     fail resume_without_quantizer_state "$(grep -m1 -e error -e note "$d/fresh.out")"
+fi
+# a delayed-scaling state of a longer amax history (more floats than this run's quantizers
+# take) is not read as this run's: fresh quantizers, said
+if "$M" train "${TINY[@]}" --train-iters 2 --fp8-format e4m3 --fp8-amax-history-len 4 --save "$d/long" \
+        >"$d/long.out" 2>&1 &&
+    "$M" train "${TINY[@]}" --train-iters 4 --fp8-format e4m3 --fp8-amax-history-len 1 --load "$d/long" \
+        >"$d/long.out" 2>&1 &&
+    grep -q "quantizers start afresh" "$d/long.out"; then
+    ok resume_other_history_length_afresh
+else
+    fail resume_other_history_length_afresh "$(grep -m1 -e error -e note "$d/long.out")"
 fi
 # --moe-router-padding-for-quantization: each expert's rows rounded up to the recipe's
 # multiple with tokens that did not choose it, at probability 0 (Megatron's pad_routing_map;

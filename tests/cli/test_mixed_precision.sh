@@ -11,6 +11,7 @@
 #     the learning-rate schedule held, the scale backs off after --hysteresis overflows, and
 #     the run then trains; a resume across overflows is bit-identical to the run straight
 #     through (the scaler's state and the held schedule are saved);
+#     an overflowing step still updates the expert biases (as Megatron);
 #   * the fp32 tiles (AVX-512's, the portable one) train bit for bit alike, fp32 and the
 #     bf16 emulation;
 #   * bad values and combinations get one error line.
@@ -167,13 +168,13 @@ first = overflow.index(False) if False in overflow else len(f)
 if first == 0 or first > 8: print(f"overflows {overflow}: expected the first steps to overflow, then training"); sys.exit()
 if any(bool(r.get("skipped")) != o for r, o in zip(f, overflow)): print("skipped steps are not the overflowing ones"); sys.exit()
 # the scale follows the rules (hysteresis 2, window 1000): an overflow takes one from the
-# hysteresis count and halves the scale once it is spent
+# hysteresis count and halves the scale once it is spent; a step logs the scale after that
 scale, hysteresis = 2.0**25, 2
 for r, o in zip(f, overflow):
-    if r["loss_scale"] != scale: print(f"step {r['step']}: scale {r['loss_scale']}, expected {scale}"); sys.exit()
     if o:
         hysteresis -= 1
         if hysteresis <= 0: scale = max(scale / 2, 1.0)
+    if r["loss_scale"] != scale: print(f"step {r['step']}: scale {r['loss_scale']}, expected {scale}"); sys.exit()
 # the learning rate does not advance on skipped steps: each step that trains has the
 # schedule's value for the steps that trained before it
 done = 0
@@ -186,6 +187,29 @@ if not all(math.isfinite(r["grad_norm"]) for r in trained) or not trained[-1]["l
 PY
 )
 [ -z "$why" ] && ok mixed_fp16_dynamic_scaling || fail mixed_fp16_dynamic_scaling "$why $(grep -h -m1 error "$work/fp16/out")"
+
+# an overflowing step skips the optimizer but not the expert biases' update from its token
+# counts (Megatron makes it while reducing the gradients, before looking for an overflow):
+# after one such step each bias is ±rate (0 where an expert met the mean exactly), not all 0
+run "$work/fp16_bias" -- --train-iters 1 "${FP16[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
+    --moe-router-bias-update-rate 0.001 || true
+why=$(python3 - "$work/fp16_bias" <<'PY'
+import json, struct, sys
+import numpy as np
+d = sys.argv[1]
+rows = [r for r in map(json.loads, open(d + "/log.jsonl")) if "loss" in r]
+if len(rows) != 1 or not rows[0].get("overflow") or not rows[0].get("skipped"): print("step 1 did not overflow"); sys.exit()
+f = open(d + "/ck/iter_0000001/model.safetensors", "rb")
+h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+data = f.read()
+biases = [np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], np.float32)
+          for k, v in h.items() if k.endswith("e_score_correction_bias")]
+if not biases: print("no expert bias saved"); sys.exit()
+for b in biases:
+    if not np.isin(b, np.float32([-0.001, 0, 0.001])).all() or not b.any(): print("expert bias after the overflow", b)
+PY
+) || why="python3 failed (numpy, the log or the checkpoint missing)"
+[ -z "$why" ] && ok mixed_fp16_overflow_updates_expert_bias || fail mixed_fp16_overflow_updates_expert_bias "$why $(grep -h -m1 error "$work/fp16_bias/out")"
 
 # a resume in the middle of the overflows (after step 2: the hysteresis spent once, the
 # schedule held twice) and one after them

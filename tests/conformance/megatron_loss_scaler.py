@@ -79,15 +79,15 @@ def run_case(moetron, work, name, flags, args):
     rows = [r for r in map(json.loads, open(log)) if "loss" in r]
     scaler = megatron_scaler(args)
     overflows = 0
-    for r in rows:
-        want = float(scaler.scale.item())
-        if r.get("loss_scale") != want:
-            return f"step {r['step']}: moetron's scale {r.get('loss_scale')}, Megatron's {want}"
+    for r in rows:  # each step logs its scale after the update, as Megatron's training log does
         found_inf = bool(r.get("overflow"))
         if bool(r.get("skipped")) != found_inf:
             return f"step {r['step']}: skipped {r.get('skipped')} but overflow {found_inf}"
         overflows += found_inf
         scaler.update(found_inf)
+        want = float(scaler.scale.item())
+        if r.get("loss_scale") != want:
+            return f"step {r['step']}: moetron's scale {r.get('loss_scale')}, Megatron's {want}"
     if args is not None and overflows == 0:
         return f"no step of {len(rows)} overflowed: the case does not exercise the scaler"
     return None
