@@ -141,6 +141,13 @@ static void qkv_stored(const LayerActs *la, AttentionWidths w, int N) {
     bf16_pack(la->v, la->v_fp32, (size_t)N * w.v);
 }
 
+// q, k and v are one GEMM in Megatron-Core (linear_qkv) and share their quantizers here: under
+// current scaling operand op takes one amax over the three tensors (qlinear_fused_amax_begin).
+static void qkv_amax_begin(QuantLinear *q, QuantOperand op, const real *qt, const real *kt, const real *vt,
+                           size_t nq, size_t nk, size_t nv) {
+    qlinear_fused_amax_begin(q, op, 3, (const real *[]){qt, kt, vt}, (size_t[]){nq, nk, nv});
+}
+
 // q, k, v of this rank's heads from ln1_full: projection -> [QK-norm] -> [clip] -> RoPE (q, k),
 // then stored as kept.
 static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerActs *la, const TokenLayout *tokens) {
@@ -151,9 +158,13 @@ static void standard_qkv_forward(const Model *m, const LayerParams *lp, LayerAct
     AttentionWidths w = p->width;
     const real *x = la->ln1_full;
     Storage xs = la->ln1_store;
-    qlinear_forward_stored(model_quant(m, lp->q_proj), la->q_raw, x, xs, tt_param(tt, lp->q_proj), N, H, w.q);
-    qlinear_forward_stored(model_quant(m, lp->k_proj), la->k_raw, x, xs, tt_param(tt, lp->k_proj), N, H, w.k);
-    qlinear_forward_stored(model_quant(m, lp->v_proj), la->v_raw, x, xs, tt_param(tt, lp->v_proj), N, H, w.v);
+    QuantLinear *qkv = model_quant(m, lp->q_proj);  // k's and v's too
+    qkv_amax_begin(qkv, QUANT_WEIGHT, tt_param(tt, lp->q_proj), tt_param(tt, lp->k_proj), tt_param(tt, lp->v_proj),
+                   (size_t)w.q * H, (size_t)w.k * H, (size_t)w.v * H);
+    qlinear_forward_stored(qkv, la->q_raw, x, xs, tt_param(tt, lp->q_proj), N, H, w.q);
+    qlinear_forward_stored(qkv, la->k_raw, x, xs, tt_param(tt, lp->k_proj), N, H, w.k);
+    qlinear_forward_stored(qkv, la->v_raw, x, xs, tt_param(tt, lp->v_proj), N, H, w.v);
+    qlinear_fused_amax_end(qkv, QUANT_WEIGHT);
     if (c->qk_layernorm) {
         NormShards qs = query_shards(p), ks = key_shards(p);
         qk_norm_forward(m, la->q_normed, la->q_rstd, la->q_raw, tt_param(tt, lp->q_norm), N, p->heads, &qs);
@@ -201,12 +212,18 @@ static void standard_qkv_backward(Model *m, const LayerParams *lp, LayerActs *la
     }
     const real *x = la->ln1_full;
     Storage xs = la->ln1_store;
-    qlinear_backward_stored(model_quant(m, lp->q_proj), a->d_norm_full, tt_grad(tt, lp->q_proj), dq_raw, x, xs,
-                            tt_param(tt, lp->q_proj), N, H, w.q);
-    qlinear_backward_stored(model_quant(m, lp->k_proj), a->d_norm_full, tt_grad(tt, lp->k_proj), dk_raw, x, xs,
-                            tt_param(tt, lp->k_proj), N, H, w.k);
-    qlinear_backward_stored(model_quant(m, lp->v_proj), a->d_norm_full, tt_grad(tt, lp->v_proj), a->d_v, x, xs,
-                            tt_param(tt, lp->v_proj), N, H, w.v);
+    QuantLinear *qkv = model_quant(m, lp->q_proj);  // k's and v's too
+    qkv_amax_begin(qkv, QUANT_WEIGHT, tt_param(tt, lp->q_proj), tt_param(tt, lp->k_proj), tt_param(tt, lp->v_proj),
+                   (size_t)w.q * H, (size_t)w.k * H, (size_t)w.v * H);
+    qkv_amax_begin(qkv, QUANT_GRAD, dq_raw, dk_raw, a->d_v, (size_t)N * w.q, (size_t)N * w.k, (size_t)N * w.v);
+    qlinear_backward_stored(qkv, a->d_norm_full, tt_grad(tt, lp->q_proj), dq_raw, x, xs, tt_param(tt, lp->q_proj), N,
+                            H, w.q);
+    qlinear_backward_stored(qkv, a->d_norm_full, tt_grad(tt, lp->k_proj), dk_raw, x, xs, tt_param(tt, lp->k_proj), N,
+                            H, w.k);
+    qlinear_backward_stored(qkv, a->d_norm_full, tt_grad(tt, lp->v_proj), a->d_v, x, xs, tt_param(tt, lp->v_proj), N,
+                            H, w.v);
+    qlinear_fused_amax_end(qkv, QUANT_WEIGHT);
+    qlinear_fused_amax_end(qkv, QUANT_GRAD);
 }
 
 // ---- the block ---------------------------------------------------------------------------------

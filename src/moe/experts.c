@@ -61,6 +61,34 @@ static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm
     }
 }
 
+// Gate and up are one GEMM in Megatron-Core (linear_fc1) and share each group's quantizers here:
+// under current scaling a group's weights take one amax over both (gate, up non-NULL), and so do
+// its rows of the gate and up gradients (dgate, dup non-NULL; rows × I each), until
+// gate_up_amax_end (qlinear_fused_amax_begin).
+static void gate_up_amax_begin(const ExpertShape *s, QuantLinear *const *q, real *const *gate, real *const *up,
+                               const real *dgate, const real *dup) {
+    if (!q) return;
+    int32_t *offsets = mt_malloc((size_t)(s->groups + 1) * sizeof(int32_t));
+    group_offsets(s, offsets);
+    size_t w = (size_t)s->I * s->H;  // a weight's elements
+    for (int g = 0; g < s->groups; g++) {
+        int rows = offsets[g + 1] - offsets[g];
+        if (rows <= 0) continue;
+        size_t at = (size_t)offsets[g] * s->I, n = (size_t)rows * s->I;
+        if (gate) qlinear_fused_amax_begin(q[g], QUANT_WEIGHT, 2, (const real *[]){gate[g], up[g]}, (size_t[]){w, w});
+        if (dgate)
+            qlinear_fused_amax_begin(q[g], QUANT_GRAD, 2, (const real *[]){dgate + at, dup + at}, (size_t[]){n, n});
+    }
+    free(offsets);
+}
+
+static void gate_up_amax_end(const ExpertShape *s, QuantLinear *const *q) {
+    for (int g = 0; q && g < s->groups; g++) {
+        qlinear_fused_amax_end(q[g], QUANT_WEIGHT);
+        qlinear_fused_amax_end(q[g], QUANT_GRAD);
+    }
+}
+
 // C_g[rows_g, N] = A_g[rows_g, K]·op(W_g) + beta·C_g per group (op: ᵀ with trans_b; lda K, ldc N,
 // W_g [K,N] or with trans_b [N,K]; beta 0 or 1; A stored as a_store and C as c_store, both fp32 when
 // quantized): one grouped GEMM over counts, or with host offsets one GEMM per non-empty group.
@@ -131,8 +159,10 @@ void experts_forward_acts(ExpertActs *acts, const real *rows_in, const real *row
                           const ExpertShape *s) {
     int H = s->H, I = s->I;
     // gate = x·W_gateᵀ, up = x·W_upᵀ: (rows,H) x (I,H)ᵀ per group
+    gate_up_amax_begin(s, w->quant_gate, w->gate, w->up, NULL, NULL);
     project(s, w->quant_gate, 1, I, H, rows_in, s->in_store, w->gate, 0, acts->gate, acts->gate_up_store);
     project(s, w->quant_up, 1, I, H, rows_in, s->in_store, w->up, 0, acts->up, acts->gate_up_store);
+    gate_up_amax_end(s, w->quant_gate);
     experts_recompute_act(acts->act, acts, row_scale, s);
 }
 
@@ -157,8 +187,10 @@ void experts_backward_data(real *drows_in, real *drow_scale, const real *drows_o
                     storage_at(acts->gate, gu, first_i), storage_at(acts->up, gu, first_i), gu,
                     row_scale ? row_scale + r.first : NULL, r.total, I);
     // gate and up projections share the input: dx = dgate·W_gate + dup·W_up (rows,I) x (I,H)
+    gate_up_amax_begin(s, w->quant_gate, w->gate, w->up, scratch_dgate, scratch_dup);
     project(s, w->quant_gate, 0, H, I, scratch_dgate, d, w->gate, 0, drows_in, STORE_FP32);
     project(s, w->quant_up, 0, H, I, scratch_dup, d, w->up, 1, drows_in, STORE_FP32);
+    gate_up_amax_end(s, w->quant_gate);
 }
 
 void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, const ExpertActs *acts,
@@ -168,8 +200,10 @@ void experts_backward_weights(const ExpertWeights *dw, const real *drows_out, co
     // dW_down += dyᵀ·act, dW_gate += dgateᵀ·x, dW_up += dupᵀ·x
     Storage d = acts->d_gate_up_store;
     project_wgrad(s, dw->quant_down, H, I, drows_out, s->d_out_store, acts->act, acts->act_store, dw->down);
+    gate_up_amax_begin(s, dw->quant_gate, NULL, NULL, scratch_dgate, scratch_dup);
     project_wgrad(s, dw->quant_gate, I, H, scratch_dgate, d, rows_in, s->in_store, dw->gate);
     project_wgrad(s, dw->quant_up, I, H, scratch_dup, d, rows_in, s->in_store, dw->up);
+    gate_up_amax_end(s, dw->quant_gate);
 }
 
 void experts_backward(real *drows_in, real *drow_scale, const ExpertWeights *dw,

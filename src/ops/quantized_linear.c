@@ -67,6 +67,10 @@ QuantContext *quant_context_new(const QuantRecipeConfig *cfg, int linears) {
         device_upload(c->scale, ones, slots * 2 * sizeof(float));
         free(ones);
     }
+    if (cfg->recipe == QUANT_TENSORWISE) {
+        c->fused_amax = device_calloc(operand_slots(c), sizeof(float));
+        c->fused_set = mt_calloc(operand_slots(c), 1);
+    }
     return c;
 }
 
@@ -79,6 +83,8 @@ void quant_context_free(QuantContext *c) {
     device_free(c->history);
     device_free(c->roll);
     device_free(c->scale);
+    device_free(c->fused_amax);
+    free(c->fused_set);
     free(c->host_offsets);
     free(c->linear);
     free(c);
@@ -124,6 +130,11 @@ static float *slot_of(float *base, const QuantLinear *q, QuantOperand op, size_t
     return base + ((size_t)q->slot * QUANT_OPERANDS + op) * per_slot;
 }
 
+// Whether operand op of q takes the fused amax (tensorwise; NULL for the other recipes).
+static uint8_t *fused_flag(const QuantLinear *q, QuantOperand op) {
+    return q->ctx->fused_set ? q->ctx->fused_set + (size_t)q->slot * QUANT_OPERANDS + op : NULL;
+}
+
 // ---- per-tensor FP8 (delayed, tensorwise): codes and one scale -------------------------------
 
 static uint8_t *codes_buffer(QuantContext *c, int which, size_t n) {
@@ -135,7 +146,9 @@ static uint8_t *codes_buffer(QuantContext *c, int which, size_t n) {
 // Current scaling (Float8CurrentScaling: amax_epsilon 0, no power-of-2 scales): from amax(x).
 static const float *tensor_scale(QuantLinear *q, QuantOperand op, const float *x, size_t n) {
     QuantContext *c = q->ctx;
-    quant_amax(c->amax, x, n, AMAX_IGNORE_NAN);
+    const uint8_t *fused = fused_flag(q, op);
+    if (fused && *fused) vec_copy(c->amax, slot_of(c->fused_amax, q, op, 1), 1);
+    else quant_amax(c->amax, x, n, AMAX_IGNORE_NAN);
     if (c->cfg.recipe == QUANT_DELAYED) {
         float *history = slot_of(c->history, q, op, (size_t)c->cfg.history_len);
         vec_copy(c->amax + 1, history, 1);
@@ -367,8 +380,30 @@ static void quantized_wgrad(QuantLinear *q, real *dW, const real *dy, const real
     mt_gemm(0, 1, out, in, (int)k, 1, dyt, (int)k, xt, (int)k, 1, dW, in);  // dW += dyᵀ·x
     fp32_gemms_end(saved);
 }
+void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const real *const *x, const size_t *n) {
+    if (!q || q->ctx->cfg.recipe != QUANT_TENSORWISE) return;
+    QuantContext *c = q->ctx;
+    float *fused = slot_of(c->fused_amax, q, op, 1);
+    quant_amax(fused, x[0], n[0], AMAX_IGNORE_NAN);
+    for (int i = 1; i < parts; i++) {  // c->amax = (part i's amax, the parts' before it), folded
+        quant_amax(c->amax, x[i], n[i], AMAX_IGNORE_NAN);
+        vec_copy(c->amax + 1, fused, 1);
+        quant_amax(fused, c->amax, 2, AMAX_IGNORE_NAN);
+    }
+    *fused_flag(q, op) = 1;
+}
+
+void qlinear_fused_amax_end(QuantLinear *q, QuantOperand op) {
+    uint8_t *fused = q ? fused_flag(q, op) : NULL;
+    if (fused) *fused = 0;
+}
 #else
 static void no_quantization(void) { mt_die("the double-precision build has no FP8 / FP4 GEMMs"); }
+void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const real *const *x, const size_t *n) {
+    (void)op, (void)parts, (void)x, (void)n;
+    if (q) no_quantization();
+}
+void qlinear_fused_amax_end(QuantLinear *q, QuantOperand op) { (void)q, (void)op; }
 int qlinear_dequantized(QuantLinear *q, QuantOperand op, int columnwise, float *y, const float *x, int rows,
                         int cols) {
     (void)q, (void)op, (void)columnwise, (void)y, (void)x, (void)cols;

@@ -76,6 +76,10 @@ typedef struct QuantContext {
     uint8_t *block_scales;
     size_t block_scales_len;
     float *amax;               // an amax, a fold, and current scaling's (scale, scale_inv) per operand
+    // tensorwise: per operand slot, the amax over a fused GEMM's parts (tensor memory) and
+    // whether it stands (host memory; qlinear_fused_amax_begin / _end)
+    float *fused_amax;
+    uint8_t *fused_set;
     int32_t *host_offsets;     // (groups + 1) host memory, the experts' row ranges
     int host_offsets_len;
     Rng rng;                   // draws each stochastic quantization's seed
@@ -107,6 +111,15 @@ void qlinear_forward_stored(QuantLinear *q, real *y, const void *x, Storage x_st
                             int out);
 void qlinear_backward_stored(QuantLinear *q, real *dx, real *dW, const real *dy, const void *x, Storage x_store,
                              const real *W, int N, int in, int out);
+
+// Current scaling (tensorwise) of a GEMM Megatron-Core runs whole and moetron in parts sharing
+// q (q, k and v; gate and up): operand op of q takes its scale from the amax over all `parts`
+// tensors (x[i] of n[i] elements, NaN skipped) — the whole tensor's, as Transformer Engine's —
+// until qlinear_fused_amax_end. Nothing for q NULL or another recipe: delayed scaling's history
+// already takes the maximum over the parts, the block recipes have no tensor scale, and NVFP4's
+// tensor scale stays each part's (its wgrad operands' amax is taken after the Hadamard transform).
+void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const real *const *x, const size_t *n);
+void qlinear_fused_amax_end(QuantLinear *q, QuantOperand op);
 
 // The dequantized value of operand `op` of q as a GEMM over its columns reads it (rowwise)
 // or over its rows (columnwise, returned transposed: t (cols, rows_padded)); what the GEMMs

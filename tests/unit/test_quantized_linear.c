@@ -3,7 +3,8 @@
 // gradient and weight gradient equal fp32 GEMMs of its dequantized operands bit for bit;
 // those operands are the quantizer ops' own (an independent quantization with the ops of
 // ops_quantize.h); delayed scaling's scale follows its amax history after a step; the
-// state a checkpoint keeps restores the same results.
+// state a checkpoint keeps restores the same results; a tensorwise fused amax makes each part
+// of a tensor quantize as the whole.
 #include <string.h>
 
 #include "core/float_formats.h"
@@ -161,6 +162,36 @@ static void test_operands_are_the_quantizer_ops(void) {
     free(o);
 }
 
+// Tensorwise with a fused amax (q/k/v, gate/up): each part of a whole tensor quantizes as the
+// whole does (its scale from the amax of all the parts), bit for bit, until the fused amax
+// ends; then a part takes its own amax again. The parts: W's first 24 rows and the other 40,
+// the second part's amax the larger (the first's own scale then differs from the whole's).
+static void test_tensorwise_fused_amax(void) {
+    enum { FIRST = 24, REST = OUT - FIRST };
+    Operands *o = operands();
+    static float whole[OUT * IN], got[OUT * IN], own[OUT * IN], scale[2], amax[1];
+    static uint8_t codes[OUT * IN];
+    for (size_t i = FIRST * IN; i < OUT * IN; i++) o->W[i] *= 4;  // the larger amax in the second part
+    Fp8ScaleParams p = {FP8_E4M3, 0, 0};
+    quant_amax(amax, o->W, OUT * IN, AMAX_IGNORE_NAN);
+    fp8_scale_from_amax(scale, scale + 1, amax, &p);
+    fp8_quantize_tensor(codes, o->W, scale, OUT * IN, FP8_E4M3);
+    fp8_dequantize_tensor(whole, codes, scale + 1, OUT * IN, FP8_E4M3);
+    QuantContext *c = context(QUANT_TENSORWISE, 0);
+    QuantLinear *q = quant_context_linear(c);
+    qlinear_fused_amax_begin(q, QUANT_WEIGHT, 2, (const real *[]){o->W, o->W + FIRST * IN},
+                             (size_t[]){FIRST * IN, REST * IN});
+    qlinear_dequantized(q, QUANT_WEIGHT, 0, got, o->W, FIRST, IN);
+    CHECK(same(got, whole, FIRST * IN), "the first part is not the whole tensor's first rows");
+    qlinear_dequantized(q, QUANT_WEIGHT, 0, got, o->W + FIRST * IN, REST, IN);
+    CHECK(same(got, whole + FIRST * IN, REST * IN), "the second part is not the whole tensor's last rows");
+    qlinear_fused_amax_end(q, QUANT_WEIGHT);
+    qlinear_dequantized(q, QUANT_WEIGHT, 0, own, o->W, FIRST, IN);
+    CHECK(!same(own, whole, FIRST * IN), "after the end the first part still takes the whole's scale");
+    quant_context_free(c);
+    free(o);
+}
+
 // Delayed scaling: scale 1 in the first step; after it, (448 / amax of the step); the
 // history rolled (TE's roll by -1, history[0] zeroed), and the max over the window.
 static void test_delayed_scaling_update(void) {
@@ -212,5 +243,6 @@ int main(void) {
     RUN(test_recipes_are_gemms_of_dequantized_operands);
     RUN(test_operands_are_the_quantizer_ops);
     RUN(test_delayed_scaling_update);
+    RUN(test_tensorwise_fused_amax);
     TESTS_DONE();
 }
