@@ -99,10 +99,14 @@ void mla_forward(const Model *m, int layer, LayerActs *la, const TokenLayout *to
     }
     // W_kv_a's first rkv rows make the latent, the last dr rows the rotary key
     const real *w_kv_a = tt_param(tt, lp->kv_a_proj);
-    // two GEMMs on W_kv_a's row blocks, with its one set of quantizers
+    // two GEMMs on W_kv_a's row blocks, with its one set of quantizers (a tensorwise scale from
+    // the whole weight's amax, as of one GEMM)
     QuantLinear *q_kv_a = model_quant(m, lp->kv_a_proj);
+    size_t n_kv_a = (size_t)(d.rkv + d.dr) * H;
+    qlinear_fused_amax_begin(q_kv_a, QUANT_WEIGHT, 1, (const real *[]){w_kv_a}, &n_kv_a);
     qlinear_forward_stored(q_kv_a, ma->latent, la->ln1_full, la->ln1_store, w_kv_a, N, H, d.rkv);
     qlinear_forward_stored(q_kv_a, ma->k_rope, la->ln1_full, la->ln1_store, w_kv_a + (size_t)d.rkv * H, N, H, d.dr);
+    qlinear_fused_amax_end(q_kv_a, QUANT_WEIGHT);
     RopeLayout kr = key_rope(c, d);
     rope_forward(ma->k_rope, m->rope_cos_sin, tokens, &kr);
     rmsnorm_forward(ma->latent_norm, STORE_FP32, ma->latent_rstd, ma->latent, STORE_FP32, tt_param(tt, lp->kv_a_norm),
@@ -157,7 +161,13 @@ void mla_backward(Model *m, int layer, LayerActs *la, ModelActs *a) {
     QuantLinear *q_kv_a = model_quant(m, lp->kv_a_proj);
     const real *x = la->ln1_full;
     Storage xs = la->ln1_store;
+    size_t n_kv_a = rope_rows + (size_t)d.dr * H;  // tensorwise: the whole weight's amax, and both gradients'
+    qlinear_fused_amax_begin(q_kv_a, QUANT_WEIGHT, 1, (const real *[]){w_kv_a}, &n_kv_a);
+    qlinear_fused_amax_begin(q_kv_a, QUANT_GRAD, 2, (const real *[]){a->d_latent, a->d_k_rope},
+                             (size_t[]){(size_t)N * d.rkv, (size_t)N * d.dr});
     qlinear_backward_stored(q_kv_a, a->d_norm_full, dw_kv_a, a->d_latent, x, xs, w_kv_a, N, H, d.rkv);
     qlinear_backward_stored(q_kv_a, a->d_norm_full, dw_kv_a + rope_rows, a->d_k_rope, x, xs, w_kv_a + rope_rows, N, H,
                             d.dr);
+    qlinear_fused_amax_end(q_kv_a, QUANT_WEIGHT);
+    qlinear_fused_amax_end(q_kv_a, QUANT_GRAD);
 }

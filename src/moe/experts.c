@@ -67,7 +67,7 @@ static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm
 // gate_up_amax_end (qlinear_fused_amax_begin).
 static void gate_up_amax_begin(const ExpertShape *s, QuantLinear *const *q, real *const *gate, real *const *up,
                                const real *dgate, const real *dup) {
-    if (!q) return;
+    if (!q || !qlinear_fuses_amax(q[0])) return;  // (no download of the counts for nothing)
     int32_t *offsets = mt_malloc((size_t)(s->groups + 1) * sizeof(int32_t));
     group_offsets(s, offsets);
     size_t w = (size_t)s->I * s->H;  // a weight's elements

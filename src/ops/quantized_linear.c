@@ -380,8 +380,10 @@ static void quantized_wgrad(QuantLinear *q, real *dW, const real *dy, const real
     mt_gemm(0, 1, out, in, (int)k, 1, dyt, (int)k, xt, (int)k, 1, dW, in);  // dW += dyᵀ·x
     fp32_gemms_end(saved);
 }
+int qlinear_fuses_amax(const QuantLinear *q) { return q && q->ctx->cfg.recipe == QUANT_TENSORWISE; }
+
 void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const real *const *x, const size_t *n) {
-    if (!q || q->ctx->cfg.recipe != QUANT_TENSORWISE) return;
+    if (!qlinear_fuses_amax(q)) return;
     QuantContext *c = q->ctx;
     float *fused = slot_of(c->fused_amax, q, op, 1);
     quant_amax(fused, x[0], n[0], AMAX_IGNORE_NAN);
@@ -404,6 +406,7 @@ void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const 
     if (q) no_quantization();
 }
 void qlinear_fused_amax_end(QuantLinear *q, QuantOperand op) { (void)q, (void)op; }
+int qlinear_fuses_amax(const QuantLinear *q) { return q && q->ctx->cfg.recipe == QUANT_TENSORWISE; }
 int qlinear_dequantized(QuantLinear *q, QuantOperand op, int columnwise, float *y, const float *x, int rows,
                         int cols) {
     (void)q, (void)op, (void)columnwise, (void)y, (void)x, (void)cols;

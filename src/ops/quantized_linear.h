@@ -117,9 +117,12 @@ void qlinear_backward_stored(QuantLinear *q, real *dx, real *dW, const real *dy,
 // tensors (x[i] of n[i] elements, NaN skipped) — the whole tensor's, as Transformer Engine's —
 // until qlinear_fused_amax_end. Nothing for q NULL or another recipe: delayed scaling's history
 // already takes the maximum over the parts, the block recipes have no tensor scale, and NVFP4's
-// tensor scale stays each part's (its wgrad operands' amax is taken after the Hadamard transform).
+// tensor scale stays each part's (not yet fused: its weight gradient's operands take their
+// amax after the Hadamard transform, so each part would be transformed first).
 void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const real *const *x, const size_t *n);
 void qlinear_fused_amax_end(QuantLinear *q, QuantOperand op);
+// Whether q's recipe takes a fused amax (qlinear_fused_amax_begin does anything).
+int qlinear_fuses_amax(const QuantLinear *q);
 
 // The dequantized value of operand `op` of q as a GEMM over its columns reads it (rowwise)
 // or over its rows (columnwise, returned transposed: t (cols, rows_padded)); what the GEMMs

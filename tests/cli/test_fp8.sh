@@ -66,6 +66,8 @@ full tensorwise_bf16 check_recipe tensorwise_bf16 0.1 --fp8-format hybrid --fp8-
 # MLA's projections (widths multiples of 16: the latent, latent + rotary key, the heads')
 MLA16=(--multi-latent-attention --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16 --q-lora-rank 16)
 run mla_fp32 "${MLA16[@]}" && REF=mla_fp32 check_recipe mla_blockwise 0.1 "${MLA16[@]}" --fp8-format hybrid --fp8-recipe blockwise
+# tensorwise: kv_a_proj_with_mqa's two row blocks scaled from the whole weight's and both gradients' amax
+REF=mla_fp32 check_recipe mla_tensorwise 0.1 "${MLA16[@]}" --fp8-format e4m3 --fp8-recipe tensorwise
 
 # --first-last-layers-bf16: only the middle layer is quantized (neither fp32 nor all-tensorwise)
 run firstlast --fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16

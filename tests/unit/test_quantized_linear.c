@@ -188,6 +188,23 @@ static void test_tensorwise_fused_amax(void) {
     qlinear_fused_amax_end(q, QUANT_WEIGHT);
     qlinear_dequantized(q, QUANT_WEIGHT, 0, own, o->W, FIRST, IN);
     CHECK(!same(own, whole, FIRST * IN), "after the end the first part still takes the whole's scale");
+    // the gradient's columnwise copy (the weight gradient's operand): dy's first HALF rows and
+    // the rest, the rest's amax the larger, fused: the transpose of the whole's first rows
+    enum { HALF = N / 2 };
+    static float dy_whole[N * OUT], t[N * OUT], want[N * OUT];
+    for (size_t i = HALF * OUT; i < N * OUT; i++) o->dy[i] *= 4;
+    quant_amax(amax, o->dy, N * OUT, AMAX_IGNORE_NAN);
+    fp8_scale_from_amax(scale, scale + 1, amax, &p);
+    fp8_quantize_tensor(codes, o->dy, scale, N * OUT, FP8_E4M3);
+    fp8_dequantize_tensor(dy_whole, codes, scale + 1, N * OUT, FP8_E4M3);
+    batched_transpose(want, dy_whole, 1, HALF, OUT);
+    qlinear_fused_amax_begin(q, QUANT_GRAD, 2, (const real *[]){o->dy, o->dy + HALF * OUT},
+                             (size_t[]){HALF * OUT, (N - HALF) * OUT});
+    qlinear_dequantized(q, QUANT_GRAD, 1, t, o->dy, HALF, OUT);
+    CHECK(same(t, want, HALF * OUT), "the gradient's columnwise part is not the whole's transposed rows");
+    qlinear_fused_amax_end(q, QUANT_GRAD);
+    qlinear_dequantized(q, QUANT_GRAD, 1, t, o->dy, HALF, OUT);
+    CHECK(!same(t, want, HALF * OUT), "after the end the gradient's part still takes the whole's scale");
     quant_context_free(c);
     free(o);
 }
