@@ -29,47 +29,44 @@ typedef struct {
     int fused;  // shares the previous entry's QuantLinear
 } QuantizedWeight;
 
-// Appends `id` to out (when non-NULL) at *n unless it is absent (−1); `fused` holds only when
-// the weight before it in the layer's list was there to share with.
-static void list_weight(QuantizedWeight *out, int *n, TensorId id, int fused, TensorId before) {
+// A layer's quantized weights as listed: into `out` when non-NULL; their count, and the
+// QuantLinears they need (the weights less those sharing another's).
+typedef struct {
+    QuantizedWeight *out;
+    int weights, linears;
+} WeightList;
+
+// Appends `id` unless it is absent (−1); `fused` holds only when the weight before it in the
+// layer's list was there to share with.
+static void list_weight(WeightList *list, TensorId id, int fused, TensorId before) {
     if (id < 0) return;
-    if (out) out[*n] = (QuantizedWeight){id, fused && before >= 0};
-    (*n)++;
+    fused = fused && before >= 0;
+    if (list->out) list->out[list->weights] = (QuantizedWeight){id, fused};
+    list->weights++;
+    list->linears += !fused;
 }
 
-// The weight tensors of layer l the recipe quantizes, into out (when non-NULL); their count.
-static int quantized_weights(const Model *m, int l, QuantizedWeight *out) {
+// The weight tensors of layer l the recipe quantizes, into list (whose out may be NULL: counts only).
+static void quantized_weights(const Model *m, int l, WeightList *list) {
     const LayerParams *lp = &m->layers[l];
     TensorId eh_proj = l >= m->plan.layers ? m->mtp[l - m->plan.layers].eh_proj : -1;  // a depth's projection
-    int n = 0;
-    list_weight(out, &n, lp->q_proj, 0, -1);
-    list_weight(out, &n, lp->k_proj, 1, lp->q_proj);
-    list_weight(out, &n, lp->v_proj, 1, lp->k_proj);
+    list_weight(list, lp->q_proj, 0, -1);
+    list_weight(list, lp->k_proj, 1, lp->q_proj);
+    list_weight(list, lp->v_proj, 1, lp->k_proj);
     TensorId unfused[] = {lp->o_proj, lp->q_a_proj, lp->q_b_proj, lp->kv_a_proj, lp->kv_b_proj};
-    for (size_t i = 0; i < sizeof(unfused) / sizeof(unfused[0]); i++) list_weight(out, &n, unfused[i], 0, -1);
-    list_weight(out, &n, lp->shared_gate, 0, -1);
-    list_weight(out, &n, lp->shared_up, 1, lp->shared_gate);
+    for (size_t i = 0; i < sizeof(unfused) / sizeof(unfused[0]); i++) list_weight(list, unfused[i], 0, -1);
+    list_weight(list, lp->shared_gate, 0, -1);
+    list_weight(list, lp->shared_up, 1, lp->shared_gate);
     TensorId after_shared[] = {lp->shared_down, lp->fc1_latent_proj, lp->fc2_latent_proj, eh_proj};
     for (size_t i = 0; i < sizeof(after_shared) / sizeof(after_shared[0]); i++)
-        list_weight(out, &n, after_shared[i], 0, -1);
+        list_weight(list, after_shared[i], 0, -1);
     int groups = lp->is_moe ? m->ep.local : 1;
     for (int g = 0; g < groups; g++) {
         TensorId gate = lp->is_moe ? lp->expert_gate[g] : lp->mlp_gate;
-        list_weight(out, &n, gate, 0, -1);
-        list_weight(out, &n, lp->is_moe ? lp->expert_up[g] : lp->mlp_up, 1, gate);
-        list_weight(out, &n, lp->is_moe ? lp->expert_down[g] : lp->mlp_down, 0, -1);
+        list_weight(list, gate, 0, -1);
+        list_weight(list, lp->is_moe ? lp->expert_up[g] : lp->mlp_up, 1, gate);
+        list_weight(list, lp->is_moe ? lp->expert_down[g] : lp->mlp_down, 0, -1);
     }
-    return n;
-}
-
-// The QuantLinears layer l needs: its weights less those sharing another's.
-static int quantized_linears(const Model *m, int l) {
-    int n = quantized_weights(m, l, NULL), linears = 0;
-    QuantizedWeight *w = mt_malloc((size_t)MT_MAX(n, 1) * sizeof(QuantizedWeight));
-    quantized_weights(m, l, w);
-    for (int i = 0; i < n; i++) linears += !w[i].fused;
-    free(w);
-    return linears;
 }
 
 void model_quant_init(Model *m) {
@@ -78,8 +75,10 @@ void model_quant_init(Model *m) {
     int count = 0, most = 0;  // QuantLinears in all; the most weights of one layer
     for (int l = 0; l < config_all_layers(c); l++)
         if (plan_holds_layer(&m->plan, l) && !layer_in_bf16(c, l)) {
-            count += quantized_linears(m, l);
-            most = MT_MAX(most, quantized_weights(m, l, NULL));
+            WeightList counted = {0};
+            quantized_weights(m, l, &counted);
+            count += counted.linears;
+            most = MT_MAX(most, counted.weights);
         }
     QuantRecipeConfig qc = {.recipe = (QuantRecipe)c->quant_recipe, .hybrid = !strcmp(c->fp8_format, "hybrid"),
                             .history_len = c->fp8_amax_history_len, .margin = c->fp8_margin,
@@ -92,9 +91,10 @@ void model_quant_init(Model *m) {
     QuantizedWeight *w = mt_malloc((size_t)MT_MAX(most, 1) * sizeof(QuantizedWeight));
     for (int l = 0; l < config_all_layers(c); l++) {
         if (!plan_holds_layer(&m->plan, l) || layer_in_bf16(c, l)) continue;
-        int n = quantized_weights(m, l, w);
+        WeightList listed = {.out = w};
+        quantized_weights(m, l, &listed);
         QuantLinear *q = NULL;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < listed.weights; i++) {
             if (!w[i].fused) q = quant_context_linear(m->quant);
             m->quant_of[w[i].id] = q;
             m->quant_of_expert[q->slot] = (m->tt.descs[w[i].id].flags & TENSOR_EXPERT) != 0;

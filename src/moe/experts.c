@@ -36,6 +36,17 @@ static void group_offsets(const ExpertShape *s, int32_t *offsets) {
     for (int g = 0; g < s->groups; g++) offsets[g + 1] += offsets[g];
 }
 
+// group_offsets into the quantizers' context's host buffer (grown to the groups, then kept).
+static const int32_t *quant_group_offsets(const ExpertShape *s, QuantContext *ctx) {
+    if (ctx->host_offsets_len < s->groups + 1) {
+        free(ctx->host_offsets);
+        ctx->host_offsets_len = s->groups + 1;
+        ctx->host_offsets = mt_malloc((size_t)ctx->host_offsets_len * sizeof(int32_t));
+    }
+    group_offsets(s, ctx->host_offsets);
+    return ctx->host_offsets;
+}
+
 // The quantized form of project (trans_b: the forward, y = x·Wᵀ, beta 0; else the input
 // gradient, dx += dy·W, beta 1) and of project_wgrad: one quantized GEMM per non-empty group,
 // each with its expert's quantizers (Transformer Engine's GroupedLinear).
@@ -43,14 +54,7 @@ typedef enum { QUANT_FPROP, QUANT_DGRAD, QUANT_WGRAD } QuantGemm;
 
 static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm gemm, int N, int K, const real *A,
                           const real *X, real *const *W, real *C) {
-    QuantContext *ctx = q[0]->ctx;
-    if (ctx->host_offsets_len < s->groups + 1) {
-        free(ctx->host_offsets);
-        ctx->host_offsets_len = s->groups + 1;
-        ctx->host_offsets = mt_malloc((size_t)ctx->host_offsets_len * sizeof(int32_t));
-    }
-    int32_t *offsets = ctx->host_offsets;
-    group_offsets(s, offsets);
+    const int32_t *offsets = quant_group_offsets(s, q[0]->ctx);
     for (int g = 0; g < s->groups; g++) {
         size_t at = (size_t)offsets[g];
         int rows = offsets[g + 1] - offsets[g];
@@ -68,8 +72,7 @@ static void quant_project(const ExpertShape *s, QuantLinear *const *q, QuantGemm
 static void gate_up_amax_begin(const ExpertShape *s, QuantLinear *const *q, real *const *gate, real *const *up,
                                const real *dgate, const real *dup) {
     if (!q || !qlinear_fuses_amax(q[0])) return;  // (no download of the counts for nothing)
-    int32_t *offsets = mt_malloc((size_t)(s->groups + 1) * sizeof(int32_t));
-    group_offsets(s, offsets);
+    const int32_t *offsets = quant_group_offsets(s, q[0]->ctx);
     size_t w = (size_t)s->I * s->H;  // a weight's elements
     for (int g = 0; g < s->groups; g++) {
         int rows = offsets[g + 1] - offsets[g];
@@ -79,7 +82,6 @@ static void gate_up_amax_begin(const ExpertShape *s, QuantLinear *const *q, real
         if (dgate)
             qlinear_fused_amax_begin(q[g], QUANT_GRAD, 2, (const real *[]){dgate + at, dup + at}, (size_t[]){n, n});
     }
-    free(offsets);
 }
 
 static void gate_up_amax_end(const ExpertShape *s, QuantLinear *const *q) {

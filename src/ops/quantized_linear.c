@@ -90,6 +90,8 @@ void quant_context_free(QuantContext *c) {
     free(c);
 }
 
+int qlinear_fuses_amax(const QuantLinear *q) { return q && q->ctx->cfg.recipe == QUANT_TENSORWISE; }
+
 QuantLinear *quant_context_linear(QuantContext *c) {
     MT_ASSERT(c->linears < c->capacity);
     QuantLinear *q = &c->linear[c->linears];
@@ -137,6 +139,12 @@ static uint8_t *fused_flag(const QuantLinear *q, QuantOperand op) {
 
 // ---- per-tensor FP8 (delayed, tensorwise): codes and one scale -------------------------------
 
+// into = max(into, c->amax[0]), NaN skipped (c->amax[1] holds into's value for the fold).
+static void fold_amax(QuantContext *c, float *into) {
+    vec_copy(c->amax + 1, into, 1);
+    quant_amax(into, c->amax, 2, AMAX_IGNORE_NAN);
+}
+
 static uint8_t *codes_buffer(QuantContext *c, int which, size_t n) {
     return grown((void **)&c->codes[which], &c->codes_len[which], n, 1);
 }
@@ -151,8 +159,7 @@ static const float *tensor_scale(QuantLinear *q, QuantOperand op, const float *x
     else quant_amax(c->amax, x, n, AMAX_IGNORE_NAN);
     if (c->cfg.recipe == QUANT_DELAYED) {
         float *history = slot_of(c->history, q, op, (size_t)c->cfg.history_len);
-        vec_copy(c->amax + 1, history, 1);
-        quant_amax(history, c->amax, 2, AMAX_IGNORE_NAN);
+        fold_amax(c, history);
         return slot_of(c->scale, q, op, 2);
     }
     Fp8ScaleParams p = {.format = operand_format(c, op), .pow2_scales = 0, .amax_epsilon = 0};
@@ -380,17 +387,14 @@ static void quantized_wgrad(QuantLinear *q, real *dW, const real *dy, const real
     mt_gemm(0, 1, out, in, (int)k, 1, dyt, (int)k, xt, (int)k, 1, dW, in);  // dW += dyᵀ·x
     fp32_gemms_end(saved);
 }
-int qlinear_fuses_amax(const QuantLinear *q) { return q && q->ctx->cfg.recipe == QUANT_TENSORWISE; }
-
 void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const real *const *x, const size_t *n) {
     if (!qlinear_fuses_amax(q)) return;
     QuantContext *c = q->ctx;
     float *fused = slot_of(c->fused_amax, q, op, 1);
     quant_amax(fused, x[0], n[0], AMAX_IGNORE_NAN);
-    for (int i = 1; i < parts; i++) {  // c->amax = (part i's amax, the parts' before it), folded
+    for (int i = 1; i < parts; i++) {
         quant_amax(c->amax, x[i], n[i], AMAX_IGNORE_NAN);
-        vec_copy(c->amax + 1, fused, 1);
-        quant_amax(fused, c->amax, 2, AMAX_IGNORE_NAN);
+        fold_amax(c, fused);
     }
     *fused_flag(q, op) = 1;
 }
@@ -406,7 +410,6 @@ void qlinear_fused_amax_begin(QuantLinear *q, QuantOperand op, int parts, const 
     if (q) no_quantization();
 }
 void qlinear_fused_amax_end(QuantLinear *q, QuantOperand op) { (void)q, (void)op; }
-int qlinear_fuses_amax(const QuantLinear *q) { return q && q->ctx->cfg.recipe == QUANT_TENSORWISE; }
 int qlinear_dequantized(QuantLinear *q, QuantOperand op, int columnwise, float *y, const float *x, int rows,
                         int cols) {
     (void)q, (void)op, (void)columnwise, (void)y, (void)x, (void)cols;

@@ -694,8 +694,8 @@ static long long count_zeros_in_grad(Trainer *t) {
 // loss scaling, an overflow of the gradients alone is no error: *overflow is set and the
 // scale adapts): then the batch's router bookkeeping is dropped too, except after an
 // overflow of a finite loss's scaled gradients, which still updates the expert biases as
-// Megatron does. Returns whether it was skipped. With --log-num-zeros-in-grad, *num_zeros is the applied gradients' zeros, counted
-// after clipping as Megatron counts them (-1 when skipped).
+// Megatron does. Returns whether it was skipped. With --log-num-zeros-in-grad, *num_zeros is
+// the applied gradients' zeros, counted after clipping as Megatron counts them (-1 when skipped).
 static int apply_update(Trainer *t, RunControl *rc, long step, double loss, double grad_norm, double lr,
                         int *overflow, long long *num_zeros) {
     *overflow = t->scaler.kind != LOSS_SCALING_NONE && !isfinite(grad_norm);

@@ -13,6 +13,9 @@
 
 #if defined(__SSE2__) && !defined(MT_DOUBLE)
 #include <immintrin.h>
+#define STREAMING_STORES 1  // SSE2's non-temporal stores of four floats
+#else
+#define STREAMING_STORES 0
 #endif
 
 #define PARALLEL_ROWS _Pragma("omp parallel for schedule(static) if (N > 16)")
@@ -21,13 +24,13 @@ void cpu_vec_copy(real *dst, const real *src, size_t n) { memcpy(dst, src, n * s
 
 // A buffer this large (the gradients, zeroed at the start of a step) is next read long after
 // the caches have let it go: its zeros are written past them (non-temporal stores, which skip
-// reading each line before writing it: 1.7-2x memset's rate on 2 cores of an Intel Xeon, bench/RESULTS.md).
-// Smaller ones (activation gradients, summed into soon after) stay cached.
+// reading each line before writing it: 1.7-2x memset's rate on 2 cores of an Intel Xeon,
+// bench/RESULTS.md). Smaller ones (activation gradients, summed into soon after) stay cached.
 enum { ZERO_STREAMED_BYTES = 64 << 20 };
 
 // x[0, n) = 0 written past the caches where the instruction set has such stores, else memset.
 static void zero_streamed(real *x, size_t n) {
-#if defined(__SSE2__) && !defined(MT_DOUBLE)
+#if STREAMING_STORES
     size_t i = 0;
     for (; i < n && ((uintptr_t)(x + i) & 15); i++) x[i] = 0;  // to a 16-byte boundary
     for (; i + 4 <= n; i += 4) _mm_stream_ps(x + i, _mm_setzero_ps());
@@ -52,7 +55,7 @@ void cpu_vec_zero(real *x, size_t n) {
             if (streamed) zero_streamed(chunk, m);
             else memset(chunk, 0, m * sizeof(real));
         }
-#if defined(__SSE2__) && !defined(MT_DOUBLE)
+#if STREAMING_STORES
         if (streamed) _mm_sfence();  // each thread's streamed zeros visible before the region ends
 #endif
     }
